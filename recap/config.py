@@ -1,0 +1,73 @@
+"""Engine configuration: frozen dataclasses, split by concern, passed explicitly.
+
+Torch-free so that `recap.core` can import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHECKPOINT_POLICIES = ("none", "align", "all", "recap")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the KV block pool and the state pool are sized and used."""
+
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    checkpoint_policy: str = "recap"
+    # recap policy: checkpoint every `checkpoint_interval` blocks as well (None: off).
+    checkpoint_interval: int | None = None
+    # recap policy: geometric checkpoints 1, 2, 4, ... blocks after each segment start.
+    checkpoint_geometric: bool = False
+    kv_cache_bytes: int | None = None
+    state_cache_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise ValueError(
+                f"unknown checkpoint_policy {self.checkpoint_policy!r}; choose one of {CHECKPOINT_POLICIES}"
+            )
+        if self.checkpoint_interval is not None and self.checkpoint_interval <= 0:
+            raise ValueError("checkpoint_interval must be a positive number of blocks")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What the cache core must know about a model and its memory, in integers.
+
+    Built by the runner from the model config and byte budgets; for trace replay
+    it comes from a named model shape.
+    """
+
+    block_size: int
+    num_kv_blocks: int  # including the null block 0
+    num_state_slots: int  # running slots and checkpoints share this pool
+    has_kv: bool  # the model has attention layers
+    has_state: bool  # the model has SSM layers
+    kv_bytes_per_token: int = 0
+    state_bytes_per_slot: int = 0
+    flops_per_token: float = 1.0  # prefill FLOPs per token, for checkpoint utility
+
+    def __post_init__(self) -> None:
+        if not (self.has_kv or self.has_state):
+            raise ValueError("a model needs at least one cache group")
+        if self.has_kv and self.num_kv_blocks < 2:
+            raise ValueError("need at least one KV block besides the null block")
+        if self.has_state and self.num_state_slots < 1:
+            raise ValueError("need at least one state slot")

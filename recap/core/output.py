@@ -1,0 +1,75 @@
+"""Dataclasses at the boundary between the scheduler and the model runner. Torch-free.
+
+The runner reads only these: it never looks inside the scheduler or the pools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PAD_SLOT_ID = -1
+
+
+@dataclass(frozen=True)
+class CheckpointWrite:
+    """Write the state reached after exactly `position` tokens into state slot `slot`."""
+
+    position: int
+    slot: int
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens to compute this step, at absolute positions start..start+len-1
+    num_computed_tokens: int  # absolute position of token_ids[0]
+    block_ids: list[int]  # KV block table covering all computed + new tokens ([] without attention layers)
+    state_slot: int  # running slot the SSM layers read and update in place (PAD_SLOT_ID without SSM layers)
+    # States to write at positions inside (num_computed_tokens, num_computed_tokens + len(token_ids)],
+    # sorted by position; never a pad slot. Written by the kernels in this same step.
+    checkpoints: list[CheckpointWrite] = field(default_factory=list)
+    # Sample a token after this step (the chunk reaches the end of the known tokens).
+    sample: bool = True
+    sampling_params: Any = None  # recap.SamplingParams, opaque to the core
+    # How many tokens have been generated so far (for per-request seeded sampling).
+    num_output_tokens: int = 0
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledRequest]
+    # (source checkpoint slot, destination running slot): copy-on-write of hit checkpoints,
+    # performed by the runner before the forward pass. Sources are pinned until the step completes.
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Requests finished, aborted or preempted since the previous step: the runner drops their per-request
+    # state (e.g. seeded generators).
+    finished_request_ids: set[str] = field(default_factory=set)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the runner reports back after executing a SchedulerOutput."""
+
+    # Sampled token per request that had sample=True.
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    # Checkpoints actually written, per request: the kernels' reported (position, slot) pairs.
+    # The core registers a checkpoint only if it matches its plan (provenance, DESIGN invariant 2).
+    written_checkpoints: dict[str, list[CheckpointWrite]] = field(default_factory=dict)
+    # Opaque to the core (logprobs and the like), passed through to the engine.
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Reference torch kernels over packed variable-length batches (+ optional fast ops, same signatures)."""

@@ -1,0 +1,219 @@
+"""Per-step metadata handed to every layer: the packed batch, KV paging, state slots and SSM chunks.
+
+Glossary
+- T: tokens in the packed batch; B: sequences (rows); C: SSM chunks; S: state slots.
+- context_len: tokens of a row already computed (in the KV cache / folded into its state).
+- chunk: a run of one row's tokens that the SSM kernels process as a unit. Rows are cut at
+  absolute multiples of `chunk_size` (so the first chunk completes the current chunk-grid cell and
+  chunked prefill matches one-shot prefill) and at every requested checkpoint position, so that the
+  state at each checkpoint is the state at some chunk end (DESIGN invariant 3).
+- PAD_SLOT_ID (-1): a padding row's state slot and a padding token's KV slot; kernels skip it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from recap.core.output import PAD_SLOT_ID
+
+
+@dataclass(frozen=True)
+class SeqSpec:
+    """One row of a step, in plain integers."""
+
+    token_ids: Sequence[int]
+    context_len: int = 0
+    block_ids: Sequence[int] = ()
+    state_slot: int = PAD_SLOT_ID
+    # (absolute position p, destination slot): write the state after exactly p tokens.
+    checkpoints: Sequence[tuple[int, int]] = ()
+    sample: bool = True
+    padding: bool = False  # a padding row: no KV slots, no state slot, never sampled
+
+
+@dataclass
+class AttentionMetadata:
+    block_size: int
+    slot_mapping: torch.Tensor  # [T] int64, block_id * block_size + offset; PAD_SLOT_ID for padding
+    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with PAD_SLOT_ID
+    context_lens: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64, context + new tokens
+    query_start_loc: torch.Tensor  # [B+1] int64
+    # The same as Python lists, for per-row loops in reference kernels.
+    context_lens_list: list[int]
+    seq_lens_list: list[int]
+    query_start_loc_list: list[int]
+    is_padding: list[bool]
+    is_decode: bool  # every row has exactly one new token
+
+
+@dataclass
+class SSMMetadata:
+    chunk_size: int
+    state_indices: torch.Tensor  # [B] int64 running slot per row; PAD_SLOT_ID for padding rows
+    has_initial_state: torch.Tensor  # [B] bool: context_len > 0 (read the running slot first)
+    query_start_loc: torch.Tensor  # [B+1] int64
+    cu_chunk_seqlens: torch.Tensor  # [C+1] int64, token offsets of chunk starts in the packed batch
+    chunk_seq_idx: torch.Tensor  # [C] int64, the row of each chunk
+    last_chunk_indices: torch.Tensor  # [B] int64, each row's last chunk
+    chunk_dest_slots: torch.Tensor  # [C] int64, checkpoint slot written at the chunk end, or PAD_SLOT_ID
+    chunk_end_positions: torch.Tensor  # [C] int64, absolute position (tokens folded in) at the chunk end
+    # Python copies for loops in reference kernels.
+    state_indices_list: list[int]
+    has_initial_state_list: list[bool]
+    query_start_loc_list: list[int]
+    cu_chunk_seqlens_list: list[int]
+    chunk_seq_idx_list: list[int]
+    chunk_dest_slots_list: list[int]
+    chunk_end_positions_list: list[int]
+    is_decode: bool  # every row has exactly one new token
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute positions
+    query_start_loc: torch.Tensor  # [B+1] int64
+    logits_indices: torch.Tensor  # [R] int64, last token of every row with sample=True
+    sample_rows: list[int]  # the row of each logits index
+    attn: AttentionMetadata | None
+    ssm: SSMMetadata | None
+    num_seqs: int
+    num_tokens: int
+    # (row, position, slot) of every checkpoint the SSM kernels write this step.
+    planned_checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _chunk_bounds(context_len: int, n: int, chunk_size: int, cuts: Sequence[int]) -> list[int]:
+    """Relative end offsets of a row's chunks: chunk-grid cuts, checkpoint cuts and the row end."""
+    ends = {n}
+    first_grid = (context_len // chunk_size + 1) * chunk_size
+    ends.update(range(first_grid - context_len, n, chunk_size))
+    ends.update(p - context_len for p in cuts)
+    return sorted(e for e in ends if 0 < e <= n)
+
+
+def build_forward_batch(
+    seqs: Sequence[SeqSpec],
+    *,
+    block_size: int,
+    chunk_size: int,
+    with_attention: bool,
+    with_ssm: bool,
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Pack rows into one ForwardBatch. Every row must have at least one token."""
+    if not seqs:
+        raise ValueError("a batch needs at least one row")
+    ids: list[int] = []
+    positions: list[int] = []
+    qsl = [0]
+    slot_mapping: list[int] = []
+    logits_indices: list[int] = []
+    sample_rows: list[int] = []
+    for row, s in enumerate(seqs):
+        n = len(s.token_ids)
+        if n == 0:
+            raise ValueError(f"row {row} has no tokens")
+        ids.extend(int(t) for t in s.token_ids)
+        positions.extend(range(s.context_len, s.context_len + n))
+        qsl.append(qsl[-1] + n)
+        if s.sample and not s.padding:
+            logits_indices.append(qsl[-1] - 1)
+            sample_rows.append(row)
+        if with_attention:
+            if s.padding:
+                slot_mapping.extend([PAD_SLOT_ID] * n)
+                continue
+            need = -(-(s.context_len + n) // block_size)
+            if len(s.block_ids) < need:
+                raise ValueError(f"row {row}: {len(s.block_ids)} blocks for {s.context_len + n} tokens")
+            for p in range(s.context_len, s.context_len + n):
+                slot_mapping.append(int(s.block_ids[p // block_size]) * block_size + p % block_size)
+
+    def t(x: list[int] | list[bool], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(x, dtype=dtype, device=device)
+
+    is_decode = all(len(s.token_ids) == 1 for s in seqs)
+    context_lens = [s.context_len for s in seqs]
+    seq_lens = [s.context_len + len(s.token_ids) for s in seqs]
+    attn = None
+    if with_attention:
+        max_blocks = max(1, max(len(s.block_ids) for s in seqs))
+        tables = [list(map(int, s.block_ids)) + [PAD_SLOT_ID] * (max_blocks - len(s.block_ids)) for s in seqs]
+        attn = AttentionMetadata(
+            block_size=block_size,
+            slot_mapping=t(slot_mapping),
+            block_tables=t(tables),
+            context_lens=t(context_lens),
+            seq_lens=t(seq_lens),
+            query_start_loc=t(qsl),
+            context_lens_list=context_lens,
+            seq_lens_list=seq_lens,
+            query_start_loc_list=qsl,
+            is_padding=[s.padding for s in seqs],
+            is_decode=is_decode,
+        )
+    ssm = None
+    planned: list[tuple[int, int, int]] = []
+    if with_ssm:
+        cu = [0]
+        chunk_row: list[int] = []
+        dest: list[int] = []
+        end_pos: list[int] = []
+        last: list[int] = []
+        for row, s in enumerate(seqs):
+            n = len(s.token_ids)
+            cps = dict(s.checkpoints)
+            for p, slot in cps.items():
+                if not s.context_len < p <= s.context_len + n:
+                    raise ValueError(f"row {row}: checkpoint at {p} outside ({s.context_len}, {s.context_len + n}]")
+                if slot < 0 or s.padding:
+                    raise ValueError(f"row {row}: checkpoint slot {slot} is a pad id or the row is padding")
+            start = qsl[row]
+            for e in _chunk_bounds(s.context_len, n, chunk_size, list(cps)):
+                cu.append(start + e)
+                chunk_row.append(row)
+                p = s.context_len + e
+                d = cps.get(p, PAD_SLOT_ID)
+                dest.append(d)
+                end_pos.append(p)
+                if d != PAD_SLOT_ID:
+                    planned.append((row, p, d))
+            last.append(len(chunk_row) - 1)
+        state_idx = [PAD_SLOT_ID if s.padding else s.state_slot for s in seqs]
+        has_init = [s.context_len > 0 and not s.padding for s in seqs]
+        ssm = SSMMetadata(
+            chunk_size=chunk_size,
+            state_indices=t(state_idx),
+            has_initial_state=t(has_init, torch.bool),
+            query_start_loc=t(qsl),
+            cu_chunk_seqlens=t(cu),
+            chunk_seq_idx=t(chunk_row),
+            last_chunk_indices=t(last),
+            chunk_dest_slots=t(dest),
+            chunk_end_positions=t(end_pos),
+            state_indices_list=state_idx,
+            has_initial_state_list=has_init,
+            query_start_loc_list=qsl,
+            cu_chunk_seqlens_list=cu,
+            chunk_seq_idx_list=chunk_row,
+            chunk_dest_slots_list=dest,
+            chunk_end_positions_list=end_pos,
+            is_decode=is_decode,
+        )
+    return ForwardBatch(
+        input_ids=t(ids),
+        positions=t(positions),
+        query_start_loc=t(qsl),
+        logits_indices=t(logits_indices),
+        sample_rows=sample_rows,
+        attn=attn,
+        ssm=ssm,
+        num_seqs=len(seqs),
+        num_tokens=len(ids),
+        planned_checkpoints=planned,
+    )
