@@ -1,0 +1,1 @@
+"""Engine: LLM (offline), AsyncEngine, request outputs, metrics."""

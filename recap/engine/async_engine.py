@@ -1,0 +1,174 @@
+"""AsyncEngine: the step loop on its own thread, with asyncio streams per request.
+
+Model compute blocks, so it runs on a dedicated thread; the event loop only validates input,
+enqueues commands and awaits outputs. A consumer that stops iterating (client disconnect)
+aborts its request, which returns its blocks and slots to the pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recap.engine.errors import EngineDeadError
+from recap.engine.llm_engine import LLMEngine
+from recap.engine.metrics import MetricsSnapshot
+from recap.engine.outputs import RequestOutput
+from recap.engine.processor import PreparedRequest
+from recap.sampling_params import SamplingParams
+
+log = logging.getLogger("recap.engine")
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.dead: BaseException | None = None
+        # Snapshots taken on the engine thread, so readers never race the step loop.
+        self._snapshot: MetricsSnapshot = engine.metrics_snapshot()
+        self._integrity: str | None = None
+        self._pools: dict[str, int] = {}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="recap-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._commands.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def prepare(self, prompt: str | Sequence[int], params: SamplingParams, **kw: Any) -> PreparedRequest:
+        return self.engine.prepare(prompt, params, **kw)
+
+    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of a validated request until it finishes; aborts it if the consumer leaves."""
+        if self.dead is not None:
+            raise EngineDeadError(f"engine stopped: {self.dead!r}")
+        self.start()
+        rid = prepared.request_id
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            if rid in self._streams:
+                raise ValueError(f"request id {rid!r} is already running")
+            self._streams[rid] = stream
+        self._commands.put(("add", prepared))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def metrics(self) -> MetricsSnapshot:
+        return self._snapshot
+
+    async def check_integrity(self) -> str | None:
+        """Run the core's integrity check on the engine thread; None when it holds, else the message."""
+        done = threading.Event()
+        self._commands.put(("integrity", done))
+        await asyncio.get_running_loop().run_in_executor(None, done.wait, 30)
+        return self._integrity
+
+    def pool_usage(self) -> dict[str, int]:
+        """KV block and state slot occupancy, read on the engine thread by the last check_integrity()."""
+        return dict(self._pools)
+
+    # ---- engine thread ----------------------------------------------------------------------------
+    def _deliver(self, rid: str, item: RequestOutput | BaseException) -> None:
+        with self._lock:
+            stream = self._streams.get(rid)
+        if stream is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed under us
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+
+    def _handle(self, kind: str, arg: Any) -> None:
+        if kind == "add":
+            try:
+                self.engine.add_prepared(arg)
+            except Exception as e:  # noqa: BLE001 - handed to the waiting client
+                self._deliver(arg.request_id, e)
+        elif kind == "abort":
+            self.engine.abort_request(arg)
+        elif kind == "integrity":
+            try:
+                self.engine.scheduler.check_integrity()
+                self._integrity = None
+            except AssertionError as e:
+                self._integrity = str(e) or "integrity check failed"
+            self._pools = _pool_usage(self.engine)
+            arg.set()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                block = not self.engine.has_unfinished_requests()
+                try:
+                    kind, arg = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+                    self._handle(kind, arg)
+                    while True:
+                        kind, arg = self._commands.get_nowait()
+                        self._handle(kind, arg)
+                except queue.Empty:
+                    pass
+                if self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        self._deliver(out.request_id, out)
+                self._snapshot = self.engine.metrics_snapshot()
+        except BaseException as e:  # noqa: BLE001 - fail every waiting request instead of hanging
+            log.exception("engine loop died")
+            self.dead = e
+            with self._lock:
+                rids = list(self._streams)
+            for rid in rids:
+                self._deliver(rid, EngineDeadError(f"engine stopped: {e!r}"))
+
+
+def _pool_usage(engine: LLMEngine) -> dict[str, int]:
+    cache = engine.scheduler.cache
+    out = {"num_running": engine.scheduler.num_running, "num_waiting": engine.scheduler.num_waiting,
+           "num_unfinished_outputs": len(engine.outputs.parents)}
+    if cache.kv is not None:
+        kv = cache.kv.pool
+        out.update(kv_blocks_total=kv.num_usable, kv_blocks_free=kv.num_free, kv_blocks_in_use=kv.num_in_use,
+                   kv_blocks_cached=kv.num_cached)
+    if cache.state is not None:
+        st = cache.state.pool
+        out.update(state_slots_total=st.num_slots, state_slots_free=st.num_free, state_slots_in_use=st.num_in_use,
+                   state_checkpoints=st.num_checkpoints)
+    return out

@@ -1,0 +1,27 @@
+"""Everything needed to build an engine, split by concern and passed explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recap.config import CacheConfig, SchedulerConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # local folder or hub id; None: the embedded default model
+    tokenizer: str | None = None  # defaults to the model folder
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Run the cache core's integrity check after every step (tests; costs time on big pools).
+    check_integrity: bool = False
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's setting
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")

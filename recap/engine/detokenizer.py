@@ -1,0 +1,83 @@
+"""Incremental detokenization with stop strings.
+
+Decoding one token at a time and concatenating breaks multi-byte characters (a byte-level BPE
+splits them across tokens), so text is released only once the decoded tail is no longer an
+incomplete UTF-8 sequence (U+FFFD). For streaming, the last `max(len(stop)) - 1` characters are
+held back until they can no longer begin a stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recap.sampling_params import SamplingParams
+
+# Tokens of context re-decoded with each new token, so merges across the boundary render right.
+_CONTEXT_TOKENS = 6
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
+        self.tokenizer = tokenizer
+        self.params = params
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._sent = 0  # characters of `text` already released as deltas
+        self._hold = max((len(s) for s in params.stop), default=1) - 1
+        self.stopped = False  # a stop string matched; text is truncated
+        self.stop_str: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+
+    def add(self, new_ids: list[int]) -> bool:
+        """Append tokens; returns True when a stop string ended the text."""
+        for tok in new_ids:
+            if self.stopped:
+                break
+            self.token_ids.append(tok)
+            prefix = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+            full = self._decode(self.token_ids[self._prefix_offset :])
+            if full.endswith("\ufffd") or len(full) <= len(prefix):
+                continue  # incomplete character: wait for more tokens
+            start = len(self.text)
+            self.text += full[len(prefix) :]
+            self._prefix_offset = max(0, len(self.token_ids) - _CONTEXT_TOKENS)
+            self._prefix_offset = min(self._prefix_offset, self._read_offset)
+            self._read_offset = len(self.token_ids)
+            self._check_stop(start)
+        return self.stopped
+
+    def _check_stop(self, new_from: int) -> None:
+        if not self.params.stop:
+            return
+        lo = max(0, new_from - self._hold)
+        best: tuple[int, str] | None = None
+        for s in self.params.stop:
+            i = self.text.find(s, lo)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            i, s = best
+            self.text = self.text[: i + len(s)] if self.params.include_stop_str_in_output else self.text[:i]
+            self.stopped = True
+            self.stop_str = s
+
+    def flush(self) -> None:
+        """At the end, release whatever decoded text is still pending (e.g. a trailing partial char)."""
+        if self.stopped:
+            return
+        tail = self._decode(self.token_ids[self._prefix_offset :])
+        prefix = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+        if len(tail) > len(prefix):
+            self.text += tail[len(prefix) :]
+            self._read_offset = len(self.token_ids)
+
+    def take_delta(self, finished: bool) -> str:
+        """Text not yet released; while running, keep back what could still start a stop string."""
+        end = len(self.text) if (finished or self.stopped) else max(self._sent, len(self.text) - self._hold)
+        delta = self.text[self._sent : end]
+        self._sent = end
+        return delta

@@ -1,0 +1,162 @@
+"""LLMEngine: one synchronous step loop joining the scheduler (cache core) and the model runner."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from recap.core.request import RequestStatus
+from recap.core.scheduler import Scheduler
+from recap.engine.config import EngineConfig
+from recap.engine.errors import InvalidRequestError
+from recap.engine.metrics import EngineMetrics, MetricsSnapshot
+from recap.engine.output_processor import OutputProcessor, ParentState, child_id
+from recap.engine.outputs import RequestOutput
+from recap.engine.processor import InputProcessor, PreparedRequest
+from recap.model.loader import load_model, load_tokenizer
+from recap.runner.model_runner import ModelRunner, RunnerConfig
+from recap.sampling_params import SamplingParams
+
+
+def _eos_ids(tokenizer: object, model_path: Path) -> frozenset[int]:
+    ids: set[int] = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    gen = model_path / "generation_config.json"
+    if gen.is_file():
+        val = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(val if isinstance(val, list) else [val] if isinstance(val, int) else [])
+    return frozenset(ids)
+
+
+class LLMEngine:
+    """Not thread-safe: one thread drives add/abort/step (AsyncEngine runs it on its own thread)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        model_path = config.model
+        if model_path is None:
+            from recap.model.default_model import ensure_default_model
+
+            model_path = str(ensure_default_model())
+        dtype = getattr(torch, config.dtype)
+        loaded = load_model(model_path, dtype=dtype)
+        self.model_path = loaded.path
+        self.model_config = loaded.config
+        self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)
+        self.served_model_name = config.served_model_name or (config.model or "recap-default-hybrid")
+        self.eos_token_ids = _eos_ids(self.tokenizer, loaded.path)
+        self.runner = ModelRunner(
+            loaded, config.cache, config.scheduler, RunnerConfig(dtype=dtype, seed=config.seed), self.eos_token_ids
+        )
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout)
+        self.processor = InputProcessor(
+            self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids
+        )
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.metrics = EngineMetrics()
+        self._counter = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+    def next_request_id(self) -> str:
+        self._counter += 1
+        return f"req-{self._counter}"
+
+    def prepare(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        segment_boundaries: Sequence[int] = (),
+        cache_salt: str | None = None,
+    ) -> PreparedRequest:
+        """Validate and tokenize (raises InvalidRequestError); safe to call from any thread."""
+        return self.processor.prepare(
+            request_id or self.next_request_id(), prompt, params,
+            segment_boundaries=segment_boundaries, cache_salt=cache_salt, arrival_time=time.monotonic(),
+        )
+
+    def add_prepared(self, p: PreparedRequest) -> None:
+        if p.request_id in self.outputs.parents:
+            raise InvalidRequestError(f"request id {p.request_id!r} is already running")
+        state = self.outputs.add(p)
+        ids = [child_id(p.request_id, i) for i in range(p.params.n)]
+        # n > 1: the first sample computes the prompt; the others join once its cache is
+        # registered, so they share the prompt's KV blocks and checkpoint instead of recomputing.
+        first = ids if not self.config.cache.enable_prefix_caching else ids[:1]
+        state.pending_forks = [c for c in ids if c not in first]
+        for cid in first:
+            self.scheduler.add_request(self.processor.make_core_request(p, cid))
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams, **kw: object) -> str:
+        p = self.prepare(prompt, params, **kw)  # type: ignore[arg-type]
+        self.add_prepared(p)
+        return p.request_id
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        for rid in [request_ids] if isinstance(request_ids, str) else list(request_ids):
+            parent = self.outputs.parents.get(rid)
+            if parent is None:
+                continue
+            parent.pending_forks.clear()
+            live = [cid for cid, c in parent.children.items() if not c.output.finished]
+            self.scheduler.abort_requests(live)
+            for cid in live:
+                self.outputs.on_finished(cid, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.outputs.parents) or self.scheduler.has_unfinished_requests()
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        sched_out = self.scheduler.schedule()
+        runner_out = self.runner.execute(sched_out)
+        updates = self.scheduler.update_from_output(sched_out, runner_out)
+        logprobs = runner_out.extras.get("logprobs", {})
+        stopped: list[str] = []
+        new_tokens = 0
+        for u in updates:
+            parent = self.outputs.parents.get(self.outputs.child_to_parent.get(u.request_id, ""))
+            if parent is None:
+                continue
+            new_tokens += len(u.new_token_ids)
+            had_first = parent.metrics.first_token_time is not None
+            hit_stop = self.outputs.on_tokens(
+                u.request_id, list(u.new_token_ids), logprobs.get(u.request_id), u.num_cached_tokens
+            )
+            if u.finished is not None:
+                self.outputs.on_finished(u.request_id, u.finished)
+            elif hit_stop:
+                stopped.append(u.request_id)
+            if not had_first and parent.metrics.first_token_time is not None:
+                self.metrics.observe_ttft(parent.metrics.first_token_time - parent.metrics.arrival_time)
+            self._release_forks(parent)
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if self.config.check_integrity:
+            self.scheduler.check_integrity()
+        results = self.outputs.collect()
+        for r in results:
+            if r.finished:
+                self.metrics.observe_finished(len(r.prompt_token_ids))
+        if not sched_out.is_empty:
+            self.metrics.observe_step(time.perf_counter() - t0, new_tokens)
+        return results
+
+    def _release_forks(self, parent: ParentState) -> None:
+        if parent.pending_forks and parent.metrics.first_token_time is not None:
+            for cid in parent.pending_forks:
+                self.scheduler.add_request(self.processor.make_core_request(parent.prepared, cid))
+            parent.pending_forks = []
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        return self.metrics.snapshot(self.scheduler.stats, self.scheduler.num_running, self.scheduler.num_waiting)

@@ -1,0 +1,104 @@
+"""Engine-side metrics: counters and a TTFT histogram, read by the server's Prometheus collector."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from recap.core.stats import SchedulerStats
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+@dataclass
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket (not cumulative), last is +Inf
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.total += v
+        self.n += 1
+
+
+@dataclass
+class MetricsSnapshot:
+    prefix_cache_queries: int  # prompt tokens looked up
+    prefix_cache_hits: int  # of which served from the cache
+    checkpoints: int  # registered checkpoints now
+    checkpoint_bytes: int
+    checkpoints_created: int
+    checkpoint_evictions: int
+    checkpoint_miss_tokens: int  # KV matched past the best checkpoint (lost to the state group)
+    preemptions: int
+    num_running: int
+    num_waiting: int
+    requests_finished: int
+    prompt_tokens: int
+    generation_tokens: int
+    steps: int
+    step_time_total: float
+    ttft: Histogram
+
+
+class EngineMetrics:
+    """Collected by the engine thread; snapshots are safe to take from any thread."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.recent_ttft: deque[float] = deque(maxlen=window)
+        self.recent_step_times: deque[float] = deque(maxlen=window)
+        self.requests_finished = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.steps = 0
+        self.step_time_total = 0.0
+
+    def observe_step(self, seconds: float, new_tokens: int) -> None:
+        with self._lock:
+            self.steps += 1
+            self.step_time_total += seconds
+            self.generation_tokens += new_tokens
+            self.recent_step_times.append(seconds)
+
+    def observe_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft.observe(seconds)
+            self.recent_ttft.append(seconds)
+
+    def observe_finished(self, prompt_tokens: int) -> None:
+        with self._lock:
+            self.requests_finished += 1
+            self.prompt_tokens += prompt_tokens
+
+    def snapshot(self, stats: SchedulerStats, num_running: int, num_waiting: int) -> MetricsSnapshot:
+        with self._lock:
+            ttft = Histogram(self.ttft.bounds, list(self.ttft.counts), self.ttft.total, self.ttft.n)
+            return MetricsSnapshot(
+                prefix_cache_queries=stats.prefix_cache_queries,
+                prefix_cache_hits=stats.prefix_cache_hits,
+                checkpoints=stats.checkpoints,
+                checkpoint_bytes=stats.checkpoint_bytes,
+                checkpoints_created=stats.checkpoints_created,
+                checkpoint_evictions=stats.checkpoints_evicted,
+                checkpoint_miss_tokens=stats.checkpoint_miss_tokens,
+                preemptions=stats.preemptions,
+                num_running=num_running,
+                num_waiting=num_waiting,
+                requests_finished=self.requests_finished,
+                prompt_tokens=self.prompt_tokens,
+                generation_tokens=self.generation_tokens,
+                steps=self.steps,
+                step_time_total=self.step_time_total,
+                ttft=ttft,
+            )

@@ -1,0 +1,143 @@
+"""Per-request output state: detokenization, stop strings, logprobs, n-way forks, TTFT."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from recap.core.request import FINISH_REASONS, RequestStatus
+from recap.engine.detokenizer import IncrementalDetokenizer
+from recap.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from recap.engine.processor import PreparedRequest
+
+
+def child_id(parent_id: str, index: int) -> str:
+    return f"{parent_id}#{index}"
+
+
+@dataclass
+class _Child:
+    index: int
+    detok: IncrementalDetokenizer
+    output: CompletionOutput
+
+
+@dataclass
+class ParentState:
+    """One user request; with n > 1 it owns n child core requests that share its prompt."""
+
+    prepared: PreparedRequest
+    children: dict[str, _Child]
+    metrics: RequestMetrics
+    pending_forks: list[str] = field(default_factory=list)  # children not yet handed to the scheduler
+    num_cached_tokens: int = 0
+    dirty: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(c.output.finished for c in self.children.values())
+
+    def to_output(self) -> RequestOutput:
+        outs = [c.output for c in sorted(self.children.values(), key=lambda c: c.index)]
+        return RequestOutput(
+            request_id=self.prepared.request_id,
+            prompt=self.prepared.prompt,
+            prompt_token_ids=self.prepared.prompt_token_ids,
+            outputs=outs,
+            finished=self.finished,
+            num_cached_tokens=self.num_cached_tokens,
+            metrics=self.metrics,
+        )
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, ParentState] = {}
+        self.child_to_parent: dict[str, str] = {}
+
+    def add(self, p: PreparedRequest) -> ParentState:
+        kids = {}
+        for i in range(p.params.n):
+            cid = child_id(p.request_id, i)
+            want_lp = p.params.logprobs is not None
+            kids[cid] = _Child(i, IncrementalDetokenizer(self.tokenizer, p.params), CompletionOutput(
+                index=i, logprobs=[] if want_lp else None))
+            self.child_to_parent[cid] = p.request_id
+        state = ParentState(p, kids, RequestMetrics(arrival_time=p.arrival_time))
+        self.parents[p.request_id] = state
+        return state
+
+    def on_tokens(self, cid: str, new_ids: list[int], lp: Any, num_cached: int) -> bool:
+        """Record new tokens of a child; True when a stop string ended it (the engine finishes it)."""
+        parent = self.parents[self.child_to_parent[cid]]
+        child = parent.children[cid]
+        out = child.output
+        if child.index == 0 and num_cached >= 0:
+            parent.num_cached_tokens = num_cached
+        if new_ids and parent.metrics.first_token_time is None:
+            parent.metrics.first_token_time = time.monotonic()
+        out.token_ids.extend(new_ids)
+        out.token_ids_delta.extend(new_ids)
+        if lp is not None and out.logprobs is not None:
+            tok_lp = TokenLogprob(new_ids[-1], lp[0], lp[1])
+            out.logprobs.append(tok_lp)
+            out.logprobs_delta.append(tok_lp)
+        stopped = child.detok.add(new_ids)
+        if stopped:
+            out.finish_reason = "stop"
+            out.stop_reason = child.detok.stop_str
+        parent.dirty = True
+        return stopped
+
+    def on_finished(self, cid: str, status: RequestStatus) -> None:
+        parent = self.parents[self.child_to_parent[cid]]
+        child = parent.children[cid]
+        out = child.output
+        if out.finish_reason is None:
+            out.finish_reason = FINISH_REASONS.get(status, "stop")
+            if status == RequestStatus.FINISHED_STOPPED and out.token_ids:
+                out.stop_reason = out.token_ids[-1]
+            child.detok.flush()
+        parent.dirty = True
+
+    def collect(self) -> list[RequestOutput]:
+        """Outputs of parents that changed since the last call; finished parents are dropped."""
+        results = []
+        for rid in [r for r, p in self.parents.items() if p.dirty]:
+            parent = self.parents[rid]
+            for c in parent.children.values():
+                c.output.text_delta = c.detok.take_delta(c.output.finished)
+                c.output.text = c.detok.text if c.output.finished else c.detok.text[: c.detok._sent]
+            if parent.finished:
+                parent.metrics.finished_time = time.monotonic()
+            results.append(_snapshot(parent.to_output()))
+            for c in parent.children.values():
+                c.output.token_ids_delta = []
+                c.output.logprobs_delta = []
+            parent.dirty = False
+            if parent.finished:
+                self.remove(rid)
+        return results
+
+    def remove(self, rid: str) -> None:
+        parent = self.parents.pop(rid, None)
+        if parent:
+            for cid in parent.children:
+                self.child_to_parent.pop(cid, None)
+
+
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    # Outputs cross threads (async engine): hand out copies, never the live objects.
+    outs = [
+        CompletionOutput(
+            index=o.index, text=o.text, token_ids=list(o.token_ids),
+            logprobs=None if o.logprobs is None else list(o.logprobs), finish_reason=o.finish_reason,
+            stop_reason=o.stop_reason, text_delta=o.text_delta, token_ids_delta=list(o.token_ids_delta),
+            logprobs_delta=list(o.logprobs_delta),
+        )
+        for o in out.outputs
+    ]
+    return RequestOutput(out.request_id, out.prompt, list(out.prompt_token_ids), outs, out.finished,
+                         out.num_cached_tokens, out.metrics, out.error)

@@ -1,0 +1,105 @@
+"""Turns user input into validated core Requests: tokenization, limits, token-id checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recap.core.request import Request
+from recap.engine.errors import InvalidRequestError
+from recap.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    segment_boundaries: tuple[int, ...]
+    cache_salt: str | None
+    arrival_time: float
+
+
+class InputProcessor:
+    """Read-only over the tokenizer and limits, so any thread may call it."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+
+    def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty")
+            return prompt, list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        if isinstance(prompt, (bytes, bytearray)):
+            raise InvalidRequestError("prompt must be a string or a list of token ids")
+        ids = list(prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidRequestError("prompt token ids must be integers")
+        return None, ids
+
+    def prepare(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        *,
+        segment_boundaries: Sequence[int] = (),
+        cache_salt: str | None = None,
+        arrival_time: float,
+    ) -> PreparedRequest:
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise InvalidRequestError("prompt has no tokens")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {len(ids)} tokens; this model's maximum context length is {self.max_model_len} "
+                "and at least one token must be generated"
+            )
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens; you requested "
+                f"{len(ids) + params.max_tokens} ({len(ids)} in the prompt, {params.max_tokens} for the completion)"
+            )
+        if params.min_tokens > (params.max_tokens or room):
+            raise InvalidRequestError("min_tokens must not exceed max_tokens")
+        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad_stop:
+            raise InvalidRequestError(f"stop token id {bad_stop[0]} is out of vocabulary")
+        bounds = sorted({int(b) for b in segment_boundaries if 0 < int(b) < len(ids)})
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise InvalidRequestError("cache_salt must be a string")
+        return PreparedRequest(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=ids,
+            params=params,
+            max_tokens=params.max_tokens or room,
+            segment_boundaries=tuple(bounds),
+            cache_salt=cache_salt,
+            arrival_time=arrival_time,
+        )
+
+    def make_core_request(self, p: PreparedRequest, child_id: str) -> Request:
+        return Request(
+            request_id=child_id,
+            prompt_token_ids=list(p.prompt_token_ids),
+            max_tokens=p.max_tokens,
+            eos_token_ids=frozenset() if p.params.ignore_eos else self.eos_token_ids,
+            stop_token_ids=frozenset(p.params.stop_token_ids),
+            min_tokens=p.params.min_tokens,
+            segment_boundaries=p.segment_boundaries,
+            cache_salt=p.cache_salt,
+            sampling_params=p.params,
+            arrival_time=p.arrival_time,
+        )

@@ -1,0 +1,1 @@
+"""Model runner: the only place that turns scheduler decisions into tensors."""

@@ -1,0 +1,70 @@
+"""Sizing the KV block pool and the state pool from byte budgets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from recap.config import CacheConfig, SchedulerConfig
+
+# Share of available memory each pool takes when no byte budget is given.
+DEFAULT_MEMORY_FRACTION = 0.15
+
+
+def available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    num_kv_blocks: int  # including the null block
+    num_state_slots: int
+    kv_bytes: int
+    state_bytes: int
+
+
+def size_pools(
+    cache: CacheConfig,
+    sched: SchedulerConfig,
+    kv_bytes_per_token: int,
+    state_bytes_per_slot: int,
+    available: int | None = None,
+) -> PoolSizes:
+    """Blocks and slots that fit the budgets; errors if the budgets cannot run one full-length request."""
+    avail = available_memory_bytes() if available is None else available
+    num_blocks = 0
+    if kv_bytes_per_token:
+        block_bytes = kv_bytes_per_token * cache.block_size
+        # Without a budget: enough for every sequence at full length, capped by a share of memory.
+        want = (sched.max_num_seqs * sched.max_model_len // cache.block_size + 1) * block_bytes
+        budget = cache.kv_cache_bytes or min(want, int(avail * DEFAULT_MEMORY_FRACTION))
+        num_blocks = budget // block_bytes + 1
+        need = -(-sched.max_model_len // cache.block_size) + 1
+        if num_blocks < need:
+            raise ValueError(
+                f"KV cache budget {budget} B holds {num_blocks - 1} blocks; one {sched.max_model_len}-token "
+                f"sequence needs {need - 1}: raise kv_cache_bytes or lower max_model_len"
+            )
+    num_slots = 0
+    if state_bytes_per_slot:
+        # Running slots for every sequence plus room for checkpoints.
+        want = (4 * sched.max_num_seqs + 64) * state_bytes_per_slot
+        budget = cache.state_cache_bytes or min(want, int(avail * DEFAULT_MEMORY_FRACTION))
+        num_slots = budget // state_bytes_per_slot
+        if num_slots < 2:
+            raise ValueError(
+                f"state cache budget {budget} B holds {num_slots} slots of {state_bytes_per_slot} B; need >= 2"
+            )
+    return PoolSizes(
+        num_kv_blocks=num_blocks,
+        num_state_slots=num_slots,
+        kv_bytes=max(0, num_blocks - 1) * kv_bytes_per_token * cache.block_size,
+        state_bytes=num_slots * state_bytes_per_slot,
+    )

@@ -1,0 +1,154 @@
+"""ModelRunner: SchedulerOutput -> ForwardBatch -> model -> sampled tokens and written checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from recap.config import CacheConfig, CacheLayout, SchedulerConfig
+from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
+from recap.model.cache import ModelCaches
+from recap.model.loader import LoadedModel
+from recap.runner.memory import PoolSizes, size_pools
+from recap.runner.sampler import Sampler, SampleResult, SampleRow
+from recap.sampling_params import SamplingParams
+
+_GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    seed: int | None = 0
+
+
+def _seed_for(request_id: str, seed: int) -> int:
+    # Forked samples (id#k) get distinct but reproducible streams from one user seed.
+    digest = hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class ModelRunner:
+    """Owns the model, its KV/state tensors and the sampler. Stateless across steps otherwise,
+    except per-request seeded generators (dropped when the scheduler reports a request gone)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        cache_config: CacheConfig,
+        scheduler_config: SchedulerConfig,
+        runner_config: RunnerConfig,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.model = loaded.model
+        self.config = loaded.config
+        self.cache_config = cache_config
+        self.runner_config = runner_config
+        self.eos_token_ids = eos_token_ids
+        dtype = runner_config.dtype
+        self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
+        self.state_bytes_per_slot = self.config.state_bytes_per_slot(dtype)
+        self.pools: PoolSizes = size_pools(
+            cache_config, scheduler_config, self.kv_bytes_per_token, self.state_bytes_per_slot
+        )
+        self.caches = ModelCaches.allocate(
+            self.config,
+            num_kv_blocks=self.pools.num_kv_blocks,
+            block_size=cache_config.block_size,
+            num_state_slots=self.pools.num_state_slots,
+            dtype=dtype,
+        )
+        self.has_kv = self.kv_bytes_per_token > 0
+        self.has_state = self.state_bytes_per_slot > 0
+        self.sampler = Sampler(runner_config.seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    @property
+    def layout(self) -> CacheLayout:
+        return CacheLayout(
+            block_size=self.cache_config.block_size,
+            num_kv_blocks=self.pools.num_kv_blocks,
+            num_state_slots=self.pools.num_state_slots,
+            has_kv=self.has_kv,
+            has_state=self.has_state,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            state_bytes_per_slot=self.state_bytes_per_slot,
+            flops_per_token=self.config.flops_per_token(),
+        )
+
+    def _spec(self, s: ScheduledRequest) -> SeqSpec:
+        return SeqSpec(
+            token_ids=s.token_ids,
+            context_len=s.num_computed_tokens,
+            block_ids=s.block_ids,
+            state_slot=s.state_slot,
+            checkpoints=[(c.position, c.slot) for c in s.checkpoints],
+            sample=s.sample,
+        )
+
+    def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
+        return build_forward_batch(
+            [self._spec(s) for s in out.scheduled],
+            block_size=self.cache_config.block_size,
+            chunk_size=self.config.ssm_chunk_size,
+            with_attention=self.has_kv,
+            with_ssm=self.has_state,
+            device=self.runner_config.device,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        for rid in out.finished_request_ids:
+            self._generators.pop(rid, None)
+        for src, dst in out.state_copies:
+            self.caches.copy_state(src, dst)
+        if out.is_empty:
+            return ModelRunnerOutput()
+        batch = self.build_batch(out)
+        if self.has_state:
+            self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
+        hidden = self.model(batch, self.caches)
+        result = ModelRunnerOutput()
+        if batch.sample_rows:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            rows = [out.scheduled[r] for r in batch.sample_rows]
+            sampled = self.sampler(logits, [self._sample_row(s) for s in rows])
+            self._collect_samples(rows, sampled, result)
+        if self.has_state:
+            self._report_checkpoints(out, batch, result)
+        return result
+
+    def _sample_row(self, s: ScheduledRequest) -> SampleRow:
+        params: SamplingParams = s.sampling_params or _GREEDY
+        gen = None
+        if params.seed is not None and not params.greedy:
+            gen = self._generators.get(s.request_id)
+            if gen is None:
+                gen = torch.Generator().manual_seed(_seed_for(s.request_id, params.seed))
+                self._generators[s.request_id] = gen
+        banned: tuple[int, ...] = ()
+        if s.num_output_tokens < params.min_tokens:
+            banned = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)))
+        return SampleRow(params, gen, banned)
+
+    @staticmethod
+    def _collect_samples(rows: list[ScheduledRequest], sampled: SampleResult, result: ModelRunnerOutput) -> None:
+        logprobs = {}
+        for s, tok, lp in zip(rows, sampled.token_ids, sampled.logprobs):
+            result.sampled_token_ids[s.request_id] = tok
+            if lp is not None:
+                logprobs[s.request_id] = lp
+        result.extras["logprobs"] = logprobs
+
+    def _report_checkpoints(self, out: SchedulerOutput, batch: ForwardBatch, result: ModelRunnerOutput) -> None:
+        """Report what the kernels say they wrote (slot_positions), not what was planned."""
+        if not batch.planned_checkpoints:
+            return
+        written = self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]].tolist()
+        for (row, _pos, slot), pos in zip(batch.planned_checkpoints, written):
+            rid = out.scheduled[row].request_id
+            result.written_checkpoints.setdefault(rid, []).append(CheckpointWrite(position=int(pos), slot=slot))

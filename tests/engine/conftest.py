@@ -1,0 +1,25 @@
+"""Tiny checkpoints with a tokenizer, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recap.model.testing import make_tiny_checkpoint
+
+ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba"]
+
+
+def tiny_model_dir(root: Path, arch: str, **overrides: object) -> Path:
+    from recap.model.default_model import save_tokenizer
+
+    path = make_tiny_checkpoint(arch, root / arch, **overrides)
+    save_tokenizer(path, vocab_size=512)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {a: tiny_model_dir(root, a) for a in ARCHS}

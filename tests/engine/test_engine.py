@@ -1,0 +1,113 @@
+"""Engine behaviour: preemption, aborts, forks (n > 1), stop conditions, chat boundaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from recap import SamplingParams
+from recap.engine.errors import InvalidRequestError
+from tests.engine.test_equivalence import assert_same, make_llm
+from tests.engine.workloads import GREEDY, rnd
+
+
+def _alone(path: Path, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
+    llm = make_llm(path, caching=False)
+    return [llm.generate([p], params)[0] for p in prompts]
+
+
+@pytest.mark.parametrize("arch", ["bamba", "jamba"])
+def test_preemption_keeps_outputs(tiny_models: dict[str, Path], arch: str) -> None:
+    path = tiny_models[arch]
+    probe = make_llm(path, caching=False, max_model_len=160)
+    block_bytes = probe.engine.runner.kv_bytes_per_token * 16
+    prompts = [rnd(60 + i, 50 + 7 * i) for i in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=0, ignore_eos=True)
+    want = _alone(path, prompts, params)
+    for policy in ("recap", "all"):
+        llm = make_llm(path, caching=True, policy=policy, kv_cache_bytes=12 * block_bytes, max_model_len=160,
+                       max_num_seqs=8, max_num_batched_tokens=64)
+        got = llm.generate(prompts, params)
+        assert_same(got, want, f"{arch}/{policy}/preempted")
+        assert llm.engine.scheduler.stats.preemptions > 0, "the pool was meant to force preemption"
+
+
+def test_tiny_kv_budget_is_a_clear_error(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="KV cache budget"):
+        make_llm(tiny_models["bamba"], caching=True, kv_cache_bytes=1)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "bamba"])
+def test_abort_mid_prefill(tiny_models: dict[str, Path], arch: str) -> None:
+    path = tiny_models[arch]
+    long_p, other = rnd(70, 150), rnd(71, 40)
+    want = _alone(path, [other])[0]
+    llm = make_llm(path, caching=True, max_num_batched_tokens=32)
+    eng = llm.engine
+    a = eng.add_request(long_p, GREEDY)
+    b = eng.add_request(other, GREEDY)
+    eng.step()
+    eng.abort_request(a)
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs[o.request_id] = o
+    assert outs[a].outputs[0].finish_reason == "abort"
+    assert_same([outs[b]], [want], f"{arch}/abort")
+    eng.scheduler.check_integrity()
+    # The aborted prompt's partial prefill must not be published past what was actually computed.
+    again = llm.generate([long_p], GREEDY)[0]
+    assert_same([again], _alone(path, [long_p]), f"{arch}/after-abort")
+
+
+def test_n_samples_share_the_prompt_cache(tiny_models: dict[str, Path]) -> None:
+    path = tiny_models["bamba"]
+    llm = make_llm(path, caching=True)
+    p = rnd(80, 70)
+    out = llm.generate([p], SamplingParams(n=3, temperature=0.0, max_tokens=5, ignore_eos=True))[0]
+    assert len(out.outputs) == 3 and [o.index for o in out.outputs] == [0, 1, 2]
+    assert out.outputs[0].token_ids == out.outputs[1].token_ids == out.outputs[2].token_ids
+    stats = llm.engine.scheduler.stats
+    assert stats.prefix_cache_hits >= 2 * 64, "forks 1 and 2 should hit the prompt end of fork 0"
+    seeded = llm.generate([p], SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True))[0]
+    again = llm.generate([p], SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True))[0]
+    assert [o.token_ids for o in seeded.outputs] == [o.token_ids for o in again.outputs]
+    assert len({tuple(o.token_ids) for o in seeded.outputs}) > 1
+
+
+def test_stop_conditions(tiny_models: dict[str, Path]) -> None:
+    llm = make_llm(tiny_models["mamba2"], caching=True)
+    p = rnd(90, 20)
+    free = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0].outputs[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 10
+    stop_id = free.token_ids[3]
+    first = free.token_ids.index(stop_id)
+    o = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_id]))[0].outputs[0]
+    assert o.finish_reason == "stop" and o.token_ids == free.token_ids[: first + 1] and o.stop_reason == stop_id
+    if len(free.text) > 3:
+        stop = free.text[2:4]
+        s = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=10, stop=[stop]))[0].outputs[0]
+        assert s.finish_reason == "stop" and s.text == free.text[: free.text.index(stop)]
+
+
+def test_invalid_requests_raise_typed_errors(tiny_models: dict[str, Path]) -> None:
+    llm = make_llm(tiny_models["mamba2"], caching=True, max_model_len=64)
+    with pytest.raises(InvalidRequestError, match="out of vocabulary"):
+        llm.generate([[1, 2, 99999]], GREEDY)
+    with pytest.raises(InvalidRequestError, match="maximum context length"):
+        llm.generate([rnd(1, 70)], GREEDY)
+    with pytest.raises(InvalidRequestError, match="maximum context length"):
+        llm.generate([rnd(1, 30)], SamplingParams(max_tokens=60))
+    with pytest.raises(InvalidRequestError):
+        llm.generate([[]], GREEDY)
+    assert llm.generate([rnd(1, 10)], GREEDY)[0].finished  # still serving
+
+
+def test_chat_passes_message_boundaries(tiny_models: dict[str, Path]) -> None:
+    llm = make_llm(tiny_models["bamba"], caching=True)
+    system = {"role": "system", "content": "You are a terse assistant. " * 6}
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm.chat([system, {"role": "user", "content": "first question?"}], params)
+    second = llm.chat([system, {"role": "user", "content": "another, different one"}], params)[0]
+    assert second.num_cached_tokens > 0, "the system prompt's message boundary should be a checkpoint"

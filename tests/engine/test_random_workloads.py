@@ -1,0 +1,88 @@
+"""A seeded hypothesis run of random workloads through the real engine on a 2-layer hybrid.
+
+Random shared prefixes, segment boundaries, chunk budgets, policies, tiny pools and aborts; after
+every step the core's integrity check runs (check_integrity=True), and every request that was not
+aborted must answer exactly as it does alone with caching off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from recap import SamplingParams
+from tests.engine.conftest import tiny_model_dir
+from tests.engine.test_equivalence import assert_same, make_llm
+from tests.engine.workloads import rnd
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True)
+_ALONE: dict[tuple[int, ...], object] = {}
+
+
+@pytest.fixture(scope="module")
+def hybrid2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("h2"), "bamba", num_hidden_layers=2, attn_layer_indices=[1])
+
+
+def _alone(path: Path, prompt: list[int]) -> object:
+    key = tuple(prompt)
+    if key not in _ALONE:
+        _ALONE[key] = make_llm(path, caching=False, max_model_len=256).generate([prompt], PARAMS)[0]
+    return _ALONE[key]
+
+
+request = st.tuples(
+    st.integers(0, 2),  # which shared base
+    st.integers(1, 70),  # prefix length taken from the base
+    st.integers(0, 30),  # fresh suffix length
+    st.booleans(),  # mark the prefix end as a segment boundary
+    st.integers(0, 5),  # submit after this many steps
+    st.sampled_from([None, None, None, 1, 3]),  # abort after this many steps (None: never)
+)
+
+
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reqs=st.lists(request, min_size=2, max_size=7),
+    policy=st.sampled_from(["align", "all", "recap"]),
+    budget=st.sampled_from([7, 16, 29, 64, 256]),
+    tiny_pools=st.booleans(),
+)
+def test_random_workloads(hybrid2: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
+    kw: dict[str, object] = {"max_num_batched_tokens": budget, "max_model_len": 256}
+    probe_bytes = 0
+    if tiny_pools:
+        probe = make_llm(hybrid2, caching=False, max_model_len=256)
+        probe_bytes = probe.engine.runner.state_bytes_per_slot
+        kw.update(kv_cache_bytes=18 * 16 * probe.engine.runner.kv_bytes_per_token, state_cache_bytes=6 * probe_bytes,
+                  max_num_seqs=3)
+    llm = make_llm(hybrid2, caching=True, policy=policy, **kw)
+    eng = llm.engine
+    bases = [rnd(500 + b, 70) for b in range(3)]
+    plan = []
+    for i, (b, plen, slen, mark, at, abort) in enumerate(reqs):
+        prompt = bases[b][:plen] + rnd(600 + i, slen)
+        plan.append((prompt, [plen] if mark else [], at, abort))
+    ids: dict[int, str] = {}
+    finished: dict[str, object] = {}
+    step = 0
+    while step < 500 and (len(ids) < len(plan) or eng.has_unfinished_requests()):
+        for i, (prompt, bounds, at, abort) in enumerate(plan):
+            if i not in ids and at <= step:
+                ids[i] = eng.add_request(prompt, PARAMS, segment_boundaries=bounds)
+            if i in ids and abort is not None and step == at + abort:
+                eng.abort_request(ids[i])
+        for o in eng.step():
+            if o.finished:
+                finished[o.request_id] = o
+        step += 1
+    assert len(finished) == len(plan), "every request must finish (or be aborted) in bounded steps"
+    for i, (prompt, _, _, _) in enumerate(plan):
+        out = finished[ids[i]]
+        if out.outputs[0].finish_reason == "abort":
+            continue
+        assert_same([out], [_alone(hybrid2, prompt)], f"request {i}")
+    eng.scheduler.check_integrity()
