@@ -55,6 +55,9 @@ class Request:
     num_cached_tokens: int = -1
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    # Chained hashes of the full token blocks known so far (prompt + outputs), extended by the scheduler
+    # as tokens arrive (recap.core.hashing). Empty when prefix caching is off.
+    block_hashes: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -77,3 +80,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens at absolute positions [start, end) without concatenating prompt and outputs."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]

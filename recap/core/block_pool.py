@@ -1,0 +1,172 @@
+"""The KV block pool: paged blocks of `block_size` tokens, shared by reference count, cached by hash.
+
+Free blocks sit in one of three lists, handed out in this order:
+  plain: no hash (nothing to lose);
+  cold:  cached, but past the deepest checkpoint of the request that freed them: for a hybrid model
+         they cannot give a hit until some request learns a checkpoint there (DESIGN section 4);
+  warm:  cached and covered by a checkpoint (or the model has no state group).
+Inside cold and warm, the least recently freed block goes first (LRU). A request frees its blocks
+tail first, so a chain's deeper blocks are evicted before the blocks they depend on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from recap.core.free_queue import FreeBlockQueue, KVBlock
+
+NULL_BLOCK_ID = 0
+
+
+class BlockPool:
+    """Owns every KV block id. Block 0 is the null block and is never handed out.
+
+    Side effects: `allocate` may evict cached free blocks (their hashes stop being findable);
+    `touch` takes cached blocks out of the free lists; `free` puts blocks back.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("the KV pool needs at least one block besides the null block")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._plain: deque[KVBlock] = deque(self.blocks[1:])
+        self._cold = FreeBlockQueue("cold")
+        self._warm = FreeBlockQueue("warm")
+        self._cached: dict[int, KVBlock] = {}
+        self.num_evicted = 0
+
+    # -- counts -------------------------------------------------------------------------------
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that `allocate` can hand out (plain, plus cached ones it would evict)."""
+        return len(self._plain) + len(self._cold) + len(self._warm)
+
+    @property
+    def num_cached_free(self) -> int:
+        return len(self._cold) + len(self._warm)
+
+    @property
+    def num_in_use(self) -> int:
+        return self.num_usable - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks findable by hash, in use or free."""
+        return len(self._cached)
+
+    # -- lookup and sharing ------------------------------------------------------------------------
+    def lookup(self, block_hash: int) -> int | None:
+        block = self._cached.get(block_hash)
+        return None if block is None else block.block_id
+
+    def num_free_among(self, block_ids: Iterable[int]) -> int:
+        """How many of these blocks sit in a free list (touching them lowers `num_free`)."""
+        blocks = self.blocks
+        return sum(1 for b in block_ids if blocks[b].ref_cnt == 0)
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Add one holder to each block, taking free ones out of their free list (a hit)."""
+        blocks = self.blocks
+        for block_id in block_ids:
+            block = blocks[block_id]
+            if block.ref_cnt == 0:
+                assert block.queue is not None, f"{block} is free but in no free list"
+                block.queue.remove(block)
+            block.ref_cnt += 1
+
+    # -- allocation ------------------------------------------------------------------------------
+    def allocate(self, num: int) -> list[int]:
+        """Hand out `num` fresh blocks with one holder each, evicting cached free blocks if needed."""
+        if num > self.num_free:
+            raise MemoryError(f"need {num} KV blocks, only {self.num_free} free")
+        out: list[int] = []
+        for _ in range(num):
+            if self._plain:
+                block = self._plain.popleft()
+            else:
+                block = self._cold.popleft() if len(self._cold) else self._warm.popleft()
+                self._evict(block)
+            block.ref_cnt = 1
+            out.append(block.block_id)
+        return out
+
+    def _evict(self, block: KVBlock) -> None:
+        assert block.block_hash is not None
+        del self._cached[block.block_hash]
+        block.block_hash = None
+        self.num_evicted += 1
+
+    def free(self, block_ids: Sequence[int], num_warm: int | None = None) -> None:
+        """Drop one holder from each block of a request's table (given in table order).
+
+        Blocks whose last holder leaves go to a free list, tail first; cached blocks at table index
+        >= `num_warm` go to the cold list (None: all warm).
+        """
+        warm_limit = len(block_ids) if num_warm is None else num_warm
+        blocks = self.blocks
+        for index in range(len(block_ids) - 1, -1, -1):
+            block = blocks[block_ids[index]]
+            assert block.ref_cnt > 0, f"double free of {block}"
+            block.ref_cnt -= 1
+            if block.ref_cnt:
+                continue
+            if block.block_hash is None:
+                self._plain.append(block)
+            elif index < warm_limit:
+                self._warm.append(block)
+            else:
+                self._cold.append(block)
+
+    def cache_block(self, block_id: int, block_hash: int) -> bool:
+        """Make a full, computed block findable under `block_hash`.
+
+        Returns False (and leaves the block uncached) when another block already holds that hash.
+        """
+        block = self.blocks[block_id]
+        assert block.ref_cnt > 0 and block.block_hash is None, f"cannot cache {block}"
+        if block_hash in self._cached:
+            return False
+        block.block_hash = block_hash
+        self._cached[block_hash] = block
+        return True
+
+    def reset(self) -> None:
+        """Forget every hash; free cached blocks become plain free blocks."""
+        for block in self._cached.values():
+            block.block_hash = None
+            if block.queue is not None:
+                block.queue.remove(block)
+                self._plain.append(block)
+        self._cached.clear()
+
+    # -- integrity -------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Assert the lists, hashes and counts agree. O(pool): for tests, not the hot path."""
+        free_ids: set[int] = set()
+        for block in self._plain:
+            assert block.queue is None and block.ref_cnt == 0 and block.block_hash is None, block
+            free_ids.add(block.block_id)
+        for queue in (self._cold, self._warm):
+            count = 0
+            for block in queue:
+                assert block.queue is queue and block.ref_cnt == 0 and block.block_hash is not None, block
+                free_ids.add(block.block_id)
+                count += 1
+            assert count == len(queue), f"free list {queue.name} size {len(queue)} != {count} linked"
+        assert NULL_BLOCK_ID not in free_ids, "null block in a free list"
+        assert len(free_ids) == self.num_free, "a block sits in two free lists"
+        for block in self.blocks[1:]:
+            assert (block.block_id in free_ids) == (block.ref_cnt == 0), f"{block}: free iff no holder"
+        null = self.blocks[NULL_BLOCK_ID]
+        assert null.ref_cnt == 0 and null.block_hash is None, "null block handed out"
+        for block_hash, block in self._cached.items():
+            assert block.block_hash == block_hash, f"hash map entry disagrees with {block}"
+        cached_ids = {b.block_id for b in self._cached.values()}
+        for block in self.blocks:
+            assert (block.block_hash is not None) == (block.block_id in cached_ids), f"{block} not mapped"

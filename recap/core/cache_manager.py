@@ -1,0 +1,211 @@
+"""The coordinator over cache groups: the longest common hit, admission, growth and checkpoints.
+
+A hit for a hybrid model needs every group (DESIGN section 1): the largest n = k * block_size with
+n < num_tokens such that the first k KV blocks are cached and a checkpoint exists after k blocks.
+Attention-only models hit on the KV prefix alone; SSM-only models on the checkpoint alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from recap.config import CacheConfig, CacheLayout
+from recap.core.block_pool import BlockPool
+from recap.core.hashing import BlockHasher
+from recap.core.kv_manager import KVManager, cdiv
+from recap.core.output import PAD_SLOT_ID, CheckpointWrite
+from recap.core.policy import CheckpointPolicy
+from recap.core.request import Request
+from recap.core.seen_index import SeenIndex
+from recap.core.state_manager import StateManager
+from recap.core.state_pool import StatePool
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """What a request can skip: `num_tokens` tokens, served by these KV blocks and this checkpoint."""
+
+    num_tokens: int
+    kv_block_ids: tuple[int, ...] = ()
+    checkpoint_slot: int = PAD_SLOT_ID
+    kv_hit_tokens: int = 0  # the KV prefix alone (>= num_tokens); equals num_tokens without a state group
+
+    @property
+    def checkpoint_miss_tokens(self) -> int:
+        """KV matched past the best checkpoint: tokens recomputed only for want of a checkpoint."""
+        return self.kv_hit_tokens - self.num_tokens
+
+
+NO_HIT = CacheHit(0)
+SEEN_BLOCKS_PER_SLOT = 256  # SSM-only models: hashes remembered for branch learning, per state slot
+
+
+class CacheManager:
+    """One manager per cache group plus the checkpoint policy, behind one request-level interface.
+
+    Side effects: see each method; all pool changes go through the group managers.
+    """
+
+    def __init__(self, cache_config: CacheConfig, layout: CacheLayout) -> None:
+        if layout.block_size != cache_config.block_size:
+            raise ValueError(f"layout block_size {layout.block_size} != cache block_size {cache_config.block_size}")
+        self.block_size = bs = cache_config.block_size
+        self.enable_caching = cache_config.enable_prefix_caching
+        self.layout = layout
+        self.kv: KVManager | None = None
+        self.state: StateManager | None = None
+        if layout.has_kv:
+            self.kv = KVManager(BlockPool(layout.num_kv_blocks), bs, self.enable_caching)
+        if layout.has_state:
+            pool = StatePool(layout.num_state_slots, bs, layout.state_bytes_per_slot, layout.flops_per_token)
+            state_caching = self.enable_caching and cache_config.checkpoint_policy != "none"
+            self.state = StateManager(pool, bs, state_caching)
+        self.policy = CheckpointPolicy(cache_config, layout.has_state)
+        self.hasher = BlockHasher(bs)
+        # Without a KV group, recently computed hashes stand in for the KV prefix (branch learning).
+        self.seen: SeenIndex | None = None
+        self._seen_upto: dict[str, int] = {}
+        if self.kv is None and self.policy.enabled:
+            self.seen = SeenIndex(SEEN_BLOCKS_PER_SLOT * layout.num_state_slots)
+
+    # -- hashing ----------------------------------------------------------------------------------
+    def update_hashes(self, request: Request) -> None:
+        """Hash any newly completed token block of the request (no-op with caching off)."""
+        if self.enable_caching and request.num_tokens // self.block_size > len(request.block_hashes):
+            self.hasher.update(request)
+
+    # -- hits and admission -----------------------------------------------------------------------
+    def find_hit(self, request: Request) -> CacheHit:
+        """The longest common hit over all cache groups; never the last token."""
+        if not self.enable_caching:
+            return NO_HIT
+        hashes = request.block_hashes
+        max_blocks = min((request.num_tokens - 1) // self.block_size, len(hashes))
+        kv_blocks = self.kv.find_prefix(hashes, max_blocks) if self.kv else None
+        kv_len = len(kv_blocks) if kv_blocks is not None else max_blocks
+        if self.state is None:
+            n = kv_len * self.block_size
+            return CacheHit(n, tuple(kv_blocks or ()), PAD_SLOT_ID, n)
+        k, slot = self.state.find_checkpoint(hashes, kv_len)
+        if kv_blocks is not None:
+            return CacheHit(k * self.block_size, tuple(kv_blocks[:k]), slot, kv_len * self.block_size)
+        seen = self.seen.prefix_len(hashes, max_blocks) if self.seen is not None else 0
+        return CacheHit(k * self.block_size, (), slot, max(seen, k) * self.block_size)
+
+    def can_admit(self, hit: CacheHit, num_new_tokens: int) -> bool:
+        if self.kv and not self.kv.can_admit(hit.kv_block_ids, hit.num_tokens + num_new_tokens):
+            return False
+        return not (self.state and not self.state.can_admit(hit.checkpoint_slot))
+
+    def admit(self, request: Request, hit: CacheHit, num_new_tokens: int) -> tuple[int, int] | None:
+        """Share the hit's KV blocks, pin its checkpoint, take a running slot and new blocks.
+
+        Returns the (checkpoint slot, running slot) copy the runner performs before the step.
+        """
+        copy = None
+        if self.state:
+            copy = self.state.admit(request.request_id, hit.checkpoint_slot)
+        if self.kv:
+            self.kv.admit(request.request_id, hit.kv_block_ids, hit.num_tokens + num_new_tokens)
+        self.policy.admit(request, hit.num_tokens, hit.kv_hit_tokens)
+        return copy
+
+    def try_grow(self, request_id: str, num_tokens: int) -> bool:
+        """Extend the request's KV table to cover `num_tokens` tokens if the pool allows; False if not."""
+        kv = self.kv
+        if kv is None:
+            return True
+        table = kv.tables[request_id]
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        if num_new <= 0:
+            return True
+        if num_new > kv.pool.num_free:
+            return False
+        table += kv.pool.allocate(num_new)
+        return True
+
+    def fits_alone(self, num_tokens: int) -> bool:
+        """Whether `num_tokens` tokens of one request fit the KV pool at all."""
+        return self.kv is None or cdiv(num_tokens, self.block_size) <= self.kv.pool.num_usable
+
+    # -- per-step plans and commits ----------------------------------------------------------------
+    def plan_checkpoints(self, request: Request, start: int, end: int) -> list[CheckpointWrite]:
+        """Checkpoint writes for a chunk (start, end]; a boundary with no slot to be had is skipped."""
+        if self.state is None or not self.policy.enabled:
+            return []
+        positions = self.policy.positions(request, start, end)
+        if not positions:
+            return []
+        out: list[CheckpointWrite] = []
+        hashes = request.block_hashes
+        for position, provisional in positions:
+            write = self.state.plan(request.request_id, position, hashes[position // self.block_size - 1], provisional)
+            if write is not None:
+                out.append(write)
+        return out
+
+    def commit(self, request: Request, written: Sequence[CheckpointWrite], planned: bool = True) -> int:
+        """After a step: register written checkpoints and newly full KV blocks.
+
+        `planned`: whether the step planned checkpoints for this request (False skips the state group).
+        Returns the number of checkpoints registered.
+        """
+        registered = 0
+        state = self.state
+        if state is not None and (planned or written):
+            if request.request_id in state.pending:
+                registered = state.commit(request, written)
+            else:
+                state.pool.num_refused += len(written)  # writes nobody planned: never registered
+        if self.kv is not None:
+            self.kv.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
+        elif self.seen is not None:
+            self._note_seen(request)
+        return registered
+
+    def _note_seen(self, request: Request) -> None:
+        assert self.seen is not None
+        rid = request.request_id
+        start = self._seen_upto.get(rid, 0)
+        end = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
+        if end > start:
+            self.seen.add(request.block_hashes[start:end])
+            self._seen_upto[rid] = end
+
+    def unpin(self, slots: Sequence[int]) -> None:
+        if self.state:
+            for slot in slots:
+                self.state.pool.unpin(slot)
+
+    # -- views ------------------------------------------------------------------------------------
+    def block_ids(self, request_id: str) -> list[int]:
+        return self.kv.tables[request_id] if self.kv else []
+
+    def state_slot(self, request_id: str) -> int:
+        return self.state.running[request_id] if self.state else PAD_SLOT_ID
+
+    # -- release ----------------------------------------------------------------------------------
+    def free(self, request: Request) -> None:
+        """Return everything the request holds; its registered blocks and checkpoints stay findable."""
+        rid = request.request_id
+        if self.kv:
+            num_warm = None
+            if self.state is not None:
+                # KV blocks past the deepest checkpoint of this chain cannot hit yet: evict them first.
+                num_warm, _ = self.state.find_checkpoint(request.block_hashes, self.kv.num_hashed(rid))
+            self.kv.free(rid, num_warm)
+        if self.state:
+            self.state.free(rid)
+        self._seen_upto.pop(rid, None)
+        self.policy.forget(rid)
+
+    def reset(self) -> None:
+        """Forget every cached block and checkpoint (call between steps: nothing pinned)."""
+        if self.kv:
+            self.kv.pool.reset()
+        if self.state:
+            self.state.pool.reset()
+            self.state.forget_provisional()
+        if self.seen is not None:
+            self.seen.clear()

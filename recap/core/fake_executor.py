@@ -1,0 +1,123 @@
+"""A model runner without tensors: executes a SchedulerOutput in integers.
+
+It reports every planned checkpoint as written and samples tokens from a deterministic function of
+(seed, request id, output index), or from a per-request list of forced tokens (so a multi-turn test can
+make the next prompt repeat this turn's output). Used by the core tests and by trace replay.
+
+With `validate=True` it also simulates what the real kernels would hold, and asserts it:
+the state of a slot is (p, P(p)), where P(p) is a polynomial hash of the request's first p tokens, and
+the KV of position i is P(i + 1). Before a chunk it checks the running slot holds the state after
+exactly `num_computed_tokens` tokens and every block-table entry below that holds the right prefix;
+it writes the chunk's KV, the running state, and the state at each checkpoint position. A checkpoint
+published early, a wrong copy, or a block shared across different prefixes fails loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import xxhash
+
+from recap.core.output import PAD_SLOT_ID, CheckpointWrite, ModelRunnerOutput, SchedulerOutput
+
+_MOD = (1 << 61) - 1
+_BASE = 1_000_003
+
+
+class FakeExecutor:
+    """Executes steps in integers. Side effects: only its own simulated memory (validate mode)."""
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        seed: int = 0,
+        vocab_size: int = 32000,
+        validate: bool = False,
+        token_lookup: Callable[[str], Sequence[int] | None] | None = None,
+    ) -> None:
+        if validate and token_lookup is None:
+            raise ValueError("validate=True needs token_lookup (request id -> all its token ids)")
+        self.block_size = block_size
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.validate = validate
+        self.token_lookup = token_lookup
+        self.forced: dict[str, list[int]] = {}
+        self.num_steps = 0
+        self.num_tokens = 0
+        self._slot_state: dict[int, tuple[int, int]] = {}
+        self._kv: dict[int, int] = {}  # block_id * block_size + offset -> P(position + 1)
+        self._poly: dict[str, list[int]] = {}  # request id -> P(0), P(1), ...
+
+    def force_output(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Sample exactly these tokens for the request's first outputs (then fall back to the hash)."""
+        self.forced[request_id] = list(token_ids)
+
+    def sample(self, request_id: str, index: int) -> int:
+        forced = self.forced.get(request_id)
+        if forced is not None and index < len(forced):
+            return forced[index]
+        return xxhash.xxh64_intdigest(f"{request_id}:{index}".encode(), seed=self.seed) % self.vocab_size
+
+    def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
+        out = ModelRunnerOutput()
+        self.num_steps += 1
+        for rid in sched_out.finished_request_ids:
+            self._poly.pop(rid, None)
+        if self.validate:
+            for src, dst in sched_out.state_copies:
+                assert src in self._slot_state, f"copy from never-written slot {src}"
+                self._slot_state[dst] = self._slot_state[src]
+        for sr in sched_out.scheduled:
+            self.num_tokens += len(sr.token_ids)
+            if self.validate:
+                self._simulate(
+                    sr.request_id, sr.token_ids, sr.num_computed_tokens, sr.block_ids, sr.state_slot, sr.checkpoints
+                )
+            if sr.checkpoints:
+                out.written_checkpoints[sr.request_id] = list(sr.checkpoints)
+            if sr.sample:
+                out.sampled_token_ids[sr.request_id] = self.sample(sr.request_id, sr.num_output_tokens)
+        return out
+
+    # -- validation -------------------------------------------------------------------------------
+    def _prefix_polys(self, request_id: str, upto: int) -> list[int]:
+        polys = self._poly.setdefault(request_id, [0])
+        if len(polys) <= upto:
+            assert self.token_lookup is not None
+            tokens = self.token_lookup(request_id)
+            assert tokens is not None and len(tokens) >= upto, f"{request_id}: executor needs {upto} tokens"
+            acc, power = polys[-1], pow(_BASE, len(polys) - 1, _MOD)
+            for i in range(len(polys) - 1, upto):
+                acc = (acc + (tokens[i] + 1) * power) % _MOD
+                power = power * _BASE % _MOD
+                polys.append(acc)
+        return polys
+
+    def _simulate(
+        self,
+        rid: str,
+        token_ids: Sequence[int],
+        start: int,
+        block_ids: Sequence[int],
+        state_slot: int,
+        checkpoints: Sequence[CheckpointWrite],
+    ) -> None:
+        end = start + len(token_ids)
+        polys = self._prefix_polys(rid, end)
+        tokens = self.token_lookup(rid) if self.token_lookup else None
+        assert tokens is not None and list(tokens[start:end]) == list(token_ids), f"{rid}: chunk tokens differ"
+        bs = self.block_size
+        if block_ids:
+            for pos in range(start):  # attention reads every earlier position
+                got = self._kv.get(block_ids[pos // bs] * bs + pos % bs)
+                assert got == polys[pos + 1], f"{rid}: KV at position {pos} holds another prefix"
+            for pos in range(start, end):
+                self._kv[block_ids[pos // bs] * bs + pos % bs] = polys[pos + 1]
+        if state_slot != PAD_SLOT_ID:
+            if start > 0:
+                got_state = self._slot_state.get(state_slot)
+                assert got_state == (start, polys[start]), f"{rid}: running slot holds {got_state}, not state@{start}"
+            for cp in checkpoints:
+                self._slot_state[cp.slot] = (cp.position, polys[cp.position])
+            self._slot_state[state_slot] = (end, polys[end])

@@ -1,0 +1,81 @@
+"""An intrusive doubly linked list of KV blocks: O(1) append, pop-oldest and removal from the middle.
+
+A `collections.deque` cannot remove from the middle in O(1), and a prefix hit must pull a cached block
+out of the free list wherever it sits. The links live on the blocks themselves, so the list allocates
+nothing per operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+class KVBlock:
+    """One paged KV block: id, holders count, hash when full and cached, free-list links."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev", "next", "queue")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None
+        self.prev: KVBlock | None = None
+        self.next: KVBlock | None = None
+        self.queue: FreeBlockQueue | None = None  # the free list holding this block, if any
+
+    def __repr__(self) -> str:
+        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Free blocks in least-recently-freed-first order.
+
+    Side effects: rewrites the `prev`/`next`/`queue` fields of the blocks it holds.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._head = KVBlock(-1)  # sentinels: no special cases at the ends
+        self._tail = KVBlock(-1)
+        self._head.next = self._tail
+        self._tail.prev = self._head
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, block: KVBlock) -> None:
+        """Insert `block` as the most recently freed."""
+        assert block.queue is None, f"{block} is already in free list {block.queue.name}"
+        last = self._tail.prev
+        assert last is not None
+        last.next = block
+        block.prev = last
+        block.next = self._tail
+        self._tail.prev = block
+        block.queue = self
+        self._size += 1
+
+    def popleft(self) -> KVBlock:
+        """Remove and return the least recently freed block."""
+        block = self._head.next
+        if block is self._tail or block is None:
+            raise IndexError(f"free list {self.name} is empty")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVBlock) -> None:
+        assert block.queue is self, f"{block} is not in free list {self.name}"
+        prev, nxt = block.prev, block.next
+        assert prev is not None and nxt is not None
+        prev.next = nxt
+        nxt.prev = prev
+        block.prev = block.next = None
+        block.queue = None
+        self._size -= 1
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        block = self._head.next
+        while block is not None and block is not self._tail:
+            yield block
+            block = block.next

@@ -1,0 +1,109 @@
+"""Invariant checks over a Scheduler and its pools (DESIGN section 3). O(pools + requests): for tests."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from recap.core.block_pool import NULL_BLOCK_ID
+from recap.core.kv_manager import cdiv
+from recap.core.output import PAD_SLOT_ID, SchedulerOutput
+from recap.core.request import RequestStatus
+from recap.core.state_pool import SlotKind
+
+if TYPE_CHECKING:
+    from recap.core.scheduler import Scheduler
+
+
+def check_scheduler(sched: Scheduler) -> None:
+    """Raise AssertionError, naming the broken invariant, if any bookkeeping disagrees."""
+    _check_queues(sched)
+    _check_kv(sched)
+    _check_state(sched)
+    if sched.last_output is not None and sched._in_flight is sched.last_output:
+        _check_plan(sched, sched.last_output)
+
+
+def _check_queues(sched: Scheduler) -> None:
+    running_ids = [r.request_id for r in sched._running]
+    waiting_ids = [r.request_id for r in sched._waiting]
+    assert len(set(running_ids)) == len(running_ids), "a request is running twice"
+    assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
+    assert set(running_ids) | set(waiting_ids) == set(sched._requests), "queues and request map disagree"
+    assert len(running_ids) <= sched.config.max_num_seqs, "more running requests than max_num_seqs"
+    for r in sched._running:
+        assert r.status == RequestStatus.RUNNING, f"{r.request_id} in running with status {r.status!r}"
+        assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{r.request_id} computed past its tokens"
+    for r in sched._waiting:
+        assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r.request_id} waiting as {r.status!r}"
+        assert r.num_computed_tokens == 0, f"waiting {r.request_id} keeps computed tokens"
+    if sched.cache.enable_caching:
+        for r in sched._requests.values():
+            assert len(r.block_hashes) == r.num_tokens // sched.cache.block_size, f"{r.request_id} hashes lag"
+
+
+def _check_kv(sched: Scheduler) -> None:
+    kv = sched.cache.kv
+    if kv is None:
+        return
+    pool = kv.pool
+    pool.check()
+    running = {r.request_id: r for r in sched._running}
+    assert set(kv.tables) == set(running), "KV tables held by requests that are not running"
+    holders: Counter[int] = Counter()
+    for rid, table in kv.tables.items():
+        holders.update(table)
+        assert NULL_BLOCK_ID not in table and PAD_SLOT_ID not in table, f"{rid} holds the null or a pad block"
+        r = running[rid]
+        assert len(table) >= cdiv(r.num_computed_tokens, kv.block_size), f"{rid} table too short"
+        for i, block_id in enumerate(table):
+            block_hash = pool.blocks[block_id].block_hash
+            # Salt isolation: a shared block carries this request's own chain hash, salt included.
+            assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} block {i} from another chain"
+    for block in pool.blocks[1:]:
+        assert block.ref_cnt == holders[block.block_id], f"block {block.block_id} ref {block.ref_cnt} != holders"
+    assert pool.num_free + pool.num_in_use == pool.num_usable, "free + cached + in-use != total blocks"
+
+
+def _check_state(sched: Scheduler) -> None:
+    state = sched.cache.state
+    if state is None:
+        return
+    pool = state.pool
+    pool.check()
+    running_ids = {r.request_id for r in sched._running}
+    assert set(state.running) == running_ids, "running slots held by requests that are not running"
+    slots = list(state.running.values())
+    assert len(set(slots)) == len(slots), "two requests share a running slot"
+    assert all(pool.kind[s] == SlotKind.RUNNING for s in slots), "a running slot is not RUNNING"
+    pending = [p.write.slot for plans in state.pending.values() for p in plans]
+    assert len(set(pending)) == len(pending), "a checkpoint slot planned twice"
+    assert all(pool.kind[s] == SlotKind.PENDING for s in pending), "a planned slot was registered early"
+    assert sched._in_flight is not None or not pending, "planned checkpoints outlive their step"
+    assert pool.num_in_use == len(slots) + len(pending), "free + checkpoints + in-use != total slots"
+    pins = Counter(sched._pins)
+    for slot in range(pool.num_slots):
+        assert pool.pins[slot] == pins[slot], f"slot {slot} pinned {pool.pins[slot]} times, copies {pins[slot]}"
+        if pins[slot]:
+            assert pool.kind[slot] == SlotKind.CHECKPOINT, f"pinned checkpoint {slot} was evicted"
+
+
+def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
+    bs = sched.cache.block_size
+    has_kv, has_state = sched.cache.kv is not None, sched.cache.state is not None
+    assert out.num_batched_tokens <= sched.config.max_num_batched_tokens, "step over the token budget"
+    assert len(out.scheduled) <= sched.config.max_num_seqs, "step over max_num_seqs"
+    for src, dst in out.state_copies:
+        assert src != PAD_SLOT_ID and dst != PAD_SLOT_ID and src != dst, f"bad state copy {src}->{dst}"
+    for sr in out.scheduled:
+        start, end = sr.num_computed_tokens, sr.num_computed_tokens + sr.num_new_tokens
+        assert sr.num_new_tokens > 0, f"{sr.request_id} scheduled with no tokens"
+        if has_kv:
+            assert len(sr.block_ids) >= cdiv(end, bs), f"{sr.request_id} block table too short for its chunk"
+            assert NULL_BLOCK_ID not in sr.block_ids and PAD_SLOT_ID not in sr.block_ids, "null/pad block in plan"
+        assert (sr.state_slot != PAD_SLOT_ID) == has_state, f"{sr.request_id} state slot {sr.state_slot}"
+        positions = [c.position for c in sr.checkpoints]
+        assert positions == sorted(set(positions)), f"{sr.request_id} checkpoint positions not sorted/unique"
+        for c in sr.checkpoints:
+            assert c.slot != PAD_SLOT_ID, f"{sr.request_id} checkpoint into the pad slot"
+            assert c.position % bs == 0 and start < c.position <= end, f"{sr.request_id} checkpoint {c} off-chunk"

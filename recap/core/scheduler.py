@@ -1,0 +1,316 @@
+"""The scheduler: continuous batching in tokens, one code path for prefill chunks and decodes.
+
+Each step is `{request: num_new_tokens}` under `max_num_batched_tokens` and `max_num_seqs`: running
+requests first (in admission order), then waiting ones in FCFS order. A chunk ends wherever the budget
+ends; checkpoint positions never shape it. When a running request cannot get KV blocks, the most
+recently admitted running request is preempted (recompute): it frees its blocks and running slot, and
+its registered blocks and checkpoints stay findable, so it resumes from them.
+
+The engine loop is: `out = schedule()`, execute `out`, `update_from_output(out, result)`, every step,
+even an empty one (finishes decided while scheduling are reported by the next update).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from recap.config import CacheConfig, CacheLayout, SchedulerConfig
+from recap.core.cache_manager import CacheHit, CacheManager
+from recap.core.integrity import check_scheduler
+from recap.core.output import PAD_SLOT_ID, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.core.request import Request, RequestStatus
+from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats
+
+
+class Scheduler:
+    """Owns the request queues and the cache manager.
+
+    Side effects: `add_request`, `abort_requests` and `finish_requests` change the queues (and free
+    cache resources); `schedule` admits, preempts and allocates; `update_from_output` advances
+    requests, appends sampled tokens, registers blocks and checkpoints, and frees finished requests.
+    """
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, layout: CacheLayout) -> None:
+        self.config = scheduler_config
+        self.cache_config = cache_config
+        self.layout = layout
+        self.cache = CacheManager(cache_config, layout)
+        self.counters = SchedulerCounters()
+        self._requests: dict[str, Request] = {}
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._step = 0
+        self._in_flight: SchedulerOutput | None = None
+        self._pins: list[int] = []  # checkpoint slots the in-flight step copies from
+        self._finished_ids: set[str] = set()
+        self._updates: list[RequestUpdate] = []  # finishes decided outside update_from_output
+        self.last_output: SchedulerOutput | None = None
+
+    # -- queries ----------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or bool(self._updates)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    # -- request lifecycle ------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; one that can never fit finishes at once with FINISHED_ERROR."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        too_long = request.num_prompt_tokens > self.config.max_model_len
+        if too_long or not self.cache.fits_alone(request.num_tokens):
+            request.status = RequestStatus.FINISHED_ERROR
+            self._updates.append(RequestUpdate(request.request_id, [], request.status, 0))
+            return
+        request.status = RequestStatus.WAITING
+        self.cache.update_hashes(request)
+        self._requests[request.request_id] = request
+        self._waiting.append(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Finish these requests as aborted, at any moment; unknown ids are ignored."""
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Finish these requests with `status` (e.g. the engine matched a stop string)."""
+        if not status.finished:
+            raise ValueError(f"{status!r} is not a finished status")
+        for request_id in list(request_ids):
+            request = self._requests.get(request_id)
+            if request is not None:
+                self._finish(request, status)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self._running.remove(request)
+        else:
+            self._waiting.remove(request)
+        self.cache.free(request)
+        request.status = status
+        del self._requests[request.request_id]
+        self._finished_ids.add(request.request_id)
+
+    def _preempt(self, request: Request) -> None:
+        self._running.remove(request)
+        self.cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.counters.num_preemptions += 1
+        self._finished_ids.add(request.request_id)
+        self._waiting.appendleft(request)
+
+    def _finish_early(self, request: Request, status: RequestStatus) -> None:
+        """Finish while scheduling; reported by the next update_from_output."""
+        self._finish(request, status)
+        self._updates.append(RequestUpdate(request.request_id, [], status, max(request.num_cached_tokens, 0)))
+
+    # -- scheduling -------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step: who runs how many tokens, with which blocks, slots and checkpoints."""
+        if self._in_flight is not None:
+            raise RuntimeError(f"step {self._in_flight.step} was scheduled but never updated")
+        self._step += 1
+        plan: list[tuple[Request, int]] = []
+        copies: list[tuple[int, int]] = []
+        budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        if not preempted:  # memory is short: let the running requests drain first
+            self._schedule_waiting(plan, copies, budget)
+        scheduled = [self._to_scheduled(request, n) for request, n in plan]
+        out = SchedulerOutput(self._step, scheduled, copies, self._finished_ids)
+        self._finished_ids = set()
+        self._pins = [src for src, _ in copies]
+        self._in_flight = out if scheduled else None
+        self.last_output = out
+        self.counters.num_steps += 1
+        return out
+
+    def _schedule_running(self, plan: list[tuple[Request, int]], budget: int) -> tuple[int, bool]:
+        preempted = False
+        running, cache = self._running, self.cache
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            computed = request.num_computed_tokens
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            if n > budget:
+                n = budget
+            if not cache.try_grow(request.request_id, computed + n):  # hot path: one check, usually no-op
+                preempted = True  # memory is short
+                if not self._make_room(request, n):
+                    if request.is_finished:
+                        continue  # finished at its memory length; the next request now sits at index i
+                    break  # it preempted itself: everything after it is gone too
+            plan.append((request, n))
+            budget -= n
+            i += 1
+        return budget, preempted
+
+    def _make_room(self, request: Request, n: int) -> bool:
+        """Preempt from the tail until `request` can grow by n tokens; False if it left the running set."""
+        if not self.cache.fits_alone(request.num_computed_tokens + n):
+            # The KV pool cannot hold this sequence even alone: it has reached its memory length.
+            self._finish_early(request, RequestStatus.FINISHED_LENGTH)
+            return False
+        while not self.cache.try_grow(request.request_id, request.num_computed_tokens + n):
+            victim = self._running[-1]
+            self._preempt_or_finish(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt_or_finish(self, request: Request) -> None:
+        if self.cache.fits_alone(request.num_tokens):
+            self._preempt(request)
+        else:
+            self._finish_early(request, RequestStatus.FINISHED_LENGTH)
+
+    def _schedule_waiting(self, plan: list[tuple[Request, int]], copies: list[tuple[int, int]], budget: int) -> None:
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            request = self._waiting[0]
+            hit = self.cache.find_hit(request)
+            n = min(request.num_tokens - hit.num_tokens, budget)
+            if not self.cache.can_admit(hit, n):
+                break  # FCFS: nobody overtakes the head
+            self._waiting.popleft()
+            copy = self.cache.admit(request, hit, n)
+            if copy is not None:
+                copies.append(copy)
+            self._record_hit(request, hit)
+            request.num_computed_tokens = hit.num_tokens
+            request.status = RequestStatus.RUNNING
+            self._running.append(request)
+            plan.append((request, n))
+            budget -= n
+
+    def _record_hit(self, request: Request, hit: CacheHit) -> None:
+        if request.num_cached_tokens >= 0:
+            self.counters.num_resumed_hit_tokens += hit.num_tokens
+            return
+        request.num_cached_tokens = hit.num_tokens
+        counters = self.counters
+        counters.prefix_cache_requests += 1
+        counters.prefix_cache_queries += request.num_tokens
+        counters.prefix_cache_hits += hit.num_tokens
+        counters.checkpoint_miss_tokens += hit.checkpoint_miss_tokens
+
+    def _to_scheduled(self, request: Request, n: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + n
+        rid = request.request_id
+        cache = self.cache
+        bs = cache.block_size
+        # Only chunks that cross a block boundary can carry a checkpoint.
+        checkpoints = cache.plan_checkpoints(request, start, end) if end // bs > start // bs else []
+        return ScheduledRequest(
+            rid,
+            request.token_slice(start, end),
+            start,
+            list(cache.kv.tables[rid]) if cache.kv is not None else [],
+            cache.state.running[rid] if cache.state is not None else PAD_SLOT_ID,
+            checkpoints,
+            end == len(request.prompt_token_ids) + len(request.output_token_ids),
+            request.sampling_params,
+            len(request.output_token_ids),
+        )
+
+    # -- after the step ---------------------------------------------------------------------------
+    def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[RequestUpdate]:
+        """Apply a completed step: advance, register checkpoints and blocks, sample, stop, free."""
+        if sched_out.scheduled and sched_out is not self._in_flight:
+            raise RuntimeError(f"step {sched_out.step} is not the step in flight")
+        self._in_flight = None
+        self.cache.unpin(self._pins)  # the copies are done
+        self._pins = []
+        updates, self._updates = self._updates, []
+        written_all = runner_out.written_checkpoints
+        sampled = runner_out.sampled_token_ids
+        requests, cache, running_status = self._requests, self.cache, RequestStatus.RUNNING
+        bs, hashing = cache.block_size, cache.enable_caching
+        for sr in sched_out.scheduled:
+            rid = sr.request_id
+            request = requests.get(rid)
+            if request is None or request.status != running_status:
+                continue  # aborted or finished while the step ran: already freed
+            start = sr.num_computed_tokens
+            end = request.num_computed_tokens = start + len(sr.token_ids)
+            # Blocks become full, and checkpoints get written, only in chunks that cross a boundary.
+            if end // bs > start // bs or rid in written_all:
+                cache.commit(request, written_all.get(rid, ()), bool(sr.checkpoints))
+            if not sr.sample:
+                continue
+            token = sampled[rid]
+            output = request.output_token_ids
+            output.append(token)
+            num_tokens = len(request.prompt_token_ids) + len(output)
+            if hashing and num_tokens // bs > len(request.block_hashes):
+                cache.hasher.update(request)
+            status = self._check_stop(request, token, num_tokens)
+            if status is not None:
+                self._finish(request, status)
+            updates.append(RequestUpdate(rid, [token], status, request.num_cached_tokens))
+        return updates
+
+    def _check_stop(self, request: Request, token: int, num_tokens: int) -> RequestStatus | None:
+        num_output = len(request.output_token_ids)
+        if (
+            (request.eos_token_ids or request.stop_token_ids)
+            and num_output >= request.min_tokens
+            and (token in request.eos_token_ids or token in request.stop_token_ids)
+        ):
+            return RequestStatus.FINISHED_STOPPED
+        if num_output >= request.max_tokens or num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    # -- maintenance ------------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block and checkpoint. Refused (False) while a step is in flight."""
+        if self._in_flight is not None:
+            return False
+        self.cache.reset()
+        return True
+
+    def check_integrity(self) -> None:
+        """Assert every accounting and plan invariant (DESIGN section 3); AssertionError names the breach."""
+        check_scheduler(self)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        c, cache = self.counters, self.cache
+        kv_pool = cache.kv.pool if cache.kv else None
+        state = cache.state
+        pool = state.pool if state else None
+        return SchedulerStats(
+            num_steps=c.num_steps,
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            prefix_cache_requests=c.prefix_cache_requests,
+            prefix_cache_queries=c.prefix_cache_queries,
+            prefix_cache_hits=c.prefix_cache_hits,
+            checkpoint_miss_tokens=c.checkpoint_miss_tokens,
+            preemptions=c.num_preemptions,
+            num_resumed_hit_tokens=c.num_resumed_hit_tokens,
+            checkpoints=pool.num_checkpoints if pool else 0,
+            checkpoint_bytes=pool.num_checkpoints * pool.bytes_per_slot if pool else 0,
+            checkpoints_created=pool.num_created if pool else 0,
+            checkpoints_evicted=pool.num_evicted if pool else 0,
+            checkpoints_refused=pool.num_refused if pool else 0,
+            checkpoint_writes_planned=state.num_planned if state else 0,
+            checkpoint_writes_skipped=state.num_skipped_no_slot if state else 0,
+            num_branch_points=cache.policy.num_branch_points,
+            kv_blocks_free=kv_pool.num_free if kv_pool else 0,
+            kv_blocks_cached=kv_pool.num_cached if kv_pool else 0,
+            kv_blocks_evicted=kv_pool.num_evicted if kv_pool else 0,
+            state_slots_free=pool.num_free if pool else 0,
+        )

@@ -1,0 +1,125 @@
+"""The state cache group's manager: running slots, planned checkpoint writes and their registration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from recap.core.output import PAD_SLOT_ID, CheckpointWrite
+from recap.core.request import Request
+from recap.core.state_pool import StatePool
+
+
+@dataclass(frozen=True)
+class PlannedWrite:
+    """A checkpoint write the in-flight step was asked to perform."""
+
+    write: CheckpointWrite
+    block_hash: int
+    # A decode-end snapshot: superseded (dropped) by the request's next one unless it was hit meanwhile.
+    provisional: bool
+
+
+class StateManager:
+    """Running slot per request, plus the checkpoints its steps write.
+
+    Side effects: `admit` pins the hit checkpoint and takes a running slot (may evict a checkpoint);
+    `plan` takes PENDING slots; `commit` registers written checkpoints and frees unwritten ones;
+    `free` returns the running slot and any PENDING slots.
+    """
+
+    def __init__(self, pool: StatePool, block_size: int, enable_caching: bool) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.enable_caching = enable_caching  # False: the state group never hits (policy none)
+        self.running: dict[str, int] = {}
+        self.pending: dict[str, list[PlannedWrite]] = {}
+        self._provisional: dict[str, tuple[int, int]] = {}  # request -> (slot, hash) of its last snapshot
+        self.num_planned = 0
+        self.num_skipped_existing = 0  # already registered: nothing to write
+        self.num_skipped_no_slot = 0  # no slot worth taking: skipped, never preempted for
+
+    def find_checkpoint(self, block_hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
+        """(k, slot) of the deepest checkpoint after k <= max_blocks blocks of this chain; (0, PAD)."""
+        if not self.enable_caching:
+            return 0, PAD_SLOT_ID
+        lookup = self.pool.lookup
+        for k in range(min(max_blocks, len(block_hashes)), 0, -1):
+            slot = lookup(block_hashes[k - 1])
+            if slot is not None:
+                return k, slot
+        return 0, PAD_SLOT_ID
+
+    def can_admit(self, hit_slot: int) -> bool:
+        """Whether a running slot can be had without evicting the checkpoint this request hits."""
+        reserved = 1 if hit_slot != PAD_SLOT_ID and self.pool.is_evictable(hit_slot) else 0
+        return self.pool.num_available - reserved >= 1
+
+    def admit(self, request_id: str, hit_slot: int) -> tuple[int, int] | None:
+        """Take a running slot; on a hit, pin the checkpoint and return the (src, dst) copy to perform."""
+        assert request_id not in self.running, f"{request_id} already holds a running slot"
+        if hit_slot != PAD_SLOT_ID:
+            self.pool.pin(hit_slot)  # before allocating: the allocation must not evict it
+            self.pool.touch(hit_slot)
+        slot = self.pool.allocate_running()
+        assert slot is not None, "admit without can_admit"
+        self.running[request_id] = slot
+        return None if hit_slot == PAD_SLOT_ID else (hit_slot, slot)
+
+    def plan(self, request_id: str, position: int, block_hash: int, provisional: bool) -> CheckpointWrite | None:
+        """A fresh PENDING slot for the state after `position` tokens; None if registered or no slot."""
+        if self.pool.lookup(block_hash) is not None:
+            self.num_skipped_existing += 1
+            return None
+        slot = self.pool.allocate_checkpoint(position)
+        if slot is None:
+            self.num_skipped_no_slot += 1
+            return None
+        self.num_planned += 1
+        write = CheckpointWrite(position, slot)
+        self.pending.setdefault(request_id, []).append(PlannedWrite(write, block_hash, provisional))
+        return write
+
+    def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
+        """Register the reported writes that match the plan; free every other planned slot.
+
+        Returns the number registered.
+        """
+        plans = self.pending.pop(request.request_id, None)
+        if not plans:
+            self.pool.num_refused += len(written)  # writes nobody planned: never registered
+            return 0
+        by_slot = {p.write.slot: p for p in plans}
+        reported = {w.slot: w for w in written}
+        self.pool.num_refused += sum(1 for slot in reported if slot not in by_slot)
+        registered = 0
+        for plan in plans:  # in position order
+            report = reported.get(plan.write.slot)
+            if report is None:
+                self.pool.free(plan.write.slot)  # planned but not written: never findable
+                continue
+            ok = self.pool.register(report, plan.write, plan.block_hash, request.block_hashes)
+            registered += ok
+            if plan.provisional or plan.write.position >= request.num_prompt_tokens:
+                self._supersede(request.request_id, plan, ok)
+        return registered
+
+    def _supersede(self, request_id: str, plan: PlannedWrite, registered: bool) -> None:
+        """A newer decode-region checkpoint exists: drop the request's previous snapshot."""
+        previous = self._provisional.pop(request_id, None)
+        if previous is not None:
+            self.pool.drop(*previous)
+        if registered and plan.provisional:
+            self._provisional[request_id] = (plan.write.slot, plan.block_hash)
+
+    def free(self, request_id: str) -> None:
+        """Return the running slot and PENDING slots; registered checkpoints stay findable."""
+        slot = self.running.pop(request_id, None)
+        if slot is not None:
+            self.pool.free(slot)
+        for plan in self.pending.pop(request_id, ()):
+            self.pool.free(plan.write.slot)
+        self._provisional.pop(request_id, None)
+
+    def forget_provisional(self) -> None:
+        self._provisional.clear()

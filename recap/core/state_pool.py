@@ -1,0 +1,271 @@
+"""The state pool: a fixed set of SSM state slots shared by running requests and checkpoints.
+
+A slot is one sequence's conv + SSM state for every SSM layer. Each slot is in exactly one role:
+  FREE;
+  RUNNING:    a running request reads and updates it in place;
+  PENDING:    the destination of a checkpoint the in-flight step writes; not findable yet;
+  CHECKPOINT: registered under (h[k], k * block_size) once the writing step completed; immutable;
+              evictable unless pinned (a copy from it is in flight).
+
+Eviction picks the unpinned checkpoint of lowest utility, GreedyDual style: a checkpoint's priority
+is L + value, where value = tokens covered x FLOPs per token / bytes per slot (the compute it saves per
+byte) and L is the priority of the last eviction. L only grows, so recency enters through it: a
+checkpoint refreshed (hit) late sits above one refreshed early with the same value. Equal priorities
+evict the older entry first (LRU). The same test gates new checkpoints: when the pool is full, a new
+checkpoint is not written if it would evict something worth more than itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Sequence
+
+from recap.core.output import CheckpointWrite
+
+
+class SlotKind(enum.IntEnum):
+    FREE = 0
+    RUNNING = 1
+    PENDING = 2
+    CHECKPOINT = 3
+
+
+class StatePool:
+    """Owns every state slot id and the (block hash -> checkpoint slot) map.
+
+    Side effects: `allocate_*` may evict a checkpoint; `register` turns a PENDING slot into a
+    CHECKPOINT or frees it; `touch` refreshes a checkpoint's utility; `pin` protects it from eviction.
+    """
+
+    def __init__(self, num_slots: int, block_size: int, bytes_per_slot: int = 0, flops_per_token: float = 1.0) -> None:
+        if num_slots < 1:
+            raise ValueError("the state pool needs at least one slot")
+        self.num_slots = num_slots
+        self.block_size = block_size
+        self.bytes_per_slot = bytes_per_slot
+        self._value_per_token = flops_per_token / max(bytes_per_slot, 1)
+        self.kind = [SlotKind.FREE] * num_slots
+        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._by_hash: dict[int, int] = {}
+        self.slot_hash: list[int | None] = [None] * num_slots
+        self.slot_position = [0] * num_slots
+        self.pins = [0] * num_slots
+        self.slot_hits = [0] * num_slots  # hits since registration
+        self._num_pinned = 0
+        self._num_checkpoints = 0
+        # Lazy heap of (priority, sequence, slot, version); stale entries are skipped on pop.
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._version = [0] * num_slots
+        self._seq = 0
+        self._inflation = 0.0
+        self.num_created = 0
+        self.num_evicted = 0
+        self.num_refused = 0  # registrations refused for provenance
+        self.num_duplicates = 0  # written checkpoints dropped because the key was already registered
+
+    # -- counts -------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_checkpoints(self) -> int:
+        return self._num_checkpoints
+
+    @property
+    def num_evictable(self) -> int:
+        return self._num_checkpoints - self._num_pinned
+
+    @property
+    def num_available(self) -> int:
+        """Slots `allocate_running` can hand out: free ones plus evictable checkpoints."""
+        return len(self._free) + self._num_checkpoints - self._num_pinned
+
+    @property
+    def num_in_use(self) -> int:
+        return self.num_slots - len(self._free) - self._num_checkpoints
+
+    def value(self, position: int) -> float:
+        """Compute saved per byte by a checkpoint after `position` tokens."""
+        return position * self._value_per_token
+
+    # -- lookup ---------------------------------------------------------------------------------
+    def lookup(self, block_hash: int) -> int | None:
+        return self._by_hash.get(block_hash)
+
+    def is_evictable(self, slot: int) -> bool:
+        return self.kind[slot] == SlotKind.CHECKPOINT and self.pins[slot] == 0
+
+    # -- allocation -----------------------------------------------------------------------------
+    def allocate_running(self) -> int | None:
+        """A slot for a running request, evicting the lowest-utility checkpoint if none is free."""
+        return self._allocate(SlotKind.RUNNING, None)
+
+    def allocate_checkpoint(self, position: int) -> int | None:
+        """A PENDING slot for a checkpoint after `position` tokens, or None if it is not worth one."""
+        return self._allocate(SlotKind.PENDING, self._inflation + self.value(position))
+
+    def _allocate(self, kind: SlotKind, max_priority: float | None) -> int | None:
+        if self._free:
+            slot = self._free.pop()
+        else:
+            victim = self._evict_one(max_priority)
+            if victim is None:
+                return None
+            slot = victim
+        self.kind[slot] = kind
+        return slot
+
+    def free(self, slot: int) -> None:
+        """Return a RUNNING or PENDING slot."""
+        assert self.kind[slot] in (SlotKind.RUNNING, SlotKind.PENDING), f"slot {slot} is {self.kind[slot]!r}"
+        self.kind[slot] = SlotKind.FREE
+        self._free.append(slot)
+
+    def _evict_one(self, max_priority: float | None) -> int | None:
+        heap, stash, victim = self._heap, [], None
+        while heap:
+            priority, _, slot, version = heap[0]
+            if version != self._version[slot] or self.kind[slot] != SlotKind.CHECKPOINT:
+                heapq.heappop(heap)  # stale
+            elif self.pins[slot]:
+                stash.append(heapq.heappop(heap))
+            elif max_priority is not None and priority > max_priority:
+                break
+            else:
+                heapq.heappop(heap)
+                victim = slot
+                self._inflation = max(self._inflation, priority)
+                break
+        for entry in stash:
+            heapq.heappush(heap, entry)
+        if victim is not None:
+            self._unregister(victim)
+            self.num_evicted += 1
+        return victim
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def register(
+        self,
+        written: CheckpointWrite,
+        planned: CheckpointWrite | None,
+        block_hash: int,
+        request_block_hashes: Sequence[int],
+    ) -> bool:
+        """Register the PENDING slot `written.slot` as the checkpoint after `written.position` tokens.
+
+        Refuses (and frees the slot) unless the kernel's report equals the plan, the position is a
+        positive multiple of block_size, and `block_hash` is the request's hash at that position.
+        A key already registered keeps its slot; the new one is freed. Returns True if registered.
+        """
+        slot, position = written.slot, written.position
+        assert self.kind[slot] == SlotKind.PENDING, f"slot {slot} was not planned as a checkpoint"
+        k = position // self.block_size
+        if (
+            written != planned
+            or position <= 0
+            or position % self.block_size
+            or k > len(request_block_hashes)
+            or request_block_hashes[k - 1] != block_hash
+        ):
+            self.num_refused += 1
+            self.free(slot)
+            return False
+        if block_hash in self._by_hash:
+            self.num_duplicates += 1
+            self.free(slot)
+            return False
+        self.kind[slot] = SlotKind.CHECKPOINT
+        self.slot_hash[slot] = block_hash
+        self.slot_position[slot] = position
+        self.slot_hits[slot] = 0
+        self._by_hash[block_hash] = slot
+        self._num_checkpoints += 1
+        self.num_created += 1
+        self._push(slot)
+        return True
+
+    def touch(self, slot: int) -> None:
+        """A hit used this checkpoint: refresh its utility (and only its)."""
+        assert self.kind[slot] == SlotKind.CHECKPOINT
+        self.slot_hits[slot] += 1
+        self._push(slot)
+
+    def _push(self, slot: int) -> None:
+        self._version[slot] += 1
+        self._seq += 1
+        priority = self._inflation + self.value(self.slot_position[slot])
+        heapq.heappush(self._heap, (priority, self._seq, slot, self._version[slot]))
+        if len(self._heap) > 4 * self._num_checkpoints + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if e[3] == self._version[e[2]] and self.kind[e[2]] == SlotKind.CHECKPOINT]
+        heapq.heapify(self._heap)
+
+    def _unregister(self, slot: int) -> None:
+        block_hash = self.slot_hash[slot]
+        assert block_hash is not None and self._by_hash.get(block_hash) == slot
+        del self._by_hash[block_hash]
+        self.slot_hash[slot] = None
+        self.slot_position[slot] = 0
+        self._version[slot] += 1
+        self._num_checkpoints -= 1
+        self.kind[slot] = SlotKind.FREE
+
+    def drop(self, slot: int, block_hash: int) -> bool:
+        """Unregister and free checkpoint `slot` if it still holds `block_hash`, is unpinned and unused."""
+        if (
+            self.kind[slot] != SlotKind.CHECKPOINT
+            or self.slot_hash[slot] != block_hash
+            or self.pins[slot]
+            or self.slot_hits[slot]
+        ):
+            return False
+        self._unregister(slot)
+        self._free.append(slot)
+        return True
+
+    def pin(self, slot: int) -> None:
+        assert self.kind[slot] == SlotKind.CHECKPOINT, f"pin of non-checkpoint slot {slot}"
+        if self.pins[slot] == 0:
+            self._num_pinned += 1
+        self.pins[slot] += 1
+
+    def unpin(self, slot: int) -> None:
+        assert self.pins[slot] > 0, f"unpin of unpinned slot {slot}"
+        self.pins[slot] -= 1
+        if self.pins[slot] == 0:
+            self._num_pinned -= 1
+
+    def reset(self) -> int:
+        """Drop every unpinned checkpoint. Returns how many were dropped."""
+        dropped = 0
+        for slot in range(self.num_slots):
+            if self.is_evictable(slot):
+                self._unregister(slot)
+                self._free.append(slot)
+                dropped += 1
+        self._compact()
+        return dropped
+
+    # -- integrity -------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Assert roles, map and counts agree. O(pool): for tests, not the hot path."""
+        free = set(self._free)
+        assert len(free) == len(self._free), "a slot is free twice"
+        counts = {kind: 0 for kind in SlotKind}
+        for slot, kind in enumerate(self.kind):
+            counts[kind] += 1
+            assert (slot in free) == (kind == SlotKind.FREE), f"slot {slot} is {kind!r} but free={slot in free}"
+            if kind == SlotKind.CHECKPOINT:
+                block_hash = self.slot_hash[slot]
+                assert block_hash is not None and self._by_hash.get(block_hash) == slot, f"slot {slot} unmapped"
+                assert self.slot_position[slot] % self.block_size == 0 and self.slot_position[slot] > 0
+            else:
+                assert self.slot_hash[slot] is None, f"{kind!r} slot {slot} keeps a hash"
+                assert self.pins[slot] == 0, f"{kind!r} slot {slot} is pinned (a pinned checkpoint was evicted)"
+        assert counts[SlotKind.CHECKPOINT] == self._num_checkpoints == len(self._by_hash)
+        assert sum(1 for p in self.pins if p) == self._num_pinned
+        assert counts[SlotKind.FREE] + self._num_checkpoints + self.num_in_use == self.num_slots

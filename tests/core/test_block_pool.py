@@ -1,0 +1,122 @@
+"""KV block pool: exact ids, free-list order, eviction order, ref counts, reset."""
+
+from __future__ import annotations
+
+import pytest
+
+from recap.core.block_pool import BlockPool
+from recap.core.free_queue import FreeBlockQueue, KVBlock
+
+
+def test_free_queue_links() -> None:
+    q = FreeBlockQueue("q")
+    blocks = [KVBlock(i) for i in range(4)]
+    for b in blocks:
+        q.append(b)
+    q.remove(blocks[2])
+    assert [b.block_id for b in q] == [0, 1, 3] and len(q) == 3
+    assert q.popleft() is blocks[0]
+    q.append(blocks[0])
+    assert [b.block_id for b in q] == [1, 3, 0]
+    with pytest.raises(AssertionError):
+        q.append(blocks[1])  # already inside
+    for _ in range(3):
+        q.popleft()
+    with pytest.raises(IndexError):
+        q.popleft()
+
+
+def test_null_block_never_handed_out() -> None:
+    pool = BlockPool(5)
+    assert pool.allocate(4) == [1, 2, 3, 4]
+    with pytest.raises(MemoryError):
+        pool.allocate(1)
+    pool.check()
+
+
+def test_freed_uncached_blocks_are_reused_first() -> None:
+    pool = BlockPool(7)
+    a = pool.allocate(3)  # 1 2 3
+    pool.cache_block(a[0], 100)
+    pool.cache_block(a[1], 101)
+    pool.free(a)
+    # 4, 5, 6 were never used; 3 is free without a hash; 1, 2 are cached.
+    assert pool.allocate(4) == [4, 5, 6, 3]
+    assert pool.num_cached_free == 2
+    # Cached blocks go tail first: 2 (deeper in the chain) is evicted before 1.
+    assert pool.allocate(1) == [2]
+    assert pool.lookup(101) is None and pool.lookup(100) == 1
+    assert pool.num_evicted == 1
+    pool.check()
+
+
+def test_lru_eviction_order_across_requests() -> None:
+    pool = BlockPool(5)
+    a = pool.allocate(2)  # 1 2
+    b = pool.allocate(2)  # 3 4
+    for block_id, h in zip(a + b, (10, 11, 20, 21)):
+        pool.cache_block(block_id, h)
+    pool.free(b)  # freed first: 4 then 3
+    pool.free(a)  # then 2 then 1
+    assert pool.allocate(4) == [4, 3, 2, 1]
+    pool.check()
+
+
+def test_touch_takes_block_out_of_free_list_and_counts_holders() -> None:
+    pool = BlockPool(5)
+    a = pool.allocate(2)
+    pool.cache_block(a[0], 10)
+    pool.cache_block(a[1], 11)
+    pool.free(a)
+    assert pool.num_free_among([1, 2]) == 2
+    pool.touch([1])
+    pool.touch([1])
+    assert pool.blocks[1].ref_cnt == 2 and pool.num_free == 3
+    assert pool.allocate(3) == [3, 4, 2]  # 1 is held, so never evicted
+    pool.free([1])
+    pool.free([1])
+    assert pool.allocate(1) == [1]
+    pool.check()
+
+
+def test_cold_blocks_are_evicted_before_warm_ones() -> None:
+    pool = BlockPool(6)
+    a = pool.allocate(2)
+    b = pool.allocate(3)
+    for block_id, h in zip(a + b, (10, 11, 20, 21, 22)):
+        pool.cache_block(block_id, h)
+    pool.free(a, num_warm=2)  # all warm
+    pool.free(b, num_warm=1)  # 3 warm; 4 and 5 cold (past the deepest checkpoint)
+    assert pool.allocate(5) == [5, 4, 2, 1, 3]
+    pool.check()
+
+
+def test_duplicate_hash_stays_uncached() -> None:
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    assert pool.cache_block(a, 7)
+    assert not pool.cache_block(b, 7)
+    assert pool.lookup(7) == a and pool.blocks[b].block_hash is None
+    pool.free([a, b])
+    pool.check()
+
+
+def test_double_free_is_caught() -> None:
+    pool = BlockPool(3)
+    a = pool.allocate(1)
+    pool.free(a)
+    with pytest.raises(AssertionError):
+        pool.free(a)
+
+
+def test_reset_forgets_hashes() -> None:
+    pool = BlockPool(4)
+    a = pool.allocate(3)
+    for block_id, h in zip(a, (1, 2, 3)):
+        pool.cache_block(block_id, h)
+    pool.free(a[:2])
+    pool.reset()
+    assert pool.num_cached == 0 and pool.num_cached_free == 0 and pool.num_free == 2
+    assert pool.lookup(3) is None
+    pool.free(a[2:])
+    pool.check()
