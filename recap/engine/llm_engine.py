@@ -93,8 +93,8 @@ class LLMEngine:
         # registered, so they share the prompt's KV blocks and checkpoint instead of recomputing.
         first = ids if not self.config.cache.enable_prefix_caching else ids[:1]
         state.pending_forks = [c for c in ids if c not in first]
-        for cid in first:
-            self.scheduler.add_request(self.processor.make_core_request(p, cid))
+        for i, cid in enumerate(first):
+            self.scheduler.add_request(self.processor.make_core_request(p, cid, i))
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams, **kw: object) -> str:
         p = self.prepare(prompt, params, **kw)  # type: ignore[arg-type]
@@ -155,7 +155,8 @@ class LLMEngine:
     def _release_forks(self, parent: ParentState) -> None:
         if parent.pending_forks and parent.metrics.first_token_time is not None:
             for cid in parent.pending_forks:
-                self.scheduler.add_request(self.processor.make_core_request(parent.prepared, cid))
+                index = parent.children[cid].index
+                self.scheduler.add_request(self.processor.make_core_request(parent.prepared, cid, index))
             parent.pending_forks = []
 
     def metrics_snapshot(self) -> MetricsSnapshot:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,11 @@ class PreparedRequest:
     segment_boundaries: tuple[int, ...]
     cache_salt: str | None
     arrival_time: float
+
+
+def _fork_seed(seed: int, index: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 class InputProcessor:
@@ -90,7 +97,11 @@ class InputProcessor:
             arrival_time=arrival_time,
         )
 
-    def make_core_request(self, p: PreparedRequest, child_id: str) -> Request:
+    def make_core_request(self, p: PreparedRequest, child_id: str, index: int) -> Request:
+        params = p.params
+        if params.seed is not None and index > 0:
+            # Each fork of a seeded request draws its own reproducible stream.
+            params = dataclasses.replace(params, seed=_fork_seed(params.seed, index))
         return Request(
             request_id=child_id,
             prompt_token_ids=list(p.prompt_token_ids),
@@ -100,6 +111,6 @@ class InputProcessor:
             min_tokens=p.params.min_tokens,
             segment_boundaries=p.segment_boundaries,
             cache_salt=p.cache_salt,
-            sampling_params=p.params,
+            sampling_params=params,
             arrival_time=p.arrival_time,
         )

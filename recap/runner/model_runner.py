@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -24,12 +23,6 @@ class RunnerConfig:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     seed: int | None = 0
-
-
-def _seed_for(request_id: str, seed: int) -> int:
-    # Forked samples (id#k) get distinct but reproducible streams from one user seed.
-    digest = hashlib.blake2b(f"{seed}:{request_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 class ModelRunner:
@@ -128,7 +121,7 @@ class ModelRunner:
         if params.seed is not None and not params.greedy:
             gen = self._generators.get(s.request_id)
             if gen is None:
-                gen = torch.Generator().manual_seed(_seed_for(s.request_id, params.seed))
+                gen = torch.Generator().manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
                 self._generators[s.request_id] = gen
         banned: tuple[int, ...] = ()
         if s.num_output_tokens < params.min_tokens:

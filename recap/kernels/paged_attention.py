@@ -1,0 +1,152 @@
+"""Causal attention over a paged KV cache, for packed rows of prefill, chunked prefill and decode.
+
+Glossary
+- q [T, Hq, Dh], k / v [T, Hkv, Dh]: the new tokens' projections; Hq = Hkv * group (GQA).
+- k_cache / v_cache [NB, block_size, Hkv, Dh]: the block pool; token slot = block_id * block_size + offset.
+- row b: its new queries sit at absolute positions [context_len, seq_len) and attend every key at a
+  position <= their own, read through block_tables[b] (entries past the row's blocks are PAD_SLOT_ID).
+- decode row: a row with one new token; all of them are attended in one padded batch (gather + mask).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from recap.core.output import PAD_SLOT_ID
+from recap.kernels.metadata import AttentionMetadata
+
+
+def _flat(cache: torch.Tensor) -> torch.Tensor:
+    """[NB * block_size, Hkv, Dh] view of a cache (a view, so writes land in the cache)."""
+    return cache.view(-1, *cache.shape[2:])
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store each token's K/V at its slot; tokens with slot PAD_SLOT_ID are skipped."""
+    keep = slot_mapping != PAD_SLOT_ID
+    slots = slot_mapping[keep]
+    _flat(k_cache).index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    _flat(v_cache).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+
+def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """fp32 [b, Hkv, L, Dh] of each row's cached tokens, L = the longest row rounded up to whole blocks.
+
+    One index per block, not per token. Only blocks a row owns are read: past its last needed block a row
+    re-reads its own first block instead of its table's PAD_SLOT_ID entries. Positions at or past seq_len
+    are zeroed (stale or never-written cache memory may hold NaN, which a mask alone would not stop).
+    """
+    nb, bs, hkv, dh = cache.shape
+    b = tables.shape[0]
+    nblk = (seq_lens + bs - 1) // bs  # (b,)
+    width = int(nblk.max())
+    need = torch.arange(width, device=tables.device) < nblk[:, None]  # (b, width)
+    ids = torch.where(need, tables[:, :width], tables[:, :1])
+    kv = cache.index_select(0, ids.flatten()).view(b, width * bs, hkv, dh)
+    past = torch.arange(width * bs, device=tables.device) >= seq_lens[:, None]  # (b, l)
+    if bool(past.any()):
+        kv = kv.masked_fill(past[:, :, None, None], 0.0)
+    return kv.transpose(1, 2).float().contiguous()  # (b, hkv, l, dh)
+
+
+def _decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query per row for `rows`, batched: gather their blocks into [b, L, Hkv, Dh] + mask."""
+    dev = q.device
+    rows_t = torch.tensor(rows, device=dev)
+    seq = meta.seq_lens[rows_t]  # (b,)
+    tables = meta.block_tables[rows_t]  # (b, max_blocks)
+    kk = _gather_blocks(k_cache, tables, seq)  # (b, hkv, l, dh)
+    vv = _gather_blocks(v_cache, tables, seq)
+    valid = torch.arange(kk.shape[2], device=dev) < seq[:, None]  # (b, l)
+    qq = q[torch.tensor([meta.query_start_loc_list[r] for r in rows], device=dev)].float()  # (b, hq, dh)
+    out = F.scaled_dot_product_attention(
+        qq[:, :, None, :],  # (b, hq, 1, dh)
+        kk,  # (b, hkv, l, dh)
+        vv,
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[:, :, 0, :]  # (b, hq, dh)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write the new K/V, then causal attention of every row's new queries over its whole sequence.
+
+    Padding rows output zeros and read nothing.
+    """
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    qsl = meta.query_start_loc_list
+    rows = [r for r in range(len(meta.seq_lens_list)) if not meta.is_padding[r]]
+    single = [r for r in rows if qsl[r + 1] - qsl[r] == 1]
+    if single:
+        starts = torch.tensor([qsl[r] for r in single], device=q.device)
+        out[starts] = _decode_rows(q, k_cache, v_cache, meta, single, scale).to(q.dtype)
+    for r in rows:
+        start, end = qsl[r], qsl[r + 1]
+        if end - start == 1:
+            continue
+        ctx, seq = meta.context_lens_list[r], meta.seq_lens_list[r]
+        table, seq_t = meta.block_tables[r : r + 1], meta.seq_lens[r : r + 1]
+        kk = _gather_blocks(k_cache, table, seq_t)[0, :, :seq]  # (hkv, s, dh)
+        vv = _gather_blocks(v_cache, table, seq_t)[0, :, :seq]
+        qq = q[start:end].float().transpose(0, 1)  # (hq, n, dh)
+        if ctx == 0:
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            # query i sits at position ctx + i and sees keys 0..ctx + i
+            mask = torch.arange(seq, device=q.device) <= torch.arange(ctx, seq, device=q.device)[:, None]
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start:end] = o.transpose(0, 1).to(q.dtype)  # (n, hq, dh)
+    return out
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Plain reference of paged_attention: per row, gather block by block, explicit masked softmax."""
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    group = q.shape[1] // k.shape[1]
+    bs = meta.block_size
+    for r, (ctx, seq) in enumerate(zip(meta.context_lens_list, meta.seq_lens_list)):
+        if meta.is_padding[r]:
+            continue
+        blocks = [int(b) for b in meta.block_tables[r][: -(-seq // bs)]]
+        kk = torch.cat([k_cache[b] for b in blocks])[:seq].float().repeat_interleave(group, dim=1)  # (s, hq, dh)
+        vv = torch.cat([v_cache[b] for b in blocks])[:seq].float().repeat_interleave(group, dim=1)
+        start, end = meta.query_start_loc_list[r], meta.query_start_loc_list[r + 1]
+        logits = torch.einsum("nhd,shd->hns", q[start:end].float(), kk) * scale  # (hq, n, s)
+        qpos = torch.arange(ctx, seq)[:, None]
+        logits = logits.masked_fill(torch.arange(seq)[None, :] > qpos, -torch.inf)
+        out[start:end] = torch.einsum("hns,shd->nhd", logits.softmax(-1), vv).to(q.dtype)
+    return out

@@ -1,0 +1,105 @@
+"""Index helpers shared by the varlen kernels: token rows, padded chunk views, slot reads and writes.
+
+Glossary
+- T tokens, B rows, C chunks, S slots, Q the padded chunk length (longest chunk of the step).
+- valid row: a row whose running slot is not PAD_SLOT_ID. Kernels never read or write a slot for other rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from recap.core.output import PAD_SLOT_ID
+from recap.kernels.metadata import SSMMetadata
+
+
+def token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[T] int64: the row of every token of the packed batch."""
+    counts = query_start_loc.diff()
+    rows = torch.arange(counts.numel(), device=query_start_loc.device)
+    return torch.repeat_interleave(rows, counts, output_size=num_tokens)
+
+
+def chunk_view(cu_chunk_seqlens: torch.Tensor, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather index [C, q] (token of each chunk position, 0 past the chunk end) and its mask [C, q]."""
+    starts = cu_chunk_seqlens[:-1]
+    lens = cu_chunk_seqlens.diff()
+    ar = torch.arange(q, device=starts.device)
+    mask = ar < lens[:, None]
+    idx = (starts[:, None] + ar).masked_fill(~mask, 0)
+    return idx, mask
+
+
+def process_dt(
+    dt: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    softplus: bool,
+    limit: tuple[float, float] = (0.0, float("inf")),
+) -> torch.Tensor:
+    """The step size Delta in fp32: softplus(dt + dt_bias), then clamped to `limit` (the Mamba2 dt_limit)."""
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    if softplus:
+        dt = F.softplus(dt)
+    if limit != (0.0, float("inf")):
+        dt = dt.clamp(min=limit[0], max=limit[1])
+    return dt
+
+
+def read_initial(cache: torch.Tensor, slots: torch.Tensor, has_initial: torch.Tensor) -> torch.Tensor:
+    """fp32 [B, ...] initial states: the slot content where the row has one, zeros otherwise (pad rows too)."""
+    out = torch.zeros((slots.numel(), *cache.shape[1:]), dtype=torch.float32, device=cache.device)
+    use = (slots != PAD_SLOT_ID) & has_initial.to(torch.bool)
+    if bool(use.any()):
+        out[use] = cache[slots[use]].float()
+    return out
+
+
+def write_slots(
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    states: torch.Tensor,
+    slot_positions: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> None:
+    """cache[slots[i]] = states[i] for every slot that is not PAD_SLOT_ID; record positions if asked."""
+    keep = slots != PAD_SLOT_ID
+    if not bool(keep.any()):
+        return
+    dst = slots[keep]
+    cache.index_copy_(0, dst, states[keep].to(cache.dtype))
+    if slot_positions is not None:
+        if positions is None:
+            raise ValueError("slot_positions needs positions")
+        slot_positions.index_copy_(0, dst, positions[keep].to(slot_positions.dtype))
+
+
+def write_ssm_states(
+    cache: torch.Tensor,
+    chunk_end_states: torch.Tensor,
+    meta: SSMMetadata,
+    slot_positions: torch.Tensor | None,
+) -> None:
+    """Checkpoint every chunk end that has a destination slot, then each row's final state to its running slot."""
+    write_slots(cache, meta.chunk_dest_slots, chunk_end_states, slot_positions, meta.chunk_end_positions)
+    last = meta.last_chunk_indices
+    write_slots(cache, meta.state_indices, chunk_end_states[last], slot_positions, meta.chunk_end_positions[last])
+
+
+def copy_decode_checkpoints(cache: torch.Tensor, meta: SSMMetadata, slot_positions: torch.Tensor | None) -> None:
+    """In a decode batch (one chunk per row), copy each row's new running state to its checkpoint slot."""
+    keep = (meta.chunk_dest_slots != PAD_SLOT_ID) & (meta.state_indices != PAD_SLOT_ID)
+    if not bool(keep.any()):
+        return
+    write_slots(
+        cache, meta.chunk_dest_slots[keep], cache[meta.state_indices[keep]], slot_positions,
+        meta.chunk_end_positions[keep],
+    )  # fmt: skip
+
+
+def pad_tokens(meta: SSMMetadata, num_tokens: int) -> torch.Tensor:
+    """[T] bool: tokens of padding rows (running slot PAD_SLOT_ID)."""
+    pad_rows = meta.state_indices == PAD_SLOT_ID
+    return torch.repeat_interleave(pad_rows, meta.query_start_loc.diff(), output_size=num_tokens)

@@ -1,0 +1,227 @@
+"""Shared builders for the kernel tests: random requests, batches of rows, and one adapter per SSM kernel.
+
+A *case* wraps one SSM kernel (conv1d, Mamba1 selective scan, Mamba2 SSD) behind the same small surface,
+so the invariant tests (chunking, packing, checkpoints, padding, decode) run on all three alike.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from recap.core.output import PAD_SLOT_ID
+from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
+from recap.kernels.ssd import ssd_ref, ssd_state_update, ssd_varlen
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class Row:
+    """One row of a step: per-token inputs for its new tokens, where it starts, its slots."""
+
+    inputs: Tensors  # each [n, ...]
+    context_len: int
+    slot: int
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)
+    padding: bool = False
+
+    @property
+    def n(self) -> int:
+        return next(iter(self.inputs.values())).shape[0]
+
+
+def slice_inputs(inputs: Tensors, start: int, end: int) -> Tensors:
+    return {k: v[start:end] for k, v in inputs.items()}
+
+
+def build_meta(rows: list[Row], chunk_size: int) -> SSMMetadata:
+    specs = [
+        SeqSpec(
+            token_ids=[0] * r.n,
+            context_len=r.context_len,
+            state_slot=PAD_SLOT_ID if r.padding else r.slot,
+            checkpoints=r.checkpoints,
+            padding=r.padding,
+        )
+        for r in rows
+    ]
+    fb = build_forward_batch(specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True)
+    assert fb.ssm is not None
+    return fb.ssm
+
+
+@dataclass
+class Case:
+    """One SSM kernel: how to draw its inputs and run its fast, reference and decode forms."""
+
+    name: str
+    token_inputs: Callable[[int, torch.Generator], Tensors]  # n tokens -> per-token inputs
+    params: Callable[[torch.Generator], Tensors]
+    cache_shape: tuple[int, ...]  # per slot
+    fast: Callable[..., torch.Tensor]  # (inputs, params, cache, meta, slot_positions) -> y
+    ref: Callable[..., torch.Tensor]
+    update: Callable[..., torch.Tensor]  # (inputs, params, cache, state_indices, slot_positions, positions) -> y
+    writes_positions: bool = True
+
+    def new_cache(self, slots: int, gen: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(slots, *self.cache_shape, generator=gen).to(dtype)
+
+    def run(
+        self,
+        impl: str,
+        rows: list[Row],
+        params: Tensors,
+        cache: torch.Tensor,
+        chunk_size: int,
+        slot_positions: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """Run one packed step of `rows`; returns each row's output."""
+        meta = build_meta(rows, chunk_size)
+        inputs = {k: torch.cat([r.inputs[k] for r in rows]) for k in rows[0].inputs}
+        fn = self.fast if impl == "fast" else self.ref
+        y = fn(inputs, params, cache, meta, slot_positions)
+        qsl = meta.query_start_loc_list
+        return [y[qsl[i] : qsl[i + 1]] for i in range(len(rows))]
+
+
+def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen)
+
+
+# conv1d: D channels, kernel K
+CONV_D, CONV_K = 6, 4
+
+
+def _conv_case() -> Case:
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return causal_conv1d_varlen(inp["x"], p["w"], p["b"], cache, meta)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return causal_conv1d_ref(inp["x"], p["w"], p["b"], cache, meta)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return causal_conv1d_update(inp["x"], cache, p["w"], p["b"], idx)
+
+    return Case(
+        name="conv1d",
+        token_inputs=lambda n, g: {"x": _randn(g, n, CONV_D)},
+        params=lambda g: {"w": _randn(g, CONV_D, CONV_K), "b": _randn(g, CONV_D)},
+        cache_shape=(CONV_D, CONV_K - 1),
+        fast=fast,
+        ref=ref,
+        update=update,
+        writes_positions=False,
+    )
+
+
+# Mamba1: I channels, N state size
+M1_I, M1_N = 5, 4
+
+
+def _mamba1_case(block: int) -> Case:
+    def args(inp: Tensors, p: Tensors) -> tuple:
+        return inp["u"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], inp["z"], p["dt_bias"], True
+
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return selective_scan_varlen(*args(inp, p), cache, meta, sp, block=block)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return selective_scan_ref(*args(inp, p), cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        u, dt, A, B, C, D, z, dt_bias, soft = args(inp, p)
+        return selective_state_update(cache, u, dt, A, B, C, D, z, dt_bias, soft, idx, sp, pos)
+
+    return Case(
+        name=f"mamba1_block{block}",
+        token_inputs=lambda n, g: {
+            "u": _randn(g, n, M1_I),
+            "dt": _randn(g, n, M1_I),
+            "B": _randn(g, n, M1_N),
+            "C": _randn(g, n, M1_N),
+            "z": _randn(g, n, M1_I),
+        },
+        params=lambda g: {
+            "A": -torch.rand(M1_I, M1_N, generator=g) * 4,
+            "D": _randn(g, M1_I),
+            "dt_bias": _randn(g, M1_I),
+        },
+        cache_shape=(M1_I, M1_N),
+        fast=fast,
+        ref=ref,
+        update=update,
+    )
+
+
+# Mamba2: H heads of dim P, G groups, N state size
+M2_H, M2_P, M2_G, M2_N = 4, 3, 2, 5
+DT_LIMIT = (0.0, 4.0)
+
+
+def _mamba2_case(sub_chunk: int) -> Case:
+    def args(inp: Tensors, p: Tensors) -> tuple:
+        return inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], p["dt_bias"], True, DT_LIMIT
+
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return ssd_varlen(*args(inp, p), cache, meta, sp, sub_chunk=sub_chunk)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return ssd_ref(*args(inp, p), cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return ssd_state_update(cache, *args(inp, p), idx, sp, pos)
+
+    return Case(
+        name=f"mamba2_sub{sub_chunk}",
+        token_inputs=lambda n, g: {
+            "x": _randn(g, n, M2_H, M2_P),
+            "dt": _randn(g, n, M2_H),
+            "B": _randn(g, n, M2_G, M2_N),
+            "C": _randn(g, n, M2_G, M2_N),
+        },
+        params=lambda g: {
+            "A": -torch.rand(M2_H, generator=g) * 3,
+            "D": _randn(g, M2_H),
+            "dt_bias": _randn(g, M2_H),
+        },
+        cache_shape=(M2_H, M2_P, M2_N),
+        fast=fast,
+        ref=ref,
+        update=update,
+    )
+
+
+# Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows.
+CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64)]
+
+
+def random_rows(
+    case: Case, rng: random.Random, gen: torch.Generator, num_slots: int, *, max_len: int = 40, padding: bool = True
+) -> list[Row]:
+    """1-4 rows with odd lengths, random contexts (some from scratch), random checkpoints, maybe padding rows.
+
+    Slots are distinct and drawn from [0, num_slots).
+    """
+    free = list(range(num_slots))
+    rng.shuffle(free)
+    rows = []
+    for _ in range(rng.randint(1, 4)):
+        n = rng.randint(1, max_len)
+        if padding and rng.random() < 0.25:
+            rows.append(Row(case.token_inputs(n, gen), 0, PAD_SLOT_ID, padding=True))
+            continue
+        ctx = rng.choice([0, 0, rng.randint(1, 50)])
+        cps = rng.sample(range(ctx + 1, ctx + n + 1), k=min(n, rng.randint(0, 3)))
+        rows.append(Row(case.token_inputs(n, gen), ctx, free.pop(), [(p, free.pop()) for p in sorted(cps)]))
+    return rows
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 2e-5) -> None:
+    """fp32 comparison relative to the tensor's scale: |a - e| <= tol * (1 + |e|)."""
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
