@@ -1,0 +1,253 @@
+"""Soak the HTTP server: many concurrent requests with random aborts and disconnects, then check
+that nothing leaked (every KV block and state slot back in its pool, nothing running).
+
+    .venv/bin/python benchmarks/soak_server.py                      # self-started server, tiny model
+    .venv/bin/python benchmarks/soak_server.py --default-model      # self-started, embedded default model
+    .venv/bin/python benchmarks/soak_server.py --url http://127.0.0.1:8000 --requests 2000
+
+Bounded in count (--requests) and time (--time-limit); loopback servers only. Exit status 0 when
+there were no errors besides the intended aborts and no leaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+WORDS = ("pump", "valve", "filter", "gauge", "schedule", "inspect", "log", "pressure", "seal", "bearing", "motor",
+         "flow", "tank", "pipe", "sensor", "alarm", "reset", "manual", "check", "weekly")
+
+
+@dataclass
+class Tally:
+    ok: int = 0
+    aborts: int = 0
+    rejected: int = 0  # deliberately bad requests answered with the expected 4xx
+    errors: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    error_samples: list[str] = field(default_factory=list)
+
+    def error(self, what: str) -> None:
+        self.errors += 1
+        if len(self.error_samples) < 10:
+            self.error_samples.append(what[:300])
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _body(rng: random.Random, model: str | None, systems: list[str]) -> tuple[str, dict[str, Any]]:
+    common: dict[str, Any] = {"max_tokens": rng.randint(1, 24), "temperature": rng.choice([0.0, 0.7, 1.0])}
+    if model:
+        common["model"] = model
+    if rng.random() < 0.5:
+        messages = [{"role": "system", "content": rng.choice(systems)},
+                    {"role": "user", "content": _text(rng, rng.randint(2, 30))}]
+        return "/v1/chat/completions", {**common, "messages": messages}
+    prompt: Any = _text(rng, rng.randint(2, 60))
+    if rng.random() < 0.1:
+        prompt = [prompt, _text(rng, 5)]
+    return "/v1/completions", {**common, "prompt": prompt, "n": rng.choice([1, 1, 1, 2])}
+
+
+def _bad_body(rng: random.Random) -> dict[str, Any]:
+    return rng.choice([{"prompt": "x", "max_tokens": -1}, {"prompt": [10**9]}, {"prompt": "x", "bogus": 1},
+                       {"prompt": "x", "n": 1000}, {"prompt": ""}])
+
+
+async def _stream(client: httpx.AsyncClient, path: str, body: dict[str, Any], cut: int | None, t: Tally) -> None:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            t.error(f"{r.status_code} {(await r.aread()).decode(errors='replace')}")
+            return
+        events = 0
+        last = ""
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            events += 1
+            last = line
+            if '"error"' in line:
+                t.error(line)
+                return
+            if cut is not None and events >= cut:
+                t.aborts += 1
+                return  # leaving the block closes the connection mid-stream
+        if last != "data: [DONE]":
+            t.error(f"stream ended without [DONE]: {last!r}")
+            return
+        t.ok += 1
+
+
+async def _plain(client: httpx.AsyncClient, path: str, body: dict[str, Any], deadline: float | None, t: Tally) -> None:
+    try:
+        r = await asyncio.wait_for(client.post(path, json=body), timeout=deadline)
+    except TimeoutError:
+        t.aborts += 1  # the cancelled request closes its connection: the server aborts it
+        return
+    if r.status_code != 200:
+        t.error(f"{r.status_code} {r.text}")
+        return
+    usage = r.json()["usage"]
+    t.prompt_tokens += usage["prompt_tokens"]
+    t.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
+    t.ok += 1
+
+
+async def _one(client: httpx.AsyncClient, rng: random.Random, args: argparse.Namespace, systems: list[str],
+               t: Tally) -> None:
+    if rng.random() < args.bad_fraction:
+        r = await client.post("/v1/completions", json=_bad_body(rng))
+        if r.status_code in (400, 404) and "error" in r.json():
+            t.rejected += 1
+        else:
+            t.error(f"bad request got {r.status_code}: {r.text}")
+        return
+    path, body = _body(rng, args.model_name, systems)
+    abort = rng.random() < args.abort_fraction
+    try:
+        if rng.random() < 0.5:
+            await _stream(client, path, body, rng.randint(1, 4) if abort else None, t)
+        else:
+            await _plain(client, path, body, rng.uniform(0.005, 0.3) if abort else None, t)
+    except httpx.HTTPError as e:
+        t.error(f"{type(e).__name__}: {e}")
+
+
+async def _soak(url: str, args: argparse.Namespace) -> tuple[Tally, float]:
+    rng = random.Random(args.seed)
+    systems = [f"System prompt {i}: " + _text(random.Random(i), 40) for i in range(8)]
+    t = Tally()
+    next_i = 0
+    stop_at = time.monotonic() + args.time_limit
+    limits = httpx.Limits(max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal next_i
+            while next_i < args.requests and time.monotonic() < stop_at:
+                next_i += 1
+                if next_i % 1000 == 0:
+                    print(f"  {next_i} requests sent", file=sys.stderr, flush=True)
+                await _one(client, random.Random(rng.random()), args, systems, t)
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        return t, time.monotonic() - t0
+
+
+def _leaks(url: str, timeout: float = 60.0) -> tuple[int, dict[str, Any]]:
+    """Poll until nothing runs; count leaked blocks/slots (and a failed integrity check as a leak)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        report = httpx.get(f"{url}/debug/integrity", timeout=60).json()
+        idle = report["num_running"] == report["num_waiting"] == report["pools"].get("num_unfinished_outputs", 0) == 0
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    pools = report["pools"]
+    leaked = pools.get("kv_blocks_in_use", 0) + pools.get("state_slots_in_use", 0)
+    leaked += pools.get("num_unfinished_outputs", 0)
+    leaked += report["num_running"] + report["num_waiting"] + (0 if report["ok"] else 1)
+    metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    running = [ln for ln in metrics.splitlines() if ln.startswith("recap:num_requests_running")]
+    if not running or float(running[0].split()[-1]) != 0:
+        leaked += 1
+    return leaked, report
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    model: list[str] = []
+    if args.model:
+        model = [args.model]
+    elif not args.default_model:
+        from recap.model import default_model
+        from recap.model.testing import make_tiny_checkpoint
+
+        path = make_tiny_checkpoint("bamba", workdir / "tiny-bamba", vocab_size=default_model.VOCAB_SIZE)
+        default_model._save_tokenizer(path, default_model.SEED)
+        model = [str(path)]
+    port = _free_port()
+    cmd = [sys.executable, "-m", "recap.cli", "serve", *model, "--port", str(port), "--log-level", "warning",
+           "--num-threads", str(args.server_threads), *args.server_args]
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"server did not start:\n{(workdir / 'server.log').read_text()[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="a running server (loopback only); default: start one")
+    p.add_argument("--model", help="model folder for the self-started server (default: a tiny Bamba)")
+    p.add_argument("--default-model", action="store_true", help="self-start on the embedded default model")
+    p.add_argument("--model-name", help="the `model` field to send (default: omit it)")
+    p.add_argument("--requests", type=int, default=10_000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--abort-fraction", type=float, default=0.15)
+    p.add_argument("--bad-fraction", type=float, default=0.02)
+    p.add_argument("--time-limit", type=float, default=1800.0, help="stop sending after this many seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--server-threads", type=int, default=1)
+    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra `recap serve` flags")
+    args = p.parse_args(argv)
+    proc = None
+    with tempfile.TemporaryDirectory(prefix="recap-soak-") as tmp:
+        if args.url:
+            if urlparse(args.url).hostname not in LOOPBACK:
+                raise SystemExit("the soak only targets loopback servers")
+            url = args.url.rstrip("/")
+        else:
+            proc, url = _start_server(args, Path(tmp))
+        try:
+            t, seconds = asyncio.run(_soak(url, args))
+            leaked, report = _leaks(url)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=60)
+    done = t.ok + t.aborts + t.rejected + t.errors
+    hit = t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0
+    print(f"requests {done} in {seconds:.1f}s ({done / seconds:.1f} req/s), concurrency {args.concurrency}")
+    print(f"ok {t.ok}  aborts {t.aborts}  rejected-as-expected {t.rejected}  errors {t.errors}")
+    print(f"cached prompt tokens (plain requests) {hit:.1%}")
+    print(f"leaks {leaked}  integrity {'ok' if report['ok'] else report['error']}  pools {report['pools']}")
+    for s in t.error_samples:
+        print("  error:", s)
+    return 0 if t.errors == 0 and leaked == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The FastAPI app: routes, error handling and the engine's lifetime.
+
+Request bodies are parsed by hand (JSON, then the pydantic model) so that every bad input,
+from malformed JSON to an unknown field, gets the same OpenAI-style 4xx body.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from recap.engine.async_engine import AsyncEngine
+from recap.server.chat import create_chat_completion
+from recap.server.completions import create_completion
+from recap.server.errors import APIError, from_exception, from_validation_error, parse_json
+from recap.server.metrics import make_registry, render
+from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from recap.server.serving import ServerState
+
+log = logging.getLogger("recap.server")
+M = TypeVar("M", bound=BaseModel)
+
+
+async def _parse(request: Request, model: type[M]) -> M:
+    data = parse_json(await request.body())
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
+    cfg = engine.engine.config
+    c = cfg.cache
+    return {
+        "block_size": str(c.block_size), "enable_prefix_caching": str(c.enable_prefix_caching).lower(),
+        "checkpoint_policy": c.checkpoint_policy, "kv_cache_bytes": str(c.kv_cache_bytes or "auto"),
+        "state_cache_bytes": str(c.state_cache_bytes or "auto"),
+        "max_num_seqs": str(cfg.scheduler.max_num_seqs),
+        "max_num_batched_tokens": str(cfg.scheduler.max_num_batched_tokens),
+    }
+
+
+def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True) -> FastAPI:
+    """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit."""
+    llm = engine.engine
+    state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len)
+    registry = make_registry(engine, state.model_name, _cache_labels(engine))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            if shutdown_engine:
+                engine.shutdown()
+
+    app = FastAPI(title="recap", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.recap = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        log.info("rejected (%d): %s", exc.status, exc.message)
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error",
+                       code="not_found" if exc.status_code == 404 else None)
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        err = from_exception(exc)
+        if err.status >= 500:
+            log.exception("request failed", exc_info=exc)
+        return err.response()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(state, await _parse(request, CompletionRequest), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(state, await _parse(request, ChatCompletionRequest), request)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = ModelCard(id=state.model_name, created=state.created, max_model_len=state.max_model_len)
+        return ModelList(data=[card]).model_dump()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.dead is not None:
+            return APIError(f"engine stopped: {engine.dead!r}", status=503, type="service_unavailable").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/debug/integrity")
+    async def integrity() -> dict[str, Any]:
+        """The cache core's accounting check (DESIGN §3.5) and the request counts, for tests and soaks."""
+        error = await engine.check_integrity()
+        pools = engine.pool_usage()  # read on the engine thread together with the check
+        return {"ok": error is None, "error": error, "num_running": pools.pop("num_running", 0),
+                "num_waiting": pools.pop("num_waiting", 0), "pools": pools}
+
+    return app

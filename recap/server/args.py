@@ -1,0 +1,86 @@
+"""`recap serve` flags (vLLM's names where the concept is the same) -> EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
+from recap.engine.config import DTYPES, EngineConfig
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30,
+          "gib": 2**30, "ti": 2**40, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB' -> 536870912, '2GB' -> 2000000000, '1024' -> 1024 (binary Ki/Mi/Gi/Ti, decimal K/M/G/T)."""
+    m = _SIZE.fullmatch(text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: a number with an optional unit, e.g. 512MiB or 2GB")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Model and cache flags shared by `serve` (and usable by other subcommands)."""
+    sched, cache = SchedulerConfig(), CacheConfig()
+    p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model's)")
+    p.add_argument("--served-model-name", help="the model name clients send (default: MODEL)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=_positive, default=sched.max_model_len)
+    p.add_argument("--max-num-seqs", type=_positive, default=sched.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=_positive, default=sched.max_num_batched_tokens)
+    p.add_argument("--block-size", type=_positive, default=cache.block_size)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--checkpoint-policy", choices=CHECKPOINT_POLICIES, default=cache.checkpoint_policy,
+                   help="where the recurrent state is checkpointed (DESIGN §4)")
+    p.add_argument("--checkpoint-interval", type=_positive, default=None,
+                   help="recap policy: also checkpoint every N blocks")
+    p.add_argument("--kv-cache-bytes", type=parse_bytes, default=None, help="KV block pool budget, e.g. 2GiB")
+    p.add_argument("--state-cache-bytes", type=parse_bytes, default=None,
+                   help="state slot pool budget (running slots + checkpoints), e.g. 512MiB")
+    p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
+    p.add_argument("--check-integrity", action="store_true",
+                   help="check the cache core's accounting after every step (slow; for debugging)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """Raises ValueError naming the flag's field when the values do not fit together."""
+    return EngineConfig(
+        model=args.model,
+        tokenizer=args.tokenizer,
+        served_model_name=args.served_model_name,
+        dtype=args.dtype,
+        seed=args.seed,
+        cache=CacheConfig(
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            checkpoint_policy=args.checkpoint_policy,
+            checkpoint_interval=args.checkpoint_interval,
+            kv_cache_bytes=args.kv_cache_bytes,
+            state_cache_bytes=args.state_cache_bytes,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+        ),
+        check_integrity=args.check_integrity,
+        num_threads=args.num_threads,
+    )

@@ -1,0 +1,106 @@
+"""POST /v1/chat/completions: the chat template renders the messages; message ends and
+`cache_control` markers become segment boundaries (DESIGN §4)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from recap.engine.outputs import RequestOutput
+from recap.server.chat_prompt import build_chat_input
+from recap.server.errors import from_value_error
+from recap.server.logprobs import chat_logprobs
+from recap.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatResponseMessage,
+)
+from recap.server.serving import (
+    RequestLog,
+    ServerState,
+    collect_finals,
+    merged,
+    new_request_id,
+    open_stream,
+    prepare_all,
+    usage,
+)
+from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
+    state.check_model(req.model)
+    try:
+        params = req.sampling_params()
+    except ValueError as e:
+        raise from_value_error(e) from None
+    chat = build_chat_input(state.tokenizer, req.messages)
+    rid = new_request_id("chatcmpl")
+    prepared = prepare_all(state, [chat.token_ids], params, request_id=rid, boundaries=[chat.segment_boundaries],
+                           cache_salt=req.cache_salt)
+    it = merged(state.engine, prepared, RequestLog(prepared, req.user))
+    if req.stream:
+        first = await open_stream(request, it)
+        if first is None:
+            return Response(status_code=499)
+        return SSEResponse(_stream(state, req, rid, params.n, first, it))
+    finals = await collect_finals(request, it, 1)
+    if finals is None:
+        return Response(status_code=499)
+    out = finals[0]
+    choices = [
+        ChatChoice(index=o.index, message=ChatResponseMessage(content=o.text), finish_reason=o.finish_reason,
+                   logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.logprobs))
+        for o in out.outputs
+    ]
+    resp = ChatCompletionResponse(id=rid, created=state.created, model=state.model_name, choices=choices,
+                                  usage=usage(finals))
+    return JSONResponse(resp.model_dump())
+
+
+def _chunk(state: ServerState, rid: str, choices: list[ChatChunkChoice]) -> str:
+    return sse(ChatCompletionChunk(id=rid, created=state.created, model=state.model_name,
+                                   choices=choices).model_dump_json())
+
+
+async def _stream(
+    state: ServerState, req: ChatCompletionRequest, rid: str, n: int, first: tuple[int, RequestOutput],
+    it: AsyncGenerator[tuple[int, RequestOutput], None],
+) -> AsyncIterator[str]:
+    final: RequestOutput | None = None
+    done: set[int] = set()
+    try:
+        yield _chunk(state, rid, [ChatChunkChoice(index=k, delta=ChatDelta(role="assistant", content=""))
+                                  for k in range(n)])
+        item: tuple[int, RequestOutput] | None = first
+        while item is not None:
+            _, out = item
+            if out.finished:
+                final = out
+            choices = []
+            for o in out.outputs:
+                if o.index in done or not (o.text_delta or o.logprobs_delta or o.finish_reason):
+                    continue
+                lp = None if o.logprobs is None else chat_logprobs(state.token_text, o.logprobs_delta)
+                delta = ChatDelta(content=o.text_delta) if o.text_delta else ChatDelta()
+                choices.append(ChatChunkChoice(index=o.index, delta=delta, logprobs=lp, finish_reason=o.finish_reason))
+                if o.finish_reason is not None:
+                    done.add(o.index)
+            if choices:
+                yield _chunk(state, rid, choices)
+            item = await anext(it, None)
+        if req.include_usage and final is not None:
+            last = ChatCompletionChunk(id=rid, created=state.created, model=state.model_name, choices=[],
+                                       usage=usage([final]))
+            yield sse(last.model_dump_json())
+    except Exception as e:  # noqa: BLE001 - the 200 is out: report in-stream, as OpenAI does
+        yield sse_error(e)
+    finally:
+        await it.aclose()
+    yield SSE_DONE

@@ -1,0 +1,53 @@
+"""`recap serve`: build the engine from flags, then run the app under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from recap.server.args import add_engine_args, engine_config
+
+log = logging.getLogger("recap.server")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="model folder or hub id (default: the embedded default model)")
+    p.add_argument("--model", dest="model_flag", default=None, help="same as MODEL")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    add_engine_args(p)
+
+
+def serve(args: argparse.Namespace) -> int:
+    if args.model_flag is not None:
+        if args.model is not None and args.model != args.model_flag:
+            print(f"error: MODEL {args.model!r} and --model {args.model_flag!r} disagree", file=sys.stderr)
+            return 2
+        args.model = args.model_flag
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = engine_config(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from recap.engine.async_engine import AsyncEngine
+    from recap.engine.llm_engine import LLMEngine
+    from recap.server.app import build_app
+
+    log.info("loading %s", config.model or "the embedded default model")
+    try:
+        llm = LLMEngine(config)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: cannot load the model: {e}", file=sys.stderr)
+        return 1
+    app = build_app(AsyncEngine(llm))
+    log.info("serving %s on http://%s:%d (OpenAI API under /v1)", llm.served_model_name, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,83 @@
+"""Prometheus exposition: a Collector that reads AsyncEngine.metrics() at scrape time.
+
+Names run parallel to vLLM's (`vllm:prefix_cache_queries_total` -> `recap:prefix_cache_queries_total`);
+every series carries a `model_name` label. A private registry per app, so several servers can
+live in one process (tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.metrics import Histogram, MetricsSnapshot
+
+# (name without _total, help, snapshot field)
+_COUNTERS = (
+    ("recap:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+    ("recap:prefix_cache_hits", "Prompt tokens served from the prefix cache.", "prefix_cache_hits"),
+    ("recap:checkpoints_created", "Recurrent-state checkpoints registered.", "checkpoints_created"),
+    ("recap:checkpoint_evictions", "Recurrent-state checkpoints evicted.", "checkpoint_evictions"),
+    ("recap:checkpoint_miss_tokens", "Prompt tokens whose KV was cached past the best checkpoint (recomputed).",
+     "checkpoint_miss_tokens"),
+    ("recap:num_preemptions", "Requests preempted.", "preemptions"),
+    ("recap:request_success", "Requests finished (any finish reason).", "requests_finished"),
+    ("recap:prompt_tokens", "Prompt tokens of finished requests.", "prompt_tokens"),
+    ("recap:generation_tokens", "Tokens generated.", "generation_tokens"),
+    ("recap:engine_steps", "Engine steps run.", "steps"),
+)
+_GAUGES = (
+    ("recap:checkpoints", "Recurrent-state checkpoints held now.", "checkpoints"),
+    ("recap:checkpoint_bytes", "Bytes held by recurrent-state checkpoints now.", "checkpoint_bytes"),
+    ("recap:num_requests_running", "Requests running now.", "num_running"),
+    ("recap:num_requests_waiting", "Requests waiting now.", "num_waiting"),
+)
+
+
+def _cumulative(h: Histogram) -> list[tuple[str, float]]:
+    out, total = [], 0
+    for bound, count in zip(h.bounds, h.counts):
+        total += count
+        out.append((repr(float(bound)), float(total)))
+    out.append(("+Inf", float(h.n)))
+    return out
+
+
+class EngineCollector(Collector):
+    def __init__(self, engine: AsyncEngine, model_name: str, config_labels: dict[str, str]) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.config_labels = config_labels
+
+    def collect(self) -> Iterator[Metric]:
+        s: MetricsSnapshot = self.engine.metrics()
+        labels, values = ["model_name"], [self.model_name]
+        for name, doc, attr in _COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, float(getattr(s, attr)))
+            yield c
+        for name, doc, attr in _GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, float(getattr(s, attr)))
+            yield g
+        h = HistogramMetricFamily("recap:time_to_first_token_seconds", "Time to first token.", labels=labels)
+        h.add_metric(values, _cumulative(s.ttft), sum_value=s.ttft.total)
+        yield h
+        info = GaugeMetricFamily("recap:cache_config_info", "Cache configuration (value is 1).",
+                                 labels=[*labels, *self.config_labels])
+        info.add_metric([*values, *self.config_labels.values()], 1.0)
+        yield info
+
+
+def make_registry(engine: AsyncEngine, model_name: str, config_labels: dict[str, str]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine, model_name, config_labels))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

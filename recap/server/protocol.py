@@ -1,0 +1,335 @@
+"""OpenAI-compatible request and response models (pydantic).
+
+Requests forbid unknown fields (STYLE habit 12: nothing is ignored silently). Documented OpenAI
+fields that recap does not implement (penalties, logit_bias, tools, ...) are accepted only at
+their no-op value, so clients that always send defaults work, and anything else is a 400.
+recap extensions, named as vLLM names them where vLLM has them: top_k, min_p, min_tokens,
+stop_token_ids, ignore_eos, cache_salt; `checkpoints` (completions: token offsets to checkpoint
+the recurrent state at) and Anthropic-style `cache_control` markers on chat messages and parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from recap.sampling_params import SamplingParams
+
+MAX_PROMPTS = 256  # prompts in one completions request
+MAX_CHECKPOINTS = 256  # explicit checkpoint offsets per request
+MAX_STOP = 16
+MAX_CACHE_SALT_CHARS = 1024
+
+PromptInput = str | list[int] | list[str] | list[list[int]]
+
+
+def _is_token_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class CacheControl(_Strict):
+    """Anthropic-style breakpoint: the prefix up to here is worth caching (a segment boundary)."""
+
+    type: Literal["ephemeral"]
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    cache_control: CacheControl | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for part in v:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"only text content parts are supported, got type {kind!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def parts(self) -> list[str]:
+        if self.content is None:
+            return [""]
+        return [self.content] if isinstance(self.content, str) else [p.text for p in self.content]
+
+    def text(self) -> str:
+        """Text parts are joined with newlines (as vLLM does)."""
+        return "\n".join(self.parts())
+
+    def template_dict(self) -> dict[str, str]:
+        d = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by both endpoints; each maps onto SamplingParams or is checked below."""
+
+    model: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # harmless metadata: logged with the request
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    # extensions (vLLM names)
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    cache_salt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """OpenAI fields are nullable: null is the default (max_tokens: null means up to the model length)."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or k == "max_tokens" or fields[k].default is None}
+
+    @model_validator(mode="after")
+    def _common_checks(self) -> _SamplingFields:
+        if self.frequency_penalty != 0.0:
+            raise ValueError("frequency_penalty is not supported (only 0)")
+        if self.presence_penalty != 0.0:
+            raise ValueError("presence_penalty is not supported (only 0)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            raise ValueError(f"stop takes at most {MAX_STOP} strings")
+        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS:
+            raise ValueError(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} characters")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """Raises ValueError naming the field (mapped to a 400)."""
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return SamplingParams(
+            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=stop,
+            stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos, logprobs=logprobs,
+        )
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: PromptInput
+    max_tokens: int | None = 16  # OpenAI's default for completions; null: up to the model length
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+    checkpoints: list[int] | None = None  # recap: token offsets where the state is checkpointed
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        ok = isinstance(v, str) or (isinstance(v, list) and v and (
+            _is_token_list(v) or all(isinstance(p, str) for p in v) or all(_is_token_list(p) for p in v)))
+        if not ok:
+            if isinstance(v, list) and not v:
+                raise ValueError("prompt must not be empty")
+            raise ValueError("prompt must be a string, a list of token ids, or a list of strings or of token-id lists")
+        if isinstance(v, list) and not _is_token_list(v) and len(v) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (only equal to n)")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.checkpoints is not None and len(self.checkpoints) > MAX_CHECKPOINTS:
+            raise ValueError(f"checkpoints takes at most {MAX_CHECKPOINTS} offsets")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt of the batch (a single prompt is a batch of one)."""
+        p = self.prompt
+        if isinstance(p, str) or _is_token_list(p):
+            return [p]
+        return list(p)  # type: ignore[arg-type]
+
+    def sampling_params(self) -> SamplingParams:
+        return self._sampling(self.max_tokens, self.logprobs)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none"] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("messages must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        if self.response_format is not None and self.response_format != {"type": "text"}:
+            raise ValueError("response_format is not supported (only {'type': 'text'})")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        both = self.max_tokens is not None and self.max_completion_tokens is not None
+        if both and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
+        return self
+
+    def sampling_params(self) -> SamplingParams:
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None)
+
+
+# ---- responses --------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] = Field(default_factory=list)
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "recap"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,235 @@
+"""What both endpoints share: server state, preparing prompts, merging engine streams, client
+disconnects, usage, token strings, and the one log line per request.
+
+Every engine stream is consumed through `merged()`: closing it (or cancelling the task that
+iterates it) closes each engine generator, which aborts whatever is still running, so the
+request's blocks and slots return to the pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.outputs import RequestOutput
+from recap.engine.processor import PreparedRequest
+from recap.sampling_params import SamplingParams
+from recap.server.errors import APIError, from_exception, from_value_error
+from recap.server.protocol import PromptTokensDetails, Usage
+
+log = logging.getLogger("recap.server")
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready."""
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    model_name: str
+    max_model_len: int
+    created: int = field(default_factory=lambda: int(time.time()))
+    _token_text: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(f"The model `{name}` does not exist (this server serves `{self.model_name}`)",
+                           status=404, param="model", code="model_not_found")
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def prepare_all(
+    state: ServerState,
+    prompts: Sequence[str | list[int]],
+    params: SamplingParams,
+    *,
+    request_id: str,
+    boundaries: Sequence[Sequence[int]],
+    cache_salt: str | None,
+) -> list[PreparedRequest]:
+    """Validate every prompt before any starts, so a bad one in a batch rejects the whole request."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        try:
+            out.append(state.engine.prepare(
+                prompt, params, request_id=f"{request_id}-{i}", segment_boundaries=boundaries[i],
+                cache_salt=cache_salt))
+        except ValueError as e:
+            err = from_value_error(e)
+            if len(prompts) > 1:
+                err.message = f"prompt {i}: {err.message}"
+            raise err from None
+    return out
+
+
+@dataclass
+class RequestLog:
+    """Collects the last output of each prompt; `emit` writes one line per engine request."""
+
+    prepared: list[PreparedRequest]
+    user: str | None
+    last: dict[int, RequestOutput] = field(default_factory=dict)
+
+    def emit(self) -> None:
+        for i, p in enumerate(self.prepared):
+            out = self.last.get(i)
+            outs = out.outputs if out is not None else []
+            finish = ",".join(o.finish_reason or "abort" for o in outs) if outs and out.finished else "abort"
+            ttft = out.metrics.ttft if out is not None and out.metrics is not None else None
+            log.info(
+                "request %s prompt_tokens=%d cached_tokens=%d completion_tokens=%d finish=%s ttft=%s "
+                "latency=%.3fs user=%s",
+                p.request_id, len(p.prompt_token_ids), out.num_cached_tokens if out else 0,
+                sum(len(o.token_ids) for o in outs), finish, "-" if ttft is None else f"{ttft:.3f}s",
+                time.monotonic() - p.arrival_time, "-" if self.user is None else repr(self.user),
+            )
+
+
+async def merged(
+    engine: AsyncEngine, prepared: list[PreparedRequest], rlog: RequestLog
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """(prompt index, output) from every prompt's engine stream as they come; closing aborts the rest."""
+    try:
+        if len(prepared) == 1:
+            async with contextlib.aclosing(engine.generate(prepared[0])) as gen:
+                async for out in gen:
+                    rlog.last[0] = out
+                    yield 0, out
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, p: PreparedRequest) -> None:
+            try:
+                async with contextlib.aclosing(engine.generate(p)) as gen:
+                    async for out in gen:
+                        queue.put_nowait((i, out))
+            except Exception as e:  # noqa: BLE001 - re-raised by the consumer
+                queue.put_nowait((i, e))
+            finally:
+                queue.put_nowait((i, None))
+
+        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                i, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    rlog.last[i] = item
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()  # each pump closes its engine generator, which aborts its request
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        rlog.emit()
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so receive() waits for that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def race_disconnect(request: Request, aw: Awaitable[T]) -> T:
+    """Await `aw` unless the client disconnects first: then cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(aw)
+    watcher = asyncio.create_task(wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+def usage(finals: Sequence[RequestOutput]) -> Usage:
+    prompt = sum(len(o.prompt_token_ids) for o in finals)
+    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in finals)),
+    )
+
+
+def _refused(out: RequestOutput) -> None:
+    """The scheduler finishes a request that can never fit its pools at once, with no tokens."""
+    if out.finished and any(o.finish_reason == "error" and not o.token_ids for o in out.outputs):
+        raise APIError(out.error or "the request does not fit in this server's cache pools (prompt + max_tokens "
+                       "need more KV blocks or state slots than exist); send a shorter prompt or max_tokens")
+
+
+async def open_stream(
+    request: Request, it: AsyncGenerator[tuple[int, RequestOutput], None]
+) -> tuple[int, RequestOutput] | None:
+    """The first output, awaited before the 200 goes out so that engine-side rejections are still
+    a 4xx; None when the client left first (the request is aborted)."""
+
+    async def first() -> tuple[int, RequestOutput]:
+        item = await anext(it)
+        _refused(item[1])
+        return item
+
+    try:
+        return await race_disconnect(request, first())
+    except ClientGone:
+        return None
+    except Exception as e:
+        await it.aclose()
+        raise from_exception(e) from None
+
+
+async def collect_finals(
+    request: Request, it: AsyncGenerator[tuple[int, RequestOutput], None], count: int
+) -> list[RequestOutput] | None:
+    """Every prompt's final output in prompt order; None when the client left first (aborted)."""
+
+    async def drain() -> list[RequestOutput]:
+        finals: dict[int, RequestOutput] = {}
+        async for i, out in it:
+            if out.finished:
+                _refused(out)
+                finals[i] = out
+        return [finals[i] for i in range(count)]
+
+    try:
+        return await race_disconnect(request, drain())
+    except ClientGone:
+        return None
+    except Exception as e:
+        raise from_exception(e) from None
+    finally:
+        await it.aclose()

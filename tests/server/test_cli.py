@@ -1,0 +1,127 @@
+"""The `recap` command: flags, size parsing, `generate`, `bench` forwarding, and `recap serve` as the README runs it."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from recap import cli
+from recap.server.args import engine_config, parse_bytes
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1024", 1024), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("2gb", 2 * 10**9), ("1.5GiB", 3 * 2**29),
+    ("64k", 64_000), ("3 KiB", 3072), ("1e3", 1000), ("7B", 7), ("1Ti", 2**40),
+])
+def test_parse_bytes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "12XB", "-5MiB", "0", "1.2.3GB", "ten"])
+def test_parse_bytes_rejects(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_bytes(text)
+
+
+def _serve_args(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["serve", *argv])
+
+
+def test_serve_flags_build_the_engine_config() -> None:
+    args = _serve_args("some/model", "--max-model-len", "2048", "--max-num-seqs", "8", "--max-num-batched-tokens",
+                       "512", "--block-size", "32", "--no-enable-prefix-caching", "--seed", "3",
+                       "--served-model-name", "m", "--dtype", "bfloat16", "--checkpoint-policy", "align",
+                       "--kv-cache-bytes", "512MiB", "--state-cache-bytes", "2GB")
+    assert (args.host, args.port) == ("127.0.0.1", 8000)
+    cfg = engine_config(args)
+    assert cfg.model == "some/model" and cfg.served_model_name == "m" and cfg.dtype == "bfloat16" and cfg.seed == 3
+    assert (cfg.scheduler.max_model_len, cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens) == (
+        2048, 8, 512)
+    c = cfg.cache
+    assert (c.block_size, c.enable_prefix_caching, c.checkpoint_policy) == (32, False, "align")
+    assert (c.kv_cache_bytes, c.state_cache_bytes) == (512 * 2**20, 2 * 10**9)
+    default = engine_config(_serve_args())
+    assert default.model is None and default.cache.enable_prefix_caching and default.cache.checkpoint_policy == "recap"
+
+
+@pytest.mark.parametrize("argv", [["--kv-cache-bytes", "lots"], ["--checkpoint-policy", "sometimes"],
+                                  ["--max-num-seqs", "0"], ["--dtype", "int3"], ["--unknown-flag"]])
+def test_bad_serve_flags_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        _serve_args(*argv)
+    assert e.value.code == 2 and "usage: recap" in capsys.readouterr().err
+
+
+def test_bench_forwards_or_explains(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("recap.bench.cli")
+    fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "recap.bench.cli", fake)
+    assert cli.main(["bench", "replay", "--trace", "x"]) == 0 and seen == [["replay", "--trace", "x"]]
+    monkeypatch.setitem(sys.modules, "recap.bench.cli", None)  # import fails as if the module were absent
+    assert cli.main(["bench"]) == 2
+    assert "recap.bench.cli is missing" in capsys.readouterr().err
+
+
+def test_generate_prints_the_completion(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recap import LLM, SamplingParams
+
+    want = LLM(str(tiny_model)).generate("The valve", SamplingParams(temperature=0.0, max_tokens=5))[0]
+    assert cli.main(["generate", "--model", str(tiny_model), "The valve", "--max-tokens", "5",
+                     "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == want.outputs[0].text + "\n"
+    assert cli.main(["generate", "--model", str(tiny_model), "Hi", "--chat", "--max-tokens", "3"]) == 0
+    assert cli.main(["generate", "--model", str(tiny_model), "Hi", "--max-tokens", "0"]) == 2
+    assert "max_tokens must be at least 1" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _recap_command() -> list[str]:
+    script = Path(sys.executable).parent / "recap"  # what `make serve` runs, once the package is installed
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "recap.cli"]
+
+
+def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*_recap_command(), "serve", "--port", str(port), "--num-threads", "1"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        (model,) = client.models.list().data
+        reply = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hello!"}],
+                                               max_tokens=4, temperature=0.0)
+        assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.role == "assistant"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    text = log_path.read_text()
+    assert rc == 0, text
+    assert "request chatcmpl-" in text and "completion_tokens=" in text and "finish=" in text, text

@@ -1,0 +1,139 @@
+"""Bad input gets a 4xx with an OpenAI error body naming the problem; the server keeps serving."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+OK_C: dict[str, Any] = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2}
+OK_CHAT: dict[str, Any] = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+def c(**kw: Any) -> dict[str, Any]:
+    return {**OK_C, **kw}
+
+
+def chat(**kw: Any) -> dict[str, Any]:
+    return {**OK_CHAT, **kw}
+
+
+def user(content: Any, **kw: Any) -> dict[str, Any]:
+    return chat(messages=[{"role": "user", "content": content, **kw}])
+
+
+# (id, path, body (bytes: sent raw), status, fragment of the message, param)
+CASES: list[tuple[str, str, Any, int, str, str | None]] = [
+    ("invalid-json", C, b'{"model": "tiny", "prompt": ', 400, "Invalid JSON", None),
+    ("not-an-object", C, b"[1, 2]", 400, "JSON object", None),
+    ("unknown-model", C, c(model="gpt-9"), 404, "`gpt-9` does not exist", "model"),
+    ("extra-fields", C, c(foo=1, bar=2), 400, "Unsupported field(s): foo, bar", "foo"),
+    ("nested-extra-field", CHAT, user("Hi", tool_calls=[]), 400, "Unsupported field(s): messages[0].tool_calls",
+     "messages[0].tool_calls"),
+    ("missing-prompt", C, {"model": MODEL_NAME}, 400, "prompt: Field required", "prompt"),
+    ("negative-max-tokens", C, c(max_tokens=-5), 400, "max_tokens must be at least 1", "max_tokens"),
+    ("absurd-max-tokens", C, c(max_tokens=10**12), 400, f"maximum context length is {MAX_MODEL_LEN}",
+     "max_tokens"),
+    ("prompt-too-long", C, c(prompt=[7] * (MAX_MODEL_LEN + 5)), 400, "maximum context length", "prompt"),
+    ("out-of-vocab", C, c(prompt=[1, 2, 99999]), 400, "token id 99999 is out of vocabulary", "prompt"),
+    ("negative-token", C, c(prompt=[-1]), 400, "token id -1 is out of vocabulary", "prompt"),
+    ("batch-prompt-out-of-vocab", C, c(prompt=[[1, 2], [3, 99999]]), 400, "prompt 1: token id 99999", "prompt"),
+    ("n-too-large", C, c(n=1000), 400, "n must be between 1 and 16", "n"),
+    ("wrong-type-temperature", C, c(temperature="hot"), 400, "temperature: Input should be a valid number",
+     "temperature"),
+    ("wrong-type-n", C, c(n="2"), 400, "n: Input should be a valid integer", "n"),
+    ("wrong-type-stop", C, c(stop=3), 400, "stop: Input should be a valid string", "stop"),
+    ("wrong-type-user", C, c(user=5), 400, "user: Input should be a valid string", "user"),
+    ("negative-temperature", C, c(temperature=-1), 400, "temperature must be >= 0", "temperature"),
+    ("bad-top-p", C, c(top_p=0), 400, "top_p must be in (0, 1]", "top_p"),
+    ("too-many-logprobs", C, c(logprobs=50), 400, "logprobs must be between 0 and 20", "logprobs"),
+    ("empty-prompt", C, c(prompt=""), 400, "prompt must not be empty", "prompt"),
+    ("empty-prompt-list", C, c(prompt=[]), 400, "prompt must not be empty", "prompt"),
+    ("mixed-prompt-list", C, c(prompt=["a", 1]), 400, "prompt must be a string, a list of token ids", "prompt"),
+    ("echo", C, c(echo=True), 400, "echo is not supported", "echo"),
+    ("suffix", C, c(suffix="x"), 400, "suffix is not supported", "suffix"),
+    ("penalty", C, c(frequency_penalty=0.5), 400, "frequency_penalty is not supported", "frequency_penalty"),
+    ("logit-bias", C, c(logit_bias={"5": 1.0}), 400, "logit_bias is not supported", "logit_bias"),
+    ("stream-options-without-stream", C, c(stream_options={"include_usage": True}), 400,
+     "stream_options is only allowed when stream is true", "stream_options"),
+    ("checkpoint-outside-prompt", C, c(prompt=[5, 6, 7], checkpoints=[2, 9]), 400,
+     "checkpoints: offset 9 is outside the prompt", "checkpoints"),
+    ("stop-token-out-of-vocab", C, c(stop_token_ids=[100000]), 400, "stop token id 100000 is out of vocabulary",
+     "stop_token_ids"),
+    ("min-tokens-over-max", C, c(min_tokens=5), 400, "min_tokens must not exceed max_tokens", "min_tokens"),
+    ("empty-messages", CHAT, chat(messages=[]), 400, "messages must not be empty", "messages"),
+    ("unknown-role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400,
+     "messages[0].role: Input should be 'system', 'developer', 'user' or 'assistant'", "messages[0].role"),
+    ("user-without-content", CHAT, chat(messages=[{"role": "user"}]), 400, "a user message needs content",
+     "messages[0]"),
+    ("image-part", CHAT, user([{"type": "image_url", "image_url": {"url": "http://x"}}]), 400,
+     "only text content parts are supported, got type 'image_url'", "messages[0].content"),
+    ("bad-cache-control", CHAT, user("Hi", cache_control={"type": "persistent"}), 400,
+     "messages[0].cache_control.type: Input should be 'ephemeral'", "messages[0].cache_control.type"),
+    ("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs requires logprobs",
+     "top_logprobs"),
+    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools are not supported",
+     "tools"),
+    ("max-tokens-disagree", CHAT, chat(max_tokens=3, max_completion_tokens=4), 400,
+     "max_tokens and max_completion_tokens disagree", "max_tokens"),
+    ("chat-n-too-large", CHAT, chat(n=17), 400, "n must be between 1 and 16", "n"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "fragment", "param"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_input_is_a_4xx_naming_it(
+    http: httpx.Client, path: str, body: Any, status: int, fragment: str, param: str | None
+) -> None:
+    r = http.post(path, content=body) if isinstance(body, bytes) else http.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert fragment in err["message"], err
+    assert err["param"] == param, err
+    assert err["type"] == "invalid_request_error"
+
+
+def test_unknown_route_and_method_are_openai_errors(http: httpx.Client) -> None:
+    r = http.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found"
+    r = http.get(C)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_bad_requests_do_not_disturb_accepted_ones(http: httpx.Client, server: Any) -> None:
+    """A long streamed request runs while every bad request is rejected; it completes in full."""
+    body = chat(max_tokens=120, stream=True, temperature=0.0, ignore_eos=True,
+                stream_options={"include_usage": True})
+    events: list[str] = []
+
+    def run() -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as h, h.stream("POST", CHAT, json=body) as r:
+            assert r.status_code == 200
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    t = threading.Thread(target=run)
+    t.start()
+    for _, path, bad, status, _, _ in CASES:
+        r = http.post(path, content=bad) if isinstance(bad, bytes) else http.post(path, json=bad)
+        assert r.status_code == status
+    t.join(timeout=120)
+    assert events[-1] == "data: [DONE]"
+    assert '"completion_tokens":120' in events[-2]
+    ok = http.post(C, json=c(max_tokens=3, temperature=0.0, ignore_eos=True))
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+
+def test_null_fields_mean_their_default(http: httpx.Client) -> None:
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "stop": None, "seed": None,
+             "frequency_penalty": None, "presence_penalty": None, "logit_bias": None, "user": None}
+    r = http.post(C, json=c(**nulls))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2, r.text
+    r = http.post(CHAT, json=chat(**nulls, logprobs=None, max_tokens=None, max_completion_tokens=2))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
