@@ -15,7 +15,7 @@ class ChatPrompt:
     segment_boundaries: tuple[int, ...]
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -47,7 +47,7 @@ def render_chat(
         part = tokenizer.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=False, **kw)
         if not text.startswith(part):
             continue
-        b = _common_prefix(tokenizer.encode(part, add_special_tokens=False), ids)
+        b = common_prefix(tokenizer.encode(part, add_special_tokens=False), ids)
         if 0 < b < len(ids) and (not bounds or b > bounds[-1]):
             bounds.append(b)
     return ChatPrompt(text=text, token_ids=ids, segment_boundaries=tuple(bounds))

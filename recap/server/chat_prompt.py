@@ -7,11 +7,10 @@ whose text the template does not reproduce verbatim falls back to its message's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from recap.engine.chat import render_chat
+from recap.engine.chat import common_prefix, render_chat
 from recap.server.errors import APIError
 from recap.server.protocol import ChatMessage
 
@@ -23,21 +22,13 @@ class ChatInput:
     explicit_boundaries: tuple[int, ...]  # from cache_control markers only
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def _render(tokenizer: Any, dicts: list[dict[str, str]], gen: bool) -> str:
     return tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=gen)
 
 
 def _offset_of_text(tokenizer: Any, text: str, char_end: int, ids: list[int]) -> int:
     """Tokens of `ids` that lie wholly inside text[:char_end]."""
-    return _common_prefix(tokenizer.encode(text[:char_end], add_special_tokens=False), ids)
+    return common_prefix(tokenizer.encode(text[:char_end], add_special_tokens=False), ids)
 
 
 def _marker_offsets(tokenizer: Any, messages: list[ChatMessage], text: str, ids: list[int]) -> list[int]:
