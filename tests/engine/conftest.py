@@ -12,10 +12,10 @@ ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba"]
 
 
 def tiny_model_dir(root: Path, arch: str, **overrides: object) -> Path:
-    from recap.model.default_model import _save_tokenizer as save_tokenizer
+    from recap.model.default_model import save_tokenizer
 
     path = make_tiny_checkpoint(arch, root / arch, **overrides)
-    save_tokenizer(path, 0)
+    save_tokenizer(path, vocab_size=512)
     return path
 
 

@@ -60,7 +60,7 @@ def tiny_bamba_dir(root: Path) -> Path:
     from recap.model.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint("bamba", root / "bamba", vocab_size=default_model.VOCAB_SIZE)
-    default_model._save_tokenizer(path, default_model.SEED)
+    default_model.save_tokenizer(path, default_model.SEED)
     return path
 
 

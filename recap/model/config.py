@@ -1,0 +1,212 @@
+"""HF `config.json` -> frozen `ModelConfig`, the only config the layers ever read.
+
+One translator per architecture turns the HF dict into normalized per-layer lists:
+- `layer_types[i]`: "mamba1" | "mamba2" | "attention" (the mixer of layer i)
+- `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward after the mixer, if any)
+The translators live in `hf_config.py` (re-exported here); adding a family = one translator there +
+one short model file in `recap/model/models/`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+LAYER_TYPES = ("mamba1", "mamba2", "attention")
+MLP_TYPES = ("none", "dense", "moe")
+# Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
+DEFAULT_MAMBA1_CHUNK = 256
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The checkpoint's architecture has no translator (the message lists the supported ones)."""
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float | None  # None: no positional encoding in the layer (Jamba)
+    rotary_dim: int  # leading dims of each head that are rotated (head_dim * partial factor); 0 if no rope
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    intermediate_size: int
+    activation: str = "silu"
+    bias: bool = False
+    num_experts: int = 0  # MoE layers only
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class Mamba1Config:
+    d_inner: int
+    d_state: int
+    d_conv: int
+    dt_rank: int
+    conv_bias: bool
+    proj_bias: bool
+    activation: str = "silu"
+    # RMS norms on dt, B, C after x_proj: "none" (Mamba), "plain" (FalconMamba, no weights), "weighted" (Jamba)
+    bcdt_norm: str = "none"
+    bcdt_norm_eps: float = 1e-6
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    num_heads: int
+    head_dim: int
+    n_groups: int
+    d_state: int
+    d_conv: int
+    chunk_size: int
+    conv_bias: bool
+    proj_bias: bool
+    time_step_limit: tuple[float, float]
+    norm_eps: float  # the gated RMSNorm before out_proj
+    activation: str = "silu"
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def in_proj_dim(self) -> int:
+        return self.d_inner + self.conv_dim + self.num_heads  # [z | xBC | dt]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    mlp_types: tuple[str, ...]
+    norm_eps: float
+    tie_word_embeddings: bool
+    ssm_chunk_size: int  # chunk grid the runner passes to build_forward_batch
+    residual_in_fp32: bool = False
+    attention: AttentionConfig | None = None
+    mlp: MLPConfig | None = None
+    mamba1: Mamba1Config | None = None
+    mamba2: Mamba2Config | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != len(self.mlp_types):
+            raise ValueError("layer_types and mlp_types must have one entry per layer")
+        for kind in self.layer_types:
+            if kind not in LAYER_TYPES:
+                raise ValueError(f"unknown layer type {kind!r}")
+            if {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind] is None:
+                raise ValueError(f"layer type {kind!r} used without its config")
+        for kind in self.mlp_types:
+            if kind not in MLP_TYPES:
+                raise ValueError(f"unknown mlp type {kind!r}")
+            if kind != "none" and self.mlp is None:
+                raise ValueError(f"mlp type {kind!r} used without an MLPConfig")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "attention")
+
+    @property
+    def ssm_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t != "attention")
+
+    @property
+    def has_attention(self) -> bool:
+        return bool(self.attention_layers)
+
+    @property
+    def has_ssm(self) -> bool:
+        return bool(self.ssm_layers)
+
+    def ssm_state_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(conv_state shape, ssm_state shape) of one slot of SSM layer `layer`, without the slot dim."""
+        kind = self.layer_types[layer]
+        if kind == "mamba1" and self.mamba1 is not None:
+            m1 = self.mamba1
+            return (m1.conv_dim, m1.d_conv - 1), (m1.d_inner, m1.d_state)
+        if kind == "mamba2" and self.mamba2 is not None:
+            m2 = self.mamba2
+            return (m2.conv_dim, m2.d_conv - 1), (m2.num_heads, m2.head_dim, m2.d_state)
+        raise ValueError(f"layer {layer} ({kind}) has no SSM state")
+
+    def state_bytes_per_slot(self, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> int:
+        """Bytes of one state slot: conv state (in `dtype`) + SSM state (in `ssm_dtype`) of every SSM layer."""
+        total = 0
+        for i in self.ssm_layers:
+            conv, ssm = self.ssm_state_shapes(i)
+            total += math.prod(conv) * dtype.itemsize + math.prod(ssm) * ssm_dtype.itemsize
+        return total
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes of K + V for one token across every attention layer."""
+        if self.attention is None:
+            return 0
+        per_layer = 2 * self.attention.num_kv_heads * self.attention.head_dim * dtype.itemsize
+        return per_layer * len(self.attention_layers)
+
+    def flops_per_token(self) -> float:
+        """Approximate prefill FLOPs per token: 2 x the weights every token multiplies (routed experts only)."""
+        h, weights = self.hidden_size, 0
+        for kind, mlp in zip(self.layer_types, self.mlp_types):
+            if kind == "mamba1" and self.mamba1 is not None:
+                m1 = self.mamba1
+                weights += h * 2 * m1.d_inner + m1.d_inner * (m1.dt_rank + 2 * m1.d_state)
+                weights += m1.dt_rank * m1.d_inner + m1.d_inner * h
+            elif kind == "mamba2" and self.mamba2 is not None:
+                weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
+            elif self.attention is not None:
+                a = self.attention
+                weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
+            if mlp != "none" and self.mlp is not None:
+                per_expert = 3 * h * self.mlp.intermediate_size
+                weights += per_expert * (self.mlp.top_k if mlp == "moe" else 1)
+        weights += h * self.vocab_size
+        return 2.0 * weights
+
+
+# The translators, re-exported so `recap.model.config` is the one place to get a ModelConfig from.
+from recap.model.hf_config import (  # noqa: E402
+    TRANSLATORS,
+    architecture_of,
+    load_config,
+    read_hf_config,
+    translate_config,
+)
+
+__all__ = [
+    "TRANSLATORS",
+    "AttentionConfig",
+    "MLPConfig",
+    "Mamba1Config",
+    "Mamba2Config",
+    "ModelConfig",
+    "UnsupportedArchitectureError",
+    "architecture_of",
+    "load_config",
+    "read_hf_config",
+    "translate_config",
+]

@@ -1,0 +1,261 @@
+"""Translators: one function per HF architecture, from its config.json dict to a `ModelConfig`.
+
+Registered in `TRANSLATORS`; adding a family = one translator here + one model file in `models/`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from recap.model.config import (
+    DEFAULT_MAMBA1_CHUNK,
+    AttentionConfig,
+    Mamba1Config,
+    Mamba2Config,
+    MLPConfig,
+    ModelConfig,
+    UnsupportedArchitectureError,
+)
+
+
+def _float(v: Any) -> float:
+    """A float from config.json: plain numbers, bare Infinity, "Infinity", or {"__float__": "Infinity"}."""
+    if isinstance(v, Mapping) and "__float__" in v:
+        return float(v["__float__"])
+    return float(v)
+
+
+def _time_step_limit(cfg: Mapping[str, Any]) -> tuple[float, float]:
+    raw = cfg.get("time_step_limit")
+    if raw is None:
+        return (0.0, math.inf)
+    lo, hi = raw
+    return (_float(lo), _float(hi))
+
+
+def _eos(cfg: Mapping[str, Any]) -> int | tuple[int, ...] | None:
+    eos = cfg.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else eos
+
+
+def _common(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    return {
+        "architecture": arch,
+        "vocab_size": int(cfg["vocab_size"]),
+        "hidden_size": int(cfg["hidden_size"]),
+        "bos_token_id": cfg.get("bos_token_id"),
+        "eos_token_id": _eos(cfg),
+        "pad_token_id": cfg.get("pad_token_id"),
+        "max_position_embeddings": cfg.get("max_position_embeddings"),
+    }
+
+
+def _dt_rank(value: Any, hidden: int) -> int:
+    return math.ceil(hidden / 16) if value in (None, "auto") else int(value)
+
+
+def _mamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    hidden = int(cfg["hidden_size"])
+    falcon = arch == "FalconMambaForCausalLM"
+    m1 = Mamba1Config(
+        d_inner=int(cfg.get("expand", 2) * hidden),  # HF derives it, ignoring intermediate_size
+        d_state=int(cfg.get("state_size", 16)),
+        d_conv=int(cfg.get("conv_kernel", 4)),
+        dt_rank=_dt_rank(cfg.get("time_step_rank", "auto"), hidden),
+        conv_bias=bool(cfg.get("use_conv_bias", True)),
+        proj_bias=bool(cfg.get("use_bias", False)),
+        activation=cfg.get("hidden_act", "silu"),
+        bcdt_norm="plain" if falcon else "none",
+        bcdt_norm_eps=float(cfg.get("mixer_rms_eps", 1e-6)),
+    )
+    n = int(cfg["num_hidden_layers"])
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=("mamba1",) * n,
+        mlp_types=("none",) * n,
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        residual_in_fp32=bool(cfg.get("residual_in_fp32", True)),
+        ssm_chunk_size=DEFAULT_MAMBA1_CHUNK,
+        mamba1=m1,
+    )
+
+
+def _mamba2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    hidden = int(cfg["hidden_size"])
+    heads, head_dim = int(cfg.get("num_heads", 128)), int(cfg.get("head_dim", 64))
+    if heads * head_dim != int(cfg.get("expand", 2) * hidden):
+        raise ValueError(f"num_heads * head_dim ({heads * head_dim}) != expand * hidden_size")
+    m2 = Mamba2Config(
+        num_heads=heads,
+        head_dim=head_dim,
+        n_groups=int(cfg.get("n_groups", 8)),
+        d_state=int(cfg.get("state_size", 128)),
+        d_conv=int(cfg.get("conv_kernel", 4)),
+        chunk_size=int(cfg.get("chunk_size", 256)),
+        conv_bias=bool(cfg.get("use_conv_bias", True)),
+        proj_bias=bool(cfg.get("use_bias", False)),
+        time_step_limit=_time_step_limit(cfg),
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        activation=cfg.get("hidden_act", "silu"),
+    )
+    n = int(cfg["num_hidden_layers"])
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=("mamba2",) * n,
+        mlp_types=("none",) * n,
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        residual_in_fp32=bool(cfg.get("residual_in_fp32", True)),
+        ssm_chunk_size=m2.chunk_size,
+        mamba2=m2,
+    )
+
+
+def _attention(cfg: Mapping[str, Any], rope_theta: float | None, partial: float) -> AttentionConfig:
+    heads = int(cfg["num_attention_heads"])
+    kv = cfg.get("num_key_value_heads")
+    head_dim = cfg.get("head_dim") or int(cfg["hidden_size"]) // heads
+    rotary = int(head_dim * partial) if rope_theta is not None else 0
+    return AttentionConfig(
+        num_heads=heads,
+        num_kv_heads=int(kv) if kv is not None else heads,
+        head_dim=int(head_dim),
+        rope_theta=rope_theta,
+        rotary_dim=rotary,
+        bias=bool(cfg.get("attention_bias", False)),
+    )
+
+
+def _bamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    hidden = int(cfg["hidden_size"])
+    rope = dict(cfg.get("rope_parameters") or {})
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedArchitectureError(f"{arch}: rope_type {rope['rope_type']!r} is not supported")
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    partial = float(rope.get("partial_rotary_factor", 0.5))  # BambaConfig hard-codes 0.5
+    heads = int(cfg.get("mamba_n_heads", 128))
+    expand = int(cfg.get("mamba_expand", 2))
+    d_head = cfg.get("mamba_d_head", "auto")
+    d_head = expand * hidden // heads if d_head == "auto" else int(d_head)
+    eps = float(cfg.get("rms_norm_eps", 1e-5))
+    m2 = Mamba2Config(
+        num_heads=heads,
+        head_dim=d_head,
+        n_groups=int(cfg.get("mamba_n_groups", 1)),
+        d_state=int(cfg.get("mamba_d_state", 256)),
+        d_conv=int(cfg.get("mamba_d_conv", 4)),
+        chunk_size=int(cfg.get("mamba_chunk_size", 256)),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        time_step_limit=_time_step_limit(cfg),
+        norm_eps=eps,
+        activation=cfg.get("hidden_act", "silu"),
+    )
+    n = int(cfg["num_hidden_layers"])
+    attn = set(cfg.get("attn_layer_indices") or ())
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=tuple("attention" if i in attn else "mamba2" for i in range(n)),
+        mlp_types=("dense",) * n,
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=m2.chunk_size,
+        attention=_attention(cfg, theta, partial),
+        mlp=MLPConfig(
+            intermediate_size=int(cfg["intermediate_size"]),
+            activation=cfg.get("hidden_act", "silu"),
+            bias=bool(cfg.get("mlp_bias", False)),
+        ),
+        mamba2=m2,
+    )
+
+
+def _jamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    hidden = int(cfg["hidden_size"])
+    n = int(cfg["num_hidden_layers"])
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    attn_period, attn_offset = int(cfg.get("attn_layer_period", 8)), int(cfg.get("attn_layer_offset", 4))
+    exp_period, exp_offset = int(cfg.get("expert_layer_period", 2)), int(cfg.get("expert_layer_offset", 1))
+    num_experts = int(cfg.get("num_experts", 16))
+    m1 = Mamba1Config(
+        d_inner=int(cfg.get("mamba_expand", 2)) * hidden,
+        d_state=int(cfg.get("mamba_d_state", 16)),
+        d_conv=int(cfg.get("mamba_d_conv", 4)),
+        dt_rank=_dt_rank(cfg.get("mamba_dt_rank", "auto"), hidden),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        activation=cfg.get("hidden_act", "silu"),
+        bcdt_norm="weighted",
+        bcdt_norm_eps=eps,
+    )
+    moe = tuple(num_experts > 1 and i % exp_period == exp_offset for i in range(n))
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=tuple("attention" if i % attn_period == attn_offset else "mamba1" for i in range(n)),
+        mlp_types=tuple("moe" if m else "dense" for m in moe),
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=DEFAULT_MAMBA1_CHUNK,
+        attention=_attention(cfg, None, 1.0),
+        mlp=MLPConfig(
+            intermediate_size=int(cfg["intermediate_size"]),
+            activation=cfg.get("hidden_act", "silu"),
+            num_experts=num_experts if any(moe) else 0,
+            top_k=int(cfg.get("num_experts_per_tok", 2)) if any(moe) else 0,
+        ),
+        mamba1=m1,
+    )
+
+
+TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
+    "MambaForCausalLM": _mamba,
+    "FalconMambaForCausalLM": _mamba,
+    "Mamba2ForCausalLM": _mamba2,
+    "BambaForCausalLM": _bamba,
+    "JambaForCausalLM": _jamba,
+}
+# For configs that name no architecture.
+MODEL_TYPES = {
+    "mamba": "MambaForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
+    "bamba": "BambaForCausalLM",
+    "jamba": "JambaForCausalLM",
+}
+
+
+def architecture_of(cfg: Mapping[str, Any]) -> str:
+    archs = cfg.get("architectures") or []
+    if archs:
+        arch = archs[0]
+    elif cfg.get("model_type") in MODEL_TYPES:
+        arch = MODEL_TYPES[cfg["model_type"]]
+    else:
+        arch = f"model_type={cfg.get('model_type')!r}"
+    if arch not in TRANSLATORS:
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {arch}; supported: {', '.join(sorted(TRANSLATORS))}"
+        )
+    return arch
+
+
+def translate_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """Translate an HF config dict (as read from config.json) into a ModelConfig."""
+    arch = architecture_of(cfg)
+    return TRANSLATORS[arch](cfg, arch)
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """config.json of a model folder (Python's json accepts the bare `Infinity` literal)."""
+    p = Path(path)
+    with open(p / "config.json" if p.is_dir() else p) as f:
+        return json.load(f)
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    return translate_config(read_hf_config(path))

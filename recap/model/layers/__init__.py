@@ -1,0 +1,1 @@
+"""Shared layers. Each reads only ModelConfig sub-configs and gets per-step metadata as an argument."""

@@ -1,0 +1,31 @@
+"""Depthwise causal conv1d weights ([D, 1, K] as on disk), dispatching to the varlen or the update kernel."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.metadata import SSMMetadata
+from recap.kernels.varlen import copy_decode_checkpoints
+from recap.model.layers.linear import empty_param
+
+
+class CausalConv1d(nn.Module):
+    def __init__(self, dim: int, kernel: int, bias: bool, activation: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.activation = activation
+        self.weight = empty_param(dim, 1, kernel, dtype=dtype)
+        self.bias = empty_param(dim, dtype=dtype) if bias else None
+
+    def forward(self, x: torch.Tensor, conv_state: torch.Tensor, meta: SSMMetadata) -> torch.Tensor:
+        """x [T, D] -> [T, D]; reads and updates conv_state [S, D, K-1] of the rows' slots."""
+        w = self.weight.squeeze(1)  # (d, k)
+        if meta.is_decode:
+            # has_initial_state: a one-token prompt (context 0) must not read its slot's old content.
+            y = causal_conv1d_update(
+                x, conv_state, w, self.bias, meta.state_indices, self.activation, meta.has_initial_state
+            )
+            copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
+            return y
+        return causal_conv1d_varlen(x, w, self.bias, conv_state, meta, self.activation)

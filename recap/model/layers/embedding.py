@@ -1,0 +1,18 @@
+"""Token embedding: ids [T] -> hidden [T, D]."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recap.model.layers.linear import empty_param
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = empty_param(vocab_size, hidden_size, dtype=dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)

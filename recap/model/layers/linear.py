@@ -1,0 +1,62 @@
+"""Linear layer: a plain reference path (`F.linear`) and an optional oneDNN path on a packed weight.
+
+Why oneDNN: on this class of CPU the default (MKL) sgemm is pathological for 2..64 rows (batched
+decode) and slow for a single row with the [out, in] layout; oneDNN's linear over a weight packed once
+(`to_mkldnn`) was the fastest option measured for 1, 8 and 2048 rows (benchmarks/bench_model.py).
+Both paths compute the same product; they agree to fp32 rounding, not bitwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LINEAR_BACKENDS = ("torch", "onednn")
+
+
+def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    """A weight to be filled by the loader (inference only: no grad)."""
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class Linear(nn.Module):
+    """y = x W^T + b, weight [out, in] as stored on disk."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = empty_param(out_features, in_features, dtype=dtype)
+        self.bias = empty_param(out_features, dtype=dtype) if bias else None
+        self._packed: torch.Tensor | None = None  # oneDNN copy of the weight when that backend is on
+
+    @property
+    def backend(self) -> str:
+        return "onednn" if self._packed is not None else "torch"
+
+    def set_backend(self, backend: str) -> None:
+        """ "torch" (reference) or "onednn" (packs a copy of the weight: call again after reloading weights)."""
+        if backend not in LINEAR_BACKENDS:
+            raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
+        use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
+        self._packed = self.weight.detach().to_mkldnn() if use else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def tied_linear(weight: nn.Parameter) -> Linear:
+    """A bias-free Linear over an existing weight (a tied lm_head); shares the tensor, copies nothing."""
+    head = Linear.__new__(Linear)
+    nn.Module.__init__(head)
+    head.in_features, head.out_features = weight.shape[1], weight.shape[0]
+    head.weight = weight
+    head.bias = None
+    head._packed = None
+    return head

@@ -1,0 +1,34 @@
+"""Rotary position embedding on the leading `rotary_dim` dims of each head (partial rotary, as in Bamba).
+
+The rotated part uses the "rotate half" convention: dims [0, r/2) pair with [r/2, r).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, rotary_dim: int, theta: float) -> None:
+        super().__init__()
+        if rotary_dim <= 0 or rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+        self.rotary_dim = rotary_dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, rotary_dim] for absolute positions [T]."""
+        freqs = positions[:, None].float() * self.inv_freq  # (t, r/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (t, r)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, H, Dh] -> same, first rotary_dim dims rotated."""
+        r = self.rotary_dim
+        rot, rest = x[..., :r], x[..., r:]
+        half = r // 2
+        rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        out = rot * cos[:, None, :] + rotated * sin[:, None, :]  # cos/sin broadcast over heads
+        return torch.cat((out, rest), dim=-1) if rest.numel() else out

@@ -1,0 +1,124 @@
+"""Strict safetensors loader: every model weight must be in the checkpoint and vice versa, same shapes.
+
+Reads `model.safetensors` or a sharded `model.safetensors.index.json`, from a local folder or a hub
+id (downloaded with huggingface_hub when not a local path). The on-disk key layout is the one
+`save_pretrained` writes (see HF_NOTES); a family may rename legacy keys (`rename_checkpoint_key`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from recap.model.config import ModelConfig, architecture_of, read_hf_config, translate_config
+from recap.model.layers.linear import onednn_available
+from recap.model.models import MODEL_CLASSES, CausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class WeightLoadError(RuntimeError):
+    """A checkpoint does not match the model: missing / unexpected key, shape mismatch, bad files."""
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    path: Path
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """A local folder as is; otherwise a hub repo id, fetched (config, weights, tokenizer) into the HF cache."""
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return p
+    if isinstance(model, Path) or str(model).startswith((".", "/", "~")) or str(model).count("/") > 1:
+        raise FileNotFoundError(f"model folder {p} does not exist")
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    return Path(snapshot_download(repo_id=str(model), allow_patterns=patterns))
+
+
+def _shards(path: Path) -> list[Path]:
+    if (path / INDEX_FILE).is_file():
+        with open(path / INDEX_FILE) as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        return [path / name for name in sorted(set(weight_map.values()))]
+    if (path / SINGLE_FILE).is_file():
+        return [path / SINGLE_FILE]
+    raise WeightLoadError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
+
+
+def iter_checkpoint(path: Path) -> Iterator[tuple[str, Any, str]]:
+    """(key, safetensors slice handle, file name) for every tensor of the checkpoint."""
+    for shard in _shards(path):
+        if not shard.is_file():
+            raise WeightLoadError(f"shard {shard.name} listed in the index is missing")
+        with safe_open(shard, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                yield key, f.get_slice(key), shard.name
+
+
+def load_weights(model: CausalLM, path: Path) -> None:
+    """Copy every checkpoint tensor into the model, strictly (cast to the model's dtype)."""
+    params = model.state_dict(keep_vars=True)
+    seen: set[str] = set()
+    tied = model.config.tie_word_embeddings
+    for raw_key, handle, shard in iter_checkpoint(path):
+        key = model.rename_checkpoint_key(raw_key)
+        if key not in params:
+            if tied and key == "lm_head.weight":
+                continue  # some hub checkpoints store the tied head too; it equals the embedding
+            raise WeightLoadError(f"unexpected key {raw_key!r} in {shard} (the model has no such weight)")
+        if key in seen:
+            raise WeightLoadError(f"duplicate key {raw_key!r} in {shard}")
+        dst = params[key]
+        shape = tuple(handle.get_shape())
+        if shape != tuple(dst.shape):
+            raise WeightLoadError(f"shape mismatch for {raw_key!r}: checkpoint {shape}, model {tuple(dst.shape)}")
+        with torch.no_grad():
+            dst.copy_(handle[:])
+        seen.add(key)
+    missing = sorted(set(params) - seen)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise WeightLoadError(f"missing key {missing[0]!r} in {path}: {', '.join(missing[:5])}{more}")
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
+    """An unloaded model (uninitialized weights) for `config`."""
+    return MODEL_CLASSES[config.architecture](config, dtype).eval()
+
+
+def load_model(model: str | Path, dtype: torch.dtype = torch.float32, linear_backend: str = "auto") -> LoadedModel:
+    """Translate config.json, build the family's model and load its weights strictly.
+
+    linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 when available;
+    measured fastest here for every row count, see layers/linear.py).
+    """
+    path = resolve_model_path(model)
+    hf = read_hf_config(path)
+    architecture_of(hf)  # raises UnsupportedArchitectureError before touching weights
+    config = translate_config(hf)
+    net = build_model(config, dtype)
+    load_weights(net, path)
+    if linear_backend == "auto":
+        linear_backend = "onednn" if dtype == torch.float32 and onednn_available() else "torch"
+    net.set_linear_backend(linear_backend)
+    return LoadedModel(model=net, config=config, path=path)
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The checkpoint's tokenizer through transformers' AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

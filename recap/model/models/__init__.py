@@ -1,0 +1,18 @@
+"""Model families by HF architecture name (each translator in config.py has an entry here)."""
+
+from __future__ import annotations
+
+from recap.model.models.bamba import BambaForCausalLM
+from recap.model.models.base import CausalLM
+from recap.model.models.jamba import JambaForCausalLM
+from recap.model.models.mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+
+MODEL_CLASSES: dict[str, type[CausalLM]] = {
+    "MambaForCausalLM": MambaForCausalLM,
+    "FalconMambaForCausalLM": FalconMambaForCausalLM,
+    "Mamba2ForCausalLM": Mamba2ForCausalLM,
+    "BambaForCausalLM": BambaForCausalLM,
+    "JambaForCausalLM": JambaForCausalLM,
+}
+
+__all__ = ["MODEL_CLASSES", "CausalLM"]

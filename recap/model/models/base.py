@@ -1,0 +1,106 @@
+"""`CausalLM`: the forward every family shares, over blocks built from `config.layer_types`.
+
+A family file only lays out the modules under the names its checkpoints use (so that the strict
+loader can compare `state_dict()` keys with the file) and says where the embedding, the blocks,
+the final norm and the head live.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.attention import Attention
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.linear import Linear, tied_linear
+from recap.model.layers.mamba1 import Mamba1Mixer
+from recap.model.layers.mamba2 import Mamba2Mixer
+from recap.model.layers.mlp import GatedMLP
+from recap.model.layers.moe import SparseMoE
+from recap.model.layers.norm import RMSNorm
+
+
+def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
+    kind = config.layer_types[layer]
+    if kind == "mamba1" and config.mamba1 is not None:
+        return Mamba1Mixer(config.hidden_size, config.mamba1, dtype)
+    if kind == "mamba2" and config.mamba2 is not None:
+        return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
+    if kind == "attention" and config.attention is not None:
+        return Attention(config.hidden_size, config.attention, dtype)
+    raise ValueError(f"layer {layer}: no config for layer type {kind!r}")
+
+
+def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module | None:
+    kind, m = config.mlp_types[layer], config.mlp
+    if kind == "none" or m is None:
+        return None
+    if kind == "moe":
+        return SparseMoE(config.hidden_size, m, dtype)
+    return GatedMLP(config.hidden_size, m.intermediate_size, m.activation, m.bias, dtype)
+
+
+def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+    """Call a mixer with its own cache tensors."""
+    if isinstance(mixer, Attention):
+        kv = caches.kv[layer]
+        return mixer(x, batch, kv.k_cache, kv.v_cache)
+    st = caches.state[layer]
+    return mixer(x, batch, st.conv_state, st.ssm_state, caches.slot_positions)
+
+
+class CausalLM(nn.Module):
+    """Decoder-only LM over a packed batch: `forward` -> final hidden [T, D]; `compute_logits` -> [N, V]."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+
+    # Where the parts live (a family's layout decides).
+    def embedding(self) -> Embedding:
+        raise NotImplementedError
+
+    def blocks(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    def final_norm(self) -> RMSNorm:
+        raise NotImplementedError
+
+    def head(self) -> Linear:
+        """The output projection: `lm_head`, or a view of the embedding when tied."""
+        if self.config.tie_word_embeddings:
+            if getattr(self, "_tied_head", None) is None:
+                # Not registered as a submodule: the tied weight has one key on disk (the embedding's).
+                object.__setattr__(self, "_tied_head", tied_linear(self.embedding().weight))
+            return self._tied_head
+        return self.lm_head
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        """Map a legacy on-disk key to this layout's key (identity by default)."""
+        return key
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """Run every layer over the packed tokens; updates KV/state caches as the metadata says."""
+        h = self.embedding()(batch.input_ids)
+        for i, block in enumerate(self.blocks()):
+            h = block(h, batch, caches, i)
+        return self.final_norm()(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] (rows of `forward`'s output) -> logits [N, V] in fp32."""
+        return self.head()(hidden.to(self.dtype)).float()
+
+    def set_linear_backend(self, backend: str) -> None:
+        """Switch every Linear (a tied lm_head included) to `backend`: "torch" (reference) or "onednn"."""
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.set_backend(backend)
+        if self.config.tie_word_embeddings:
+            self.head().set_backend(backend)

@@ -1,0 +1,61 @@
+"""Attention + SSM hybrids laid out as `model.{embed_tokens, layers.i.*, final_layernorm}` + `lm_head`.
+
+Block i: h += mixer(input_layernorm(h)), where the mixer is `mamba` (SSM layers) or `self_attn`;
+then h += feed_forward(pre_ff_layernorm(h)), a dense MLP or a MoE (Bamba, Jamba).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+
+
+class HybridBlock(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.is_attention = config.layer_types[layer] == "attention"
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        mixer = build_mixer(config, layer, dtype)
+        if self.is_attention:
+            self.self_attn = mixer
+        else:
+            self.mamba = mixer
+        mlp = build_mlp(config, layer, dtype)
+        if mlp is not None:
+            self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+            self.feed_forward = mlp
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        mixer = self.self_attn if self.is_attention else self.mamba
+        h = h + run_mixer(mixer, self.input_layernorm(h), batch, caches, layer)
+        if hasattr(self, "feed_forward"):
+            h = h + self.feed_forward(self.pre_ff_layernorm(h))
+        return h
+
+
+class HybridForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.model.layers = nn.ModuleList(HybridBlock(config, i, dtype) for i in range(config.num_layers))
+        self.model.final_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def final_norm(self) -> RMSNorm:
+        return self.model.final_layernorm

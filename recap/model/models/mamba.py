@@ -1,0 +1,62 @@
+"""Mamba, FalconMamba and Mamba2: `backbone.{embeddings, layers.i.{norm, mixer}, norm_f}` + `lm_head`.
+
+The three differ only in the mixer (chosen by `layer_types`) and in FalconMamba's dt/B/C norms
+(a Mamba1Config field), so one layout serves them all.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import CausalLM, build_mixer, run_mixer
+
+
+class MixerBlock(nn.Module):
+    """h + mixer(norm(h)); the residual stream is kept in fp32 when `residual_in_fp32`."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype, self.residual_in_fp32 = dtype, config.residual_in_fp32
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.mixer = build_mixer(config, layer, dtype)
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        residual = h.float() if self.residual_in_fp32 else h
+        return residual + run_mixer(self.mixer, self.norm(h.to(self.dtype)), batch, caches, layer)
+
+
+class MambaForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        self.backbone = nn.Module()
+        self.backbone.embeddings = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.backbone.layers = nn.ModuleList(MixerBlock(config, i, dtype) for i in range(config.num_layers))
+        self.backbone.norm_f = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.backbone.embeddings
+
+    def blocks(self) -> nn.ModuleList:
+        return self.backbone.layers
+
+    def final_norm(self) -> RMSNorm:
+        return self.backbone.norm_f
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        # Older Mamba conversions name the embedding `embedding` (HF's load hook renames it too).
+        return key.replace("backbone.embedding.", "backbone.embeddings.")
+
+
+# The families sharing this layout.
+FalconMambaForCausalLM = MambaForCausalLM
+Mamba2ForCausalLM = MambaForCausalLM

@@ -1,0 +1,101 @@
+"""Tiny random HF checkpoints for tests anywhere (built with transformers' own classes, saved to disk)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
+from recap.model.cache import ModelCaches
+from recap.model.models import CausalLM
+
+# Short names -> HF architecture; the full architecture names are accepted too.
+TINY_ARCHS = {
+    "mamba": "MambaForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
+    "bamba": "BambaForCausalLM",
+    "jamba": "JambaForCausalLM",
+}
+
+
+def tiny_hf_config(arch: str, **overrides: Any) -> Any:
+    """A small transformers config (hidden 64, vocab 512, 2-4 layers, init range 0.1) for `arch`."""
+    import transformers as tf
+
+    arch = TINY_ARCHS.get(arch, arch)
+    common: dict[str, Any] = {"vocab_size": 512, "hidden_size": 64, "initializer_range": 0.1}
+    if arch in ("MambaForCausalLM", "FalconMambaForCausalLM"):
+        cls = tf.MambaConfig if arch == "MambaForCausalLM" else tf.FalconMambaConfig
+        kw = {"num_hidden_layers": 2, "state_size": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 4}
+    elif arch == "Mamba2ForCausalLM":
+        cls = tf.Mamba2Config
+        kw = {"num_hidden_layers": 2, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16,
+              "expand": 2, "conv_kernel": 4, "chunk_size": 32, "tie_word_embeddings": False}  # fmt: skip
+    elif arch == "BambaForCausalLM":
+        cls = tf.BambaConfig
+        kw = {"num_hidden_layers": 4, "attn_layer_indices": [1], "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 8, "mamba_d_head": 16,
+              "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32,
+              "max_position_embeddings": 1024}  # fmt: skip
+    elif arch == "JambaForCausalLM":
+        cls = tf.JambaConfig
+        kw = {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+              "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16, "mamba_dt_rank": 4}  # fmt: skip
+    else:
+        raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
+    return cls(**{**common, **kw, **overrides})
+
+
+def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Build a random-weight `arch` model with transformers and `save_pretrained` it into `path`.
+
+    `arch` is a short name ("mamba", "falcon_mamba", "mamba2", "bamba", "jamba") or an HF
+    architecture name; `overrides` go to the transformers config. Returns `path`.
+    """
+    import transformers as tf
+
+    config = tiny_hf_config(arch, **overrides)
+    cls = getattr(tf, TINY_ARCHS.get(arch, arch))
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    return path
+
+
+def forward_step(model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec]) -> tuple[torch.Tensor, ForwardBatch]:
+    """Pack `seqs` into a ForwardBatch for `model` and run it: (final hidden [T, D], batch)."""
+    cfg = model.config
+    batch = build_forward_batch(
+        seqs,
+        block_size=caches.block_size,
+        chunk_size=cfg.ssm_chunk_size,
+        with_attention=cfg.has_attention,
+        with_ssm=cfg.has_ssm,
+    )
+    return model(batch, caches), batch
+
+
+def greedy_generate(
+    model: CausalLM, prompt: Sequence[int], max_new_tokens: int, block_size: int = 16, slot: int = 1
+) -> list[int]:
+    """Greedy tokens for one sequence: one prefill step, then one decode step per token (update kernels)."""
+    total = len(prompt) + max_new_tokens
+    blocks = list(range(1, 2 + total // block_size))  # block 0 is the null block
+    caches = ModelCaches.allocate(model.config, len(blocks) + 1, block_size, slot + 1, model.dtype)
+    tokens, out, context = list(prompt), [], 0
+    while len(out) < max_new_tokens:
+        new = tokens[context:]
+        spec = SeqSpec(new, context_len=context, block_ids=blocks, state_slot=slot)
+        hidden, batch = forward_step(model, caches, [spec])
+        logits = model.compute_logits(hidden[batch.logits_indices])
+        context += len(new)
+        out.append(int(logits[0].argmax()))
+        tokens.append(out[-1])
+    return out

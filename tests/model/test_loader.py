@@ -1,0 +1,106 @@
+"""Strict loading: typed errors naming the key, sharded checkpoints, tied embeddings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from recap.model.config import UnsupportedArchitectureError
+from recap.model.loader import WeightLoadError, load_model
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:  # noqa: ANN001
+    """Copy a checkpoint folder, passing its tensors through `edit(dict) -> dict`."""
+    shutil.copytree(src, dst)
+    tensors = edit(load_file(src / "model.safetensors"))
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_missing_key(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    key = "model.layers.1.self_attn.k_proj.weight"
+    path = _rewrite(tiny_checkpoint("bamba"), tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != key})
+    with pytest.raises(WeightLoadError, match="missing key") as e:
+        load_model(path)
+    assert key in str(e.value)
+
+
+def test_missing_untied_lm_head(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    path = _rewrite(
+        tiny_checkpoint("mamba2"), tmp_path / "m", lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"}
+    )
+    with pytest.raises(WeightLoadError, match="lm_head.weight"):
+        load_model(path)
+
+
+def test_unexpected_key(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    key = "model.layers.0.mamba.extra_bias"
+    path = _rewrite(tiny_checkpoint("bamba"), tmp_path / "m", lambda t: {**t, key: torch.zeros(3)})
+    with pytest.raises(WeightLoadError, match="unexpected key") as e:
+        load_model(path)
+    assert key in str(e.value)
+
+
+def test_shape_mismatch(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    key = "model.layers.1.feed_forward.experts.2.up_proj.weight"  # Jamba's per-expert layout on disk
+    path = _rewrite(tiny_checkpoint("jamba"), tmp_path / "m", lambda t: {**t, key: t[key][:-1].clone()})
+    with pytest.raises(WeightLoadError, match="shape mismatch") as e:
+        load_model(path)
+    assert key in str(e.value) and "(127, 64)" in str(e.value)
+
+
+def test_unknown_architecture(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint("mamba"), path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["RwkvForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitectureError, match="RwkvForCausalLM") as e:
+        load_model(path)
+    assert "MambaForCausalLM" in str(e.value)
+
+
+def test_no_weights_file(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "m"
+    path.mkdir()
+    shutil.copy(tiny_checkpoint("mamba") / "config.json", path)
+    with pytest.raises(WeightLoadError, match="model.safetensors"):
+        load_model(path)
+    with pytest.raises(FileNotFoundError):
+        load_model(tmp_path / "does-not-exist")
+
+
+def test_sharded_index_loads_same_weights(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_checkpoint("jamba")
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    single, sharded = load_model(src).model.state_dict(), load_model(tmp_path / "sharded").model.state_dict()
+    assert single.keys() == sharded.keys()
+    assert all(torch.equal(single[k], sharded[k]) for k in single)
+
+
+def test_tied_embeddings(tiny_checkpoint, tiny_model, tmp_path) -> None:  # noqa: ANN001
+    lm = tiny_model("mamba")
+    assert lm.config.tie_word_embeddings
+    assert "lm_head.weight" not in lm.model.state_dict()
+    assert lm.model.head().weight is lm.model.embedding().weight
+    # A hub checkpoint that also stores the tied head loads (the copy is ignored).
+    path = _rewrite(
+        tiny_checkpoint("mamba"),
+        tmp_path / "m",
+        lambda t: {**t, "lm_head.weight": t["backbone.embeddings.weight"].clone()},
+    )
+    assert torch.equal(load_model(path).model.head().weight, lm.model.head().weight)
+
+
+def test_dtype_cast(tiny_checkpoint) -> None:  # noqa: ANN001
+    lm = load_model(tiny_checkpoint("mamba2"), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in lm.model.parameters())
