@@ -1,4 +1,5 @@
-"""The `recap` command: `serve` (OpenAI-compatible server), `generate` (one-off), `bench` (studies)."""
+"""The `recap` command: `serve` (OpenAI-compatible server), `proxy` (prefill/decode disaggregation),
+`generate` (one-off), `bench` (studies)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from recap.disagg.config import add_proxy_args
 from recap.server.launch import add_serve_args, serve
 
 
@@ -27,6 +29,12 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _proxy(args: argparse.Namespace) -> int:
+    from recap.disagg.proxy import run_proxy
+
+    return run_proxy(args)
+
+
 def _bench(argv: Sequence[str]) -> int:
     try:
         module = importlib.import_module("recap.bench.cli")
@@ -44,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add_serve_args(s)
     s.set_defaults(func=serve)
+    x = sub.add_parser("proxy", help="route requests to a prefill and a decode instance (disaggregation)")
+    add_proxy_args(x)
+    x.set_defaults(func=_proxy)
     g = sub.add_parser("generate", help="complete one prompt and print the text")
     g.add_argument("prompt", metavar="PROMPT")
     g.add_argument("--model", default=None, help="model folder or hub id (default: the embedded default model)")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from recap.core.block_pool import NULL_BLOCK_ID
 from recap.core.kv_manager import cdiv
 from recap.core.output import PAD_SLOT_ID, SchedulerOutput
-from recap.core.request import RequestStatus
+from recap.core.request import Request, RequestStatus
 from recap.core.state_pool import SlotKind
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ def check_scheduler(sched: Scheduler) -> None:
     _check_queues(sched)
     _check_kv(sched)
     _check_state(sched)
+    _check_remote(sched)
     if sched.last_output is not None and sched._in_flight is sched.last_output:
         _check_plan(sched, sched.last_output)
 
@@ -27,10 +28,17 @@ def check_scheduler(sched: Scheduler) -> None:
 def _check_queues(sched: Scheduler) -> None:
     running_ids = [r.request_id for r in sched._running]
     waiting_ids = [r.request_id for r in sched._waiting]
+    remote_ids = [r.request_id for r in sched.remote.queue] + list(sched.remote.receiving)
     assert len(set(running_ids)) == len(running_ids), "a request is running twice"
     assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
-    assert set(running_ids) | set(waiting_ids) == set(sched._requests), "queues and request map disagree"
-    assert len(running_ids) <= sched.config.max_num_seqs, "more running requests than max_num_seqs"
+    assert len(set(remote_ids)) == len(remote_ids), "a remote request is queued and receiving"
+    assert not set(remote_ids) & (set(running_ids) | set(waiting_ids)), "a remote request is also local"
+    queued = set(running_ids) | set(waiting_ids) | set(remote_ids)
+    assert queued == set(sched._requests), "queues and request map disagree"
+    assert set(sched.remote.offers) == set(remote_ids), "remote offers and remote requests disagree"
+    assert not set(sched.remote.held) & queued, "a held request is still queued"
+    num_seats = len(running_ids) + len(sched.remote.receiving)
+    assert num_seats <= sched.config.max_num_seqs, "more running (and receiving) requests than max_num_seqs"
     for r in sched._running:
         assert r.status == RequestStatus.RUNNING, f"{r.request_id} in running with status {r.status!r}"
         assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{r.request_id} computed past its tokens"
@@ -48,8 +56,8 @@ def _check_kv(sched: Scheduler) -> None:
         return
     pool = kv.pool
     pool.check()
-    running = {r.request_id: r for r in sched._running}
-    assert set(kv.tables) == set(running), "KV tables held by requests that are not running"
+    running = _holders(sched)
+    assert set(kv.tables) == set(running), "KV tables held by requests that are not running, receiving or held"
     holders: Counter[int] = Counter()
     for rid, table in kv.tables.items():
         holders.update(table)
@@ -71,21 +79,64 @@ def _check_state(sched: Scheduler) -> None:
         return
     pool = state.pool
     pool.check()
-    running_ids = {r.request_id for r in sched._running}
-    assert set(state.running) == running_ids, "running slots held by requests that are not running"
+    running_ids = set(_holders(sched))
+    assert set(state.running) == running_ids, "running slots held by requests that are not running, receiving or held"
     slots = list(state.running.values())
     assert len(set(slots)) == len(slots), "two requests share a running slot"
     assert all(pool.kind[s] == SlotKind.RUNNING for s in slots), "a running slot is not RUNNING"
     pending = [p.write.slot for plans in state.pending.values() for p in plans]
     assert len(set(pending)) == len(pending), "a checkpoint slot planned twice"
     assert all(pool.kind[s] == SlotKind.PENDING for s in pending), "a planned slot was registered early"
-    assert sched._in_flight is not None or not pending, "planned checkpoints outlive their step"
+    # A receiving request's checkpoint slots stay PENDING until its data arrives; others live one step.
+    stepping = [rid for rid in state.pending if rid not in sched.remote.receiving]
+    assert sched._in_flight is not None or not stepping, "planned checkpoints outlive their step"
     assert pool.num_in_use == len(slots) + len(pending), "free + checkpoints + in-use != total slots"
-    pins = Counter(sched._pins)
+    pins = Counter(sched._pins) + Counter(sched.remote.held_pins())
     for slot in range(pool.num_slots):
         assert pool.pins[slot] == pins[slot], f"slot {slot} pinned {pool.pins[slot]} times, copies {pins[slot]}"
         if pins[slot]:
             assert pool.kind[slot] == SlotKind.CHECKPOINT, f"pinned checkpoint {slot} was evicted"
+
+
+def _holders(sched: Scheduler) -> dict[str, Request]:
+    """Requests that may hold KV blocks and a running slot: running, receiving and held ones."""
+    out = {r.request_id: r for r in sched._running}
+    out.update((rid, sched._requests[rid]) for rid in sched.remote.receiving)
+    out.update((rid, h.request) for rid, h in sched.remote.held.items())
+    return out
+
+
+def _check_remote(sched: Scheduler) -> None:
+    """Queued remote requests hold nothing; receiving ones hold exactly their plan; held ones their offer."""
+    cache, book = sched.cache, sched.remote
+    bs = cache.block_size
+    for r in book.queue:
+        assert r.status == RequestStatus.WAITING_FOR_REMOTE_KV and r.num_computed_tokens == 0, f"{r.request_id}"
+        holds_kv = cache.kv is not None and r.request_id in cache.kv.tables
+        holds_slot = cache.state is not None and r.request_id in cache.state.running
+        assert not (holds_kv or holds_slot), f"queued remote request {r.request_id} holds cache resources"
+    for rid, plan in book.receiving.items():
+        r = sched._requests[rid]
+        assert r.status == RequestStatus.WAITING_FOR_REMOTE_KV and r.num_computed_tokens == 0, f"{rid} receiving"
+        if cache.kv is not None:
+            table = cache.kv.tables[rid]
+            assert len(table) == cdiv(plan.num_prompt_tokens, bs), f"{rid} table does not cover its prompt"
+            assert tuple(table[i] for i in plan.block_indices) == plan.block_ids, f"{rid} plan and table disagree"
+            assert plan.block_indices == tuple(range(plan.num_local_blocks, len(table))), f"{rid} block indices"
+        if cache.state is not None:
+            assert cache.state.running[rid] == plan.state_slot, f"{rid} plan and running slot disagree"
+            planned = [p.write for p in cache.state.pending.get(rid, ())]
+            assert planned == [c.write for c in plan.checkpoints], f"{rid} plan and pending checkpoints disagree"
+    for rid, held in book.held.items():
+        assert held.request.is_finished, f"held {rid} is not finished"
+        if cache.kv is not None:
+            assert tuple(cache.kv.tables[rid]) == held.block_ids, f"held {rid} table changed"
+        if cache.state is not None:
+            pool = cache.state.pool
+            assert cache.state.running[rid] == held.state_slot, f"held {rid} running slot changed"
+            for c in held.checkpoints:
+                assert pool.kind[c.slot] == SlotKind.CHECKPOINT and pool.slot_hash[c.slot] == c.block_hash, (
+                    f"held {rid} checkpoint {c} was evicted or replaced")
 
 
 def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:

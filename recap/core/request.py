@@ -16,10 +16,13 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
     FINISHED_ERROR = 6
+    # Decode side of a disaggregated deployment: the prompt was computed elsewhere; its KV blocks and
+    # state are being received (recap.core.transfer).
+    WAITING_FOR_REMOTE_KV = 7
 
     @property
     def finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
+        return RequestStatus.FINISHED_STOPPED <= self <= RequestStatus.FINISHED_ERROR
 
 
 FINISH_REASONS = {

@@ -8,6 +8,11 @@ its registered blocks and checkpoints stay findable, so it resumes from them.
 
 The engine loop is: `out = schedule()`, execute `out`, `update_from_output(out, result)`, every step,
 even an empty one (finishes decided while scheduling are reported by the next update).
+
+Disaggregation (recap.core.transfer): a prefill side holds finished requests for a remote pull
+(`hold_on_finish`, `release_held`); a decode side queues requests computed elsewhere
+(`add_remote_request`), allocates for them (`start_receives`) and registers what arrived before they
+continue decoding (`finish_receive`, or `fail_receive`).
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.cache_manager import CacheHit, CacheManager
 from recap.core.integrity import check_scheduler
 from recap.core.output import PAD_SLOT_ID, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.core.remote import RemoteScheduling
 from recap.core.request import Request, RequestStatus
 from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats
+from recap.core.transfer import RemoteBook, can_hold, hold
 
 
-class Scheduler:
+class Scheduler(RemoteScheduling):
     """Owns the request queues and the cache manager.
 
     Side effects: `add_request`, `abort_requests` and `finish_requests` change the queues (and free
@@ -45,6 +52,7 @@ class Scheduler:
         self._pins: list[int] = []  # checkpoint slots the in-flight step copies from
         self._finished_ids: set[str] = set()
         self._updates: list[RequestUpdate] = []  # finishes decided outside update_from_output
+        self.remote = RemoteBook()  # disaggregation: remote requests and held prefill requests
         self.last_output: SchedulerOutput | None = None
 
     # -- queries ----------------------------------------------------------------------------------
@@ -55,6 +63,20 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_receiving(self) -> int:
+        """Remote requests holding blocks and a slot while their data is in flight."""
+        return len(self.remote.receiving)
+
+    @property
+    def num_remote_queued(self) -> int:
+        return len(self.remote.queue)
+
+    @property
+    def has_updates(self) -> bool:
+        """Finishes or first tokens decided outside a step, reported by the next update_from_output."""
+        return bool(self._updates)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._updates)
@@ -91,14 +113,22 @@ class Scheduler:
                 self._finish(request, status)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        rid = request.request_id
         if request.status == RequestStatus.RUNNING:
             self._running.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            self.remote.drop(request)
         else:
             self._waiting.remove(request)
-        self.cache.free(request)
+        holdable = status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+        if holdable and rid in self.remote.hold_ids and can_hold(request):
+            self.remote.held[rid] = hold(self.cache, request)
+        else:
+            self.cache.free(request)
+        self.remote.hold_ids.discard(rid)
         request.status = status
-        del self._requests[request.request_id]
-        self._finished_ids.add(request.request_id)
+        del self._requests[rid]
+        self._finished_ids.add(rid)
 
     def _preempt(self, request: Request) -> None:
         self._running.remove(request)
@@ -176,7 +206,8 @@ class Scheduler:
             self._finish_early(request, RequestStatus.FINISHED_LENGTH)
 
     def _schedule_waiting(self, plan: list[tuple[Request, int]], copies: list[tuple[int, int]], budget: int) -> None:
-        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+        max_running = self.config.max_num_seqs - len(self.remote.receiving)
+        while self._waiting and budget > 0 and len(self._running) < max_running:
             request = self._waiting[0]
             hit = self.cache.find_hit(request)
             n = min(request.num_tokens - hit.num_tokens, budget)

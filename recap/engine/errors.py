@@ -7,3 +7,12 @@ class InvalidRequestError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an internal error; no request can make progress."""
+
+
+class KVTransferError(RuntimeError):
+    """A disaggregated request's KV transfer failed: `status` is 502 (the prefill side is unreachable,
+    went away or refused) or 504 (it timed out). Only that request fails."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -56,3 +57,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # Prefill role of a disaggregated deployment: the handle a decode instance pulls the KV with.
+    kv_transfer_params: dict[str, Any] | None = None

@@ -23,6 +23,8 @@ class PreparedRequest:
     segment_boundaries: tuple[int, ...]
     cache_salt: str | None
     arrival_time: float
+    # Disaggregation (recap.disagg): None, or how the prompt's KV moves between instances.
+    kv_transfer: Any = None
 
 
 def _fork_seed(seed: int, index: int) -> int:

@@ -7,12 +7,13 @@ from malformed JSON to an unknown field, gets the same OpenAI-style 4xx body.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -48,11 +49,16 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
     }
 
 
-def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True) -> FastAPI:
-    """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit."""
+def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = ()) -> FastAPI:
+    """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit.
+
+    `collectors`: extra Prometheus series for /metrics (e.g. recap.disagg's transfer counters).
+    """
     llm = engine.engine
     state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len)
     registry = make_registry(engine, state.model_name, _cache_labels(engine))
+    for collector in collectors:
+        registry.register(collector)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

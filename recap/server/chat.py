@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from recap.disagg.api import attach_transfer, with_transfer_params
 from recap.engine.outputs import RequestOutput
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import from_value_error
@@ -44,6 +45,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     rid = new_request_id("chatcmpl")
     prepared = prepare_all(state, [chat.token_ids], params, request_id=rid, boundaries=[chat.segment_boundaries],
                            cache_salt=req.cache_salt)
+    prepared = attach_transfer(state.engine.engine, req.kv_transfer_params, prepared, stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)
@@ -61,7 +63,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     ]
     resp = ChatCompletionResponse(id=rid, created=state.created, model=state.model_name, choices=choices,
                                   usage=usage(finals))
-    return JSONResponse(resp.model_dump())
+    return JSONResponse(with_transfer_params(resp.model_dump(), finals))
 
 
 def _chunk(state: ServerState, rid: str, choices: list[ChatChunkChoice]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from recap.disagg.api import attach_transfer, with_transfer_params
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import PreparedRequest
 from recap.server.errors import APIError, from_value_error
@@ -45,6 +46,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     prepared = prepare_all(state, prompts, params, request_id=rid, boundaries=[req.checkpoints or ()] * len(prompts),
                            cache_salt=req.cache_salt)
     _check_checkpoints(req, prepared)
+    prepared = attach_transfer(state.engine.engine, req.kv_transfer_params, prepared, stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)
@@ -54,7 +56,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     finals = await collect_finals(request, it, len(prepared))
     if finals is None:
         return Response(status_code=499)
-    return JSONResponse(_response(state, rid, params.n, finals).model_dump())
+    return JSONResponse(with_transfer_params(_response(state, rid, params.n, finals).model_dump(), finals))
 
 
 def _response(state: ServerState, rid: str, n: int, finals: list[RequestOutput]) -> CompletionResponse:

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from recap.engine.errors import EngineDeadError, InvalidRequestError
+from recap.engine.errors import EngineDeadError, InvalidRequestError, KVTransferError
 from recap.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 # Union members pydantic appends to an error location ('str', 'list[int]', ...): not field names.
@@ -96,6 +96,9 @@ def from_exception(err: BaseException) -> APIError:
         return err
     if isinstance(err, EngineDeadError):
         return APIError(str(err), status=503, type="service_unavailable", code="engine_dead")
+    if isinstance(err, KVTransferError):
+        code = "kv_transfer_timeout" if err.status == 504 else "kv_transfer_failed"
+        return APIError(str(err), status=err.status, type="upstream_error", code=code)
     if isinstance(err, (InvalidRequestError, ValueError)):
         return from_value_error(err)
     return APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="internal_error")

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from recap.disagg.config import add_disagg_args, transfer_config
 from recap.server.args import add_engine_args, engine_config
 
 log = logging.getLogger("recap.server")
@@ -20,6 +21,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     add_engine_args(p)
+    add_disagg_args(p)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -31,23 +33,25 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = engine_config(args)
+        transfer = transfer_config(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     import uvicorn
 
-    from recap.engine.async_engine import AsyncEngine
-    from recap.engine.llm_engine import LLMEngine
+    from recap.disagg.serving import build_engine
     from recap.server.app import build_app
 
     log.info("loading %s", config.model or "the embedded default model")
     try:
-        llm = LLMEngine(config)
+        engine, collectors = build_engine(config, transfer)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: cannot load the model: {e}", file=sys.stderr)
         return 1
-    app = build_app(AsyncEngine(llm))
-    log.info("serving %s on http://%s:%d (OpenAI API under /v1)", llm.served_model_name, args.host, args.port)
+    llm = engine.engine
+    app = build_app(engine, collectors=collectors)
+    log.info("serving %s on http://%s:%d (OpenAI API under /v1, role %s)", llm.served_model_name, args.host,
+             args.port, transfer.role)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0

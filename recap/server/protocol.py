@@ -108,6 +108,8 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     cache_salt: str | None = None
+    # Disaggregated prefill/decode (vLLM's name; recap.disagg.api checks it against the server's role).
+    kv_transfer_params: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,63 @@
+"""`kv_transfer_params` in the OpenAI endpoints (vLLM's field name): what each role accepts and returns.
+
+A prefill instance takes `{"do_remote_decode": true}`: it computes the prompt, samples one token, holds
+the KV for a pull and answers with the handle under `kv_transfer_params`. A decode instance takes
+that handle plus `"do_remote_prefill": true` and answers like a single instance (plain or streamed).
+A single instance (role both) refuses the field. Disaggregated requests have one prompt and n = 1, and
+no logprobs (the first token's logprob stays on the prefill side): anything else is a 400.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from recap.disagg.config import RemoteDecode, RemoteHandle
+from recap.engine.outputs import RequestOutput
+from recap.engine.processor import PreparedRequest
+from recap.server.errors import APIError
+
+PARAM = "kv_transfer_params"
+
+
+def _refuse(message: str) -> APIError:
+    return APIError(f"{PARAM}: {message}", param=PARAM)
+
+
+def attach_transfer(
+    engine: Any, params: dict[str, Any] | None, prepared: list[PreparedRequest], *, stream: bool, n: int
+) -> list[PreparedRequest]:
+    """Validate `kv_transfer_params` for this server's role and mark the prepared request; 400 otherwise."""
+    if params is None:
+        return prepared
+    role = getattr(engine, "kv_role", "both")
+    if role == "both":
+        raise _refuse("this server is a single instance (start it with `recap serve --role prefill|decode`)")
+    if len(prepared) != 1 or n != 1:
+        raise _refuse("a disaggregated request has exactly one prompt and n = 1")
+    p = prepared[0]
+    if p.params.logprobs is not None:
+        raise _refuse("logprobs are not supported with disaggregated prefill")
+    if role == "prefill":
+        if params != {"do_remote_decode": True}:
+            raise _refuse('a prefill instance takes {"do_remote_decode": true}')
+        if stream:
+            raise _refuse("a prefill request is not streamed")
+        return [dataclasses.replace(p, kv_transfer=RemoteDecode())]
+    try:
+        handle = RemoteHandle.from_params(params)
+    except ValueError as e:
+        raise _refuse(str(e)) from None
+    block_size = engine.config.cache.block_size
+    if handle.block_size != block_size:
+        raise _refuse(f"the prefill instance uses block size {handle.block_size}, this one {block_size}")
+    return [dataclasses.replace(p, kv_transfer=handle)]
+
+
+def with_transfer_params(body: dict[str, Any], finals: Sequence[RequestOutput]) -> dict[str, Any]:
+    """Add the prefill side's handle to a response body (unchanged for every other request)."""
+    params = finals[0].kv_transfer_params if len(finals) == 1 else None
+    if params is not None:
+        body[PARAM] = params
+    return body

@@ -1,0 +1,126 @@
+"""Disaggregation configuration, the transfer handle, and the `recap serve` / `recap proxy` flags. Torch-free."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from recap.core.transfer import RemoteOffer
+
+ROLES = ("both", "prefill", "decode")
+_ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-\[\]:]+:\d+")
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+_HANDLE_FIELDS = ("remote_address", "transfer_id", "block_size", "num_prompt_tokens", "first_token_id",
+                  "checkpoint_positions", "prompt_digest")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """How an instance takes part in prefill/decode disaggregation (docs/disaggregation.md)."""
+
+    role: str = "both"  # both: a single instance; prefill: computes prompts; decode: receives and decodes
+    kv_host: str = "127.0.0.1"  # prefill: the interface the transfer server binds
+    kv_port: int = 0  # prefill: the transfer server's port (0: any free port, reported in each handle)
+    transfer_timeout_s: float = 30.0  # decode: a pull not complete by then fails its request (504)
+    hold_timeout_s: float = 60.0  # prefill: held blocks nobody pulled by then are released
+    fallback_local_prefill: bool = False  # decode: on a failed transfer, prefill locally instead of failing
+    send_delay_s: float = 0.0  # test hook: the prefill side waits this long before sending each transfer
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if not 0 <= self.kv_port < 65536:
+            raise ValueError(f"kv_port must be a TCP port (0: any free port), got {self.kv_port}")
+        for name in ("transfer_timeout_s", "hold_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.send_delay_s < 0:
+            raise ValueError("send_delay_s must not be negative")
+
+
+@dataclass(frozen=True)
+class RemoteDecode:
+    """Marks a prepared request for the prefill role: compute the prompt, sample one token, hold for a pull."""
+
+
+@dataclass(frozen=True)
+class RemoteHandle:
+    """What the prefill side returns as `kv_transfer_params` and the decode side pulls with."""
+
+    address: str  # the prefill side's transfer server, tcp://host:port
+    transfer_id: str
+    block_size: int
+    offer: RemoteOffer
+
+    def to_params(self) -> dict[str, Any]:
+        o = self.offer
+        return {"remote_address": self.address, "transfer_id": self.transfer_id, "block_size": self.block_size,
+                "num_prompt_tokens": o.num_prompt_tokens, "first_token_id": o.first_token_id,
+                "checkpoint_positions": list(o.checkpoint_positions), "prompt_digest": o.prompt_digest}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> RemoteHandle:
+        """Parse a decode request's kv_transfer_params; ValueError names the bad field."""
+        extra = sorted(set(params) - {*_HANDLE_FIELDS, "do_remote_prefill"})
+        if extra:
+            raise ValueError(f"unknown field(s) {', '.join(extra)}")
+        if params.get("do_remote_prefill") is not True:
+            raise ValueError("a decode instance needs do_remote_prefill: true and the prefill side's handle")
+        address = _field(params, "remote_address", str)
+        if not _ADDRESS.fullmatch(address):
+            raise ValueError(f"remote_address must look like tcp://host:port, got {address!r}")
+        positions = _field(params, "checkpoint_positions", list)
+        if not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in positions):
+            raise ValueError("checkpoint_positions must be positive integers")
+        digest = _field(params, "prompt_digest", str)
+        if not _DIGEST.fullmatch(digest):
+            raise ValueError("prompt_digest must be 32 hex digits")
+        offer = RemoteOffer(_field(params, "num_prompt_tokens", int), _field(params, "first_token_id", int),
+                            tuple(positions), digest)
+        return cls(address, _field(params, "transfer_id", str), _field(params, "block_size", int), offer)
+
+
+def _field(params: dict[str, Any], name: str, kind: type) -> Any:
+    value = params.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+        raise ValueError(f"{name} is missing or not a {'non-negative integer' if kind is int else kind.__name__}")
+    return value
+
+
+# -- flags -------------------------------------------------------------------------------------------
+def add_disagg_args(p: argparse.ArgumentParser) -> None:
+    """`recap serve` flags for disaggregation (default role: both, today's single instance)."""
+    d = KVTransferConfig()
+    p.add_argument("--role", choices=ROLES, default=d.role,
+                   help="prefill: compute prompts and hold their KV for a decode instance; decode: receive it")
+    p.add_argument("--kv-host", default=d.kv_host, help="prefill: interface of the KV transfer server")
+    p.add_argument("--kv-port", type=int, default=d.kv_port, help="prefill: KV transfer server port (0: any)")
+    p.add_argument("--kv-transfer-timeout", type=float, default=d.transfer_timeout_s,
+                   help="decode: seconds before a KV pull fails its request (504)")
+    p.add_argument("--kv-hold-timeout", type=float, default=d.hold_timeout_s,
+                   help="prefill: seconds held KV waits for its pull before it is released")
+    p.add_argument("--fallback-local-prefill", action="store_true",
+                   help="decode: when a KV transfer fails, prefill the request locally instead of failing it")
+    p.add_argument("--kv-send-delay", type=float, default=d.send_delay_s, help=argparse.SUPPRESS)  # test hook
+
+
+def transfer_config(args: argparse.Namespace) -> KVTransferConfig:
+    """Raises ValueError naming the field when a value is out of range."""
+    return KVTransferConfig(
+        role=args.role, kv_host=args.kv_host, kv_port=args.kv_port, transfer_timeout_s=args.kv_transfer_timeout,
+        hold_timeout_s=args.kv_hold_timeout, fallback_local_prefill=args.fallback_local_prefill,
+        send_delay_s=args.kv_send_delay,
+    )
+
+
+def add_proxy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefill", action="append", required=True, metavar="URL",
+                   help="a prefill instance (recap serve --role prefill); repeat for several (round robin)")
+    p.add_argument("--decode", action="append", required=True, metavar="URL",
+                   help="a decode instance (recap serve --role decode); repeat for several (round robin)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per upstream request")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")

@@ -1,0 +1,272 @@
+"""The engine for `recap serve --role prefill|decode`: LLMEngine plus the connector's two halves.
+
+Prefill role: a request marked `RemoteDecode` runs with max_tokens=1 and is held when it finishes
+(Scheduler.hold_on_finish); its output carries the handle (`kv_transfer_params`); the transfer server
+thread serves pulls from the `Outbox`; acknowledged or expired transfers are released between steps.
+
+Decode role: a request carrying a `RemoteHandle` is queued as remote (Scheduler.add_remote_request);
+between steps the engine starts a pull thread for each plan `start_receives` returns, writes what
+arrived into the caches (`worker.scatter`) and calls `finish_receive`, so the request decodes on from
+the prompt end with the prefill side's first token. A failed pull fails only its request
+(KVTransferError, 502/504) or, with `fallback_local_prefill`, sends it to local prefill.
+
+All scheduler and cache work happens on the engine thread; the pull and server threads only move bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import zmq
+
+from recap.core.transfer import HeldRequest, ReceivePlan
+from recap.disagg.config import KVTransferConfig, RemoteDecode, RemoteHandle
+from recap.disagg.transport import Outbox, TransferServer, pull
+from recap.disagg.worker import TransferDataError, from_frames, gather, num_bytes, scatter, to_frame
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.config import EngineConfig
+from recap.engine.errors import InvalidRequestError, KVTransferError
+from recap.engine.llm_engine import LLMEngine
+from recap.engine.output_processor import child_id
+from recap.engine.outputs import RequestOutput
+from recap.engine.processor import PreparedRequest
+
+log = logging.getLogger("recap.disagg")
+
+_Result = tuple[dict[str, Any], dict[str, torch.Tensor]] | KVTransferError
+
+
+@dataclasses.dataclass
+class TransferStats:
+    """Counters of both roles (read by the Prometheus collector from any thread)."""
+
+    transfers_sent: int = 0  # prefill: pulls answered with data
+    transfers_received: int = 0  # decode: pulls written into the caches and registered
+    transfers_failed: int = 0  # decode: pulls that failed (each failed or re-prefilled one request)
+    fallbacks: int = 0  # decode: failed pulls re-run as local prefill
+    holds_expired: int = 0  # prefill: held requests released by timeout (never pulled)
+    blocks_sent: int = 0
+    blocks_received: int = 0
+    blocks_local: int = 0  # decode: full prompt blocks already held locally, so not asked for
+    checkpoints_sent: int = 0
+    checkpoints_received: int = 0
+    checkpoints_registered: int = 0
+    states_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    requests_held: int = 0  # gauge (prefill)
+    transfers_in_flight: int = 0  # gauge (decode)
+
+
+class DisaggLLMEngine(LLMEngine):
+    """Not thread-safe, like LLMEngine; `bind` gives it the async engine's wake and fail callbacks."""
+
+    def __init__(self, config: EngineConfig, transfer: KVTransferConfig) -> None:
+        super().__init__(config)
+        self.transfer_config = transfer
+        self.kv_role = transfer.role
+        self.stats = TransferStats()
+        self._stats_lock = threading.Lock()
+        self._wake: Callable[[], None] = lambda: None
+        self._fail: Callable[[str, BaseException], None] = lambda rid, err: None
+        self._inbox: queue.Queue[tuple[str, _Result]] = queue.Queue()
+        self._handles: dict[str, RemoteHandle] = {}  # decode: child id -> handle, until its pull starts
+        self._prefill_ids: set[str] = set()  # prefill: parent ids to hold
+        self._new_remote = False
+        self.outbox: Outbox | None = None
+        self.server: TransferServer | None = None
+        self._ctx: zmq.Context | None = None
+        if transfer.role == "prefill":
+            self.outbox = Outbox()
+            self.server = TransferServer(transfer.kv_host, transfer.kv_port, self.outbox, self._gather,
+                                         lambda: self._wake(), transfer.send_delay_s)
+            self.server.start()
+        elif transfer.role == "decode":
+            self._ctx = zmq.Context()
+
+    def bind(self, wake: Callable[[], None], fail: Callable[[str, BaseException], None]) -> None:
+        self._wake, self._fail = wake, fail
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self._ctx is not None:  # pulls still in flight end within their timeout; never wait for them here
+            threading.Thread(target=self._ctx.term, name="recap-kv-ctx-term", daemon=True).start()
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_prepared(self, p: PreparedRequest) -> None:
+        if isinstance(p.kv_transfer, RemoteDecode):
+            p = dataclasses.replace(p, max_tokens=1, kv_transfer=None)
+            super().add_prepared(p)
+            cid = child_id(p.request_id, 0)
+            if self.scheduler.get_request(cid) is not None:
+                self.scheduler.hold_on_finish(cid)
+                self._prefill_ids.add(p.request_id)
+            return
+        if not isinstance(p.kv_transfer, RemoteHandle):
+            return super().add_prepared(p)
+        if p.request_id in self.outputs.parents:
+            raise InvalidRequestError(f"request id {p.request_id!r} is already running")
+        cid = child_id(p.request_id, 0)
+        request = self.processor.make_core_request(p, cid, 0)
+        self.outputs.add(p)
+        try:
+            self.scheduler.add_remote_request(request, p.kv_transfer.offer)
+        except ValueError as e:
+            self.outputs.remove(p.request_id)
+            raise KVTransferError(f"cannot take over the prefilled request: {e}", 502) from None
+        self._handles[cid] = p.kv_transfer
+        self._new_remote = True
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        super().abort_request(request_ids)
+        for cid in [c for c in self._handles if self.scheduler.get_request(c) is None]:
+            del self._handles[cid]  # aborted before its pull started
+
+    def has_unfinished_requests(self) -> bool:
+        if not self._inbox.empty() or self._new_remote:
+            return True
+        if self.outbox is not None and self.outbox.has_due(time.monotonic()):
+            return True
+        if not super().has_unfinished_requests():
+            return False
+        s = self.scheduler
+        # Requests waiting only on the network need no step: a finished pull wakes the loop.
+        return len(self.outputs.parents) > s.num_receiving + s.num_remote_queued or s.has_updates
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        if self.outbox is not None:
+            self._release_due()
+        if self.kv_role == "decode":
+            self._apply_received()
+            self._start_pulls()
+        results = super().step()
+        if self.outbox is not None:
+            self._publish_held(results)
+        return results
+
+    # ---- prefill side ---------------------------------------------------------------------------
+    def _publish_held(self, results: list[RequestOutput]) -> None:
+        assert self.outbox is not None and self.server is not None
+        for out in results:
+            if not out.finished or out.request_id not in self._prefill_ids:
+                continue
+            self._prefill_ids.discard(out.request_id)
+            cid = child_id(out.request_id, 0)
+            held = self.scheduler.held(cid)
+            if held is None:
+                continue
+            self.outbox.publish(cid, held, time.monotonic() + self.transfer_config.hold_timeout_s)
+            handle = RemoteHandle(self.server.address, cid, self.config.cache.block_size, held.offer())
+            out.kv_transfer_params = handle.to_params()
+        self.stats.requests_held = len(self.outbox)
+
+    def _release_due(self) -> None:
+        assert self.outbox is not None
+        expired = self.outbox.num_expired
+        for tid in self.outbox.take_due(time.monotonic()):
+            self.scheduler.release_held(tid)
+        self._count(holds_expired=self.outbox.num_expired - expired)
+        self.stats.requests_held = len(self.outbox)
+
+    def _gather(self, held: HeldRequest, blocks: Sequence[int], positions: Sequence[int]) -> tuple[dict, list]:
+        """Runs on the server thread: the held blocks and slots cannot change until it returns."""
+        header, tensors = gather(self.runner.caches, held, blocks, positions)
+        self._count(transfers_sent=1, blocks_sent=header["num_blocks"], checkpoints_sent=len(header["checkpoints"]),
+                    bytes_sent=num_bytes(tensors))
+        return header, [to_frame(t) for t in tensors]
+
+    # ---- decode side ----------------------------------------------------------------------------
+    def _start_pulls(self) -> None:
+        self._new_remote = False
+        for plan in self.scheduler.start_receives():
+            handle = self._handles.pop(plan.request_id)
+            self._count(blocks_local=plan.num_local_blocks, transfers_in_flight=1)
+            threading.Thread(target=self._pull, args=(plan, handle), name="recap-kv-pull", daemon=True).start()
+
+    def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
+        """Runs on a pull thread: bytes in, tensors out, nothing else."""
+        header = {"op": "pull", "transfer_id": handle.transfer_id, "blocks": list(plan.block_indices),
+                  "checkpoints": [c.write.position for c in plan.checkpoints],
+                  "prompt_digest": handle.offer.prompt_digest}
+        result: _Result
+        try:
+            assert self._ctx is not None
+            reply, frames = pull(self._ctx, handle.address, header, self.transfer_config.transfer_timeout_s)
+            result = (reply, from_frames(reply, frames))
+        except KVTransferError as e:
+            result = e
+        except Exception as e:  # noqa: BLE001 - bad data fails the request, not the engine
+            result = KVTransferError(f"bad KV transfer from {handle.address}: {type(e).__name__}: {e}", 502)
+        self._inbox.put((plan.request_id, result))
+        self._wake()
+
+    def _apply_received(self) -> None:
+        while True:
+            try:
+                rid, result = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._count(transfers_in_flight=-1)
+            plan = self.scheduler.remote.receiving.get(rid)
+            if plan is None:
+                continue  # aborted while its data was in flight
+            if isinstance(result, KVTransferError):
+                self._on_failure(rid, result)
+                continue
+            header, tensors = result
+            try:
+                written = scatter(self.runner.caches, plan, header, tensors)
+            except TransferDataError as e:
+                self._on_failure(rid, KVTransferError(f"bad KV transfer: {e}", 502))
+                continue
+            pool = self.scheduler.cache.state.pool if self.scheduler.cache.state else None
+            before = pool.num_created if pool else 0
+            self.scheduler.finish_receive(rid, written)
+            self._count(transfers_received=1, blocks_received=header["num_blocks"], bytes_received=num_bytes(tensors),
+                        checkpoints_received=len(header["checkpoints"]), states_received=int(plan.state_slot >= 0),
+                        checkpoints_registered=(pool.num_created - before) if pool else 0)
+
+    def _on_failure(self, rid: str, err: KVTransferError) -> None:
+        self._count(transfers_failed=1)
+        if self.transfer_config.fallback_local_prefill:
+            if self.scheduler.fail_receive(rid, fallback=True):
+                self._count(fallbacks=1)
+                log.warning("request %s: %s; prefilling it locally", rid, err)
+            return
+        log.warning("request %s failed: %s", rid, err)
+        if self.scheduler.fail_receive(rid, fallback=False):
+            parent = self.outputs.child_to_parent.get(rid)
+            if parent is not None:
+                self.outputs.remove(parent)
+                self._fail(parent, err)
+
+
+class DisaggAsyncEngine(AsyncEngine):
+    """AsyncEngine whose loop the transfer threads can wake, and whose requests they can fail."""
+
+    engine: DisaggLLMEngine
+
+    def __init__(self, engine: DisaggLLMEngine) -> None:
+        super().__init__(engine)
+        engine.bind(self.wake, self._deliver)
+
+    def wake(self) -> None:
+        self._commands.put(("wake", None))
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.engine.close()

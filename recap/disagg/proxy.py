@@ -1,0 +1,175 @@
+"""`recap proxy --prefill URL --decode URL`: one OpenAI endpoint in front of a prefill and a decode instance.
+
+Each POST /v1/completions or /v1/chat/completions goes first to a prefill instance, unstreamed, with
+`kv_transfer_params: {"do_remote_decode": true}` (it computes the prompt, samples one token and holds
+the KV), then to a decode instance with the handle it returned; the decode side's answer (plain or
+streamed, usage included, cached_tokens = the decode side's hit) goes back to the client unchanged.
+Errors: a 4xx from either side is passed through; an unreachable instance is a 502 and a timeout a
+504, each with an OpenAI-style error body. Instances are taken round robin. Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from recap.disagg.api import PARAM
+from recap.server.errors import APIError, parse_json
+from recap.server.sse import SSEResponse
+
+log = logging.getLogger("recap.proxy")
+ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    prefill_urls: tuple[str, ...]
+    decode_urls: tuple[str, ...]
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.prefill_urls or not self.decode_urls:
+            raise ValueError("the proxy needs at least one prefill and one decode instance")
+        for url in (*self.prefill_urls, *self.decode_urls):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"instance URL {url!r} must start with http:// or https://")
+
+
+def _upstream_error(side: str, url: str, err: httpx.HTTPError) -> APIError:
+    if isinstance(err, httpx.TimeoutException):
+        return APIError(f"the {side} instance at {url} timed out", status=504, type="upstream_error",
+                        code="upstream_timeout")
+    return APIError(f"the {side} instance at {url} is unreachable: {type(err).__name__}: {err}", status=502,
+                    type="upstream_error", code="upstream_unreachable")
+
+
+def _passthrough(r: httpx.Response, content: bytes) -> Response:
+    return Response(content, status_code=r.status_code, media_type=r.headers.get("content-type", "application/json"))
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self._prefill: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.prefill_urls])
+        self._decode: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.decode_urls])
+        self.client = httpx.AsyncClient(timeout=config.timeout_s)
+
+    async def route(self, request: Request, path: str) -> Response:
+        body = parse_json(await request.body())
+        if PARAM in body:
+            raise APIError(f"{PARAM} is set by the proxy, not by clients", param=PARAM)
+        prefill_url, decode_url = next(self._prefill), next(self._decode)
+        first = {k: v for k, v in body.items() if k != "stream_options"}
+        first.update(stream=False, **{PARAM: {"do_remote_decode": True}})
+        try:
+            r = await self.client.post(prefill_url + path, json=first)
+        except httpx.HTTPError as e:
+            raise _upstream_error("prefill", prefill_url, e) from None
+        if r.status_code != 200:
+            return _passthrough(r, r.content)
+        handle = r.json().get(PARAM)
+        if not isinstance(handle, dict):
+            raise APIError(f"the prefill instance at {prefill_url} returned no {PARAM} (is it --role prefill?)",
+                           status=502, type="upstream_error", code="upstream_bad_response")
+        second = {**body, PARAM: {**handle, "do_remote_prefill": True}}
+        if body.get("stream") is True:
+            return await self._stream(decode_url + path, second, decode_url)
+        try:
+            r = await self.client.post(decode_url + path, json=second)
+        except httpx.HTTPError as e:
+            raise _upstream_error("decode", decode_url, e) from None
+        return _passthrough(r, r.content)
+
+    async def _stream(self, url: str, body: dict[str, Any], base: str) -> Response:
+        try:
+            r = await self.client.send(self.client.build_request("POST", url, json=body), stream=True)
+        except httpx.HTTPError as e:
+            raise _upstream_error("decode", base, e) from None
+        if r.status_code != 200:  # the decode side answers errors before its first event
+            content = await r.aread()
+            await r.aclose()
+            return _passthrough(r, content)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in r.aiter_raw():
+                    yield chunk
+            finally:
+                await r.aclose()  # a client that leaves closes the decode stream, which aborts the request
+
+        return SSEResponse(events())
+
+
+def build_proxy_app(config: ProxyConfig) -> FastAPI:
+    proxy = Proxy(config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await proxy.client.aclose()
+
+    app = FastAPI(title="recap proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.proxy = proxy
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        log.warning("request failed (%d): %s", exc.status, exc.message)
+        return exc.response()
+
+    for path in ROUTES:
+        async def handler(request: Request, _path: str = path) -> Response:
+            return await proxy.route(request, _path)
+
+        app.add_api_route(path, handler, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        url = next(proxy._decode)
+        try:
+            r = await proxy.client.get(url + "/v1/models")
+        except httpx.HTTPError as e:
+            raise _upstream_error("decode", url, e) from None
+        return _passthrough(r, r.content)
+
+    @app.get("/health")
+    async def health() -> Response:
+        down = []
+        for url in {*config.prefill_urls, *config.decode_urls}:
+            try:
+                ok = (await proxy.client.get(url.rstrip("/") + "/health", timeout=5)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if not ok:
+                down.append(url)
+        if down:
+            err = APIError(f"instances down: {', '.join(sorted(down))}", status=503, type="service_unavailable")
+            return err.response()
+        return JSONResponse({"status": "ok"})
+
+    return app
+
+
+def run_proxy(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = ProxyConfig(tuple(args.prefill), tuple(args.decode), args.timeout)
+    except ValueError as e:
+        print(f"error: {e}")
+        return 2
+    log.info("proxy on http://%s:%d: prefill %s, decode %s", args.host, args.port, config.prefill_urls,
+             config.decode_urls)
+    uvicorn.run(build_proxy_app(config), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,51 @@
+"""Flags and the transfer handle (no model, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from recap import cli
+from recap.core.transfer import RemoteOffer
+from recap.disagg.config import KVTransferConfig, RemoteHandle, transfer_config
+from recap.disagg.proxy import ProxyConfig
+
+HANDLE = RemoteHandle("tcp://127.0.0.1:5555", "cmpl-1-0#0", 16, RemoteOffer(40, 7, (16, 32), "ab" * 16))
+
+
+def test_handle_round_trips_through_params() -> None:
+    params = {**HANDLE.to_params(), "do_remote_prefill": True}
+    assert RemoteHandle.from_params(params) == HANDLE
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"do_remote_prefill": False}, "do_remote_prefill"),
+    ({"remote_address": "http://x:1"}, "remote_address"),
+    ({"num_prompt_tokens": -1}, "num_prompt_tokens"),
+    ({"first_token_id": "7"}, "first_token_id"),
+    ({"checkpoint_positions": [0]}, "checkpoint_positions"),
+    ({"prompt_digest": "xyz"}, "prompt_digest"),
+    ({"surprise": 1}, "unknown field"),
+])
+def test_bad_handles_name_the_field(change: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        RemoteHandle.from_params({**HANDLE.to_params(), "do_remote_prefill": True, **change})
+
+
+def test_serve_role_flags_build_the_transfer_config() -> None:
+    args = cli.build_parser().parse_args(["serve", "--role", "decode", "--kv-transfer-timeout", "5",
+                                          "--fallback-local-prefill"])
+    assert transfer_config(args) == KVTransferConfig(role="decode", transfer_timeout_s=5.0,
+                                                     fallback_local_prefill=True)
+    assert transfer_config(cli.build_parser().parse_args(["serve"])).role == "both"
+    with pytest.raises(ValueError, match="hold_timeout_s"):
+        transfer_config(cli.build_parser().parse_args(["serve", "--kv-hold-timeout", "0"]))
+
+
+def test_proxy_flags() -> None:
+    args = cli.build_parser().parse_args(["proxy", "--prefill", "http://a:1", "--prefill", "http://b:2",
+                                          "--decode", "http://c:3", "--port", "9000"])
+    assert (args.prefill, args.decode, args.port) == (["http://a:1", "http://b:2"], ["http://c:3"], 9000)
+    with pytest.raises(ValueError, match="http"):
+        ProxyConfig(("a:1",), ("http://c:3",))
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["proxy", "--decode", "http://c:3"])
