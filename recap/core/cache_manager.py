@@ -139,8 +139,9 @@ class CacheManager:
             return []
         out: list[CheckpointWrite] = []
         hashes = request.block_hashes
-        for position, provisional in positions:
-            write = self.state.plan(request.request_id, position, hashes[position // self.block_size - 1], provisional)
+        for position, provisional, proven in positions:
+            block_hash = hashes[position // self.block_size - 1]
+            write = self.state.plan(request.request_id, position, block_hash, provisional, proven)
             if write is not None:
                 out.append(write)
         return out

@@ -7,7 +7,16 @@ Positions are absolute token counts p (a multiple of block_size): "the state aft
   segments:    Request.segment_boundaries rounded down to a boundary;
   branch:      the KV-hit end when the KV hit ran past the best checkpoint at admission;
   interval:    every `checkpoint_interval` blocks;
-  geometric:   1, 2, 4, ... blocks after the start and after each segment boundary, inside the prompt.
+  geometric:   1, 2, 4, ... blocks after the start and after each segment boundary, inside the prompt;
+  tail:        the prompt end minus a learned divergence distance (below).
+Learned tail: when a request's KV hit ends at h inside a chain that an earlier request extended to its
+prompt end E, the later request diverged E - h tokens before that end. The policy keeps the recent
+distances and checkpoints each new prompt at its end minus a high quantile of them. Where requests
+extend whole prompts (chat turns) the distance is ~0 and the tail is the prompt end; where they share
+only part of the tail (a re-rendered last message, a trace hashed on a coarser grid, a document with
+different questions) the tail lands inside the shared part on the first sharing, not one turn late.
+Sharing evidence makes a checkpoint "proven" (segment boundaries, learned branch points): the state
+pool protects those from speculative ones (state_pool.py).
 Policy `none` writes nothing, `align` the prompt end, `all` every boundary, `recap` everything above
 (interval and geometric only when configured). Positions never constrain chunk sizes: a chunk gets
 the positions that fall inside it.
@@ -15,8 +24,18 @@ the positions that fall inside it.
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
+
 from recap.config import CacheConfig
 from recap.core.request import Request
+
+TAIL_WINDOW = 64  # recent divergence distances kept
+TAIL_QUANTILE = 0.9  # the tail covers this share of them
+EXTENT_CAPACITY = 1 << 20  # block hashes remembered with the prompt end that last extended them
+
+# (position, provisional, proven): provisional = a decode-end snapshot the next one supersedes;
+# proven = sharing was observed or declared there.
+Position = tuple[int, bool, bool]
 
 
 class CheckpointPolicy:
@@ -34,7 +53,11 @@ class CheckpointPolicy:
         self._interval = interval * self.block_size if interval else 0
         self._geometric = self.name == "recap" and cache_config.checkpoint_geometric
         self._static: dict[str, frozenset[int]] = {}
+        self._proven: dict[str, frozenset[int]] = {}
         self.num_branch_points = 0
+        self._learn_tail = self.name == "recap"
+        self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
+        self._distances: deque[int] = deque(maxlen=TAIL_WINDOW)
 
     def prompt_end(self, request: Request) -> int:
         return (request.num_prompt_tokens - 1) // self.block_size * self.block_size
@@ -46,15 +69,48 @@ class CheckpointPolicy:
         bs = self.block_size
         end = self.prompt_end(request)
         positions = {end} if end > 0 else set()
+        proven: set[int] = set()
         if self.name == "recap":
             segments = {b // bs * bs for b in request.segment_boundaries if bs <= b <= request.num_prompt_tokens}
             positions |= segments
+            proven |= segments
             if kv_hit_tokens > hit_tokens:
                 positions.add(kv_hit_tokens)
+                proven.add(kv_hit_tokens)
                 self.num_branch_points += 1
             if self._geometric:
                 positions |= self._geometric_positions(sorted(segments | {0}), end)
+            tail = self._tail(request, kv_hit_tokens, end)
+            if tail > hit_tokens:
+                positions.add(tail)
         self._static[request.request_id] = frozenset(positions)
+        if proven:
+            self._proven[request.request_id] = frozenset(proven)
+
+    def tail_distance(self) -> int:
+        """The learned divergence distance (tokens, a multiple of block_size); 0 before any sharing."""
+        if not self._distances:
+            return 0
+        ranked = sorted(self._distances)
+        d = ranked[min(len(ranked) - 1, int(TAIL_QUANTILE * len(ranked)))]
+        return -(-d // self.block_size) * self.block_size
+
+    def _tail(self, request: Request, kv_hit_tokens: int, end: int) -> int:
+        """Observe this request's divergence from the chain it shares; return its own tail position."""
+        if not self._learn_tail or end <= 0:
+            return 0
+        bs, hashes, extent = self.block_size, request.block_hashes, self._extent
+        k = kv_hit_tokens // bs
+        if 0 < k <= len(hashes):
+            previous_end = extent.get(hashes[k - 1])
+            if previous_end is not None:
+                self._distances.append(max(0, previous_end - kv_hit_tokens))
+        for h in hashes[k : end // bs]:  # the new part of the chain now ends at this prompt's end
+            extent[h] = end
+            extent.move_to_end(h)
+        while len(extent) > EXTENT_CAPACITY:
+            extent.popitem(last=False)
+        return max(0, end - self.tail_distance())
 
     def _geometric_positions(self, starts: list[int], limit: int) -> set[int]:
         out: set[int] = set()
@@ -65,22 +121,29 @@ class CheckpointPolicy:
                 step *= 2
         return out
 
-    def positions(self, request: Request, start: int, end: int) -> list[tuple[int, bool]]:
-        """(position, provisional) for the boundaries in (start, end] to checkpoint, sorted."""
+    def positions(self, request: Request, start: int, end: int) -> list[Position]:
+        """The boundaries in (start, end] to checkpoint, sorted."""
         bs = self.block_size
         first = (start // bs + 1) * bs
         if first > end or not self.enabled:
             return []
         if self.name == "all":
-            return [(p, False) for p in range(first, end + 1, bs)]
-        static = self._static.get(request.request_id, frozenset())
+            return [(p, False, False) for p in range(first, end + 1, bs)]
+        rid = request.request_id
+        static = self._static.get(rid, frozenset())
+        proven = self._proven.get(rid, frozenset())
         interval = self._interval
-        out = [(p, False) for p in range(first, end + 1, bs) if p in static or (interval and p % interval == 0)]
+        out = [
+            (p, False, p in proven)
+            for p in range(first, end + 1, bs)
+            if p in static or (interval and p % interval == 0)
+        ]
         if self.name == "recap":
             last = end // bs * bs
             if last >= request.num_prompt_tokens and not (out and out[-1][0] == last):
-                out.append((last, True))
+                out.append((last, True, False))
         return out
 
     def forget(self, request_id: str) -> None:
         self._static.pop(request_id, None)
+        self._proven.pop(request_id, None)

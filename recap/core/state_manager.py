@@ -18,6 +18,7 @@ class PlannedWrite:
     block_hash: int
     # A decode-end snapshot: superseded (dropped) by the request's next one unless it was hit meanwhile.
     provisional: bool
+    proven: bool = False  # sharing observed or declared here: registered into the protected segment
 
 
 class StateManager:
@@ -66,18 +67,20 @@ class StateManager:
         self.running[request_id] = slot
         return None if hit_slot == PAD_SLOT_ID else (hit_slot, slot)
 
-    def plan(self, request_id: str, position: int, block_hash: int, provisional: bool) -> CheckpointWrite | None:
+    def plan(
+        self, request_id: str, position: int, block_hash: int, provisional: bool, proven: bool = False
+    ) -> CheckpointWrite | None:
         """A fresh PENDING slot for the state after `position` tokens; None if registered or no slot."""
         if self.pool.lookup(block_hash) is not None:
             self.num_skipped_existing += 1
             return None
-        slot = self.pool.allocate_checkpoint(position)
+        slot = self.pool.allocate_checkpoint(position, proven)
         if slot is None:
             self.num_skipped_no_slot += 1
             return None
         self.num_planned += 1
         write = CheckpointWrite(position, slot)
-        self.pending.setdefault(request_id, []).append(PlannedWrite(write, block_hash, provisional))
+        self.pending.setdefault(request_id, []).append(PlannedWrite(write, block_hash, provisional, proven))
         return write
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
@@ -98,7 +101,7 @@ class StateManager:
             if report is None:
                 self.pool.free(plan.write.slot)  # planned but not written: never findable
                 continue
-            ok = self.pool.register(report, plan.write, plan.block_hash, request.block_hashes)
+            ok = self.pool.register(report, plan.write, plan.block_hash, request.block_hashes, plan.proven)
             registered += ok
             if plan.provisional or plan.write.position >= request.num_prompt_tokens:
                 self._supersede(request.request_id, plan, ok)

@@ -7,18 +7,25 @@ A slot is one sequence's conv + SSM state for every SSM layer. Each slot is in e
   CHECKPOINT: registered under (h[k], k * block_size) once the writing step completed; immutable;
               evictable unless pinned (a copy from it is in flight).
 
-Eviction picks the unpinned checkpoint of lowest utility, GreedyDual style: a checkpoint's priority
-is L + value, where value = tokens covered x FLOPs per token / bytes per slot (the compute it saves per
-byte) and L is the priority of the last eviction. L only grows, so recency enters through it: a
-checkpoint refreshed (hit) late sits above one refreshed early with the same value. Equal priorities
-evict the older entry first (LRU). The same test gates new checkpoints: when the pool is full, a new
-checkpoint is not written if it would evict something worth more than itself.
+Eviction is segmented (SLRU) with utility inside the protected segment:
+  probation: checkpoints with no evidence of sharing yet (prompt ends, decode ends, tails). Evicted
+             first, oldest first: their value is speculative, so depth must not keep them alive.
+  protected: checkpoints a hit used, or written at a position where sharing was observed (learned
+             branch points) or declared (segment boundaries). Ordered GreedyDual style: priority =
+             L + value, value = tokens covered x FLOPs per token / bytes per slot (the compute it
+             saves per byte), L = the priority of the last protected eviction, so recency enters
+             through L. Equal priorities evict the older entry first.
+Protected checkpoints may fill at most `protected_share` of the slots; past that, the lowest-utility
+protected one goes first, so speculative checkpoints always get room to prove themselves. Replaying
+the Mooncake trace (docs/replay.md) showed why: ordering all checkpoints by depth alone kept deep
+prompt ends that were never shared and refused the shallow branch points that carry the hits.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from recap.core.output import CheckpointWrite
@@ -38,9 +45,21 @@ class StatePool:
     CHECKPOINT or frees it; `touch` refreshes a checkpoint's utility; `pin` protects it from eviction.
     """
 
-    def __init__(self, num_slots: int, block_size: int, bytes_per_slot: int = 0, flops_per_token: float = 1.0) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        block_size: int,
+        bytes_per_slot: int = 0,
+        flops_per_token: float = 1.0,
+        protected_share: float = 0.9,
+    ) -> None:
         if num_slots < 1:
             raise ValueError("the state pool needs at least one slot")
+        if not 0.0 < protected_share <= 1.0:
+            raise ValueError("protected_share must be in (0, 1]")
+        self.protected_cap = max(1, int(num_slots * protected_share))
+        self.probation: OrderedDict[int, None] = OrderedDict()  # unproven checkpoints, oldest first
+        self.protected: set[int] = set()
         self.num_slots = num_slots
         self.block_size = block_size
         self.bytes_per_slot = bytes_per_slot
@@ -100,17 +119,21 @@ class StatePool:
     # -- allocation -----------------------------------------------------------------------------
     def allocate_running(self) -> int | None:
         """A slot for a running request, evicting the lowest-utility checkpoint if none is free."""
-        return self._allocate(SlotKind.RUNNING, None)
+        return self._allocate(SlotKind.RUNNING)
 
-    def allocate_checkpoint(self, position: int) -> int | None:
-        """A PENDING slot for a checkpoint after `position` tokens, or None if it is not worth one."""
-        return self._allocate(SlotKind.PENDING, self._inflation + self.value(position))
+    def allocate_checkpoint(self, position: int, proven: bool = False) -> int | None:
+        """A PENDING slot for a checkpoint after `position` tokens, or None if none can be had.
 
-    def _allocate(self, kind: SlotKind, max_priority: float | None) -> int | None:
+        A speculative (unproven) checkpoint may only displace another speculative one, unless the
+        protected segment is over its share; a proven one may displace the lowest-utility protected one.
+        """
+        return self._allocate(SlotKind.PENDING, allow_protected=proven)
+
+    def _allocate(self, kind: SlotKind, allow_protected: bool = True) -> int | None:
         if self._free:
             slot = self._free.pop()
         else:
-            victim = self._evict_one(max_priority)
+            victim = self._evict_one(allow_protected)
             if victim is None:
                 return None
             slot = victim
@@ -123,16 +146,26 @@ class StatePool:
         self.kind[slot] = SlotKind.FREE
         self._free.append(slot)
 
-    def _evict_one(self, max_priority: float | None) -> int | None:
+    def _evict_one(self, allow_protected: bool) -> int | None:
+        over_cap = len(self.protected) > self.protected_cap
+        victim = None if over_cap else next((slot for slot in self.probation if not self.pins[slot]), None)
+        if victim is None and (allow_protected or over_cap):
+            victim = self._pop_protected()
+        if victim is None and over_cap:  # every protected one is pinned
+            victim = next((slot for slot in self.probation if not self.pins[slot]), None)
+        if victim is not None:
+            self._unregister(victim)
+            self.num_evicted += 1
+        return victim
+
+    def _pop_protected(self) -> int | None:
         heap, stash, victim = self._heap, [], None
         while heap:
             priority, _, slot, version = heap[0]
-            if version != self._version[slot] or self.kind[slot] != SlotKind.CHECKPOINT:
+            if version != self._version[slot] or slot not in self.protected:
                 heapq.heappop(heap)  # stale
             elif self.pins[slot]:
                 stash.append(heapq.heappop(heap))
-            elif max_priority is not None and priority > max_priority:
-                break
             else:
                 heapq.heappop(heap)
                 victim = slot
@@ -140,9 +173,6 @@ class StatePool:
                 break
         for entry in stash:
             heapq.heappush(heap, entry)
-        if victim is not None:
-            self._unregister(victim)
-            self.num_evicted += 1
         return victim
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -152,8 +182,11 @@ class StatePool:
         planned: CheckpointWrite | None,
         block_hash: int,
         request_block_hashes: Sequence[int],
+        proven: bool = False,
     ) -> bool:
         """Register the PENDING slot `written.slot` as the checkpoint after `written.position` tokens.
+
+        `proven`: sharing was observed or declared at this position (protected segment from the start).
 
         Refuses (and frees the slot) unless the kernel's report equals the plan, the position is a
         positive multiple of block_size, and `block_hash` is the request's hash at that position.
@@ -183,13 +216,21 @@ class StatePool:
         self._by_hash[block_hash] = slot
         self._num_checkpoints += 1
         self.num_created += 1
-        self._push(slot)
+        if proven:
+            self._protect(slot)
+        else:
+            self.probation[slot] = None
         return True
 
     def touch(self, slot: int) -> None:
         """A hit used this checkpoint: refresh its utility (and only its)."""
         assert self.kind[slot] == SlotKind.CHECKPOINT
         self.slot_hits[slot] += 1
+        self._protect(slot)
+
+    def _protect(self, slot: int) -> None:
+        self.probation.pop(slot, None)
+        self.protected.add(slot)
         self._push(slot)
 
     def _push(self, slot: int) -> None:
@@ -197,11 +238,11 @@ class StatePool:
         self._seq += 1
         priority = self._inflation + self.value(self.slot_position[slot])
         heapq.heappush(self._heap, (priority, self._seq, slot, self._version[slot]))
-        if len(self._heap) > 4 * self._num_checkpoints + 64:
+        if len(self._heap) > 4 * len(self.protected) + 64:
             self._compact()
 
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[3] == self._version[e[2]] and self.kind[e[2]] == SlotKind.CHECKPOINT]
+        self._heap = [e for e in self._heap if e[3] == self._version[e[2]] and e[2] in self.protected]
         heapq.heapify(self._heap)
 
     def _unregister(self, slot: int) -> None:
@@ -210,6 +251,8 @@ class StatePool:
         del self._by_hash[block_hash]
         self.slot_hash[slot] = None
         self.slot_position[slot] = 0
+        self.probation.pop(slot, None)
+        self.protected.discard(slot)
         self._version[slot] += 1
         self._num_checkpoints -= 1
         self.kind[slot] = SlotKind.FREE
@@ -267,5 +310,7 @@ class StatePool:
                 assert self.slot_hash[slot] is None, f"{kind!r} slot {slot} keeps a hash"
                 assert self.pins[slot] == 0, f"{kind!r} slot {slot} is pinned (a pinned checkpoint was evicted)"
         assert counts[SlotKind.CHECKPOINT] == self._num_checkpoints == len(self._by_hash)
+        assert len(self.probation) + len(self.protected) == self._num_checkpoints, "a checkpoint is in no segment"
+        assert not (self.protected & set(self.probation)), "a checkpoint is in both segments"
         assert sum(1 for p in self.pins if p) == self._num_pinned
         assert counts[SlotKind.FREE] + self._num_checkpoints + self.num_in_use == self.num_slots

@@ -14,7 +14,8 @@ def policy(name: str, **kw: object) -> CheckpointPolicy:
 
 
 def positions(p: CheckpointPolicy, r: Request, start: int, end: int) -> list[tuple[int, bool]]:
-    return p.positions(r, start, end)
+    """(position, provisional) pairs; `proven` is checked by its own tests."""
+    return [(pos, provisional) for pos, provisional, _ in p.positions(r, start, end)]
 
 
 R = Request("r", list(range(30)), 20, segment_boundaries=(10, 21))  # prompt end 28; segments 8, 20
@@ -75,3 +76,36 @@ def test_recap_interval_and_geometric() -> None:
     # From 0: 4 8 16 32; from 20: 24 28 36 52; segment 20, prompt end 56, decode end 60.
     got = [p_ for p_, _ in positions(g, r, 0, 60)]
     assert got == [4, 8, 16, 20, 24, 28, 32, 36, 52, 56, 60]
+
+
+def test_recap_marks_shared_positions_proven() -> None:
+    p = policy("recap")
+    p.admit(R, 8, 16)  # branch point at 16, segments 8 and 20, prompt end 28
+    proven = {pos: flag for pos, _, flag in p.positions(R, 8, 32)}
+    assert proven == {16: True, 20: True, 28: False, 32: False}
+    a = policy("align")
+    a.admit(R, 0, 0)
+    assert [flag for _, _, flag in a.positions(R, 0, 30)] == [False]
+
+
+def _hashed(rid: str, tokens: list[int]) -> Request:
+    r = Request(rid, tokens, 4)
+    r.block_hashes = [hash(tuple(tokens[: (i + 1) * BS])) for i in range(len(tokens) // BS)]
+    return r
+
+
+def test_recap_learns_the_tail_distance_from_where_requests_diverge() -> None:
+    p = policy("recap")
+    assert p.tail_distance() == 0
+    shared = list(range(64))
+    a = _hashed("a", shared + list(range(1000, 1034)))  # 98 tokens: prompt end 96
+    p.admit(a, 0, 0)
+    assert [pos for pos, _, _ in p.positions(a, 0, 98)] == [96]  # no sharing seen yet: tail = end
+    b = _hashed("b", shared + list(range(2000, 2034)))  # diverges from a at 64, 32 tokens before a's end
+    p.admit(b, 0, 64)
+    assert p.tail_distance() == 32
+    # b: branch point 64 (proven), its tail 96 - 32 = 64 (the same boundary), prompt end 96.
+    assert p.positions(b, 0, 98) == [(64, False, True), (96, False, False)]
+    c = _hashed("c", list(range(3000, 3100)))  # unrelated, 100 tokens: prompt end 96, tail 64
+    p.admit(c, 0, 0)
+    assert [pos for pos, _, _ in p.positions(c, 0, 99)] == [64, 96]

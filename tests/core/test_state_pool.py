@@ -1,4 +1,4 @@
-"""State pool: slot roles, utility-ordered eviction, pinning, provenance refusal."""
+"""State pool: slot roles, segmented eviction (probation LRU, protected by utility), pinning, provenance."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ def chain(position: int, h: int) -> list[int]:
     return [1000 + i for i in range(k - 1)] + [h]
 
 
-def put(pool: StatePool, position: int, h: int) -> int:
-    slot = pool.allocate_checkpoint(position)
+def put(pool: StatePool, position: int, h: int, proven: bool = False) -> int:
+    slot = pool.allocate_checkpoint(position, proven)
     assert slot is not None
     w = CheckpointWrite(position, slot)
-    assert pool.register(w, w, h, chain(position, h))
+    assert pool.register(w, w, h, chain(position, h), proven)
     return slot
 
 
@@ -39,35 +39,45 @@ def test_roles_and_counts() -> None:
     pool.check()
 
 
-def test_eviction_by_utility_then_recency() -> None:
+def test_probation_goes_first_oldest_first_whatever_its_depth() -> None:
     pool = make()
     a, b, c, d = put(pool, 4, 1), put(pool, 8, 2), put(pool, 4, 3), put(pool, 16, 4)
     assert (a, b, c, d) == (0, 1, 2, 3)
-    # Priorities: a=4, b=8, c=4 (newer than a), d=16. Equal priority: the older goes first.
+    pool.touch(c)  # a hit: c moves to the protected segment
+    assert list(pool.probation) == [a, b, d] and pool.protected == {c}
     assert pool.allocate_running() == a
-    pool.touch(c)  # c = L(4) + 4 = 8, newer than b
     assert pool.allocate_running() == b
+    assert pool.allocate_running() == d  # deepest, but never shared
     assert pool.allocate_running() == c
-    assert pool.allocate_running() == d
     assert pool.allocate_running() is None
     assert pool.num_evicted == 4
     pool.check()
 
 
+def test_protected_by_utility_then_recency_when_over_its_share() -> None:
+    pool = make()  # 4 slots: protected may hold 3
+    a, b, c, d = put(pool, 4, 1), put(pool, 8, 2), put(pool, 12, 3), put(pool, 16, 4, proven=True)
+    for slot in (a, b, c):
+        pool.touch(slot)
+    # Priorities L + value: a=4, b=8, c=12, d=16; four protected exceed the share of three.
+    assert pool.allocate_running() == a
+    pool.check()
+
+
 def test_deep_checkpoint_outlives_shallow_recent_ones_until_inflation_catches_up() -> None:
-    pool = make(2)
-    deep = put(pool, 40, 1)
-    shallow = put(pool, 4, 2)
+    pool = make(2)  # protected share: one slot
+    deep = put(pool, 40, 1, proven=True)
+    shallow = put(pool, 4, 2, proven=True)
     assert pool.allocate_running() == shallow  # L = 4
     pool.free(shallow)
     # Write k (k >= 2) evicts write k-1 (priority 4k) and raises L to 4k; the deep checkpoint
     # (priority 40) goes at write 10, where it ties with write 9 and is the older.
     evicted_at = None
     for k in range(1, 13):
-        slot = pool.allocate_checkpoint(4)
+        slot = pool.allocate_checkpoint(4, proven=True)
         assert slot is not None
         w = CheckpointWrite(4, slot)
-        assert pool.register(w, w, 100 + k, chain(4, 100 + k))
+        assert pool.register(w, w, 100 + k, chain(4, 100 + k), proven=True)
         if evicted_at is None and pool.lookup(1) is None:
             evicted_at = k
     assert deep in (0, 1) and evicted_at == 10
@@ -86,13 +96,13 @@ def test_pinned_checkpoint_is_never_evicted() -> None:
     pool.check()
 
 
-def test_new_checkpoint_not_worth_evicting_a_better_one() -> None:
+def test_speculative_checkpoint_never_displaces_a_protected_one() -> None:
     pool = make(2)
     run = pool.allocate_running()
-    deep = put(pool, 64, 1)
-    assert pool.allocate_checkpoint(4) is None  # would evict value 64 for value 4
+    deep = put(pool, 64, 1, proven=True)
+    assert pool.allocate_checkpoint(4) is None  # unproven: only probation may make room
     assert pool.lookup(1) == deep
-    assert pool.allocate_checkpoint(64) == deep  # equal value: the newer wins
+    assert pool.allocate_checkpoint(4, proven=True) == deep  # proven: the lowest protected goes
     pool.free(deep)
     pool.free(run)
     pool.check()
