@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recap.config import CHECKPOINT_POLICIES, CacheConfig
-from recap.core.policy import CheckpointPolicy, Position
+from recap.core.policy import CheckpointPolicy, Position, Source
 from recap.core.request import Request
 from recap.core.scheduler import Scheduler
 
@@ -97,22 +97,25 @@ class VariantPolicy(CheckpointPolicy):
         super().admit(request, hit_tokens, kv_hit_tokens if spec.branch else 0)
         if not spec.branch:
             self.num_branch_points = before
-        static = self._static.get(request.request_id)
-        if static is None or self.name != "recap":
+        sites = self._static.get(request.request_id)
+        if sites is None or self.name != "recap":
             return
         end = self.prompt_end(request)
-        positions = set(static)
-        if not spec.prompt_end and end not in self._proven.get(request.request_id, frozenset()):
-            positions.discard(end)
+        if not spec.prompt_end and sites.get(end) == Source.PROMPT_END:
+            del sites[end]
+        extra = {end - (1 << i) * bs for i in range(spec.ladder)}
         if spec.end_grid:
-            positions.add((request.num_prompt_tokens - 1) // spec.end_grid * spec.end_grid // bs * bs)
-        positions |= {end - (1 << i) * bs for i in range(spec.ladder)}
-        self._static[request.request_id] = frozenset(p for p in positions if p > 0)
+            extra.add((request.num_prompt_tokens - 1) // spec.end_grid * spec.end_grid // bs * bs)
+        for p in extra:
+            if p > 0:
+                sites.setdefault(p, Source.GEOMETRIC)
+        if not spec.decode_end:
+            self._decode[request.request_id] = False
 
     def positions(self, request: Request, start: int, end: int) -> list[Position]:
         out = super().positions(request, start, end)
         if not self.spec.decode_end:
-            out = [p for p in out if not p[1]]
+            out = [p for p in out if not p.provisional]
         return out
 
 

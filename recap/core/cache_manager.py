@@ -62,6 +62,8 @@ class CacheManager:
             state_caching = self.enable_caching and cache_config.checkpoint_policy != "none"
             self.state = StateManager(pool, bs, state_caching)
         self.policy = CheckpointPolicy(cache_config, layout.has_state)
+        if self.state is not None:
+            self.state.pool.on_outcome = self.policy.record_outcome
         self.hasher = BlockHasher(bs)
         # Without a KV group, recently computed hashes stand in for the KV prefix (branch learning).
         self.seen: SeenIndex | None = None
@@ -139,9 +141,11 @@ class CacheManager:
             return []
         out: list[CheckpointWrite] = []
         hashes = request.block_hashes
-        for position, provisional, proven in positions:
-            block_hash = hashes[position // self.block_size - 1]
-            write = self.state.plan(request.request_id, position, block_hash, provisional, proven)
+        for site in positions:
+            block_hash = hashes[site.position // self.block_size - 1]
+            write = self.state.plan(
+                request.request_id, site.position, block_hash, site.provisional, site.proven, site.source
+            )
             if write is not None:
                 out.append(write)
         return out

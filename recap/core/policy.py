@@ -17,6 +17,10 @@ only part of the tail (a re-rendered last message, a trace hashed on a coarser g
 different questions) the tail lands inside the shared part on the first sharing, not one turn late.
 Sharing evidence makes a checkpoint "proven" (segment boundaries, learned branch points): the state
 pool protects those from speculative ones (state_pool.py).
+Learned yield: the state pool reports, per source, whether each checkpoint was hit before it left.
+A speculative source (prompt end, decode end, tail, interval, geometric) whose checkpoints almost
+never pay on the current traffic is written only for one request in EXPLORE_EVERY, so its slots go
+to sources that do pay; it comes back as soon as its sampled checkpoints start hitting again.
 Policy `none` writes nothing, `align` the prompt end, `all` every boundary, `recap` everything above
 (interval and geometric only when configured). Positions never constrain chunk sizes: a chunk gets
 the positions that fall inside it.
@@ -24,7 +28,9 @@ the positions that fall inside it.
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict, deque
+from typing import NamedTuple
 
 from recap.config import CacheConfig
 from recap.core.request import Request
@@ -33,9 +39,33 @@ TAIL_WINDOW = 64  # recent divergence distances kept
 TAIL_QUANTILE = 0.9  # the tail covers this share of them
 EXTENT_CAPACITY = 1 << 20  # block hashes remembered with the prompt end that last extended them
 
-# (position, provisional, proven): provisional = a decode-end snapshot the next one supersedes;
-# proven = sharing was observed or declared there.
-Position = tuple[int, bool, bool]
+YIELD_MIN_SAMPLES = 64  # outcomes of a source before its yield is trusted
+YIELD_MIN_RATE = 1 / 32  # below this hit rate a speculative source is only sampled
+EXPLORE_EVERY = 16
+
+
+class Source(enum.IntEnum):
+    """Why a position is checkpointed; lower values win when several coincide."""
+
+    SEGMENT = 0
+    BRANCH = 1
+    TAIL = 2
+    PROMPT_END = 3
+    DECODE_END = 4
+    INTERVAL = 5
+    GEOMETRIC = 6
+    EVERY_BLOCK = 7  # policy "all"
+    REMOTE = 8  # received from a prefill instance
+
+
+PROVEN_SOURCES = frozenset({Source.SEGMENT, Source.BRANCH})
+
+
+class Position(NamedTuple):
+    position: int
+    provisional: bool  # a decode-end snapshot the request's next one supersedes
+    proven: bool  # sharing was observed or declared there
+    source: Source
 
 
 class CheckpointPolicy:
@@ -52,40 +82,67 @@ class CheckpointPolicy:
         interval = cache_config.checkpoint_interval if self.name == "recap" else None
         self._interval = interval * self.block_size if interval else 0
         self._geometric = self.name == "recap" and cache_config.checkpoint_geometric
-        self._static: dict[str, frozenset[int]] = {}
-        self._proven: dict[str, frozenset[int]] = {}
+        self._static: dict[str, dict[int, Source]] = {}
+        self._decode: dict[str, bool] = {}  # decode-end snapshots wanted for this request
         self.num_branch_points = 0
         self._learn_tail = self.name == "recap"
         self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
         self._distances: deque[int] = deque(maxlen=TAIL_WINDOW)
+        self.outcomes: dict[Source, list[int]] = {src: [0, 0] for src in Source}  # [hits, misses]
+        self._explore: dict[Source, int] = {src: 0 for src in Source}
 
     def prompt_end(self, request: Request) -> int:
         return (request.num_prompt_tokens - 1) // self.block_size * self.block_size
 
+    # -- learned yield ---------------------------------------------------------------------------
+    def record_outcome(self, source: int, hit: bool) -> None:
+        """The state pool reports a checkpoint's first hit, or its departure without one."""
+        self.outcomes[Source(source)][0 if hit else 1] += 1
+
+    def pays(self, source: Source) -> bool:
+        """Whether to write this source's checkpoints for the next request (sampled when it does not pay)."""
+        if source in PROVEN_SOURCES or self.name != "recap":
+            return True
+        hits, misses = self.outcomes[source]
+        if hits + misses < YIELD_MIN_SAMPLES or hits >= YIELD_MIN_RATE * (hits + misses):
+            return True
+        self._explore[source] += 1
+        return self._explore[source] % EXPLORE_EVERY == 0
+
+    # -- positions ------------------------------------------------------------------------------
     def admit(self, request: Request, hit_tokens: int, kv_hit_tokens: int) -> None:
         """Record the request's fixed positions; learn a branch point if its KV hit ran past the hit."""
         if not self.enabled or self.name == "all":
             return
         bs = self.block_size
         end = self.prompt_end(request)
-        positions = {end} if end > 0 else set()
-        proven: set[int] = set()
+        sites: dict[int, Source] = {}
+
+        def add(position: int, source: Source) -> None:
+            if position > 0 and source < sites.get(position, Source.REMOTE + 1):
+                sites[position] = source
+
+        wanted = {src: self.pays(src) for src in (Source.PROMPT_END, Source.TAIL, Source.GEOMETRIC, Source.INTERVAL)}
+        if wanted[Source.PROMPT_END] or self.name == "align":
+            add(end, Source.PROMPT_END)
         if self.name == "recap":
             segments = {b // bs * bs for b in request.segment_boundaries if bs <= b <= request.num_prompt_tokens}
-            positions |= segments
-            proven |= segments
+            for b in segments:
+                add(b, Source.SEGMENT)
             if kv_hit_tokens > hit_tokens:
-                positions.add(kv_hit_tokens)
-                proven.add(kv_hit_tokens)
+                add(kv_hit_tokens, Source.BRANCH)
                 self.num_branch_points += 1
-            if self._geometric:
-                positions |= self._geometric_positions(sorted(segments | {0}), end)
+            if self._geometric and wanted[Source.GEOMETRIC]:
+                for g in self._geometric_positions(sorted(segments | {0}), end):
+                    add(g, Source.GEOMETRIC)
             tail = self._tail(request, kv_hit_tokens, end)
-            if tail > hit_tokens:
-                positions.add(tail)
-        self._static[request.request_id] = frozenset(positions)
-        if proven:
-            self._proven[request.request_id] = frozenset(proven)
+            if tail > hit_tokens and wanted[Source.TAIL]:
+                add(tail, Source.TAIL)
+            if self._interval and wanted[Source.INTERVAL]:
+                for p in range(self._interval, request.num_prompt_tokens + 1, self._interval):
+                    add(p, Source.INTERVAL)
+        self._static[request.request_id] = sites
+        self._decode[request.request_id] = self.name == "recap" and self.pays(Source.DECODE_END)
 
     def tail_distance(self) -> int:
         """The learned divergence distance (tokens, a multiple of block_size); 0 before any sharing."""
@@ -128,22 +185,20 @@ class CheckpointPolicy:
         if first > end or not self.enabled:
             return []
         if self.name == "all":
-            return [(p, False, False) for p in range(first, end + 1, bs)]
+            return [Position(p, False, False, Source.EVERY_BLOCK) for p in range(first, end + 1, bs)]
         rid = request.request_id
-        static = self._static.get(rid, frozenset())
-        proven = self._proven.get(rid, frozenset())
-        interval = self._interval
+        sites = self._static.get(rid, {})
         out = [
-            (p, False, p in proven)
+            Position(p, False, src in PROVEN_SOURCES, src)
             for p in range(first, end + 1, bs)
-            if p in static or (interval and p % interval == 0)
+            if (src := sites.get(p)) is not None
         ]
-        if self.name == "recap":
+        if self._decode.get(rid, self.name == "recap"):  # requests admitted elsewhere (remote) snapshot too
             last = end // bs * bs
-            if last >= request.num_prompt_tokens and not (out and out[-1][0] == last):
-                out.append((last, True, False))
+            if last >= request.num_prompt_tokens and not (out and out[-1].position == last):
+                out.append(Position(last, True, False, Source.DECODE_END))
         return out
 
     def forget(self, request_id: str) -> None:
         self._static.pop(request_id, None)
-        self._proven.pop(request_id, None)
+        self._decode.pop(request_id, None)

@@ -19,6 +19,7 @@ class PlannedWrite:
     # A decode-end snapshot: superseded (dropped) by the request's next one unless it was hit meanwhile.
     provisional: bool
     proven: bool = False  # sharing observed or declared here: registered into the protected segment
+    source: int = 0  # the policy's reason (recap.core.policy.Source), for learned yields
 
 
 class StateManager:
@@ -68,7 +69,13 @@ class StateManager:
         return None if hit_slot == PAD_SLOT_ID else (hit_slot, slot)
 
     def plan(
-        self, request_id: str, position: int, block_hash: int, provisional: bool, proven: bool = False
+        self,
+        request_id: str,
+        position: int,
+        block_hash: int,
+        provisional: bool,
+        proven: bool = False,
+        source: int = 0,
     ) -> CheckpointWrite | None:
         """A fresh PENDING slot for the state after `position` tokens; None if registered or no slot."""
         if self.pool.lookup(block_hash) is not None:
@@ -80,7 +87,7 @@ class StateManager:
             return None
         self.num_planned += 1
         write = CheckpointWrite(position, slot)
-        self.pending.setdefault(request_id, []).append(PlannedWrite(write, block_hash, provisional, proven))
+        self.pending.setdefault(request_id, []).append(PlannedWrite(write, block_hash, provisional, proven, source))
         return write
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
@@ -101,7 +108,7 @@ class StateManager:
             if report is None:
                 self.pool.free(plan.write.slot)  # planned but not written: never findable
                 continue
-            ok = self.pool.register(report, plan.write, plan.block_hash, request.block_hashes, plan.proven)
+            ok = self.pool.register(report, plan.write, plan.block_hash, request.block_hashes, plan.proven, plan.source)
             registered += ok
             if plan.provisional or plan.write.position >= request.num_prompt_tokens:
                 self._supersede(request.request_id, plan, ok)

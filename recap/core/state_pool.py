@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from recap.core.output import CheckpointWrite
 
@@ -58,6 +58,9 @@ class StatePool:
         if not 0.0 < protected_share <= 1.0:
             raise ValueError("protected_share must be in (0, 1]")
         self.protected_cap = max(1, int(num_slots * protected_share))
+        # Told (source, hit) once per checkpoint: at its first hit, or when it leaves unhit.
+        self.on_outcome: Callable[[int, bool], None] | None = None
+        self.slot_source = [0] * num_slots
         self.probation: OrderedDict[int, None] = OrderedDict()  # unproven checkpoints, oldest first
         self.protected: set[int] = set()
         self.num_slots = num_slots
@@ -183,6 +186,7 @@ class StatePool:
         block_hash: int,
         request_block_hashes: Sequence[int],
         proven: bool = False,
+        source: int = 0,
     ) -> bool:
         """Register the PENDING slot `written.slot` as the checkpoint after `written.position` tokens.
 
@@ -213,6 +217,7 @@ class StatePool:
         self.slot_hash[slot] = block_hash
         self.slot_position[slot] = position
         self.slot_hits[slot] = 0
+        self.slot_source[slot] = source
         self._by_hash[block_hash] = slot
         self._num_checkpoints += 1
         self.num_created += 1
@@ -225,6 +230,8 @@ class StatePool:
     def touch(self, slot: int) -> None:
         """A hit used this checkpoint: refresh its utility (and only its)."""
         assert self.kind[slot] == SlotKind.CHECKPOINT
+        if self.slot_hits[slot] == 0 and self.on_outcome is not None:
+            self.on_outcome(self.slot_source[slot], True)
         self.slot_hits[slot] += 1
         self._protect(slot)
 
@@ -245,9 +252,11 @@ class StatePool:
         self._heap = [e for e in self._heap if e[3] == self._version[e[2]] and e[2] in self.protected]
         heapq.heapify(self._heap)
 
-    def _unregister(self, slot: int) -> None:
+    def _unregister(self, slot: int, report: bool = True) -> None:
         block_hash = self.slot_hash[slot]
         assert block_hash is not None and self._by_hash.get(block_hash) == slot
+        if report and self.slot_hits[slot] == 0 and self.on_outcome is not None:
+            self.on_outcome(self.slot_source[slot], False)
         del self._by_hash[block_hash]
         self.slot_hash[slot] = None
         self.slot_position[slot] = 0
@@ -266,7 +275,7 @@ class StatePool:
             or self.slot_hits[slot]
         ):
             return False
-        self._unregister(slot)
+        self._unregister(slot, report=False)  # superseded by a newer snapshot: not a verdict on the source
         self._free.append(slot)
         return True
 

@@ -27,6 +27,7 @@ from recap.core.cache_manager import CacheHit, CacheManager
 from recap.core.hashing import block_hash, root_hash
 from recap.core.kv_manager import cdiv
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite
+from recap.core.policy import Source
 from recap.core.request import Request
 
 
@@ -171,7 +172,7 @@ def plan_receive(cache: CacheManager, request: Request, offer: RemoteOffer, hit:
         for position in sorted(set(offer.checkpoint_positions)):
             if position <= best or position % bs or position > num_prompt:
                 continue
-            write = state.plan(rid, position, hashes[position // bs - 1], False)
+            write = state.plan(rid, position, hashes[position // bs - 1], False, False, Source.REMOTE)
             if write is not None:
                 wanted.append(CheckpointReceive(write, hashes[position // bs - 1]))
     table = cache.block_ids(rid)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recap.config import CacheConfig
-from recap.core.policy import CheckpointPolicy
+from recap.core.policy import YIELD_MIN_SAMPLES, CheckpointPolicy, Source
 from recap.core.request import Request
 
 BS = 4
@@ -15,7 +15,7 @@ def policy(name: str, **kw: object) -> CheckpointPolicy:
 
 def positions(p: CheckpointPolicy, r: Request, start: int, end: int) -> list[tuple[int, bool]]:
     """(position, provisional) pairs; `proven` is checked by its own tests."""
-    return [(pos, provisional) for pos, provisional, _ in p.positions(r, start, end)]
+    return [(site.position, site.provisional) for site in p.positions(r, start, end)]
 
 
 R = Request("r", list(range(30)), 20, segment_boundaries=(10, 21))  # prompt end 28; segments 8, 20
@@ -81,11 +81,11 @@ def test_recap_interval_and_geometric() -> None:
 def test_recap_marks_shared_positions_proven() -> None:
     p = policy("recap")
     p.admit(R, 8, 16)  # branch point at 16, segments 8 and 20, prompt end 28
-    proven = {pos: flag for pos, _, flag in p.positions(R, 8, 32)}
+    proven = {site.position: site.proven for site in p.positions(R, 8, 32)}
     assert proven == {16: True, 20: True, 28: False, 32: False}
     a = policy("align")
     a.admit(R, 0, 0)
-    assert [flag for _, _, flag in a.positions(R, 0, 30)] == [False]
+    assert [site.proven for site in a.positions(R, 0, 30)] == [False]
 
 
 def _hashed(rid: str, tokens: list[int]) -> Request:
@@ -100,12 +100,37 @@ def test_recap_learns_the_tail_distance_from_where_requests_diverge() -> None:
     shared = list(range(64))
     a = _hashed("a", shared + list(range(1000, 1034)))  # 98 tokens: prompt end 96
     p.admit(a, 0, 0)
-    assert [pos for pos, _, _ in p.positions(a, 0, 98)] == [96]  # no sharing seen yet: tail = end
+    assert [site.position for site in p.positions(a, 0, 98)] == [96]  # no sharing seen yet: tail = end
     b = _hashed("b", shared + list(range(2000, 2034)))  # diverges from a at 64, 32 tokens before a's end
     p.admit(b, 0, 64)
     assert p.tail_distance() == 32
     # b: branch point 64 (proven), its tail 96 - 32 = 64 (the same boundary), prompt end 96.
-    assert p.positions(b, 0, 98) == [(64, False, True), (96, False, False)]
+    assert [(s.position, s.proven, s.source) for s in p.positions(b, 0, 98)] == [
+        (64, True, Source.BRANCH),
+        (96, False, Source.PROMPT_END),
+    ]
     c = _hashed("c", list(range(3000, 3100)))  # unrelated, 100 tokens: prompt end 96, tail 64
     p.admit(c, 0, 0)
-    assert [pos for pos, _, _ in p.positions(c, 0, 99)] == [64, 96]
+    assert [site.position for site in p.positions(c, 0, 99)] == [64, 96]
+
+
+def test_a_speculative_source_that_never_pays_is_only_sampled() -> None:
+    p = policy("recap")
+    for _ in range(YIELD_MIN_SAMPLES):
+        p.record_outcome(Source.PROMPT_END, hit=False)
+        p.record_outcome(Source.TAIL, hit=False)  # with no divergence seen, the tail is the prompt end
+        p.record_outcome(Source.BRANCH, hit=False)
+    written = 0
+    for i in range(32):
+        r = Request(f"r{i}", list(range(30)), 4, segment_boundaries=(10,))
+        p.admit(r, 0, 0)
+        sites = p.positions(r, 0, 30)
+        assert (8, Source.SEGMENT) in [(s.position, s.source) for s in sites]  # proven sources always
+        written += any(s.position == 28 for s in sites)
+    assert written == 2  # one request in EXPLORE_EVERY (16)
+    for _ in range(8):
+        p.record_outcome(Source.PROMPT_END, hit=True)  # hits again: 8 / 72 pays
+        p.record_outcome(Source.TAIL, hit=True)
+    r = Request("again", list(range(30)), 4)
+    p.admit(r, 0, 0)
+    assert [s.position for s in p.positions(r, 0, 30)] == [28]
