@@ -59,6 +59,7 @@ def test_protected_by_utility_then_recency_when_over_its_share() -> None:
     a, b, c, d = put(pool, 4, 1), put(pool, 8, 2), put(pool, 12, 3), put(pool, 16, 4, proven=True)
     for slot in (a, b, c):
         pool.touch(slot)
+    assert pool.protected == {a, b, c, d} and not pool.probation
     # Priorities L + value: a=4, b=8, c=12, d=16; four protected exceed the share of three.
     assert pool.allocate_running() == a
     pool.check()
