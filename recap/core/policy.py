@@ -87,7 +87,8 @@ class CheckpointPolicy:
         self.num_branch_points = 0
         self._learn_tail = self.name == "recap"
         self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
-        self._distances: deque[int] = deque(maxlen=TAIL_WINDOW)
+        # Per cache salt: tenants learn from their own traffic only (salts isolate, DESIGN invariant 6).
+        self._distances: dict[str | None, deque[int]] = {}
         self.outcomes: dict[Source, list[int]] = {src: [0, 0] for src in Source}  # [hits, misses]
         self._explore: dict[Source, int] = {src: 0 for src in Source}
 
@@ -144,11 +145,12 @@ class CheckpointPolicy:
         self._static[request.request_id] = sites
         self._decode[request.request_id] = self.name == "recap" and self.pays(Source.DECODE_END)
 
-    def tail_distance(self) -> int:
+    def tail_distance(self, cache_salt: str | None = None) -> int:
         """The learned divergence distance (tokens, a multiple of block_size); 0 before any sharing."""
-        if not self._distances:
+        seen = self._distances.get(cache_salt)
+        if not seen:
             return 0
-        ranked = sorted(self._distances)
+        ranked = sorted(seen)
         d = ranked[min(len(ranked) - 1, int(TAIL_QUANTILE * len(ranked)))]
         return -(-d // self.block_size) * self.block_size
 
@@ -161,13 +163,14 @@ class CheckpointPolicy:
         if 0 < k <= len(hashes):
             previous_end = extent.get(hashes[k - 1])
             if previous_end is not None:
-                self._distances.append(max(0, previous_end - kv_hit_tokens))
+                seen = self._distances.setdefault(request.cache_salt, deque(maxlen=TAIL_WINDOW))
+                seen.append(max(0, previous_end - kv_hit_tokens))
         for h in hashes[k : end // bs]:  # the new part of the chain now ends at this prompt's end
             extent[h] = end
             extent.move_to_end(h)
         while len(extent) > EXTENT_CAPACITY:
             extent.popitem(last=False)
-        return max(0, end - self.tail_distance())
+        return max(0, end - self.tail_distance(request.cache_salt))
 
     def _geometric_positions(self, starts: list[int], limit: int) -> set[int]:
         out: set[int] = set()

@@ -134,3 +134,13 @@ def test_a_speculative_source_that_never_pays_is_only_sampled() -> None:
     r = Request("again", list(range(30)), 4)
     p.admit(r, 0, 0)
     assert [s.position for s in p.positions(r, 0, 30)] == [28]
+
+
+def test_tail_distances_are_learned_per_cache_salt() -> None:
+    p = policy("recap")
+    shared = list(range(64))
+    a = _hashed("a", shared + list(range(1000, 1034)))
+    p.admit(a, 0, 0)
+    b = _hashed("b", shared + list(range(2000, 2034)))
+    p.admit(b, 0, 64)
+    assert p.tail_distance() == 32 and p.tail_distance("tenant-2") == 0
