@@ -1,20 +1,22 @@
 """recap vs transformers on the same ~130M random-weight checkpoints: prefill tokens/s and decode ms/step.
 
-    .venv/bin/python benchmarks/bench_model.py --threads 2 [--out bench_out/bench_model.json]
+    .venv/bin/python benchmarks/bench_model.py --threads 2 [--backends onednn] [--out bench_out/bench_model.json]
 
 Checkpoints (seeded, built once into --cache-dir with transformers' own classes):
 - mamba2-130m: Mamba2 (d_model 768, 24 layers, 24 heads x 64, state 128, vocab 50280, tied), 129M params
 - hybrid-130m: Bamba-style (d_model 768, 10 layers: attention at 3 and 7, MLP 2048, vocab 32000), ~130M
 Measures (medians, fp32, batch 1 unless said): prefill of one 2048-token prompt; decode ms/step at
 batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N.
-recap runs with each linear backend ("torch" = plain F.linear, "onednn" = oneDNN on a packed weight).
-Engines alternate within each round so that load drift on a shared machine hits them alike.
+recap runs with each linear backend of --backends ("torch" = plain F.linear, "onednn" = oneDNN on a packed
+weight). Engines alternate within each round so that load drift on a shared machine hits them alike; the
+load average before and after is printed and saved (other processes on the cores distort every figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -136,7 +138,7 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
     """Every metric is measured in rounds that alternate the engines, so load drift hits them alike."""
     lm = load_model(path)
     params = sum(p.numel() for p in lm.model.parameters())
-    engines: list[Any] = [RecapEngine(lm.model, "torch"), RecapEngine(lm.model, "onednn")]
+    engines: list[Any] = [RecapEngine(lm.model, b) for b in args.backends]
     if not args.skip_hf:
         engines.append(HFEngine(path))
     samples: dict[tuple[str, str], list[float]] = {}
@@ -197,16 +199,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="recap decode steps per measurement")
     ap.add_argument("--hf-steps", type=int, default=6, help="transformers decode steps per measurement")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--backends", nargs="+", default=["torch", "onednn"], help="recap linear backends to run")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "bench_model.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load = [os.getloadavg()[0]]
     rows = []
     for name in args.models:
         rows += bench_one(name, build_checkpoint(name, args.cache_dir / name), args)
-    print(f"\ntorch {torch.__version__}, {args.threads} threads, fp32")
+    load.append(os.getloadavg()[0])
+    print(f"\ntorch {torch.__version__}, {args.threads} threads, fp32, 1-min load {load[0]:.2f} -> {load[1]:.2f}")
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": args.threads, "torch": torch.__version__, "rows": rows}, indent=1))
+    meta = {"threads": args.threads, "torch": torch.__version__, "load_avg_1min": load, "rows": rows}
+    args.out.write_text(json.dumps(meta, indent=1))
     print(f"wrote {args.out}")
 
 

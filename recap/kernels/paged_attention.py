@@ -64,24 +64,56 @@ def _decode_rows(
     rows: list[int],
     scale: float,
 ) -> torch.Tensor:
-    """Attention of one query per row for `rows`, batched: gather their blocks into [b, L, Hkv, Dh] + mask."""
+    """Attention of one query per row for `rows`, batched: gather their blocks into [b, L, Hkv, Dh] + mask.
+
+    The gathered K/V stay in the cache's token-major layout (SDPA reads the head-major views; a transposing
+    copy plus a masked_fill over the whole gather made this ~5x slower at batch 8). Positions at or past
+    seq_len are zeroed (stale or never-written cache memory may hold NaN, which a mask alone would not stop).
+    """
     dev = q.device
+    nb, bs, hkv, dh = k_cache.shape
+    b = len(rows)
     rows_t = torch.tensor(rows, device=dev)
     seq = meta.seq_lens[rows_t]  # (b,)
-    tables = meta.block_tables[rows_t]  # (b, max_blocks)
-    kk = _gather_blocks(k_cache, tables, seq)  # (b, hkv, l, dh)
-    vv = _gather_blocks(v_cache, tables, seq)
-    valid = torch.arange(kk.shape[2], device=dev) < seq[:, None]  # (b, l)
+    width = -(-max(meta.seq_lens_list[r] for r in rows) // bs)
+    tables = meta.block_tables[rows_t, :width]  # (b, width)
+    need = torch.arange(width, device=dev) < ((seq + bs - 1) // bs)[:, None]
+    ids = torch.where(need, tables, tables[:, :1]).flatten()  # past a row's blocks: its own first block again
+    length = width * bs
+    past = torch.arange(length, device=dev) >= seq[:, None]  # (b, l)
+    fill = past.flatten().nonzero().squeeze(1)
+    kv = []
+    for cache in (k_cache, v_cache):
+        x = cache.index_select(0, ids).view(b * length, hkv * dh).float()
+        kv.append(x.index_fill_(0, fill, 0.0).view(b, length, hkv, dh).transpose(1, 2))  # (b, hkv, l, dh)
     qq = q[torch.tensor([meta.query_start_loc_list[r] for r in rows], device=dev)].float()  # (b, hq, dh)
+    hq = qq.shape[1]
+    # GQA without copying K/V: the `group` query heads sharing a KV head act as that head's query rows.
     out = F.scaled_dot_product_attention(
-        qq[:, :, None, :],  # (b, hq, 1, dh)
-        kk,  # (b, hkv, l, dh)
-        vv,
-        attn_mask=valid[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out[:, :, 0, :]  # (b, hq, dh)
+        qq.view(b, hkv, hq // hkv, dh), kv[0], kv[1], attn_mask=~past[:, None, None, :], scale=scale
+    )  # (b, hkv, group, dh)
+    return out.reshape(b, hq, dh)
+
+
+def _prefill_attention(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, ctx: int, scale: float) -> torch.Tensor:
+    """One row's queries (hq, n, dh) at positions ctx.. over its keys (hkv, s, dh), causal -> (hq, n, dh).
+
+    K/V heads are expanded to hq and the inputs made 4-D: that keeps SDPA on its fused CPU kernel (with
+    enable_gqa, or 3-D inputs, it falls back to the math path: ~5x slower at 2048 tokens, and it builds
+    the full score matrix).
+    """
+    hq, n, dh = qq.shape
+    hkv, s = kk.shape[:2]
+    if hkv != hq:
+        kk = kk[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
+        vv = vv[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
+    if ctx == 0:
+        o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], is_causal=True, scale=scale)
+    else:
+        # query i sits at position ctx + i and sees keys 0..ctx + i
+        mask = torch.arange(s, device=qq.device) <= torch.arange(ctx, s, device=qq.device)[:, None]
+        o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], attn_mask=mask, scale=scale)
+    return o[0]
 
 
 def paged_attention(
@@ -114,12 +146,7 @@ def paged_attention(
         kk = _gather_blocks(k_cache, table, seq_t)[0, :, :seq]  # (hkv, s, dh)
         vv = _gather_blocks(v_cache, table, seq_t)[0, :, :seq]
         qq = q[start:end].float().transpose(0, 1)  # (hq, n, dh)
-        if ctx == 0:
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            # query i sits at position ctx + i and sees keys 0..ctx + i
-            mask = torch.arange(seq, device=q.device) <= torch.arange(ctx, seq, device=q.device)[:, None]
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=scale, enable_gqa=True)
+        o = _prefill_attention(qq, kk, vv, ctx, scale)
         out[start:end] = o.transpose(0, 1).to(q.dtype)  # (n, hq, dh)
     return out
 

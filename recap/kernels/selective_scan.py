@@ -30,10 +30,11 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.varlen import (
     copy_decode_checkpoints,
+    decode_rows,
     pad_tokens,
     process_dt,
     read_initial,
-    write_slots,
+    record_decode_positions,
     write_ssm_states,
 )
 
@@ -67,10 +68,12 @@ def scan_block(dl: torch.Tensor, A: torch.Tensor, bx: torch.Tensor, h0: torch.Te
     cd = dl.cumsum(1)  # (r, l, i): c_t = A * cd_t, since A does not depend on t
     if float(cd.abs().amax()) * float(A.abs().amax()) < LOG_RANGE:
         e = torch.exp_(cd[..., None] * -A)  # (r, l, i, n): exp(-c_t)
-        # h_0 + cumsum over t, as one lower-triangular GEMM: far faster than aten::cumsum on a middle dim
+        # h_0 + cumsum over t, as one lower-triangular GEMM: far faster than aten::cumsum on a middle dim.
+        # h_0 is folded into the first term (every partial sum includes it): no broadcast copy of h_0.
         tril = torch.ones(length, length, device=dl.device).tril_().expand(r, length, length)
-        w = bx.mul_(e).view(r, length, i * n)
-        acc = torch.baddbmm(h0.view(r, 1, i * n), tril, w).view(r, length, i, n)
+        w = bx.mul_(e)
+        w[:, 0] += h0
+        acc = torch.bmm(tril, w.view(r, length, i * n)).view(r, length, i, n)
         return acc.div_(e)  # exp(c_t) * (h_0 + sum_{s<=t} exp(-c_s) bx_s)
     if length <= MIN_SPLIT:
         return _log_depth_scan(torch.exp(dl[..., None] * A), bx, h0)
@@ -125,10 +128,11 @@ def _step_view(
 
 
 def _skip_and_gate(y: torch.Tensor, u: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None) -> torch.Tensor:
+    """(y + D u) * silu(z), in place on y (a fresh fp32 tensor)."""
     if D is not None:
-        y = y + u.float() * D.float()
+        y.addcmul_(u.float(), D.float())
     if z is not None:
-        y = y * F.silu(z.float())
+        y.mul_(F.silu(z.float()))
     return y
 
 
@@ -158,22 +162,29 @@ def selective_scan_varlen(
     Af, Bf, Cf = A.float(), B.float(), C.float()
     h = read_initial(ssm_state, meta.state_indices, meta.has_initial_state)  # (b, i, n)
     ends = torch.zeros(len(meta.chunk_seq_idx_list), i, n, dtype=torch.float32, device=dev)  # (c, i, n)
-    y = torch.zeros(t, i, dtype=torch.float32, device=dev)
+    has_pad = PAD_SLOT_ID in meta.state_indices_list
+    y = (torch.zeros if has_pad else torch.empty)(t, i, dtype=torch.float32, device=dev)  # blocks cover valid rows
     for step in _block_steps(meta, block):
-        rows = torch.tensor([b[0] for b in step], device=dev)
         take, put = _step_view(step, dev)
         # Padded positions get Delta = 0 (take zeroes them): decay 1 and no input, so the block's last
         # state is the state at the block's real end.
         dl, dx, bt, ct = take(dt), take(du), take(Bf), take(Cf)  # (r, l, i), (r, l, i), (r, l, n), (r, l, n)
-        hs = scan_block(dl, Af, dx[..., None] * bt[:, :, None, :], h[rows])  # (r, l, i, n)
+        if len(step) == 1:  # one block (a long row): the row's state as a view, no gather or scatter
+            rows, h_in = step[0][0], h[step[0][0]][None]
+        else:
+            rows = torch.tensor([b[0] for b in step], device=dev)
+            h_in = h[rows]
+        hs = scan_block(dl, Af, dx[..., None] * bt[:, :, None, :], h_in)  # (r, l, i, n)
         put(y, torch.einsum("rlin,rln->rli", hs, ct))  # y_t = C_t . h_t
-        h[rows] = hs[:, -1]
-        done = [(k, b[3]) for k, b in enumerate(step) if b[3] >= 0]
-        if done:
-            ends[torch.tensor([c for _, c in done])] = h[rows[torch.tensor([k for k, _ in done])]]
+        h[rows] = hs[:, -1] if len(step) > 1 else hs[0, -1]
+        for k, b in enumerate(step):
+            if b[3] >= 0:  # the block ends a chunk: its state is that chunk's end state
+                ends[b[3]] = hs[k, -1]
     write_ssm_states(ssm_state, ends, meta, slot_positions)
     y = _skip_and_gate(y, u, D, z)
-    return y.masked_fill_(pad_tokens(meta, t)[:, None], 0.0).to(u.dtype)
+    if has_pad:
+        y.masked_fill_(pad_tokens(meta, t)[:, None], 0.0)
+    return y.to(u.dtype)
 
 
 def _decode(
@@ -220,21 +231,68 @@ def selective_state_update(
     positions ([B], the token's absolute position as in ForwardBatch.positions) is required with
     slot_positions, which records positions + 1 (tokens folded into the state) for every slot written.
     has_initial_state (optional [B] bool): rows marked False start from a zero state instead of the slot.
+    Running slots must be distinct. Reference: selective_state_update_ref.
+
+    Fast path: in place on each slot's memory, row by row (an fp32 cache; other dtypes through an fp32
+    copy); y = h C as one mat-vec per row. No gather or scatter of the [B, I, N] states.
     """
+    b, i = x.shape
+    y = torch.zeros(b, i, dtype=torch.float32, device=x.device)
+    rows = decode_rows(state_indices, has_initial_state)
+    if rows:
+        d = process_dt(dt, dt_bias, dt_softplus)  # (b, i)
+        decay = torch.exp(d[..., None] * A.float()).unbind(0)  # (i, n) per row
+        dx = (d * x.float())[..., None].unbind(0)  # (i, 1) per row: Delta x
+        bf, cf, yr = B.float()[:, None, :].unbind(0), C.float().unbind(0), y.unbind(0)  # (1, n), (n,), (i,)
+        in_place = state.dtype == torch.float32 and state.is_contiguous()
+        for r, slot, init in rows:
+            h = state[slot] if in_place else state[slot].float()  # (i, n)
+            if not init:
+                h.zero_()
+            h.mul_(decay[r]).addcmul_(dx[r], bf[r])
+            torch.mv(h, cf[r], out=yr[r])  # y = h C
+            if not in_place:
+                state[slot] = h.to(state.dtype)
+        y = _skip_and_gate(y, x, D, z)
+        if len(rows) < b:
+            y.masked_fill_((state_indices == PAD_SLOT_ID)[:, None], 0.0)
+    record_decode_positions(slot_positions, state_indices, positions)
+    return y.to(x.dtype)
+
+
+def selective_state_update_ref(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    state_indices: torch.Tensor,
+    slot_positions: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain per-row reference of selective_state_update (same signature and side effects)."""
     out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    valid = state_indices != PAD_SLOT_ID
-    if not bool(valid.any()):
-        return out
-    slots = state_indices[valid]
-    init = torch.ones_like(slots, dtype=torch.bool) if has_initial_state is None else has_initial_state[valid]
-    h = read_initial(state, slots, init)  # (b, i, n)
-    d = process_dt(dt[valid], dt_bias, dt_softplus)  # (b, i)
-    xv = x[valid].float()
-    h = torch.exp(d[..., None] * A.float()) * h + (d * xv)[..., None] * B[valid].float()[:, None, :]
-    y = torch.einsum("bin,bn->bi", h, C[valid].float())
-    y = _skip_and_gate(y, xv, D, None if z is None else z[valid])
-    out[valid] = y.to(x.dtype)
-    write_slots(state, slots, h, slot_positions, None if positions is None else positions[valid] + 1)
+    for row, slot in enumerate(state_indices.tolist()):
+        if slot == PAD_SLOT_ID:
+            continue
+        h = torch.zeros(state.shape[1:], device=x.device)
+        if has_initial_state is None or bool(has_initial_state[row]):
+            h = state[slot].float()
+        d = process_dt(dt[row], dt_bias, dt_softplus)  # (i,)
+        h = torch.exp(d[:, None] * A.float()) * h + (d * x[row].float())[:, None] * B[row].float()
+        y = _skip_and_gate(h @ C[row].float(), x[row], D, None if z is None else z[row])
+        out[row] = y.to(x.dtype)
+        state[slot] = h.to(state.dtype)
+        if slot_positions is not None:
+            if positions is None:
+                raise ValueError("slot_positions needs positions")
+            slot_positions[slot] = positions[row] + 1
     return out
 
 

@@ -88,8 +88,31 @@ def write_ssm_states(
     write_slots(cache, meta.state_indices, chunk_end_states[last], slot_positions, meta.chunk_end_positions[last])
 
 
+def decode_rows(state_indices: torch.Tensor, has_initial_state: torch.Tensor | None) -> list[tuple[int, int, bool]]:
+    """(row, slot, has initial state) of every valid row of a one-token-per-row step, as Python values."""
+    slots = state_indices.tolist()
+    init = [True] * len(slots) if has_initial_state is None else has_initial_state.tolist()
+    return [(r, s, bool(i)) for r, (s, i) in enumerate(zip(slots, init)) if s != PAD_SLOT_ID]
+
+
+def record_decode_positions(
+    slot_positions: torch.Tensor | None, state_indices: torch.Tensor, positions: torch.Tensor | None
+) -> None:
+    """slot_positions[slot] = positions + 1 for every valid row (a decode step folds one token per row)."""
+    if slot_positions is None:
+        return
+    if positions is None:
+        raise ValueError("slot_positions needs positions")
+    if PAD_SLOT_ID in state_indices.tolist():
+        keep = state_indices != PAD_SLOT_ID
+        state_indices, positions = state_indices[keep], positions[keep]
+    slot_positions.index_copy_(0, state_indices, (positions + 1).to(slot_positions.dtype))
+
+
 def copy_decode_checkpoints(cache: torch.Tensor, meta: SSMMetadata, slot_positions: torch.Tensor | None) -> None:
     """In a decode batch (one chunk per row), copy each row's new running state to its checkpoint slot."""
+    if all(d == PAD_SLOT_ID for d in meta.chunk_dest_slots_list):  # no checkpoint this step (the usual case)
+        return
     keep = (meta.chunk_dest_slots != PAD_SLOT_ID) & (meta.state_indices != PAD_SLOT_ID)
     if not bool(keep.any()):
         return

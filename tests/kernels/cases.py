@@ -16,7 +16,8 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_varlen
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
-from recap.kernels.ssd import ssd_ref, ssd_state_update, ssd_varlen
+from recap.kernels.ssd import ssd_ref, ssd_varlen
+from recap.kernels.ssd_decode import ssd_state_update
 
 Tensors = dict[str, torch.Tensor]
 

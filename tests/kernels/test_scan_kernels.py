@@ -121,3 +121,26 @@ def test_ssd_long_rows_many_chunks(groups: int, with_d: bool, limit: tuple[float
     if limit[1] < 1:  # the clamp matters: unclamped dt would give another result
         other = ssd_ref(x, dt, A, B, C, None, bias, True, (0.0, float("inf")), before.clone(), meta)
         assert not torch.allclose(other, y_ref, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "decay", [(0.5, 1.0, 2.0), (0.05, 3.0, 60.0), (40.0, 50.0, 60.0)], ids=["mild", "mixed", "strong"]
+)
+def test_ssd_equal_chunks_view_path_and_strong_decay(decay: tuple[float, float, float]) -> None:
+    """Every sub-chunk exactly full (the kernel's no-gather path), G = 1. Heads whose chunks decay more than
+    FACTOR_SPAN take the exact intra-chunk form, the others the factorized one (mixed: both in one step);
+    strong decay drives exp(segsum) far below the fp32 normal range, where the kernel clamps."""
+    gen = torch.Generator().manual_seed(4)
+    t, h, p, n = 96, 3, 4, 5
+    x, dt = torch.randn(t, h, p, generator=gen), torch.randn(t, h, generator=gen) + 1
+    B, C = torch.randn(t, 1, n, generator=gen), torch.randn(t, 1, n, generator=gen)
+    A, D, bias = -torch.tensor(decay), torch.randn(h, generator=gen), torch.randn(h, generator=gen)
+    meta = build_meta([Row({"x": torch.zeros(t)}, 64, 1, [(80, 2), (128, 3)])], 32)  # chunks of 16 at sub 16
+    cache = torch.randn(4, h, p, n, generator=gen)
+    cache_ref = cache.clone()
+    args = (x, dt, A, B, C, D, bias, True, (0.0, float("inf")))
+    y = ssd_varlen(*args, cache, meta, sub_chunk=16)
+    y_ref = ssd_ref(*args, cache_ref, meta)
+    assert y.isfinite().all()
+    assert_close(y, y_ref)
+    assert_close(cache, cache_ref)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from recap.model.cache import UNWRITTEN, ModelCaches
 from recap.model.layers.linear import Linear, onednn_available
-from recap.model.layers.norm import GatedRMSNorm
+from recap.model.layers.norm import GatedRMSNorm, RMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.loader import load_model
 
@@ -53,6 +53,29 @@ def test_gated_rmsnorm_is_groupwise() -> None:
     x = torch.tensor([[1.0, 1.0, 1.0, 1.0, 10.0, 10.0, 10.0, 10.0]])
     z = torch.full_like(x, 20.0)  # silu(20) ~ 20: the gate scales every channel alike
     torch.testing.assert_close(norm(x, z), torch.ones_like(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norms_match_plain_formulas(dtype: torch.dtype) -> None:
+    """The in-place norms against the textbook order of operations (fp32 math, cast back, then weight)."""
+    g = torch.Generator().manual_seed(2)
+    x, z = torch.randn(7, 12, generator=g).to(dtype), torch.randn(7, 12, generator=g).to(dtype)
+    w = torch.randn(12, generator=g).to(dtype)
+    norm, gated = RMSNorm(12, 1e-5, dtype), GatedRMSNorm(12, 4, 1e-5, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        gated.weight.copy_(w)
+    x_in = x.clone()
+
+    def plain(v: torch.Tensor) -> torch.Tensor:
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(norm(x), w * plain(x.float()).to(dtype), **tol)
+    h = x.float() * F.silu(z.float())
+    expected = w * plain(h.view(7, 3, 4)).view(7, 12).to(dtype)
+    torch.testing.assert_close(gated(x, z), expected, **tol)
+    assert torch.equal(x, x_in)  # inputs are not modified in place
 
 
 def test_partial_rotary_leaves_tail_and_preserves_norm() -> None:

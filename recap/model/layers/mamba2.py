@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.ssd import ssd_state_update, ssd_varlen
+from recap.kernels.ssd import ssd_varlen
+from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.config import Mamba2Config
 from recap.model.layers.conv import CausalConv1d

@@ -9,10 +9,16 @@ from torch import nn
 from recap.model.layers.linear import empty_param
 
 
+def _inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dim (keepdim), from one reduction pass (no x^2 temporary)."""
+    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    return ms.add_(eps).rsqrt_()
+
+
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) over the last dim, in fp32 (no weight)."""
+    """x / rms(x) over the last dim, in fp32 (no weight); a new tensor."""
     x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * _inv_rms(x, eps)
 
 
 class RMSNorm(nn.Module):
@@ -24,7 +30,8 @@ class RMSNorm(nn.Module):
         self.weight = empty_param(dim, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
+        y = rms_normalize(x, self.eps)
+        return y.mul_(self.weight) if x.dtype == torch.float32 else self.weight * y.to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -39,7 +46,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        h = x.float() * F.silu(z.float())
+        h = F.silu(z.float()).mul_(x.float())  # a fresh fp32 tensor, normalized in place below
         groups = h.view(*h.shape[:-1], -1, self.group_size)  # (..., g, group_size)
-        h = rms_normalize(groups, self.eps).view(h.shape)
-        return self.weight * h.to(dtype)
+        groups.mul_(_inv_rms(groups, self.eps))
+        return h.mul_(self.weight) if dtype == torch.float32 else self.weight * h.to(dtype)
