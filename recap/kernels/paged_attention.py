@@ -142,9 +142,12 @@ def paged_attention(
         if end - start == 1:
             continue
         ctx, seq = meta.context_lens_list[r], meta.seq_lens_list[r]
-        table, seq_t = meta.block_tables[r : r + 1], meta.seq_lens[r : r + 1]
-        kk = _gather_blocks(k_cache, table, seq_t)[0, :, :seq]  # (hkv, s, dh)
-        vv = _gather_blocks(v_cache, table, seq_t)[0, :, :seq]
+        if ctx == 0 and k.dtype == k_cache.dtype:  # every key is new: take them from k/v, not the cache
+            kk, vv = k[start:end].float().transpose(0, 1), v[start:end].float().transpose(0, 1)  # (hkv, s, dh)
+        else:
+            table, seq_t = meta.block_tables[r : r + 1], meta.seq_lens[r : r + 1]
+            kk = _gather_blocks(k_cache, table, seq_t)[0, :, :seq]  # (hkv, s, dh)
+            vv = _gather_blocks(v_cache, table, seq_t)[0, :, :seq]
         qq = q[start:end].float().transpose(0, 1)  # (hq, n, dh)
         o = _prefill_attention(qq, kk, vv, ctx, scale)
         out[start:end] = o.transpose(0, 1).to(q.dtype)  # (n, hq, dh)

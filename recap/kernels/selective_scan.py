@@ -15,8 +15,13 @@ across), and below MIN_SPLIT tokens takes a log-depth (Hillis-Steele) scan, whic
 Blocks go one block index at a time, vectorized over rows; the state is carried from step to step.
 
 Measured (T=2048, I=1536, N=16, one thread, CPU time on a shared machine): this form at block 16
-~220 ms; the same with aten::cumsum over t (slow on a middle dim) ~630 ms; a log-depth scan at block
-16 ~310 ms; a Python loop over tokens (not allowed for prefill) ~140 ms. exp alone is ~60 ms of it.
+~220 ms, ~170-180 ms since h_0 is folded into the GEMM and the skip/gate run in place (blocks of 8, 32
+and 64: ~190, ~255, ~290 ms); the same with aten::cumsum over t (slow on a middle dim) ~630 ms; a
+log-depth scan at block 16 ~310 ms; a Python loop over tokens (not allowed for prefill) ~140 ms. exp
+alone is ~60 ms of it. A two-level pass (all blocks at once from zero, then one carry pass) would save
+the per-block Python calls (~20 ms) but add a correction pass over (T, I, N) (~20 ms): estimated from
+those op costs, not built.
+Decode batches go to selective_state_update (in place on each slot, row by row).
 """
 
 from __future__ import annotations

@@ -136,18 +136,17 @@ def ssd_varlen(
 
     # 2. chunk states: sum_j exp(dA_{j+1} + .. + dA_end) Delta_j x_j B_j^T
     decay_to_end = _exp((cs[..., -1:] - cs).float())  # (c, h, q)
-    wx = dx * decay_to_end.transpose(1, 2)[..., None]  # (c, q, h, p)
+    wx = dx.mul_(decay_to_end.transpose(1, 2)[..., None])  # (c, q, h, p), in place: dx is not needed again
     states = _outer_sum(wx, bc)  # (c, h, p, n)
 
-    # 3. inter-chunk recurrence, from each row's slot state
+    # 3. inter-chunk recurrence, from each row's slot state: in place, states[c] becomes the state after chunk c
     chunk_decay = _exp(cs[..., -1].float())[..., None, None]  # (c, h, 1, 1)
     h0 = read_initial(ssm_state, meta.state_indices, meta.has_initial_state)  # (b, h, p, n)
-    h_start = _pass_states(h0, chunk_decay, states, first, counts)  # (c, h, p, n)
-    h_end = torch.addcmul(states[meta_ends], chunk_decay[meta_ends], h_start[meta_ends])  # (C, h, p, n)
-    write_ssm_states(ssm_state, h_end, meta, slot_positions)
+    _carry_states(h0, chunk_decay, states, first, counts)  # (c, h, p, n)
+    write_ssm_states(ssm_state, states[meta_ends], meta, slot_positions)
 
     # 4. state -> output: Y_off[i] = exp(dA_1 + .. + dA_i) C_i . h_start, token-major, plus Y_diag
-    y_tok = _state_readout(cc, h_start)  # (c, q, h, p)
+    y_tok = _state_readout(cc, states, h0, first)  # (c, q, h, p)
     y_tok.mul_(_exp(cs.float()).transpose(1, 2)[..., None]).add_(y)
     y_tok = y_tok.view(nc * q, nh, p)
     out = y_tok if full else y_tok.index_select(0, _token_slots(cu, q, t))  # (t, h, p)
@@ -219,14 +218,35 @@ def _outer_sum(wx: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
     return torch.einsum("cqgm,cqgn->cgmn", wxg, bc).reshape(nc, nh, p, n)
 
 
-def _state_readout(cc: torch.Tensor, h_start: torch.Tensor) -> torch.Tensor:
-    """(c, q, h, p) = C_i . h_start per chunk; cc (c, q, g, n), h_start (c, h, p, n)."""
+def _state_readout(cc: torch.Tensor, h_after: torch.Tensor, h0: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """(c, q, h, p) = C_i . h_start per chunk; cc (c, q, g, n), h_after (c, h, p, n) the state after each chunk.
+
+    Chunk c starts from h_after[c - 1], except a row's first chunk, which starts from that row's h0 (b, h, p, n):
+    one batched GEMM over the shifted states, then the first chunks again from h0.
+    """
     nc, q, g, n = cc.shape
-    nh, p = h_start.shape[1:3]
+    nh, p = h_after.shape[1:3]
+    y = torch.empty(nc, q, nh, p, dtype=torch.float32, device=cc.device)
+    _readout_into(y[1:], cc[1:], h_after[:-1])
+    if first.numel() == 1:  # one row: only chunk 0 starts from h0
+        _readout_into(y[:1], cc[:1], h0)
+    else:
+        start = torch.empty(first.numel(), q, nh, p, dtype=torch.float32, device=cc.device)
+        _readout_into(start, cc[first], h0)
+        y[first] = start
+    return y
+
+
+def _readout_into(out: torch.Tensor, cc: torch.Tensor, hs: torch.Tensor) -> None:
+    """out (k, q, h, p) = C_i . hs per chunk; cc (k, q, g, n), hs (k, h, p, n). out is contiguous."""
+    k, q, g, n = cc.shape
+    nh, p = hs.shape[1:3]
+    if k == 0:
+        return
     if g == 1:  # one GEMM per chunk: (q, n) @ (n, h p)
-        return torch.matmul(cc.view(nc, q, n), h_start.view(nc, nh * p, n).transpose(1, 2)).view(nc, q, nh, p)
-    hs = h_start.view(nc, g, nh // g * p, n)
-    return torch.einsum("cqgn,cgmn->cqgm", cc, hs).contiguous().view(nc, q, nh, p)
+        torch.matmul(cc.view(k, q, n), hs.reshape(k, nh * p, n).transpose(1, 2), out=out.view(k, q, nh * p))
+    else:
+        out.copy_(torch.einsum("cqgn,cgmn->cqgm", cc, hs.reshape(k, g, nh // g * p, n)).reshape(k, q, nh, p))
 
 
 def _token_slots(cu: torch.Tensor, q: int, t: int) -> torch.Tensor:
@@ -236,31 +256,25 @@ def _token_slots(cu: torch.Tensor, q: int, t: int) -> torch.Tensor:
     return torch.arange(t, device=cu.device) + chunk * q - cu[chunk]
 
 
-def _pass_states(
-    h: torch.Tensor, chunk_decay: torch.Tensor, states: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
-) -> torch.Tensor:
-    """State at the start of every chunk: h_start[k+1] = decay[k] h_start[k] + states[k] within each row.
+def _carry_states(
+    h0: torch.Tensor, chunk_decay: torch.Tensor, states: torch.Tensor, first: torch.Tensor, counts: torch.Tensor
+) -> None:
+    """In place: states[c] += decay[c] * (state after the previous chunk of the row, or the row's h0).
 
-    h: (b, h, p, n) initial states; one chunk index at a time, vectorized across rows (views when one row).
+    Afterwards states[c] is the state after chunk c. One chunk index at a time, vectorized across rows;
+    views (no gather) while a single row is left, as in a long prefill.
     """
-    h_start = torch.empty_like(states)
     first_l, counts_l = first.tolist(), counts.tolist()
     for k in range(max(counts_l)):
         rows = [r for r, cnt in enumerate(counts_l) if cnt > k]
         if len(rows) == 1:
             c = first_l[rows[0]] + k
-            if k == 0:
-                h_start[c] = h[rows[0]]
-            else:
-                torch.addcmul(states[c - 1], chunk_decay[c - 1], h_start[c - 1], out=h_start[c])
+            states[c].addcmul_(chunk_decay[c], h0[rows[0]] if k == 0 else states[c - 1])
             continue
-        rows_t = torch.tensor(rows, device=h.device)
+        rows_t = torch.tensor(rows, device=states.device)
         cid = first[rows_t] + k
-        if k == 0:
-            h_start[cid] = h[rows_t]
-        else:
-            h_start[cid] = torch.addcmul(states[cid - 1], chunk_decay[cid - 1], h_start[cid - 1])
-    return h_start
+        prev = h0[rows_t] if k == 0 else states[cid - 1]
+        states[cid] = torch.addcmul(states[cid], chunk_decay[cid], prev)
 
 
 def ssd_ref(
