@@ -11,10 +11,14 @@ Positions are absolute token counts p (a multiple of block_size): "the state aft
   tail:        the prompt end minus a learned divergence distance (below).
 Learned tail: when a request's KV hit ends at h inside a chain that an earlier request extended to its
 prompt end E, the later request diverged E - h tokens before that end. The policy keeps the recent
-distances and checkpoints each new prompt at its end minus a high quantile of them. Where requests
-extend whole prompts (chat turns) the distance is ~0 and the tail is the prompt end; where they share
-only part of the tail (a re-rendered last message, a trace hashed on a coarser grid, a document with
-different questions) the tail lands inside the shared part on the first sharing, not one turn late.
+distances and checkpoints each new prompt of end E at E - d, choosing d to maximize the expected
+saving F(d) * (E - d), F the share of recent distances <= d: a checkpoint at E - d serves every later
+request diverging within d of the end and saves E - d tokens to each. A long prompt so reaches far back
+(losing d tokens costs it little), a short one stays near its end. Where requests extend whole prompts
+(chat turns) the distances are ~0 and the tail is the prompt end; where they share only part of the tail
+(a re-rendered last message, a trace hashed on a coarser grid, a document with different questions)
+the tail lands inside the shared part on the first sharing, not one turn late. A tail at or before a
+proven position of the same request is not written: that position is the measured version of it.
 Sharing evidence makes a checkpoint "proven" (segment boundaries, learned branch points): the state
 pool protects those from speculative ones (state_pool.py).
 Learned yield: the state pool reports, per source, whether each checkpoint was hit before it left.
@@ -35,8 +39,7 @@ from typing import NamedTuple
 from recap.config import CacheConfig
 from recap.core.request import Request
 
-TAIL_WINDOW = 64  # recent divergence distances kept
-TAIL_QUANTILE = 0.9  # the tail covers this share of them
+TAIL_WINDOW = 256  # recent divergence distances kept
 EXTENT_CAPACITY = 1 << 20  # block hashes remembered with the prompt end that last extended them
 
 YIELD_MIN_SAMPLES = 64  # outcomes of a source before its yield is trusted
@@ -98,7 +101,7 @@ class CheckpointPolicy:
     # -- learned yield ---------------------------------------------------------------------------
     def record_outcome(self, source: int, hit: bool) -> None:
         """The state pool reports a checkpoint's first hit, or its departure without one."""
-        self.outcomes[Source(source)][0 if hit else 1] += 1
+        self.outcomes[source][0 if hit else 1] += 1  # an IntEnum key: the int finds it
 
     def pays(self, source: Source) -> bool:
         """Whether to write this source's checkpoints for the next request (sampled when it does not pay)."""
@@ -137,7 +140,8 @@ class CheckpointPolicy:
                 for g in self._geometric_positions(sorted(segments | {0}), end):
                     add(g, Source.GEOMETRIC)
             tail = self._tail(request, kv_hit_tokens, end)
-            if tail > hit_tokens and wanted[Source.TAIL]:
+            measured = max((p for p, src in sites.items() if src in PROVEN_SOURCES), default=0)
+            if tail > max(hit_tokens, measured) and wanted[Source.TAIL]:
                 add(tail, Source.TAIL)
             if self._interval and wanted[Source.INTERVAL]:
                 for p in range(self._interval, request.num_prompt_tokens + 1, self._interval):
@@ -145,14 +149,24 @@ class CheckpointPolicy:
         self._static[request.request_id] = sites
         self._decode[request.request_id] = self.name == "recap" and self.pays(Source.DECODE_END)
 
-    def tail_distance(self, cache_salt: str | None = None) -> int:
-        """The learned divergence distance (tokens, a multiple of block_size); 0 before any sharing."""
-        seen = self._distances.get(cache_salt)
-        if not seen:
-            return 0
-        ranked = sorted(seen)
-        d = ranked[min(len(ranked) - 1, int(TAIL_QUANTILE * len(ranked)))]
-        return -(-d // self.block_size) * self.block_size
+    def observe_divergence(self, distance: int, cache_salt: str | None = None) -> None:
+        """A request diverged `distance` tokens before the prompt end of the chain it shared."""
+        self._distances.setdefault(cache_salt, deque(maxlen=TAIL_WINDOW)).append(distance)
+
+    def tail_distance(self, prompt_end: int, cache_salt: str | None = None) -> int:
+        """The learned divergence distance for a prompt ending at `prompt_end` (a multiple of block_size).
+
+        argmax over the recent distances d of F(d) * (prompt_end - d); 0 before any sharing was seen.
+        """
+        ranked = sorted(self._distances.get(cache_salt, ()))
+        best, choice = -1.0, 0
+        for i, d in enumerate(ranked):
+            if d >= prompt_end:
+                break
+            saving = (i + 1) * (prompt_end - d)  # F(d) * n * (E - d); ties keep the shorter distance
+            if saving > best:
+                best, choice = saving, d
+        return -(-choice // self.block_size) * self.block_size
 
     def _tail(self, request: Request, kv_hit_tokens: int, end: int) -> int:
         """Observe this request's divergence from the chain it shares; return its own tail position."""
@@ -163,14 +177,13 @@ class CheckpointPolicy:
         if 0 < k <= len(hashes):
             previous_end = extent.get(hashes[k - 1])
             if previous_end is not None:
-                seen = self._distances.setdefault(request.cache_salt, deque(maxlen=TAIL_WINDOW))
-                seen.append(max(0, previous_end - kv_hit_tokens))
+                self.observe_divergence(max(0, previous_end - kv_hit_tokens), request.cache_salt)
         for h in hashes[k : end // bs]:  # the new part of the chain now ends at this prompt's end
             extent[h] = end
             extent.move_to_end(h)
         while len(extent) > EXTENT_CAPACITY:
             extent.popitem(last=False)
-        return max(0, end - self.tail_distance(request.cache_salt))
+        return max(0, end - self.tail_distance(end, request.cache_salt))
 
     def _geometric_positions(self, starts: list[int], limit: int) -> set[int]:
         out: set[int] = set()

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite
 from recap.core.request import Request
 from recap.core.state_pool import StatePool
 
 
-@dataclass(frozen=True)
-class PlannedWrite:
+class PlannedWrite(NamedTuple):
     """A checkpoint write the in-flight step was asked to perform."""
 
     write: CheckpointWrite
     block_hash: int
     # A decode-end snapshot: superseded (dropped) by the request's next one unless it was hit meanwhile.
     provisional: bool
-    proven: bool = False  # sharing observed or declared here: registered into the protected segment
+    proven: bool = False  # sharing observed or declared here: one hit's worth of evidence
     source: int = 0  # the policy's reason (recap.core.policy.Source), for learned yields
+    value_tokens: int = 0  # tokens it saves beyond the request's shallower checkpoint (its eviction value)
 
 
 class StateManager:
@@ -37,6 +37,7 @@ class StateManager:
         self.running: dict[str, int] = {}
         self.pending: dict[str, list[PlannedWrite]] = {}
         self._provisional: dict[str, tuple[int, int]] = {}  # request -> (slot, hash) of its last snapshot
+        self._base: dict[str, int] = {}  # request -> position of its deepest checkpoint so far (hit or own)
         self.num_planned = 0
         self.num_skipped_existing = 0  # already registered: nothing to write
         self.num_skipped_no_slot = 0  # no slot worth taking: skipped, never preempted for
@@ -60,9 +61,11 @@ class StateManager:
     def admit(self, request_id: str, hit_slot: int) -> tuple[int, int] | None:
         """Take a running slot; on a hit, pin the checkpoint and return the (src, dst) copy to perform."""
         assert request_id not in self.running, f"{request_id} already holds a running slot"
+        self._base[request_id] = 0
         if hit_slot != PAD_SLOT_ID:
             self.pool.pin(hit_slot)  # before allocating: the allocation must not evict it
             self.pool.touch(hit_slot)
+            self._base[request_id] = self.pool.slot_position[hit_slot]
         slot = self.pool.allocate_running()
         assert slot is not None, "admit without can_admit"
         self.running[request_id] = slot
@@ -77,17 +80,26 @@ class StateManager:
         proven: bool = False,
         source: int = 0,
     ) -> CheckpointWrite | None:
-        """A fresh PENDING slot for the state after `position` tokens; None if registered or no slot."""
+        """A fresh PENDING slot for the state after `position` tokens; None if registered or no slot.
+
+        Its eviction value counts the tokens past the request's deepest checkpoint so far (the one it hit
+        or its own previous one): what holding it saves over what the chain already has.
+        """
+        base = self._base.get(request_id, 0)
+        value = max(position - base, self.block_size)
+        if not provisional:  # a snapshot is superseded by the next one: it is no base for later positions
+            self._base[request_id] = max(base, position)
         if self.pool.lookup(block_hash) is not None:
             self.num_skipped_existing += 1
             return None
-        slot = self.pool.allocate_checkpoint(position, proven)
+        slot = self.pool.allocate_checkpoint(position, proven, value)
         if slot is None:
             self.num_skipped_no_slot += 1
             return None
         self.num_planned += 1
         write = CheckpointWrite(position, slot)
-        self.pending.setdefault(request_id, []).append(PlannedWrite(write, block_hash, provisional, proven, source))
+        plan = PlannedWrite(write, block_hash, provisional, proven, source, value)
+        self.pending.setdefault(request_id, []).append(plan)
         return write
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
@@ -108,7 +120,9 @@ class StateManager:
             if report is None:
                 self.pool.free(plan.write.slot)  # planned but not written: never findable
                 continue
-            ok = self.pool.register(report, plan.write, plan.block_hash, request.block_hashes, plan.proven, plan.source)
+            ok = self.pool.register(
+                report, plan.write, plan.block_hash, request.block_hashes, plan.proven, plan.source, plan.value_tokens
+            )
             registered += ok
             if plan.provisional or plan.write.position >= request.num_prompt_tokens:
                 self._supersede(request.request_id, plan, ok)
@@ -130,6 +144,7 @@ class StateManager:
         for plan in self.pending.pop(request_id, ()):
             self.pool.free(plan.write.slot)
         self._provisional.pop(request_id, None)
+        self._base.pop(request_id, None)
 
     def forget_provisional(self) -> None:
         self._provisional.clear()

@@ -7,25 +7,28 @@ A slot is one sequence's conv + SSM state for every SSM layer. Each slot is in e
   CHECKPOINT: registered under (h[k], k * block_size) once the writing step completed; immutable;
               evictable unless pinned (a copy from it is in flight).
 
-Eviction is segmented (SLRU) with utility inside the protected segment:
-  probation: checkpoints with no evidence of sharing yet (prompt ends, decode ends, tails). Evicted
-             first, oldest first: their value is speculative, so depth must not keep them alive.
-  protected: checkpoints a hit used, or written at a position where sharing was observed (learned
-             branch points) or declared (segment boundaries). Ordered GreedyDual style: priority =
-             L + value, value = tokens covered x FLOPs per token / bytes per slot (the compute it
-             saves per byte), L = the priority of the last protected eviction, so recency enters
-             through L. Equal priorities evict the older entry first.
-Protected checkpoints may fill at most `protected_share` of the slots; past that, the lowest-utility
-protected one goes first, so speculative checkpoints always get room to prove themselves. Replaying
-the Mooncake trace (docs/replay.md) showed why: ordering all checkpoints by depth alone kept deep
-prompt ends that were never shared and refused the shallow branch points that carry the hits.
+Eviction is GreedyDual-Size-Frequency over every unpinned checkpoint, one heap:
+  priority = L + value x (1 + evidence)
+  value    = the compute the checkpoint saves per byte beyond the next shallower checkpoint its writer
+             had on the same chain (its hit, or its own previous checkpoint): tokens x FLOPs per token /
+             bytes per slot. Measuring from that base, not from 0, is what keeps a one-block-deeper copy
+             of a shared prefix (a sibling's tail, a re-asked question) from outranking the checkpoint
+             that carries the sharing, while a fresh document's tail, worth its whole length, waits long
+             enough for its first sharer.
+  evidence = hits so far, plus one when sharing was observed or declared at the position (learned
+             branch points, segment boundaries).
+  L        = the priority of the last eviction (or refusal), so recency enters through L.
+A new checkpoint whose priority would be below every evictable one is refused instead of displacing a
+better one (it raises L like an eviction). Equal priorities evict the older entry first.
+Replaying the Mooncake trace (docs/replay.md) chose this over depth-only GreedyDual (deep one-shot
+prompt ends crowd out shallow branch points) and over probation/protected segments (a fresh
+document's tail, first shared ~500 requests later, cannot survive a small probation segment).
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from recap.core.output import CheckpointWrite
@@ -45,24 +48,12 @@ class StatePool:
     CHECKPOINT or frees it; `touch` refreshes a checkpoint's utility; `pin` protects it from eviction.
     """
 
-    def __init__(
-        self,
-        num_slots: int,
-        block_size: int,
-        bytes_per_slot: int = 0,
-        flops_per_token: float = 1.0,
-        protected_share: float = 0.9,
-    ) -> None:
+    def __init__(self, num_slots: int, block_size: int, bytes_per_slot: int = 0, flops_per_token: float = 1.0) -> None:
         if num_slots < 1:
             raise ValueError("the state pool needs at least one slot")
-        if not 0.0 < protected_share <= 1.0:
-            raise ValueError("protected_share must be in (0, 1]")
-        self.protected_cap = max(1, int(num_slots * protected_share))
         # Told (source, hit) once per checkpoint: at its first hit, or when it leaves unhit.
         self.on_outcome: Callable[[int, bool], None] | None = None
         self.slot_source = [0] * num_slots
-        self.probation: OrderedDict[int, None] = OrderedDict()  # unproven checkpoints, oldest first
-        self.protected: set[int] = set()
         self.num_slots = num_slots
         self.block_size = block_size
         self.bytes_per_slot = bytes_per_slot
@@ -72,6 +63,8 @@ class StatePool:
         self._by_hash: dict[int, int] = {}
         self.slot_hash: list[int | None] = [None] * num_slots
         self.slot_position = [0] * num_slots
+        self.slot_value_tokens = [0] * num_slots  # tokens saved beyond the writer's shallower checkpoint
+        self.slot_evidence = [0] * num_slots  # hits, plus one if sharing was observed at registration
         self.pins = [0] * num_slots
         self.slot_hits = [0] * num_slots  # hits since registration
         self._num_pinned = 0
@@ -84,6 +77,7 @@ class StatePool:
         self.num_created = 0
         self.num_evicted = 0
         self.num_refused = 0  # registrations refused for provenance
+        self.num_declined = 0  # checkpoints not written: worth less than every evictable one
         self.num_duplicates = 0  # written checkpoints dropped because the key was already registered
 
     # -- counts -------------------------------------------------------------------------------
@@ -108,9 +102,9 @@ class StatePool:
     def num_in_use(self) -> int:
         return self.num_slots - len(self._free) - self._num_checkpoints
 
-    def value(self, position: int) -> float:
-        """Compute saved per byte by a checkpoint after `position` tokens."""
-        return position * self._value_per_token
+    def utility(self, value_tokens: int, evidence: int) -> float:
+        """Compute saved per byte by a checkpoint worth `value_tokens` tokens, weighted by its evidence."""
+        return value_tokens * self._value_per_token * (1 + evidence)
 
     # -- lookup ---------------------------------------------------------------------------------
     def lookup(self, block_hash: int) -> int | None:
@@ -121,25 +115,35 @@ class StatePool:
 
     # -- allocation -----------------------------------------------------------------------------
     def allocate_running(self) -> int | None:
-        """A slot for a running request, evicting the lowest-utility checkpoint if none is free."""
+        """A slot for a running request, evicting the lowest-priority checkpoint if none is free."""
         return self._allocate(SlotKind.RUNNING)
 
-    def allocate_checkpoint(self, position: int, proven: bool = False) -> int | None:
-        """A PENDING slot for a checkpoint after `position` tokens, or None if none can be had.
+    def allocate_checkpoint(self, position: int, proven: bool = False, value_tokens: int | None = None) -> int | None:
+        """A PENDING slot for a checkpoint after `position` tokens, or None if none is worth taking.
 
-        A speculative (unproven) checkpoint may only displace another speculative one, unless the
-        protected segment is over its share; a proven one may displace the lowest-utility protected one.
+        `value_tokens`: tokens it saves beyond its writer's shallower checkpoint (default: all `position`).
+        With no free slot, the lowest-priority evictable checkpoint is displaced only if the new one would
+        rank above it; otherwise the write is declined (and L rises to the new one's priority).
         """
-        return self._allocate(SlotKind.PENDING, allow_protected=proven)
+        if not self._free:
+            value = position if value_tokens is None else value_tokens
+            priority = self._inflation + self.utility(value, int(proven))
+            floor = self._min_priority()
+            if floor is None:
+                return None
+            if priority < floor:
+                self._inflation = max(self._inflation, priority)
+                self.num_declined += 1
+                return None
+        return self._allocate(SlotKind.PENDING)
 
-    def _allocate(self, kind: SlotKind, allow_protected: bool = True) -> int | None:
+    def _allocate(self, kind: SlotKind) -> int | None:
         if self._free:
             slot = self._free.pop()
         else:
-            victim = self._evict_one(allow_protected)
-            if victim is None:
+            slot = self._evict_one()
+            if slot is None:
                 return None
-            slot = victim
         self.kind[slot] = kind
         return slot
 
@@ -149,33 +153,37 @@ class StatePool:
         self.kind[slot] = SlotKind.FREE
         self._free.append(slot)
 
-    def _evict_one(self, allow_protected: bool) -> int | None:
-        over_cap = len(self.protected) > self.protected_cap
-        victim = None if over_cap else next((slot for slot in self.probation if not self.pins[slot]), None)
-        if victim is None and (allow_protected or over_cap):
-            victim = self._pop_protected()
-        if victim is None and over_cap:  # every protected one is pinned
-            victim = next((slot for slot in self.probation if not self.pins[slot]), None)
+    def _live(self, entry: tuple[float, int, int, int]) -> bool:
+        slot = entry[2]
+        return entry[3] == self._version[slot] and self.kind[slot] == SlotKind.CHECKPOINT
+
+    def _min_priority(self) -> float | None:
+        """The lowest priority among evictable checkpoints; None if every checkpoint is pinned (or none)."""
+        heap = self._heap
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        if heap and not self.pins[heap[0][2]]:
+            return heap[0][0]
+        live = [e[0] for e in heap if self._live(e) and not self.pins[e[2]]]
+        return min(live) if live else None
+
+    def _evict_one(self) -> int | None:
+        heap, stash, victim = self._heap, [], None
+        while heap:
+            entry = heapq.heappop(heap)
+            if not self._live(entry):
+                continue
+            if self.pins[entry[2]]:
+                stash.append(entry)
+                continue
+            victim = entry[2]
+            self._inflation = max(self._inflation, entry[0])
+            break
+        for entry in stash:
+            heapq.heappush(heap, entry)
         if victim is not None:
             self._unregister(victim)
             self.num_evicted += 1
-        return victim
-
-    def _pop_protected(self) -> int | None:
-        heap, stash, victim = self._heap, [], None
-        while heap:
-            priority, _, slot, version = heap[0]
-            if version != self._version[slot] or slot not in self.protected:
-                heapq.heappop(heap)  # stale
-            elif self.pins[slot]:
-                stash.append(heapq.heappop(heap))
-            else:
-                heapq.heappop(heap)
-                victim = slot
-                self._inflation = max(self._inflation, priority)
-                break
-        for entry in stash:
-            heapq.heappush(heap, entry)
         return victim
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -187,10 +195,12 @@ class StatePool:
         request_block_hashes: Sequence[int],
         proven: bool = False,
         source: int = 0,
+        value_tokens: int | None = None,
     ) -> bool:
         """Register the PENDING slot `written.slot` as the checkpoint after `written.position` tokens.
 
-        `proven`: sharing was observed or declared at this position (protected segment from the start).
+        `proven`: sharing was observed or declared at this position (counts as one hit of evidence).
+        `value_tokens`: tokens saved beyond the writer's shallower checkpoint (default: the position).
 
         Refuses (and frees the slot) unless the kernel's report equals the plan, the position is a
         positive multiple of block_size, and `block_hash` is the request's hash at that position.
@@ -216,41 +226,41 @@ class StatePool:
         self.kind[slot] = SlotKind.CHECKPOINT
         self.slot_hash[slot] = block_hash
         self.slot_position[slot] = position
+        self.slot_value_tokens[slot] = max(1, min(position, position if value_tokens is None else value_tokens))
+        self.slot_evidence[slot] = int(proven)
         self.slot_hits[slot] = 0
         self.slot_source[slot] = source
         self._by_hash[block_hash] = slot
         self._num_checkpoints += 1
         self.num_created += 1
-        if proven:
-            self._protect(slot)
-        else:
-            self.probation[slot] = None
+        self._push(slot)
         return True
 
     def touch(self, slot: int) -> None:
-        """A hit used this checkpoint: refresh its utility (and only its)."""
+        """A hit used this checkpoint: refresh its priority (and only its)."""
         assert self.kind[slot] == SlotKind.CHECKPOINT
         if self.slot_hits[slot] == 0 and self.on_outcome is not None:
             self.on_outcome(self.slot_source[slot], True)
         self.slot_hits[slot] += 1
-        self._protect(slot)
-
-    def _protect(self, slot: int) -> None:
-        self.probation.pop(slot, None)
-        self.protected.add(slot)
+        self.slot_evidence[slot] += 1
         self._push(slot)
 
     def _push(self, slot: int) -> None:
         self._version[slot] += 1
         self._seq += 1
-        priority = self._inflation + self.value(self.slot_position[slot])
+        priority = self._inflation + self.utility(self.slot_value_tokens[slot], self.slot_evidence[slot])
         heapq.heappush(self._heap, (priority, self._seq, slot, self._version[slot]))
-        if len(self._heap) > 4 * len(self.protected) + 64:
+        if len(self._heap) > 4 * self._num_checkpoints + 64:
             self._compact()
 
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[3] == self._version[e[2]] and e[2] in self.protected]
+        self._heap = [e for e in self._heap if self._live(e)]
         heapq.heapify(self._heap)
+
+    def priority(self, slot: int) -> float:
+        """The current eviction priority of checkpoint `slot` (for tests and debugging)."""
+        assert self.kind[slot] == SlotKind.CHECKPOINT
+        return max(e[0] for e in self._heap if e[2] == slot and self._live(e))
 
     def _unregister(self, slot: int, report: bool = True) -> None:
         block_hash = self.slot_hash[slot]
@@ -260,8 +270,8 @@ class StatePool:
         del self._by_hash[block_hash]
         self.slot_hash[slot] = None
         self.slot_position[slot] = 0
-        self.probation.pop(slot, None)
-        self.protected.discard(slot)
+        self.slot_value_tokens[slot] = 0
+        self.slot_evidence[slot] = 0
         self._version[slot] += 1
         self._num_checkpoints -= 1
         self.kind[slot] = SlotKind.FREE
@@ -319,7 +329,8 @@ class StatePool:
                 assert self.slot_hash[slot] is None, f"{kind!r} slot {slot} keeps a hash"
                 assert self.pins[slot] == 0, f"{kind!r} slot {slot} is pinned (a pinned checkpoint was evicted)"
         assert counts[SlotKind.CHECKPOINT] == self._num_checkpoints == len(self._by_hash)
-        assert len(self.probation) + len(self.protected) == self._num_checkpoints, "a checkpoint is in no segment"
-        assert not (self.protected & set(self.probation)), "a checkpoint is in both segments"
+        live = {e[2] for e in self._heap if self._live(e)}
+        checkpoints = {s for s, kind in enumerate(self.kind) if kind == SlotKind.CHECKPOINT}
+        assert live == checkpoints, "a checkpoint is missing from the eviction heap"
         assert sum(1 for p in self.pins if p) == self._num_pinned
         assert counts[SlotKind.FREE] + self._num_checkpoints + self.num_in_use == self.num_slots

@@ -220,9 +220,9 @@ def test_policy_specs_parse_and_reject_typos() -> None:
             parse_policy(bad)
 
 
-def test_protected_branch_point_survives_one_shot_checkpoints(tmp_path: Path) -> None:
-    """B learns the branch point X (64); five unrelated requests then churn a 4-slot pool; D shares X."""
-    others = [list(range(10_000 * k, 10_000 * k + 96)) for k in range(1, 6)]
+def test_branch_point_outlives_deeper_one_shot_checkpoints(tmp_path: Path) -> None:
+    """B learns the branch point X (64); three unrelated requests then churn a 4-slot pool; D shares X."""
+    others = [list(range(10_000 * k, 10_000 * k + 96)) for k in range(1, 4)]
     prompts = [X + Y, X + Z, X + W, *others, X + list(range(5000, 5032))]
     rows = [{"timestamp": 10_000 * i, "prompt_token_ids": p, "output_length": 2} for i, p in enumerate(prompts)]
     path = _write(tmp_path / "churn.jsonl", rows)
@@ -230,8 +230,9 @@ def test_protected_branch_point_survives_one_shot_checkpoints(tmp_path: Path) ->
     setup = build_setup(_args(path, "--kv-unbounded", "--state-checkpoints", "3", "--max-num-seqs", "1"), trace)
     assert setup.num_state_slots == 4
     hits = replay(trace, "recap", setup, check_integrity=True).cached_tokens
-    # C and D hit the branch point B learned: it is protected, so the one-shot prompt ends of the
-    # unrelated requests (deeper, but never shared) cannot flush it.
+    # C and D hit the branch point B learned: its evidence (observed sharing, then C's hit) triples its
+    # value, so the prompt ends and snapshots of the unrelated requests (deeper, never shared) go first.
+    # (GreedyDual ages it out eventually: with four unrelated requests it is gone, by design.)
     assert hits == 64 + 64
 
 

@@ -96,14 +96,14 @@ def _hashed(rid: str, tokens: list[int]) -> Request:
 
 def test_recap_learns_the_tail_distance_from_where_requests_diverge() -> None:
     p = policy("recap")
-    assert p.tail_distance() == 0
+    assert p.tail_distance(96) == 0
     shared = list(range(64))
     a = _hashed("a", shared + list(range(1000, 1034)))  # 98 tokens: prompt end 96
     p.admit(a, 0, 0)
     assert [site.position for site in p.positions(a, 0, 98)] == [96]  # no sharing seen yet: tail = end
     b = _hashed("b", shared + list(range(2000, 2034)))  # diverges from a at 64, 32 tokens before a's end
     p.admit(b, 0, 64)
-    assert p.tail_distance() == 32
+    assert p.tail_distance(96) == 32
     # b: branch point 64 (proven), its tail 96 - 32 = 64 (the same boundary), prompt end 96.
     assert [(s.position, s.proven, s.source) for s in p.positions(b, 0, 98)] == [
         (64, True, Source.BRANCH),
@@ -112,6 +112,21 @@ def test_recap_learns_the_tail_distance_from_where_requests_diverge() -> None:
     c = _hashed("c", list(range(3000, 3100)))  # unrelated, 100 tokens: prompt end 96, tail 64
     p.admit(c, 0, 0)
     assert [site.position for site in p.positions(c, 0, 99)] == [64, 96]
+    # d shares a's first 80 tokens (16 before a's end): distances {16, 32}; at prompt end 96,
+    # F(16) * 80 = 40 < F(32) * 64 = 64, so the tail is 64, before d's branch point 80: not written.
+    d = _hashed("d", a.prompt_token_ids[:80] + list(range(4000, 4018)))
+    p.admit(d, 0, 80)
+    assert p.tail_distance(96) == 32
+    assert [(s.position, s.source) for s in p.positions(d, 0, 98)] == [(80, Source.BRANCH), (96, Source.PROMPT_END)]
+
+
+def test_the_tail_reaches_further_back_on_longer_prompts() -> None:
+    p = policy("recap")
+    for d in [0, 0, 0, 40, 40, 40, 40, 40]:
+        p.observe_divergence(d)
+    # E = 48: F(0) * 48 = 18 > F(40) * 8 = 8; E = 400: F(0) * 400 = 150 < F(40) * 360 = 360.
+    assert p.tail_distance(48) == 0 and p.tail_distance(400) == 40
+    assert p.tail_distance(40) == 0  # a distance that reaches the start is never chosen
 
 
 def test_a_speculative_source_that_never_pays_is_only_sampled() -> None:
@@ -143,4 +158,4 @@ def test_tail_distances_are_learned_per_cache_salt() -> None:
     p.admit(a, 0, 0)
     b = _hashed("b", shared + list(range(2000, 2034)))
     p.admit(b, 0, 64)
-    assert p.tail_distance() == 32 and p.tail_distance("tenant-2") == 0
+    assert p.tail_distance(96) == 32 and p.tail_distance(96, "tenant-2") == 0

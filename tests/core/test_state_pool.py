@@ -1,4 +1,4 @@
-"""State pool: slot roles, segmented eviction (probation LRU, protected by utility), pinning, provenance."""
+"""State pool: slot roles, GreedyDual-Size-Frequency eviction on marginal value, pinning, provenance."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ def chain(position: int, h: int) -> list[int]:
     return [1000 + i for i in range(k - 1)] + [h]
 
 
-def put(pool: StatePool, position: int, h: int, proven: bool = False) -> int:
-    slot = pool.allocate_checkpoint(position, proven)
+def put(pool: StatePool, position: int, h: int, proven: bool = False, value: int | None = None) -> int:
+    slot = pool.allocate_checkpoint(position, proven, value)
     assert slot is not None
     w = CheckpointWrite(position, slot)
-    assert pool.register(w, w, h, chain(position, h), proven)
+    assert pool.register(w, w, h, chain(position, h), proven, value_tokens=value)
     return slot
 
 
@@ -39,49 +39,65 @@ def test_roles_and_counts() -> None:
     pool.check()
 
 
-def test_probation_goes_first_oldest_first_whatever_its_depth() -> None:
+def test_lowest_value_goes_first_and_a_hit_doubles_a_checkpoints_weight() -> None:
     pool = make()
     a, b, c, d = put(pool, 4, 1), put(pool, 8, 2), put(pool, 4, 3), put(pool, 16, 4)
     assert (a, b, c, d) == (0, 1, 2, 3)
-    pool.touch(c)  # a hit: c moves to the protected segment
-    assert list(pool.probation) == [a, b, d] and pool.protected == {c}
-    assert pool.allocate_running() == a
-    assert pool.allocate_running() == b
-    assert pool.allocate_running() == d  # deepest, but never shared
+    assert [pool.priority(s) for s in (a, b, c, d)] == [4, 8, 4, 16]
+    pool.touch(c)  # a hit: value 4 x (1 + 1)
+    assert pool.priority(c) == 8
+    assert pool.allocate_running() == a  # L = 4
+    assert pool.allocate_running() == b  # 8 ties with c's 8: the older entry goes; L = 8
     assert pool.allocate_running() == c
+    assert pool.allocate_running() == d
     assert pool.allocate_running() is None
     assert pool.num_evicted == 4
     pool.check()
 
 
-def test_protected_by_utility_then_recency_when_over_its_share() -> None:
-    pool = make()  # 4 slots: protected may hold 3
-    a, b, c, d = put(pool, 4, 1), put(pool, 8, 2), put(pool, 12, 3), put(pool, 16, 4, proven=True)
-    for slot in (a, b, c):
-        pool.touch(slot)
-    assert pool.protected == {a, b, c, d} and not pool.probation
-    # Priorities L + value: a=4, b=8, c=12, d=16; four protected exceed the share of three.
-    assert pool.allocate_running() == a
+def test_value_is_measured_from_the_writers_shallower_checkpoint_not_from_zero() -> None:
+    pool = make()
+    doc = put(pool, 64, 1)  # a fresh document's tail: worth all 64 tokens
+    sibling = put(pool, 68, 2, value=4)  # one block past the hit at 64: worth 4
+    branch = put(pool, 72, 3, proven=True, value=8)  # sharing observed: 8 x 2
+    assert [pool.priority(s) for s in (doc, sibling, branch)] == [64, 4, 16]
+    assert pool.allocate_running() == 3  # the free slot goes before any eviction
+    assert pool.allocate_running() == sibling
+    assert pool.allocate_running() == branch
+    assert pool.lookup(1) == doc
     pool.check()
 
 
 def test_deep_checkpoint_outlives_shallow_recent_ones_until_inflation_catches_up() -> None:
-    pool = make(2)  # protected share: one slot
-    deep = put(pool, 40, 1, proven=True)
-    shallow = put(pool, 4, 2, proven=True)
+    pool = make(2)
+    deep = put(pool, 40, 1)
+    shallow = put(pool, 4, 2)
     assert pool.allocate_running() == shallow  # L = 4
     pool.free(shallow)
     # Write k (k >= 2) evicts write k-1 (priority 4k) and raises L to 4k; the deep checkpoint
     # (priority 40) goes at write 10, where it ties with write 9 and is the older.
     evicted_at = None
     for k in range(1, 13):
-        slot = pool.allocate_checkpoint(4, proven=True)
+        slot = pool.allocate_checkpoint(4)
         assert slot is not None
         w = CheckpointWrite(4, slot)
-        assert pool.register(w, w, 100 + k, chain(4, 100 + k), proven=True)
+        assert pool.register(w, w, 100 + k, chain(4, 100 + k))
         if evicted_at is None and pool.lookup(1) is None:
             evicted_at = k
     assert deep in (0, 1) and evicted_at == 10
+    pool.check()
+
+
+def test_a_checkpoint_worth_less_than_every_evictable_one_is_declined() -> None:
+    pool = make(2)
+    run = pool.allocate_running()
+    deep = put(pool, 64, 1, proven=True)  # priority 128
+    assert pool.allocate_checkpoint(4, value_tokens=4) is None  # 4 < 128: declined, L rises to 4
+    assert pool.num_declined == 1 and pool.lookup(1) == deep
+    assert pool.allocate_checkpoint(128, proven=True) == deep  # 4 + 256 > 128: displaces it
+    assert pool.num_evicted == 1
+    pool.free(deep)
+    pool.free(run)
     pool.check()
 
 
@@ -94,18 +110,6 @@ def test_pinned_checkpoint_is_never_evicted() -> None:
     assert pool.allocate_running() is None  # only the pinned one is left
     pool.unpin(a)
     assert pool.allocate_running() == a
-    pool.check()
-
-
-def test_speculative_checkpoint_never_displaces_a_protected_one() -> None:
-    pool = make(2)
-    run = pool.allocate_running()
-    deep = put(pool, 64, 1, proven=True)
-    assert pool.allocate_checkpoint(4) is None  # unproven: only probation may make room
-    assert pool.lookup(1) == deep
-    assert pool.allocate_checkpoint(4, proven=True) == deep  # proven: the lowest protected goes
-    pool.free(deep)
-    pool.free(run)
     pool.check()
 
 
