@@ -140,12 +140,9 @@ class CacheManager:
         if not positions:
             return []
         out: list[CheckpointWrite] = []
-        hashes = request.block_hashes
-        for site in positions:
-            block_hash = hashes[site.position // self.block_size - 1]
-            write = self.state.plan(
-                request.request_id, site.position, block_hash, site.provisional, site.proven, site.source
-            )
+        hashes, bs, rid, plan = request.block_hashes, self.block_size, request.request_id, self.state.plan
+        for position, provisional, proven, source in positions:
+            write = plan(rid, position, hashes[position // bs - 1], provisional, proven, source)
             if write is not None:
                 out.append(write)
         return out

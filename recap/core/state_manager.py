@@ -86,20 +86,23 @@ class StateManager:
         or its own previous one): what holding it saves over what the chain already has.
         """
         base = self._base.get(request_id, 0)
-        value = max(position - base, self.block_size)
         if not provisional:  # a snapshot is superseded by the next one: it is no base for later positions
-            self._base[request_id] = max(base, position)
-        if self.pool.lookup(block_hash) is not None:
+            self._base[request_id] = position if position > base else base
+        pool = self.pool
+        if pool.lookup(block_hash) is not None:
             self.num_skipped_existing += 1
             return None
-        slot = self.pool.allocate_checkpoint(position, proven, value)
+        value = position - base if position - base > self.block_size else self.block_size
+        slot = pool.allocate_checkpoint(position, proven, value)
         if slot is None:
             self.num_skipped_no_slot += 1
             return None
         self.num_planned += 1
         write = CheckpointWrite(position, slot)
-        plan = PlannedWrite(write, block_hash, provisional, proven, source, value)
-        self.pending.setdefault(request_id, []).append(plan)
+        plans = self.pending.get(request_id)
+        if plans is None:
+            plans = self.pending[request_id] = []
+        plans.append(PlannedWrite(write, block_hash, provisional, proven, source, value))
         return write
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
@@ -111,20 +114,19 @@ class StateManager:
         if not plans:
             self.pool.num_refused += len(written)  # writes nobody planned: never registered
             return 0
-        by_slot = {p.write.slot: p for p in plans}
+        pool, hashes, prompt_len = self.pool, request.block_hashes, request.num_prompt_tokens
         reported = {w.slot: w for w in written}
-        self.pool.num_refused += sum(1 for slot in reported if slot not in by_slot)
+        pool.num_refused += len(reported.keys() - {p.write.slot for p in plans})
         registered = 0
         for plan in plans:  # in position order
-            report = reported.get(plan.write.slot)
+            write = plan.write
+            report = reported.get(write.slot)
             if report is None:
-                self.pool.free(plan.write.slot)  # planned but not written: never findable
+                pool.free(write.slot)  # planned but not written: never findable
                 continue
-            ok = self.pool.register(
-                report, plan.write, plan.block_hash, request.block_hashes, plan.proven, plan.source, plan.value_tokens
-            )
+            ok = pool.register(report, write, plan.block_hash, hashes, plan.proven, plan.source, plan.value_tokens)
             registered += ok
-            if plan.provisional or plan.write.position >= request.num_prompt_tokens:
+            if plan.provisional or write.position >= prompt_len:
                 self._supersede(request.request_id, plan, ok)
         return registered
 

@@ -125,25 +125,31 @@ class StatePool:
         With no free slot, the lowest-priority evictable checkpoint is displaced only if the new one would
         rank above it; otherwise the write is declined (and L rises to the new one's priority).
         """
-        if not self._free:
+        free = self._free
+        if free:
+            slot = free.pop()
+        else:
+            top = self._top_evictable()
+            if top is None:
+                return None
             value = position if value_tokens is None else value_tokens
             priority = self._inflation + self.utility(value, int(proven))
-            floor = self._min_priority()
-            if floor is None:
-                return None
-            if priority < floor:
+            if priority < top[0]:
                 self._inflation = max(self._inflation, priority)
                 self.num_declined += 1
                 return None
-        return self._allocate(SlotKind.PENDING)
+            slot = self._evict(top)
+        self.kind[slot] = SlotKind.PENDING
+        return slot
 
     def _allocate(self, kind: SlotKind) -> int | None:
         if self._free:
             slot = self._free.pop()
         else:
-            slot = self._evict_one()
-            if slot is None:
+            top = self._top_evictable()
+            if top is None:
                 return None
+            slot = self._evict(top)
         self.kind[slot] = kind
         return slot
 
@@ -157,34 +163,30 @@ class StatePool:
         slot = entry[2]
         return entry[3] == self._version[slot] and self.kind[slot] == SlotKind.CHECKPOINT
 
-    def _min_priority(self) -> float | None:
-        """The lowest priority among evictable checkpoints; None if every checkpoint is pinned (or none)."""
-        heap = self._heap
-        while heap and not self._live(heap[0]):
-            heapq.heappop(heap)
-        if heap and not self.pins[heap[0][2]]:
-            return heap[0][0]
-        live = [e[0] for e in heap if self._live(e) and not self.pins[e[2]]]
-        return min(live) if live else None
-
-    def _evict_one(self) -> int | None:
-        heap, stash, victim = self._heap, [], None
+    def _top_evictable(self) -> tuple[float, int, int, int] | None:
+        """The heap entry of the lowest-priority unpinned checkpoint; None if there is none."""
+        heap, version, kind, pins = self._heap, self._version, self.kind, self.pins
         while heap:
-            entry = heapq.heappop(heap)
-            if not self._live(entry):
-                continue
-            if self.pins[entry[2]]:
-                stash.append(entry)
-                continue
-            victim = entry[2]
-            self._inflation = max(self._inflation, entry[0])
-            break
-        for entry in stash:
-            heapq.heappush(heap, entry)
-        if victim is not None:
-            self._unregister(victim)
-            self.num_evicted += 1
-        return victim
+            entry = heap[0]
+            slot = entry[2]
+            if entry[3] != version[slot] or kind[slot] != SlotKind.CHECKPOINT:
+                heapq.heappop(heap)  # stale
+            elif not pins[slot]:
+                return entry
+            else:  # pinned at the top (rare: a hit refreshes what it pins): look past it
+                live = [e for e in heap if self._live(e) and not pins[e[2]]]
+                return min(live) if live else None
+        return None
+
+    def _evict(self, entry: tuple[float, int, int, int]) -> int:
+        """Evict the checkpoint of a live heap entry (other entries of its slot go stale)."""
+        slot = entry[2]
+        if self._heap[0] is entry:
+            heapq.heappop(self._heap)
+        self._inflation = max(self._inflation, entry[0])
+        self._unregister(slot)
+        self.num_evicted += 1
+        return slot
 
     # -- checkpoints ----------------------------------------------------------------------------
     def register(
@@ -207,7 +209,8 @@ class StatePool:
         A key already registered keeps its slot; the new one is freed. Returns True if registered.
         """
         slot, position = written.slot, written.position
-        assert self.kind[slot] == SlotKind.PENDING, f"slot {slot} was not planned as a checkpoint"
+        kind = self.kind
+        assert kind[slot] == SlotKind.PENDING, f"slot {slot} was not planned as a checkpoint"
         k = position // self.block_size
         if (
             written != planned
@@ -223,10 +226,11 @@ class StatePool:
             self.num_duplicates += 1
             self.free(slot)
             return False
-        self.kind[slot] = SlotKind.CHECKPOINT
+        kind[slot] = SlotKind.CHECKPOINT
         self.slot_hash[slot] = block_hash
         self.slot_position[slot] = position
-        self.slot_value_tokens[slot] = max(1, min(position, position if value_tokens is None else value_tokens))
+        value = position if value_tokens is None or value_tokens > position else max(1, value_tokens)
+        self.slot_value_tokens[slot] = value
         self.slot_evidence[slot] = int(proven)
         self.slot_hits[slot] = 0
         self.slot_source[slot] = source

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recap.core.hashing import BlockHasher, block_hash, chain_hashes, root_hash
 from recap.core.request import Request
@@ -77,3 +79,22 @@ def test_hasher_extends_incrementally_over_outputs() -> None:
     hasher.update(r)
     assert len(r.block_hashes) == 2
     assert r.block_hashes == chain_hashes(root_hash("s"), list(range(9)), 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompt=st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=70),
+    outputs=st.lists(st.lists(st.integers(0, 2**31), max_size=9), max_size=5),
+    block_size=st.sampled_from([1, 3, 4, 16]),
+)
+def test_batched_hasher_equals_the_per_block_reference(
+    prompt: list[int], outputs: list[list[int]], block_size: int
+) -> None:
+    """BlockHasher converts all new tokens at once; chain_hashes hashes block by block: same chain."""
+    r = Request("r", prompt, max_tokens=100, cache_salt="t")
+    hasher = BlockHasher(block_size)
+    hasher.update(r)
+    for more in outputs:
+        r.output_token_ids += more
+        hasher.update(r)
+    assert r.block_hashes == chain_hashes(root_hash("t"), prompt + [t for m in outputs for t in m], block_size)
