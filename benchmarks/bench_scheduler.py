@@ -36,8 +36,8 @@ def measure(running: int, steps: int, policy: str, prompt_len: int, block_size: 
     )
     executor = FakeExecutor(block_size=block_size, seed=seed)
     for i in range(running):
-        # Every 4th request shares a 512-token prefix with the previous ones: hits, branch points, tails.
-        shared = list(range(512)) if i % 4 else []
+        # Three requests in four share a prefix (up to 512 tokens): hits, branch points, tails.
+        shared = list(range(min(512, prompt_len // 2))) if i % 4 else []
         tail = [(seed * 7919 + i * 104_729 + j) % 32_000 for j in range(prompt_len - len(shared))]
         sched.add_request(Request(str(i), shared + tail, max_tokens=4 * steps + 64))
     requests = [sched.get_request(str(i)) for i in range(running)]
