@@ -30,8 +30,10 @@ class BlockPool:
         if num_blocks < 2:
             raise ValueError("the KV pool needs at least one block besides the null block")
         self.num_blocks = num_blocks
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._plain: deque[KVBlock] = deque(self.blocks[1:])
+        # Blocks are created on first use, in id order (a pool of millions would otherwise cost ~1 s up
+        # front); ids past len(self.blocks) are free and plain, handed out before any reused block.
+        self.blocks = [KVBlock(NULL_BLOCK_ID)]
+        self._plain: deque[KVBlock] = deque()
         self._cold = FreeBlockQueue("cold")
         self._warm = FreeBlockQueue("warm")
         self._cached: dict[int, KVBlock] = {}
@@ -44,8 +46,8 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        """Blocks that `allocate` can hand out (plain, plus cached ones it would evict)."""
-        return len(self._plain) + len(self._cold) + len(self._warm)
+        """Blocks that `allocate` can hand out (never used, plain, plus cached ones it would evict)."""
+        return self.num_blocks - len(self.blocks) + len(self._plain) + len(self._cold) + len(self._warm)
 
     @property
     def num_cached_free(self) -> int:
@@ -86,8 +88,12 @@ class BlockPool:
         if num > self.num_free:
             raise MemoryError(f"need {num} KV blocks, only {self.num_free} free")
         out: list[int] = []
+        blocks = self.blocks
         for _ in range(num):
-            if self._plain:
+            if len(blocks) < self.num_blocks:
+                block = KVBlock(len(blocks))
+                blocks.append(block)
+            elif self._plain:
                 block = self._plain.popleft()
             else:
                 block = self._cold.popleft() if len(self._cold) else self._warm.popleft()
@@ -160,7 +166,8 @@ class BlockPool:
                 count += 1
             assert count == len(queue), f"free list {queue.name} size {len(queue)} != {count} linked"
         assert NULL_BLOCK_ID not in free_ids, "null block in a free list"
-        assert len(free_ids) == self.num_free, "a block sits in two free lists"
+        assert len(free_ids) + self.num_blocks - len(self.blocks) == self.num_free, "a block sits in two free lists"
+        assert [b.block_id for b in self.blocks] == list(range(len(self.blocks))), "blocks created out of order"
         for block in self.blocks[1:]:
             assert (block.block_id in free_ids) == (block.ref_cnt == 0), f"{block}: free iff no holder"
         null = self.blocks[NULL_BLOCK_ID]

@@ -62,7 +62,7 @@ class CacheManager:
             state_caching = self.enable_caching and cache_config.checkpoint_policy != "none"
             self.state = StateManager(pool, bs, state_caching)
         self.policy = CheckpointPolicy(cache_config, layout.has_state)
-        if self.state is not None:
+        if self.state is not None and self.policy.learns_yield:  # only recap learns from outcomes
             self.state.pool.on_outcome = self.policy.record_outcome
         self.hasher = BlockHasher(bs)
         # Without a KV group, recently computed hashes stand in for the KV prefix (branch learning).

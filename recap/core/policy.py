@@ -89,6 +89,7 @@ class CheckpointPolicy:
         self._decode: dict[str, bool] = {}  # decode-end snapshots wanted for this request
         self.num_branch_points = 0
         self._learn_tail = self.name == "recap"
+        self.learns_yield = self.enabled and self.name == "recap"  # wants the state pool's per-source outcomes
         self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
         # Per cache salt: tenants learn from their own traffic only (salts isolate, DESIGN invariant 6).
         self._distances: dict[str | None, deque[int]] = {}
