@@ -6,15 +6,19 @@ Glossary (code name: paper symbol)
 - B, C [T, G, N]: B_t, C_t per group; head h reads group h // (H // G). D [H]: the skip.
 - h [.., H, P, N]: the state; ssm_state [S, H, P, N] holds one per slot.
 - recurrence: h_t = exp(dA_t) h_{t-1} + Delta_t x_t B_t^T;  y_t = h_t C_t + D x_t.
-- chunk: a run of one row's tokens inside one metadata chunk, at most SUB_CHUNK long; padded here to Q,
-  the longest chunk of the step.
+- chunk: a run of one row's tokens inside one cell of the chunk grid, at most SUB_CHUNK long; padded here
+  to Q, the longest chunk of the step. Checkpoint positions do not cut chunks here (see _plan).
+- segment: a chunk cut further at the checkpoint positions inside it; steps 2-3 work per segment, so
+  every checkpoint state is a segment end state (DESIGN invariant 3). Without checkpoints, segment = chunk.
 - segsum[i, j] = dA_{j+1} + .. + dA_i (i >= j), -inf above the diagonal; L = exp(segsum).
 
 Algorithm (section 6, numbered as in the paper's listing):
 1. intra-chunk outputs (diagonal blocks): Y_diag = (C B^T * L) (Delta x), a masked attention per chunk.
-2. chunk states: the state each chunk adds, decayed to the chunk end (right factor of the low-rank blocks).
-3. inter-chunk recurrence: h_start[k+1] = exp(sum of dA over chunk k) h_start[k] + states[k], per row,
-   starting from the slot state; a loop over chunk index, vectorized across rows.
+2. segment states: the state each segment adds, decayed to the segment end (right factor of the low-rank
+   blocks); one GEMM over the segment's tokens, so cutting chunks into segments costs no extra flops.
+3. inter-segment recurrence: h[k+1] = exp(sum of dA over segment k) h[k] + states[k], per row, starting
+   from the slot state; a loop over chunk index vectorized across rows, or (with segments) one segment at a
+   time, each segment's state computed straight into its checkpoint slot (_segment_states).
 4. state -> output (left factor): Y_off = exp(cumsum dA) * (C h_start).
 Padded positions get Delta = 0 (decay 1, no input), so every chunk's end state is exact.
 
@@ -23,13 +27,19 @@ CPU choices (T=2048, H=24, P=64, N=128, one thread: ~100 -> ~55-65 ms of CPU tim
 - exp clamped at EXP_MIN: producing fp32 subnormals makes exp ~5x slower, and such weights are < 2e-38;
 - step 1 factorized where a chunk's decay allows (see _intra_chunk): one GEMM per chunk over all heads;
 - token-major (c, q, h, p) intermediates, so the GEMMs read transposed views instead of copies, and
-  equal-length chunks are plain views of the packed tokens (no gather, no scatter).
+  equal-length chunks are plain views of the packed tokens (no gather, no scatter);
+- checkpoints inside chunks (one at every 16-token block): 64-token chunks for steps 1 and 4 and 16-token
+  segments for steps 2-3, instead of 16-token chunks throughout: 3.1x -> ~1.15-1.2x the time without
+  checkpoints (T=2048, H=16, P=N=64), what is left mostly the 128 state writes (32 MiB) themselves.
 Decode batches (one token per row) go to ssd_decode.ssd_state_update.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
@@ -37,42 +47,92 @@ from recap.kernels.ssd_decode import d_skip, ssd_state_update
 from recap.kernels.varlen import (
     chunk_view,
     copy_decode_checkpoints,
+    copy_rows_to_slots,
     pad_tokens,
     process_dt,
     read_initial,
-    write_ssm_states,
 )
 
 NO_LIMIT = (0.0, float("inf"))
-# Metadata chunks are cut further into runs of at most SUB_CHUNK tokens (the math is the same at any
+# Chunk-grid cells are cut into runs of at most SUB_CHUNK tokens (the math is the same at any
 # cut): the quadratic intra-chunk part costs O(Q) per token, the state passing O(P N / Q) per token.
 SUB_CHUNK = 64
 
 
-def _sub_chunks(meta: SSMMetadata, sub: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cut every metadata chunk into runs of <= sub tokens.
+@dataclass(frozen=True)
+class _Plan:
+    """How ssd_varlen cuts a step: chunks for steps 1 and 4, segments for steps 2-3, and the slot writes."""
 
-    Returns the runs' token offsets [R+1], each row's first run and run count [B], and the run that ends
-    each metadata chunk [C]. A row's runs are contiguous and in order.
+    cu: torch.Tensor  # [R+1] token offsets of the chunks; a row's chunks are contiguous and in order
+    first: torch.Tensor  # [B] each row's first chunk
+    counts: torch.Tensor  # [B] each row's chunk count
+    segments: list[tuple[int, int, int]]  # (chunk, start, end), offsets inside the chunk, in token order
+    seg_rows: list[int]  # the row of each segment
+    chunk_last_seg: list[int]  # [R] the segment that ends each chunk
+    checkpoints: list[tuple[int, int, int]]  # (segment, slot, position): slot <- the state after the segment
+    running: list[tuple[int, int, int]]  # (chunk, slot, position): each valid row's final state
+
+    @property
+    def split(self) -> bool:
+        """Some checkpoint falls inside a chunk: segments are finer than chunks."""
+        return len(self.segments) > len(self.chunk_last_seg)
+
+
+def _plan(meta: SSMMetadata, sub: int) -> _Plan:
+    """Chunks: each row's chunk-grid cells cut into runs of <= sub tokens from the cell start. Segments:
+    the chunks cut again at every checkpoint position inside them.
+
+    The metadata cuts rows at the grid and at checkpoints (the Mamba1 scan and conv1d use those cuts);
+    a metadata chunk that ends neither its row nor at a grid multiple ends at a checkpoint only, so it is
+    merged here: the math does not depend on where chunks are cut, and 64-token chunks are ~3x cheaper
+    than 16-token ones. The grid cuts stay (chunked prefill equals one-shot prefill), and every metadata
+    chunk end stays a segment end.
     """
-    cu = meta.cu_chunk_seqlens_list
-    bounds = [0]
-    ends: list[int] = []
-    first = [0] * len(meta.state_indices_list)
-    counts = [0] * len(meta.state_indices_list)
-    for c, row in enumerate(meta.chunk_seq_idx_list):
-        if counts[row] == 0:
-            first[row] = len(bounds) - 1
-        cuts = list(range(cu[c] + sub, cu[c + 1], sub)) + [cu[c + 1]]
-        bounds.extend(cuts)
-        counts[row] += len(cuts)
-        ends.append(len(bounds) - 2)
+    cu_meta, rows = meta.cu_chunk_seqlens_list, meta.chunk_seq_idx_list
+    nb = len(meta.state_indices_list)
+    cu = [0]
+    segments: list[tuple[int, int, int]] = []
+    seg_rows: list[int] = []
+    first, counts = [0] * nb, [0] * nb
+    chunk_last_seg: list[int] = []
+    seg_at_end: dict[int, int] = {}  # packed token offset -> the segment ending there
+    cuts: list[int] = []  # checkpoint-only cuts inside the current grid cell
+    start = 0
+    for c, row in enumerate(rows):
+        end = cu_meta[c + 1]
+        if c == 0 or rows[c - 1] != row:
+            first[row] = len(cu) - 1
+        if c + 1 < len(rows) and rows[c + 1] == row and meta.chunk_end_positions_list[c] % meta.chunk_size:
+            cuts.append(end)
+            continue
+        for a in range(start, end, sub):  # the grid cell [start, end) in chunks, each in segments
+            b = min(a + sub, end)
+            s0 = a
+            for e in [x for x in cuts if a < x < b] + [b]:
+                seg_at_end[e] = len(segments)
+                segments.append((len(cu) - 1, s0 - a, e - a))
+                seg_rows.append(row)
+                s0 = e
+            cu.append(b)
+            chunk_last_seg.append(len(segments) - 1)
+            counts[row] += 1
+        cuts, start = [], end
+    pos = meta.chunk_end_positions_list
+    checkpoints = [
+        (seg_at_end[cu_meta[c + 1]], d, pos[c]) for c, d in enumerate(meta.chunk_dest_slots_list) if d != PAD_SLOT_ID
+    ]
+    row_last = {row: c for c, row in enumerate(rows)}  # each row's last metadata chunk
+    running = [
+        (first[r] + counts[r] - 1, slot, pos[row_last[r]])
+        for r, slot in enumerate(meta.state_indices_list)
+        if slot != PAD_SLOT_ID
+    ]
     dev = meta.cu_chunk_seqlens.device
 
     def t(v: list[int]) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.int64, device=dev)
 
-    return t(bounds), t(first), t(counts), t(ends)
+    return _Plan(t(cu), t(first), t(counts), segments, seg_rows, chunk_last_seg, checkpoints, running)
 
 
 def segsum(x: torch.Tensor) -> torch.Tensor:
@@ -112,7 +172,8 @@ def ssd_varlen(
         return y
     t, nh, p = x.shape
     g, n = B.shape[1:]
-    cu, first, counts, meta_ends = _sub_chunks(meta, sub_chunk)
+    plan = _plan(meta, sub_chunk)
+    cu = plan.cu
     lens = cu.diff().tolist()
     q = max(lens)
     full = all(ln == q for ln in lens)  # every chunk exactly q long: the (c, q) layout is a view of the tokens
@@ -134,19 +195,22 @@ def ssd_varlen(
     # 1. intra-chunk: Y_diag[i] = sum_j (C_i . B_j) L[i, j] Delta_j x_j
     y = _intra_chunk(cs, cc, bc, dx)  # (c, q, h, p)
 
-    # 2. chunk states: sum_j exp(dA_{j+1} + .. + dA_end) Delta_j x_j B_j^T
-    decay_to_end = _exp((cs[..., -1:] - cs).float())  # (c, h, q)
-    wx = dx.mul_(decay_to_end.transpose(1, 2)[..., None])  # (c, q, h, p), in place: dx is not needed again
-    states = _outer_sum(wx, bc)  # (c, h, p, n)
-
-    # 3. inter-chunk recurrence, from each row's slot state: in place, states[c] becomes the state after chunk c
-    chunk_decay = _exp(cs[..., -1].float())[..., None, None]  # (c, h, 1, 1)
+    # 2-3. states: sum_j exp(dA_{j+1} + .. + dA_end) Delta_j x_j B_j^T per chunk (or segment), then the
+    # recurrence from each row's slot state; states[c] becomes the state after chunk c
     h0 = read_initial(ssm_state, meta.state_indices, meta.has_initial_state)  # (b, h, p, n)
-    _carry_states(h0, chunk_decay, states, first, counts)  # (c, h, p, n)
-    write_ssm_states(ssm_state, states[meta_ends], meta, slot_positions)
+    if plan.split:
+        states = _segment_states(dx, bc, cs, h0, meta.has_initial_state_list, ssm_state, plan, slot_positions)
+    else:
+        decay_to_end = _exp((cs[..., -1:] - cs).float())  # (c, h, q)
+        wx = dx.mul_(decay_to_end.transpose(1, 2)[..., None])  # (c, q, h, p), in place: dx is not needed again
+        states = _outer_sum(wx, bc)  # (c, h, p, n)
+        chunk_decay = _exp(cs[..., -1].float())[..., None, None]  # (c, h, 1, 1)
+        _carry_states(h0, chunk_decay, states, plan.first, plan.counts)  # (c, h, p, n)
+        copy_rows_to_slots(ssm_state, states, plan.checkpoints, slot_positions)  # segment = chunk here
+    copy_rows_to_slots(ssm_state, states, plan.running, slot_positions)  # after the checkpoints, as in ssd_ref
 
     # 4. state -> output: Y_off[i] = exp(dA_1 + .. + dA_i) C_i . h_start, token-major, plus Y_diag
-    y_tok = _state_readout(cc, states, h0, first)  # (c, q, h, p)
+    y_tok = _state_readout(cc, states, h0, plan.first)  # (c, q, h, p)
     y_tok.mul_(_exp(cs.float()).transpose(1, 2)[..., None]).add_(y)
     y_tok = y_tok.view(nc * q, nh, p)
     out = y_tok if full else y_tok.index_select(0, _token_slots(cu, q, t))  # (t, h, p)
@@ -216,6 +280,76 @@ def _outer_sum(wx: torch.Tensor, bc: torch.Tensor) -> torch.Tensor:
         return torch.matmul(wx.view(nc, q, nh * p).transpose(1, 2), bc.view(nc, q, n)).view(nc, nh, p, n)
     wxg = wx.view(nc, q, g, nh // g * p)
     return torch.einsum("cqgm,cqgn->cgmn", wxg, bc).reshape(nc, nh, p, n)
+
+
+def _segment_states(
+    dx: torch.Tensor,
+    bc: torch.Tensor,
+    cs: torch.Tensor,
+    h0: torch.Tensor,
+    has_initial: list[bool],
+    ssm_state: torch.Tensor,
+    plan: _Plan,
+    slot_positions: torch.Tensor | None,
+) -> torch.Tensor:
+    """Steps 2-3 per segment when checkpoints fall inside chunks; writes every checkpoint slot, returns the
+    state after each chunk (c, h, p, n).
+
+    dx (c, q, h, p) is consumed; bc (c, q, g, n); cs (c, h, q) the fp64 cumsum of dA per chunk; h0 (b, h, p, n).
+    Segment by segment: its state contribution as one GEMM over its own tokens (the flops of the unsplit
+    case), written straight into its storage (a checkpoint's slot in an fp32 cache, else the chunk-end
+    buffer), then h = exp(sum of dA over the segment) h_prev + contribution in place. So a checkpoint costs
+    one write of its state, and no (segments, h, p, n) tensor exists: at 128 segments of 256 KiB it would be
+    32 MiB, which glibc maps fresh on every call (~13 ms of page faults per layer, measured).
+    """
+    nc, nh, q = cs.shape
+    g, n = bc.shape[2:]
+    p = dx.shape[-1]
+    dev = cs.device
+    # each position's segment end (its last token): exp(cs_last - cs_i) decays token i to its segment end;
+    # positions past a chunk's end keep q - 1 (cs is flat there, Delta = 0: they add nothing)
+    last = [q - 1] * (nc * q)
+    for c, a, b in plan.segments:
+        last[c * q + a : c * q + b] = [b - 1] * (b - a)
+    last_t = torch.tensor(last, dtype=torch.int64, device=dev).view(nc, 1, q)
+    cs_last = cs.gather(-1, last_t.expand(nc, nh, q))
+    wx = dx.mul_(_exp((cs_last - cs).float()).transpose(1, 2)[..., None])  # (c, q, h, p), in place
+    cs0 = F.pad(cs, (1, 0)).transpose(1, 2).reshape(nc * (q + 1), nh)  # [chunk * (q+1) + k]: dA_1 + .. + dA_k
+    chunk, start, end = torch.tensor(plan.segments, dtype=torch.int64, device=dev).unbind(1)  # (s,) each
+    decay = _exp((cs0[chunk * (q + 1) + end] - cs0[chunk * (q + 1) + start]).float())  # (s, h)
+
+    ends = torch.empty(nc, nh, p, n, dtype=torch.float32, device=dev)
+    chunk_of = {s: c for c, s in enumerate(plan.chunk_last_seg)}
+    inner = [w for w in plan.checkpoints if w[0] not in chunk_of]  # checkpoints inside chunks
+    # in the cache itself where a slot holds exactly one fp32 state of this step (the carry reads it back)
+    in_place = ssm_state.dtype == torch.float32 and ssm_state.is_contiguous()
+    in_place = in_place and len({d for _, d, _ in inner}) == len(inner)
+    stage = None if in_place else torch.empty(len(inner), nh, p, n, dtype=torch.float32, device=dev)
+    store = {s: ssm_state[d] if stage is None else stage[i] for i, (s, d, _) in enumerate(inner)}
+    store.update((s, ends[c]) for s, c in chunk_of.items())
+    wx_t, b_t = wx.view(nc * q, g, nh // g * p), bc.reshape(nc * q, g, n)
+    decays = decay[..., None, None].unbind(0)  # (h, 1, 1) per segment
+    for s, ((c, a, b), row) in enumerate(zip(plan.segments, plan.seg_rows)):
+        out = store[s]
+        r0, r1 = c * q + a, c * q + b
+        if g == 1:  # (h p, L) @ (L, n), the left side a transposed view
+            torch.mm(wx_t[r0:r1, 0].T, b_t[r0:r1, 0], out=out.view(nh * p, n))
+        else:
+            torch.bmm(wx_t[r0:r1].permute(1, 2, 0), b_t[r0:r1].transpose(0, 1), out=out.view(g, nh // g * p, n))
+        if s > 0 and plan.seg_rows[s - 1] == row:
+            out.addcmul_(decays[s], store[s - 1])
+        elif has_initial[row]:
+            out.addcmul_(decays[s], h0[row])
+    if inner:
+        dst = torch.tensor([d for _, d, _ in inner], dtype=torch.int64, device=dev)
+        if stage is not None:
+            ssm_state.index_copy_(0, dst, stage.to(ssm_state.dtype))
+        if slot_positions is not None:
+            pos = torch.tensor([w[2] for w in inner], dtype=slot_positions.dtype, device=dev)
+            slot_positions.index_copy_(0, dst, pos)
+    at_ends = [(chunk_of[s], d, p_) for s, d, p_ in plan.checkpoints if s in chunk_of]
+    copy_rows_to_slots(ssm_state, ends, at_ends, slot_positions)
+    return ends
 
 
 def _state_readout(cc: torch.Tensor, h_after: torch.Tensor, h0: torch.Tensor, first: torch.Tensor) -> torch.Tensor:

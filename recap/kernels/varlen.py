@@ -88,6 +88,29 @@ def write_ssm_states(
     write_slots(cache, meta.state_indices, chunk_end_states[last], slot_positions, meta.chunk_end_positions[last])
 
 
+def copy_rows_to_slots(
+    cache: torch.Tensor,
+    states: torch.Tensor,
+    writes: list[tuple[int, int, int]],
+    slot_positions: torch.Tensor | None,
+) -> None:
+    """cache[slot] = states[row] for every (row, slot, position) in writes, recording position per slot.
+
+    One index_copy_ (no per-slot copies); states is read in place when writes take its rows in order, else
+    through one index_select (advanced indexing of large rows is several times slower on CPU). Slots must
+    be distinct and valid (not PAD_SLOT_ID).
+    """
+    if not writes:
+        return
+    rows, slots, positions = (list(v) for v in zip(*writes))
+    dev = cache.device
+    dst = torch.tensor(slots, dtype=torch.int64, device=dev)
+    src = states if rows == list(range(states.shape[0])) else states.index_select(0, torch.tensor(rows, device=dev))
+    cache.index_copy_(0, dst, src.to(cache.dtype))
+    if slot_positions is not None:
+        slot_positions.index_copy_(0, dst, torch.tensor(positions, dtype=slot_positions.dtype, device=dev))
+
+
 def decode_rows(state_indices: torch.Tensor, has_initial_state: torch.Tensor | None) -> list[tuple[int, int, bool]]:
     """(row, slot, has initial state) of every valid row of a one-token-per-row step, as Python values."""
     slots = state_indices.tolist()
