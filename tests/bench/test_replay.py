@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recap.bench.bounds import oracle_hits, reuse_intervals
+from recap.bench.bounds import kv_belady_hits, kv_lru_hits, oracle_hits, reuse_intervals
 from recap.bench.replay import add_bench_replay_parser, build_setup, main, replay, unbounded_kv_blocks
 from recap.bench.shapes import get_shape, kv_blocks_for_bytes, parse_bytes, state_slots_for_bytes
 from recap.bench.trace import MOONCAKE_BLOCK_TOKENS, TokenExpander, load_trace, prompt_token_ids
@@ -268,3 +268,16 @@ def test_requests_that_cannot_fit_the_kv_pool_are_counted_as_rejected(tmp_path: 
     assert setup.num_kv_blocks == 3  # 2 MiB = 2 blocks of 16 x 64 KiB, plus the null block
     res = replay(trace, "recap", setup, check_integrity=True)
     assert (res.requests, res.rejected, res.prompt_tokens) == (1, 1, 20)
+
+
+def test_kv_bounds_lru_loses_what_foresight_keeps(tmp_path: Path) -> None:
+    """A = X + a, B unrelated (one chain as long as A), C = X + c; a KV cache of 3 blocks of 4 tokens."""
+    x, a, c = list(range(8)), [100, 101, 102, 103], [200, 201, 202, 203]
+    prompts = [x + a, list(range(300, 312)), x + c]
+    rows = [{"timestamp": i, "prompt_token_ids": p, "output_length": 1} for i, p in enumerate(prompts)]
+    trace = load_trace(_write(tmp_path / "kv.jsonl", rows))
+    # LRU: B's three blocks push out all of A, so C finds nothing.
+    assert kv_lru_hits(trace, 12, block_size=4) == 0
+    # Belady: A's tail block and B's deeper blocks are never used again; X's two blocks wait for C.
+    assert kv_belady_hits(trace, 12, block_size=4) == 8
+    assert kv_lru_hits(trace, 24, block_size=4) == kv_belady_hits(trace, 24, block_size=4) == 8
