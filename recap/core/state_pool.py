@@ -64,7 +64,7 @@ class StatePool:
         self.slot_hash: list[int | None] = [None] * num_slots
         self.slot_position = [0] * num_slots
         self.slot_value_tokens = [0] * num_slots  # tokens saved beyond the writer's shallower checkpoint
-        self.slot_evidence = [0] * num_slots  # hits, plus one if sharing was observed at registration
+        self.slot_proven = [False] * num_slots  # sharing observed or declared at registration: one unit of evidence
         self.pins = [0] * num_slots
         self.slot_hits = [0] * num_slots  # hits since registration
         self._num_pinned = 0
@@ -231,7 +231,7 @@ class StatePool:
         self.slot_position[slot] = position
         value = position if value_tokens is None or value_tokens > position else max(1, value_tokens)
         self.slot_value_tokens[slot] = value
-        self.slot_evidence[slot] = int(proven)
+        self.slot_proven[slot] = proven
         self.slot_hits[slot] = 0
         self.slot_source[slot] = source
         self._by_hash[block_hash] = slot
@@ -246,13 +246,13 @@ class StatePool:
         if self.slot_hits[slot] == 0 and self.on_outcome is not None:
             self.on_outcome(self.slot_source[slot], True)
         self.slot_hits[slot] += 1
-        self.slot_evidence[slot] += 1
         self._push(slot)
 
     def _push(self, slot: int) -> None:
         self._version[slot] += 1
         self._seq += 1
-        priority = self._inflation + self.utility(self.slot_value_tokens[slot], self.slot_evidence[slot])
+        evidence = self.slot_hits[slot] + self.slot_proven[slot]
+        priority = self._inflation + self.utility(self.slot_value_tokens[slot], evidence)
         heapq.heappush(self._heap, (priority, self._seq, slot, self._version[slot]))
         if len(self._heap) > 4 * self._num_checkpoints + 64:
             self._compact()
@@ -275,7 +275,7 @@ class StatePool:
         self.slot_hash[slot] = None
         self.slot_position[slot] = 0
         self.slot_value_tokens[slot] = 0
-        self.slot_evidence[slot] = 0
+        self.slot_proven[slot] = False
         self._version[slot] += 1
         self._num_checkpoints -= 1
         self.kind[slot] = SlotKind.FREE
