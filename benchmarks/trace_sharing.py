@@ -21,7 +21,7 @@ import argparse
 import json
 from collections import Counter, defaultdict
 
-from recap.bench.bounds import _chain
+from recap.bench.bounds import chain_keys
 from recap.bench.trace import load_trace
 
 
@@ -36,7 +36,7 @@ def analyse(path: str, block_size: int) -> dict:
     gaps: list[int] = []
     total = 0
     for j, r in enumerate(trace):
-        keys, per_key = _chain(r, block_size)
+        keys, per_key = chain_keys(r, block_size)
         n = r.num_prompt_tokens
         total += n
         m = 0

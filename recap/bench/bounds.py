@@ -43,7 +43,7 @@ class ReuseInterval:
     key: object  # the checkpoint's identity (its prefix); one checkpoint can serve several intervals
 
 
-def _chain(r: TraceRequest, block_size: int) -> tuple[list[object], int]:
+def chain_keys(r: TraceRequest, block_size: int) -> tuple[list[object], int]:
     """Keys of the request's blocks (each names its whole prefix) and the tokens per key."""
     if r.hash_ids is not None:
         return list(r.hash_ids), MOONCAKE_BLOCK_TOKENS
@@ -55,7 +55,7 @@ def reuse_intervals(trace: Sequence[TraceRequest], block_size: int = 16) -> list
     last_pass: dict[object, int] = {}
     out: list[ReuseInterval] = []
     for j, r in enumerate(trace):
-        keys, per_key = _chain(r, block_size)
+        keys, per_key = chain_keys(r, block_size)
         m = 0
         while m < len(keys) and keys[m] in last_pass:
             m += 1
@@ -93,7 +93,7 @@ def kv_lru_hits(trace: Sequence[TraceRequest], capacity_tokens: int, block_size:
     cache: OrderedDict[object, int] = OrderedDict()  # key -> tokens, least recently used first
     held = served = 0
     for r in trace:
-        keys, per_key = _chain(r, block_size)
+        keys, per_key = chain_keys(r, block_size)
         m = 0
         while m < len(keys) and keys[m] in cache:
             m += 1
@@ -109,7 +109,7 @@ def kv_lru_hits(trace: Sequence[TraceRequest], capacity_tokens: int, block_size:
 
 def kv_belady_hits(trace: Sequence[TraceRequest], capacity_tokens: int, block_size: int = 16) -> int:
     """Prompt tokens a foresighted KV cache serves: it evicts the block whose next request is furthest."""
-    chains = [_chain(r, block_size) for r in trace]
+    chains = [chain_keys(r, block_size) for r in trace]
     uses: defaultdict[object, list[int]] = defaultdict(list)
     for j, (keys, _) in enumerate(chains):
         for key in keys:

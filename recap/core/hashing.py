@@ -54,7 +54,12 @@ def root_hash(cache_salt: str | None, extra_keys: Sequence[Any] = ()) -> int:
 
 def block_hash(parent: int, token_ids: Sequence[int]) -> int:
     """Hash of one full block chained to its parent's hash."""
-    return xxhash.xxh3_128_intdigest(parent.to_bytes(16, "little") + array("q", token_ids).tobytes())
+    return _chain_step(parent, array("q", token_ids).tobytes())
+
+
+def _chain_step(parent: int, block_bytes: bytes) -> int:
+    """The one byte encoding of a chain step: parent hash, then the block's tokens as int64."""
+    return xxhash.xxh3_128_intdigest(parent.to_bytes(16, "little") + block_bytes)
 
 
 def chain_hashes(root: int, token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -83,9 +88,9 @@ class BlockHasher:
             return
         bs = self.block_size
         parent = hashes[-1] if hashes else root_hash(request.cache_salt, request.extra_keys)
-        # One conversion for all new blocks, then the bytes of block_hash() per slice: the same hashes.
+        # One conversion for all new blocks, then block_hash's chain step per slice: the same hashes.
         data = array("q", request.token_slice(len(hashes) * bs, num_full * bs)).tobytes()
-        digest, step = xxhash.xxh3_128_intdigest, 8 * bs
+        step = 8 * bs
         for offset in range(0, len(data), step):
-            parent = digest(parent.to_bytes(16, "little") + data[offset : offset + step])
+            parent = _chain_step(parent, data[offset : offset + step])
             hashes.append(parent)

@@ -87,12 +87,12 @@ class StateManager:
         """
         base = self._base.get(request_id, 0)
         if not provisional:  # a snapshot is superseded by the next one: it is no base for later positions
-            self._base[request_id] = position if position > base else base
+            self._base[request_id] = max(base, position)
         pool = self.pool
         if pool.lookup(block_hash) is not None:
             self.num_skipped_existing += 1
             return None
-        value = position - base if position - base > self.block_size else self.block_size
+        value = max(position - base, self.block_size)
         slot = pool.allocate_checkpoint(position, proven, value)
         if slot is None:
             self.num_skipped_no_slot += 1

@@ -125,22 +125,15 @@ class StatePool:
         With no free slot, the lowest-priority evictable checkpoint is displaced only if the new one would
         rank above it; otherwise the write is declined (and L rises to the new one's priority).
         """
-        free = self._free
-        if free:
-            slot = free.pop()
-        else:
+        if not self._free:
             top = self._top_evictable()
-            if top is None:
-                return None
             value = position if value_tokens is None else value_tokens
             priority = self._inflation + self.utility(value, int(proven))
-            if priority < top[0]:
+            if top is not None and priority < top[0]:
                 self._inflation = max(self._inflation, priority)
                 self.num_declined += 1
                 return None
-            slot = self._evict(top)
-        self.kind[slot] = SlotKind.PENDING
-        return slot
+        return self._allocate(SlotKind.PENDING)
 
     def _allocate(self, kind: SlotKind) -> int | None:
         if self._free:

@@ -51,6 +51,7 @@ from recap.kernels.varlen import (
     pad_tokens,
     process_dt,
     read_initial,
+    write_slots,
 )
 
 NO_LIMIT = (0.0, float("inf"))
@@ -341,12 +342,12 @@ def _segment_states(
         elif has_initial[row]:
             out.addcmul_(decays[s], h0[row])
     if inner:
-        dst = torch.tensor([d for _, d, _ in inner], dtype=torch.int64, device=dev)
+        dst = torch.tensor([d for _, d, _ in inner], device=dev)
+        pos = torch.tensor([w[2] for w in inner], device=dev)
         if stage is not None:
-            ssm_state.index_copy_(0, dst, stage.to(ssm_state.dtype))
-        if slot_positions is not None:
-            pos = torch.tensor([w[2] for w in inner], dtype=slot_positions.dtype, device=dev)
-            slot_positions.index_copy_(0, dst, pos)
+            write_slots(ssm_state, dst, stage, slot_positions, pos)
+        elif slot_positions is not None:  # the states are in their slots already
+            slot_positions.index_copy_(0, dst, pos.to(slot_positions.dtype))
     at_ends = [(chunk_of[s], d, p_) for s, d, p_ in plan.checkpoints if s in chunk_of]
     copy_rows_to_slots(ssm_state, ends, at_ends, slot_positions)
     return ends

@@ -64,16 +64,23 @@ def write_slots(
     slot_positions: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
 ) -> None:
-    """cache[slots[i]] = states[i] for every slot that is not PAD_SLOT_ID; record positions if asked."""
+    """cache[slots[i]] = states[i] for every slot that is not PAD_SLOT_ID; record positions if asked.
+
+    One index_copy_; rows are picked with index_select only when some slot is a pad (boolean-mask indexing
+    of large rows is several times slower on CPU).
+    """
+    if slot_positions is not None and positions is None:
+        raise ValueError("slot_positions needs positions")
     keep = slots != PAD_SLOT_ID
-    if not bool(keep.any()):
-        return
-    dst = slots[keep]
-    cache.index_copy_(0, dst, states[keep].to(cache.dtype))
-    if slot_positions is not None:
-        if positions is None:
-            raise ValueError("slot_positions needs positions")
-        slot_positions.index_copy_(0, dst, positions[keep].to(slot_positions.dtype))
+    if not bool(keep.all()):
+        if not bool(keep.any()):
+            return
+        rows = keep.nonzero().squeeze(1)
+        slots, states = slots.index_select(0, rows), states.index_select(0, rows)
+        positions = None if positions is None else positions.index_select(0, rows)
+    cache.index_copy_(0, slots, states.to(cache.dtype))
+    if slot_positions is not None and positions is not None:
+        slot_positions.index_copy_(0, slots, positions.to(slot_positions.dtype))
 
 
 def write_ssm_states(
@@ -94,21 +101,16 @@ def copy_rows_to_slots(
     writes: list[tuple[int, int, int]],
     slot_positions: torch.Tensor | None,
 ) -> None:
-    """cache[slot] = states[row] for every (row, slot, position) in writes, recording position per slot.
+    """cache[slot] = states[row] for every (row, slot, position) in writes (Python values), via write_slots.
 
-    One index_copy_ (no per-slot copies); states is read in place when writes take its rows in order, else
-    through one index_select (advanced indexing of large rows is several times slower on CPU). Slots must
-    be distinct and valid (not PAD_SLOT_ID).
+    states is read in place when writes take its rows in order, else through one index_select.
     """
     if not writes:
         return
     rows, slots, positions = (list(v) for v in zip(*writes))
     dev = cache.device
-    dst = torch.tensor(slots, dtype=torch.int64, device=dev)
     src = states if rows == list(range(states.shape[0])) else states.index_select(0, torch.tensor(rows, device=dev))
-    cache.index_copy_(0, dst, src.to(cache.dtype))
-    if slot_positions is not None:
-        slot_positions.index_copy_(0, dst, torch.tensor(positions, dtype=slot_positions.dtype, device=dev))
+    write_slots(cache, torch.tensor(slots, device=dev), src, slot_positions, torch.tensor(positions, device=dev))
 
 
 def decode_rows(state_indices: torch.Tensor, has_initial_state: torch.Tensor | None) -> list[tuple[int, int, bool]]:
