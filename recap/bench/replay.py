@@ -202,6 +202,7 @@ def _result(spec: PolicySpec, setup: ReplaySetup, sched: Scheduler, t: _Tally, w
         cached_tokens=sum(t.cached.get(rid, 0) for rid in done),
         checkpoints_created=stats.checkpoints_created,
         checkpoints_evicted=stats.checkpoints_evicted,
+        checkpoints_stranded=stats.checkpoints_stranded,
         checkpoint_peak=t.peak_checkpoints,
         checkpoint_peak_bytes=t.peak_checkpoints * shape.state_bytes_per_slot,
         kv_peak_bytes=t.peak_kv_blocks * setup.block_size * shape.kv_bytes_per_token,

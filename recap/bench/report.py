@@ -20,6 +20,7 @@ class ReplayResult:
     cached_tokens: int  # sum of num_cached_tokens over requests
     checkpoints_created: int  # registered, including decode-end snapshots later superseded
     checkpoints_evicted: int
+    checkpoints_stranded: int  # dropped when the KV block they end on was evicted
     checkpoint_peak: int  # most checkpoints held at once
     checkpoint_peak_bytes: int
     kv_peak_bytes: int  # most KV bytes in use or cached at once

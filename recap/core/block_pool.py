@@ -1,22 +1,36 @@
 """The KV block pool: paged blocks of `block_size` tokens, shared by reference count, cached by hash.
 
-Free blocks sit in one of three lists, handed out in this order:
-  plain: no hash (nothing to lose);
-  cold:  cached, but past the deepest checkpoint of the request that freed them: for a hybrid model
-         they cannot give a hit until some request learns a checkpoint there (DESIGN section 4);
-  warm:  cached and covered by a checkpoint (or the model has no state group).
-Inside cold and warm, the least recently freed block goes first (LRU). A request frees its blocks
-tail first, so a chain's deeper blocks are evicted before the blocks they depend on.
+Free blocks sit in one of four lists, handed out in this order:
+  plain:  no hash (nothing to lose);
+  cold:   cached, but past the deepest checkpoint of the request that freed them: for a hybrid model
+          they cannot give a hit until some request learns a checkpoint there (DESIGN section 4);
+  once:   cached, covered by a checkpoint (or the model has no state group), used by one request so far;
+  reused: cached and covered, and its hash has served a second request: a hit on it, or it was
+          computed again while the hash was still remembered as recently evicted (a ghost).
+Inside each list the least recently freed block goes first (LRU). A request frees its blocks tail
+first, so a chain's deeper blocks are evicted before the blocks they depend on.
+
+Why two recency lists (2Q with ghost entries, as in ARC or the Linux page cache's refault tracking):
+plain LRU lets a burst of one-off prompts flush the prefixes that keep coming back. On the Mooncake
+trace a document is first shared a median of ~500 requests after it is first seen, far longer than
+LRU keeps it, and then every ~150 requests; remembering evicted hashes lets the second use mark the
+document as recurring, and recurring blocks then outlive the one-off traffic (docs/replay.md).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from recap.core.free_queue import FreeBlockQueue, KVBlock
 
 NULL_BLOCK_ID = 0
+# Evicted hashes remembered, per pool block. Like TinyLFU's sample window (~10-16x the cache), long
+# enough to see a document come back many pool turnovers later (on the Mooncake trace the first reuse
+# comes ~500 requests after first use while 78 GB holds ~70 prompts; 2x caught too few, 16x and more
+# all gave the same hit rate); bounded so a pool of millions of tiny blocks stays small.
+GHOST_BLOCKS_PER_BLOCK = 16
+MAX_GHOSTS = 1 << 22
 
 
 class BlockPool:
@@ -35,9 +49,17 @@ class BlockPool:
         self.blocks = [KVBlock(NULL_BLOCK_ID)]
         self._plain: deque[KVBlock] = deque()
         self._cold = FreeBlockQueue("cold")
-        self._warm = FreeBlockQueue("warm")
+        self._once = FreeBlockQueue("once")
+        self._reused = FreeBlockQueue("reused")
         self._cached: dict[int, KVBlock] = {}
+        # Evicted hashes in two generations: when the newer holds half the bound, it becomes the older
+        # and the older is forgotten, so between half the bound and the bound are remembered.
+        self._ghosts: set[int] = set()
+        self._old_ghosts: set[int] = set()
+        self._ghost_generation = max(1, min(GHOST_BLOCKS_PER_BLOCK * num_blocks, MAX_GHOSTS) // 2)
         self.num_evicted = 0
+        # Told each evicted hash: a hybrid's checkpoint keyed by it can no longer be reached.
+        self.on_evict: Callable[[int], None] | None = None
 
     # -- counts -------------------------------------------------------------------------------
     @property
@@ -47,11 +69,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that `allocate` can hand out (never used, plain, plus cached ones it would evict)."""
-        return self.num_blocks - len(self.blocks) + len(self._plain) + len(self._cold) + len(self._warm)
+        return self.num_blocks - len(self.blocks) + len(self._plain) + self.num_cached_free
 
     @property
     def num_cached_free(self) -> int:
-        return len(self._cold) + len(self._warm)
+        return len(self._cold) + len(self._once) + len(self._reused)
 
     @property
     def num_in_use(self) -> int:
@@ -81,6 +103,7 @@ class BlockPool:
                 assert block.queue is not None, f"{block} is free but in no free list"
                 block.queue.remove(block)
             block.ref_cnt += 1
+            block.reused = True
 
     # -- allocation ------------------------------------------------------------------------------
     def allocate(self, num: int) -> list[int]:
@@ -96,7 +119,8 @@ class BlockPool:
             elif self._plain:
                 block = self._plain.popleft()
             else:
-                block = self._cold.popleft() if len(self._cold) else self._warm.popleft()
+                queue = self._cold if len(self._cold) else self._once if len(self._once) else self._reused
+                block = queue.popleft()
                 self._evict(block)
             block.ref_cnt = 1
             out.append(block.block_id)
@@ -104,15 +128,22 @@ class BlockPool:
 
     def _evict(self, block: KVBlock) -> None:
         assert block.block_hash is not None
-        del self._cached[block.block_hash]
+        block_hash = block.block_hash
+        del self._cached[block_hash]
+        if self.on_evict is not None:
+            self.on_evict(block_hash)
+        self._ghosts.add(block_hash)
+        if len(self._ghosts) >= self._ghost_generation:
+            self._old_ghosts, self._ghosts = self._ghosts, set()
         block.block_hash = None
+        block.reused = False
         self.num_evicted += 1
 
     def free(self, block_ids: Sequence[int], num_warm: int | None = None) -> None:
         """Drop one holder from each block of a request's table (given in table order).
 
         Blocks whose last holder leaves go to a free list, tail first; cached blocks at table index
-        >= `num_warm` go to the cold list (None: all warm).
+        >= `num_warm` go to the cold list (None: none is cold), the others to `once` or `reused`.
         """
         warm_limit = len(block_ids) if num_warm is None else num_warm
         blocks = self.blocks
@@ -123,9 +154,10 @@ class BlockPool:
             if block.ref_cnt:
                 continue
             if block.block_hash is None:
+                block.reused = False
                 self._plain.append(block)
             elif index < warm_limit:
-                self._warm.append(block)
+                (self._reused if block.reused else self._once).append(block)
             else:
                 self._cold.append(block)
 
@@ -138,6 +170,10 @@ class BlockPool:
         assert block.ref_cnt > 0 and block.block_hash is None, f"cannot cache {block}"
         if block_hash in self._cached:
             return False
+        if block_hash in self._ghosts or block_hash in self._old_ghosts:  # computed again after eviction
+            self._ghosts.discard(block_hash)
+            self._old_ghosts.discard(block_hash)
+            block.reused = True
         block.block_hash = block_hash
         self._cached[block_hash] = block
         return True
@@ -146,10 +182,13 @@ class BlockPool:
         """Forget every hash; free cached blocks become plain free blocks."""
         for block in self._cached.values():
             block.block_hash = None
+            block.reused = False
             if block.queue is not None:
                 block.queue.remove(block)
                 self._plain.append(block)
         self._cached.clear()
+        self._ghosts.clear()
+        self._old_ghosts.clear()
 
     # -- integrity -------------------------------------------------------------------------------
     def check(self) -> None:
@@ -157,11 +196,14 @@ class BlockPool:
         free_ids: set[int] = set()
         for block in self._plain:
             assert block.queue is None and block.ref_cnt == 0 and block.block_hash is None, block
+            assert not block.reused, f"{block} has no hash but is marked reused"
             free_ids.add(block.block_id)
-        for queue in (self._cold, self._warm):
+        assert len(self._ghosts) < self._ghost_generation and len(self._old_ghosts) <= self._ghost_generation
+        for queue in (self._cold, self._once, self._reused):
             count = 0
             for block in queue:
                 assert block.queue is queue and block.ref_cnt == 0 and block.block_hash is not None, block
+                assert queue is not self._reused or block.reused, f"{block} in the reused list unmarked"
                 free_ids.add(block.block_id)
                 count += 1
             assert count == len(queue), f"free list {queue.name} size {len(queue)} != {count} linked"

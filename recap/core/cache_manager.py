@@ -61,6 +61,8 @@ class CacheManager:
             pool = StatePool(layout.num_state_slots, bs, layout.state_bytes_per_slot, layout.flops_per_token)
             state_caching = self.enable_caching and cache_config.checkpoint_policy != "none"
             self.state = StateManager(pool, bs, state_caching)
+        if self.kv is not None and self.state is not None:
+            self.kv.pool.on_evict = self.state.pool.strand
         self.policy = CheckpointPolicy(cache_config, layout.has_state)
         if self.state is not None and self.policy.learns_yield:  # only recap learns from outcomes
             self.state.pool.on_outcome = self.policy.record_outcome

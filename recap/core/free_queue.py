@@ -13,12 +13,13 @@ from collections.abc import Iterator
 class KVBlock:
     """One paged KV block: id, holders count, hash when full and cached, free-list links."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev", "next", "queue")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "reused", "prev", "next", "queue")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
+        self.reused = False  # its hash served a second request (a hit, or recomputed soon after eviction)
         self.prev: KVBlock | None = None
         self.next: KVBlock | None = None
         self.queue: FreeBlockQueue | None = None  # the free list holding this block, if any

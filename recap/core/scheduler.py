@@ -336,6 +336,7 @@ class Scheduler(RemoteScheduling):
             checkpoint_bytes=pool.num_checkpoints * pool.bytes_per_slot if pool else 0,
             checkpoints_created=pool.num_created if pool else 0,
             checkpoints_evicted=pool.num_evicted if pool else 0,
+            checkpoints_stranded=pool.num_stranded if pool else 0,
             checkpoints_refused=pool.num_refused if pool else 0,
             checkpoint_writes_planned=state.num_planned if state else 0,
             checkpoint_writes_skipped=state.num_skipped_no_slot if state else 0,

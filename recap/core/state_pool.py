@@ -20,6 +20,9 @@ Eviction is GreedyDual-Size-Frequency over every unpinned checkpoint, one heap:
   L        = the priority of the last eviction (or refusal), so recency enters through L.
 A new checkpoint whose priority would be below every evictable one is refused instead of displacing a
 better one (it raises L like an eviction). Equal priorities evict the older entry first.
+A checkpoint whose KV block (the one its key names) is evicted is dropped at once (`strand`): a hybrid
+hit needs that block, so it could never be used again. At 72 + 8 GB on the Mooncake trace 78% of the
+held checkpoints were such orphans; dropping them lets a 2-3 GB state pool do the work of 8 GB.
 Replaying the Mooncake trace (docs/replay.md) chose this over depth-only GreedyDual (deep one-shot
 prompt ends crowd out shallow branch points) and over probation/protected segments (a fresh
 document's tail, first shared ~500 requests later, cannot survive a small probation segment).
@@ -79,6 +82,7 @@ class StatePool:
         self.num_refused = 0  # registrations refused for provenance
         self.num_declined = 0  # checkpoints not written: worth less than every evictable one
         self.num_duplicates = 0  # written checkpoints dropped because the key was already registered
+        self.num_stranded = 0  # checkpoints dropped because the KV block they end on was evicted
 
     # -- counts -------------------------------------------------------------------------------
     @property
@@ -125,15 +129,21 @@ class StatePool:
         With no free slot, the lowest-priority evictable checkpoint is displaced only if the new one would
         rank above it; otherwise the write is declined (and L rises to the new one's priority).
         """
-        if not self._free:
+        if self._free:
+            slot = self._free.pop()
+        else:
             top = self._top_evictable()
+            if top is None:
+                return None
             value = position if value_tokens is None else value_tokens
             priority = self._inflation + self.utility(value, int(proven))
-            if top is not None and priority < top[0]:
+            if priority < top[0]:
                 self._inflation = max(self._inflation, priority)
                 self.num_declined += 1
                 return None
-        return self._allocate(SlotKind.PENDING)
+            slot = self._evict(top)  # the entry just peeked: no second heap search
+        self.kind[slot] = SlotKind.PENDING
+        return slot
 
     def _allocate(self, kind: SlotKind) -> int | None:
         if self._free:
@@ -285,6 +295,19 @@ class StatePool:
         self._unregister(slot, report=False)  # superseded by a newer snapshot: not a verdict on the source
         self._free.append(slot)
         return True
+
+    def strand(self, block_hash: int) -> None:
+        """The KV block `block_hash` names was evicted: a hybrid's checkpoint there can never hit again.
+
+        Dropping it at once frees its slot for a checkpoint whose prefix is still in KV; keeping it
+        would only pay if some request recomputed the whole prefix, and that request writes its own.
+        """
+        slot = self._by_hash.get(block_hash)
+        if slot is None or self.pins[slot]:
+            return
+        self._unregister(slot)
+        self._free.append(slot)
+        self.num_stranded += 1
 
     def pin(self, slot: int) -> None:
         assert self.kind[slot] == SlotKind.CHECKPOINT, f"pin of non-checkpoint slot {slot}"

@@ -47,6 +47,7 @@ class SchedulerStats:
     checkpoint_bytes: int
     checkpoints_created: int
     checkpoints_evicted: int
+    checkpoints_stranded: int  # dropped because the KV block they end on was evicted
     checkpoints_refused: int  # provenance mismatches (never registered)
     checkpoint_writes_planned: int
     checkpoint_writes_skipped: int  # no slot worth taking

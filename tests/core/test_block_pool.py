@@ -120,3 +120,63 @@ def test_reset_forgets_hashes() -> None:
     assert pool.lookup(3) is None
     pool.free(a[2:])
     pool.check()
+
+
+def test_blocks_reused_by_a_second_request_outlive_one_off_blocks() -> None:
+    pool = BlockPool(6)
+    a = pool.allocate(2)
+    for block_id, h in zip(a, (10, 11)):
+        pool.cache_block(block_id, h)
+    pool.free(a)
+    pool.touch(a[:1])  # a second request hits block 10 (reused), not 11
+    b = pool.allocate(3)
+    for block_id, h in zip(b, (20, 21, 22)):
+        pool.cache_block(block_id, h)
+    pool.free(b)
+    pool.free(a[:1])
+    # Free lists: once = [2 (h11), 5, 4, 3] (LRU, tail first), reused = [1 (h10)].
+    assert pool.allocate(4) == [2, 5, 4, 3]
+    assert pool.lookup(10) == 1 and pool.lookup(11) is None
+    pool.check()
+
+
+def test_a_hash_computed_again_after_eviction_counts_as_reused() -> None:
+    pool = BlockPool(3)  # two usable blocks
+    a = pool.allocate(2)
+    pool.cache_block(a[0], 10)
+    pool.cache_block(a[1], 11)
+    pool.free(a)
+    evicted = []
+    pool.on_evict = evicted.append
+    b = pool.allocate(1)  # evicts h11 (the tail, freed first); it becomes a ghost
+    assert evicted == [11] and pool.num_evicted == 1
+    pool.cache_block(b[0], 11)  # recomputed while remembered: reused
+    assert pool.blocks[b[0]].reused
+    pool.free(b)
+    c = pool.allocate(1)  # the one-off h10 goes before the recurring h11
+    assert evicted == [11, 10] and c == a[:1]
+    pool.cache_block(c[0], 12)
+    assert not pool.blocks[c[0]].reused  # never seen before
+    pool.check()
+
+
+def test_ghosts_are_bounded_and_forgotten_by_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import recap.core.block_pool as block_pool
+
+    monkeypatch.setattr(block_pool, "GHOST_BLOCKS_PER_BLOCK", 2)
+    pool = BlockPool(3)  # 3 blocks: 6 ghosts at most, in generations of 3
+    for h in range(100, 110):
+        (b,) = pool.allocate(1)
+        pool.cache_block(b, h)
+        pool.free([b])
+        pool.check()
+    # Ten hashes cached in turn, 100..107 evicted: the full older generation (103-105) and the
+    # filling newer one (106, 107) are remembered; 100-102 went with the generation before.
+    remembered = {h for h in range(100, 110) if h in pool._ghosts or h in pool._old_ghosts}
+    assert remembered == set(range(103, 108))
+    (b,) = pool.allocate(1)
+    pool.cache_block(b, 100)  # long forgotten: a one-off again
+    assert not pool.blocks[b].reused
+    pool.reset()
+    assert not pool._ghosts and not pool._old_ghosts
+    pool.check()

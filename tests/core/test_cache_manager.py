@@ -193,3 +193,16 @@ def test_unwritten_and_mismatched_writes_are_not_registered() -> None:
     assert cm.state.pool.num_checkpoints == 1 and cm.state.pool.num_refused == 1
     assert cm.state.pool.num_in_use == 1  # only the running slot
     cm.free(r)
+
+
+def test_evicting_the_kv_block_a_checkpoint_ends_on_drops_the_checkpoint() -> None:
+    cm = manager("hybrid", num_kv_blocks=7)  # 6 usable blocks: one 22-token prompt fills them
+    assert cm.kv is not None and cm.state is not None
+    a = Request("a", PROMPT, 1)
+    run_prefill(cm, a)
+    end_hash = a.block_hashes[4]  # the checkpoint after 20 tokens is keyed by block 5's hash
+    assert cm.state.pool.lookup(end_hash) is not None
+    run_prefill(cm, Request("b", list(range(500, 522)), 1))  # unrelated: evicts all of a's blocks
+    assert cm.kv.pool.lookup(end_hash) is None
+    assert cm.state.pool.lookup(end_hash) is None and cm.state.pool.num_stranded >= 1
+    cm.state.pool.check()

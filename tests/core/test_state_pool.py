@@ -177,3 +177,18 @@ def test_reset_drops_unpinned_checkpoints() -> None:
     assert pool.lookup(1) == a and pool.lookup(2) is None
     pool.unpin(a)
     pool.check()
+
+
+def test_a_checkpoint_whose_kv_block_was_evicted_is_dropped() -> None:
+    pool = make(3)
+    a, b = put(pool, 8, 1), put(pool, 8, 2)
+    pool.pin(b)
+    pool.strand(1)
+    pool.strand(2)  # pinned: a copy from it is in flight, and its KV blocks are held by that request
+    pool.strand(99)  # no checkpoint there
+    assert pool.lookup(1) is None and pool.kind[a] == SlotKind.FREE and pool.num_stranded == 1
+    assert pool.lookup(2) == b
+    assert pool.allocate_running() == a  # the freed slot, nothing evicted
+    assert pool.num_evicted == 0
+    pool.unpin(b)
+    pool.check()
