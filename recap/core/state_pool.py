@@ -129,9 +129,8 @@ class StatePool:
         With no free slot, the lowest-priority evictable checkpoint is displaced only if the new one would
         rank above it; otherwise the write is declined (and L rises to the new one's priority).
         """
-        if self._free:
-            slot = self._free.pop()
-        else:
+        top = None
+        if not self._free:
             top = self._top_evictable()
             if top is None:
                 return None
@@ -141,15 +140,14 @@ class StatePool:
                 self._inflation = max(self._inflation, priority)
                 self.num_declined += 1
                 return None
-            slot = self._evict(top)  # the entry just peeked: no second heap search
-        self.kind[slot] = SlotKind.PENDING
-        return slot
+        return self._allocate(SlotKind.PENDING, top)
 
-    def _allocate(self, kind: SlotKind) -> int | None:
+    def _allocate(self, kind: SlotKind, top: tuple[float, int, int, int] | None = None) -> int | None:
+        """A free slot, else the slot of the lowest-priority checkpoint (`top`: that entry, if just peeked)."""
         if self._free:
             slot = self._free.pop()
         else:
-            top = self._top_evictable()
+            top = top or self._top_evictable()
             if top is None:
                 return None
             slot = self._evict(top)
@@ -283,6 +281,11 @@ class StatePool:
         self._num_checkpoints -= 1
         self.kind[slot] = SlotKind.FREE
 
+    def _release(self, slot: int, report: bool = True) -> None:
+        """Unregister checkpoint `slot` and make it free."""
+        self._unregister(slot, report)
+        self._free.append(slot)
+
     def drop(self, slot: int, block_hash: int) -> bool:
         """Unregister and free checkpoint `slot` if it still holds `block_hash`, is unpinned and unused."""
         if (
@@ -292,8 +295,7 @@ class StatePool:
             or self.slot_hits[slot]
         ):
             return False
-        self._unregister(slot, report=False)  # superseded by a newer snapshot: not a verdict on the source
-        self._free.append(slot)
+        self._release(slot, report=False)  # superseded by a newer snapshot: not a verdict on the source
         return True
 
     def strand(self, block_hash: int) -> None:
@@ -305,8 +307,7 @@ class StatePool:
         slot = self._by_hash.get(block_hash)
         if slot is None or self.pins[slot]:
             return
-        self._unregister(slot)
-        self._free.append(slot)
+        self._release(slot)
         self.num_stranded += 1
 
     def pin(self, slot: int) -> None:
@@ -326,8 +327,7 @@ class StatePool:
         dropped = 0
         for slot in range(self.num_slots):
             if self.is_evictable(slot):
-                self._unregister(slot)
-                self._free.append(slot)
+                self._release(slot)
                 dropped += 1
         self._compact()
         return dropped
