@@ -166,17 +166,28 @@ class BlockPool:
 
         Returns False (and leaves the block uncached) when another block already holds that hash.
         """
-        block = self.blocks[block_id]
-        assert block.ref_cnt > 0 and block.block_hash is None, f"cannot cache {block}"
-        if block_hash in self._cached:
-            return False
-        if block_hash in self._ghosts or block_hash in self._old_ghosts:  # computed again after eviction
-            self._ghosts.discard(block_hash)
-            self._old_ghosts.discard(block_hash)
-            block.reused = True
-        block.block_hash = block_hash
-        self._cached[block_hash] = block
-        return True
+        return self.cache_blocks([block_id], [block_hash]) == 1
+
+    def cache_blocks(self, block_ids: Sequence[int], block_hashes: Sequence[int]) -> int:
+        """`cache_block` for each (block, hash) pair, in one call (a chunk's newly full blocks).
+
+        Returns how many were cached.
+        """
+        blocks, cached, ghosts, old_ghosts = self.blocks, self._cached, self._ghosts, self._old_ghosts
+        num_cached = 0
+        for block_id, block_hash in zip(block_ids, block_hashes):
+            block = blocks[block_id]
+            assert block.ref_cnt > 0 and block.block_hash is None, f"cannot cache {block}"
+            if block_hash in cached:
+                continue
+            if block_hash in ghosts or block_hash in old_ghosts:  # computed again after eviction
+                ghosts.discard(block_hash)
+                old_ghosts.discard(block_hash)
+                block.reused = True
+            block.block_hash = block_hash
+            cached[block_hash] = block
+            num_cached += 1
+        return num_cached
 
     def reset(self) -> None:
         """Forget every hash; free cached blocks become plain free blocks."""

@@ -139,15 +139,7 @@ class CacheManager:
         if self.state is None or not self.policy.enabled:
             return []
         positions = self.policy.positions(request, start, end)
-        if not positions:
-            return []
-        out: list[CheckpointWrite] = []
-        hashes, bs, rid, plan = request.block_hashes, self.block_size, request.request_id, self.state.plan
-        for position, provisional, proven, source in positions:
-            write = plan(rid, position, hashes[position // bs - 1], provisional, proven, source)
-            if write is not None:
-                out.append(write)
-        return out
+        return self.state.plan(request.request_id, request.block_hashes, positions) if positions else []
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite], planned: bool = True) -> int:
         """After a step: register written checkpoints and newly full KV blocks.

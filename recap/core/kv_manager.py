@@ -58,9 +58,7 @@ class KVManager:
         if end <= start or not self.enable_caching:
             return
         end = min(end, len(block_hashes))
-        table = self.tables[request_id]
-        for i in range(start, end):
-            self.pool.cache_block(table[i], block_hashes[i])
+        self.pool.cache_blocks(self.tables[request_id][start:end], block_hashes[start:end])
         self._num_hashed[request_id] = end
 
     def num_hashed(self, request_id: str) -> int:

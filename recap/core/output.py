@@ -10,6 +10,10 @@ from typing import Any, NamedTuple
 
 PAD_SLOT_ID = -1
 
+# Builds a NamedTuple from a tuple of all its fields without its Python-level __new__ (about 4x faster):
+# for hot loops that make one per checkpoint write (millions per trace replay under policy `all`).
+new_tuple = tuple.__new__
+
 
 class CheckpointWrite(NamedTuple):
     """Write the state reached after exactly `position` tokens into state slot `slot`.

@@ -37,6 +37,7 @@ from collections import OrderedDict, deque
 from typing import NamedTuple
 
 from recap.config import CacheConfig
+from recap.core.output import new_tuple
 from recap.core.request import Request
 
 TAIL_WINDOW = 256  # recent divergence distances kept
@@ -202,7 +203,7 @@ class CheckpointPolicy:
         if first > end or not self.enabled:
             return []
         if self.name == "all":
-            return [Position(p, False, False, Source.EVERY_BLOCK) for p in range(first, end + 1, bs)]
+            return [new_tuple(Position, (p, False, False, Source.EVERY_BLOCK)) for p in range(first, end + 1, bs)]
         rid = request.request_id
         sites = self._static.get(rid, {})
         out = [

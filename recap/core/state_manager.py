@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
 
-from recap.core.output import PAD_SLOT_ID, CheckpointWrite
+from recap.core.output import PAD_SLOT_ID, CheckpointWrite, new_tuple
+from recap.core.policy import Position
 from recap.core.request import Request
-from recap.core.state_pool import StatePool
-
-
-class PlannedWrite(NamedTuple):
-    """A checkpoint write the in-flight step was asked to perform."""
-
-    write: CheckpointWrite
-    block_hash: int
-    # A decode-end snapshot: superseded (dropped) by the request's next one unless it was hit meanwhile.
-    provisional: bool
-    proven: bool = False  # sharing observed or declared here: one hit's worth of evidence
-    source: int = 0  # the policy's reason (recap.core.policy.Source), for learned yields
-    value_tokens: int = 0  # tokens it saves beyond the request's shallower checkpoint (its eviction value)
+from recap.core.state_pool import PlannedWrite, StatePool
 
 
 class StateManager:
     """Running slot per request, plus the checkpoints its steps write.
 
     Side effects: `admit` pins the hit checkpoint and takes a running slot (may evict a checkpoint);
-    `plan` takes PENDING slots; `commit` registers written checkpoints and frees unwritten ones;
+    `plan` takes PENDING slots (may evict checkpoints); `commit` registers written checkpoints and frees unwritten ones;
     `free` returns the running slot and any PENDING slots.
     """
 
@@ -72,38 +60,38 @@ class StateManager:
         return None if hit_slot == PAD_SLOT_ID else (hit_slot, slot)
 
     def plan(
-        self,
-        request_id: str,
-        position: int,
-        block_hash: int,
-        provisional: bool,
-        proven: bool = False,
-        source: int = 0,
-    ) -> CheckpointWrite | None:
-        """A fresh PENDING slot for the state after `position` tokens; None if registered or no slot.
+        self, request_id: str, block_hashes: Sequence[int], positions: Iterable[Position]
+    ) -> list[CheckpointWrite]:
+        """Fresh PENDING slots for a chunk's checkpoint positions (sorted); one skipped if registered or no slot.
 
-        Its eviction value counts the tokens past the request's deepest checkpoint so far (the one it hit
-        or its own previous one): what holding it saves over what the chain already has.
+        A write's eviction value counts the tokens past the request's deepest checkpoint so far (the one it
+        hit or its own previous one): what holding it saves over what the chain already has.
+        One call per chunk: under policy `all` a replay plans millions of writes.
         """
+        bs = self.block_size
         base = self._base.get(request_id, 0)
-        if not provisional:  # a snapshot is superseded by the next one: it is no base for later positions
-            self._base[request_id] = max(base, position)
-        pool = self.pool
-        if pool.lookup(block_hash) is not None:
-            self.num_skipped_existing += 1
-            return None
-        value = max(position - base, self.block_size)
-        slot = pool.allocate_checkpoint(position, proven, value)
-        if slot is None:
-            self.num_skipped_no_slot += 1
-            return None
-        self.num_planned += 1
-        write = CheckpointWrite(position, slot)
+        asks, kept = [], []
+        for position, provisional, proven, source in positions:
+            value = position - base if position - base > bs else bs
+            if not provisional and position > base:  # a snapshot is superseded: no base for later positions
+                base = position
+            asks.append((block_hashes[position // bs - 1], value, proven))
+            kept.append((position, provisional, source))
+        self._base[request_id] = base
+        out: list[CheckpointWrite] = []
         plans = self.pending.get(request_id)
-        if plans is None:
-            plans = self.pending[request_id] = []
-        plans.append(PlannedWrite(write, block_hash, provisional, proven, source, value))
-        return write
+        for slot, (block_hash, value, proven), (position, provisional, source) in zip(
+            self.pool.allocate_checkpoints(asks), asks, kept
+        ):
+            if slot is None:
+                continue
+            write = new_tuple(CheckpointWrite, (position, slot))
+            out.append(write)
+            if plans is None:
+                plans = self.pending[request_id] = []
+            plans.append(new_tuple(PlannedWrite, (write, block_hash, provisional, proven, source, value)))
+        self.num_planned += len(out)
+        return out
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
         """Register the reported writes that match the plan; free every other planned slot.
@@ -114,21 +102,13 @@ class StateManager:
         if not plans:
             self.pool.num_refused += len(written)  # writes nobody planned: never registered
             return 0
-        pool, hashes, prompt_len = self.pool, request.block_hashes, request.num_prompt_tokens
-        reported = {w.slot: w for w in written}
-        pool.num_refused += len(reported.keys() - {p.write.slot for p in plans})
-        registered = 0
-        for plan in plans:  # in position order
-            write = plan.write
-            report = reported.get(write.slot)
-            if report is None:
-                pool.free(write.slot)  # planned but not written: never findable
-                continue
-            ok = pool.register(report, write, plan.block_hash, hashes, plan.proven, plan.source, plan.value_tokens)
-            registered += ok
-            if plan.provisional or write.position >= prompt_len:
-                self._supersede(request.request_id, plan, ok)
-        return registered
+        registered = self.pool.register(plans, written, request.block_hashes)
+        prompt_len = request.num_prompt_tokens
+        if plans[-1].write.position >= prompt_len:  # sorted, and snapshots lie past the prompt
+            for plan, ok in zip(plans, registered):
+                if plan.provisional or plan.write.position >= prompt_len:
+                    self._supersede(request.request_id, plan, ok)
+        return sum(registered)
 
     def _supersede(self, request_id: str, plan: PlannedWrite, registered: bool) -> None:
         """A newer decode-region checkpoint exists: drop the request's previous snapshot."""

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from recap.core.output import CheckpointWrite
 
@@ -42,6 +44,18 @@ class SlotKind(enum.IntEnum):
     RUNNING = 1
     PENDING = 2
     CHECKPOINT = 3
+
+
+class PlannedWrite(NamedTuple):
+    """A checkpoint write a step was asked to perform, with what registering it needs."""
+
+    write: CheckpointWrite
+    block_hash: int
+    # A decode-end snapshot: superseded (dropped) by the request's next one unless it was hit meanwhile.
+    provisional: bool = False
+    proven: bool = False  # sharing observed or declared here: one hit's worth of evidence
+    source: int = 0  # the policy's reason (recap.core.policy.Source), for learned yields
+    value_tokens: int = 0  # tokens it saves beyond the request's shallower checkpoint; <= 0: all `position`
 
 
 class StatePool:
@@ -80,7 +94,8 @@ class StatePool:
         self.num_created = 0
         self.num_evicted = 0
         self.num_refused = 0  # registrations refused for provenance
-        self.num_declined = 0  # checkpoints not written: worth less than every evictable one
+        self.num_declined = 0  # checkpoints not written: worth less than every evictable one, or none evictable
+        self.num_already_registered = 0  # checkpoints not written: their key is registered already
         self.num_duplicates = 0  # written checkpoints dropped because the key was already registered
         self.num_stranded = 0  # checkpoints dropped because the KV block they end on was evicted
 
@@ -120,39 +135,65 @@ class StatePool:
     # -- allocation -----------------------------------------------------------------------------
     def allocate_running(self) -> int | None:
         """A slot for a running request, evicting the lowest-priority checkpoint if none is free."""
-        return self._allocate(SlotKind.RUNNING)
+        if not self._free and not self.num_evictable:
+            return None
+        slot = self.allocate_checkpoints([(None, math.inf, False)])[0]  # outranks every checkpoint
+        if slot is not None:
+            self.kind[slot] = SlotKind.RUNNING
+        return slot
 
     def allocate_checkpoint(self, position: int, proven: bool = False, value_tokens: int | None = None) -> int | None:
         """A PENDING slot for a checkpoint after `position` tokens, or None if none is worth taking.
 
         `value_tokens`: tokens it saves beyond its writer's shallower checkpoint (default: all `position`).
-        With no free slot, the lowest-priority evictable checkpoint is displaced only if the new one would
-        rank above it; otherwise the write is declined (and L rises to the new one's priority).
         """
-        top = None
-        if not self._free:
-            top = self._top_evictable()
-            if top is None:
-                return None
-            value = position if value_tokens is None else value_tokens
-            priority = self._inflation + self.utility(value, int(proven))
-            if priority < top[0]:
-                self._inflation = max(self._inflation, priority)
-                self.num_declined += 1
-                return None
-        return self._allocate(SlotKind.PENDING, top)
+        value = position if value_tokens is None else value_tokens
+        return self.allocate_checkpoints([(None, value, proven)])[0]
 
-    def _allocate(self, kind: SlotKind, top: tuple[float, int, int, int] | None = None) -> int | None:
-        """A free slot, else the slot of the lowest-priority checkpoint (`top`: that entry, if just peeked)."""
-        if self._free:
-            slot = self._free.pop()
-        else:
-            top = top or self._top_evictable()
-            if top is None:
-                return None
-            slot = self._evict(top)
-        self.kind[slot] = kind
-        return slot
+    def allocate_checkpoints(self, asks: Iterable[tuple[int | None, int, bool]]) -> list[int | None]:
+        """PENDING slots for a chunk's checkpoints, asked as (block_hash, value_tokens, proven) in position order.
+
+        None where the hash is registered already (nothing to write) or no slot is worth taking: with no
+        free slot, the lowest-priority evictable checkpoint is displaced only if the new one would rank
+        above it; otherwise the write is declined (and L rises to the new one's priority).
+        One call per chunk, loop inlined: policy `all` asks for millions of slots in a trace replay.
+        """
+        free, by_hash, kind, heap = self._free, self._by_hash, self.kind, self._heap
+        version, pins = self._version, self.pins
+        pending, checkpoint, heappop = SlotKind.PENDING, SlotKind.CHECKPOINT, heapq.heappop
+        per_token, unregister = self._value_per_token, self._unregister
+        out: list[int | None] = []
+        for block_hash, value, proven in asks:
+            if block_hash in by_hash:
+                self.num_already_registered += 1
+                out.append(None)
+                continue
+            if free:
+                slot = free.pop()
+            else:
+                top = heap[0] if heap else None
+                if top is None or top[3] != version[top[2]] or kind[top[2]] != checkpoint or pins[top[2]]:
+                    top = self._top_evictable()  # stale or pinned entries at the top: the slow path
+                    if top is None:
+                        self.num_declined += 1
+                        out.append(None)
+                        continue
+                priority = self._inflation + value * per_token * (1 + proven)  # utility(), inlined
+                if priority < top[0]:
+                    self._inflation = max(self._inflation, priority)
+                    self.num_declined += 1
+                    out.append(None)
+                    continue
+                slot = top[2]  # evict it (other heap entries of its slot go stale)
+                if heap[0] is top:
+                    heappop(heap)
+                if top[0] > self._inflation:
+                    self._inflation = top[0]
+                unregister(slot)
+                self.num_evicted += 1
+            kind[slot] = pending
+            out.append(slot)
+        return out
 
     def free(self, slot: int) -> None:
         """Return a RUNNING or PENDING slot."""
@@ -179,67 +220,59 @@ class StatePool:
                 return min(live) if live else None
         return None
 
-    def _evict(self, entry: tuple[float, int, int, int]) -> int:
-        """Evict the checkpoint of a live heap entry (other entries of its slot go stale)."""
-        slot = entry[2]
-        if self._heap[0] is entry:
-            heapq.heappop(self._heap)
-        self._inflation = max(self._inflation, entry[0])
-        self._unregister(slot)
-        self.num_evicted += 1
-        return slot
-
     # -- checkpoints ----------------------------------------------------------------------------
     def register(
-        self,
-        written: CheckpointWrite,
-        planned: CheckpointWrite | None,
-        block_hash: int,
-        request_block_hashes: Sequence[int],
-        proven: bool = False,
-        source: int = 0,
-        value_tokens: int | None = None,
-    ) -> bool:
-        """Register the PENDING slot `written.slot` as the checkpoint after `written.position` tokens.
+        self, plans: Sequence[PlannedWrite], written: Sequence[CheckpointWrite], request_block_hashes: Sequence[int]
+    ) -> list[bool]:
+        """After a step: register each plan whose write the kernels reported; free every other planned slot.
 
-        `proven`: sharing was observed or declared at this position (counts as one hit of evidence).
-        `value_tokens`: tokens saved beyond the writer's shallower checkpoint (default: the position).
-
-        Refuses (and frees the slot) unless the kernel's report equals the plan, the position is a
-        positive multiple of block_size, and `block_hash` is the request's hash at that position.
-        A key already registered keeps its slot; the new one is freed. Returns True if registered.
+        A plan registers its PENDING slot as the checkpoint after `write.position` tokens only if the report
+        for its slot equals the plan, the position is a positive multiple of block_size, and `block_hash` is
+        the request's hash at that position (provenance, DESIGN invariant 2); otherwise it is refused. A key
+        already registered keeps its slot; the new one is freed. Reports nobody planned are refused.
+        Returns, per plan, whether it was registered. One call per chunk, loop inlined (policy `all`).
         """
-        slot, position = written.slot, written.position
-        kind = self.kind
-        assert kind[slot] == SlotKind.PENDING, f"slot {slot} was not planned as a checkpoint"
-        k = position // self.block_size
-        if (
-            written != planned
-            or position <= 0
-            or position % self.block_size
-            or k > len(request_block_hashes)
-            or request_block_hashes[k - 1] != block_hash
-        ):
-            self.num_refused += 1
-            self.free(slot)
-            return False
-        if block_hash in self._by_hash:
-            self.num_duplicates += 1
-            self.free(slot)
-            return False
-        kind[slot] = SlotKind.CHECKPOINT
-        self.slot_hash[slot] = block_hash
-        self.slot_position[slot] = position
-        value = position if value_tokens is None or value_tokens > position else max(1, value_tokens)
-        self.slot_value_tokens[slot] = value
-        self.slot_proven[slot] = proven
-        self.slot_hits[slot] = 0
-        self.slot_source[slot] = source
-        self._by_hash[block_hash] = slot
-        self._num_checkpoints += 1
-        self.num_created += 1
-        self._push(slot)
-        return True
+        reported = {w.slot: w for w in written}
+        self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+        bs, by_hash, kind, num_hashes = self.block_size, self._by_hash, self.kind, len(request_block_hashes)
+        slot_hash, slot_position, slot_value = self.slot_hash, self.slot_position, self.slot_value_tokens
+        slot_proven, slot_hits, slot_source = self.slot_proven, self.slot_hits, self.slot_source
+        pending, checkpoint, push = SlotKind.PENDING, SlotKind.CHECKPOINT, self._push
+        out: list[bool] = []
+        for planned, block_hash, _, proven, source, value in plans:
+            position, slot = planned
+            assert kind[slot] == pending, f"slot {slot} was not planned as a checkpoint"
+            report = reported.get(slot)
+            k = position // bs
+            if (
+                report != planned
+                or position <= 0
+                or position % bs
+                or k > num_hashes
+                or request_block_hashes[k - 1] != block_hash
+            ):
+                self.num_refused += report is not None  # None: planned but not written, never findable
+                self.free(slot)
+                out.append(False)
+                continue
+            if block_hash in by_hash:  # the registered one keeps its key
+                self.num_duplicates += 1
+                self.free(slot)
+                out.append(False)
+                continue
+            kind[slot] = checkpoint
+            slot_hash[slot] = block_hash
+            slot_position[slot] = position
+            slot_value[slot] = position if value <= 0 or value > position else value
+            slot_proven[slot] = proven
+            slot_hits[slot] = 0
+            slot_source[slot] = source
+            by_hash[block_hash] = slot
+            self._num_checkpoints += 1
+            self.num_created += 1
+            push(slot)
+            out.append(True)
+        return out
 
     def touch(self, slot: int) -> None:
         """A hit used this checkpoint: refresh its priority (and only its)."""
@@ -259,7 +292,7 @@ class StatePool:
             self._compact()
 
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if self._live(e)]
+        self._heap[:] = [e for e in self._heap if self._live(e)]  # in place: hot loops hold the list
         heapq.heapify(self._heap)
 
     def priority(self, slot: int) -> float:
@@ -273,10 +306,7 @@ class StatePool:
         if report and self.slot_hits[slot] == 0 and self.on_outcome is not None:
             self.on_outcome(self.slot_source[slot], False)
         del self._by_hash[block_hash]
-        self.slot_hash[slot] = None
-        self.slot_position[slot] = 0
-        self.slot_value_tokens[slot] = 0
-        self.slot_proven[slot] = False
+        self.slot_hash[slot] = None  # position, value and provenance are meaningful only while registered
         self._version[slot] += 1
         self._num_checkpoints -= 1
         self.kind[slot] = SlotKind.FREE

@@ -27,7 +27,7 @@ from recap.core.cache_manager import CacheHit, CacheManager
 from recap.core.hashing import block_hash, root_hash
 from recap.core.kv_manager import cdiv
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite
-from recap.core.policy import Source
+from recap.core.policy import Position, Source
 from recap.core.request import Request
 
 
@@ -67,7 +67,9 @@ class HeldRequest:
 
     def offer(self) -> RemoteOffer:
         return RemoteOffer(
-            self.num_prompt_tokens, self.first_token_id, tuple(c.position for c in self.checkpoints),
+            self.num_prompt_tokens,
+            self.first_token_id,
+            tuple(c.position for c in self.checkpoints),
             prompt_digest(self.request),
         )
 
@@ -89,8 +91,9 @@ def hold(cache: CacheManager, request: Request) -> HeldRequest:
                 pool.pin(slot)
                 offers.append(CheckpointOffer(k * bs, slot, hashes[k - 1]))
     rid = request.request_id
-    return HeldRequest(request, tuple(cache.block_ids(rid)), cache.state_slot(rid), tuple(offers),
-                       request.output_token_ids[0])
+    return HeldRequest(
+        request, tuple(cache.block_ids(rid)), cache.state_slot(rid), tuple(offers), request.output_token_ids[0]
+    )
 
 
 def release(cache: CacheManager, held: HeldRequest) -> None:
@@ -137,8 +140,10 @@ class ReceivePlan:
 def check_offer(request: Request, offer: RemoteOffer) -> None:
     """Raise ValueError when the two sides disagree about the prompt."""
     if offer.num_prompt_tokens != request.num_prompt_tokens:
-        raise ValueError(f"the prefill side computed {offer.num_prompt_tokens} prompt tokens, "
-                         f"this side tokenized {request.num_prompt_tokens}")
+        raise ValueError(
+            f"the prefill side computed {offer.num_prompt_tokens} prompt tokens, "
+            f"this side tokenized {request.num_prompt_tokens}"
+        )
     if offer.prompt_digest != prompt_digest(request):
         raise ValueError("the prefill side computed a different prompt (tokens or cache salt differ)")
 
@@ -169,16 +174,26 @@ def plan_receive(cache: CacheManager, request: Request, offer: RemoteOffer, hit:
     best, wanted = 0, []
     if state is not None and state.enable_caching:
         best = state.find_checkpoint(hashes, num_prompt // bs)[0] * bs
-        for position in sorted(set(offer.checkpoint_positions)):
-            if position <= best or position % bs or position > num_prompt:
-                continue
-            write = state.plan(rid, position, hashes[position // bs - 1], False, False, Source.REMOTE)
-            if write is not None:
-                wanted.append(CheckpointReceive(write, hashes[position // bs - 1]))
+        positions = [
+            Position(p, False, False, Source.REMOTE)
+            for p in sorted(set(offer.checkpoint_positions))
+            if best < p <= num_prompt and p % bs == 0
+        ]
+        wanted = [CheckpointReceive(w, hashes[w.position // bs - 1]) for w in state.plan(rid, hashes, positions)]
     table = cache.block_ids(rid)
     indices = tuple(range(len(local), cdiv(num_prompt, bs))) if kv is not None else ()
-    return ReceivePlan(rid, num_prompt, offer.first_token_id, indices, tuple(table[i] for i in indices), slot,
-                       tuple(wanted), len(local), best, hit.num_tokens)
+    return ReceivePlan(
+        rid,
+        num_prompt,
+        offer.first_token_id,
+        indices,
+        tuple(table[i] for i in indices),
+        slot,
+        tuple(wanted),
+        len(local),
+        best,
+        hit.num_tokens,
+    )
 
 
 @dataclass

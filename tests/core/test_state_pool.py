@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from recap.core.output import CheckpointWrite
-from recap.core.state_pool import SlotKind, StatePool
+from recap.core.state_pool import PlannedWrite, SlotKind, StatePool
 
 BS = 4
 
@@ -16,11 +18,18 @@ def chain(position: int, h: int) -> list[int]:
     return [1000 + i for i in range(k - 1)] + [h]
 
 
+def register(
+    pool: StatePool, written: CheckpointWrite, planned: CheckpointWrite, h: int, hashes: list[int], **plan: Any
+) -> bool:
+    """Register one planned write given the kernels' report `written`."""
+    return pool.register([PlannedWrite(planned, h, **plan)], [written], hashes) == [True]
+
+
 def put(pool: StatePool, position: int, h: int, proven: bool = False, value: int | None = None) -> int:
     slot = pool.allocate_checkpoint(position, proven, value)
     assert slot is not None
     w = CheckpointWrite(position, slot)
-    assert pool.register(w, w, h, chain(position, h), proven, value_tokens=value)
+    assert register(pool, w, w, h, chain(position, h), proven=proven, value_tokens=value or 0)
     return slot
 
 
@@ -81,7 +90,7 @@ def test_deep_checkpoint_outlives_shallow_recent_ones_until_inflation_catches_up
         slot = pool.allocate_checkpoint(4)
         assert slot is not None
         w = CheckpointWrite(4, slot)
-        assert pool.register(w, w, 100 + k, chain(4, 100 + k))
+        assert register(pool, w, w, 100 + k, chain(4, 100 + k))
         if evicted_at is None and pool.lookup(1) is None:
             evicted_at = k
     assert deep in (0, 1) and evicted_at == 10
@@ -130,7 +139,7 @@ def test_registration_refuses_provenance_mismatch(written: CheckpointWrite, h: i
     if written.slot != slot:
         other = pool.allocate_checkpoint(8)
         assert other == written.slot
-    assert not pool.register(written, planned, h, hashes), why
+    assert not register(pool, written, planned, h, hashes), why
     assert pool.num_refused == 1 and pool.num_checkpoints == 0 and pool.lookup(h) is None
     assert pool.kind[slot] == SlotKind.FREE or written.slot != slot
 
@@ -140,7 +149,7 @@ def test_registration_refuses_unaligned_position() -> None:
     slot = pool.allocate_checkpoint(6)
     assert slot is not None
     w = CheckpointWrite(6, slot)
-    assert not pool.register(w, w, 5, [5, 5])
+    assert not register(pool, w, w, 5, [5, 5])
     assert pool.num_refused == 1 and pool.kind[slot] == SlotKind.FREE
 
 
@@ -150,7 +159,7 @@ def test_duplicate_registration_keeps_the_first() -> None:
     slot = pool.allocate_checkpoint(8)
     assert slot is not None
     w = CheckpointWrite(8, slot)
-    assert not pool.register(w, w, 5, chain(8, 5))
+    assert not register(pool, w, w, 5, chain(8, 5))
     assert pool.lookup(5) == first and pool.num_duplicates == 1 and pool.kind[slot] == SlotKind.FREE
     pool.check()
 
@@ -191,4 +200,40 @@ def test_a_checkpoint_whose_kv_block_was_evicted_is_dropped() -> None:
     assert pool.allocate_running() == a  # the freed slot, nothing evicted
     assert pool.num_evicted == 0
     pool.unpin(b)
+    pool.check()
+
+
+def test_register_a_chunk_of_plans_sorts_each_outcome() -> None:
+    pool = make(6)
+    first = put(pool, 4, 1)
+    hashes = [1, 2, 3, 4]
+    a, b, c, d = (pool.allocate_checkpoint(4 * (i + 1)) for i in range(4))
+    assert None not in (a, b, c, d)
+    plans = [
+        PlannedWrite(CheckpointWrite(4, a), 1),  # duplicate: key 1 is registered already
+        PlannedWrite(CheckpointWrite(8, b), 2),  # registered
+        PlannedWrite(CheckpointWrite(12, c), 3),  # planned but not written
+        PlannedWrite(CheckpointWrite(16, d), 4),  # written at another position: refused
+    ]
+    unplanned = pool.allocate_running()
+    written = [CheckpointWrite(4, a), CheckpointWrite(8, b), CheckpointWrite(12, d), CheckpointWrite(16, unplanned)]
+    assert pool.register(plans, written, hashes) == [False, True, False, False]
+    assert pool.num_duplicates == 1 and pool.num_refused == 2  # d's report, and the report nobody planned
+    assert pool.lookup(1) == first and pool.lookup(2) == b and pool.lookup(3) is None and pool.lookup(4) is None
+    assert all(pool.kind[s] == SlotKind.FREE for s in (a, c, d)) and pool.kind[unplanned] == SlotKind.RUNNING
+    pool.free(unplanned)
+    pool.check()
+
+
+def test_a_chunk_of_asks_is_served_in_order() -> None:
+    """One call behaves as the asks one by one: an eviction by an earlier ask frees a later ask's key."""
+    pool = make(2)
+    put(pool, 4, 10)
+    put(pool, 8, 20)  # priority 8 > 4: the key-10 checkpoint is the lowest
+    slots = pool.allocate_checkpoints([(20, 4, False), (99, 64, False), (10, 64, False), (98, 64, False)])
+    # key 20 is registered: skipped; 99 evicts key 10, so key 10 is askable again and evicts key 20;
+    # nothing is left to evict for 98.
+    assert slots[0] is None and slots[1] is not None and slots[2] is not None and slots[3] is None
+    assert pool.num_already_registered == 1 and pool.num_evicted == 2 and pool.num_declined == 1
+    assert pool.lookup(10) is None and pool.lookup(20) is None
     pool.check()
