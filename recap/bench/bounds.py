@@ -30,9 +30,10 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from recap.bench.shapes import get_shape, parse_bytes
+from recap.bench.shapes import get_shape
 from recap.bench.trace import MOONCAKE_BLOCK_TOKENS, TraceRequest, load_trace
 from recap.core.hashing import chain_hashes, root_hash
+from recap.units import parse_bytes
 
 
 @dataclass(frozen=True)

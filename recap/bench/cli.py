@@ -57,7 +57,7 @@ def _size_flags(p: argparse.ArgumentParser, cls: type[Recipe]) -> None:
 
 
 def _engine_flags(p: argparse.ArgumentParser) -> None:
-    from recap.server.args import parse_bytes
+    from recap.units import positive_bytes
 
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
@@ -67,12 +67,16 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--max-num-seqs", type=int, default=32)
     g.add_argument("--max-model-len", type=int, default=4096)
-    g.add_argument("--kv-cache-bytes", type=parse_bytes, default=parse_bytes("256MiB"),
-                   help="KV block pool per engine, default 256MiB (all engines live at once)")
+    g.add_argument(
+        "--kv-cache-bytes",
+        type=positive_bytes,
+        default=positive_bytes("256MiB"),
+        help="KV block pool per engine, default 256MiB (all engines live at once)",
+    )
     g.add_argument(
         "--state-cache-bytes",
-        type=parse_bytes,
-        default=parse_bytes("1GiB"),
+        type=positive_bytes,
+        default=positive_bytes("1GiB"),
         help="state pool (running slots + checkpoints), default 2GiB",
     )
 
@@ -270,8 +274,7 @@ def run_workload(args: argparse.Namespace) -> int:
     # Every engine is built (and warmed up) before any request runs; then they run in lockstep.
     runners, keep, submit = _build_runners(args, specs, model, tok, opts)
     try:
-        total = sum(1 for w in recipe.waves(space, {}) for r in w for n in runners
-                    if keep.get(n) is None or keep[n](r))
+        total = sum(1 for w in recipe.waves(space, {}) for r in w for n in runners if keep.get(n) is None or keep[n](r))
         runs = drive(recipe, space, runners, submit, keep, total)
     finally:
         for runner in runners.values():

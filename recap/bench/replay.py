@@ -33,7 +33,6 @@ from recap.bench.shapes import (
     format_bytes,
     get_shape,
     kv_blocks_for_bytes,
-    parse_bytes,
     state_slots_for_bytes,
 )
 from recap.bench.trace import MOONCAKE_BLOCK_TOKENS, TokenExpander, TraceRequest, load_trace, prompt_token_ids
@@ -42,6 +41,7 @@ from recap.config import SchedulerConfig
 from recap.core.fake_executor import FakeExecutor
 from recap.core.request import Request
 from recap.core.scheduler import Scheduler
+from recap.units import parse_bytes
 
 
 @dataclass(frozen=True)

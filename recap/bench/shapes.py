@@ -11,7 +11,6 @@ Definitions
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -123,33 +122,6 @@ def get_shape(name: str) -> ModelShape:
     except KeyError:
         raise ValueError(f"unknown model shape {name!r}; choose one of {sorted(SHAPES)}") from None
     return factory()
-
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_bytes(text: str | int) -> int:
-    """'72GB' -> 72 * 10**9, '8GiB' -> 8 * 2**30, '1.5e9' -> 1500000000."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read a byte size from {text!r} (e.g. 72GB, 8GiB, 512MiB)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value < 0:
-        raise ValueError(f"byte size must be non-negative, got {text!r}")
-    return int(value)
 
 
 def kv_blocks_for_bytes(shape: ModelShape, nbytes: int, block_size: int) -> int:

@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 
 from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
 from recap.engine.config import DTYPES, EngineConfig
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30,
-          "gib": 2**30, "ti": 2**40, "tib": 2**40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """'512MiB' -> 536870912, '2GB' -> 2000000000, '1024' -> 1024 (binary Ki/Mi/Gi/Ti, decimal K/M/G/T)."""
-    m = _SIZE.fullmatch(text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: a number with an optional unit, e.g. 512MiB or 2GB")
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
-    return value
+from recap.units import positive_bytes
 
 
 def _positive(text: str) -> int:
@@ -48,16 +31,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=_positive, default=sched.max_num_batched_tokens)
     p.add_argument("--block-size", type=_positive, default=cache.block_size)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--checkpoint-policy", choices=CHECKPOINT_POLICIES, default=cache.checkpoint_policy,
-                   help="where the recurrent state is checkpointed (DESIGN §4)")
-    p.add_argument("--checkpoint-interval", type=_positive, default=None,
-                   help="recap policy: also checkpoint every N blocks")
-    p.add_argument("--kv-cache-bytes", type=parse_bytes, default=None, help="KV block pool budget, e.g. 2GiB")
-    p.add_argument("--state-cache-bytes", type=parse_bytes, default=None,
-                   help="state slot pool budget (running slots + checkpoints), e.g. 512MiB")
+    p.add_argument(
+        "--checkpoint-policy",
+        choices=CHECKPOINT_POLICIES,
+        default=cache.checkpoint_policy,
+        help="where the recurrent state is checkpointed (DESIGN §4)",
+    )
+    p.add_argument(
+        "--checkpoint-interval", type=_positive, default=None, help="recap policy: also checkpoint every N blocks"
+    )
+    p.add_argument("--kv-cache-bytes", type=positive_bytes, default=None, help="KV block pool budget, e.g. 2GiB")
+    p.add_argument(
+        "--state-cache-bytes",
+        type=positive_bytes,
+        default=None,
+        help="state slot pool budget (running slots + checkpoints), e.g. 512MiB",
+    )
     p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
-    p.add_argument("--check-integrity", action="store_true",
-                   help="check the cache core's accounting after every step (slow; for debugging)")
+    p.add_argument(
+        "--check-integrity",
+        action="store_true",
+        help="check the cache core's accounting after every step (slow; for debugging)",
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

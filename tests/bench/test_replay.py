@@ -10,9 +10,10 @@ import pytest
 
 from recap.bench.bounds import kv_belady_hits, kv_lru_hits, oracle_hits, reuse_intervals
 from recap.bench.replay import add_bench_replay_parser, build_setup, main, replay, unbounded_kv_blocks
-from recap.bench.shapes import get_shape, kv_blocks_for_bytes, parse_bytes, state_slots_for_bytes
+from recap.bench.shapes import get_shape, kv_blocks_for_bytes, state_slots_for_bytes
 from recap.bench.trace import MOONCAKE_BLOCK_TOKENS, TokenExpander, load_trace, prompt_token_ids
 from recap.bench.variants import parse_policy
+from recap.units import parse_bytes
 
 # -- token expansion -------------------------------------------------------------------------------
 

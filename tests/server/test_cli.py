@@ -16,21 +16,22 @@ import openai
 import pytest
 
 from recap import cli
-from recap.server.args import engine_config, parse_bytes
+from recap.server.args import engine_config
+from recap.units import positive_bytes
 
 
 @pytest.mark.parametrize(("text", "value"), [
     ("1024", 1024), ("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("2gb", 2 * 10**9), ("1.5GiB", 3 * 2**29),
     ("64k", 64_000), ("3 KiB", 3072), ("1e3", 1000), ("7B", 7), ("1Ti", 2**40),
 ])
-def test_parse_bytes(text: str, value: int) -> None:
-    assert parse_bytes(text) == value
+def test_positive_bytes(text: str, value: int) -> None:
+    assert positive_bytes(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "MiB", "12XB", "-5MiB", "0", "1.2.3GB", "ten"])
-def test_parse_bytes_rejects(text: str) -> None:
+def test_positive_bytes_rejects(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        parse_bytes(text)
+        positive_bytes(text)
 
 
 def _serve_args(*argv: str) -> argparse.Namespace:
