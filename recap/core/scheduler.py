@@ -339,7 +339,7 @@ class Scheduler(RemoteScheduling):
             checkpoints_stranded=pool.num_stranded if pool else 0,
             checkpoints_refused=pool.num_refused if pool else 0,
             checkpoint_writes_planned=state.num_planned if state else 0,
-            checkpoint_writes_skipped=state.num_skipped_no_slot if state else 0,
+            checkpoint_writes_skipped=pool.num_declined if pool else 0,
             num_branch_points=cache.policy.num_branch_points,
             kv_blocks_free=kv_pool.num_free if kv_pool else 0,
             kv_blocks_cached=kv_pool.num_cached if kv_pool else 0,

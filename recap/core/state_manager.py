@@ -14,8 +14,8 @@ class StateManager:
     """Running slot per request, plus the checkpoints its steps write.
 
     Side effects: `admit` pins the hit checkpoint and takes a running slot (may evict a checkpoint);
-    `plan` takes PENDING slots (may evict checkpoints); `commit` registers written checkpoints and frees unwritten ones;
-    `free` returns the running slot and any PENDING slots.
+    `plan` takes PENDING slots (may evict checkpoints); `commit` registers written checkpoints and frees
+    unwritten ones; `free` returns the running slot and any PENDING slots.
     """
 
     def __init__(self, pool: StatePool, block_size: int, enable_caching: bool) -> None:
@@ -27,8 +27,6 @@ class StateManager:
         self._provisional: dict[str, tuple[int, int]] = {}  # request -> (slot, hash) of its last snapshot
         self._base: dict[str, int] = {}  # request -> position of its deepest checkpoint so far (hit or own)
         self.num_planned = 0
-        self.num_skipped_existing = 0  # already registered: nothing to write
-        self.num_skipped_no_slot = 0  # no slot worth taking: skipped, never preempted for
 
     def find_checkpoint(self, block_hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """(k, slot) of the deepest checkpoint after k <= max_blocks blocks of this chain; (0, PAD)."""
@@ -62,7 +60,7 @@ class StateManager:
     def plan(
         self, request_id: str, block_hashes: Sequence[int], positions: Iterable[Position]
     ) -> list[CheckpointWrite]:
-        """Fresh PENDING slots for a chunk's checkpoint positions (sorted); one skipped if registered or no slot.
+        """Fresh PENDING slots for a chunk's checkpoint positions (sorted); skipped where registered or no slot.
 
         A write's eviction value counts the tokens past the request's deepest checkpoint so far (the one it
         hit or its own previous one): what holding it saves over what the chain already has.

@@ -50,7 +50,7 @@ class SchedulerStats:
     checkpoints_stranded: int  # dropped because the KV block they end on was evicted
     checkpoints_refused: int  # provenance mismatches (never registered)
     checkpoint_writes_planned: int
-    checkpoint_writes_skipped: int  # no slot worth taking
+    checkpoint_writes_skipped: int  # no slot worth taking (never preempted for)
     num_branch_points: int
     kv_blocks_free: int
     kv_blocks_cached: int

@@ -174,3 +174,12 @@ def test_fake_executor_forced_then_hashed_tokens() -> None:
     assert [ex.sample("a", i) for i in range(2)] == [7, 8]
     assert ex.sample("a", 2) == FakeExecutor(4, seed=3).sample("a", 2)
     assert [ex.sample("b", i) for i in range(8)] != [FakeExecutor(4, seed=4).sample("b", i) for i in range(8)]
+
+
+def test_checkpoint_writes_without_a_slot_are_skipped_and_counted() -> None:
+    # 3 slots: one runs the request, two take the first two of its ten boundaries; nothing registered
+    # is evictable while the step is in flight, so the other eight are skipped, never waited for.
+    h = Harness(make_scheduler(policy="all", num_state_slots=3))
+    h.run_one(req("a", range(41), max_tokens=1))
+    s = h.sched.stats
+    assert (s.checkpoint_writes_planned, s.checkpoint_writes_skipped, s.checkpoints_created) == (2, 8, 2)
