@@ -9,6 +9,10 @@ Free blocks sit in one of four lists, handed out in this order:
           computed again while the hash was still remembered as recently evicted (a ghost).
 Inside each list the least recently freed block goes first (LRU). A request frees its blocks tail
 first, so a chain's deeper blocks are evicted before the blocks they depend on.
+A block computed again while a free copy is still cached (the request's hit stopped at a checkpoint
+short of it) takes over the hash from that copy: recency and the reuse mark follow the request that
+needed it. Left behind, the old copy aged out from its first use, and with it the branch point the
+recomputing request had just checkpointed there.
 
 Why two recency lists (2Q with ghost entries, as in ARC or the Linux page cache's refault tracking):
 plain LRU lets a burst of one-off prompts flush the prefixes that keep coming back. On the Mooncake
@@ -178,9 +182,21 @@ class BlockPool:
         for block_id, block_hash in zip(block_ids, block_hashes):
             block = blocks[block_id]
             assert block.ref_cnt > 0 and block.block_hash is None, f"cannot cache {block}"
-            if block_hash in cached:
-                continue
-            if block_hash in ghosts or block_hash in old_ghosts:  # computed again after eviction
+            old = cached.get(block_hash)
+            if old is not None:
+                if old.ref_cnt:  # another request holds the cached copy: it stays cached, now shared twice
+                    old.reused = True
+                    continue
+                # A free copy computed before (this request's hit stopped short of it, at a checkpoint):
+                # the new copy takes over the hash, so the block's recency and reuse mark follow the
+                # request that just used it instead of ageing out behind it.
+                assert old.queue is not None
+                old.queue.remove(old)
+                old.block_hash = None
+                old.reused = False
+                self._plain.append(old)
+                block.reused = True
+            elif block_hash in ghosts or block_hash in old_ghosts:  # computed again after eviction
                 ghosts.discard(block_hash)
                 old_ghosts.discard(block_hash)
                 block.reused = True

@@ -23,6 +23,9 @@ better one (it raises L like an eviction). Equal priorities evict the older entr
 A checkpoint whose KV block (the one its key names) is evicted is dropped at once (`strand`): a hybrid
 hit needs that block, so it could never be used again. At 72 + 8 GB on the Mooncake trace 78% of the
 held checkpoints were such orphans; dropping them lets a 2-3 GB state pool do the work of 8 GB.
+A stranded checkpoint is not reported to the policy's learned yield as a miss: its KV left, which says
+nothing about its position. Reported, it shut off the policy's tails whenever KV was the tight budget,
+and a document with no checkpoint is the first KV to go (a feedback loop worth ~0.5 point at 80 GB).
 Replaying the Mooncake trace (docs/replay.md) chose this over depth-only GreedyDual (deep one-shot
 prompt ends crowd out shallow branch points) and over probation/protected segments (a fresh
 document's tail, first shared ~500 requests later, cannot survive a small probation segment).
@@ -337,7 +340,10 @@ class StatePool:
         slot = self._by_hash.get(block_hash)
         if slot is None or self.pins[slot]:
             return
-        self._release(slot)
+        # Not a verdict on the position (its KV left, not its use): counting it as a miss would make
+        # the policy stop writing a source whenever KV is the tight budget, and a chain without a
+        # checkpoint is the first KV to be evicted.
+        self._release(slot, report=False)
         self.num_stranded += 1
 
     def pin(self, slot: int) -> None:

@@ -91,13 +91,33 @@ def test_cold_blocks_are_evicted_before_warm_ones() -> None:
     pool.check()
 
 
-def test_duplicate_hash_stays_uncached() -> None:
+def test_duplicate_of_a_held_block_stays_uncached() -> None:
     pool = BlockPool(4)
     a, b = pool.allocate(2)
     assert pool.cache_block(a, 7)
     assert not pool.cache_block(b, 7)
-    assert pool.lookup(7) == a and pool.blocks[b].block_hash is None
+    # a stays the cached copy (its holder may be reading it); the hash has now served two requests
+    assert pool.lookup(7) == a and pool.blocks[b].block_hash is None and pool.blocks[a].reused
     pool.free([a, b])
+    pool.check()
+
+
+def test_recomputed_block_takes_over_a_free_cached_copy() -> None:
+    # A request whose hit stopped at a checkpoint recomputes cached blocks past it. The new copy takes
+    # over the hash, so recency and the reuse mark follow that request; the old copy would otherwise
+    # age out from its first use while the request that just needed it went on.
+    pool = BlockPool(5)
+    (a,) = pool.allocate(1)
+    pool.cache_block(a, 7)
+    pool.free([a])
+    (b,) = pool.allocate(1)
+    assert b != a and pool.cache_block(b, 7)
+    assert pool.lookup(7) == b and pool.blocks[a].block_hash is None and pool.blocks[b].reused
+    pool.free([b])
+    pool.check()
+    assert pool.allocate(3) == [3, 4, a]  # never-used ids, then the old copy (plain): nothing evicted
+    assert pool.lookup(7) == b and pool.num_evicted == 0
+    assert pool.allocate(1) == [b] and pool.lookup(7) is None
     pool.check()
 
 

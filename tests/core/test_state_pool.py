@@ -203,6 +203,22 @@ def test_a_checkpoint_whose_kv_block_was_evicted_is_dropped() -> None:
     pool.check()
 
 
+def test_a_stranded_checkpoint_is_no_verdict_on_its_source() -> None:
+    # Its KV left, which says nothing about where it sat. Reported as a miss, it would make the policy
+    # stop writing that source whenever KV is the tight budget (docs/replay.md, equal bytes).
+    pool = make(2)
+    outcomes: list[tuple[int, bool]] = []
+    pool.on_outcome = lambda source, hit: outcomes.append((source, hit))
+    put(pool, 8, 1)
+    put(pool, 8, 2)
+    pool.strand(1)
+    assert outcomes == [] and pool.num_stranded == 1
+    put(pool, 12, 3)  # the freed slot
+    put(pool, 16, 4)  # evicts checkpoint 2, never hit: that one is a miss of its source
+    assert pool.lookup(2) is None and outcomes == [(0, False)]
+    pool.check()
+
+
 def test_register_a_chunk_of_plans_sorts_each_outcome() -> None:
     pool = make(6)
     first = put(pool, 4, 1)
