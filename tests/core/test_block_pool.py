@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recap.core.block_pool import BlockPool
-from recap.core.free_queue import FreeBlockQueue, KVBlock
+from recap.core.free_queue import FreeBlockQueue, FrequencyQueue, KVBlock
 
 
 def test_free_queue_links() -> None:
@@ -88,6 +88,39 @@ def test_cold_blocks_are_evicted_before_warm_ones() -> None:
     pool.free(a, num_warm=2)  # all warm
     pool.free(b, num_warm=1)  # 3 warm; 4 and 5 cold (past the deepest checkpoint)
     assert pool.allocate(5) == [5, 4, 2, 1, 3]
+    pool.check()
+
+
+def test_frequency_queue_goes_by_inflated_use_count_then_freeing_order() -> None:
+    q = FrequencyQueue("reused")
+    blocks = [KVBlock(i) for i in range(5)]
+    for block, uses in zip(blocks, (3, 1, 2, 1, 3)):
+        block.uses = uses
+        q.append(block)
+    q.remove(blocks[2])  # a hit takes it out from the middle
+    assert len(q) == 4 and [b.block_id for b in q] == [1, 3, 0, 4]
+    assert q.popleft() is blocks[1] and q.inflation == 1
+    blocks[2].uses = 1
+    q.append(blocks[2])  # freed now with one use: priority 1 + 1, ahead of the 3-use blocks
+    assert [q.popleft().block_id for _ in range(4)] == [3, 2, 0, 4] and q.inflation == 3 and len(q) == 0
+    with pytest.raises(IndexError):
+        q.popleft()
+
+
+def test_a_block_many_requests_used_outlives_a_less_used_one_freed_later() -> None:
+    pool = BlockPool(3)
+    a, b = pool.allocate(2)
+    pool.cache_block(a, 10)
+    pool.cache_block(b, 20)
+    pool.free([a])
+    pool.free([b])
+    for _ in range(2):  # two more requests hit a: 3 uses
+        pool.touch([a])
+        pool.free([a])
+    pool.touch([b])  # one more hit on b, freed last: 2 uses
+    pool.free([b])
+    pool.check()
+    assert pool.allocate(1) == [b] and pool.lookup(20) is None and pool.lookup(10) == a  # LRU would take a
     pool.check()
 
 
