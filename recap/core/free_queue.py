@@ -36,9 +36,10 @@ class FreeBlockQueue:
     Side effects: rewrites the `prev`/`next`/`queue` fields of the blocks it holds.
     """
 
-    def __init__(self, name: str, owner: FrequencyQueue | None = None) -> None:
+    def __init__(self, name: str, owner: FrequencyQueue | None = None, priority: int = 0) -> None:
         self.name = name
         self.owner = owner  # the FrequencyQueue this list is one priority bucket of, if any
+        self.priority = priority  # that bucket's priority
         self._head = KVBlock(-1)  # sentinels: no special cases at the ends
         self._tail = KVBlock(-1)
         self._head.next = self._tail
@@ -103,7 +104,6 @@ class FrequencyQueue:
         self.name = name
         self.inflation = 0
         self._buckets: dict[int, FreeBlockQueue] = {}
-        self._priority: dict[int, int] = {}  # id(bucket) -> its priority
         self._keys: list[int] = []  # priorities with a bucket (a heap; stale keys skipped)
         self._size = 0
 
@@ -115,8 +115,7 @@ class FrequencyQueue:
         priority = self.inflation + block.uses
         bucket = self._buckets.get(priority)
         if bucket is None:
-            bucket = self._buckets[priority] = FreeBlockQueue(self.name, self)
-            self._priority[id(bucket)] = priority
+            bucket = self._buckets[priority] = FreeBlockQueue(self.name, self, priority)
             heapq.heappush(self._keys, priority)
         bucket.append(block)
         self._size += 1
@@ -143,7 +142,7 @@ class FrequencyQueue:
         """A bucket lost a block (handed out or hit)."""
         self._size -= 1
         if not len(bucket):
-            del self._buckets[self._priority.pop(id(bucket))]
+            del self._buckets[bucket.priority]
 
     def __iter__(self) -> Iterator[KVBlock]:
         for priority in sorted(self._buckets):
