@@ -111,7 +111,6 @@ class BlockPool:
                 assert block.queue is not None, f"{block} is free but in no free list"
                 block.queue.remove(block)
             block.ref_cnt += 1
-            block.reused = True
             block.uses += 1
 
     # -- allocation ------------------------------------------------------------------------------
@@ -145,7 +144,7 @@ class BlockPool:
         if len(self._ghosts) >= self._ghost_generation:
             self._old_ghosts, self._ghosts = self._ghosts, set()
         block.block_hash = None
-        block.reused = False
+        block.uses = 0
         self.num_evicted += 1
 
     def free(self, block_ids: Sequence[int], num_warm: int | None = None) -> None:
@@ -163,10 +162,9 @@ class BlockPool:
             if block.ref_cnt:
                 continue
             if block.block_hash is None:
-                block.reused = False
                 self._plain.append(block)
             elif index < warm_limit:
-                (self._reused if block.reused else self._once).append(block)
+                (self._reused if block.uses > 1 else self._once).append(block)
             else:
                 self._cold.append(block)
 
@@ -190,7 +188,6 @@ class BlockPool:
             old = cached.get(block_hash)
             if old is not None:
                 if old.ref_cnt:  # another request holds the cached copy: it stays cached, now shared twice
-                    old.reused = True
                     old.uses += 1
                     continue
                 # A free copy computed before (this request's hit stopped short of it, at a checkpoint):
@@ -198,15 +195,13 @@ class BlockPool:
                 # request that just used it instead of ageing out behind it.
                 assert old.queue is not None
                 old.queue.remove(old)
-                old.block_hash = None
-                old.reused = False
-                self._plain.append(old)
-                block.reused = True
                 block.uses = old.uses + 1
+                old.block_hash = None
+                old.uses = 0
+                self._plain.append(old)
             elif block_hash in ghosts or block_hash in old_ghosts:  # computed again after eviction
                 ghosts.discard(block_hash)
                 old_ghosts.discard(block_hash)
-                block.reused = True
                 block.uses = 2
             else:
                 block.uses = 1
@@ -219,7 +214,7 @@ class BlockPool:
         """Forget every hash; free cached blocks become plain free blocks."""
         for block in self._cached.values():
             block.block_hash = None
-            block.reused = False
+            block.uses = 0
             if block.queue is not None:
                 block.queue.remove(block)
                 self._plain.append(block)

@@ -14,17 +14,22 @@ from collections.abc import Iterator
 class KVBlock:
     """One paged KV block: id, holders count, hash when full and cached, free-list links."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "reused", "uses", "prev", "next", "queue")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "uses", "prev", "next", "queue")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: int | None = None
-        self.reused = False  # its hash served a second request (a hit, or recomputed soon after eviction)
-        self.uses = 0  # requests its hash has served while cached: its weight in FrequencyQueue
+        # Requests its hash has served while cached (0 when uncached): its weight in FrequencyQueue.
+        self.uses = 0
         self.prev: KVBlock | None = None
         self.next: KVBlock | None = None
         self.queue: FreeBlockQueue | None = None  # the free list holding this block, if any
+
+    @property
+    def reused(self) -> bool:
+        """Its hash served a second request (a hit, or computed again soon after eviction)."""
+        return self.uses > 1
 
     def __repr__(self) -> str:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
