@@ -91,10 +91,13 @@ class VariantPolicy(CheckpointPolicy):
         self.spec = spec
         self._learn_tail = self._learn_tail and spec.tail
 
-    def admit(self, request: Request, hit_tokens: int, kv_hit_tokens: int) -> None:
+    def admit(self, request: Request, hit_tokens: int, kv_hit_tokens: int, seen_tokens: int = 0) -> None:
         spec, bs = self.spec, self.block_size
         before = self.num_branch_points
-        super().admit(request, hit_tokens, kv_hit_tokens if spec.branch else 0)
+        if spec.branch:
+            super().admit(request, hit_tokens, kv_hit_tokens, seen_tokens)
+        else:
+            super().admit(request, hit_tokens, 0, 0)
         if not spec.branch:
             self.num_branch_points = before
         sites = self._static.get(request.request_id)

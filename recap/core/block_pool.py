@@ -97,6 +97,18 @@ class BlockPool:
         block = self._cached.get(block_hash)
         return None if block is None else block.block_id
 
+    def recalled_prefix(self, block_hashes: Sequence[int], start: int, max_blocks: int) -> int:
+        """Length of the prefix of `block_hashes[:max_blocks]` whose hashes are cached or remembered as evicted.
+
+        `start`: leading blocks already known to be cached (the KV hit). Some earlier request computed
+        every block of this prefix, even where the pool could not keep it.
+        """
+        cached, ghosts, old_ghosts = self._cached, self._ghosts, self._old_ghosts
+        n, end = start, min(max_blocks, len(block_hashes))
+        while n < end and ((h := block_hashes[n]) in cached or h in ghosts or h in old_ghosts):
+            n += 1
+        return n
+
     def num_free_among(self, block_ids: Iterable[int]) -> int:
         """How many of these blocks sit in a free list (touching them lowers `num_free`)."""
         blocks = self.blocks

@@ -30,6 +30,9 @@ class CacheHit:
     kv_block_ids: tuple[int, ...] = ()
     checkpoint_slot: int = PAD_SLOT_ID
     kv_hit_tokens: int = 0  # the KV prefix alone (>= num_tokens); equals num_tokens without a state group
+    # The prefix earlier requests computed as far as the cache remembers (>= kv_hit_tokens): the KV hit
+    # continued through evicted blocks whose hashes the pool still remembers.
+    seen_tokens: int = 0
 
     @property
     def checkpoint_miss_tokens(self) -> int:
@@ -84,18 +87,19 @@ class CacheManager:
         """The longest common hit over all cache groups; never the last token."""
         if not self.enable_caching:
             return NO_HIT
-        hashes = request.block_hashes
-        max_blocks = min((request.num_tokens - 1) // self.block_size, len(hashes))
+        bs, hashes = self.block_size, request.block_hashes
+        max_blocks = min((request.num_tokens - 1) // bs, len(hashes))
         kv_blocks = self.kv.find_prefix(hashes, max_blocks) if self.kv else None
         kv_len = len(kv_blocks) if kv_blocks is not None else max_blocks
         if self.state is None:
-            n = kv_len * self.block_size
-            return CacheHit(n, tuple(kv_blocks or ()), PAD_SLOT_ID, n)
+            return CacheHit(kv_len * bs, tuple(kv_blocks or ()), PAD_SLOT_ID, kv_len * bs, kv_len * bs)
         k, slot = self.state.find_checkpoint(hashes, kv_len)
-        if kv_blocks is not None:
-            return CacheHit(k * self.block_size, tuple(kv_blocks[:k]), slot, kv_len * self.block_size)
-        seen = self.seen.prefix_len(hashes, max_blocks) if self.seen is not None else 0
-        return CacheHit(k * self.block_size, (), slot, max(seen, k) * self.block_size)
+        if self.kv is not None and kv_blocks is not None:
+            seen = self.kv.pool.recalled_prefix(hashes, kv_len, max_blocks)
+            return CacheHit(k * bs, tuple(kv_blocks[:k]), slot, kv_len * bs, seen * bs)
+        # No KV group: the seen index stands in for the KV prefix.
+        seen = max(self.seen.prefix_len(hashes, max_blocks) if self.seen is not None else 0, k)
+        return CacheHit(k * bs, (), slot, seen * bs, seen * bs)
 
     def can_admit(self, hit: CacheHit, num_new_tokens: int) -> bool:
         if self.kv and not self.kv.can_admit(hit.kv_block_ids, hit.num_tokens + num_new_tokens):
@@ -112,7 +116,7 @@ class CacheManager:
             copy = self.state.admit(request.request_id, hit.checkpoint_slot)
         if self.kv:
             self.kv.admit(request.request_id, hit.kv_block_ids, hit.num_tokens + num_new_tokens)
-        self.policy.admit(request, hit.num_tokens, hit.kv_hit_tokens)
+        self.policy.admit(request, hit.num_tokens, hit.kv_hit_tokens, hit.seen_tokens)
         return copy
 
     def try_grow(self, request_id: str, num_tokens: int) -> bool:

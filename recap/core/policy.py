@@ -5,7 +5,9 @@ Positions are absolute token counts p (a multiple of block_size): "the state aft
   decode end:  the last boundary a chunk reaches at or past the prompt length, written as a provisional
                snapshot that the request's next one supersedes (so a finished request keeps its last);
   segments:    Request.segment_boundaries rounded down to a boundary;
-  branch:      the KV-hit end when the KV hit ran past the best checkpoint at admission;
+  branch:      the KV-hit end when the KV hit ran past the best checkpoint at admission, and the end of
+               the prefix earlier requests computed when it runs past the KV hit (blocks KV evicted
+               but whose hashes it still remembers: a recurring document outlives its KV);
   interval:    every `checkpoint_interval` blocks;
   geometric:   1, 2, 4, ... blocks after the start and after each segment boundary, inside the prompt;
   tail:        the prompt end minus a learned divergence distance (below).
@@ -116,8 +118,9 @@ class CheckpointPolicy:
         return self._explore[source] % EXPLORE_EVERY == 0
 
     # -- positions ------------------------------------------------------------------------------
-    def admit(self, request: Request, hit_tokens: int, kv_hit_tokens: int) -> None:
-        """Record the request's fixed positions; learn a branch point if its KV hit ran past the hit."""
+    def admit(self, request: Request, hit_tokens: int, kv_hit_tokens: int, seen_tokens: int = 0) -> None:
+        """Record the request's fixed positions; learn a branch point where its KV hit, or the prefix
+        earlier requests computed (`seen_tokens`, KV evicted since included), ran past the hit."""
         if not self.enabled or self.name == "all":
             return
         bs = self.block_size
@@ -145,6 +148,12 @@ class CheckpointPolicy:
             measured = max((p for p, src in sites.items() if src in PROVEN_SOURCES), default=0)
             if tail > max(hit_tokens, measured) and wanted[Source.TAIL]:
                 add(tail, Source.TAIL)
+            if seen_tokens > max(kv_hit_tokens, hit_tokens):
+                # Shared past the KV hit, through blocks KV evicted: this request recomputes the prefix
+                # and diverges there. Not a bound on the tail, unlike a KV branch point: with one, the
+                # 80 GB sweep fell by a point (the request's own successors diverge past it).
+                add(seen_tokens, Source.BRANCH)
+                self.num_branch_points += 1
             if self._interval and wanted[Source.INTERVAL]:
                 for p in range(self._interval, request.num_prompt_tokens + 1, self._interval):
                     add(p, Source.INTERVAL)

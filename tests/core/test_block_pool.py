@@ -213,6 +213,25 @@ def test_a_hash_computed_again_after_eviction_counts_as_reused() -> None:
     pool.check()
 
 
+def test_recalled_prefix_runs_through_cached_and_evicted_hashes() -> None:
+    pool = BlockPool(4)  # three usable blocks
+    a = pool.allocate(3)
+    for block, h in zip(a, (10, 11, 12)):
+        pool.cache_block(block, h)
+    pool.free(a)
+    b = pool.allocate(2)  # evicts h12 then h11 (tail first): ghosts; h10 stays cached
+    assert pool.lookup(10) == a[0] and pool.lookup(11) is None and pool.lookup(12) is None
+    chain = [10, 11, 12, 13]
+    assert pool.recalled_prefix(chain, 1, 4) == 3  # h13 was never computed
+    assert pool.recalled_prefix(chain, 1, 2) == 2  # bounded by max_blocks
+    assert pool.recalled_prefix([10, 99, 12], 1, 3) == 1  # a chain that left the old one at block 2
+    assert pool.recalled_prefix([20, 11], 0, 2) == 0
+    pool.cache_block(b[0], 13)
+    assert pool.recalled_prefix(chain, 1, 4) == 4  # cached again past the ghosts
+    pool.reset()
+    assert pool.recalled_prefix(chain, 0, 4) == 0
+
+
 def test_ghosts_are_bounded_and_forgotten_by_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     import recap.core.block_pool as block_pool
 

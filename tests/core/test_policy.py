@@ -120,6 +120,24 @@ def test_recap_learns_the_tail_distance_from_where_requests_diverge() -> None:
     assert [(s.position, s.source) for s in p.positions(d, 0, 98)] == [(80, Source.BRANCH), (96, Source.PROMPT_END)]
 
 
+def test_a_prefix_recomputed_after_kv_eviction_is_a_branch_point_that_leaves_the_tail() -> None:
+    p = policy("recap")
+    for d in [32] * 4:
+        p.observe_divergence(d)
+    r = _hashed("r", list(range(98)))  # prompt end 96, tail 64
+    p.admit(r, 0, 8, 80)  # KV kept 8 tokens of a prefix earlier requests computed for 80
+    assert [(s.position, s.proven, s.source) for s in p.positions(r, 0, 98)] == [
+        (8, True, Source.BRANCH),
+        (64, False, Source.TAIL),  # a KV branch point at 80 would have ruled the tail out
+        (80, True, Source.BRANCH),
+        (96, False, Source.PROMPT_END),
+    ]
+    assert p.num_branch_points == 2  # the KV hit's end (8) and the recalled prefix's end (80)
+    q = _hashed("q", list(range(98)))
+    p.admit(q, 0, 80, 80)  # nothing recalled past the KV hit: one branch point, the tail ruled out
+    assert [(s.position, s.source) for s in p.positions(q, 0, 98)] == [(80, Source.BRANCH), (96, Source.PROMPT_END)]
+
+
 def test_the_tail_reaches_further_back_on_longer_prompts() -> None:
     p = policy("recap")
     for d in [0, 0, 0, 40, 40, 40, 40, 40]:

@@ -105,6 +105,22 @@ def test_system_prompt_learned_branch_point(kind: str, policy: str, expected: tu
         assert h.sched.stats.checkpoint_miss_tokens == 16  # q2 matched 16 KV tokens past its best checkpoint
 
 
+def test_branch_point_learned_after_kv_evicted_the_shared_prefix() -> None:
+    # A 16-usable-block KV pool: one-off traffic evicts the first request's document. The second
+    # request recomputes it (no KV hit) but its chain matches hashes the pool remembers as evicted:
+    # it checkpoints where it leaves them, and the third request hits there.
+    h = Harness(make_scheduler("hybrid", "recap", num_kv_blocks=17))
+    doc = tokens(6000, 18)
+    h.run_one(req("a", doc + tokens(100, 6)))
+    for i in range(3):
+        h.run_one(req(f"one-off{i}", tokens(8000 + 1000 * i, 40)))
+    b = h.run_one(req("b", doc + tokens(200, 6)))
+    c = h.run_one(req("c", doc + tokens(300, 6)))
+    assert (b.num_cached_tokens, c.num_cached_tokens) == (0, 16)
+    assert h.sched.stats.num_branch_points == 1  # b's, at 16
+    assert h.sched.stats.checkpoint_miss_tokens == 0  # c's hit is all its KV prefix
+
+
 # -- (c) incremental insert -------------------------------------------------------------------------
 X, Y, Z = tokens(4000, 22), tokens(4100, 40), tokens(4200, 6)
 INSERT = {
