@@ -37,6 +37,8 @@ import enum
 import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
+from heapq import heappush
+from operator import eq, itemgetter
 from typing import NamedTuple
 
 from recap.core.output import CheckpointWrite
@@ -89,8 +91,9 @@ class StatePool:
         self.slot_hits = [0] * num_slots  # hits since registration
         self._num_pinned = 0
         self._num_checkpoints = 0
-        # Lazy heap of (priority, sequence, slot, version); stale entries are skipped on pop.
-        self._heap: list[tuple[float, int, int, int]] = []
+        # Lazy heap of (priority, sequence, slot); an entry is live while its sequence is its slot's latest
+        # push (`_version`) and the slot is a checkpoint; stale entries are skipped on pop.
+        self._heap: list[tuple[float, int, int]] = []
         self._version = [0] * num_slots
         self._seq = 0
         self._inflation = 0.0
@@ -175,7 +178,7 @@ class StatePool:
                 slot = free.pop()
             else:
                 top = heap[0] if heap else None
-                if top is None or top[3] != version[top[2]] or kind[top[2]] != checkpoint or pins[top[2]]:
+                if top is None or top[1] != version[top[2]] or kind[top[2]] != checkpoint or pins[top[2]]:
                     top = self._top_evictable()  # stale or pinned entries at the top: the slow path
                     if top is None:
                         self.num_declined += 1
@@ -204,17 +207,17 @@ class StatePool:
         self.kind[slot] = SlotKind.FREE
         self._free.append(slot)
 
-    def _live(self, entry: tuple[float, int, int, int]) -> bool:
+    def _live(self, entry: tuple[float, int, int]) -> bool:
         slot = entry[2]
-        return entry[3] == self._version[slot] and self.kind[slot] == SlotKind.CHECKPOINT
+        return entry[1] == self._version[slot] and self.kind[slot] == SlotKind.CHECKPOINT
 
-    def _top_evictable(self) -> tuple[float, int, int, int] | None:
+    def _top_evictable(self) -> tuple[float, int, int] | None:
         """The heap entry of the lowest-priority unpinned checkpoint; None if there is none."""
         heap, version, kind, pins = self._heap, self._version, self.kind, self.pins
         while heap:
             entry = heap[0]
             slot = entry[2]
-            if entry[3] != version[slot] or kind[slot] != SlotKind.CHECKPOINT:
+            if entry[1] != version[slot] or kind[slot] != SlotKind.CHECKPOINT:
                 heapq.heappop(heap)  # stale
             elif not pins[slot]:
                 return entry
@@ -235,17 +238,22 @@ class StatePool:
         already registered keeps its slot; the new one is freed. Reports nobody planned are refused.
         Returns, per plan, whether it was registered. One call per chunk, loop inlined (policy `all`).
         """
-        reported = {w.slot: w for w in written}
-        self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+        reports: Sequence[CheckpointWrite | None]
+        if len(written) == len(plans) and all(map(eq, written, map(itemgetter(0), plans))):
+            reports = written  # the usual report, the plan itself in order: no map by slot to build
+        else:
+            reported = {w.slot: w for w in written}
+            self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+            reports = [reported.get(p.write.slot) for p in plans]
         bs, by_hash, kind, num_hashes = self.block_size, self._by_hash, self.kind, len(request_block_hashes)
         slot_hash, slot_position, slot_value = self.slot_hash, self.slot_position, self.slot_value_tokens
         slot_proven, slot_hits, slot_source = self.slot_proven, self.slot_hits, self.slot_source
-        pending, checkpoint, push = SlotKind.PENDING, SlotKind.CHECKPOINT, self._push
+        pending, checkpoint = SlotKind.PENDING, SlotKind.CHECKPOINT
+        heap, version, inflation, per_token = self._heap, self._version, self._inflation, self._value_per_token
         out: list[bool] = []
-        for planned, block_hash, _, proven, source, value in plans:
+        for (planned, block_hash, _, proven, source, value), report in zip(plans, reports):
             position, slot = planned
             assert kind[slot] == pending, f"slot {slot} was not planned as a checkpoint"
-            report = reported.get(slot)
             k = position // bs
             if (
                 report != planned
@@ -263,17 +271,24 @@ class StatePool:
                 self.free(slot)
                 out.append(False)
                 continue
+            if value <= 0 or value > position:
+                value = position
             kind[slot] = checkpoint
             slot_hash[slot] = block_hash
             slot_position[slot] = position
-            slot_value[slot] = position if value <= 0 or value > position else value
+            slot_value[slot] = value
             slot_proven[slot] = proven
             slot_hits[slot] = 0
             slot_source[slot] = source
             by_hash[block_hash] = slot
             self._num_checkpoints += 1
             self.num_created += 1
-            push(slot)
+            # _push(slot), inlined (no hits yet: the evidence is `proven`); L does not move while registering
+            self._seq += 1
+            version[slot] = self._seq
+            heappush(heap, (inflation + value * per_token * (1 + proven), self._seq, slot))
+            if len(heap) > 4 * self._num_checkpoints + 64:
+                self._compact()
             out.append(True)
         return out
 
@@ -286,11 +301,11 @@ class StatePool:
         self._push(slot)
 
     def _push(self, slot: int) -> None:
-        self._version[slot] += 1
         self._seq += 1
+        self._version[slot] = self._seq  # the slot's older entries go stale
         evidence = self.slot_hits[slot] + self.slot_proven[slot]
         priority = self._inflation + self.utility(self.slot_value_tokens[slot], evidence)
-        heapq.heappush(self._heap, (priority, self._seq, slot, self._version[slot]))
+        heapq.heappush(self._heap, (priority, self._seq, slot))
         if len(self._heap) > 4 * self._num_checkpoints + 64:
             self._compact()
 
@@ -310,8 +325,7 @@ class StatePool:
             self.on_outcome(self.slot_source[slot], False)
         del self._by_hash[block_hash]
         self.slot_hash[slot] = None  # position, value and provenance are meaningful only while registered
-        self._version[slot] += 1
-        self._num_checkpoints -= 1
+        self._num_checkpoints -= 1  # its heap entries go stale: the slot is no longer a checkpoint
         self.kind[slot] = SlotKind.FREE
 
     def _release(self, slot: int, report: bool = True) -> None:
