@@ -165,9 +165,9 @@ class StatePool:
         One call per chunk, loop inlined: policy `all` asks for millions of slots in a trace replay.
         """
         free, by_hash, kind, heap = self._free, self._by_hash, self.kind, self._heap
-        version, pins = self._version, self.pins
+        version, pins, slot_hash, slot_hits = self._version, self.pins, self.slot_hash, self.slot_hits
         pending, checkpoint, heappop = SlotKind.PENDING, SlotKind.CHECKPOINT, heapq.heappop
-        per_token, unregister = self._value_per_token, self._unregister
+        per_token, on_outcome = self._value_per_token, self.on_outcome
         out: list[int | None] = []
         for block_hash, value, proven in asks:
             if block_hash in by_hash:
@@ -195,7 +195,14 @@ class StatePool:
                     heappop(heap)
                 if top[0] > self._inflation:
                     self._inflation = top[0]
-                unregister(slot)
+                # _unregister(slot), inlined (one per eviction); the slot goes straight to PENDING
+                evicted = slot_hash[slot]
+                assert evicted is not None and by_hash.get(evicted) == slot
+                if on_outcome is not None and slot_hits[slot] == 0:
+                    on_outcome(self.slot_source[slot], False)
+                del by_hash[evicted]
+                slot_hash[slot] = None
+                self._num_checkpoints -= 1
                 self.num_evicted += 1
             kind[slot] = pending
             out.append(slot)
