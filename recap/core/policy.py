@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
+from itertools import repeat
 from typing import NamedTuple
 
 from recap.config import CacheConfig
@@ -202,8 +203,9 @@ class CheckpointPolicy:
         first = (start // bs + 1) * bs
         if first > end or not self.enabled:
             return []
-        if self.name == "all":
-            return [new_tuple(Position, (p, False, False, Source.EVERY_BLOCK)) for p in range(first, end + 1, bs)]
+        if self.name == "all":  # every boundary, built in C: millions per trace replay
+            fields = zip(range(first, end + 1, bs), repeat(False), repeat(False), repeat(Source.EVERY_BLOCK))
+            return list(map(new_tuple, repeat(Position), fields))
         rid = request.request_id
         sites = self._static.get(rid, {})
         out = [
