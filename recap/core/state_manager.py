@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, new_tuple
 from recap.core.policy import Position
@@ -58,7 +58,7 @@ class StateManager:
         return None if hit_slot == PAD_SLOT_ID else (hit_slot, slot)
 
     def plan(
-        self, request_id: str, block_hashes: Sequence[int], positions: Iterable[Position]
+        self, request_id: str, block_hashes: Sequence[int], positions: Sequence[Position]
     ) -> list[CheckpointWrite]:
         """Fresh PENDING slots for a chunk's checkpoint positions (sorted); skipped where registered or no slot.
 
@@ -68,26 +68,23 @@ class StateManager:
         """
         bs = self.block_size
         base = self._base.get(request_id, 0)
-        asks, kept = [], []
-        for position, provisional, proven, source in positions:
-            value = position - base if position - base > bs else bs
+        asks = []
+        for position, provisional, proven, _ in positions:
+            asks.append((block_hashes[position // bs - 1], position - base if position - base > bs else bs, proven))
             if not provisional and position > base:  # a snapshot is superseded: no base for later positions
                 base = position
-            asks.append((block_hashes[position // bs - 1], value, proven))
-            kept.append((position, provisional, source))
         self._base[request_id] = base
         out: list[CheckpointWrite] = []
-        plans = self.pending.get(request_id)
-        for slot, (block_hash, value, proven), (position, provisional, source) in zip(
-            self.pool.allocate_checkpoints(asks), asks, kept
+        plans = self.pending.get(request_id, [])
+        for slot, (block_hash, value, proven), (position, provisional, _, source) in zip(
+            self.pool.allocate_checkpoints(asks), asks, positions
         ):
-            if slot is None:
-                continue
-            write = new_tuple(CheckpointWrite, (position, slot))
-            out.append(write)
-            if plans is None:
-                plans = self.pending[request_id] = []
-            plans.append(new_tuple(PlannedWrite, (write, block_hash, provisional, proven, source, value)))
+            if slot is not None:
+                write = new_tuple(CheckpointWrite, (position, slot))
+                out.append(write)
+                plans.append(new_tuple(PlannedWrite, (write, block_hash, provisional, proven, source, value)))
+        if plans:  # no entry for a request with nothing pending
+            self.pending[request_id] = plans
         self.num_planned += len(out)
         return out
 
