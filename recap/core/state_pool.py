@@ -196,11 +196,10 @@ class StatePool:
                 if top[0] > self._inflation:
                     self._inflation = top[0]
                 # _unregister(slot), inlined (one per eviction); the slot goes straight to PENDING
-                evicted = slot_hash[slot]
-                assert evicted is not None and by_hash.get(evicted) == slot
+                owner = by_hash.pop(slot_hash[slot], None)  # None if unmapped (or no hash: never a key)
+                assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
                 if on_outcome is not None and slot_hits[slot] == 0:
                     on_outcome(self.slot_source[slot], False)
-                del by_hash[evicted]
                 slot_hash[slot] = None
                 self._num_checkpoints -= 1
                 self.num_evicted += 1
