@@ -256,6 +256,7 @@ class StatePool:
         slot_proven, slot_hits, slot_source = self.slot_proven, self.slot_hits, self.slot_source
         pending, checkpoint = SlotKind.PENDING, SlotKind.CHECKPOINT
         heap, version, inflation, per_token = self._heap, self._version, self._inflation, self._value_per_token
+        seq, num_created = self._seq, 0
         out: list[bool] = []
         for (planned, block_hash, _, proven, source, value), report in zip(plans, reports):
             position, slot = planned
@@ -287,15 +288,18 @@ class StatePool:
             slot_hits[slot] = 0
             slot_source[slot] = source
             by_hash[block_hash] = slot
-            self._num_checkpoints += 1
-            self.num_created += 1
+            num_created += 1
             # _push(slot), inlined (no hits yet: the evidence is `proven`); L does not move while registering
-            self._seq += 1
-            version[slot] = self._seq
-            heappush(heap, (inflation + value * per_token * (1 + proven), self._seq, slot))
-            if len(heap) > 4 * self._num_checkpoints + 64:
-                self._compact()
+            seq += 1
+            version[slot] = seq
+            heappush(heap, (inflation + value * per_token * (1 + proven), seq, slot))
             out.append(True)
+        self._seq = seq
+        self._num_checkpoints += num_created
+        self.num_created += num_created
+        # _push's bound on stale entries, checked once: registering adds live entries only
+        if len(heap) > 4 * self._num_checkpoints + 64:
+            self._compact()
         return out
 
     def touch(self, slot: int) -> None:
