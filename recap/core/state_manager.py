@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, new_tuple
 from recap.core.policy import Position
@@ -32,8 +33,11 @@ class StateManager:
         """(k, slot) of the deepest checkpoint after k <= max_blocks blocks of this chain; (0, PAD)."""
         if not self.enable_caching:
             return 0, PAD_SLOT_ID
+        num_blocks = min(max_blocks, len(block_hashes))
+        if num_blocks <= 0 or not self.pool.holds_any(islice(block_hashes, num_blocks)):  # the usual miss: no loop
+            return 0, PAD_SLOT_ID
         lookup = self.pool.lookup
-        for k in range(min(max_blocks, len(block_hashes)), 0, -1):
+        for k in range(num_blocks, 0, -1):
             slot = lookup(block_hashes[k - 1])
             if slot is not None:
                 return k, slot

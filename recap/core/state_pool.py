@@ -135,6 +135,10 @@ class StatePool:
     def lookup(self, block_hash: int) -> int | None:
         return self._by_hash.get(block_hash)
 
+    def holds_any(self, block_hashes: Iterable[int]) -> bool:
+        """Whether any of these hashes keys a checkpoint (one pass in C)."""
+        return not self._by_hash.keys().isdisjoint(block_hashes)
+
     def is_evictable(self, slot: int) -> bool:
         return self.kind[slot] == SlotKind.CHECKPOINT and self.pins[slot] == 0
 
