@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, repeat
 
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, new_tuple
-from recap.core.policy import Position
+from recap.core.policy import Position, Source
 from recap.core.request import Request
 from recap.core.state_pool import PlannedWrite, StatePool
 
@@ -87,6 +87,37 @@ class StateManager:
                 write = new_tuple(CheckpointWrite, (position, slot))
                 out.append(write)
                 plans.append(new_tuple(PlannedWrite, (write, block_hash, provisional, proven, source, value)))
+        if plans:  # no entry for a request with nothing pending
+            self.pending[request_id] = plans
+        self.num_planned += len(out)
+        return out
+
+    def plan_every_block(
+        self, request_id: str, block_hashes: Sequence[int], boundaries: range
+    ) -> list[CheckpointWrite]:
+        """`plan` of a plain checkpoint (Source.EVERY_BLOCK) at each of these boundaries (policy `all`).
+
+        The same writes, pool and plans as `plan` of one Position per boundary, without building them: a
+        trace replay plans millions. Past the first boundary, the previous one (or a deeper checkpoint) is the
+        base, so each later write is worth one block.
+        """
+        if not boundaries:
+            return []
+        bs = self.block_size
+        base = self._base.get(request_id, 0)
+        values = [max(boundaries[0] - base, bs)] + [bs] * (len(boundaries) - 1)
+        self._base[request_id] = max(base, boundaries[-1])
+        hashes = block_hashes[boundaries[0] // bs - 1 : boundaries[-1] // bs]
+        assert len(hashes) == len(boundaries), f"{request_id}: boundaries past its block hashes"
+        slots = self.pool.allocate_checkpoints(zip(hashes, values, repeat(False)))
+        out: list[CheckpointWrite] = []
+        plans = self.pending.get(request_id, [])
+        source = Source.EVERY_BLOCK
+        for slot, block_hash, value, position in zip(slots, hashes, values, boundaries):
+            if slot is not None:
+                write = new_tuple(CheckpointWrite, (position, slot))
+                out.append(write)
+                plans.append(new_tuple(PlannedWrite, (write, block_hash, False, False, source, value)))
         if plans:  # no entry for a request with nothing pending
             self.pending[request_id] = plans
         self.num_planned += len(out)
