@@ -241,12 +241,12 @@ def test_plan_every_block_is_plan_of_a_position_per_boundary() -> None:
                 r = Request(rid, list(range(end)), 1)
                 r.block_hashes = chains[rid]
                 sm.commit(r, writes)
-                seen += [list(pool.kind), dict(pool._by_hash), sorted(pool._heap), pool.num_evicted]
+                seen += [list(pool.kind), dict(pool._by_hash), [pool.priority(s) for s in pool._by_hash.values()]]
             if hit_slot is not None:
                 pool.unpin(hit_slot)
             sm.free(rid)
             pool.check()
-        seen += [pool.num_created, pool.num_declined, pool.num_already_registered, sm.num_planned]
+        seen += [pool.num_created, pool.num_evicted, pool.num_declined, pool.num_already_registered, sm.num_planned]
         return seen
 
     assert run(every_block=True) == run(every_block=False)
