@@ -180,6 +180,7 @@ class StatePool:
         slot_hash, slot_hits = self.slot_hash, self.slot_hits
         pending, checkpoint, heappop = SlotKind.PENDING, SlotKind.CHECKPOINT, heapq.heappop
         per_token, on_outcome = self._value_per_token, self.on_outcome
+        inflation, num_evicted = self._inflation, 0  # stored back once: nothing called in the loop reads them
         out: list[int | None] = []
         for block_hash, value, proven in asks:
             if block_hash in by_hash:
@@ -203,9 +204,9 @@ class StatePool:
                     top_priority, entry = top
                     slot = entry % num_slots
                     bucket = buckets[priorities[0]]
-                priority = self._inflation + value * per_token * (1 + proven)  # utility(), inlined
+                priority = inflation + value * per_token * (1 + proven)  # utility(), inlined
                 if priority < top_priority:
-                    self._inflation = max(self._inflation, priority)
+                    inflation = max(inflation, priority)
                     self.num_declined += 1
                     out.append(None)
                     continue
@@ -214,18 +215,20 @@ class StatePool:
                     self._num_entries -= 1
                     if not bucket:
                         del buckets[heappop(priorities)]
-                if top_priority > self._inflation:
-                    self._inflation = top_priority
+                if top_priority > inflation:
+                    inflation = top_priority
                 # _unregister(slot), inlined (one per eviction); the slot goes straight to PENDING
                 owner = by_hash.pop(slot_hash[slot], None)  # None if unmapped (or no hash: never a key)
                 assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
                 if on_outcome is not None and slot_hits[slot] == 0:
                     on_outcome(self.slot_source[slot], False)
                 slot_hash[slot] = None
-                self._num_checkpoints -= 1
-                self.num_evicted += 1
+                num_evicted += 1
             kind[slot] = pending
             out.append(slot)
+        self._inflation = inflation
+        self._num_checkpoints -= num_evicted
+        self.num_evicted += num_evicted
         return out
 
     def free(self, slot: int) -> None:
