@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from itertools import islice, repeat
+from collections.abc import Iterable, Sequence
+from itertools import compress, islice, repeat
+from operator import is_not
 
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, new_tuple
 from recap.core.policy import Position, Source
@@ -109,15 +110,16 @@ class StateManager:
         self._base[request_id] = max(base, boundaries[-1])
         hashes = block_hashes[boundaries[0] // bs - 1 : boundaries[-1] // bs]
         assert len(hashes) == len(boundaries), f"{request_id}: boundaries past its block hashes"
-        slots = self.pool.allocate_checkpoints(zip(hashes, values, repeat(False)))
-        out: list[CheckpointWrite] = []
+        slots: Sequence[int | None] = self.pool.allocate_checkpoints(zip(hashes, values, repeat(False)))
+        positions: Iterable[int] = boundaries
+        if None in slots:  # registered already, or declined: plan the others
+            kept = list(map(is_not, slots, repeat(None)))
+            positions, slots, hashes, values = (list(compress(xs, kept)) for xs in (boundaries, slots, hashes, values))
+        # A write and a plan per position, built in C
+        out = list(map(new_tuple, repeat(CheckpointWrite), zip(positions, slots)))
+        no, source = repeat(False), repeat(Source.EVERY_BLOCK)
         plans = self.pending.get(request_id, [])
-        source = Source.EVERY_BLOCK
-        for slot, block_hash, value, position in zip(slots, hashes, values, boundaries):
-            if slot is not None:
-                write = new_tuple(CheckpointWrite, (position, slot))
-                out.append(write)
-                plans.append(new_tuple(PlannedWrite, (write, block_hash, False, False, source, value)))
+        plans.extend(map(new_tuple, repeat(PlannedWrite), zip(out, hashes, no, no, source, values)))
         if plans:  # no entry for a request with nothing pending
             self.pending[request_id] = plans
         self.num_planned += len(out)
