@@ -142,6 +142,9 @@ class CacheManager:
         """Checkpoint writes for a chunk (start, end]; a boundary with no slot to be had is skipped."""
         if self.state is None or not self.policy.enabled:
             return []
+        if self.policy.every_block:  # policy `all`: the boundaries as a range, no Position each
+            boundaries = self.policy.boundaries(start, end)
+            return self.state.plan_every_block(request.request_id, request.block_hashes, boundaries)
         positions = self.policy.positions(request, start, end)
         return self.state.plan(request.request_id, request.block_hashes, positions) if positions else []
 

@@ -85,6 +85,9 @@ class CheckpointPolicy:
         self.name = cache_config.checkpoint_policy
         self.block_size = cache_config.block_size
         self.enabled = has_state and cache_config.enable_prefix_caching and self.name != "none"
+        # Policy `all`: every boundary is a plain checkpoint (Source.EVERY_BLOCK). The cache manager plans
+        # them from `boundaries`, without a Position each: millions per trace replay.
+        self.every_block = self.enabled and self.name == "all"
         interval = cache_config.checkpoint_interval if self.name == "recap" else None
         self._interval = interval * self.block_size if interval else 0
         self._geometric = self.name == "recap" and cache_config.checkpoint_geometric
@@ -205,21 +208,22 @@ class CheckpointPolicy:
                 step *= 2
         return out
 
+    def boundaries(self, start: int, end: int) -> range:
+        """Every block boundary in (start, end]."""
+        bs = self.block_size
+        return range((start // bs + 1) * bs, end + 1, bs)
+
     def positions(self, request: Request, start: int, end: int) -> list[Position]:
         """The boundaries in (start, end] to checkpoint, sorted."""
-        bs = self.block_size
-        first = (start // bs + 1) * bs
-        if first > end or not self.enabled:
+        boundaries = self.boundaries(start, end)
+        if not boundaries or not self.enabled:
             return []
-        if self.name == "all":
-            return [new_tuple(Position, (p, False, False, Source.EVERY_BLOCK)) for p in range(first, end + 1, bs)]
+        if self.every_block:
+            return [new_tuple(Position, (p, False, False, Source.EVERY_BLOCK)) for p in boundaries]
+        bs = self.block_size
         rid = request.request_id
         sites = self._static.get(rid, {})
-        out = [
-            Position(p, False, src in PROVEN_SOURCES, src)
-            for p in range(first, end + 1, bs)
-            if (src := sites.get(p)) is not None
-        ]
+        out = [Position(p, False, src in PROVEN_SOURCES, src) for p in boundaries if (src := sites.get(p)) is not None]
         if self._decode.get(rid, self.name == "recap"):  # requests admitted elsewhere (remote) snapshot too
             last = end // bs * bs
             if last >= request.num_prompt_tokens and not (out and out[-1].position == last):

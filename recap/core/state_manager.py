@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress, islice, repeat
+from operator import is_not
 
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, new_tuple
-from recap.core.policy import Position
+from recap.core.policy import Position, Source
 from recap.core.request import Request
 from recap.core.state_pool import PlannedWrite, StatePool
 
@@ -32,8 +34,11 @@ class StateManager:
         """(k, slot) of the deepest checkpoint after k <= max_blocks blocks of this chain; (0, PAD)."""
         if not self.enable_caching:
             return 0, PAD_SLOT_ID
+        num_blocks = min(max_blocks, len(block_hashes))
+        if num_blocks <= 0 or not self.pool.holds_any(islice(block_hashes, num_blocks)):  # the usual miss: no loop
+            return 0, PAD_SLOT_ID
         lookup = self.pool.lookup
-        for k in range(min(max_blocks, len(block_hashes)), 0, -1):
+        for k in range(num_blocks, 0, -1):
             slot = lookup(block_hashes[k - 1])
             if slot is not None:
                 return k, slot
@@ -58,7 +63,7 @@ class StateManager:
         return None if hit_slot == PAD_SLOT_ID else (hit_slot, slot)
 
     def plan(
-        self, request_id: str, block_hashes: Sequence[int], positions: Iterable[Position]
+        self, request_id: str, block_hashes: Sequence[int], positions: Sequence[Position]
     ) -> list[CheckpointWrite]:
         """Fresh PENDING slots for a chunk's checkpoint positions (sorted); skipped where registered or no slot.
 
@@ -68,26 +73,55 @@ class StateManager:
         """
         bs = self.block_size
         base = self._base.get(request_id, 0)
-        asks, kept = [], []
-        for position, provisional, proven, source in positions:
-            value = position - base if position - base > bs else bs
+        asks = []
+        for position, provisional, proven, _ in positions:
+            asks.append((block_hashes[position // bs - 1], position - base if position - base > bs else bs, proven))
             if not provisional and position > base:  # a snapshot is superseded: no base for later positions
                 base = position
-            asks.append((block_hashes[position // bs - 1], value, proven))
-            kept.append((position, provisional, source))
         self._base[request_id] = base
         out: list[CheckpointWrite] = []
-        plans = self.pending.get(request_id)
-        for slot, (block_hash, value, proven), (position, provisional, source) in zip(
-            self.pool.allocate_checkpoints(asks), asks, kept
+        plans = self.pending.get(request_id, [])
+        for slot, (block_hash, value, proven), (position, provisional, _, source) in zip(
+            self.pool.allocate_checkpoints(asks), asks, positions
         ):
-            if slot is None:
-                continue
-            write = new_tuple(CheckpointWrite, (position, slot))
-            out.append(write)
-            if plans is None:
-                plans = self.pending[request_id] = []
-            plans.append(new_tuple(PlannedWrite, (write, block_hash, provisional, proven, source, value)))
+            if slot is not None:
+                write = new_tuple(CheckpointWrite, (position, slot))
+                out.append(write)
+                plans.append(new_tuple(PlannedWrite, (write, block_hash, provisional, proven, source, value)))
+        if plans:  # no entry for a request with nothing pending
+            self.pending[request_id] = plans
+        self.num_planned += len(out)
+        return out
+
+    def plan_every_block(
+        self, request_id: str, block_hashes: Sequence[int], boundaries: range
+    ) -> list[CheckpointWrite]:
+        """`plan` of a plain checkpoint (Source.EVERY_BLOCK) at each of these boundaries (policy `all`).
+
+        The same writes, pool and plans as `plan` of one Position per boundary, without building them: a
+        trace replay plans millions. Past the first boundary, the previous one (or a deeper checkpoint) is the
+        base, so each later write is worth one block.
+        """
+        if not boundaries:
+            return []
+        bs = self.block_size
+        base = self._base.get(request_id, 0)
+        values = [max(boundaries[0] - base, bs)] + [bs] * (len(boundaries) - 1)
+        self._base[request_id] = max(base, boundaries[-1])
+        hashes = block_hashes[boundaries[0] // bs - 1 : boundaries[-1] // bs]
+        assert len(hashes) == len(boundaries), f"{request_id}: boundaries past its block hashes"
+        slots: Sequence[int | None] = self.pool.allocate_checkpoints(zip(hashes, values, repeat(False)))
+        positions: Iterable[int] = boundaries
+        if None in slots:  # registered already, or declined: plan the others
+            kept = list(map(is_not, slots, repeat(None)))
+            positions, slots, hashes, values = (list(compress(xs, kept)) for xs in (boundaries, slots, hashes, values))
+        # A write and a plan per position, built in C
+        out = list(map(new_tuple, repeat(CheckpointWrite), zip(positions, slots)))
+        no, source = repeat(False), repeat(Source.EVERY_BLOCK)
+        plans = self.pending.get(request_id, [])
+        plans.extend(map(new_tuple, repeat(PlannedWrite), zip(out, hashes, no, no, source, values)))
+        if plans:  # no entry for a request with nothing pending
+            self.pending[request_id] = plans
         self.num_planned += len(out)
         return out
 

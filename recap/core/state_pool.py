@@ -7,7 +7,7 @@ A slot is one sequence's conv + SSM state for every SSM layer. Each slot is in e
   CHECKPOINT: registered under (h[k], k * block_size) once the writing step completed; immutable;
               evictable unless pinned (a copy from it is in flight).
 
-Eviction is GreedyDual-Size-Frequency over every unpinned checkpoint, one heap:
+Eviction is GreedyDual-Size-Frequency over every unpinned checkpoint, in one order:
   priority = L + value x (1 + evidence)
   value    = the compute the checkpoint saves per byte beyond the next shallower checkpoint its writer
              had on the same chain (its hit, or its own previous checkpoint): tokens x FLOPs per token /
@@ -36,7 +36,10 @@ from __future__ import annotations
 import enum
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from heapq import heappush
+from operator import eq, itemgetter
 from typing import NamedTuple
 
 from recap.core.output import CheckpointWrite
@@ -89,9 +92,16 @@ class StatePool:
         self.slot_hits = [0] * num_slots  # hits since registration
         self._num_pinned = 0
         self._num_checkpoints = 0
-        # Lazy heap of (priority, sequence, slot, version); stale entries are skipped on pop.
-        self._heap: list[tuple[float, int, int, int]] = []
-        self._version = [0] * num_slots
+        # Eviction order: the lowest (priority, push sequence) first. An entry is an int, sequence * num_slots
+        # + slot, queued in push order in its priority's bucket (never empty); the bucketed priorities form a
+        # heap of floats (as FrequencyQueue does for KV blocks). Under policy `all` a chunk's checkpoints share
+        # one priority, so a push or an eviction is a deque operation, not a heap operation on tuples.
+        # An entry is live while it is its slot's latest (`_latest`) and the slot is a checkpoint; stale
+        # entries are dropped when met at the front of the lowest bucket, and by `_compact`.
+        self._priorities: list[float] = []
+        self._buckets: dict[float, deque[int]] = {}
+        self._num_entries = 0
+        self._latest = [-1] * num_slots
         self._seq = 0
         self._inflation = 0.0
         self.num_created = 0
@@ -132,6 +142,10 @@ class StatePool:
     def lookup(self, block_hash: int) -> int | None:
         return self._by_hash.get(block_hash)
 
+    def holds_any(self, block_hashes: Iterable[int]) -> bool:
+        """Whether any of these hashes keys a checkpoint (one pass in C)."""
+        return not self._by_hash.keys().isdisjoint(block_hashes)
+
     def is_evictable(self, slot: int) -> bool:
         return self.kind[slot] == SlotKind.CHECKPOINT and self.pins[slot] == 0
 
@@ -161,10 +175,12 @@ class StatePool:
         above it; otherwise the write is declined (and L rises to the new one's priority).
         One call per chunk, loop inlined: policy `all` asks for millions of slots in a trace replay.
         """
-        free, by_hash, kind, heap = self._free, self._by_hash, self.kind, self._heap
-        version, pins = self._version, self.pins
+        free, by_hash, kind, pins, num_slots = self._free, self._by_hash, self.kind, self.pins, self.num_slots
+        priorities, buckets, latest = self._priorities, self._buckets, self._latest
+        slot_hash, slot_hits = self.slot_hash, self.slot_hits
         pending, checkpoint, heappop = SlotKind.PENDING, SlotKind.CHECKPOINT, heapq.heappop
-        per_token, unregister = self._value_per_token, self._unregister
+        per_token, on_outcome = self._value_per_token, self.on_outcome
+        inflation, num_evicted = self._inflation, 0  # stored back once: nothing called in the loop reads them
         out: list[int | None] = []
         for block_hash, value, proven in asks:
             if block_hash in by_hash:
@@ -174,28 +190,45 @@ class StatePool:
             if free:
                 slot = free.pop()
             else:
-                top = heap[0] if heap else None
-                if top is None or top[3] != version[top[2]] or kind[top[2]] != checkpoint or pins[top[2]]:
-                    top = self._top_evictable()  # stale or pinned entries at the top: the slow path
+                bucket = buckets[priorities[0]] if priorities else None
+                entry = bucket[0] if bucket else -1  # the lowest (priority, sequence)
+                slot = entry % num_slots
+                if entry >= 0 and latest[slot] == entry and kind[slot] == checkpoint and not pins[slot]:
+                    top_priority = priorities[0]
+                else:
+                    top = self._top_evictable()  # stale or pinned entries at the front: the slow path
                     if top is None:
                         self.num_declined += 1
                         out.append(None)
                         continue
-                priority = self._inflation + value * per_token * (1 + proven)  # utility(), inlined
-                if priority < top[0]:
-                    self._inflation = max(self._inflation, priority)
+                    top_priority, entry = top
+                    slot = entry % num_slots
+                    bucket = buckets[priorities[0]]
+                priority = inflation + value * per_token * (1 + proven)  # utility(), inlined
+                if priority < top_priority:
+                    inflation = max(inflation, priority)
                     self.num_declined += 1
                     out.append(None)
                     continue
-                slot = top[2]  # evict it (other heap entries of its slot go stale)
-                if heap[0] is top:
-                    heappop(heap)
-                if top[0] > self._inflation:
-                    self._inflation = top[0]
-                unregister(slot)
-                self.num_evicted += 1
+                if bucket[0] == entry:  # evict it; an entry found past a pinned one just goes stale
+                    bucket.popleft()
+                    self._num_entries -= 1
+                    if not bucket:
+                        del buckets[heappop(priorities)]
+                if top_priority > inflation:
+                    inflation = top_priority
+                # _unregister(slot), inlined (one per eviction); the slot goes straight to PENDING
+                owner = by_hash.pop(slot_hash[slot], None)  # None if unmapped (or no hash: never a key)
+                assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
+                if on_outcome is not None and slot_hits[slot] == 0:
+                    on_outcome(self.slot_source[slot], False)
+                slot_hash[slot] = None
+                num_evicted += 1
             kind[slot] = pending
             out.append(slot)
+        self._inflation = inflation
+        self._num_checkpoints -= num_evicted
+        self.num_evicted += num_evicted
         return out
 
     def free(self, slot: int) -> None:
@@ -204,22 +237,25 @@ class StatePool:
         self.kind[slot] = SlotKind.FREE
         self._free.append(slot)
 
-    def _live(self, entry: tuple[float, int, int, int]) -> bool:
-        slot = entry[2]
-        return entry[3] == self._version[slot] and self.kind[slot] == SlotKind.CHECKPOINT
+    def _live(self, entry: int) -> bool:
+        slot = entry % self.num_slots
+        return entry == self._latest[slot] and self.kind[slot] == SlotKind.CHECKPOINT
 
-    def _top_evictable(self) -> tuple[float, int, int, int] | None:
-        """The heap entry of the lowest-priority unpinned checkpoint; None if there is none."""
-        heap, version, kind, pins = self._heap, self._version, self.kind, self.pins
-        while heap:
-            entry = heap[0]
-            slot = entry[2]
-            if entry[3] != version[slot] or kind[slot] != SlotKind.CHECKPOINT:
-                heapq.heappop(heap)  # stale
-            elif not pins[slot]:
-                return entry
-            else:  # pinned at the top (rare: a hit refreshes what it pins): look past it
-                live = [e for e in heap if self._live(e) and not pins[e[2]]]
+    def _top_evictable(self) -> tuple[float, int] | None:
+        """(priority, entry) of the lowest-priority unpinned checkpoint; None if there is none."""
+        priorities, buckets, pins, n = self._priorities, self._buckets, self.pins, self.num_slots
+        while priorities:
+            bucket = buckets[priorities[0]]
+            entry = bucket[0]
+            if not self._live(entry):
+                bucket.popleft()  # stale
+                self._num_entries -= 1
+                if not bucket:
+                    del buckets[heapq.heappop(priorities)]
+            elif not pins[entry % n]:
+                return priorities[0], entry
+            else:  # pinned at the front (rare: a hit refreshes what it pins): look past it
+                live = [(p, e) for p, q in buckets.items() for e in q if self._live(e) and not pins[e % n]]
                 return min(live) if live else None
         return None
 
@@ -235,17 +271,23 @@ class StatePool:
         already registered keeps its slot; the new one is freed. Reports nobody planned are refused.
         Returns, per plan, whether it was registered. One call per chunk, loop inlined (policy `all`).
         """
-        reported = {w.slot: w for w in written}
-        self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+        reports: Sequence[CheckpointWrite | None]
+        if len(written) == len(plans) and all(map(eq, written, map(itemgetter(0), plans))):
+            reports = written  # the usual report, the plan itself in order: no map by slot to build
+        else:
+            reported = {w.slot: w for w in written}
+            self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+            reports = [reported.get(p.write.slot) for p in plans]
         bs, by_hash, kind, num_hashes = self.block_size, self._by_hash, self.kind, len(request_block_hashes)
         slot_hash, slot_position, slot_value = self.slot_hash, self.slot_position, self.slot_value_tokens
         slot_proven, slot_hits, slot_source = self.slot_proven, self.slot_hits, self.slot_source
-        pending, checkpoint, push = SlotKind.PENDING, SlotKind.CHECKPOINT, self._push
+        pending, checkpoint = SlotKind.PENDING, SlotKind.CHECKPOINT
+        priorities, buckets, latest, num_slots = self._priorities, self._buckets, self._latest, self.num_slots
+        inflation, per_token, seq, num_created = self._inflation, self._value_per_token, self._seq, 0
         out: list[bool] = []
-        for planned, block_hash, _, proven, source, value in plans:
+        for (planned, block_hash, _, proven, source, value), report in zip(plans, reports):
             position, slot = planned
             assert kind[slot] == pending, f"slot {slot} was not planned as a checkpoint"
-            report = reported.get(slot)
             k = position // bs
             if (
                 report != planned
@@ -263,18 +305,34 @@ class StatePool:
                 self.free(slot)
                 out.append(False)
                 continue
+            if value <= 0 or value > position:
+                value = position
             kind[slot] = checkpoint
             slot_hash[slot] = block_hash
             slot_position[slot] = position
-            slot_value[slot] = position if value <= 0 or value > position else value
+            slot_value[slot] = value
             slot_proven[slot] = proven
             slot_hits[slot] = 0
             slot_source[slot] = source
             by_hash[block_hash] = slot
-            self._num_checkpoints += 1
-            self.num_created += 1
-            push(slot)
+            num_created += 1
+            # _push(slot), inlined (no hits yet: the evidence is `proven`); L does not move while registering
+            seq += 1
+            latest[slot] = entry = seq * num_slots + slot
+            priority = inflation + value * per_token * (1 + proven)
+            bucket = buckets.get(priority)
+            if bucket is None:
+                bucket = buckets[priority] = deque()
+                heappush(priorities, priority)
+            bucket.append(entry)
             out.append(True)
+        self._seq = seq
+        self._num_checkpoints += num_created
+        self.num_created += num_created
+        self._num_entries += num_created
+        # _push's bound on stale entries, checked once: registering adds live entries only
+        if self._num_entries > 4 * self._num_checkpoints + 64:
+            self._compact()
         return out
 
     def touch(self, slot: int) -> None:
@@ -286,22 +344,36 @@ class StatePool:
         self._push(slot)
 
     def _push(self, slot: int) -> None:
-        self._version[slot] += 1
         self._seq += 1
+        self._latest[slot] = entry = self._seq * self.num_slots + slot  # the slot's older entries go stale
         evidence = self.slot_hits[slot] + self.slot_proven[slot]
         priority = self._inflation + self.utility(self.slot_value_tokens[slot], evidence)
-        heapq.heappush(self._heap, (priority, self._seq, slot, self._version[slot]))
-        if len(self._heap) > 4 * self._num_checkpoints + 64:
+        bucket = self._buckets.get(priority)
+        if bucket is None:
+            bucket = self._buckets[priority] = deque()
+            heapq.heappush(self._priorities, priority)
+        bucket.append(entry)
+        self._num_entries += 1
+        if self._num_entries > 4 * self._num_checkpoints + 64:
             self._compact()
 
     def _compact(self) -> None:
-        self._heap[:] = [e for e in self._heap if self._live(e)]  # in place: hot loops hold the list
-        heapq.heapify(self._heap)
+        """Drop every stale entry, and the buckets left empty."""
+        for priority, bucket in list(self._buckets.items()):
+            live = [e for e in bucket if self._live(e)]
+            if live:
+                bucket.clear()  # in place, order kept: hot loops hold the containers
+                bucket.extend(live)
+            else:
+                del self._buckets[priority]
+        self._priorities[:] = self._buckets
+        heapq.heapify(self._priorities)
+        self._num_entries = sum(map(len, self._buckets.values()))
 
     def priority(self, slot: int) -> float:
         """The current eviction priority of checkpoint `slot` (for tests and debugging)."""
         assert self.kind[slot] == SlotKind.CHECKPOINT
-        return max(e[0] for e in self._heap if e[2] == slot and self._live(e))
+        return max(p for p, q in self._buckets.items() for e in q if e % self.num_slots == slot and self._live(e))
 
     def _unregister(self, slot: int, report: bool = True) -> None:
         block_hash = self.slot_hash[slot]
@@ -310,8 +382,7 @@ class StatePool:
             self.on_outcome(self.slot_source[slot], False)
         del self._by_hash[block_hash]
         self.slot_hash[slot] = None  # position, value and provenance are meaningful only while registered
-        self._version[slot] += 1
-        self._num_checkpoints -= 1
+        self._num_checkpoints -= 1  # its queued entries go stale: the slot is no longer a checkpoint
         self.kind[slot] = SlotKind.FREE
 
     def _release(self, slot: int, report: bool = True) -> None:
@@ -385,8 +456,10 @@ class StatePool:
                 assert self.slot_hash[slot] is None, f"{kind!r} slot {slot} keeps a hash"
                 assert self.pins[slot] == 0, f"{kind!r} slot {slot} is pinned (a pinned checkpoint was evicted)"
         assert counts[SlotKind.CHECKPOINT] == self._num_checkpoints == len(self._by_hash)
-        live = {e[2] for e in self._heap if self._live(e)}
+        live = {e % self.num_slots for q in self._buckets.values() for e in q if self._live(e)}
         checkpoints = {s for s, kind in enumerate(self.kind) if kind == SlotKind.CHECKPOINT}
-        assert live == checkpoints, "a checkpoint is missing from the eviction heap"
+        assert live == checkpoints, "a checkpoint is missing from the eviction buckets"
+        assert sorted(self._priorities) == sorted(self._buckets) and all(self._buckets.values()), "a bucket is lost"
+        assert self._num_entries == sum(map(len, self._buckets.values())), "queued entries miscounted"
         assert sum(1 for p in self.pins if p) == self._num_pinned
         assert counts[SlotKind.FREE] + self._num_checkpoints + self.num_in_use == self.num_slots

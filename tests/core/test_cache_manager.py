@@ -7,8 +7,10 @@ import pytest
 from recap.config import CacheConfig
 from recap.core.cache_manager import NO_HIT, CacheHit, CacheManager
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite
+from recap.core.policy import Position, Source
 from recap.core.request import Request
-from recap.core.state_pool import SlotKind
+from recap.core.state_manager import StateManager
+from recap.core.state_pool import SlotKind, StatePool
 from tests.core.helpers import make_layout
 
 BS = 4
@@ -206,3 +208,45 @@ def test_evicting_the_kv_block_a_checkpoint_ends_on_drops_the_checkpoint() -> No
     assert cm.kv.pool.lookup(end_hash) is None
     assert cm.state.pool.lookup(end_hash) is None and cm.state.pool.num_stranded >= 1
     cm.state.pool.check()
+
+
+def test_plan_every_block_is_plan_of_a_position_per_boundary() -> None:
+    """Policy `all` plans from a range: the same writes, plans, bases and pool as one Position each."""
+    chains = {"a": list(range(1000, 1016)), "b": list(range(1000, 1008)) + list(range(2000, 2008))}
+    chains["c"] = chains["d"] = list(range(3000, 3016))
+    steps = [  # (request, block index of its hit or None, base forced past its first boundary or None, chunks)
+        ("a", None, None, [(0, 13), (13, 30), (30, 31), (31, 64)]),
+        ("b", 7, None, [(32, 48), (48, 64)]),  # hits a's checkpoint after 32 tokens
+        ("c", None, 40, [(0, 20), (20, 64)]),
+        ("d", None, None, [(20, 44)]),  # c's checkpoints again: registered already
+    ]
+
+    def run(every_block: bool) -> list[object]:
+        pool = StatePool(6, BS, bytes_per_slot=1, flops_per_token=1.0)  # fewer slots than writes: evictions
+        sm = StateManager(pool, BS, enable_caching=True)
+        seen: list[object] = []
+        for rid, hit, forced_base, chunks in steps:
+            hit_slot = pool.lookup(chains[rid][hit]) if hit is not None else None
+            sm.admit(rid, PAD_SLOT_ID if hit_slot is None else hit_slot)
+            if forced_base is not None:
+                sm._base[rid] = forced_base
+            for start, end in chunks:
+                boundaries = range((start // BS + 1) * BS, end + 1, BS)
+                if every_block:
+                    writes = sm.plan_every_block(rid, chains[rid], boundaries)
+                else:
+                    positions = [Position(p, False, False, Source.EVERY_BLOCK) for p in boundaries]
+                    writes = sm.plan(rid, chains[rid], positions)
+                seen += [writes, list(sm.pending.get(rid, ())), dict(sm._base)]
+                r = Request(rid, list(range(end)), 1)
+                r.block_hashes = chains[rid]
+                sm.commit(r, writes)
+                seen += [list(pool.kind), dict(pool._by_hash), [pool.priority(s) for s in pool._by_hash.values()]]
+            if hit_slot is not None:
+                pool.unpin(hit_slot)
+            sm.free(rid)
+            pool.check()
+        seen += [pool.num_created, pool.num_evicted, pool.num_declined, pool.num_already_registered, sm.num_planned]
+        return seen
+
+    assert run(every_block=True) == run(every_block=False)

@@ -122,6 +122,19 @@ def test_pinned_checkpoint_is_never_evicted() -> None:
     pool.check()
 
 
+def test_an_eviction_past_a_pinned_checkpoint_keeps_the_order() -> None:
+    pool = make(3)
+    a, b, c = put(pool, 4, 1), put(pool, 4, 2), put(pool, 4, 3)  # equal priorities: the oldest goes first
+    pool.pin(a)
+    assert pool.allocate_running() == b  # found past the pinned one
+    pool.check()
+    pool.unpin(a)
+    assert pool.allocate_running() == a
+    assert pool.allocate_running() == c
+    assert pool.allocate_running() is None
+    pool.check()
+
+
 @pytest.mark.parametrize(
     ("written", "h", "why"),
     [
