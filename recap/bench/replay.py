@@ -325,7 +325,7 @@ def run_replay(args: argparse.Namespace) -> int:
     )
     results = []
     for spec in specs:
-        res = replay(trace, spec, setup)
+        res = replay(trace, spec, setup, check_integrity=args.check_integrity)
         print(
             f"  {spec.text}: hit rate {100 * res.hit_rate:.1f}% "
             f"in {res.wall_seconds:.1f} s ({res.cpu_seconds:.1f} s CPU)",

@@ -210,6 +210,17 @@ def test_cli_prints_a_table_and_a_final_json_line(tmp_path: Path, capsys: pytest
     assert json.loads(out_json.read_text())["hit_rate"] == summary["hit_rate"]
 
 
+def test_cli_check_integrity_checks_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from recap.core.scheduler import Scheduler
+
+    checked = []
+    original = Scheduler.check_integrity
+    monkeypatch.setattr(Scheduler, "check_integrity", lambda self: checked.append(1) or original(self))
+    argv = ["--trace", str(_xyz_trace(tmp_path)), "--policy", "recap", "--kv-unbounded", "--state-checkpoints", "8"]
+    assert main(argv) == 0 and not checked
+    assert main([*argv, "--check-integrity"]) == 0 and len(checked) > 3
+
+
 def test_policy_specs_parse_and_reject_typos() -> None:
     spec = parse_policy("recap:interval=32,geometric,no-branch,ladder=3,end-grid=256,no-tail")
     got = (spec.interval, spec.geometric, spec.branch, spec.ladder, spec.end_grid, spec.tail)
