@@ -1,8 +1,12 @@
 """HF `config.json` -> frozen `ModelConfig`, the only config the layers ever read.
 
 One translator per architecture turns the HF dict into normalized per-layer lists:
-- `layer_types[i]`: "mamba1" | "mamba2" | "attention" (the mixer of layer i)
-- `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward after the mixer, if any)
+- `layer_types[i]`: the token mixer of layer i and so its caches:
+    "mamba1" | "mamba2" (a state slot part), "attention" (KV), "none" (no mixer: an MLP/MoE-only
+    layer, Nemotron-H), "hybrid" (attention AND a Mamba2 state in one layer: Falcon-H1's parallel
+    mixers, Zamba2's shared-transformer layers; the family's model file says how they combine)
+- `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
+Multipliers (muP and friends) are explicit fields, 1.0 when a family has none.
 The translators live in `hf_config.py` (re-exported here); adding a family = one translator there +
 one short model file in `recap/model/models/`.
 """
@@ -14,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention")
+LAYER_TYPES = ("mamba1", "mamba2", "attention", "none", "hybrid")
+ATTENTION_LAYER_TYPES = ("attention", "hybrid")  # layers with a KV cache
+SSM_LAYER_TYPES = ("mamba1", "mamba2", "hybrid")  # layers with a part of the state slot
 MLP_TYPES = ("none", "dense", "moe")
 # Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
 DEFAULT_MAMBA1_CHUNK = 256
@@ -29,9 +35,17 @@ class AttentionConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rope_theta: float | None  # None: no positional encoding in the layer (Jamba)
+    rope_theta: float | None  # None: no positional encoding in the layer (Jamba, Nemotron-H, Granite NoPE)
     rotary_dim: int  # leading dims of each head that are rotated (head_dim * partial factor); 0 if no rope
     bias: bool = False
+    scale: float | None = None  # softmax scale; None: head_dim ** -0.5 (Granite: attention_multiplier)
+    input_size: int | None = None  # q/k/v input width; None: hidden_size (Zamba2: 2 * hidden_size)
+    input_multiplier: float = 1.0  # x * m before q/k/v (Falcon-H1 attention_in_multiplier)
+    output_multiplier: float = 1.0  # o_proj(.) * m (Falcon-H1 attention_out_multiplier)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim**-0.5 if self.scale is None else self.scale
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,9 @@ class Mamba1Config:
         return self.d_inner
 
 
+GATE_NORMS = ("gated_rmsnorm", "rmsnorm_gate", "gate")
+
+
 @dataclass(frozen=True)
 class Mamba2Config:
     num_heads: int
@@ -143,6 +160,20 @@ class Mamba2Config:
     time_step_limit: tuple[float, float]
     norm_eps: float  # the gated RMSNorm before out_proj
     activation: str = "silu"
+    # How y meets the gate z before out_proj: "gated_rmsnorm" norm(y * silu(z)) (Mamba2 and most hybrids),
+    # "rmsnorm_gate" norm(y) * silu(z) (Falcon-H1 mamba_norm_before_gate), "gate" y * silu(z) (no norm weight)
+    gate_norm: str = "gated_rmsnorm"
+    input_multiplier: float = 1.0  # x * m before in_proj (Falcon-H1 ssm_in_multiplier)
+    # in_proj output parts [z | x | B | C | dt] scaled by these (Falcon-H1 ssm_multipliers, its "mup vector")
+    in_proj_multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    output_multiplier: float = 1.0  # out_proj(.) * m (Falcon-H1 ssm_out_multiplier)
+    out_proj_bias: bool | None = None  # None: as proj_bias (Falcon-H1 sets it apart: projectors_bias)
+
+    def __post_init__(self) -> None:
+        if self.gate_norm not in GATE_NORMS:
+            raise ValueError(f"unknown gate_norm {self.gate_norm!r}; choose one of {GATE_NORMS}")
+        if len(self.in_proj_multipliers) != 5:
+            raise ValueError("in_proj_multipliers needs 5 values: z, x, B, C, dt")
 
     @property
     def d_inner(self) -> int:
@@ -168,7 +199,13 @@ class ModelConfig:
     tie_word_embeddings: bool
     ssm_chunk_size: int  # chunk grid the runner passes to build_forward_batch
     residual_in_fp32: bool = False
+    embedding_multiplier: float = 1.0  # embeddings * m (Granite, Falcon-H1)
+    residual_multiplier: float = 1.0  # h + branch * m (Granite)
+    logits_multiplier: float = 1.0  # lm_head(h) * m (Granite: 1 / logits_scaling; Falcon-H1 lm_head_multiplier)
     attention: AttentionConfig | None = None
+    # Per-layer attention settings, one entry per layer (None: `attention`); the KV cache allocates one
+    # shape for every attention layer, so entries may differ from `attention` in anything but that shape.
+    layer_attention: tuple[AttentionConfig | None, ...] = ()
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
     mamba1: Mamba1Config | None = None
@@ -184,13 +221,37 @@ class ModelConfig:
         for kind in self.layer_types:
             if kind not in LAYER_TYPES:
                 raise ValueError(f"unknown layer type {kind!r}")
-            if {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind] is None:
+            needs = {"mamba1": (self.mamba1,), "mamba2": (self.mamba2,), "attention": (self.attention,),
+                     "none": (), "hybrid": (self.attention, self.mamba2)}[kind]  # fmt: skip
+            if any(c is None for c in needs):
                 raise ValueError(f"layer type {kind!r} used without its config")
+        self._check_layer_attention()
         for kind in self.mlp_types:
             if kind not in MLP_TYPES:
                 raise ValueError(f"unknown mlp type {kind!r}")
             if {"none": True, "dense": self.mlp, "moe": self.moe}[kind] is None:
                 raise ValueError(f"mlp type {kind!r} used without its config")
+
+    def _check_layer_attention(self) -> None:
+        if not self.layer_attention:
+            return
+        if len(self.layer_attention) != self.num_layers:
+            raise ValueError("layer_attention needs one entry per layer")
+        for i, a in enumerate(self.layer_attention):
+            if a is None:
+                continue
+            if i not in self.attention_layers or self.attention is None:
+                raise ValueError(f"layer_attention[{i}] set on a layer without attention")
+            if (a.num_kv_heads, a.head_dim) != (self.attention.num_kv_heads, self.attention.head_dim):
+                raise ValueError(f"layer_attention[{i}]: KV heads and head_dim must match `attention` (one KV shape)")
+
+    def attention_for(self, layer: int) -> AttentionConfig:
+        """The attention settings of layer `layer` (its own entry of `layer_attention`, else `attention`)."""
+        own = self.layer_attention[layer] if self.layer_attention else None
+        cfg = own or self.attention
+        if cfg is None or layer not in self.attention_layers:
+            raise ValueError(f"layer {layer} ({self.layer_types[layer]}) has no attention")
+        return cfg
 
     @property
     def num_layers(self) -> int:
@@ -198,11 +259,11 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == "attention")
+        return tuple(i for i, t in enumerate(self.layer_types) if t in ATTENTION_LAYER_TYPES)
 
     @property
     def ssm_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t != "attention")
+        return tuple(i for i, t in enumerate(self.layer_types) if t in SSM_LAYER_TYPES)
 
     @property
     def has_attention(self) -> bool:
@@ -218,7 +279,7 @@ class ModelConfig:
         if kind == "mamba1" and self.mamba1 is not None:
             m1 = self.mamba1
             return (m1.conv_dim, m1.d_conv - 1), (m1.d_inner, m1.d_state)
-        if kind == "mamba2" and self.mamba2 is not None:
+        if kind in ("mamba2", "hybrid") and self.mamba2 is not None:
             m2 = self.mamba2
             return (m2.conv_dim, m2.d_conv - 1), (m2.num_heads, m2.head_dim, m2.d_state)
         raise ValueError(f"layer {layer} ({kind}) has no SSM state")
@@ -241,16 +302,17 @@ class ModelConfig:
     def flops_per_token(self) -> float:
         """Approximate prefill FLOPs per token: 2 x the weights every token multiplies (routed experts only)."""
         h, weights = self.hidden_size, 0
-        for kind, mlp in zip(self.layer_types, self.mlp_types):
+        for i, (kind, mlp) in enumerate(zip(self.layer_types, self.mlp_types)):
             if kind == "mamba1" and self.mamba1 is not None:
                 m1 = self.mamba1
                 weights += h * 2 * m1.d_inner + m1.d_inner * (m1.dt_rank + 2 * m1.d_state)
                 weights += m1.dt_rank * m1.d_inner + m1.d_inner * h
-            elif kind == "mamba2" and self.mamba2 is not None:
+            if kind in ("mamba2", "hybrid") and self.mamba2 is not None:
                 weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
-            elif self.attention is not None:
-                a = self.attention
-                weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
+            if kind in ATTENTION_LAYER_TYPES:
+                a = self.attention_for(i)
+                d_in = a.input_size or h
+                weights += d_in * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
             if mlp == "dense" and self.mlp is not None:
                 weights += (3 if self.mlp.gated else 2) * h * self.mlp.intermediate_size
             elif mlp == "moe" and self.moe is not None:

@@ -5,6 +5,7 @@ Registered in `TRANSLATORS`; adding a family = one translator here + one model f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -132,31 +133,42 @@ def _attention(cfg: Mapping[str, Any], rope_theta: float | None, partial: float)
     )
 
 
-def _bamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
-    hidden = int(cfg["hidden_size"])
+def _rope(cfg: Mapping[str, Any], arch: str, partial_default: float = 1.0) -> tuple[float, float]:
+    """(theta, partial rotary factor) of a default (unscaled) RoPE; any other rope_type is refused."""
     rope = dict(cfg.get("rope_parameters") or {})
     if rope.get("rope_type", "default") != "default":
         raise UnsupportedArchitectureError(f"{arch}: rope_type {rope['rope_type']!r} is not supported")
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    partial = float(rope.get("partial_rotary_factor", 0.5))  # BambaConfig hard-codes 0.5
+    return theta, float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", partial_default)))
+
+
+def _mamba2_prefixed(cfg: Mapping[str, Any], d_inner: int | None = None, **fields: Any) -> Mamba2Config:
+    """The Mamba2 config of the hybrids that name it `mamba_*` (Bamba, Granite 4.0-H, Falcon-H1)."""
     heads = int(cfg.get("mamba_n_heads", 128))
-    expand = int(cfg.get("mamba_expand", 2))
+    if d_inner is None:
+        d_inner = int(cfg.get("mamba_expand", 2)) * int(cfg["hidden_size"])
     d_head = cfg.get("mamba_d_head", "auto")
-    d_head = expand * hidden // heads if d_head == "auto" else int(d_head)
+    d_head = d_inner // heads if d_head in (None, "auto") else int(d_head)
+    args: dict[str, Any] = {
+        "num_heads": heads,
+        "head_dim": d_head,
+        "n_groups": int(cfg.get("mamba_n_groups", 1)),
+        "d_state": int(cfg.get("mamba_d_state", 256)),
+        "d_conv": int(cfg.get("mamba_d_conv", 4)),
+        "chunk_size": int(cfg.get("mamba_chunk_size", 256)),
+        "conv_bias": bool(cfg.get("mamba_conv_bias", True)),
+        "proj_bias": bool(cfg.get("mamba_proj_bias", False)),
+        "time_step_limit": _time_step_limit(cfg),
+        "norm_eps": float(cfg.get("rms_norm_eps", 1e-5)),
+        "activation": cfg.get("hidden_act", "silu"),
+    }
+    return Mamba2Config(**{**args, **fields})
+
+
+def _bamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    theta, partial = _rope(cfg, arch, 0.5)  # BambaConfig hard-codes 0.5
     eps = float(cfg.get("rms_norm_eps", 1e-5))
-    m2 = Mamba2Config(
-        num_heads=heads,
-        head_dim=d_head,
-        n_groups=int(cfg.get("mamba_n_groups", 1)),
-        d_state=int(cfg.get("mamba_d_state", 256)),
-        d_conv=int(cfg.get("mamba_d_conv", 4)),
-        chunk_size=int(cfg.get("mamba_chunk_size", 256)),
-        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
-        proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-        time_step_limit=_time_step_limit(cfg),
-        norm_eps=eps,
-        activation=cfg.get("hidden_act", "silu"),
-    )
+    m2 = _mamba2_prefixed(cfg)
     n = int(cfg["num_hidden_layers"])
     attn = set(cfg.get("attn_layer_indices") or ())
     return ModelConfig(
@@ -216,12 +228,163 @@ def _jamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     )
 
 
+def _pick(cfg: Mapping[str, Any], default: Any, *names: str) -> Any:
+    """The first of `names` present in cfg (current name first, then legacy ones), else `default`."""
+    return next((cfg[n] for n in names if cfg.get(n) is not None), default)
+
+
+# Nemotron-H layer kinds: hybrid_override_pattern characters and layers_block_type names (current and legacy).
+_NEMOTRON_PATTERN = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+_NEMOTRON_KINDS = {"mamba": ("mamba2", "none"), "linear_attention": ("mamba2", "none"),
+                   "attention": ("attention", "none"), "full_attention": ("attention", "none"),
+                   "mlp": ("none", "dense"), "moe": ("none", "moe")}  # fmt: skip
+
+
+def _nemotron_h(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    kinds = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if kinds is None:
+        pattern = cfg.get("hybrid_override_pattern") or ""
+        if not pattern or set(pattern) - set(_NEMOTRON_PATTERN):
+            raise ValueError(f"{arch}: bad hybrid_override_pattern {pattern!r} (characters M, E, *, -)")
+        kinds = [_NEMOTRON_PATTERN[c] for c in pattern]
+    if set(kinds) - set(_NEMOTRON_KINDS):
+        raise ValueError(f"{arch}: unknown layer kinds {sorted(set(kinds) - set(_NEMOTRON_KINDS))}")
+    layer_types, mlp_types = zip(*(_NEMOTRON_KINDS[k] for k in kinds))
+    eps, act = float(cfg.get("layer_norm_epsilon", 1e-5)), cfg.get("mlp_hidden_act", "relu2")
+    m2 = Mamba2Config(
+        num_heads=int(cfg.get("mamba_num_heads", 128)),
+        head_dim=int(cfg.get("mamba_head_dim", 64)),
+        n_groups=int(_pick(cfg, 8, "n_groups", "mamba_n_groups")),
+        d_state=int(cfg.get("ssm_state_size", 128)),
+        d_conv=int(_pick(cfg, 4, "conv_kernel", "mamba_d_conv")),
+        chunk_size=int(_pick(cfg, 128, "chunk_size", "mamba_chunk_size")),
+        conv_bias=bool(_pick(cfg, True, "use_conv_bias", "mamba_conv_bias")),
+        proj_bias=bool(cfg.get("use_bias", False)),
+        # transformers' NemotronH clamps dt to [time_step_min, inf) and ignores time_step_limit.
+        time_step_limit=(float(_pick(cfg, 0.001, "time_step_min", "mamba_dt_min")), math.inf),
+        norm_eps=eps,
+        activation=cfg.get("mamba_hidden_act", "silu"),
+    )
+    experts = int(_pick(cfg, 8, "n_routed_experts", "num_local_experts"))
+    moe = MoEConfig(
+        num_experts=experts,
+        top_k=int(cfg.get("num_experts_per_tok", 2)),
+        intermediate_size=int(cfg.get("moe_intermediate_size", 7688)),
+        activation=act,
+        gated=False,
+        shared_bias=bool(cfg.get("mlp_bias", False)),
+        scoring="sigmoid",
+        renormalize=bool(cfg.get("norm_topk_prob", True)),
+        correction_bias=True,
+        num_groups=int(cfg.get("n_group", 1)),
+        topk_groups=int(cfg.get("topk_group", 1)),
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        shared_intermediate_size=int(cfg.get("moe_shared_expert_intermediate_size", 7688)),
+        latent_size=cfg.get("moe_latent_size"),
+    )
+    attn = dataclasses.replace(_attention(cfg, None, 1.0), bias=False)  # transformers builds it without bias
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=mlp_types,
+        norm_eps=eps,
+        tie_word_embeddings=False,  # transformers' NemotronH never ties: lm_head is its own weight on disk
+
+        ssm_chunk_size=m2.chunk_size,
+        attention=attn if "attention" in layer_types else None,
+        mlp=MLPConfig(int(cfg.get("intermediate_size", 21504)), act, bool(cfg.get("mlp_bias", False)), gated=False),
+        moe=moe if "moe" in mlp_types else None,
+        mamba2=m2 if "mamba2" in layer_types else None,
+    )
+
+
+_GRANITE_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2",
+                  "attention": "attention", "full_attention": "attention"}  # fmt: skip
+
+
+def _granite_moe_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    n = int(cfg["num_hidden_layers"])
+    kinds = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * n
+    if len(kinds) != n or set(kinds) - set(_GRANITE_KINDS):
+        raise ValueError(f"{arch}: layer_types must list {n} of {sorted(_GRANITE_KINDS)}, got {kinds}")
+    layer_types = tuple(_GRANITE_KINDS[k] for k in kinds)
+    act = cfg.get("hidden_act", "silu")
+    rope = cfg.get("position_embedding_type")
+    if rope not in (None, "rope", "nope"):
+        raise UnsupportedArchitectureError(f"{arch}: position_embedding_type {rope!r} is not supported")
+    theta, partial = _rope(cfg, arch) if rope == "rope" else (None, 1.0)
+    attn = dataclasses.replace(_attention(cfg, theta, partial), scale=float(cfg.get("attention_multiplier", 1.0)))
+    experts = int(cfg.get("num_local_experts") or 0)
+    moe = None
+    if experts:  # softmax over the top-k logits == softmax over all, top-k, renormalized
+        moe = MoEConfig(experts, int(cfg.get("num_experts_per_tok", 2)), int(cfg["intermediate_size"]), act,
+                        renormalize=True, expert_layout="stacked")  # fmt: skip
+    m2 = _mamba2_prefixed(cfg)
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=("moe" if experts else "dense",) * n,  # "moe": the MoE plus the shared MLP
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=m2.chunk_size,
+        embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+        residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
+        logits_multiplier=1.0 / float(cfg.get("logits_scaling", 1.0)),
+        attention=attn if "attention" in layer_types else None,
+        mlp=MLPConfig(int(cfg.get("shared_intermediate_size", 1024)), act, fused_gate_up=True),  # the shared MLP
+        moe=moe,
+        mamba2=m2 if "mamba2" in layer_types else None,
+    )
+
+
+def _falcon_h1(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    theta, partial = _rope(cfg, arch)
+    attn = _attention(cfg, theta, partial)
+    attn = dataclasses.replace(
+        attn,
+        scale=attn.head_dim**-0.5 * float(cfg.get("key_multiplier", 1.0)),  # k * m, folded into the scale
+        input_multiplier=float(cfg.get("attention_in_multiplier", 1.0)),
+        output_multiplier=float(cfg.get("attention_out_multiplier", 1.0)),
+    )
+    rms_norm, before_gate = bool(cfg.get("mamba_rms_norm", False)), bool(cfg.get("mamba_norm_before_gate", True))
+    d_ssm = cfg.get("mamba_d_ssm")
+    m2 = _mamba2_prefixed(
+        cfg,
+        d_inner=int(d_ssm) if d_ssm is not None else int(cfg.get("mamba_expand", 2)) * hidden,
+        gate_norm=("rmsnorm_gate" if before_gate else "gated_rmsnorm") if rms_norm else "gate",
+        input_multiplier=float(cfg.get("ssm_in_multiplier", 1.0)),
+        in_proj_multipliers=tuple(float(m) for m in cfg.get("ssm_multipliers") or (1.0,) * 5),
+        output_multiplier=float(cfg.get("ssm_out_multiplier", 1.0)),
+        out_proj_bias=bool(cfg.get("projectors_bias", False)),
+    )
+    gate_m, down_m = (float(m) for m in cfg.get("mlp_multipliers") or (1.0, 1.0))
+    mlp = MLPConfig(int(cfg["intermediate_size"]), cfg.get("hidden_act", "silu"), bool(cfg.get("mlp_bias", False)),
+                    gate_multiplier=gate_m, down_multiplier=down_m)  # fmt: skip
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=("hybrid",) * n,  # attention and Mamba2 side by side in every layer
+        mlp_types=("dense",) * n,
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=m2.chunk_size,
+        embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+        logits_multiplier=float(cfg.get("lm_head_multiplier", 1.0)),
+        attention=attn,
+        mlp=mlp,
+        mamba2=m2,
+    )
+
+
 TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "MambaForCausalLM": _mamba,
     "FalconMambaForCausalLM": _mamba,
     "Mamba2ForCausalLM": _mamba2,
     "BambaForCausalLM": _bamba,
     "JambaForCausalLM": _jamba,
+    "NemotronHForCausalLM": _nemotron_h,
+    "GraniteMoeHybridForCausalLM": _granite_moe_hybrid,
+    "FalconH1ForCausalLM": _falcon_h1,
 }
 # For configs that name no architecture.
 MODEL_TYPES = {
@@ -230,6 +393,9 @@ MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "jamba": "JambaForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 
 

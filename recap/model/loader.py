@@ -75,6 +75,8 @@ def load_weights(model: CausalLM, path: Path) -> None:
     tied = model.config.tie_word_embeddings
     for raw_key, handle, shard in iter_checkpoint(path):
         key = model.rename_checkpoint_key(raw_key)
+        if key is None:
+            continue  # the family declares this weight unused (e.g. Nemotron-H's MTP head)
         if key not in params:
             if tied and key == "lm_head.weight":
                 continue  # some hub checkpoints store the tied head too; it equals the embedding

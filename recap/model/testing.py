@@ -19,7 +19,16 @@ TINY_ARCHS = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "jamba": "JambaForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
+    "granite_hybrid": "GraniteMoeHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
+# Families whose tiny checkpoints get their constant-initialized weights (norms, D, dt_bias, biases) jittered,
+# so that parity tests exercise them (transformers initializes them to 0 or 1).
+PERTURBED = ("NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM")
+# A Mamba2 shape shared by the tiny hybrids (HF_NOTES' layouts: in_proj 328, conv 192).
+_M2 = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32}
+_ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 def tiny_hf_config(arch: str, **overrides: Any) -> Any:
@@ -46,6 +55,28 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
         kw = {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
               "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128,
               "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16, "mamba_dt_rank": 4}  # fmt: skip
+    elif arch == "NemotronHForCausalLM":
+        cls = tf.NemotronHConfig
+        kw = {"layers_block_type": ["mamba", "moe", "attention", "mlp", "mamba", "moe"], "intermediate_size": 128,
+              "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "chunk_size": 32,
+              "head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "moe_shared_expert_intermediate_size": 48, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5,
+              "max_position_embeddings": 1024, **_ATTN}  # fmt: skip
+    elif arch == "GraniteMoeHybridForCausalLM":
+        cls = tf.GraniteMoeHybridConfig
+        kw = {"num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"], "intermediate_size": 32,
+              "shared_intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+              "position_embedding_type": "nope", "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+              "attention_multiplier": 0.2, "logits_scaling": 2.0, "max_position_embeddings": 1024,
+              **_M2, **_ATTN}  # fmt: skip
+    elif arch == "FalconH1ForCausalLM":
+        cls = tf.FalconH1Config
+        kw = {"num_hidden_layers": 3, "intermediate_size": 128, "mamba_d_ssm": 128, "mamba_rms_norm": True,
+              "embedding_multiplier": 1.5, "lm_head_multiplier": 0.7, "mlp_multipliers": [1.3, 0.8],
+              "key_multiplier": 0.9,
+              "attention_in_multiplier": 1.1, "attention_out_multiplier": 0.9, "ssm_in_multiplier": 1.2,
+              "ssm_out_multiplier": 0.85, "ssm_multipliers": [0.9, 1.1, 1.2, 0.8, 1.05],
+              "max_position_embeddings": 1024, **_M2, **_ATTN}  # fmt: skip
     else:
         raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
     return cls(**{**common, **kw, **overrides})
@@ -60,13 +91,25 @@ def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides: Any)
     import transformers as tf
 
     config = tiny_hf_config(arch, **overrides)
-    cls = getattr(tf, TINY_ARCHS.get(arch, arch))
+    name = TINY_ARCHS.get(arch, arch)
+    cls = getattr(tf, name)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    if name in PERTURBED:
+        _jitter_constants(model, seed)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     return path
+
+
+def _jitter_constants(model: torch.nn.Module, seed: int) -> None:
+    """Add N(0, 0.1) noise to every 1-D tensor of the checkpoint (norm weights, D, dt_bias, biases, ...)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.dim() == 1 and t.is_floating_point():
+                t.add_(torch.randn(t.shape, generator=g) * 0.1)
 
 
 def forward_step(model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec]) -> tuple[torch.Tensor, ForwardBatch]:

@@ -18,7 +18,12 @@ EXPECTED_LAYERS = {
     "mamba2": (("mamba2",) * 2, ("none",) * 2),
     "bamba": (("mamba2", "attention", "mamba2", "mamba2"), ("dense",) * 4),
     "jamba": (("mamba1", "attention", "mamba1", "attention"), ("dense", "moe", "dense", "moe")),
+    "nemotron_h": (("mamba2", "none", "attention", "none", "mamba2", "none"),
+                   ("none", "moe", "none", "dense", "none", "moe")),
+    "granite_hybrid": (("mamba2", "attention", "mamba2", "mamba2"), ("moe",) * 4),
+    "falcon_h1": (("hybrid",) * 3, ("dense",) * 3),
 }
+ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16)}  # (theta, rotary dims); the others have none
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -36,12 +41,30 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         m2 = cfg.mamba2
         assert (m2.num_heads, m2.head_dim, m2.n_groups, m2.d_state, m2.chunk_size) == (8, 16, 2, 16, 32)
         assert m2.conv_dim == 192 and m2.in_proj_dim == 328  # HF_NOTES' layouts
-        assert m2.time_step_limit == (0.0, math.inf)
+        # transformers' Nemotron-H clamps dt at time_step_min, whatever time_step_limit says
+        assert m2.time_step_limit == ((0.001 if arch == "nemotron_h" else 0.0), math.inf)
         assert cfg.ssm_chunk_size == 32
     if cfg.attention is not None:
         a = cfg.attention
         assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
-        assert (a.rope_theta, a.rotary_dim) == ((10000.0, 8) if arch == "bamba" else (None, 0))
+        assert (a.rope_theta, a.rotary_dim) == ROPE.get(arch, (None, 0))
+    if arch == "nemotron_h":
+        moe = cfg.moe
+        assert moe is not None and cfg.mlp is not None and not cfg.mlp.gated and cfg.mlp.activation == "relu2"
+        assert (moe.scoring, moe.correction_bias, moe.renormalize, moe.num_groups, moe.topk_groups) == (
+            "sigmoid", True, True, 2, 1)  # fmt: skip
+        assert (moe.num_experts, moe.top_k, moe.routed_scaling_factor, moe.shared_intermediate_size) == (8, 2, 1.5, 48)
+    if arch == "granite_hybrid":
+        assert (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_multiplier) == (3.0, 0.5, 0.5)
+        assert cfg.attention is not None and cfg.attention.softmax_scale == 0.2
+        assert cfg.moe is not None and cfg.moe.expert_layout == "stacked" and cfg.moe.renormalize
+    if arch == "falcon_h1":
+        m2 = cfg.mamba2
+        assert m2 is not None and m2.gate_norm == "rmsnorm_gate"
+        assert m2.in_proj_multipliers == (0.9, 1.1, 1.2, 0.8, 1.05)
+        assert (m2.input_multiplier, m2.output_multiplier) == (1.2, 0.85)
+        assert cfg.attention is not None and cfg.attention.softmax_scale == pytest.approx(16**-0.5 * 0.9)
+        assert cfg.mlp is not None and (cfg.mlp.gate_multiplier, cfg.mlp.down_multiplier) == (1.3, 0.8)
     if arch == "jamba":
         assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
         assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)

@@ -54,3 +54,49 @@ def test_greedy_continuation_matches_transformers_generate(arch, tiny_checkpoint
         )  # fmt: skip
     expected = out[0, len(ids) :].tolist()
     assert greedy_generate(lm.model, ids, NEW_TOKENS) == expected
+
+
+# Config variants a hub checkpoint of each family may have (each its own tiny checkpoint).
+VARIANTS: list[tuple[str, dict]] = [
+    ("bamba", {"hidden_act": "gelu"}),  # conv and MLP activation by name
+    ("nemotron_h", {"layers_block_type": ["attention", "mamba", "mlp", "mamba"], "tie_word_embeddings": True}),
+    ("nemotron_h", {"layers_block_type": ["mamba", "moe", "mamba", "attention", "moe"], "n_group": 1,
+                    "topk_group": 1, "norm_topk_prob": False, "moe_latent_size": 24, "mlp_bias": True}),
+    ("nemotron_h", {"layers_block_type": ["moe", "attention", "mamba"], "n_routed_experts": 6, "n_group": 3,
+                    "topk_group": 2, "num_experts_per_tok": 3, "mlp_hidden_act": "gelu"}),
+    ("granite_hybrid", {"position_embedding_type": "rope", "attention_bias": True, "tie_word_embeddings": True}),
+    ("granite_hybrid", {"num_local_experts": 0, "layer_types": ["attention", "mamba", "attention", "mamba"]}),
+    ("granite_hybrid", {"layer_types": ["mamba", "mamba", "attention"], "num_hidden_layers": 3,
+                        "time_step_limit": [0.01, 0.5], "mamba_proj_bias": True, "mamba_conv_bias": False}),
+    ("falcon_h1", {"mamba_norm_before_gate": False}),
+    ("falcon_h1", {"mamba_rms_norm": False, "projectors_bias": True, "attention_bias": True, "mlp_bias": True,
+                   "mamba_proj_bias": True}),
+    ("falcon_h1", {"mamba_d_ssm": 96, "mamba_n_heads": 6, "tie_word_embeddings": True, "head_dim": 24,
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "overrides"), VARIANTS)
+def test_config_variants_match_transformers(arch, overrides, tmp_path) -> None:  # noqa: ANN001
+    from recap.model.loader import load_model
+    from recap.model.testing import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(arch, tmp_path, seed=3, **overrides)
+    lm = load_model(path)
+    ids = _prompt(lm.config.vocab_size, PROMPT_LEN, seed=2)
+    hf = _hf_model(path)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    caches = ModelCaches.allocate(lm.config, 8, 16, 2, torch.float32)
+    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)])
+    logits = lm.model.compute_logits(hidden)
+    scale = ref.abs().max()
+    assert scale > 1.0
+    assert (logits - ref).abs().max() <= 1e-4 * scale
+    # Without HF's cache: its one-token Mamba2 path skips the time_step_limit clamp that its full forward applies.
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False,
+        )  # fmt: skip
+    assert greedy_generate(lm.model, ids, 6) == out[0, len(ids) :].tolist()

@@ -8,13 +8,19 @@ from torch import nn
 from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.varlen import copy_decode_checkpoints
+from recap.model.layers.activation import activation as activation_fn
 from recap.model.layers.linear import empty_param
+
+KERNEL_ACTIVATIONS = ("silu", "swish")  # fused into the conv kernels; any other runs after them
 
 
 class CausalConv1d(nn.Module):
     def __init__(self, dim: int, kernel: int, bias: bool, activation: str, dtype: torch.dtype) -> None:
         super().__init__()
-        self.activation = activation
+        fused = activation in KERNEL_ACTIVATIONS
+        self.activation = activation if fused else None  # what the kernels apply
+        # The conv state holds inputs, not outputs, so an activation applied after the kernel is equivalent.
+        self.post_activation = None if fused else activation_fn(activation)
         self.weight = empty_param(dim, 1, kernel, dtype=dtype)
         self.bias = empty_param(dim, dtype=dtype) if bias else None
 
@@ -27,5 +33,6 @@ class CausalConv1d(nn.Module):
                 x, conv_state, w, self.bias, meta.state_indices, self.activation, meta.has_initial_state
             )
             copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
-            return y
-        return causal_conv1d_varlen(x, w, self.bias, conv_state, meta, self.activation)
+        else:
+            y = causal_conv1d_varlen(x, w, self.bias, conv_state, meta, self.activation)
+        return y if self.post_activation is None else self.post_activation(y)

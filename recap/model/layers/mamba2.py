@@ -6,6 +6,8 @@ N = d_state, I = H * P.
   A = -exp(A_log) [H] (scalar per head);  dt = clamp(softplus(dt + dt_bias), time_step_limit)
   h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t;  y_t = C_t h_t + D x_t  (the SSD kernels)
   out = out_proj(gated_rmsnorm(y, z))  with RMS over groups of I / G channels
+Options (Mamba2Config): the norm/gate order (`gate_norm`), and Falcon-H1's multipliers on the input,
+on each part of in_proj's output (its "mup vector") and on the output.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.norm import GatedRMSNorm
 
 
+def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
+    """The per-channel multiplier of in_proj's output [z | x | B | C | dt] (None when all are 1)."""
+    if all(m == 1.0 for m in cfg.in_proj_multipliers):
+        return None
+    gn = cfg.n_groups * cfg.d_state
+    sizes = (cfg.d_inner, cfg.d_inner, gn, gn, cfg.num_heads)
+    return torch.cat([torch.full((n,), float(m)) for n, m in zip(sizes, cfg.in_proj_multipliers)])
+
+
 class Mamba2Mixer(nn.Module):
     def __init__(self, hidden_size: int, cfg: Mamba2Config, dtype: torch.dtype) -> None:
         super().__init__()
@@ -32,8 +43,18 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = empty_param(cfg.num_heads, dtype=dtype)
         self.A_log = empty_param(cfg.num_heads, dtype=dtype)
         self.D = empty_param(cfg.num_heads, dtype=dtype)
-        self.norm = GatedRMSNorm(cfg.d_inner, cfg.d_inner // cfg.n_groups, cfg.norm_eps, dtype)
-        self.out_proj = Linear(cfg.d_inner, hidden_size, cfg.proj_bias, dtype)
+        if cfg.gate_norm != "gate":  # "gate" alone has no norm (and no norm weight on disk)
+            group = cfg.d_inner // cfg.n_groups
+            self.norm = GatedRMSNorm(cfg.d_inner, group, cfg.norm_eps, dtype, cfg.gate_norm == "rmsnorm_gate")
+        out_bias = cfg.proj_bias if cfg.out_proj_bias is None else cfg.out_proj_bias
+        self.out_proj = Linear(cfg.d_inner, hidden_size, out_bias, dtype)
+        scale = in_proj_scale(cfg)
+        self.register_buffer("in_proj_scale", None if scale is None else scale.to(dtype), persistent=False)
+
+    def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if self.cfg.gate_norm == "gate":
+            return (y.float() * torch.nn.functional.silu(z.float())).to(z.dtype)
+        return self.norm(y, z)
 
     def forward(
         self,
@@ -48,7 +69,10 @@ class Mamba2Mixer(nn.Module):
             raise ValueError("a Mamba2 layer needs batch.ssm metadata")
         c = self.cfg
         t = hidden.shape[0]
-        z, xbc, dt = self.in_proj(hidden).split([c.d_inner, c.conv_dim, c.num_heads], dim=-1)
+        proj = self.in_proj(hidden if c.input_multiplier == 1.0 else hidden * c.input_multiplier)
+        if self.in_proj_scale is not None:
+            proj = proj * self.in_proj_scale
+        z, xbc, dt = proj.split([c.d_inner, c.conv_dim, c.num_heads], dim=-1)
         xbc = self.conv1d(xbc.contiguous(), conv_state, meta)  # (t, conv_dim)
         gn = c.n_groups * c.d_state
         x, b, cc = xbc.split([c.d_inner, gn, gn], dim=-1)
@@ -69,5 +93,6 @@ class Mamba2Mixer(nn.Module):
                 x, dt, a, b, cc, d, dt_bias, True, c.time_step_limit, ssm_state, meta,
                 slot_positions=slot_positions,
             )  # fmt: skip
-        y = self.norm(y.reshape(t, c.d_inner), z)
-        return self.out_proj(y.to(hidden.dtype))
+        y = self._gate(y.reshape(t, c.d_inner), z)
+        out = self.out_proj(y.to(hidden.dtype))
+        return out if c.output_multiplier == 1.0 else out * c.output_multiplier

@@ -35,17 +35,27 @@ class RMSNorm(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """Mamba2's norm before out_proj: weight * groupnorm(x * silu(z)), RMS over groups of `group_size`."""
+    """Mamba2's norm before out_proj: weight * groupnorm(x * silu(z)), RMS over groups of `group_size`.
 
-    def __init__(self, dim: int, group_size: int, eps: float, dtype: torch.dtype) -> None:
+    With `norm_before_gate` (Falcon-H1's mamba_norm_before_gate): weight * groupnorm(x) * silu(z).
+    """
+
+    def __init__(
+        self, dim: int, group_size: int, eps: float, dtype: torch.dtype, norm_before_gate: bool = False
+    ) -> None:
         super().__init__()
         if dim % group_size:
             raise ValueError(f"dim {dim} is not a multiple of group_size {group_size}")
-        self.eps, self.group_size = eps, group_size
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
         self.weight = empty_param(dim, dtype=dtype)
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if self.norm_before_gate:  # Falcon-H1's order: weight and gate applied in fp32, then cast
+            h = x.float().clone()
+            groups = h.view(*h.shape[:-1], -1, self.group_size)
+            groups.mul_(_inv_rms(groups, self.eps))
+            return h.mul_(self.weight).mul_(F.silu(z.float())).to(dtype)
         h = F.silu(z.float()).mul_(x.float())  # a fresh fp32 tensor, normalized in place below
         groups = h.view(*h.shape[:-1], -1, self.group_size)  # (..., g, group_size)
         groups.mul_(_inv_rms(groups, self.eps))

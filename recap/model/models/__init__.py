@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from recap.model.models.bamba import BambaForCausalLM
 from recap.model.models.base import CausalLM
+from recap.model.models.falcon_h1 import FalconH1ForCausalLM
+from recap.model.models.granite_moe_hybrid import GraniteMoeHybridForCausalLM
 from recap.model.models.jamba import JambaForCausalLM
 from recap.model.models.mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+from recap.model.models.nemotron_h import NemotronHForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MambaForCausalLM": MambaForCausalLM,
@@ -13,6 +16,9 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Mamba2ForCausalLM": Mamba2ForCausalLM,
     "BambaForCausalLM": BambaForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
+    "FalconH1ForCausalLM": FalconH1ForCausalLM,
 }
 
 __all__ = ["MODEL_CLASSES", "CausalLM"]

@@ -24,14 +24,15 @@ from recap.model.layers.norm import RMSNorm
 
 
 def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
+    """The token mixer of a single-mixer layer ("mamba1", "mamba2", "attention")."""
     kind = config.layer_types[layer]
     if kind == "mamba1" and config.mamba1 is not None:
         return Mamba1Mixer(config.hidden_size, config.mamba1, dtype)
     if kind == "mamba2" and config.mamba2 is not None:
         return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
-    if kind == "attention" and config.attention is not None:
-        return Attention(config.hidden_size, config.attention, dtype)
-    raise ValueError(f"layer {layer}: no config for layer type {kind!r}")
+    if kind == "attention":
+        return Attention(config.hidden_size, config.attention_for(layer), dtype)
+    raise ValueError(f"layer {layer}: layer type {kind!r} has no single mixer")
 
 
 def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: str) -> nn.Module | None:
@@ -45,12 +46,14 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: 
 
 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-    """Call a mixer with its own cache tensors."""
+    """Call a mixer with its own cache tensors (an MLP or MoE standing as a layer's mixer takes none)."""
     if isinstance(mixer, Attention):
         kv = caches.kv[layer]
         return mixer(x, batch, kv.k_cache, kv.v_cache)
-    st = caches.state[layer]
-    return mixer(x, batch, st.conv_state, st.ssm_state, caches.slot_positions)
+    if isinstance(mixer, (Mamba1Mixer, Mamba2Mixer)):
+        st = caches.state[layer]
+        return mixer(x, batch, st.conv_state, st.ssm_state, caches.slot_positions)
+    return mixer(x)
 
 
 class CausalLM(nn.Module):
@@ -81,22 +84,30 @@ class CausalLM(nn.Module):
         return self.lm_head
 
     @staticmethod
-    def rename_checkpoint_key(key: str) -> str:
-        """Map a legacy on-disk key to this layout's key (identity by default)."""
+    def rename_checkpoint_key(key: str) -> str | None:
+        """Map a legacy on-disk key to this layout's key (identity by default); None: a weight the family
+        knowingly does not use (named in its model file), skipped rather than refused."""
         return key
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """Run every layer over the packed tokens; updates KV/state caches as the metadata says."""
-        h = self.embedding()(batch.input_ids)
+        h = self.embed(batch.input_ids)
         for i, block in enumerate(self.blocks()):
             h = block(h, batch, caches, i)
         return self.final_norm()(h)
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embedding()(ids)
+        m = self.config.embedding_multiplier
+        return h if m == 1.0 else h * m
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] (rows of `forward`'s output) -> logits [N, V] in fp32."""
-        return self.head()(hidden.to(self.dtype)).float()
+        """hidden [N, D] (rows of `forward`'s output) -> logits [N, V] in fp32 (times `logits_multiplier`)."""
+        logits = self.head()(hidden.to(self.dtype)).float()
+        m = self.config.logits_multiplier
+        return logits if m == 1.0 else logits.mul_(m)
 
     def set_linear_backend(self, backend: str) -> None:
         """Switch every Linear (a tied lm_head included) to `backend`: "torch" (reference) or "onednn"."""

@@ -42,12 +42,17 @@ class HybridBlock(nn.Module):
 
 
 class HybridForCausalLM(CausalLM):
+    """The layout; a family picks its block class and the name of its final norm."""
+
+    block_class: type[nn.Module] = HybridBlock
+    final_norm_name = "final_layernorm"
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__(config, dtype)
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(HybridBlock(config, i, dtype) for i in range(config.num_layers))
-        self.model.final_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.model.layers = nn.ModuleList(self.block_class(config, i, dtype) for i in range(config.num_layers))
+        setattr(self.model, self.final_norm_name, RMSNorm(config.hidden_size, config.norm_eps, dtype))
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
 
@@ -58,4 +63,4 @@ class HybridForCausalLM(CausalLM):
         return self.model.layers
 
     def final_norm(self) -> RMSNorm:
-        return self.model.final_layernorm
+        return getattr(self.model, self.final_norm_name)

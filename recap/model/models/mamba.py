@@ -1,7 +1,8 @@
-"""Mamba, FalconMamba and Mamba2: `backbone.{embeddings, layers.i.{norm, mixer}, norm_f}` + `lm_head`.
+"""Mamba, FalconMamba, Mamba2 and Nemotron-H: `backbone.{embeddings, layers.i.{norm, mixer}, norm_f}` + `lm_head`.
 
-The three differ only in the mixer (chosen by `layer_types`) and in FalconMamba's dt/B/C norms
-(a Mamba1Config field), so one layout serves them all.
+They differ only in the mixer of each layer (chosen by `layer_types` / `mlp_types`) and in FalconMamba's
+dt/B/C norms (a Mamba1Config field), so one layout serves them all. A Nemotron-H layer's "mixer" may be an
+MLP or a MoE (layer type "none"): h + mlp(norm(h)).
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ from recap.model.config import ModelConfig
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, build_mixer, run_mixer
+from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
 
 
 class MixerBlock(nn.Module):
     """h + mixer(norm(h)); the residual stream is kept in fp32 when `residual_in_fp32`."""
 
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: str) -> None:
         super().__init__()
         self.dtype, self.residual_in_fp32 = dtype, config.residual_in_fp32
         self.norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        self.mixer = build_mixer(config, layer, dtype)
+        if config.layer_types[layer] == "none":
+            mlp = build_mlp(config, layer, dtype, **moe_names)
+            if mlp is None:
+                raise ValueError(f"layer {layer} has neither a mixer nor an MLP")
+            self.mixer = mlp
+        else:
+            if config.mlp_types[layer] != "none":
+                raise ValueError(f"layer {layer}: this layout has one mixer per layer, no MLP after it")
+            self.mixer = build_mixer(config, layer, dtype)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         residual = h.float() if self.residual_in_fp32 else h
@@ -33,11 +42,14 @@ class MixerBlock(nn.Module):
 
 
 class MambaForCausalLM(CausalLM):
+    moe_names: dict[str, str] = {}  # noqa: RUF012 (read only) the MoE parts' names on disk
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__(config, dtype)
         self.backbone = nn.Module()
         self.backbone.embeddings = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.backbone.layers = nn.ModuleList(MixerBlock(config, i, dtype) for i in range(config.num_layers))
+        blocks = (MixerBlock(config, i, dtype, **self.moe_names) for i in range(config.num_layers))
+        self.backbone.layers = nn.ModuleList(blocks)
         self.backbone.norm_f = RMSNorm(config.hidden_size, config.norm_eps, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)

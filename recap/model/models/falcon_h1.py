@@ -1,0 +1,49 @@
+"""Falcon-H1 (FalconH1ForCausalLM): attention and Mamba2 side by side in every layer ("hybrid"), then a
+gated MLP. Its multipliers are config fields that the shared layers apply: the embedding and lm_head
+multipliers (ModelConfig), the attention in/out multipliers and key multiplier (AttentionConfig: the key
+one is folded into the softmax scale), the SSM in/out multipliers and the per-part in_proj "mup vector"
+(Mamba2Config), the MLP gate/down multipliers (MLPConfig).
+
+Layout `model.{embed_tokens, layers.i.{input_layernorm, mamba, self_attn, pre_ff_layernorm, feed_forward},
+final_layernorm}` + `lm_head`: layer i owns both a KV cache and a part of the state slot.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.attention import Attention
+from recap.model.layers.mamba2 import Mamba2Mixer
+from recap.model.layers.mlp import MLP
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
+
+
+class FalconH1Block(nn.Module):
+    """x = norm(h);  h += mamba(x) + attn(x);  h += mlp(norm(h))."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        if config.layer_types[layer] != "hybrid" or config.mamba2 is None or config.mlp is None:
+            raise ValueError(f"Falcon-H1 layer {layer} must be a hybrid layer with a Mamba2 and an MLP config")
+        h = config.hidden_size
+        self.input_layernorm = RMSNorm(h, config.norm_eps, dtype)
+        self.mamba = Mamba2Mixer(h, config.mamba2, dtype)
+        self.self_attn = Attention(h, config.attention_for(layer), dtype)
+        self.pre_ff_layernorm = RMSNorm(h, config.norm_eps, dtype)
+        self.feed_forward = MLP(h, config.mlp, dtype)
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        mixed = run_mixer(self.mamba, x, batch, caches, layer) + run_mixer(self.self_attn, x, batch, caches, layer)
+        h = h + mixed
+        return h + self.feed_forward(self.pre_ff_layernorm(h))
+
+
+class FalconH1ForCausalLM(HybridForCausalLM):
+    block_class = FalconH1Block

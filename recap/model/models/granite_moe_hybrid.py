@@ -1,0 +1,68 @@
+"""Granite 4.0-H (GraniteMoeHybridForCausalLM): Mamba2 or attention (RoPE or NoPE) per layer, then a MoE
+plus a shared gated MLP in every layer (the shared MLP alone in the dense variant, num_local_experts=0),
+with the muP multipliers of ModelConfig (embedding, residual, logits; the attention one is its scale).
+
+Layout `model.{embed_tokens, layers.i.{input_layernorm, mamba | self_attn, post_attention_layernorm,
+block_sparse_moe, shared_mlp}, norm}` + `lm_head`. On disk the experts are stacked 3-D tensors named
+`input_linear` ([E, 2I, H], gate rows first) and `output_linear`, the router `router.layer`, and the
+shared MLP `input_linear` / `output_linear` too: renamed to the shared layers' names on load.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.mlp import MLP
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
+
+_RENAMES = (
+    (".block_sparse_moe.input_linear.weight", ".block_sparse_moe.experts.gate_up_proj"),
+    (".block_sparse_moe.output_linear.weight", ".block_sparse_moe.experts.down_proj"),
+    (".block_sparse_moe.router.layer.weight", ".block_sparse_moe.router.weight"),
+    (".shared_mlp.input_linear.weight", ".shared_mlp.gate_up_proj.weight"),
+    (".shared_mlp.output_linear.weight", ".shared_mlp.down_proj.weight"),
+)
+
+
+class GraniteBlock(nn.Module):
+    """h += mixer(norm(h)) * r;  x = norm(h);  h += (moe(x) + shared_mlp(x)) * r."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        if config.mlp is None:
+            raise ValueError("Granite 4.0-H needs the shared MLP's config")
+        self.is_attention = config.layer_types[layer] == "attention"
+        self.residual_multiplier = config.residual_multiplier
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        setattr(self, "self_attn" if self.is_attention else "mamba", build_mixer(config, layer, dtype))
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.shared_mlp = MLP(config.hidden_size, config.mlp, dtype)
+        self.block_sparse_moe = build_mlp(config, layer, dtype) if config.mlp_types[layer] == "moe" else None
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        mixer = self.self_attn if self.is_attention else self.mamba
+        r = self.residual_multiplier
+        h = h + run_mixer(mixer, self.input_layernorm(h), batch, caches, layer) * r
+        x = self.post_attention_layernorm(h)
+        ff = self.shared_mlp(x)
+        if self.block_sparse_moe is not None:
+            ff = self.block_sparse_moe(x) + ff
+        return h + ff * r
+
+
+class GraniteMoeHybridForCausalLM(HybridForCausalLM):
+    block_class = GraniteBlock
+    final_norm_name = "norm"
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        for old, new in _RENAMES:
+            if key.endswith(old):
+                return key[: -len(old)] + new
+        return key
