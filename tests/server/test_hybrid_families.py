@@ -1,0 +1,115 @@
+"""Nemotron-H, Granite 4.0-H and Falcon-H1 folders served through the OpenAI API with the folder's chat template.
+
+Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
+shape (not recap's default one): the prompt the server builds must be that template's rendering.
+`recap serve <folder>` itself is run once, as a user would, on the Nemotron-H folder.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.llm_engine import LLMEngine
+from recap.server.app import build_app
+from tests.server.conftest import ServerThread, engine_config
+from tests.server.test_cli import _free_port, _recap_command
+
+# Chat templates in the style of each family's hub tokenizer_config (role markers differ from recap's default).
+TEMPLATES = {
+    "nemotron_h": "{% for m in messages %}<extra_id_1>{{ m['role'] | capitalize }}\n{{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}<extra_id_1>Assistant\n{% endif %}",
+    "granite_hybrid": "{% for m in messages %}<|start_of_role|>{{ m['role'] }}<|end_of_role|>{{ m['content'] }}"
+                      "<|end_of_text|>\n{% endfor %}{% if add_generation_prompt %}<|start_of_role|>assistant"
+                      "<|end_of_role|>{% endif %}",
+    "falcon_h1": "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+}  # fmt: skip
+MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
+
+
+def family_dir(root: Path, arch: str) -> Path:
+    from recap.model import default_model
+    from recap.model.testing import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(arch, root / arch, vocab_size=default_model.VOCAB_SIZE)
+    default_model.save_tokenizer(path, default_model.SEED)
+    (path / "chat_template.jinja").write_text(TEMPLATES[arch])
+    return path
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {arch: family_dir(root, arch) for arch in TEMPLATES}
+
+
+def _expected_prompt_tokens(path: Path) -> int:
+    """Tokens of the folder template's rendering of MESSAGES (which differs from recap's default template's)."""
+    from transformers import AutoTokenizer
+
+    from recap.model.default_model import CHAT_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    own = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    default = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True, chat_template=CHAT_TEMPLATE)
+    assert own != default
+    n_own, n_default = (len(tok.encode(t, add_special_tokens=False)) for t in (own, default))
+    assert n_own != n_default
+    return n_own
+
+
+@pytest.mark.parametrize("arch", sorted(TEMPLATES))
+def test_family_serves_chat_with_its_template(family_dirs: dict[str, Path], arch: str) -> None:
+    path = family_dirs[arch]
+    srv = ServerThread(build_app(AsyncEngine(LLMEngine(engine_config(path)))))
+    srv.start()
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        (model,) = client.models.list().data
+        first = client.chat.completions.create(model=model.id, messages=MESSAGES, max_tokens=5, temperature=0.0)
+        assert first.usage.prompt_tokens == _expected_prompt_tokens(path)
+        assert first.usage.completion_tokens >= 1 and first.choices[0].message.role == "assistant"
+        again = client.chat.completions.create(model=model.id, messages=MESSAGES, max_tokens=5, temperature=0.0)
+        assert again.choices[0].message.content == first.choices[0].message.content  # greedy, with a cache hit
+        details = again.usage.prompt_tokens_details
+        assert details is not None and details.cached_tokens > 0
+        text = client.completions.create(model=model.id, prompt="The valve", max_tokens=4, temperature=0.0)
+        assert text.usage.completion_tokens >= 1
+    finally:
+        srv.stop()
+
+
+def test_recap_serve_folder(family_dirs: dict[str, Path], tmp_path: Path) -> None:
+    path, port = family_dirs["nemotron_h"], _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([*_recap_command(), "serve", str(path), "--port", str(port), "--num-threads", "1"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        (model,) = client.models.list().data
+        reply = client.chat.completions.create(model=model.id, messages=MESSAGES, max_tokens=4, temperature=0.0)
+        assert reply.usage.prompt_tokens == _expected_prompt_tokens(path)
+        assert reply.usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    assert rc == 0, log_path.read_text()
