@@ -15,7 +15,7 @@ import torch
 
 from recap.model.state_spec import StateTensorSpec, check_specs, conv_window_spec
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention")
+LAYER_TYPES = ("mamba1", "mamba2", "attention", "gdn")
 MLP_TYPES = ("none", "dense", "moe")
 # Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
 DEFAULT_MAMBA1_CHUNK = 256
@@ -33,6 +33,11 @@ class AttentionConfig:
     rope_theta: float | None  # None: no positional encoding in the layer (Jamba)
     rotary_dim: int  # leading dims of each head that are rotated (head_dim * partial factor); 0 if no rope
     bias: bool = False
+    # RMSNorm of q and k before RoPE: "none", "head" (over each head's dims: Qwen3.5 / Qwen3-Next), "all" (over
+    # all heads' dims at once: OLMo-Hybrid). output_gate: q_proj also yields a per-head gate g (its second half
+    # per head) and the output is o * sigmoid(g) (Qwen3.5 / Qwen3-Next gated attention).
+    qk_norm: str = "none"
+    output_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,51 @@ class Mamba2Config:
         return conv_window_spec(self.conv_dim, self.d_conv), ssm
 
 
+GDN_PROJECTIONS = ("qwen3_next", "qwen3_5", "olmo_hybrid")
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetConfig:
+    """A Gated DeltaNet mixer (glossary: recap/kernels/gdn.py). `projection` names the on-disk input layout:
+    "qwen3_next" fused in_proj_qkvz / in_proj_ba grouped per key head; "qwen3_5" in_proj_qkv / _z / _b / _a;
+    "olmo_hybrid" separate q/k/v/a/b/g projections (and o_proj, o_norm)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    norm_eps: float  # the per-head gated RMSNorm before the output projection
+    projection: str
+    activation: str = "silu"
+    beta_scale: float = 1.0  # OLMo-Hybrid's allow_neg_eigval: beta in (0, 2)
+
+    def __post_init__(self) -> None:
+        if self.projection not in GDN_PROJECTIONS:
+            raise ValueError(f"unknown GDN projection {self.projection!r}; choose one of {GDN_PROJECTIONS}")
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"{self.num_v_heads} value heads are not a multiple of {self.num_k_heads} key heads")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim  # the conv runs over [q | k | v]
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        matrix = StateTensorSpec("recurrent", (self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32)
+        return conv_window_spec(self.conv_dim, self.conv_kernel), matrix
+
+    def flops_weights(self, hidden: int) -> int:
+        return hidden * (self.conv_dim + self.value_dim + 2 * self.num_v_heads) + self.value_dim * hidden
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -182,6 +232,7 @@ class ModelConfig:
     moe: MoEConfig | None = None
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
+    gdn: GatedDeltaNetConfig | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -224,7 +275,7 @@ class ModelConfig:
 
     def layer_config(self, kind: str) -> object | None:
         """The config of a mixer kind (None when the model has none)."""
-        return {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind]
+        return {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention, "gdn": self.gdn}[kind]
 
     def state_specs(self, layer: int) -> tuple[StateTensorSpec, ...]:
         """The named tensors one state slot holds for recurrent layer `layer` (declared by its kind's config)."""
@@ -255,6 +306,8 @@ class ModelConfig:
                 weights += m1.dt_rank * m1.d_inner + m1.d_inner * h
             elif kind == "mamba2" and self.mamba2 is not None:
                 weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
+            elif kind == "gdn" and self.gdn is not None:
+                weights += self.gdn.flops_weights(h)
             elif self.attention is not None:
                 a = self.attention
                 weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
@@ -281,6 +334,7 @@ __all__ = [
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
+    "GatedDeltaNetConfig",
     "MoEConfig",
     "ModelConfig",
     "UnsupportedArchitectureError",

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from recap.model.config import (
     DEFAULT_MAMBA1_CHUNK,
     AttentionConfig,
+    GatedDeltaNetConfig,
     Mamba1Config,
     Mamba2Config,
     MLPConfig,
@@ -216,12 +218,130 @@ def _jamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     )
 
 
+# Gated DeltaNet hybrids: the chunk grid the runner cuts GDN rows on (fla's and transformers' chunk size).
+GDN_CHUNK = 64
+
+
+def _gdn_layer_types(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    n = int(cfg["num_hidden_layers"])
+    names = cfg.get("layer_types")
+    if names is None:  # older Qwen3-Next configs: every full_attention_interval-th layer is attention
+        interval = int(cfg.get("full_attention_interval", 4))
+        names = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    kinds = {"full_attention": "attention", "linear_attention": "gdn"}
+    if len(names) != n or any(t not in kinds for t in names):
+        raise ValueError(f"layer_types must name {n} layers, each full_attention or linear_attention: {names}")
+    return tuple(kinds[t] for t in names)
+
+
+def _rope(cfg: Mapping[str, Any], arch: str, partial_default: float) -> tuple[float | None, float]:
+    """(rope_theta or None for no RoPE, partial rotary factor). M-RoPE sections are accepted: for text-only
+    positions (equal along every axis) interleaved M-RoPE is the plain RoPE."""
+    rope = dict(cfg.get("rope_parameters") or {})
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedArchitectureError(f"{arch}: rope_type {rope['rope_type']!r} is not supported")
+    theta = rope.get("rope_theta", cfg.get("rope_theta"))
+    partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", partial_default)))
+    return (None if theta is None else float(theta)), partial
+
+
+def _gdn_config(
+    cfg: Mapping[str, Any], projection: str, norm_eps: float, beta_scale: float = 1.0
+) -> GatedDeltaNetConfig:
+    return GatedDeltaNetConfig(
+        num_k_heads=int(cfg["linear_num_key_heads"]),
+        num_v_heads=int(cfg["linear_num_value_heads"]),
+        head_k_dim=int(cfg["linear_key_head_dim"]),
+        head_v_dim=int(cfg["linear_value_head_dim"]),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        norm_eps=norm_eps,
+        projection=projection,
+        activation=cfg.get("hidden_act", "silu"),
+        beta_scale=beta_scale,
+    )
+
+
+def _qwen_gdn(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Qwen3.5 / 3.6 (dense, MoE) and Qwen3-Next: GDN + gated attention (per-head q/k norm, output gate)."""
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    layer_types = _gdn_layer_types(cfg)
+    n = len(layer_types)
+    theta, partial = _rope(cfg, arch, 0.25)
+    attn = replace(_attention(cfg, theta, partial), qk_norm="head", output_gate=True)
+    moe = None
+    mlp_types = ("dense",) * n
+    if arch.startswith("Qwen3_5Moe") or (arch == "Qwen3NextForCausalLM" and int(cfg.get("num_experts", 0)) > 0):
+        step, dense_only = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or ())
+        mlp_types = tuple("dense" if i in dense_only or (i + 1) % step else "moe" for i in range(n))
+        moe = MoEConfig(  # softmax, top-k, renormalized (Qwen3-Next: if norm_topk_prob), gated shared expert
+            num_experts=int(cfg["num_experts"]),
+            top_k=int(cfg["num_experts_per_tok"]),
+            intermediate_size=int(cfg["moe_intermediate_size"]),
+            activation=cfg.get("hidden_act", "silu"),
+            renormalize=bool(cfg.get("norm_topk_prob", True)),
+            expert_layout="list",  # on disk per expert (transformers fuses them only in memory)
+            shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size", 0)),
+            shared_gate=bool(cfg.get("shared_expert_intermediate_size", 0)),
+        )
+    dense = MLPConfig(int(cfg["intermediate_size"]), cfg.get("hidden_act", "silu")) if "dense" in mlp_types else None
+    projection = "qwen3_next" if arch == "Qwen3NextForCausalLM" else "qwen3_5"
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=mlp_types,
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=GDN_CHUNK,
+        attention=attn,
+        mlp=dense,
+        moe=moe,
+        gdn=_gdn_config(cfg, projection, eps),
+    )
+
+
+def _qwen3_5_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """The hub's Qwen3.5 / 3.6 checkpoints: the text model's config nested under `text_config`."""
+    if not isinstance(cfg.get("text_config"), Mapping):
+        raise ValueError(f"{arch}: config.json has no text_config")
+    text = dict(cfg["text_config"])
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if cfg.get(key) is not None:  # the outer config governs the head tying and the generation ids
+            text[key] = cfg[key]
+    causal = arch.replace("ForConditionalGeneration", "ForCausalLM")
+    return replace(_qwen_gdn(text, causal), architecture=arch)
+
+
+def _olmo_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """OLMo-Hybrid: GDN (separate projections, beta up to 2) + OLMo-3 attention (q/k norm over all heads)."""
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    layer_types = _gdn_layer_types(cfg)
+    theta, partial = _rope(cfg, arch, 1.0)
+    beta_scale = 2.0 if cfg.get("linear_allow_neg_eigval", True) else 1.0
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=("dense",) * len(layer_types),
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=GDN_CHUNK,
+        attention=replace(_attention(cfg, theta, partial), qk_norm="all"),
+        mlp=MLPConfig(int(cfg["intermediate_size"]), cfg.get("hidden_act", "silu")),
+        gdn=_gdn_config(cfg, "olmo_hybrid", 1e-5, beta_scale),  # transformers fixes the output norm's eps
+    )
+
+
 TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "MambaForCausalLM": _mamba,
     "FalconMambaForCausalLM": _mamba,
     "Mamba2ForCausalLM": _mamba2,
     "BambaForCausalLM": _bamba,
     "JambaForCausalLM": _jamba,
+    "Qwen3_5ForCausalLM": _qwen_gdn,
+    "Qwen3_5MoeForCausalLM": _qwen_gdn,
+    "Qwen3NextForCausalLM": _qwen_gdn,
+    "Qwen3_5ForConditionalGeneration": _qwen3_5_vl,
+    "Qwen3_5MoeForConditionalGeneration": _qwen3_5_vl,
+    "OlmoHybridForCausalLM": _olmo_hybrid,
 }
 # For configs that name no architecture.
 MODEL_TYPES = {
@@ -230,6 +350,12 @@ MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "jamba": "JambaForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "olmo_hybrid": "OlmoHybridForCausalLM",
 }
 
 

@@ -6,6 +6,14 @@ from recap.model.models.bamba import BambaForCausalLM
 from recap.model.models.base import CausalLM
 from recap.model.models.jamba import JambaForCausalLM
 from recap.model.models.mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+from recap.model.models.olmo_hybrid import OlmoHybridForCausalLM
+from recap.model.models.qwen3_5 import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3NextForCausalLM,
+)
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MambaForCausalLM": MambaForCausalLM,
@@ -13,6 +21,12 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Mamba2ForCausalLM": Mamba2ForCausalLM,
     "BambaForCausalLM": BambaForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
+    "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
+    "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
 }
 
 __all__ = ["MODEL_CLASSES", "CausalLM"]

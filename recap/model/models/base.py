@@ -15,6 +15,8 @@ from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
+from recap.model.layers.gated_attention import GatedAttention
+from recap.model.layers.gdn import GatedDeltaNetMixer
 from recap.model.layers.linear import Linear, tied_linear
 from recap.model.layers.mamba1 import Mamba1Mixer
 from recap.model.layers.mamba2 import Mamba2Mixer
@@ -31,6 +33,8 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
         return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
     if kind == "attention" and config.attention is not None:
         return Attention(config.hidden_size, config.attention, dtype)
+    if kind == "gdn" and config.gdn is not None:
+        return GatedDeltaNetMixer(config.hidden_size, config.gdn, dtype)
     raise ValueError(f"layer {layer}: no config for layer type {kind!r}")
 
 
@@ -46,7 +50,7 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: 
 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
     """Call a mixer with its own cache tensors: K/V pages, or its state tensors (whatever its kind declares)."""
-    if isinstance(mixer, Attention):
+    if isinstance(mixer, (Attention, GatedAttention)):
         kv = caches.kv[layer]
         return mixer(x, batch, kv.k_cache, kv.v_cache)
     return mixer(x, batch, caches.state[layer], caches.slot_positions)
@@ -54,6 +58,10 @@ def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: Mo
 
 class CausalLM(nn.Module):
     """Decoder-only LM over a packed batch: `forward` -> final hidden [T, D]; `compute_logits` -> [N, V]."""
+
+    # Checkpoint key prefixes this model deliberately does not load (a vision tower, an MTP head): the loader
+    # skips, counts and logs them instead of refusing them as unexpected.
+    ignored_checkpoint_prefixes: tuple[str, ...] = ()
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
