@@ -1,6 +1,6 @@
 """One state slot holds every state tensor of every recurrent layer, whatever its kind.
 
-A model mixing kinds (Mamba1 + Mamba2 + attention here; Gated DeltaNet joins in test_gdn_*) is allocated
+A model mixing kinds (Mamba1 + Mamba2 + Gated DeltaNet + attention) is allocated
 in bf16: copy-on-write copies every tensor, bytes add up to the specs, and a disaggregated transfer
 round-trips every tensor of the running slot and the checkpoints.
 """
@@ -15,7 +15,7 @@ from recap.core.request import Request
 from recap.core.transfer import CheckpointOffer, CheckpointReceive, HeldRequest, ReceivePlan
 from recap.disagg.worker import TransferDataError, from_frames, gather, scatter, to_frame
 from recap.model.cache import UNWRITTEN, ModelCaches
-from recap.model.config import AttentionConfig, Mamba1Config, Mamba2Config, ModelConfig
+from recap.model.config import AttentionConfig, GatedDeltaNetConfig, Mamba1Config, Mamba2Config, ModelConfig
 from recap.model.state_spec import StateTensorSpec
 
 
@@ -23,11 +23,13 @@ def mixed_config() -> ModelConfig:
     m1 = Mamba1Config(d_inner=24, d_state=4, d_conv=4, dt_rank=2, conv_bias=True, proj_bias=False)
     m2 = Mamba2Config(num_heads=4, head_dim=6, n_groups=2, d_state=5, d_conv=3, chunk_size=16, conv_bias=True,
                       proj_bias=False, time_step_limit=(0.0, float("inf")), norm_eps=1e-5)  # fmt: skip
+    gdn = GatedDeltaNetConfig(num_k_heads=1, num_v_heads=2, head_k_dim=4, head_v_dim=3, conv_kernel=4, norm_eps=1e-6,
+                              projection="qwen3_5")  # fmt: skip
     attn = AttentionConfig(num_heads=2, num_kv_heads=1, head_dim=8, rope_theta=1e4, rotary_dim=8)
     return ModelConfig(
-        architecture="test", vocab_size=32, hidden_size=12, layer_types=("mamba1", "attention", "mamba2", "mamba1"),
-        mlp_types=("none",) * 4, norm_eps=1e-5, tie_word_embeddings=True, ssm_chunk_size=16, attention=attn,
-        mamba1=m1, mamba2=m2,
+        architecture="test", vocab_size=32, hidden_size=12,
+        layer_types=("mamba1", "attention", "mamba2", "mamba1", "gdn"), mlp_types=("none",) * 5, norm_eps=1e-5,
+        tie_word_embeddings=True, ssm_chunk_size=16, attention=attn, mamba1=m1, mamba2=m2, gdn=gdn,
     )  # fmt: skip
 
 
@@ -40,17 +42,19 @@ def _fill(caches: ModelCaches, slot: int, seed: int) -> None:
 def test_specs_sizes_and_dtypes() -> None:
     cfg = mixed_config()
     caches = ModelCaches.allocate(cfg, 4, 16, 5, torch.bfloat16)
-    assert sorted(caches.state) == [0, 2, 3] and sorted(caches.kv) == [1]
+    assert sorted(caches.state) == [0, 2, 3, 4] and sorted(caches.kv) == [1]
     expected = 0
     for i in cfg.ssm_layers:
         for spec in cfg.state_specs(i):
             t = caches.state[i][spec.name]
             assert t.shape == (5, *spec.shape)
-            assert t.dtype == (torch.float32 if spec.name == "ssm" else torch.bfloat16)
+            assert t.dtype == (torch.bfloat16 if spec.name == "conv" else torch.float32)
             expected += spec.nbytes(torch.bfloat16)
     assert caches.state_bytes_per_slot() == cfg.state_bytes_per_slot(torch.bfloat16) == expected
-    # Mamba1 x 2: conv 24 x 3 bf16 + ssm 24 x 4 fp32; Mamba2: conv (24 + 2*2*5) x 2 bf16 + ssm 4 x 6 x 5 fp32
-    assert expected == 2 * (24 * 3 * 2 + 24 * 4 * 4) + (44 * 2 * 2 + 4 * 6 * 5 * 4)
+    # Mamba1 x 2: conv 24 x 3 bf16 + ssm 24 x 4 fp32; Mamba2: conv (24 + 2*2*5) x 2 bf16 + ssm 4 x 6 x 5 fp32;
+    # GDN: conv (2*4 + 6) x 3 bf16 + recurrent 2 x 4 x 3 fp32
+    assert expected == 2 * (24 * 3 * 2 + 24 * 4 * 4) + (44 * 2 * 2 + 4 * 6 * 5 * 4) + (14 * 3 * 2 + 2 * 4 * 3 * 4)
+    assert [s.name for s in cfg.state_specs(4)] == ["conv", "recurrent"]
     assert caches.total_bytes() == 4 * 16 * 8 * 2 * 2 + 5 * expected + 5 * 8  # K+V of 1 kv head x 8 in bf16
     with pytest.raises(ValueError, match="no recurrent state"):
         cfg.state_specs(1)
@@ -68,7 +72,7 @@ def test_copy_and_clear_every_tensor() -> None:
     _fill(caches, 1, seed=3)
     caches.slot_positions[1] = 32
     caches.copy_state(1, 2)
-    assert len(caches.state_tensors()) == 6
+    assert len(caches.state_tensors()) == 8
     for t in caches.state_tensors():
         assert t[1].any() and torch.equal(t[2], t[1]) and not t[3].any()
     assert caches.slot_positions[2].item() == 32
