@@ -13,14 +13,16 @@ one short model file in `recap/model/models/`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention", "none", "hybrid")
+from recap.model.state_spec import StateTensorSpec, check_specs, conv_window_spec
+
+LAYER_TYPES = ("mamba1", "mamba2", "attention", "gdn", "none", "hybrid")
 ATTENTION_LAYER_TYPES = ("attention", "hybrid")  # layers with a KV cache
-SSM_LAYER_TYPES = ("mamba1", "mamba2", "hybrid")  # layers with a part of the state slot
+# Layers with a part of the state slot: the recurrent kinds ("hybrid" = attention and Mamba2 side by side).
+SSM_LAYER_TYPES = ("mamba1", "mamba2", "gdn", "hybrid")
 MLP_TYPES = ("none", "dense", "moe")
 # Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
 DEFAULT_MAMBA1_CHUNK = 256
@@ -46,6 +48,11 @@ class AttentionConfig:
     @property
     def softmax_scale(self) -> float:
         return self.head_dim**-0.5 if self.scale is None else self.scale
+    # RMSNorm of q and k before RoPE: "none", "head" (over each head's dims: Qwen3.5 / Qwen3-Next), "all" (over
+    # all heads' dims at once: OLMo-Hybrid). output_gate: q_proj also yields a per-head gate g (its second half
+    # per head) and the output is o * sigmoid(g) (Qwen3.5 / Qwen3-Next gated attention).
+    qk_norm: str = "none"
+    output_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,10 @@ class Mamba1Config:
     def conv_dim(self) -> int:
         return self.d_inner
 
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        ssm = StateTensorSpec("ssm", (self.d_inner, self.d_state), torch.float32)
+        return conv_window_spec(self.conv_dim, self.d_conv), ssm
+
 
 GATE_NORMS = ("gated_rmsnorm", "rmsnorm_gate", "gate")
 
@@ -187,6 +198,55 @@ class Mamba2Config:
     def in_proj_dim(self) -> int:
         return self.d_inner + self.conv_dim + self.num_heads  # [z | xBC | dt]
 
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        ssm = StateTensorSpec("ssm", (self.num_heads, self.head_dim, self.d_state), torch.float32)
+        return conv_window_spec(self.conv_dim, self.d_conv), ssm
+
+
+GDN_PROJECTIONS = ("qwen3_next", "qwen3_5", "olmo_hybrid")
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetConfig:
+    """A Gated DeltaNet mixer (glossary: recap/kernels/gdn.py). `projection` names the on-disk input layout:
+    "qwen3_next" fused in_proj_qkvz / in_proj_ba grouped per key head; "qwen3_5" in_proj_qkv / _z / _b / _a;
+    "olmo_hybrid" separate q/k/v/a/b/g projections (and o_proj, o_norm)."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    norm_eps: float  # the per-head gated RMSNorm before the output projection
+    projection: str
+    activation: str = "silu"
+    beta_scale: float = 1.0  # OLMo-Hybrid's allow_neg_eigval: beta in (0, 2)
+
+    def __post_init__(self) -> None:
+        if self.projection not in GDN_PROJECTIONS:
+            raise ValueError(f"unknown GDN projection {self.projection!r}; choose one of {GDN_PROJECTIONS}")
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"{self.num_v_heads} value heads are not a multiple of {self.num_k_heads} key heads")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim  # the conv runs over [q | k | v]
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        matrix = StateTensorSpec("recurrent", (self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32)
+        return conv_window_spec(self.conv_dim, self.conv_kernel), matrix
+
+    def flops_weights(self, hidden: int) -> int:
+        return hidden * (self.conv_dim + self.value_dim + 2 * self.num_v_heads) + self.value_dim * hidden
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -210,6 +270,7 @@ class ModelConfig:
     moe: MoEConfig | None = None
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
+    gdn: GatedDeltaNetConfig | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -222,7 +283,7 @@ class ModelConfig:
             if kind not in LAYER_TYPES:
                 raise ValueError(f"unknown layer type {kind!r}")
             needs = {"mamba1": (self.mamba1,), "mamba2": (self.mamba2,), "attention": (self.attention,),
-                     "none": (), "hybrid": (self.attention, self.mamba2)}[kind]  # fmt: skip
+                     "gdn": (self.gdn,), "none": (), "hybrid": (self.attention, self.mamba2)}[kind]  # fmt: skip
             if any(c is None for c in needs):
                 raise ValueError(f"layer type {kind!r} used without its config")
         self._check_layer_attention()
@@ -263,6 +324,7 @@ class ModelConfig:
 
     @property
     def ssm_layers(self) -> tuple[int, ...]:
+        """The recurrent layers, whose states make up a state slot."""
         return tuple(i for i, t in enumerate(self.layer_types) if t in SSM_LAYER_TYPES)
 
     @property
@@ -273,24 +335,21 @@ class ModelConfig:
     def has_ssm(self) -> bool:
         return bool(self.ssm_layers)
 
-    def ssm_state_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(conv_state shape, ssm_state shape) of one slot of SSM layer `layer`, without the slot dim."""
-        kind = self.layer_types[layer]
-        if kind == "mamba1" and self.mamba1 is not None:
-            m1 = self.mamba1
-            return (m1.conv_dim, m1.d_conv - 1), (m1.d_inner, m1.d_state)
-        if kind in ("mamba2", "hybrid") and self.mamba2 is not None:
-            m2 = self.mamba2
-            return (m2.conv_dim, m2.d_conv - 1), (m2.num_heads, m2.head_dim, m2.d_state)
-        raise ValueError(f"layer {layer} ({kind}) has no SSM state")
+    def layer_config(self, kind: str) -> object | None:
+        """The config of the mixer kind that owns a layer's recurrent state (None when the model has none)."""
+        return {"mamba1": self.mamba1, "mamba2": self.mamba2, "hybrid": self.mamba2, "gdn": self.gdn}.get(kind)
 
-    def state_bytes_per_slot(self, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> int:
-        """Bytes of one state slot: conv state (in `dtype`) + SSM state (in `ssm_dtype`) of every SSM layer."""
-        total = 0
-        for i in self.ssm_layers:
-            conv, ssm = self.ssm_state_shapes(i)
-            total += math.prod(conv) * dtype.itemsize + math.prod(ssm) * ssm_dtype.itemsize
-        return total
+    def state_specs(self, layer: int) -> tuple[StateTensorSpec, ...]:
+        """The named tensors one state slot holds for recurrent layer `layer` (declared by its kind's config)."""
+        kind = self.layer_types[layer]
+        cfg = self.layer_config(kind)
+        if kind == "attention" or cfg is None or not hasattr(cfg, "state_specs"):
+            raise ValueError(f"layer {layer} ({kind}) has no recurrent state")
+        return check_specs(cfg.state_specs())
+
+    def state_bytes_per_slot(self, dtype: torch.dtype) -> int:
+        """Bytes of one state slot: every state tensor of every recurrent layer (conv windows in `dtype`)."""
+        return sum(spec.nbytes(dtype) for i in self.ssm_layers for spec in self.state_specs(i))
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K + V for one token across every attention layer."""
@@ -309,6 +368,8 @@ class ModelConfig:
                 weights += m1.dt_rank * m1.d_inner + m1.d_inner * h
             if kind in ("mamba2", "hybrid") and self.mamba2 is not None:
                 weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
+            if kind == "gdn" and self.gdn is not None:
+                weights += self.gdn.flops_weights(h)
             if kind in ATTENTION_LAYER_TYPES:
                 a = self.attention_for(i)
                 d_in = a.input_size or h
@@ -336,6 +397,7 @@ __all__ = [
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
+    "GatedDeltaNetConfig",
     "MoEConfig",
     "ModelConfig",
     "UnsupportedArchitectureError",

@@ -8,8 +8,10 @@ id (downloaded with huggingface_hub when not a local path). The on-disk key layo
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from safetensors import safe_open
 from recap.model.config import ModelConfig, architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import onednn_available
 from recap.model.models import MODEL_CLASSES, CausalLM
+
+logger = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -33,6 +37,7 @@ class LoadedModel:
     model: CausalLM
     config: ModelConfig
     path: Path
+    ignored_weights: dict[str, int] = field(default_factory=dict)  # skipped checkpoint tensors per prefix
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -68,12 +73,21 @@ def iter_checkpoint(path: Path) -> Iterator[tuple[str, Any, str]]:
                 yield key, f.get_slice(key), shard.name
 
 
-def load_weights(model: CausalLM, path: Path) -> None:
-    """Copy every checkpoint tensor into the model, strictly (cast to the model's dtype)."""
+def load_weights(model: CausalLM, path: Path) -> dict[str, int]:
+    """Copy every checkpoint tensor into the model, strictly (cast to the model's dtype).
+
+    Keys under the model's `ignored_checkpoint_prefixes` (a vision tower, an MTP head) are skipped; returns how
+    many were skipped per prefix (also logged).
+    """
     params = model.state_dict(keep_vars=True)
     seen: set[str] = set()
+    ignored: Counter[str] = Counter()
     tied = model.config.tie_word_embeddings
     for raw_key, handle, shard in iter_checkpoint(path):
+        prefix = next((p for p in model.ignored_checkpoint_prefixes if raw_key.startswith(p)), None)
+        if prefix is not None:
+            ignored[prefix] += 1
+            continue
         key = model.rename_checkpoint_key(raw_key)
         if key is None:
             continue  # the family declares this weight unused (e.g. Nemotron-H's MTP head)
@@ -94,6 +108,10 @@ def load_weights(model: CausalLM, path: Path) -> None:
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise WeightLoadError(f"missing key {missing[0]!r} in {path}: {', '.join(missing[:5])}{more}")
+    for prefix, n in sorted(ignored.items()):
+        logger.info("%s: skipped %d checkpoint tensors under %r (not part of %s)", path, n, prefix,
+                    model.config.architecture)  # fmt: skip
+    return dict(ignored)
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
@@ -112,11 +130,11 @@ def load_model(model: str | Path, dtype: torch.dtype = torch.float32, linear_bac
     architecture_of(hf)  # raises UnsupportedArchitectureError before touching weights
     config = translate_config(hf)
     net = build_model(config, dtype)
-    load_weights(net, path)
+    ignored = load_weights(net, path)
     if linear_backend == "auto":
         linear_backend = "onednn" if dtype == torch.float32 and onednn_available() else "torch"
     net.set_linear_backend(linear_backend)
-    return LoadedModel(model=net, config=config, path=path)
+    return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
 
 
 def load_tokenizer(path: str | Path) -> Any:

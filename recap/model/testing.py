@@ -22,6 +22,12 @@ TINY_ARCHS = {
     "nemotron_h": "NemotronHForCausalLM",
     "granite_hybrid": "GraniteMoeHybridForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5_vl": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe_vl": "Qwen3_5MoeForConditionalGeneration",
+    "olmo_hybrid": "OlmoHybridForCausalLM",
 }
 # Families whose tiny checkpoints get their constant-initialized weights (norms, D, dt_bias, biases) jittered,
 # so that parity tests exercise them (transformers initializes them to 0 or 1).
@@ -29,6 +35,16 @@ PERTURBED = ("NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1For
 # A Mamba2 shape shared by the tiny hybrids (HF_NOTES' layouts: in_proj 328, conv 192).
 _M2 = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32}
 _ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2}
+
+# Gated DeltaNet hybrids: 2 key heads x 16, 4 value heads x 8 (GQA of k vs v), attention at layers 1 and 3.
+_GDN = {"num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "max_position_embeddings": 1024,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]}  # fmt: skip
+_QWEN_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+             "shared_expert_intermediate_size": 48}  # fmt: skip
+# A vision tower small enough to build in a test; recap skips its weights.
+_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
 
 
 def tiny_hf_config(arch: str, **overrides: Any) -> Any:
@@ -77,6 +93,20 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
               "attention_in_multiplier": 1.1, "attention_out_multiplier": 0.9, "ssm_in_multiplier": 1.2,
               "ssm_out_multiplier": 0.85, "ssm_multipliers": [0.9, 1.1, 1.2, 0.8, 1.05],
               "max_position_embeddings": 1024, **_M2, **_ATTN}  # fmt: skip
+    elif arch in ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "OlmoHybridForCausalLM"):
+        cls = {"Qwen3_5ForCausalLM": tf.Qwen3_5TextConfig, "Qwen3_5MoeForCausalLM": tf.Qwen3_5MoeTextConfig,
+               "Qwen3NextForCausalLM": tf.Qwen3NextConfig, "OlmoHybridForCausalLM": tf.OlmoHybridConfig}[arch]
+        kw = dict(_GDN, **(_QWEN_MOE if arch in ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") else {}))
+        if arch == "Qwen3NextForCausalLM":  # layer 2 dense: mlp_only_layers
+            kw.update(mlp_only_layers=[2], norm_topk_prob=False)
+        if arch == "OlmoHybridForCausalLM":
+            kw.pop("head_dim")  # OLMo derives it from hidden_size / num_attention_heads
+            kw.update(linear_a_log_min=0.0, linear_a_log_max=2.0, pad_token_id=None, eos_token_id=2)
+    elif arch in ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"):
+        moe = arch.startswith("Qwen3_5Moe")
+        cls = tf.Qwen3_5MoeConfig if moe else tf.Qwen3_5Config
+        text = {**common, **_GDN, **(_QWEN_MOE if moe else {}), **overrides.pop("text_config", {})}
+        return cls(text_config=text, vision_config=_VISION, **overrides)
     else:
         raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
     return cls(**{**common, **kw, **overrides})

@@ -1,7 +1,7 @@
 """Shared builders for the kernel tests: random requests, batches of rows, and one adapter per SSM kernel.
 
-A *case* wraps one SSM kernel (conv1d, Mamba1 selective scan, Mamba2 SSD) behind the same small surface,
-so the invariant tests (chunking, packing, checkpoints, padding, decode) run on all three alike.
+A *case* wraps one SSM kernel (conv1d, Mamba1 selective scan, Mamba2 SSD, the gated delta rule) behind the
+same small surface, so the invariant tests (chunking, packing, checkpoints, padding, decode) run on all alike.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, gdn_gates, l2_normalize
+from recap.kernels.gdn_decode import gated_delta_rule_update
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
 from recap.kernels.ssd import ssd_ref, ssd_varlen
@@ -198,8 +200,48 @@ def _mamba2_case(sub_chunk: int) -> Case:
     )
 
 
-# Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows.
-CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64)]
+# Gated DeltaNet: Hk key heads of dim Dk, Hv value heads of dim Dv (Hv a multiple of Hk)
+GDN_DK, GDN_DV = 4, 3
+
+
+def gdn_args(inp: Tensors, p: Tensors) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, g, beta) as the GDN layer hands them to the kernels: q, k L2-normalized, q scaled."""
+    g, beta = gdn_gates(inp["a"], inp["b"], p["A_log"], p["dt_bias"])
+    q = l2_normalize(inp["q"]) * inp["q"].shape[-1] ** -0.5
+    return q.to(inp["q"].dtype), l2_normalize(inp["k"]).to(inp["k"].dtype), inp["v"], g, beta
+
+
+def _gdn_case(hk: int, hv: int) -> Case:
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return gated_delta_rule_varlen(*gdn_args(inp, p), cache, meta, sp)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return gated_delta_rule_ref(*gdn_args(inp, p), cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return gated_delta_rule_update(cache, *gdn_args(inp, p), idx, sp, pos)
+
+    return Case(
+        name=f"gdn_k{hk}_v{hv}",
+        token_inputs=lambda n, g: {
+            "q": _randn(g, n, hk, GDN_DK),
+            "k": _randn(g, n, hk, GDN_DK),
+            "v": _randn(g, n, hv, GDN_DV),
+            "a": _randn(g, n, hv),
+            "b": _randn(g, n, hv),
+        },
+        params=lambda g: {"A_log": torch.rand(hv, generator=g) * 2 - 1, "dt_bias": _randn(g, hv)},
+        cache_shape=(hv, GDN_DK, GDN_DV),
+        fast=fast,
+        ref=ref,
+        update=update,
+    )
+
+
+# Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; GDN runs
+# with equal heads and with 2 and 3 value heads per key head.
+CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64),
+         _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3)]  # fmt: skip
 
 
 def random_rows(

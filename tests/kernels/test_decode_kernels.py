@@ -15,6 +15,8 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_ref
+from recap.kernels.gdn import gdn_gates, l2_normalize
+from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
 from recap.kernels.selective_scan import selective_scan_ref, selective_state_update, selective_state_update_ref
 from recap.kernels.ssd import ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update, ssd_state_update_ref
@@ -77,7 +79,27 @@ def _mamba2(groups: int) -> Callable[..., tuple[Callable[..., torch.Tensor], ...
     return make
 
 
+def _gdn(hk: int, hv: int) -> Callable[..., tuple[Callable[..., torch.Tensor], ...]]:
+    def make(gen: torch.Generator, b: int, dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], ...]:
+        dk, dv = 5, 4
+        q = (l2_normalize(torch.randn(b, hk, dk, generator=gen)) * dk**-0.5).to(dtype)
+        k = l2_normalize(torch.randn(b, hk, dk, generator=gen)).to(dtype)
+        v = torch.randn(b, hv, dv, generator=gen).to(dtype)
+        g, beta = gdn_gates(torch.randn(b, hv, generator=gen), torch.randn(b, hv, generator=gen),
+                            torch.rand(hv, generator=gen), torch.randn(hv, generator=gen))  # fmt: skip
+        cache = torch.randn(SLOTS, hv, dk, dv, generator=gen).to(dtype)
+
+        def call(fn: Callable[..., torch.Tensor], c: torch.Tensor, idx, init, sp, pos) -> torch.Tensor:  # noqa: ANN001
+            return fn(c, q, k, v, g, beta, idx, sp, pos, init)
+
+        return call, cache
+
+    return make
+
+
 KERNELS = {
+    "gdn_k2_v2": (_gdn(2, 2), gated_delta_rule_update, gated_delta_rule_update_ref),
+    "gdn_k1_v3": (_gdn(1, 3), gated_delta_rule_update, gated_delta_rule_update_ref),
     "conv1d": (_conv, causal_conv1d_update, causal_conv1d_update_ref),
     "mamba1": (_mamba1, selective_state_update, selective_state_update_ref),
     "mamba2_g1": (_mamba2(1), ssd_state_update, ssd_state_update_ref),

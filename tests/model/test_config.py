@@ -22,6 +22,12 @@ EXPECTED_LAYERS = {
                    ("none", "moe", "none", "dense", "none", "moe")),
     "granite_hybrid": (("mamba2", "attention", "mamba2", "mamba2"), ("moe",) * 4),
     "falcon_h1": (("hybrid",) * 3, ("dense",) * 3),
+    "qwen3_5": (("gdn", "attention") * 2, ("dense",) * 4),
+    "qwen3_5_moe": (("gdn", "attention") * 2, ("moe",) * 4),
+    "qwen3_next": (("gdn", "attention") * 2, ("moe", "moe", "dense", "moe")),  # layer 2 in mlp_only_layers
+    "qwen3_5_vl": (("gdn", "attention") * 2, ("dense",) * 4),
+    "qwen3_5_moe_vl": (("gdn", "attention") * 2, ("moe",) * 4),
+    "olmo_hybrid": (("gdn", "attention") * 2, ("dense",) * 4),
 }
 ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16)}  # (theta, rotary dims); the others have none
 
@@ -47,7 +53,12 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
     if cfg.attention is not None:
         a = cfg.attention
         assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
-        assert (a.rope_theta, a.rotary_dim) == ROPE.get(arch, (None, 0))
+        qwen = "qwen" in arch
+        rope = {**ROPE, "olmo_hybrid": (10000.0, 16)}.get(arch, (10000.0, 4) if qwen else (None, 0))
+        assert (a.rope_theta, a.rotary_dim) == rope
+        assert (a.qk_norm, a.output_gate) == {"olmo_hybrid": ("all", False)}.get(
+            arch, ("head", True) if qwen else ("none", False)
+        )
     if arch == "nemotron_h":
         moe = cfg.moe
         assert moe is not None and cfg.mlp is not None and not cfg.mlp.gated and cfg.mlp.activation == "relu2"
@@ -65,6 +76,18 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert (m2.input_multiplier, m2.output_multiplier) == (1.2, 0.85)
         assert cfg.attention is not None and cfg.attention.softmax_scale == pytest.approx(16**-0.5 * 0.9)
         assert cfg.mlp is not None and (cfg.mlp.gate_multiplier, cfg.mlp.down_multiplier) == (1.3, 0.8)
+    if cfg.gdn is not None:  # 2 key heads x 16, 4 value heads x 8; conv over [q | k | v]
+        g = cfg.gdn
+        assert (g.num_k_heads, g.num_v_heads, g.head_k_dim, g.head_v_dim, g.conv_kernel) == (2, 4, 16, 8, 4)
+        assert g.conv_dim == 2 * 32 + 32 and cfg.ssm_chunk_size == 64
+        assert g.projection == {"qwen3_next": "qwen3_next", "olmo_hybrid": "olmo_hybrid"}.get(arch, "qwen3_5")
+        assert g.beta_scale == (2.0 if arch == "olmo_hybrid" else 1.0)
+        assert [s.name for s in cfg.state_specs(0)] == ["conv", "recurrent"]
+        assert cfg.state_bytes_per_slot(torch.bfloat16) == 2 * (96 * 3 * 2 + 4 * 16 * 8 * 4)
+    if "moe" in arch or arch == "qwen3_next":  # softmax top-2 of 4, a gated shared expert
+        m = cfg.moe
+        assert m is not None and (m.num_experts, m.top_k, m.intermediate_size) == (4, 2, 32)
+        assert (m.shared_intermediate_size, m.shared_gate, m.renormalize) == (48, True, arch != "qwen3_next")
     if arch == "jamba":
         assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
         assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)
@@ -109,7 +132,9 @@ def test_byte_helpers_match_allocated_caches(arch, dtype, tiny_checkpoint) -> No
     caches = ModelCaches.allocate(cfg, num_kv_blocks=3, block_size=16, num_state_slots=2, dtype=dtype)
     assert cfg.state_bytes_per_slot(dtype) == caches.state_bytes_per_slot()
     assert cfg.kv_bytes_per_token(dtype) == caches.kv_bytes_per_token()
-    assert all(s.ssm_state.dtype == torch.float32 for s in caches.state.values())
+    for i in cfg.ssm_layers:  # recurrent states in fp32, conv windows in the model dtype
+        for spec in cfg.state_specs(i):
+            assert caches.state[i][spec.name].dtype == (dtype if spec.name == "conv" else torch.float32)
     assert (cfg.kv_bytes_per_token(dtype) > 0) == cfg.has_attention
     if arch == "mamba2":  # 2 layers x (conv 192 x 3 in dtype + ssm 8 x 16 x 16 in fp32)
         assert cfg.state_bytes_per_slot(dtype) == 2 * (192 * 3 * dtype.itemsize + 8 * 16 * 16 * 4)

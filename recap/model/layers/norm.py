@@ -60,3 +60,30 @@ class GatedRMSNorm(nn.Module):
         groups = h.view(*h.shape[:-1], -1, self.group_size)  # (..., g, group_size)
         groups.mul_(_inv_rms(groups, self.eps))
         return h.mul_(self.weight) if dtype == torch.float32 else self.weight * h.to(dtype)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """(1 + weight) * x / rms(x): the zero-centred RMSNorm of Qwen3-Next / Qwen3.5 (weights stored as w - 1).
+
+    The product is taken in fp32 and cast once, as transformers does for these families.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_normalize(x, self.eps).mul_(1.0 + self.weight.float()).to(x.dtype)
+
+
+class HeadGatedRMSNorm(nn.Module):
+    """Gated DeltaNet's output norm: (weight * x / rms(x)) * silu(z), the RMS over each head's `dim` channels.
+
+    Norm before gate (unlike Mamba2's GatedRMSNorm); x and z are [..., heads * dim] or [..., heads, dim].
+    """
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_param(dim, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype, shape = x.dtype, x.shape
+        h = rms_normalize(x.reshape(*shape[:-1], -1, self.weight.shape[0]), self.eps).to(dtype) * self.weight
+        return h.float().mul_(F.silu(z.reshape(h.shape).float())).to(dtype).reshape(shape)

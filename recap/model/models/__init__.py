@@ -9,6 +9,14 @@ from recap.model.models.granite_moe_hybrid import GraniteMoeHybridForCausalLM
 from recap.model.models.jamba import JambaForCausalLM
 from recap.model.models.mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 from recap.model.models.nemotron_h import NemotronHForCausalLM
+from recap.model.models.olmo_hybrid import OlmoHybridForCausalLM
+from recap.model.models.qwen3_5 import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3NextForCausalLM,
+)
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MambaForCausalLM": MambaForCausalLM,
@@ -19,6 +27,12 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
+    "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
+    "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
 }
 
 __all__ = ["MODEL_CLASSES", "CausalLM"]

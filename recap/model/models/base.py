@@ -15,6 +15,8 @@ from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
+from recap.model.layers.gated_attention import GatedAttention
+from recap.model.layers.gdn import GatedDeltaNetMixer
 from recap.model.layers.linear import Linear, tied_linear
 from recap.model.layers.mamba1 import Mamba1Mixer
 from recap.model.layers.mamba2 import Mamba2Mixer
@@ -24,7 +26,7 @@ from recap.model.layers.norm import RMSNorm
 
 
 def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
-    """The token mixer of a single-mixer layer ("mamba1", "mamba2", "attention")."""
+    """The token mixer of a single-mixer layer ("mamba1", "mamba2", "attention", "gdn")."""
     kind = config.layer_types[layer]
     if kind == "mamba1" and config.mamba1 is not None:
         return Mamba1Mixer(config.hidden_size, config.mamba1, dtype)
@@ -32,6 +34,8 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
         return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
     if kind == "attention":
         return Attention(config.hidden_size, config.attention_for(layer), dtype)
+    if kind == "gdn" and config.gdn is not None:
+        return GatedDeltaNetMixer(config.hidden_size, config.gdn, dtype)
     raise ValueError(f"layer {layer}: layer type {kind!r} has no single mixer")
 
 
@@ -46,18 +50,22 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: 
 
 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-    """Call a mixer with its own cache tensors (an MLP or MoE standing as a layer's mixer takes none)."""
-    if isinstance(mixer, Attention):
+    """Call a mixer with its own cache tensors: K/V pages, or the state tensors its kind declares (an MLP or
+    MoE standing as a layer's mixer takes none)."""
+    if isinstance(mixer, (Attention, GatedAttention)):
         kv = caches.kv[layer]
         return mixer(x, batch, kv.k_cache, kv.v_cache)
-    if isinstance(mixer, (Mamba1Mixer, Mamba2Mixer)):
-        st = caches.state[layer]
-        return mixer(x, batch, st.conv_state, st.ssm_state, caches.slot_positions)
+    if isinstance(mixer, (Mamba1Mixer, Mamba2Mixer, GatedDeltaNetMixer)):
+        return mixer(x, batch, caches.state[layer], caches.slot_positions)
     return mixer(x)
 
 
 class CausalLM(nn.Module):
     """Decoder-only LM over a packed batch: `forward` -> final hidden [T, D]; `compute_logits` -> [N, V]."""
+
+    # Checkpoint key prefixes this model deliberately does not load (a vision tower, an MTP head): the loader
+    # skips, counts and logs them instead of refusing them as unexpected.
+    ignored_checkpoint_prefixes: tuple[str, ...] = ()
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()

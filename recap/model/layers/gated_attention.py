@@ -1,0 +1,71 @@
+"""Causal self-attention with q/k RMSNorm and an optional output gate, over the paged KV cache.
+
+- Qwen3.5 / Qwen3-Next ("gated attention"): q_proj yields [q (Dh) | gate (Dh)] per head; q and k are RMS-normed
+  per head (zero-centred (1 + w) norms in these families) before a partial RoPE; out = o_proj(o * sigmoid(gate)).
+- OLMo-Hybrid: q and k are RMS-normed over all heads at once (weights [H Dh] and [Hkv Dh]); full RoPE or none.
+The norm class is the family's (`norm_cls`); the rest follows `AttentionConfig.qk_norm` / `output_gate`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.kernels.paged_attention import paged_attention
+from recap.model.config import AttentionConfig
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
+from recap.model.layers.rotary import RotaryEmbedding
+
+QK_NORMS = ("none", "head", "all")
+
+
+class GatedAttention(nn.Module):
+    def __init__(
+        self, hidden_size: int, cfg: AttentionConfig, eps: float, dtype: torch.dtype, norm_cls: type[RMSNorm] = RMSNorm
+    ) -> None:
+        super().__init__()
+        if cfg.qk_norm not in QK_NORMS:
+            raise ValueError(f"unknown qk_norm {cfg.qk_norm!r}; choose one of {QK_NORMS}")
+        self.cfg = cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = Linear(hidden_size, q_dim * (2 if cfg.output_gate else 1), cfg.bias, dtype)
+        self.k_proj = Linear(hidden_size, kv_dim, cfg.bias, dtype)
+        self.v_proj = Linear(hidden_size, kv_dim, cfg.bias, dtype)
+        self.o_proj = Linear(q_dim, hidden_size, cfg.bias, dtype)
+        if cfg.qk_norm != "none":
+            per_head = cfg.qk_norm == "head"
+            self.q_norm = norm_cls(cfg.head_dim if per_head else q_dim, eps, dtype)
+            self.k_norm = norm_cls(cfg.head_dim if per_head else kv_dim, eps, dtype)
+        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta) if cfg.rope_theta is not None else None
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        if batch.attn is None:
+            raise ValueError("an attention layer needs batch.attn metadata")
+        t, c = x.shape[0], self.cfg
+        gate = None
+        if c.output_gate:
+            q, gate = self.q_proj(x).view(t, c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(t, c.num_heads * c.head_dim)
+        else:
+            q = self.q_proj(x)
+        k, v = self.k_proj(x), self.v_proj(x)
+        if c.qk_norm == "all":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(t, c.num_heads, c.head_dim)  # (t, hq, dh)
+        k = k.reshape(t, c.num_kv_heads, c.head_dim)
+        if c.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        v = v.view(t, c.num_kv_heads, c.head_dim)
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
+            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        out = paged_attention(q.contiguous(), k.contiguous(), v, k_cache, v_cache, batch.attn, self.scale)
+        out = out.reshape(t, c.num_heads * c.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)

@@ -1,0 +1,104 @@
+"""Gated DeltaNet mixer (Qwen3-Next, Qwen3.5 / 3.6, OLMo-Hybrid's linear-attention layers).
+
+Glossary (recap/kernels/gdn.py): Hk key heads of Dk, Hv value heads of Dv.
+  [q | k | v] = input projections -> causal depthwise conv + silu (conv window in the `conv` state tensor)
+  q, k L2-normalized (fp32, eps 1e-6), q scaled by Dk^-1/2;  beta = sigmoid(b) (* 2 with OLMo's neg. eigenvalues)
+  g = -exp(A_log) softplus(a + dt_bias)  (log decay per value head)
+  o = gated delta rule (matrix state [Hv, Dk, Dv] in the `recurrent` state tensor)
+  out = out_proj(rmsnorm_per_head(o) * silu(z))
+The three families differ only in how the projections sit on disk (`GatedDeltaNetConfig.projection`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.gdn import gated_delta_rule_varlen, gdn_gates, l2_normalize
+from recap.kernels.metadata import ForwardBatch, SSMMetadata
+from recap.kernels.varlen import copy_decode_checkpoints
+from recap.model.cache import StateCache
+from recap.model.config import GatedDeltaNetConfig
+from recap.model.layers.conv import CausalConv1d
+from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.norm import HeadGatedRMSNorm
+
+
+class GatedDeltaNetMixer(nn.Module):
+    def __init__(self, hidden_size: int, cfg: GatedDeltaNetConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        kd, vd, hv = cfg.key_dim, cfg.value_dim, cfg.num_v_heads
+        if cfg.projection == "qwen3_next":
+            self.in_proj_qkvz = Linear(hidden_size, 2 * kd + 2 * vd, False, dtype)
+            self.in_proj_ba = Linear(hidden_size, 2 * hv, False, dtype)
+        elif cfg.projection == "qwen3_5":
+            self.in_proj_qkv = Linear(hidden_size, 2 * kd + vd, False, dtype)
+            self.in_proj_z = Linear(hidden_size, vd, False, dtype)
+            self.in_proj_b = Linear(hidden_size, hv, False, dtype)
+            self.in_proj_a = Linear(hidden_size, hv, False, dtype)
+        else:  # olmo_hybrid
+            for name, dim in (("q_proj", kd), ("k_proj", kd), ("v_proj", vd), ("a_proj", hv), ("b_proj", hv),
+                              ("g_proj", vd)):  # fmt: skip
+                setattr(self, name, Linear(hidden_size, dim, False, dtype))
+        if cfg.projection == "olmo_hybrid":  # one conv weight per input on disk; run as one [q | k | v] conv
+            for name, dim in (("q_conv1d", kd), ("k_conv1d", kd), ("v_conv1d", vd)):
+                setattr(self, name, CausalConv1d(dim, cfg.conv_kernel, False, cfg.activation, dtype))
+        else:
+            self.conv1d = CausalConv1d(cfg.conv_dim, cfg.conv_kernel, False, cfg.activation, dtype)
+        self.dt_bias = empty_param(hv, dtype=dtype)
+        self.A_log = empty_param(hv, dtype=dtype)
+        olmo = cfg.projection == "olmo_hybrid"
+        self._norm_name, self._out_name = ("o_norm", "o_proj") if olmo else ("norm", "out_proj")
+        setattr(self, self._norm_name, HeadGatedRMSNorm(cfg.head_v_dim, cfg.norm_eps, dtype))
+        setattr(self, self._out_name, Linear(vd, hidden_size, False, dtype))
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [T, D] -> (qkv [T, conv_dim] as [q | k | v] with heads in order, z [T, Vd], b [T, Hv], a [T, Hv])."""
+        c, t = self.cfg, x.shape[0]
+        if c.projection == "qwen3_5":
+            return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        if c.projection == "olmo_hybrid":
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+            return qkv, self.g_proj(x), self.b_proj(x), self.a_proj(x)
+        # qwen3_next: per key head [q (Dk) | k (Dk) | v (r Dv) | z (r Dv)] and [b (r) | a (r)], r = Hv / Hk
+        r = c.num_v_heads // c.num_k_heads
+        qkvz = self.in_proj_qkvz(x).view(t, c.num_k_heads, -1)
+        q, k, v, z = qkvz.split([c.head_k_dim, c.head_k_dim, r * c.head_v_dim, r * c.head_v_dim], dim=-1)
+        b, a = self.in_proj_ba(x).view(t, c.num_k_heads, 2 * r).split([r, r], dim=-1)
+        qkv = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return qkv, z.reshape(t, -1), b.reshape(t, -1), a.reshape(t, -1)
+
+    def _conv(self, qkv: torch.Tensor, conv_state: torch.Tensor, meta: SSMMetadata) -> torch.Tensor:
+        """The causal conv + activation over [q | k | v], rolling the `conv` window of the rows' slots."""
+        if self.cfg.projection != "olmo_hybrid":
+            return self.conv1d(qkv, conv_state, meta)
+        w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)  # (d, k)
+        act = self.cfg.activation
+        if meta.is_decode:
+            y = causal_conv1d_update(qkv, conv_state, w, None, meta.state_indices, act, meta.has_initial_state)
+            copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
+            return y
+        return causal_conv1d_varlen(qkv, w, None, conv_state, meta, act)
+
+    def forward(
+        self, hidden: torch.Tensor, batch: ForwardBatch, state: StateCache, slot_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `recurrent` state tensors."""
+        meta = batch.ssm
+        if meta is None:
+            raise ValueError("a Gated DeltaNet layer needs batch.ssm metadata")
+        c, t = self.cfg, hidden.shape[0]
+        qkv, z, b, a = self._project(hidden)
+        qkv = self._conv(qkv.contiguous(), state["conv"], meta)
+        q, k, v = qkv.split([c.key_dim, c.key_dim, c.value_dim], dim=-1)
+        q = l2_normalize(q.reshape(t, c.num_k_heads, c.head_k_dim)) * c.head_k_dim**-0.5
+        k = l2_normalize(k.reshape(t, c.num_k_heads, c.head_k_dim))
+        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
+        if c.beta_scale != 1.0:
+            beta = beta * c.beta_scale
+        v = v.reshape(t, c.num_v_heads, c.head_v_dim)
+        o = gated_delta_rule_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)  # (t, hv, dv)
+        o = getattr(self, self._norm_name)(o.reshape(t, c.value_dim), z)
+        return getattr(self, self._out_name)(o.to(hidden.dtype))

@@ -1,0 +1,80 @@
+"""OLMo-Hybrid: Gated DeltaNet layers (pre-norm) with attention layers (post-norm, OLMo-3 style).
+
+Layout `model.{embed_tokens, layers.i.*, norm}` + `lm_head`; plain (w) RMSNorms.
+  GDN block i:        h += linear_attn(input_layernorm(h));  h += mlp(post_attention_layernorm(h))
+  attention block i:  h += post_attention_layernorm(self_attn(h));  h += post_feedforward_layernorm(mlp(h))
+Attention RMS-norms q and k over all heads at once (AttentionConfig.qk_norm "all"), no output gate; RoPE
+when the config has a rope_theta, none otherwise. The checkpoint's multi-token-prediction head (`mtp.*`)
+is skipped by declared prefix (counted and logged); the checkpoint's OLMo-core norm names are renamed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.gated_attention import GatedAttention
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+
+
+class OlmoHybridBlock(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        d, eps = config.hidden_size, config.norm_eps
+        self.is_attention = config.layer_types[layer] == "attention"
+        if self.is_attention and config.attention is not None:
+            self.self_attn = GatedAttention(d, config.attention, eps, dtype)
+            self.post_feedforward_layernorm = RMSNorm(d, eps, dtype)
+        else:
+            self.linear_attn = build_mixer(config, layer, dtype)
+            self.input_layernorm = RMSNorm(d, eps, dtype)
+        self.post_attention_layernorm = RMSNorm(d, eps, dtype)
+        self.mlp = build_mlp(config, layer, dtype)
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        if self.is_attention:
+            h = h + self.post_attention_layernorm(run_mixer(self.self_attn, h, batch, caches, layer))
+            return h + self.post_feedforward_layernorm(self.mlp(h))
+        h = h + run_mixer(self.linear_attn, self.input_layernorm(h), batch, caches, layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# On disk (OLMo-core names) -> this layout (transformers' names); transformers renames them the same way.
+_NORM_NAMES = (
+    (".attention_layer_norm.", ".input_layernorm."),
+    (".feedforward_layer_norm.", ".post_attention_layernorm."),
+)
+
+
+class OlmoHybridForCausalLM(CausalLM):
+    ignored_checkpoint_prefixes = ("mtp.",)
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        for disk, ours in _NORM_NAMES:
+            key = key.replace(disk, ours)
+        return key
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.model.layers = nn.ModuleList(OlmoHybridBlock(config, i, dtype) for i in range(config.num_layers))
+        self.model.norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def final_norm(self) -> RMSNorm:
+        return self.model.norm

@@ -1,0 +1,88 @@
+"""Qwen3.5 / Qwen3.6 (dense and MoE) and Qwen3-Next: Gated DeltaNet layers with a few gated-attention layers.
+
+Layout `model.{embed_tokens, layers.i.*, norm}` + `lm_head`; block i:
+  h += mixer(input_layernorm(h))      mixer = `linear_attn` (GDN) or `self_attn` (gated attention)
+  h += mlp(post_attention_layernorm(h))   a dense MLP or a MoE (router `gate`, stacked experts, a shared
+                                          expert behind `shared_expert_gate`)
+Every RMSNorm here but GDN's output norm is zero-centred: (1 + w).
+The hub's Qwen3.5 / 3.6 checkpoints are vision-language (`Qwen3_5*ForConditionalGeneration`): the language
+model sits under `model.language_model.*`; it is loaded text-only, and the vision tower (`model.visual.*`)
+and the multi-token-prediction head (`mtp.*`) are skipped by declared prefix (counted and logged).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.gated_attention import GatedAttention
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import OffsetRMSNorm
+from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+
+# Weights of the checkpoint that the text-only language model does not use (skipped, counted, logged).
+NOT_LANGUAGE_MODEL = ("model.visual.", "mtp.")
+
+
+class Qwen3_5Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.is_attention = config.layer_types[layer] == "attention"
+        if self.is_attention and config.attention is not None:
+            self.self_attn = GatedAttention(config.hidden_size, config.attention, config.norm_eps, dtype, OffsetRMSNorm)
+        else:
+            self.linear_attn = build_mixer(config, layer, dtype)
+        self.input_layernorm = OffsetRMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.mlp = build_mlp(config, layer, dtype, router_name="gate", shared_name="shared_expert")
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        mixer = self.self_attn if self.is_attention else self.linear_attn
+        h = h + run_mixer(mixer, self.input_layernorm(h), batch, caches, layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3_5ForCausalLM(CausalLM):
+    ignored_checkpoint_prefixes = NOT_LANGUAGE_MODEL
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.model.layers = nn.ModuleList(Qwen3_5Block(config, i, dtype) for i in range(config.num_layers))
+        self.model.norm = OffsetRMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def final_norm(self) -> OffsetRMSNorm:
+        return self.model.norm
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """Same layout; every layer's mlp is a MoE (the translator says so)."""
+
+
+class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
+    """Same layout; GDN projections fused per key head (in_proj_qkvz / in_proj_ba), MoE or dense per layer."""
+
+
+class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
+    """The hub's vision-language checkpoint, loaded text-only: `model.language_model.*` is this model's `model.*`."""
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        return "model." + key.removeprefix("model.language_model.") if key.startswith("model.language_model.") else key
+
+
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
+    """The MoE vision-language checkpoint, loaded text-only."""
