@@ -21,7 +21,10 @@ class EngineConfig:
     # Run the cache core's integrity check after every step (tests; costs time on big pools).
     check_integrity: bool = False
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's setting
+    max_n: int = 16  # the most samples (SamplingParams.n) one request may ask for
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be at least 1, got {self.max_n}")

@@ -36,6 +36,7 @@ class LLM:
         state_cache_bytes: int | None = None,
         check_integrity: bool = False,
         num_threads: int | None = None,
+        max_n: int = 16,
     ) -> None:
         self.engine = LLMEngine(
             EngineConfig(
@@ -58,6 +59,7 @@ class LLM:
                 ),
                 check_integrity=check_integrity,
                 num_threads=num_threads,
+                max_n=max_n,
             )
         )
 

@@ -58,7 +58,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout)
         self.processor = InputProcessor(
-            self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids
+            self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )
         self.outputs = OutputProcessor(self.tokenizer)
         self.metrics = EngineMetrics()
@@ -122,6 +122,9 @@ class LLMEngine:
         runner_out = self.runner.execute(sched_out)
         updates = self.scheduler.update_from_output(sched_out, runner_out)
         logprobs = runner_out.extras.get("logprobs", {})
+        for cid, found in runner_out.extras.get("prompt_logprobs", {}).items():
+            if cid in self.outputs.child_to_parent:
+                self.outputs.on_prompt_logprobs(cid, found)
         stopped: list[str] = []
         new_tokens = 0
         for u in updates:

@@ -12,7 +12,7 @@ from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
 from recap.model.loader import LoadedModel
 from recap.runner.memory import PoolSizes, size_pools
-from recap.runner.sampler import Sampler, SampleResult, SampleRow
+from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -111,6 +111,8 @@ class ModelRunner:
             rows = [out.scheduled[r] for r in batch.sample_rows]
             sampled = self.sampler(logits, [self._sample_row(s) for s in rows])
             self._collect_samples(rows, sampled, result)
+        if any(s.prompt_logprobs for s in out.scheduled):
+            result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
             self._report_checkpoints(out, batch, result)
         return result
@@ -126,7 +128,25 @@ class ModelRunner:
         banned: tuple[int, ...] = ()
         if s.num_output_tokens < params.min_tokens:
             banned = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)))
-        return SampleRow(params, gen, banned)
+        return SampleRow(params, gen, banned, s.prompt_token_ids, s.output_token_ids)
+
+    def _prompt_logprobs(
+        self, out: SchedulerOutput, batch: ForwardBatch, hidden: torch.Tensor
+    ) -> dict[str, tuple[int, list[RowLogprobs]]]:
+        """Per request: (first position, logprobs of the prompt tokens at first+1, first+2, ...) that
+        this chunk's positions predict; the raw distribution, as for sampled tokens."""
+        found: dict[str, tuple[int, list[RowLogprobs]]] = {}
+        qsl = batch.query_start_loc.tolist()
+        for row, s in enumerate(out.scheduled):
+            prompt = s.prompt_token_ids
+            start = s.num_computed_tokens
+            stop = min(start + len(s.token_ids), len(prompt) - 1)  # the last prompt token predicts no prompt token
+            if not s.prompt_logprobs or stop <= start:
+                continue
+            k = (s.sampling_params.prompt_logprobs or 0) if s.sampling_params is not None else 0
+            lp = torch.log_softmax(self.model.compute_logits(hidden[qsl[row]:qsl[row] + stop - start]).float(), -1)
+            found[s.request_id] = (start, [row_logprobs(lp[j], prompt[start + 1 + j], k) for j in range(stop - start)])
+        return found
 
     @staticmethod
     def _collect_samples(rows: list[ScheduledRequest], sampled: SampleResult, result: ModelRunnerOutput) -> None:
