@@ -22,6 +22,8 @@ class EngineConfig:
     check_integrity: bool = False
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's setting
     max_n: int = 16  # the most samples (SamplingParams.n) one request may ask for
+    # Default sampling settings: "auto" (the model folder's generation_config.json), "vllm" (none), or a folder.
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -14,6 +14,7 @@ from recap.core.scheduler import Scheduler
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
 from recap.engine.metrics import EngineMetrics, MetricsSnapshot
+from recap.engine.model_defaults import generation_defaults
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import InputProcessor, PreparedRequest
@@ -53,6 +54,9 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)
         self.served_model_name = config.served_model_name or (config.model or "recap-default-hybrid")
         self.eos_token_ids = _eos_ids(self.tokenizer, loaded.path)
+        # Request fields a client leaves unset take these (generation_config.json, as vLLM reads it).
+        self.default_sampling = generation_defaults(loaded.path, config.generation_config)
+        SamplingParams(**self.default_sampling)  # a bad file fails here, naming the field
         self.runner = ModelRunner(
             loaded, config.cache, config.scheduler, RunnerConfig(dtype=dtype, seed=config.seed), self.eos_token_ids
         )
