@@ -24,6 +24,9 @@ class EngineConfig:
     max_n: int = 16  # the most samples (SamplingParams.n) one request may ask for
     # Default sampling settings: "auto" (the model folder's generation_config.json), "vllm" (none), or a folder.
     generation_config: str = "auto"
+    # vLLM's max_model_len=None: the context length the model's config states replaces scheduler.max_model_len.
+    derive_max_model_len: bool = False
+    chat_template: str | None = None  # replaces the tokenizer's chat template (a Jinja string)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -14,7 +14,6 @@ from recap.config import CacheConfig, SchedulerConfig
 from recap.engine.chat import render_chat
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
-from recap.engine.model_defaults import derived_max_model_len, model_folder
 from recap.engine.outputs import RequestOutput
 from recap.engine.prompts import parse_prompts
 from recap.engine.vllm_compat import checkpoint_policy_for, resolve_dtype
@@ -77,8 +76,6 @@ class LLM:
                         gpu_memory_utilization)
         del enforce_eager, trust_remote_code, disable_log_stats  # no effect on CPU, see above
         policy = checkpoint_policy_for(checkpoint_policy, mamba_cache_mode)
-        if max_model_len is None:
-            max_model_len = derived_max_model_len(model_folder(model))
         self.engine = LLMEngine(
             EngineConfig(
                 model=model,
@@ -96,12 +93,13 @@ class LLM:
                 scheduler=SchedulerConfig(
                     max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len,
+                    max_model_len=max_model_len or SchedulerConfig().max_model_len,
                 ),
                 check_integrity=check_integrity,
                 num_threads=num_threads,
                 max_n=max_n,
                 generation_config=generation_config,
+                derive_max_model_len=max_model_len is None,
             )
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from recap.core.scheduler import Scheduler
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
 from recap.engine.metrics import EngineMetrics, MetricsSnapshot
-from recap.engine.model_defaults import generation_defaults
+from recap.engine.model_defaults import derived_max_model_len, generation_defaults
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import InputProcessor, PreparedRequest
@@ -49,9 +50,14 @@ class LLMEngine:
             model_path = str(ensure_default_model())
         dtype = getattr(torch, config.dtype)
         loaded = load_model(model_path, dtype=dtype)
+        if config.derive_max_model_len:
+            length = derived_max_model_len(loaded.config.max_position_embeddings)
+            config = self.config = replace(config, scheduler=replace(config.scheduler, max_model_len=length))
         self.model_path = loaded.path
         self.model_config = loaded.config
         self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)
+        if config.chat_template is not None:
+            self.tokenizer.chat_template = config.chat_template
         self.served_model_name = config.served_model_name or (config.model or "recap-default-hybrid")
         self.eos_token_ids = _eos_ids(self.tokenizer, loaded.path)
         # Request fields a client leaves unset take these (generation_config.json, as vLLM reads it).

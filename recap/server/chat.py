@@ -40,7 +40,7 @@ from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
     try:
-        params = req.sampling_params()
+        params = req.sampling_params(state.engine.engine.default_sampling)
     except ValueError as e:
         raise from_value_error(e) from None
     chat = build_chat_input(state.tokenizer, req.messages)

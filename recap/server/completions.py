@@ -50,7 +50,7 @@ def _check_checkpoints(req: CompletionRequest, prepared: list[PreparedRequest]) 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
     try:
-        params = req.sampling_params()
+        params = req.sampling_params(state.engine.engine.default_sampling)
     except ValueError as e:
         raise from_value_error(e) from None
     prompts = req.prompts()

@@ -159,8 +159,11 @@ class _SamplingFields(_Strict):
                 raise ValueError(f"logit_bias: keys must be token ids, got {key!r}") from None
         return out
 
-    def _sampling(self, max_tokens: int | None, logprobs: int | None, **extra: Any) -> SamplingParams:
-        """Raises ValueError naming the field (mapped to a 400)."""
+    def _sampling(
+        self, max_tokens: int | None, logprobs: int | None, defaults: dict[str, Any] | None, **extra: Any
+    ) -> SamplingParams:
+        """Raises ValueError naming the field (mapped to a 400). `defaults` (the model's generation_config)
+        fill the fields this request left unset."""
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         kw: dict[str, Any] = dict(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
@@ -172,6 +175,11 @@ class _SamplingFields(_Strict):
             skip_special_tokens=self.skip_special_tokens,
         )
         kw.update(extra)
+        for name, value in (defaults or {}).items():
+            unset = not ({"max_tokens", "max_completion_tokens"} & self.model_fields_set) if name == "max_tokens" \
+                else name not in self.model_fields_set
+            if unset and name in kw:
+                kw[name] = value
         return SamplingParams(**kw)
 
 
@@ -221,12 +229,15 @@ class CompletionRequest(_SamplingFields):
         """echo with max_tokens 0: the prompt (and its logprobs) alone; one token is run and dropped."""
         return self.echo and self.max_tokens == 0
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """echo with logprobs returns the prompt's logprobs too (at least `logprobs` alternatives each)."""
         prompt_lp = self.prompt_logprobs
         if self.echo and self.logprobs is not None:
             prompt_lp = max(self.logprobs, prompt_lp or 0)
-        return self._sampling(1 if self.prompt_only else self.max_tokens, self.logprobs, prompt_logprobs=prompt_lp)
+        if self.prompt_only:
+            defaults = {k: v for k, v in (defaults or {}).items() if k != "max_tokens"}
+        return self._sampling(1 if self.prompt_only else self.max_tokens, self.logprobs, defaults,
+                              prompt_logprobs=prompt_lp)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -259,9 +270,9 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
         return self
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None)
+        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None, defaults)
 
 
 # ---- responses --------------------------------------------------------------------------------
