@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+from recap.core.output import SchedulerOutput
 from recap.core.request import RequestStatus
 from recap.core.scheduler import Scheduler
+from recap.core.stats import SchedulerStats
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
 from recap.engine.metrics import EngineMetrics, MetricsSnapshot
@@ -71,7 +73,7 @@ class LLMEngine:
             self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )
         self.outputs = OutputProcessor(self.tokenizer)
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(max_model_len=config.scheduler.max_model_len)
         self._counter = 0
 
     # ---- requests -------------------------------------------------------------------------------
@@ -129,6 +131,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
+        self._mark_scheduled(sched_out)
         runner_out = self.runner.execute(sched_out)
         updates = self.scheduler.update_from_output(sched_out, runner_out)
         logprobs = runner_out.extras.get("logprobs", {})
@@ -157,13 +160,36 @@ class LLMEngine:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         if self.config.check_integrity:
             self.scheduler.check_integrity()
+        finishing = [p for p in self.outputs.parents.values() if p.dirty and p.finished]
         results = self.outputs.collect()
         for r in results:
             if r.finished:
                 self.metrics.observe_finished(len(r.prompt_token_ids))
+        for parent in finishing:
+            self._observe_request(parent)
+        self.metrics.observe_inter_token(self.outputs.take_inter_token_gaps(), sched_out.num_batched_tokens)
         if not sched_out.is_empty:
             self.metrics.observe_step(time.perf_counter() - t0, new_tokens)
         return results
+
+    def _mark_scheduled(self, sched_out: SchedulerOutput) -> None:
+        """First time a request runs (vLLM's end of the queue phase)."""
+        now = None
+        for s in sched_out.scheduled:
+            parent = self.outputs.parents.get(self.outputs.child_to_parent.get(s.request_id, ""))
+            if parent is not None and parent.metrics.first_scheduled_time is None:
+                now = now or time.monotonic()
+                parent.metrics.first_scheduled_time = now
+
+    def _observe_request(self, parent: ParentState) -> None:
+        m = parent.metrics
+        outs = [c.output for c in parent.children.values()]
+        self.metrics.observe_request(
+            arrival=m.arrival_time, scheduled=m.first_scheduled_time, first_token=m.first_token_time,
+            finished=m.finished_time or time.monotonic(), prompt_tokens=len(parent.prepared.prompt_token_ids),
+            generation_tokens=sum(len(o.token_ids) for o in outs), n=parent.prepared.params.n,
+            max_tokens=parent.prepared.max_tokens,
+        )
 
     def _release_forks(self, parent: ParentState) -> None:
         if parent.pending_forks and parent.metrics.first_token_time is not None:
@@ -173,4 +199,15 @@ class LLMEngine:
             parent.pending_forks = []
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        return self.metrics.snapshot(self.scheduler.stats, self.scheduler.num_running, self.scheduler.num_waiting)
+        stats = self.scheduler.stats
+        return self.metrics.snapshot(stats, self.scheduler.num_running, self.scheduler.num_waiting,
+                                     self._cache_usage(stats))
+
+    def _cache_usage(self, stats: SchedulerStats) -> float:
+        """vLLM's kv_cache_usage_perc (0..1): KV blocks in use; for a model without attention, state slots."""
+        pools = self.runner.pools
+        if pools.num_kv_blocks > 1:
+            return 1.0 - stats.kv_blocks_free / (pools.num_kv_blocks - 1)
+        if pools.num_state_slots:
+            return 1.0 - stats.state_slots_free / pools.num_state_slots
+        return 0.0

@@ -21,6 +21,7 @@ class _Child:
     index: int
     detok: IncrementalDetokenizer
     output: CompletionOutput
+    last_token_time: float | None = None
 
 
 @dataclass
@@ -59,6 +60,11 @@ class OutputProcessor:
         self.parents: dict[str, ParentState] = {}
         self.child_to_parent: dict[str, str] = {}
         self._token_text: dict[int, str] = {}
+        self._inter_token_gaps: list[float] = []  # seconds between a child's tokens, drained every step
+
+    def take_inter_token_gaps(self) -> list[float]:
+        gaps, self._inter_token_gaps = self._inter_token_gaps, []
+        return gaps
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -95,8 +101,13 @@ class OutputProcessor:
         out = child.output
         if child.index == 0 and num_cached >= 0:
             parent.num_cached_tokens = num_cached
-        if new_ids and parent.metrics.first_token_time is None:
-            parent.metrics.first_token_time = time.monotonic()
+        if new_ids:
+            now = time.monotonic()
+            if parent.metrics.first_token_time is None:
+                parent.metrics.first_token_time = now
+            if child.last_token_time is not None:
+                self._inter_token_gaps.append(now - child.last_token_time)
+            child.last_token_time = now
         out.token_ids.extend(new_ids)
         out.token_ids_delta.extend(new_ids)
         if lp is not None and out.logprobs is not None:
