@@ -22,6 +22,7 @@ from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import InputProcessor, PreparedRequest
 from recap.model.loader import load_model, load_tokenizer
+from recap.runner.grammar import GrammarBackend
 from recap.runner.model_runner import ModelRunner, RunnerConfig
 from recap.sampling_params import SamplingParams
 
@@ -68,6 +69,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded, config.cache, config.scheduler, RunnerConfig(dtype=dtype, seed=config.seed), self.eos_token_ids
         )
+        self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout)
         self.processor = InputProcessor(
             self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n

@@ -94,6 +94,11 @@ class InputProcessor:
         if bad_bias:
             raise InvalidRequestError(f"logit_bias: token id {bad_bias[0]} is out of vocabulary")
         bounds = sorted({int(b) for b in segment_boundaries if 0 < int(b) < len(ids)})
+        if params.structured_outputs is not None:
+            try:
+                params.structured_outputs.check()
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InvalidRequestError("cache_salt must be a string")
         return PreparedRequest(

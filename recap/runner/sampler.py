@@ -29,6 +29,8 @@ class SampleRow:
     # The request's tokens, for the penalties (read only when params.has_penalties).
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
+    # Structured output: the tokens the grammar allows next (bool [V]); None when unconstrained.
+    allowed: torch.Tensor | None = None
 
 
 @dataclass
@@ -79,6 +81,8 @@ def sample_ref(logits: torch.Tensor, rows: list[SampleRow], shared: torch.Genera
         x = logits[i].float().clone()
         if row.params.has_penalties:
             x = apply_penalties(x, row.params, row.prompt_token_ids, row.output_token_ids)
+        if row.allowed is not None:
+            x = x.masked_fill(~row.allowed, float("-inf"))
         if row.banned_token_ids:
             x[list(row.banned_token_ids)] = float("-inf")
         if row.params.greedy:
@@ -109,11 +113,14 @@ class Sampler:
             return SampleResult([], [])
         banned = [r.banned_token_ids for r in rows]
         penalized = [r.params.has_penalties for r in rows]
-        if any(banned) or any(penalized):
+        masked = [r.allowed is not None for r in rows]
+        if any(banned) or any(penalized) or any(masked):
             logits = raw.clone()
             for i, row in enumerate(rows):
                 if penalized[i]:
                     apply_penalties(logits[i], row.params, row.prompt_token_ids, row.output_token_ids)
+                if row.allowed is not None:
+                    logits[i].masked_fill_(~row.allowed, float("-inf"))
                 if banned[i]:
                     logits[i, list(banned[i])] = float("-inf")
         tokens = torch.argmax(logits, dim=-1).tolist()
