@@ -11,8 +11,9 @@ $(STAMP): pyproject.toml requirements.lock
 .PHONY: venv serve test lint
 venv: $(STAMP)
 
+# Flags pass through: make serve ARGS="--port 8001 path/to/model"
 serve: $(STAMP)
-	.venv/bin/recap serve
+	.venv/bin/recap serve $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check recap tests benchmarks

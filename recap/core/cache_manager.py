@@ -85,7 +85,7 @@ class CacheManager:
     # -- hits and admission -----------------------------------------------------------------------
     def find_hit(self, request: Request) -> CacheHit:
         """The longest common hit over all cache groups; never the last token."""
-        if not self.enable_caching:
+        if not self.enable_caching or request.prompt_logprobs:
             return NO_HIT
         bs, hashes = self.block_size, request.block_hashes
         max_blocks = min((request.num_tokens - 1) // bs, len(hashes))

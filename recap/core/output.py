@@ -42,6 +42,12 @@ class ScheduledRequest:
     sampling_params: Any = None  # recap.SamplingParams, opaque to the core
     # How many tokens have been generated so far (for per-request seeded sampling).
     num_output_tokens: int = 0
+    # The request's token lists (references, not copies; stable while the step runs): the runner reads
+    # them for penalties and prompt logprobs.
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    # Return the logprobs of the prompt tokens this chunk predicts (Request.prompt_logprobs).
+    prompt_logprobs: bool = False
 
     @property
     def num_new_tokens(self) -> int:

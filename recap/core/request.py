@@ -50,6 +50,9 @@ class Request:
     extra_keys: tuple[Any, ...] = ()
     # Opaque to the core; carried to the runner (a recap.SamplingParams).
     sampling_params: Any = None
+    # The runner reports the logprob of every prompt token: the whole prompt is computed, so no prefix
+    # hit is read for it (as vLLM does); its blocks and checkpoints are still registered for others.
+    prompt_logprobs: bool = False
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_token_ids: list[int] = field(default_factory=list)

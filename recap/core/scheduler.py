@@ -253,6 +253,9 @@ class Scheduler(RemoteScheduling):
             end == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling_params,
             len(request.output_token_ids),
+            request.prompt_token_ids,
+            request.output_token_ids,
+            request.prompt_logprobs,
         )
 
     # -- after the step ---------------------------------------------------------------------------

@@ -21,7 +21,15 @@ class EngineConfig:
     # Run the cache core's integrity check after every step (tests; costs time on big pools).
     check_integrity: bool = False
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's setting
+    max_n: int = 16  # the most samples (SamplingParams.n) one request may ask for
+    # Default sampling settings: "auto" (the model folder's generation_config.json), "vllm" (none), or a folder.
+    generation_config: str = "auto"
+    # vLLM's max_model_len=None: the context length the model's config states replaces scheduler.max_model_len.
+    derive_max_model_len: bool = False
+    chat_template: str | None = None  # replaces the tokenizer's chat template (a Jinja string)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be at least 1, got {self.max_n}")

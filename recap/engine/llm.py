@@ -1,7 +1,10 @@
-"""The offline API: `LLM(model).generate(prompts, params)` and `LLM.chat(messages)`."""
+"""The offline API: `LLM(model).generate(prompts, params)` and `LLM.chat(messages)`, with vLLM's
+keyword names. Keywords vLLM has for hardware recap does not drive (tensor parallelism, GPU memory,
+CUDA graphs) are accepted at the values that mean "one CPU process" and refused otherwise."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,9 +15,26 @@ from recap.engine.chat import render_chat
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.engine.outputs import RequestOutput
+from recap.engine.prompts import parse_prompts
+from recap.engine.vllm_compat import checkpoint_policy_for, resolve_dtype
 from recap.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
+log = logging.getLogger("recap")
+Prompt = str | Sequence[int] | dict[str, Any]
+
+
+def _check_hardware(tensor_parallel_size: int, pipeline_parallel_size: int, quantization: str | None,
+                    tokenizer_mode: str, gpu_memory_utilization: float) -> None:
+    if tensor_parallel_size != 1:
+        raise ValueError(f"tensor_parallel_size must be 1 (recap runs one CPU process), got {tensor_parallel_size}")
+    if pipeline_parallel_size != 1:
+        raise ValueError(f"pipeline_parallel_size must be 1 (recap runs one CPU process), got {pipeline_parallel_size}")
+    if quantization is not None:
+        raise ValueError(f"quantization is not supported (recap loads unquantized weights), got {quantization!r}")
+    if tokenizer_mode not in ("auto", "hf"):
+        raise ValueError(f"tokenizer_mode must be 'auto' (the folder's Hugging Face tokenizer), got {tokenizer_mode!r}")
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
 
 
 class LLM:
@@ -23,30 +43,49 @@ class LLM:
         model: str | None = None,
         *,
         tokenizer: str | None = None,
-        dtype: str = "float32",
-        seed: int = 0,
+        dtype: str = "auto",
+        seed: int | None = 0,
         enable_prefix_caching: bool = True,
-        checkpoint_policy: str = "recap",
+        checkpoint_policy: str | None = None,
+        mamba_cache_mode: str | None = None,
         checkpoint_interval: int | None = None,
         block_size: int = 16,
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 32,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
         state_cache_bytes: int | None = None,
         check_integrity: bool = False,
         num_threads: int | None = None,
+        max_n: int = 16,
+        generation_config: str = "auto",
+        # vLLM's names for what one CPU process has no use for: accepted at their neutral values.
+        tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        trust_remote_code: bool = False,
+        quantization: str | None = None,
+        tokenizer_mode: str = "auto",
+        disable_log_stats: bool = True,
     ) -> None:
+        """`gpu_memory_utilization` and `enforce_eager` have no effect (no GPU, no CUDA graphs: the pools are
+        sized by kv_cache_bytes/state_cache_bytes); `trust_remote_code` has none either (recap runs only its
+        own implementations of the architectures it supports, never code from a checkpoint)."""
+        _check_hardware(tensor_parallel_size, pipeline_parallel_size, quantization, tokenizer_mode,
+                        gpu_memory_utilization)
+        del enforce_eager, trust_remote_code, disable_log_stats  # no effect on CPU, see above
+        policy = checkpoint_policy_for(checkpoint_policy, mamba_cache_mode)
         self.engine = LLMEngine(
             EngineConfig(
                 model=model,
                 tokenizer=tokenizer,
-                dtype=dtype,
-                seed=seed,
+                dtype=resolve_dtype(dtype),
+                seed=0 if seed is None else seed,
                 cache=CacheConfig(
                     block_size=block_size,
                     enable_prefix_caching=enable_prefix_caching,
-                    checkpoint_policy=checkpoint_policy,
+                    checkpoint_policy=policy,
                     checkpoint_interval=checkpoint_interval,
                     kv_cache_bytes=kv_cache_bytes,
                     state_cache_bytes=state_cache_bytes,
@@ -54,15 +93,22 @@ class LLM:
                 scheduler=SchedulerConfig(
                     max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len,
+                    max_model_len=max_model_len or SchedulerConfig().max_model_len,
                 ),
                 check_integrity=check_integrity,
                 num_threads=num_threads,
+                max_n=max_n,
+                generation_config=generation_config,
+                derive_max_model_len=max_model_len is None,
             )
         )
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (vLLM's method)."""
+        return SamplingParams(**self.engine.default_sampling)
 
     def generate(
         self,
@@ -74,22 +120,20 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order."""
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(plist) != len(prompts):
+        parsed = parse_prompts(prompts)
+        params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
+        plist = list(params) if isinstance(params, Sequence) else [params] * len(parsed)
+        if len(plist) != len(parsed):
             raise ValueError("one SamplingParams per prompt, or a single one for all")
-        bounds = list(segment_boundaries) if segment_boundaries is not None else [()] * len(prompts)
+        bounds = list(segment_boundaries) if segment_boundaries is not None else [()] * len(parsed)
         prepared = [
-            self.engine.prepare(p, sp, segment_boundaries=b, cache_salt=cache_salt)
-            for p, sp, b in zip(prompts, plist, bounds)
+            self.engine.prepare(p.prompt, sp, segment_boundaries=b,
+                                cache_salt=p.cache_salt if p.cache_salt is not None else cache_salt)
+            for p, sp, b in zip(parsed, plist, bounds)
         ]
         for p in prepared:
             self.engine.add_prepared(p)
         return self._run([p.request_id for p in prepared], use_tqdm)
-
     def chat(
         self,
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],

@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from recap.core.output import SchedulerOutput
 from recap.core.request import RequestStatus
 from recap.core.scheduler import Scheduler
+from recap.core.stats import SchedulerStats
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
 from recap.engine.metrics import EngineMetrics, MetricsSnapshot
+from recap.engine.model_defaults import derived_max_model_len, generation_defaults
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import InputProcessor, PreparedRequest
 from recap.model.loader import load_model, load_tokenizer
+from recap.runner.grammar import GrammarBackend
 from recap.runner.model_runner import ModelRunner, RunnerConfig
 from recap.sampling_params import SamplingParams
 
@@ -48,20 +53,29 @@ class LLMEngine:
             model_path = str(ensure_default_model())
         dtype = getattr(torch, config.dtype)
         loaded = load_model(model_path, dtype=dtype)
+        if config.derive_max_model_len:
+            length = derived_max_model_len(loaded.config.max_position_embeddings)
+            config = self.config = replace(config, scheduler=replace(config.scheduler, max_model_len=length))
         self.model_path = loaded.path
         self.model_config = loaded.config
         self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)
+        if config.chat_template is not None:
+            self.tokenizer.chat_template = config.chat_template
         self.served_model_name = config.served_model_name or (config.model or "recap-default-hybrid")
         self.eos_token_ids = _eos_ids(self.tokenizer, loaded.path)
+        # Request fields a client leaves unset take these (generation_config.json, as vLLM reads it).
+        self.default_sampling = generation_defaults(loaded.path, config.generation_config)
+        SamplingParams(**self.default_sampling)  # a bad file fails here, naming the field
         self.runner = ModelRunner(
             loaded, config.cache, config.scheduler, RunnerConfig(dtype=dtype, seed=config.seed), self.eos_token_ids
         )
+        self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout)
         self.processor = InputProcessor(
-            self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids
+            self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )
         self.outputs = OutputProcessor(self.tokenizer)
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(max_model_len=config.scheduler.max_model_len)
         self._counter = 0
 
     # ---- requests -------------------------------------------------------------------------------
@@ -119,9 +133,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
+        self._mark_scheduled(sched_out)
         runner_out = self.runner.execute(sched_out)
         updates = self.scheduler.update_from_output(sched_out, runner_out)
         logprobs = runner_out.extras.get("logprobs", {})
+        for cid, found in runner_out.extras.get("prompt_logprobs", {}).items():
+            if cid in self.outputs.child_to_parent:
+                self.outputs.on_prompt_logprobs(cid, found)
         stopped: list[str] = []
         new_tokens = 0
         for u in updates:
@@ -144,13 +162,36 @@ class LLMEngine:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         if self.config.check_integrity:
             self.scheduler.check_integrity()
+        finishing = [p for p in self.outputs.parents.values() if p.dirty and p.finished]
         results = self.outputs.collect()
         for r in results:
             if r.finished:
                 self.metrics.observe_finished(len(r.prompt_token_ids))
+        for parent in finishing:
+            self._observe_request(parent)
+        self.metrics.observe_inter_token(self.outputs.take_inter_token_gaps(), sched_out.num_batched_tokens)
         if not sched_out.is_empty:
             self.metrics.observe_step(time.perf_counter() - t0, new_tokens)
         return results
+
+    def _mark_scheduled(self, sched_out: SchedulerOutput) -> None:
+        """First time a request runs (vLLM's end of the queue phase)."""
+        now = None
+        for s in sched_out.scheduled:
+            parent = self.outputs.parents.get(self.outputs.child_to_parent.get(s.request_id, ""))
+            if parent is not None and parent.metrics.first_scheduled_time is None:
+                now = now or time.monotonic()
+                parent.metrics.first_scheduled_time = now
+
+    def _observe_request(self, parent: ParentState) -> None:
+        m = parent.metrics
+        outs = [c.output for c in parent.children.values()]
+        self.metrics.observe_request(
+            arrival=m.arrival_time, scheduled=m.first_scheduled_time, first_token=m.first_token_time,
+            finished=m.finished_time or time.monotonic(), prompt_tokens=len(parent.prepared.prompt_token_ids),
+            generation_tokens=sum(len(o.token_ids) for o in outs), n=parent.prepared.params.n,
+            max_tokens=parent.prepared.max_tokens,
+        )
 
     def _release_forks(self, parent: ParentState) -> None:
         if parent.pending_forks and parent.metrics.first_token_time is not None:
@@ -160,4 +201,15 @@ class LLMEngine:
             parent.pending_forks = []
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        return self.metrics.snapshot(self.scheduler.stats, self.scheduler.num_running, self.scheduler.num_waiting)
+        stats = self.scheduler.stats
+        return self.metrics.snapshot(stats, self.scheduler.num_running, self.scheduler.num_waiting,
+                                     self._cache_usage(stats))
+
+    def _cache_usage(self, stats: SchedulerStats) -> float:
+        """vLLM's kv_cache_usage_perc (0..1): KV blocks in use; for a model without attention, state slots."""
+        pools = self.runner.pools
+        if pools.num_kv_blocks > 1:
+            return 1.0 - stats.kv_blocks_free / (pools.num_kv_blocks - 1)
+        if pools.num_state_slots:
+            return 1.0 - stats.state_slots_free / pools.num_state_slots
+        return 0.0

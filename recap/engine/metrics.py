@@ -6,6 +6,7 @@ import bisect
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from recap.core.stats import SchedulerStats
 
@@ -48,13 +49,19 @@ class MetricsSnapshot:
     steps: int
     step_time_total: float
     ttft: Histogram
+    # vLLM's per-request histograms and pool usage (recap.engine.request_metrics); None before any engine ran.
+    requests: Any = None
+    kv_cache_usage: float = 0.0
 
 
 class EngineMetrics:
     """Collected by the engine thread; snapshots are safe to take from any thread."""
 
-    def __init__(self, window: int = 4096) -> None:
+    def __init__(self, window: int = 4096, max_model_len: int = 4096) -> None:
+        from recap.engine.request_metrics import RequestHistograms
+
         self._lock = threading.Lock()
+        self.requests = RequestHistograms(max_model_len)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.recent_ttft: deque[float] = deque(maxlen=window)
         self.recent_step_times: deque[float] = deque(maxlen=window)
@@ -81,7 +88,20 @@ class EngineMetrics:
             self.requests_finished += 1
             self.prompt_tokens += prompt_tokens
 
-    def snapshot(self, stats: SchedulerStats, num_running: int, num_waiting: int) -> MetricsSnapshot:
+    def observe_request(self, **kw: Any) -> None:
+        with self._lock:
+            self.requests.observe_finished(**kw)
+
+    def observe_inter_token(self, gaps: list[float], step_tokens: int) -> None:
+        with self._lock:
+            for g in gaps:
+                self.requests.inter_token.observe(g)
+            if step_tokens:
+                self.requests.step_tokens.observe(step_tokens)
+
+    def snapshot(
+        self, stats: SchedulerStats, num_running: int, num_waiting: int, kv_cache_usage: float = 0.0
+    ) -> MetricsSnapshot:
         with self._lock:
             ttft = Histogram(self.ttft.bounds, list(self.ttft.counts), self.ttft.total, self.ttft.n)
             return MetricsSnapshot(
@@ -101,4 +121,6 @@ class EngineMetrics:
                 steps=self.steps,
                 step_time_total=self.step_time_total,
                 ttft=ttft,
+                requests=self.requests.copy(),
+                kv_cache_usage=kv_cache_usage,
             )

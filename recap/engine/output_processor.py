@@ -8,7 +8,7 @@ from typing import Any
 
 from recap.core.request import FINISH_REASONS, RequestStatus
 from recap.engine.detokenizer import IncrementalDetokenizer
-from recap.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from recap.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
 from recap.engine.processor import PreparedRequest
 
 
@@ -21,6 +21,7 @@ class _Child:
     index: int
     detok: IncrementalDetokenizer
     output: CompletionOutput
+    last_token_time: float | None = None
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ParentState:
     pending_forks: list[str] = field(default_factory=list)  # children not yet handed to the scheduler
     num_cached_tokens: int = 0
     dirty: bool = False
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def finished(self) -> bool:
@@ -48,6 +50,7 @@ class ParentState:
             finished=self.finished,
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.metrics,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -56,6 +59,27 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.parents: dict[str, ParentState] = {}
         self.child_to_parent: dict[str, str] = {}
+        self._token_text: dict[int, str] = {}
+        self._inter_token_gaps: list[float] = []  # seconds between a child's tokens, drained every step
+
+    def take_inter_token_gaps(self) -> list[float]:
+        gaps, self._inter_token_gaps = self._inter_token_gaps, []
+        return gaps
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def logprob_dict(self, token: int, row: tuple[float, int, list[tuple[int, float]]]) -> dict[int, Logprob]:
+        """vLLM's shape: the token first, then the top-k (which may hold it too) in rank order."""
+        value, rank, top = row
+        d = {token: Logprob(value, rank, self.token_text(token))}
+        for i, (t, v) in enumerate(top):
+            if t not in d:
+                d[t] = Logprob(v, i + 1, self.token_text(t))
+        return d
 
     def add(self, p: PreparedRequest) -> ParentState:
         kids = {}
@@ -65,7 +89,8 @@ class OutputProcessor:
             kids[cid] = _Child(i, IncrementalDetokenizer(self.tokenizer, p.params), CompletionOutput(
                 index=i, logprobs=[] if want_lp else None))
             self.child_to_parent[cid] = p.request_id
-        state = ParentState(p, kids, RequestMetrics(arrival_time=p.arrival_time))
+        state = ParentState(p, kids, RequestMetrics(arrival_time=p.arrival_time),
+                            prompt_logprobs=None if p.params.prompt_logprobs is None else [None])
         self.parents[p.request_id] = state
         return state
 
@@ -76,20 +101,39 @@ class OutputProcessor:
         out = child.output
         if child.index == 0 and num_cached >= 0:
             parent.num_cached_tokens = num_cached
-        if new_ids and parent.metrics.first_token_time is None:
-            parent.metrics.first_token_time = time.monotonic()
+        if new_ids:
+            now = time.monotonic()
+            if parent.metrics.first_token_time is None:
+                parent.metrics.first_token_time = now
+            if child.last_token_time is not None:
+                self._inter_token_gaps.append(now - child.last_token_time)
+            child.last_token_time = now
         out.token_ids.extend(new_ids)
         out.token_ids_delta.extend(new_ids)
         if lp is not None and out.logprobs is not None:
-            tok_lp = TokenLogprob(new_ids[-1], lp[0], lp[1])
-            out.logprobs.append(tok_lp)
-            out.logprobs_delta.append(tok_lp)
+            d = self.logprob_dict(new_ids[-1], lp)
+            out.logprobs.append(d)
+            out.logprobs_delta.append(d)
         stopped = child.detok.add(new_ids)
         if stopped:
             out.finish_reason = "stop"
             out.stop_reason = child.detok.stop_str
         parent.dirty = True
         return stopped
+
+    def on_prompt_logprobs(self, cid: str, found: tuple[int, list[tuple[float, int, list[tuple[int, float]]]]]) -> None:
+        """Logprobs of prompt tokens start+1, start+2, ...; a chunk computed again (after a
+        preemption) repeats positions already held, which are skipped."""
+        parent = self.parents[self.child_to_parent[cid]]
+        have = parent.prompt_logprobs
+        if have is None:
+            return
+        start, rows = found
+        assert start + 1 <= len(have), f"prompt logprobs of {cid}: gap before position {start + 1}"
+        prompt = parent.prepared.prompt_token_ids
+        for pos in range(len(have), start + 1 + len(rows)):
+            have.append(self.logprob_dict(prompt[pos], rows[pos - start - 1]))
+        parent.dirty = True
 
     def on_finished(self, cid: str, status: RequestStatus) -> None:
         parent = self.parents[self.child_to_parent[cid]]
@@ -140,4 +184,5 @@ def _snapshot(out: RequestOutput) -> RequestOutput:
         for o in out.outputs
     ]
     return RequestOutput(out.request_id, out.prompt, list(out.prompt_token_ids), outs, out.finished,
-                         out.num_cached_tokens, out.metrics, out.error)
+                         out.num_cached_tokens, out.metrics, out.error,
+                         prompt_logprobs=None if out.prompt_logprobs is None else list(out.prompt_logprobs))

@@ -7,10 +7,18 @@ from typing import Any
 
 
 @dataclass
-class TokenLogprob:
-    token_id: int
+class Logprob:
+    """vLLM's shape: one candidate token's logprob, its rank (1 = most likely) and its text."""
+
     logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per generated token: {token id: Logprob} holding the sampled token and the top-k (vLLM's shape).
+SampleLogprobs = list[dict[int, Logprob]]
+# Per prompt token, the same; None for the first (nothing predicts it).
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -18,13 +26,13 @@ class CompletionOutput:
     index: int
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     # What this output added since the previous RequestOutput (for streaming).
     text_delta: str = ""
     token_ids_delta: list[int] = field(default_factory=list)
-    logprobs_delta: list[TokenLogprob] = field(default_factory=list)
+    logprobs_delta: SampleLogprobs = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -32,7 +40,9 @@ class CompletionOutput:
 
     @property
     def cumulative_logprob(self) -> float | None:
-        return None if self.logprobs is None else sum(lp.logprob for lp in self.logprobs)
+        if self.logprobs is None:
+            return None
+        return sum(d[t].logprob for d, t in zip(self.logprobs, self.token_ids))
 
 
 @dataclass
@@ -59,3 +69,5 @@ class RequestOutput:
     error: str | None = None
     # Prefill role of a disaggregated deployment: the handle a decode instance pulls the KV with.
     kv_transfer_params: dict[str, Any] | None = None
+    # SamplingParams.prompt_logprobs: one entry per prompt token (complete once the prompt is computed).
+    prompt_logprobs: PromptLogprobs | None = None

@@ -35,8 +35,11 @@ def _fork_seed(seed: int, index: int) -> int:
 class InputProcessor:
     """Read-only over the tokenizer and limits, so any thread may call it."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, eos_token_ids: frozenset[int], max_n: int = 16
+    ) -> None:
         self.tokenizer = tokenizer
+        self.max_n = max_n
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
@@ -63,6 +66,8 @@ class InputProcessor:
         cache_salt: str | None = None,
         arrival_time: float,
     ) -> PreparedRequest:
+        if params.n > self.max_n:
+            raise InvalidRequestError(f"n must be between 1 and {self.max_n}, got {params.n}")
         text, ids = self.tokenize(prompt)
         if not ids:
             raise InvalidRequestError("prompt has no tokens")
@@ -85,7 +90,15 @@ class InputProcessor:
         bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_stop:
             raise InvalidRequestError(f"stop token id {bad_stop[0]} is out of vocabulary")
+        bad_bias = [t for t in params.logit_bias or () if not 0 <= t < self.vocab_size]
+        if bad_bias:
+            raise InvalidRequestError(f"logit_bias: token id {bad_bias[0]} is out of vocabulary")
         bounds = sorted({int(b) for b in segment_boundaries if 0 < int(b) < len(ids)})
+        if params.structured_outputs is not None:
+            try:
+                params.structured_outputs.check()
+            except ValueError as e:
+                raise InvalidRequestError(str(e)) from None
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise InvalidRequestError("cache_salt must be a string")
         return PreparedRequest(
@@ -115,4 +128,5 @@ class InputProcessor:
             cache_salt=p.cache_salt,
             sampling_params=params,
             arrival_time=p.arrival_time,
+            prompt_logprobs=p.params.prompt_logprobs is not None and index == 0,
         )

@@ -11,8 +11,9 @@ from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledReque
 from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
 from recap.model.loader import LoadedModel
+from recap.runner.grammar import GrammarBackend
 from recap.runner.memory import PoolSizes, size_pools
-from recap.runner.sampler import Sampler, SampleResult, SampleRow
+from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -59,6 +60,8 @@ class ModelRunner:
         self.has_state = self.state_bytes_per_slot > 0
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
+        # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
+        self.grammar: GrammarBackend | None = None
 
     @property
     def layout(self) -> CacheLayout:
@@ -97,6 +100,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in out.finished_request_ids:
             self._generators.pop(rid, None)
+            if self.grammar is not None:
+                self.grammar.drop(rid)
         for src, dst in out.state_copies:
             self.caches.copy_state(src, dst)
         if out.is_empty:
@@ -109,13 +114,15 @@ class ModelRunner:
         if batch.sample_rows:
             logits = self.model.compute_logits(hidden[batch.logits_indices])
             rows = [out.scheduled[r] for r in batch.sample_rows]
-            sampled = self.sampler(logits, [self._sample_row(s) for s in rows])
+            sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
             self._collect_samples(rows, sampled, result)
+        if any(s.prompt_logprobs for s in out.scheduled):
+            result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
             self._report_checkpoints(out, batch, result)
         return result
 
-    def _sample_row(self, s: ScheduledRequest) -> SampleRow:
+    def _sample_row(self, s: ScheduledRequest, vocab: int) -> SampleRow:
         params: SamplingParams = s.sampling_params or _GREEDY
         gen = None
         if params.seed is not None and not params.greedy:
@@ -126,7 +133,30 @@ class ModelRunner:
         banned: tuple[int, ...] = ()
         if s.num_output_tokens < params.min_tokens:
             banned = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)))
-        return SampleRow(params, gen, banned)
+        allowed = None
+        if params.structured_outputs is not None:
+            if self.grammar is None:
+                raise RuntimeError("a structured-output request reached a runner without a grammar backend")
+            allowed = self.grammar.allowed(s.request_id, params.structured_outputs, s.output_token_ids, vocab)
+        return SampleRow(params, gen, banned, s.prompt_token_ids, s.output_token_ids, allowed)
+
+    def _prompt_logprobs(
+        self, out: SchedulerOutput, batch: ForwardBatch, hidden: torch.Tensor
+    ) -> dict[str, tuple[int, list[RowLogprobs]]]:
+        """Per request: (first position, logprobs of the prompt tokens at first+1, first+2, ...) that
+        this chunk's positions predict; the raw distribution, as for sampled tokens."""
+        found: dict[str, tuple[int, list[RowLogprobs]]] = {}
+        qsl = batch.query_start_loc.tolist()
+        for row, s in enumerate(out.scheduled):
+            prompt = s.prompt_token_ids
+            start = s.num_computed_tokens
+            stop = min(start + len(s.token_ids), len(prompt) - 1)  # the last prompt token predicts no prompt token
+            if not s.prompt_logprobs or stop <= start:
+                continue
+            k = (s.sampling_params.prompt_logprobs or 0) if s.sampling_params is not None else 0
+            lp = torch.log_softmax(self.model.compute_logits(hidden[qsl[row]:qsl[row] + stop - start]).float(), -1)
+            found[s.request_id] = (start, [row_logprobs(lp[j], prompt[start + 1 + j], k) for j in range(stop - start)])
+        return found
 
     @staticmethod
     def _collect_samples(rows: list[ScheduledRequest], sampled: SampleResult, result: ModelRunnerOutput) -> None:

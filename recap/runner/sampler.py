@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Token sampling: penalties and logit_bias, greedy, temperature, top-k, top-p, min-p, per-request
+seeds, logprobs.
 
 `sample_ref` is the plain per-row reference; `Sampler` is the batched path the runner uses.
 Logprobs are those of the model's raw distribution (log_softmax of the logits), as vLLM reports
@@ -7,11 +8,16 @@ by default, so they do not depend on the sampling settings.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from recap.runner.penalties import apply_penalties
 from recap.sampling_params import SamplingParams
+
+# (logprob of the sampled token, its rank (1 = most likely), [(token id, logprob)] top-k, best first)
+RowLogprobs = tuple[float, int, list[tuple[int, float]]]
 
 
 @dataclass
@@ -20,13 +26,17 @@ class SampleRow:
     generator: torch.Generator | None  # None: the runner's shared generator
     # Token ids to forbid (EOS / stop ids while fewer than min_tokens were generated).
     banned_token_ids: tuple[int, ...] = ()
+    # The request's tokens, for the penalties (read only when params.has_penalties).
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    # Structured output: the tokens the grammar allows next (bool [V]); None when unconstrained.
+    allowed: torch.Tensor | None = None
 
 
 @dataclass
 class SampleResult:
     token_ids: list[int]
-    # Per row: (logprob of the sampled token, [(token id, logprob)] top-k) or None when not asked.
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    logprobs: list[RowLogprobs | None]  # per row; None when not asked
 
 
 def _filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -53,23 +63,27 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.argmax(probs / q))
 
 
-def _logprobs(row_logits: torch.Tensor, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
-    lp = torch.log_softmax(row_logits, dim=-1)
+def row_logprobs(lp: torch.Tensor, token: int, k: int) -> RowLogprobs:
+    """From one row of log-probabilities ([V]): the token's logprob, its rank and the top k."""
     top: list[tuple[int, float]] = []
     if k > 0:
         vals, idx = torch.topk(lp, k)
         top = [(int(i), float(v)) for i, v in zip(idx, vals)]
-    return float(lp[token]), top
+    value = lp[token]
+    return float(value), int((lp > value).sum()) + 1, top
 
 
 def sample_ref(logits: torch.Tensor, rows: list[SampleRow], shared: torch.Generator | None) -> SampleResult:
     """Plain reference: one row at a time."""
     tokens: list[int] = []
-    lps: list[tuple[float, list[tuple[int, float]]] | None] = []
+    lps: list[RowLogprobs | None] = []
     for i, row in enumerate(rows):
-        x = logits[i].float()
+        x = logits[i].float().clone()
+        if row.params.has_penalties:
+            x = apply_penalties(x, row.params, row.prompt_token_ids, row.output_token_ids)
+        if row.allowed is not None:
+            x = x.masked_fill(~row.allowed, float("-inf"))
         if row.banned_token_ids:
-            x = x.clone()
             x[list(row.banned_token_ids)] = float("-inf")
         if row.params.greedy:
             tok = int(torch.argmax(x))
@@ -78,7 +92,7 @@ def sample_ref(logits: torch.Tensor, rows: list[SampleRow], shared: torch.Genera
             tok = _draw(probs, row.generator if row.generator is not None else shared)
         tokens.append(tok)
         k = row.params.logprobs
-        lps.append(None if k is None else _logprobs(logits[i].float(), tok, k))
+        lps.append(None if k is None else row_logprobs(torch.log_softmax(logits[i].float(), -1), tok, k))
     return SampleResult(tokens, lps)
 
 
@@ -98,17 +112,23 @@ class Sampler:
         if not rows:
             return SampleResult([], [])
         banned = [r.banned_token_ids for r in rows]
-        if any(banned):
+        penalized = [r.params.has_penalties for r in rows]
+        masked = [r.allowed is not None for r in rows]
+        if any(banned) or any(penalized) or any(masked):
             logits = raw.clone()
-            for i, b in enumerate(banned):
-                if b:
-                    logits[i, list(b)] = float("-inf")
+            for i, row in enumerate(rows):
+                if penalized[i]:
+                    apply_penalties(logits[i], row.params, row.prompt_token_ids, row.output_token_ids)
+                if row.allowed is not None:
+                    logits[i].masked_fill_(~row.allowed, float("-inf"))
+                if banned[i]:
+                    logits[i, list(banned[i])] = float("-inf")
         tokens = torch.argmax(logits, dim=-1).tolist()
         for i, row in enumerate(rows):
             if not row.params.greedy:
                 probs = _filter_logits(logits[i], row.params).softmax(-1)
                 tokens[i] = _draw(probs, row.generator if row.generator is not None else self.generator)
-        lps: list[tuple[float, list[tuple[int, float]]] | None] = []
+        lps: list[RowLogprobs | None] = []
         want = [r.params.logprobs is not None for r in rows]
         if any(want):
             lp_all = torch.log_softmax(raw, dim=-1)
@@ -116,12 +136,7 @@ class Sampler:
                 if not want[i]:
                     lps.append(None)
                     continue
-                k = row.params.logprobs or 0
-                top: list[tuple[int, float]] = []
-                if k:
-                    vals, idx = torch.topk(lp_all[i], k)
-                    top = [(int(a), float(b)) for a, b in zip(idx, vals)]
-                lps.append((float(lp_all[i, tokens[i]]), top))
+                lps.append(row_logprobs(lp_all[i], tokens[i], row.params.logprobs or 0))
         else:
             lps = [None] * len(rows)
         return SampleResult(tokens, lps)

@@ -22,8 +22,10 @@ from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
 from recap.server.errors import APIError, from_exception, from_validation_error, parse_json
 from recap.server.metrics import make_registry, render
+from recap.server.options import ServerOptions, install
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from recap.server.serving import ServerState
+from recap.server.tokenize_api import add_tokenize_routes
 
 log = logging.getLogger("recap.server")
 M = TypeVar("M", bound=BaseModel)
@@ -49,10 +51,14 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
     }
 
 
-def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = ()) -> FastAPI:
+def build_app(
+    engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = (),
+    options: ServerOptions | None = None,
+) -> FastAPI:
     """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit.
 
     `collectors`: extra Prometheus series for /metrics (e.g. recap.disagg's transfer counters).
+    `options`: CORS and the request-id echo (recap.server.options).
     """
     llm = engine.engine
     state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len)
@@ -71,6 +77,8 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
 
     app = FastAPI(title="recap", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.recap = state
+    install(app, options or ServerOptions())
+    add_tokenize_routes(app, state)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
 from recap.engine.config import DTYPES, EngineConfig
+from recap.engine.vllm_compat import MAMBA_CACHE_MODES, checkpoint_policy_for, resolve_dtype
 from recap.units import positive_bytes
 
 
@@ -24,9 +26,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     sched, cache = SchedulerConfig(), CacheConfig()
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model's)")
     p.add_argument("--served-model-name", help="the model name clients send (default: MODEL)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                   help="auto: float32 (recap's CPU kernels run the model in float32 whatever the checkpoint stores)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=_positive, default=sched.max_model_len)
+    p.add_argument("--max-model-len", type=_positive, default=None,
+                   help="context length (default: the model config's max_position_embeddings, else "
+                        f"{sched.max_model_len})")
+    p.add_argument("--max-n", type=_positive, default=16, help="the most samples (n) one request may ask for")
+    p.add_argument("--generation-config", default="auto",
+                   help="default sampling settings: auto (the model's generation_config.json), vllm (none), or a "
+                        "folder holding a generation_config.json")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one (default: the tokenizer's)")
     p.add_argument("--max-num-seqs", type=_positive, default=sched.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=_positive, default=sched.max_num_batched_tokens)
     p.add_argument("--block-size", type=_positive, default=cache.block_size)
@@ -34,9 +45,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint-policy",
         choices=CHECKPOINT_POLICIES,
-        default=cache.checkpoint_policy,
-        help="where the recurrent state is checkpointed (DESIGN §4)",
+        default=None,
+        help=f"where the recurrent state is checkpointed (docs/design.md; default {cache.checkpoint_policy})",
     )
+    p.add_argument("--mamba-cache-mode", choices=MAMBA_CACHE_MODES, default=None,
+                   help="vLLM's name for the checkpoint policy of the same name")
     p.add_argument(
         "--checkpoint-interval", type=_positive, default=None, help="recap policy: also checkpoint every N blocks"
     )
@@ -61,12 +74,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         tokenizer=args.tokenizer,
         served_model_name=args.served_model_name,
-        dtype=args.dtype,
+        dtype=resolve_dtype(args.dtype),
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
-            checkpoint_policy=args.checkpoint_policy,
+            checkpoint_policy=checkpoint_policy_for(args.checkpoint_policy, args.mamba_cache_mode),
             checkpoint_interval=args.checkpoint_interval,
             kv_cache_bytes=args.kv_cache_bytes,
             state_cache_bytes=args.state_cache_bytes,
@@ -74,8 +87,24 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
+            max_model_len=args.max_model_len or SchedulerConfig().max_model_len,
         ),
         check_integrity=args.check_integrity,
         num_threads=args.num_threads,
+        max_n=args.max_n,
+        generation_config=args.generation_config,
+        derive_max_model_len=args.max_model_len is None,
+        chat_template=read_chat_template(args.chat_template),
     )
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """vLLM's --chat-template: a file's contents when `value` names a file, else the template itself."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text()
+    if "{" not in value:  # neither a file nor a template: most likely a mistyped path
+        raise ValueError(f"chat_template: {value!r} is not a file and does not look like a Jinja template")
+    return value

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import Request, Response
@@ -12,7 +13,7 @@ from recap.disagg.api import attach_transfer, with_transfer_params
 from recap.engine.outputs import RequestOutput
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import from_value_error
-from recap.server.logprobs import chat_logprobs
+from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -21,6 +22,7 @@ from recap.server.protocol import (
     ChatCompletionResponse,
     ChatDelta,
     ChatResponseMessage,
+    Usage,
 )
 from recap.server.serving import (
     RequestLog,
@@ -38,7 +40,7 @@ from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
     try:
-        params = req.sampling_params()
+        params = req.sampling_params(state.engine.engine.default_sampling)
     except ValueError as e:
         raise from_value_error(e) from None
     chat = build_chat_input(state.tokenizer, req.messages)
@@ -56,19 +58,21 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     if finals is None:
         return Response(status_code=499)
     out = finals[0]
+    k = req.top_logprobs or 0
     choices = [
         ChatChoice(index=o.index, message=ChatResponseMessage(content=o.text), finish_reason=o.finish_reason,
-                   logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.logprobs))
+                   logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids, o.logprobs, k))
         for o in out.outputs
     ]
-    resp = ChatCompletionResponse(id=rid, created=state.created, model=state.model_name, choices=choices,
-                                  usage=usage(finals))
+    resp = ChatCompletionResponse(id=rid, created=int(time.time()), model=state.model_name, choices=choices,
+                                  usage=usage(finals), prompt_logprobs=prompt_logprobs_out(out.prompt_logprobs))
     return JSONResponse(with_transfer_params(resp.model_dump(), finals))
 
 
-def _chunk(state: ServerState, rid: str, choices: list[ChatChunkChoice]) -> str:
-    return sse(ChatCompletionChunk(id=rid, created=state.created, model=state.model_name,
-                                   choices=choices).model_dump_json())
+def _chunk(state: ServerState, rid: str, created: int, choices: list[ChatChunkChoice],
+           usage_now: Usage | None = None) -> str:
+    return sse(ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=choices,
+                                   usage=usage_now).model_dump_json())
 
 
 async def _stream(
@@ -77,9 +81,11 @@ async def _stream(
 ) -> AsyncIterator[str]:
     final: RequestOutput | None = None
     done: set[int] = set()
+    created = int(time.time())
+    k = req.top_logprobs or 0
     try:
-        yield _chunk(state, rid, [ChatChunkChoice(index=k, delta=ChatDelta(role="assistant", content=""))
-                                  for k in range(n)])
+        yield _chunk(state, rid, created, [ChatChunkChoice(index=j, delta=ChatDelta(role="assistant", content=""))
+                                           for j in range(n)])
         item: tuple[int, RequestOutput] | None = first
         while item is not None:
             _, out = item
@@ -89,16 +95,17 @@ async def _stream(
             for o in out.outputs:
                 if o.index in done or not (o.text_delta or o.logprobs_delta or o.finish_reason):
                     continue
-                lp = None if o.logprobs is None else chat_logprobs(state.token_text, o.logprobs_delta)
+                lp = None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids_delta,
+                                                                   o.logprobs_delta, k)
                 delta = ChatDelta(content=o.text_delta) if o.text_delta else ChatDelta()
                 choices.append(ChatChunkChoice(index=o.index, delta=delta, logprobs=lp, finish_reason=o.finish_reason))
                 if o.finish_reason is not None:
                     done.add(o.index)
             if choices:
-                yield _chunk(state, rid, choices)
+                yield _chunk(state, rid, created, choices, usage([out]) if req.continuous_usage else None)
             item = await anext(it, None)
         if req.include_usage and final is not None:
-            last = ChatCompletionChunk(id=rid, created=state.created, model=state.model_name, choices=[],
+            last = ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[],
                                        usage=usage([final]))
             yield sse(last.model_dump_json())
     except Exception as e:  # noqa: BLE001 - the 200 is out: report in-stream, as OpenAI does

@@ -8,9 +8,11 @@ import sys
 
 from recap.disagg.config import add_disagg_args, transfer_config
 from recap.server.args import add_engine_args, engine_config
+from recap.server.options import add_http_args, server_options
 
 log = logging.getLogger("recap.server")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +22,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    p.add_argument("--uvicorn-log-level", choices=UVICORN_LOG_LEVELS, default=None,
+                   help="uvicorn's own log level (default: --log-level)")
     add_engine_args(p)
+    add_http_args(p)
     add_disagg_args(p)
 
 
@@ -50,8 +55,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: cannot load the model: {e}", file=sys.stderr)
         return 1
     llm = engine.engine
-    app = build_app(engine, collectors=collectors)
+    app = build_app(engine, collectors=collectors, options=server_options(args))
     log.info("serving %s on http://%s:%d (OpenAI API under /v1, role %s)", llm.served_model_name, args.host,
              args.port, transfer.role)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
+                access_log=False)
     return 0

@@ -1,7 +1,8 @@
 """Prometheus exposition: a Collector that reads AsyncEngine.metrics() at scrape time.
 
 Names run parallel to vLLM's (`vllm:prefix_cache_queries_total` -> `recap:prefix_cache_queries_total`);
-every series carries a `model_name` label. A private registry per app, so several servers can
+every series carries a `model_name` label. vLLM's own names are exported too (vllm_metrics.py).
+A private registry per app, so several servers can
 live in one process (tests).
 """
 
@@ -74,8 +75,11 @@ class EngineCollector(Collector):
 
 
 def make_registry(engine: AsyncEngine, model_name: str, config_labels: dict[str, str]) -> CollectorRegistry:
+    from recap.server.vllm_metrics import VllmCollector
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(engine, model_name, config_labels))
+    registry.register(VllmCollector(engine, model_name, config_labels))  # the same numbers under vLLM's names
     return registry
 
 

@@ -1,11 +1,12 @@
 """OpenAI-compatible request and response models (pydantic).
 
 Requests forbid unknown fields (STYLE habit 12: nothing is ignored silently). Documented OpenAI
-fields that recap does not implement (penalties, logit_bias, tools, ...) are accepted only at
-their no-op value, so clients that always send defaults work, and anything else is a 400.
-recap extensions, named as vLLM names them where vLLM has them: top_k, min_p, min_tokens,
-stop_token_ids, ignore_eos, cache_salt; `checkpoints` (completions: token offsets to checkpoint
-the recurrent state at) and Anthropic-style `cache_control` markers on chat messages and parts.
+fields that recap does not implement (best_of, suffix) are accepted only at their no-op value, so
+clients that always send defaults work, and anything else is a 400 naming the field.
+Extensions, named as vLLM names them: top_k, min_p, min_tokens, repetition_penalty, stop_token_ids,
+ignore_eos, prompt_logprobs, include_stop_str_in_output, skip_special_tokens, cache_salt; recap's own:
+`checkpoints` (completions: token offsets to checkpoint the recurrent state at) and Anthropic-style
+`cache_control` markers on chat messages and parts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage so far on every chunk
 
 
 class CacheControl(_Strict):
@@ -100,13 +102,18 @@ class _SamplingFields(_Strict):
     user: str | None = None  # harmless metadata: logged with the request
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's shape) -> bias
     # extensions (vLLM names)
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
     min_tokens: int = 0
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # the tokenizer's own rendering; only true is accepted
     cache_salt: str | None = None
     # Disaggregated prefill/decode (vLLM's name; recap.disagg.api checks it against the server's role).
     kv_transfer_params: dict[str, Any] | None = None
@@ -123,12 +130,8 @@ class _SamplingFields(_Strict):
 
     @model_validator(mode="after")
     def _common_checks(self) -> _SamplingFields:
-        if self.frequency_penalty != 0.0:
-            raise ValueError("frequency_penalty is not supported (only 0)")
-        if self.presence_penalty != 0.0:
-            raise ValueError("presence_penalty is not supported (only 0)")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+        if not self.spaces_between_special_tokens:
+            raise ValueError("spaces_between_special_tokens is not supported (only true)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
@@ -141,14 +144,43 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Raises ValueError naming the field (mapped to a 400)."""
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        out = {}
+        for key, bias in self.logit_bias.items():
+            try:
+                out[int(key)] = bias
+            except ValueError:
+                raise ValueError(f"logit_bias: keys must be token ids, got {key!r}") from None
+        return out
+
+    def _sampling(
+        self, max_tokens: int | None, logprobs: int | None, defaults: dict[str, Any] | None, **extra: Any
+    ) -> SamplingParams:
+        """Raises ValueError naming the field (mapped to a 400). `defaults` (the model's generation_config)
+        fill the fields this request left unset."""
         stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        return SamplingParams(
+        kw: dict[str, Any] = dict(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=stop,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos, logprobs=logprobs,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, logit_bias=self._logit_bias(),
+            prompt_logprobs=self.prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
         )
+        kw.update(extra)
+        for name, value in (defaults or {}).items():
+            unset = not ({"max_tokens", "max_completion_tokens"} & self.model_fields_set) if name == "max_tokens" \
+                else name not in self.model_fields_set
+            if unset and name in kw:
+                kw[name] = value
+        return SamplingParams(**kw)
 
 
 class CompletionRequest(_SamplingFields):
@@ -175,8 +207,8 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported")
+        if self.max_tokens is not None and self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 (0 only with echo)")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (only equal to n)")
         if self.suffix:
@@ -192,8 +224,20 @@ class CompletionRequest(_SamplingFields):
             return [p]
         return list(p)  # type: ignore[arg-type]
 
-    def sampling_params(self) -> SamplingParams:
-        return self._sampling(self.max_tokens, self.logprobs)
+    @property
+    def prompt_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) alone; one token is run and dropped."""
+        return self.echo and self.max_tokens == 0
+
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
+        """echo with logprobs returns the prompt's logprobs too (at least `logprobs` alternatives each)."""
+        prompt_lp = self.prompt_logprobs
+        if self.echo and self.logprobs is not None:
+            prompt_lp = max(self.logprobs, prompt_lp or 0)
+        if self.prompt_only:
+            defaults = {k: v for k, v in (defaults or {}).items() if k != "max_tokens"}
+        return self._sampling(1 if self.prompt_only else self.max_tokens, self.logprobs, defaults,
+                              prompt_logprobs=prompt_lp)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -226,9 +270,9 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
         return self
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None)
+        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None, defaults)
 
 
 # ---- responses --------------------------------------------------------------------------------
@@ -247,9 +291,20 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: the first prompt token (echo)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+
+
+class LogprobEntry(BaseModel):
+    """vLLM's prompt_logprobs entry for one candidate token."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobsOut = list[dict[int, LogprobEntry] | None]
 
 
 class CompletionChoice(BaseModel):
@@ -257,6 +312,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobsOut | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -301,6 +358,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobsOut | None = None
 
 
 class ChatDelta(BaseModel):

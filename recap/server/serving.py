@@ -176,9 +176,10 @@ async def race_disconnect(request: Request, aw: Awaitable[T]) -> T:
     return task.result()
 
 
-def usage(finals: Sequence[RequestOutput]) -> Usage:
+def usage(finals: Sequence[RequestOutput], *, drop_completion: bool = False) -> Usage:
+    """`drop_completion`: the generated tokens are not returned (echo with max_tokens 0)."""
     prompt = sum(len(o.prompt_token_ids) for o in finals)
-    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    completion = 0 if drop_completion else sum(len(c.token_ids) for o in finals for c in o.outputs)
     return Usage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in finals)),

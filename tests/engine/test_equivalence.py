@@ -53,8 +53,9 @@ def assert_same(got: list[RequestOutput], want: list[RequestOutput], where: str)
         assert g.prompt_token_ids == w.prompt_token_ids, f"{where} request {i}: prompts diverged"
         assert gt.token_ids == wt.token_ids, f"{where} request {i}: tokens differ"
         assert gt.logprobs is not None and wt.logprobs is not None
-        for a, b in zip(gt.logprobs, wt.logprobs):
-            assert abs(a.logprob - b.logprob) <= 1e-3, f"{where} request {i}: logprob {a.logprob} vs {b.logprob}"
+        for tok, a, b in zip(gt.token_ids, gt.logprobs, wt.logprobs):
+            la, lb = a[tok].logprob, b[tok].logprob
+            assert abs(la - lb) <= 1e-3, f"{where} request {i}: logprob {la} vs {lb}"
 
 
 @pytest.mark.parametrize("arch", ARCHS)

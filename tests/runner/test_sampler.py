@@ -35,7 +35,8 @@ def test_batched_equals_reference(seed: int) -> None:
         assert (a is None) == (b is None)
         if a is not None and b is not None:
             assert a[0] == pytest.approx(b[0], abs=1e-6)
-            assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
+            assert a[1] == b[1]  # rank
+            assert [t for t, _ in a[2]] == [t for t, _ in b[2]]
 
 
 def test_greedy_is_argmax_and_ban_applies() -> None:

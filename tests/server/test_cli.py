@@ -126,3 +126,12 @@ def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
     text = log_path.read_text()
     assert rc == 0, text
     assert "request chatcmpl-" in text and "completion_tokens=" in text and "finish=" in text, text
+
+
+def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "serve", "ARGS=--port 8001 /models/x"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    assert ".venv/bin/recap serve --port 8001 /models/x" in out
+    readme = (root / "README.md").read_text()
+    assert "shared/DESIGN.md" not in readme and "docs/design.md" in readme and (root / "docs/design.md").is_file()

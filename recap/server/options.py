@@ -1,0 +1,80 @@
+"""HTTP-level options of `recap serve` (vLLM's flag names): CORS and the request-id header.
+
+CORS is off unless origins are given (`--allowed-origins '["*"]'` is vLLM's default; recap listens on
+loopback by default and adds the header only when asked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+
+
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
+
+
+def add_http_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allowed-origins", type=_json_list, default=[],
+                   help='CORS origins as a JSON list, e.g. \'["*"]\' (default: no CORS headers)')
+    p.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods (JSON list)")
+    p.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers (JSON list)")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers),
+                         args.allow_credentials)
+
+
+def install(app: FastAPI, options: ServerOptions) -> None:
+    """CORS (when origins are set) and the X-Request-Id echo: a client's id comes back on its response."""
+    if options.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins),
+                           allow_methods=list(options.allowed_methods), allow_headers=list(options.allowed_headers),
+                           allow_credentials=options.allow_credentials)
+
+    app.add_middleware(RequestIdEcho)
+
+
+class RequestIdEcho:
+    """Plain ASGI (no BaseHTTPMiddleware: the handlers read http.disconnect from `receive` themselves)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), None)
+        if rid is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

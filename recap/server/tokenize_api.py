@@ -1,0 +1,80 @@
+"""vLLM's utility endpoints: POST /tokenize (a prompt or chat messages -> token ids), POST /detokenize,
+GET /version and GET /v1/models/{id}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from pydantic import Field, ValidationError, model_validator
+
+import recap
+from recap.server.chat_prompt import build_chat_input
+from recap.server.errors import APIError, from_validation_error, parse_json
+from recap.server.protocol import ChatMessage, ModelCard, _Strict
+from recap.server.serving import ServerState
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = False  # recap encodes prompts without them, so the count matches generation
+    add_generation_prompt: bool = True  # chat only, as the chat endpoint renders it
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int] = Field(min_length=1)
+
+
+async def _parse(request: Request, model: type[_Strict]) -> Any:
+    try:
+        return model.model_validate(parse_json(await request.body()))
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        req: TokenizeRequest = await _parse(request, TokenizeRequest)
+        state.check_model(req.model)
+        tok = state.tokenizer
+        if req.messages is not None:
+            if not req.add_generation_prompt:
+                raise APIError("add_generation_prompt: only true is supported (as the chat endpoint renders)",
+                               param="add_generation_prompt")
+            ids = build_chat_input(tok, req.messages).token_ids
+        else:
+            ids = list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+        strs = [state.token_text(t) for t in ids] if req.return_token_strs else None
+        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        req: DetokenizeRequest = await _parse(request, DetokenizeRequest)
+        state.check_model(req.model)
+        vocab = state.engine.engine.model_config.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"tokens: token id {bad[0]} is out of vocabulary (vocab size {vocab})", param="tokens")
+        return {"prompt": state.tokenizer.decode(req.tokens)}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": recap.__version__}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        state.check_model(model_id)
+        return ModelCard(id=state.model_name, created=state.created, max_model_len=state.max_model_len).model_dump()

@@ -1,0 +1,95 @@
+"""The same engine metrics under vLLM's names (`vllm:` prefix, labels model_name and engine), so a vLLM
+Grafana dashboard reads recap. Only what recap measures is exported; recap's own series (checkpoints,
+state pool) stay under `recap:` (metrics.py). Finish-reason and rejection counters belong with the
+request-limit code and are not duplicated here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.metrics import Histogram, MetricsSnapshot
+from recap.engine.request_metrics import RequestHistograms
+
+# (vLLM name without _total, help, MetricsSnapshot field)
+_COUNTERS = (
+    ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+     "prefix_cache_queries"),
+    ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"),
+    ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", "preemptions"),
+    ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+    ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
+)
+_GAUGES = (
+    ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
+    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_cache_usage"),
+)
+# (vLLM name, help, RequestHistograms field)
+_REQUEST_HISTOGRAMS = (
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue"),
+    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", "inference"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "prefill"),
+    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode"),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "inter_token"),
+    ("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", "time_per_output_token"),
+    ("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+     "time_per_output_token"),
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+    ("vllm:request_generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
+    ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
+    ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "params_max_tokens"),
+    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", "step_tokens"),
+)
+VLLM_METRIC_NAMES = (
+    tuple(n for n, _, _ in _COUNTERS) + tuple(n for n, _, _ in _GAUGES) + tuple(n for n, _, _ in _REQUEST_HISTOGRAMS)
+    + ("vllm:time_to_first_token_seconds", "vllm:cache_config_info")
+)
+
+
+def _buckets(h: Histogram) -> list[tuple[str, float]]:
+    out, total = [], 0
+    for bound, count in zip(h.bounds, h.counts):
+        total += count
+        out.append((repr(float(bound)), float(total)))
+    out.append(("+Inf", float(h.n)))
+    return out
+
+
+class VllmCollector(Collector):
+    def __init__(self, engine: AsyncEngine, model_name: str, cache_labels: dict[str, str]) -> None:
+        self.engine = engine
+        self.labels = ["model_name", "engine"]
+        self.values = [model_name, "0"]
+        self.cache_labels = cache_labels
+
+    def _histogram(self, name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(name, doc, labels=self.labels)
+        fam.add_metric(self.values, _buckets(h), sum_value=h.total)
+        return fam
+
+    def collect(self) -> Iterator[Metric]:
+        s: MetricsSnapshot = self.engine.metrics()
+        for name, doc, attr in _COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=self.labels)
+            c.add_metric(self.values, float(getattr(s, attr)))
+            yield c
+        for name, doc, attr in _GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=self.labels)
+            g.add_metric(self.values, float(getattr(s, attr)))
+            yield g
+        yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              s.ttft)
+        req: RequestHistograms | None = s.requests
+        if req is not None:
+            for name, doc, attr in _REQUEST_HISTOGRAMS:
+                yield self._histogram(name, doc, getattr(req, attr))
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                 labels=["engine", *self.cache_labels])
+        info.add_metric(["0", *self.cache_labels.values()], 1.0)
+        yield info

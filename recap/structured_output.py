@@ -1,0 +1,61 @@
+"""What a request's output must match (vLLM's StructuredOutputsParams): a JSON schema, any JSON object,
+a regex, one of a list of strings, or a Lark grammar. Torch-free; the runner enforces it through
+llguidance (recap/runner/grammar.py), which was chosen over xgrammar and outlines-core (docs/design.md
+§8: no torch/triton dependency, ~1-8 ms to compile a schema, ~15 us per token mask on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# JSON is generated compact (no free whitespace): a model cannot then pad its output with spaces forever.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    kind: str  # one of KINDS
+    spec: str = ""  # JSON schema text, regex, JSON list of choices, or a Lark grammar; "" for json_object
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"structured_outputs: kind must be one of {KINDS}, got {self.kind!r}")
+
+    @classmethod
+    def json(cls, schema: dict[str, Any] | str) -> StructuredOutput:
+        return cls("json", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def choice(cls, options: list[str]) -> StructuredOutput:
+        if not options or not all(isinstance(o, str) for o in options):
+            raise ValueError("structured_outputs: choice must be a non-empty list of strings")
+        return cls("choice", json.dumps(options))
+
+    def grammar(self) -> str:
+        """The llguidance grammar (raises ValueError on a malformed spec)."""
+        from llguidance import LLMatcher
+
+        if self.kind == "json_object":
+            return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=JSON_OPTIONS)
+        if self.kind == "json":
+            return LLMatcher.grammar_from_json_schema(self.spec, overrides=JSON_OPTIONS)
+        if self.kind == "regex":
+            return LLMatcher.grammar_from_regex(self.spec)
+        if self.kind == "choice":
+            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in json.loads(self.spec)))
+        return LLMatcher.grammar_from_lark(self.spec)
+
+    def check(self) -> None:
+        """Raises ValueError when the grammar does not compile."""
+        from llguidance import LLMatcher
+
+        try:
+            grammar = self.grammar()
+        except (ValueError, json.JSONDecodeError) as e:
+            raise ValueError(f"structured_outputs: invalid {self.kind}: {e}") from None
+        error = LLMatcher.validate_grammar(grammar)
+        if error:
+            raise ValueError(f"structured_outputs: invalid {self.kind}: {error}")
