@@ -29,6 +29,7 @@ import zmq
 from recap.core.transfer import HeldRequest, ReceivePlan
 from recap.disagg.config import KVTransferConfig, RemoteDecode, RemoteHandle
 from recap.disagg.transport import Outbox, TransferServer, pull
+from recap.disagg.trust import HandleVerifier, prompt_fingerprint, sign
 from recap.disagg.worker import TransferDataError, from_frames, gather, num_bytes, scatter, to_frame
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
@@ -83,6 +84,7 @@ class DisaggLLMEngine(LLMEngine):
         self.outbox: Outbox | None = None
         self.server: TransferServer | None = None
         self._ctx: zmq.Context | None = None
+        self.verifier = HandleVerifier(transfer.secret, transfer.peers)  # decode: recap.disagg.api checks with it
         if transfer.role == "prefill":
             self.outbox = Outbox()
             self.server = TransferServer(transfer.kv_host, transfer.kv_port, self.outbox, self._gather,
@@ -119,6 +121,8 @@ class DisaggLLMEngine(LLMEngine):
             return super().add_prepared(p)
         if p.request_id in self.outputs.parents:
             raise InvalidRequestError(f"request id {p.request_id!r} is already running")
+        if p.kv_transfer.address not in self.verifier.peers:  # recap.disagg.api verified it; this guards others
+            raise InvalidRequestError(f"remote_address {p.kv_transfer.address!r} is not a prefill peer (--kv-peer)")
         cid = child_id(p.request_id, 0)
         request = self.processor.make_core_request(p, cid, 0)
         self.outputs.add(p)
@@ -169,9 +173,14 @@ class DisaggLLMEngine(LLMEngine):
             held = self.scheduler.held(cid)
             if held is None:
                 continue
-            self.outbox.publish(cid, held, time.monotonic() + self.transfer_config.hold_timeout_s)
-            handle = RemoteHandle(self.server.address, cid, self.config.cache.block_size, held.offer())
-            out.kv_transfer_params = handle.to_params()
+            hold_s = self.transfer_config.hold_timeout_s
+            handle = RemoteHandle(self.server.address, cid, self.config.cache.block_size, held.offer(),
+                                  expires_at=time.time() + hold_s)
+            r = held.request
+            mac = sign(self.transfer_config.secret, handle.signed_fields(),
+                       prompt_fingerprint(r.prompt_token_ids, r.cache_salt))
+            self.outbox.publish(cid, held, time.monotonic() + hold_s, mac)
+            out.kv_transfer_params = dataclasses.replace(handle, mac=mac).to_params()
         self.stats.requests_held = len(self.outbox)
 
     def _release_due(self) -> None:
@@ -199,7 +208,8 @@ class DisaggLLMEngine(LLMEngine):
 
     def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
         """Runs on a pull thread: bytes in, tensors out, nothing else."""
-        header = {"op": "pull", "transfer_id": handle.transfer_id, "blocks": list(plan.block_indices),
+        header = {"op": "pull", "transfer_id": handle.transfer_id, "mac": handle.mac,
+                  "blocks": list(plan.block_indices),
                   "checkpoints": [c.write.position for c in plan.checkpoints],
                   "prompt_digest": handle.offer.prompt_digest}
         result: _Result

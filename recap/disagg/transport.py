@@ -6,7 +6,7 @@ time), every wait has a timeout (poll), a peer that dies shows up as a socket ev
 milliseconds, and multipart messages carry tensor bytes without pickling.
 
 Messages (decode side: a DEALER socket per pull; prefill side: one ROUTER socket in its own thread):
-  decode  -> prefill  {"op": "pull", "transfer_id", "blocks", "checkpoints", "prompt_digest"}
+  decode  -> prefill  {"op": "pull", "transfer_id", "mac", "blocks", "checkpoints", "prompt_digest"}
   prefill -> decode   {"op": "data", "ok": true, header of recap.disagg.worker.gather} + tensor frames
                       or {"op": "data", "ok": false, "error": message}
   decode  -> prefill  {"op": "release", "transfer_id"}: the data arrived, the held request may go.
@@ -17,6 +17,7 @@ read (a claimed one is never released under it) and the ones to release (acknowl
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -39,6 +40,7 @@ POLL_MS = 100
 class _Entry:
     held: HeldRequest
     deadline: float
+    mac: str = ""  # the handle's tag: a pull must carry it (recap.disagg.trust)
     busy: bool = False
     acked: bool = False
 
@@ -55,15 +57,16 @@ class Outbox:
         with self._lock:
             return len(self._entries)
 
-    def publish(self, transfer_id: str, held: HeldRequest, deadline: float) -> None:
+    def publish(self, transfer_id: str, held: HeldRequest, deadline: float, mac: str = "") -> None:
         with self._lock:
-            self._entries[transfer_id] = _Entry(held, deadline)
+            self._entries[transfer_id] = _Entry(held, deadline, mac)
 
-    def claim(self, transfer_id: str) -> HeldRequest | None:
-        """Reserve a live transfer for sending (it cannot be released until `unclaim`); None if gone."""
+    def claim(self, transfer_id: str, mac: str = "") -> HeldRequest | None:
+        """Reserve a live transfer for sending (it cannot be released until `unclaim`); None if gone, or
+        when `mac` is not the tag of its handle."""
         with self._lock:
             entry = self._entries.get(transfer_id)
-            if entry is None or entry.busy or entry.acked:
+            if entry is None or entry.busy or entry.acked or not hmac.compare_digest(entry.mac, mac):
                 return None
             entry.busy = True
             return entry.held
@@ -146,7 +149,7 @@ class TransferServer:
 
     def _send(self, identity: bytes, header: dict[str, Any]) -> None:
         tid = str(header.get("transfer_id"))
-        held = self.outbox.claim(tid)
+        held = self.outbox.claim(tid, str(header.get("mac", "")))
         if held is None:
             return self._reply(identity, {"ok": False, "error": f"transfer {tid!r} is unknown, expired or taken"})
         try:

@@ -90,10 +90,15 @@ def cluster(disagg_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     logs = tmp_path_factory.mktemp("disagg-logs")
     model = str(disagg_model)
     serve = ["serve", model, *SERVE_FLAGS]
+    trust = ["--kv-secret-file", str(logs / "kv.secret")]  # created by the first instance that starts
+    kv_prefill, kv_slow = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     single = launch("single", serve, logs)
-    prefill = launch("prefill", [*serve, "--role", "prefill"], logs)
-    decode = launch("decode", [*serve, "--role", "decode", "--kv-transfer-timeout", "20"], logs)
-    slow = launch("slow-prefill", [*serve, "--role", "prefill", "--kv-send-delay", "1.5"], logs)
+    prefill = launch("prefill", [*serve, "--role", "prefill", *trust, "--kv-port", kv_prefill.rsplit(":", 1)[1]],
+                     logs)
+    decode = launch("decode", [*serve, "--role", "decode", "--kv-transfer-timeout", "20", *trust,
+                               "--kv-peer", kv_prefill, "--kv-peer", kv_slow], logs)
+    slow = launch("slow-prefill", [*serve, "--role", "prefill", "--kv-send-delay", "1.5", *trust,
+                                   "--kv-port", kv_slow.rsplit(":", 1)[1]], logs)
     instances = [single, prefill, decode, slow]
     try:
         proxy = launch("proxy", ["proxy", "--prefill", prefill.url, "--decode", decode.url, "--log-level", "warning"],
