@@ -29,12 +29,17 @@ log = logging.getLogger("recap.server")
 M = TypeVar("M", bound=BaseModel)
 
 
-async def _parse(request: Request, model: type[M]) -> M:
-    data = parse_json(await request.body())
+def _validate(body: bytes, model: type[M]) -> M:
+    data = parse_json(body)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e) from None
+
+
+async def _parse(request: Request, model: type[M], state: ServerState) -> M:
+    body = await request.body()
+    return await state.offload.run(len(body), _validate, body, model)
 
 
 def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
@@ -66,6 +71,7 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
         try:
             yield
         finally:
+            state.offload.shutdown()
             if shutdown_engine:
                 engine.shutdown()
 
@@ -92,11 +98,11 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await create_completion(state, await _parse(request, CompletionRequest), request)
+        return await create_completion(state, await _parse(request, CompletionRequest, state), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(state, await _parse(request, ChatCompletionRequest), request)
+        return await create_chat_completion(state, await _parse(request, ChatCompletionRequest, state), request)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
