@@ -11,23 +11,55 @@ Errors: a 4xx from either side is passed through; an unreachable instance is a 5
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
+import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from recap.disagg.api import PARAM
-from recap.server.errors import APIError, parse_json
-from recap.server.sse import SSEResponse
+from recap.server.errors import APIError
+from recap.server.guard import Guard
+from recap.server.json_body import parse_json
+from recap.server.limits import ServerLimits, check_body, server_limits
+from recap.server.sse import SSE_DONE, SSEResponse, sse
 
 log = logging.getLogger("recap.proxy")
 ROUTES = ("/v1/completions", "/v1/chat/completions")
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The proxy's client disconnected before its answer was ready."""
+
+
+async def _until_disconnect(request: Request, aw: Awaitable[T]) -> T:
+    """Await `aw` unless the client leaves first: then cancel it (closing its upstream connection, which
+    aborts the upstream request) and raise ClientGone."""
+    task = asyncio.ensure_future(aw)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
 
 
 @dataclass(frozen=True)
@@ -57,14 +89,23 @@ def _passthrough(r: httpx.Response, content: bytes) -> Response:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, limits: ServerLimits, api_key: str | None = None) -> None:
         self.config = config
+        self.limits = limits
         self._prefill: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.prefill_urls])
         self._decode: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.decode_urls])
-        self.client = httpx.AsyncClient(timeout=config.timeout_s)
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}  # the deployment's key
+        self.client = httpx.AsyncClient(timeout=config.timeout_s, headers=headers)
 
     async def route(self, request: Request, path: str) -> Response:
-        body = parse_json(await request.body())
+        body = parse_json(await request.body(), self.limits.max_json_depth)
+        check_body(body, self.limits)
+        try:
+            return await _until_disconnect(request, self._route(body, path))
+        except ClientGone:
+            return Response(status_code=499)
+
+    async def _route(self, body: dict[str, Any], path: str) -> Response:
         if PARAM in body:
             raise APIError(f"{PARAM} is set by the proxy, not by clients", param=PARAM)
         prefill_url, decode_url = next(self._prefill), next(self._decode)
@@ -99,18 +140,29 @@ class Proxy:
             await r.aclose()
             return _passthrough(r, content)
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[bytes | str]:
+            tail = b""
             try:
                 async for chunk in r.aiter_raw():
+                    tail = (tail + chunk)[-64:]
                     yield chunk
+                if SSE_DONE.strip().encode() not in tail:
+                    raise httpx.RemoteProtocolError("the stream ended before [DONE]")
+            except httpx.HTTPError as e:  # the decode instance died mid-stream: tell the client in-stream
+                log.warning("decode stream from %s broke: %s: %s", base, type(e).__name__, e)
+                err = APIError(f"the decode instance at {base} failed mid-stream: {type(e).__name__}: {e}", status=502,
+                               type="upstream_error", code="upstream_stream_broken")
+                yield "\n\n" + sse(json.dumps(err.body())) + SSE_DONE
             finally:
                 await r.aclose()  # a client that leaves closes the decode stream, which aborts the request
 
         return SSEResponse(events())
 
 
-def build_proxy_app(config: ProxyConfig) -> FastAPI:
-    proxy = Proxy(config)
+def build_proxy_app(config: ProxyConfig, limits: ServerLimits | None = None, api_key: str | None = None) -> FastAPI:
+    """The proxy app; `limits` and `api_key` as for `recap serve` (recap.server.guard; no /debug here)."""
+    limits = limits or ServerLimits()
+    proxy = Proxy(config, limits, api_key)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -121,6 +173,7 @@ def build_proxy_app(config: ProxyConfig) -> FastAPI:
 
     app = FastAPI(title="recap proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=ROUTES)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -166,10 +219,15 @@ def run_proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = ProxyConfig(tuple(args.prefill), tuple(args.decode), args.timeout)
+        limits = server_limits(args)
     except ValueError as e:
         print(f"error: {e}")
         return 2
+    from recap.server.timeouts import header_timeout_protocol
+
     log.info("proxy on http://%s:%d: prefill %s, decode %s", args.host, args.port, config.prefill_urls,
              config.decode_urls)
-    uvicorn.run(build_proxy_app(config), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(build_proxy_app(config, limits, args.api_key), host=args.host, port=args.port,
+                log_level=args.log_level, access_log=False, http=header_timeout_protocol(limits.header_timeout_s),
+                timeout_keep_alive=limits.idle_timeout_s)
     return 0

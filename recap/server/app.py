@@ -20,17 +20,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from recap.engine.async_engine import AsyncEngine
 from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
-from recap.server.errors import APIError, from_exception, from_validation_error, parse_json
+from recap.server.errors import APIError, from_validation_error
+from recap.server.guard import Guard
+from recap.server.json_body import parse_json
+from recap.server.limits import ServerLimits, check_body
 from recap.server.metrics import make_registry, render
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from recap.server.serving import ServerState
 
 log = logging.getLogger("recap.server")
 M = TypeVar("M", bound=BaseModel)
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # admission (--max-queued) counts these
 
 
-def _validate(body: bytes, model: type[M]) -> M:
-    data = parse_json(body)
+def _validate(body: bytes, model: type[M], limits: ServerLimits) -> M:
+    data = parse_json(body, limits.max_json_depth)
+    check_body(data, limits)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -39,7 +44,7 @@ def _validate(body: bytes, model: type[M]) -> M:
 
 async def _parse(request: Request, model: type[M], state: ServerState) -> M:
     body = await request.body()
-    return await state.offload.run(len(body), _validate, body, model)
+    return await state.offload.run(len(body), _validate, body, model, request.app.state.limits)
 
 
 def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
@@ -54,10 +59,14 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
     }
 
 
-def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = ()) -> FastAPI:
+def build_app(
+    engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = (),
+    limits: ServerLimits | None = None, api_key: str | None = None,
+) -> FastAPI:
     """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit.
 
     `collectors`: extra Prometheus series for /metrics (e.g. recap.disagg's transfer counters).
+    `limits`, `api_key`: request limits, admission and auth (recap.server.guard); /debug only if enabled.
     """
     llm = engine.engine
     state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len)
@@ -77,6 +86,9 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
 
     app = FastAPI(title="recap", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.recap = state
+    limits = limits or ServerLimits()
+    app.state.limits = limits
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -87,13 +99,6 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         err = APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error",
                        code="not_found" if exc.status_code == 404 else None)
-        return err.response()
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        err = from_exception(exc)
-        if err.status >= 500:
-            log.exception("request failed", exc_info=exc)
         return err.response()
 
     @app.post("/v1/completions")
@@ -119,6 +124,12 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
     async def metrics() -> Response:
         return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if limits.enable_debug:
+        _add_debug_routes(app, engine)
+    return app
+
+
+def _add_debug_routes(app: FastAPI, engine: AsyncEngine) -> None:
     @app.get("/debug/integrity")
     async def integrity() -> dict[str, Any]:
         """The cache core's accounting check (DESIGN §3.5) and the request counts, for tests and soaks."""
@@ -126,5 +137,3 @@ def build_app(engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: 
         pools = engine.pool_usage()  # read on the engine thread together with the check
         return {"ok": error is None, "error": error, "num_running": pools.pop("num_running", 0),
                 "num_waiting": pools.pop("num_waiting", 0), "pools": pools}
-
-    return app

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -102,13 +101,3 @@ def from_exception(err: BaseException) -> APIError:
     if isinstance(err, (InvalidRequestError, ValueError)):
         return from_value_error(err)
     return APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="internal_error")
-
-
-def parse_json(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(f"Invalid JSON body: {e}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError("The request body must be a JSON object", code="invalid_json")
-    return data

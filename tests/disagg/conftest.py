@@ -18,7 +18,8 @@ from tests.server.conftest import tiny_bamba_dir
 
 MODEL_NAME = "tiny-bamba"
 SERVE_FLAGS = ("--served-model-name", MODEL_NAME, "--max-model-len", "1024", "--max-num-seqs", "16",
-               "--max-num-batched-tokens", "256", "--num-threads", "1", "--check-integrity", "--log-level", "warning")
+               "--max-num-batched-tokens", "256", "--num-threads", "1", "--check-integrity", "--log-level", "warning",
+               "--enable-debug-endpoints")
 START_TIMEOUT_S = 90.0
 
 
