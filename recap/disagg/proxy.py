@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.disagg.api import PARAM
 from recap.server.errors import APIError
@@ -179,6 +180,11 @@ def build_proxy_app(config: ProxyConfig, limits: ServerLimits | None = None, api
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         log.warning("request failed (%d): %s", exc.status, exc.message)
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(str(exc.detail), status=exc.status_code, code="not_found" if exc.status_code == 404 else None
+                        ).response()
 
     for path in ROUTES:
         async def handler(request: Request, _path: str = path) -> Response:

@@ -26,11 +26,12 @@ class APIError(Exception):
         self, message: str, *, status: int = 400, type: str = "invalid_request_error",
         param: str | None = None, code: str | None = None,
     ) -> None:
+        message = message.encode("utf-8", "backslashreplace").decode()  # echoed input may hold lone surrogates
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type
-        self.param = param
+        self.param = None if param is None else param.encode("utf-8", "backslashreplace").decode()
         self.code = code
 
     def body(self) -> dict[str, Any]:
