@@ -28,7 +28,7 @@ import zmq
 
 from recap.core.transfer import HeldRequest, ReceivePlan
 from recap.disagg.config import KVTransferConfig, RemoteDecode, RemoteHandle
-from recap.disagg.transport import Outbox, TransferServer, pull
+from recap.disagg.transport import Outbox, TransferServer, pull, send_release
 from recap.disagg.trust import HandleVerifier, prompt_fingerprint, sign
 from recap.disagg.worker import TransferDataError, from_frames, gather, num_bytes, scatter, to_frame
 from recap.engine.async_engine import AsyncEngine
@@ -130,14 +130,24 @@ class DisaggLLMEngine(LLMEngine):
             self.scheduler.add_remote_request(request, p.kv_transfer.offer)
         except ValueError as e:
             self.outputs.remove(p.request_id)
+            self._release_remote(p.kv_transfer)
             raise KVTransferError(f"cannot take over the prefilled request: {e}", 502) from None
-        self._handles[cid] = p.kv_transfer
+        if self.scheduler.get_request(cid) is None:  # refused at once (does not fit): no pull will come
+            self._release_remote(p.kv_transfer)
+        else:
+            self._handles[cid] = p.kv_transfer
         self._new_remote = True
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         super().abort_request(request_ids)
         for cid in [c for c in self._handles if self.scheduler.get_request(c) is None]:
-            del self._handles[cid]  # aborted before its pull started
+            self._release_remote(self._handles.pop(cid))  # aborted before its pull started
+
+    def _release_remote(self, handle: RemoteHandle) -> None:
+        """Nobody here will pull `handle`: let its prefill side free the held KV now (off the engine thread)."""
+        assert self._ctx is not None
+        threading.Thread(target=send_release, args=(self._ctx, handle.address, handle.transfer_id, handle.mac),
+                         name="recap-kv-release", daemon=True).start()
 
     def has_unfinished_requests(self) -> bool:
         if not self._inbox.empty() or self._new_remote:

@@ -5,7 +5,10 @@ Each POST /v1/completions or /v1/chat/completions goes first to a prefill instan
 the KV), then to a decode instance with the handle it returned; the decode side's answer (plain or
 streamed, usage included, cached_tokens = the decode side's hit) goes back to the client unchanged.
 Errors: a 4xx from either side is passed through; an unreachable instance is a 502 and a timeout a
-504, each with an OpenAI-style error body. Instances are taken round robin. Torch-free.
+504, each with an OpenAI-style error body; a decode stream that breaks ends with an error event. When
+the decode side fails, refuses or the client leaves before it answered, the proxy tells the prefill side
+to release the held KV at once (not after its hold timeout); a client that leaves cancels the upstream
+request, streamed or not (which aborts it there). Instances are taken round robin. Torch-free.
 """
 
 from __future__ import annotations
@@ -15,17 +18,20 @@ import asyncio
 import itertools
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+import zmq
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.disagg.api import PARAM
+from recap.disagg.transport import send_release
 from recap.server.errors import APIError
 from recap.server.guard import Guard
 from recap.server.json_body import parse_json
@@ -97,6 +103,10 @@ class Proxy:
         self._decode: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.decode_urls])
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}  # the deployment's key
         self.client = httpx.AsyncClient(timeout=config.timeout_s, headers=headers)
+        self._zmq = zmq.Context()  # releases to prefill sides (recap.disagg.transport.send_release)
+
+    def close(self) -> None:
+        threading.Thread(target=self._zmq.term, name="recap-proxy-zmq-term", daemon=True).start()
 
     async def route(self, request: Request, path: str) -> Response:
         body = parse_json(await request.body(), self.limits.max_json_depth)
@@ -123,13 +133,27 @@ class Proxy:
             raise APIError(f"the prefill instance at {prefill_url} returned no {PARAM} (is it --role prefill?)",
                            status=502, type="upstream_error", code="upstream_bad_response")
         second = {**body, PARAM: {**handle, "do_remote_prefill": True}}
-        if body.get("stream") is True:
-            return await self._stream(decode_url + path, second, decode_url)
+        answered = False
         try:
-            r = await self.client.post(decode_url + path, json=second)
-        except httpx.HTTPError as e:
-            raise _upstream_error("decode", decode_url, e) from None
-        return _passthrough(r, r.content)
+            if body.get("stream") is True:
+                response = await self._stream(decode_url + path, second, decode_url)
+            else:
+                try:
+                    r = await self.client.post(decode_url + path, json=second)
+                except httpx.HTTPError as e:
+                    raise _upstream_error("decode", decode_url, e) from None
+                response = _passthrough(r, r.content)
+            answered = response.status_code == 200  # a 200 from the decode side comes after its pull
+            return response
+        finally:
+            if not answered:  # the decode side failed, refused or was left: nobody will pull
+                self._release(handle)
+
+    def _release(self, handle: dict[str, Any]) -> None:
+        """Let the prefill side free the held KV at once (fire and forget, off the loop)."""
+        address, tid, mac = handle.get("remote_address"), handle.get("transfer_id"), handle.get("mac")
+        if isinstance(address, str) and isinstance(tid, str) and isinstance(mac, str):
+            asyncio.get_running_loop().run_in_executor(None, send_release, self._zmq, address, tid, mac)
 
     async def _stream(self, url: str, body: dict[str, Any], base: str) -> Response:
         try:
@@ -171,6 +195,7 @@ def build_proxy_app(config: ProxyConfig, limits: ServerLimits | None = None, api
             yield
         finally:
             await proxy.client.aclose()
+            proxy.close()
 
     app = FastAPI(title="recap proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy

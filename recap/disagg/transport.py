@@ -9,7 +9,9 @@ Messages (decode side: a DEALER socket per pull; prefill side: one ROUTER socket
   decode  -> prefill  {"op": "pull", "transfer_id", "mac", "blocks", "checkpoints", "prompt_digest"}
   prefill -> decode   {"op": "data", "ok": true, header of recap.disagg.worker.gather} + tensor frames
                       or {"op": "data", "ok": false, "error": message}
-  decode  -> prefill  {"op": "release", "transfer_id"}: the data arrived, the held request may go.
+  decode  -> prefill  {"op": "release", "transfer_id", "mac"}: the data arrived, the held request may go.
+  proxy or decode -> prefill  the same release when the decode side is known to be gone (its request failed or
+                      was aborted before the pull), so the prefill side frees at once, not after the hold timeout.
 
 The `Outbox` is the only state the server thread shares with the engine thread: held transfers it may
 read (a claimed one is never released under it) and the ones to release (acknowledged or expired).
@@ -77,12 +79,14 @@ class Outbox:
             if entry is not None:
                 entry.busy = False
 
-    def ack(self, transfer_id: str) -> bool:
+    def ack(self, transfer_id: str, mac: str = "") -> bool:
+        """Mark a transfer done (released between steps); False if unknown or `mac` is not its handle's tag."""
         with self._lock:
             entry = self._entries.get(transfer_id)
-            if entry is not None:
-                entry.acked = True
-            return entry is not None
+            if entry is None or not hmac.compare_digest(entry.mac, mac):
+                return False
+            entry.acked = True
+            return True
 
     def _due(self, entry: _Entry, now: float) -> bool:
         return not entry.busy and (entry.acked or now >= entry.deadline)
@@ -142,7 +146,8 @@ class TransferServer:
                 header = json.loads(frames[-1])
                 if header.get("op") == "pull":
                     self._send(frames[0], header)
-                elif header.get("op") == "release" and self.outbox.ack(str(header.get("transfer_id"))):
+                elif header.get("op") == "release" and self.outbox.ack(str(header.get("transfer_id")),
+                                                                       str(header.get("mac", ""))):
                     self._on_ack()
             except Exception:  # noqa: BLE001 - one bad message must not stop the server
                 log.exception("KV transfer server: bad message")
@@ -184,7 +189,7 @@ def pull(
         reply = json.loads(frames[0])
         if not reply.get("ok"):
             raise KVTransferError(f"the prefill instance at {address} refused the transfer: {reply.get('error')}", 502)
-        sock.send(json.dumps({"op": "release", "transfer_id": header["transfer_id"]}).encode())
+        sock.send(json.dumps({"op": "release", "transfer_id": header["transfer_id"], "mac": header["mac"]}).encode())
         return reply, frames[1:]
     finally:
         sock.disable_monitor()
@@ -212,3 +217,14 @@ def _await_reply(
             elif event == zmq.EVENT_CONNECT_RETRIED and not connected:
                 raise KVTransferError(f"cannot reach the prefill instance at {address} for the KV transfer", 502)
     raise KVTransferError(f"the KV transfer from {address} timed out after {timeout_s:g}s", 504)
+
+
+def send_release(ctx: zmq.Context, address: str, transfer_id: str, mac: str, linger_ms: int = 1000) -> None:
+    """Tell a prefill side that nobody will pull `transfer_id` (fire and forget; blocks up to `linger_ms`)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    try:
+        sock.connect(address)
+        sock.send(json.dumps({"op": "release", "transfer_id": transfer_id, "mac": mac}).encode())
+    finally:
+        sock.close()

@@ -79,6 +79,8 @@ class Cluster:
     proxy: Instance
     slow_prefill: Instance  # --kv-send-delay: for the failure test (killed there)
     slow_proxy: Instance  # slow_prefill + decode
+    trust: list[str]  # the deployment's secret flags, for instances a test adds
+    kv_prefill: str  # the prefill instance's transfer address (a decode instance's --kv-peer)
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +113,7 @@ def cluster(disagg_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         deadline = time.monotonic() + START_TIMEOUT_S
         for inst in instances:
             inst.wait_ready(deadline)
-        yield Cluster(single, prefill, decode, proxy, slow, slow_proxy)
+        yield Cluster(single, prefill, decode, proxy, slow, slow_proxy, trust, kv_prefill)
     finally:
         for inst in instances:
             inst.stop()
