@@ -26,6 +26,7 @@ from recap.server.json_body import parse_json
 from recap.server.limits import ServerLimits, check_body
 from recap.server.metrics import make_registry, render
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from recap.server.request_counts import RequestCounts, RequestCountsCollector
 from recap.server.serving import ServerState
 
 log = logging.getLogger("recap.server")
@@ -88,7 +89,9 @@ def build_app(
     app.state.recap = state
     limits = limits or ServerLimits()
     app.state.limits = limits
-    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES)
+    counts = RequestCounts()  # recap.server.request_counts: what became of each generation request
+    registry.register(RequestCountsCollector(counts, state.model_name))
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:

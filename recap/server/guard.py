@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from recap.server.auth import check_key, needs_key
 from recap.server.errors import APIError, from_exception
 from recap.server.limits import ServerLimits
+from recap.server.request_counts import RequestCounts
 
 log = logging.getLogger("recap.server")
 
@@ -41,23 +42,31 @@ async def _send_error(send: Send, err: APIError) -> None:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, limits: ServerLimits, api_key: str | None, admitted: Iterable[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, limits: ServerLimits, api_key: str | None, admitted: Iterable[str],
+        counts: RequestCounts | None = None,
+    ) -> None:
         self.app = app
         self.limits = limits
         self.api_key = api_key
-        self.admitted = frozenset(admitted)  # POST paths that count against max_queued
+        self.admitted = frozenset(admitted)  # POST paths that count against max_queued (and in `counts`)
+        self.counts = counts or RequestCounts()
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = False
+        status: int | None = None
+        completed = False
         retry = (b"retry-after", str(self.limits.retry_after_s).encode())
 
         async def send_tracked(message: Message) -> None:
-            nonlocal started
+            nonlocal started, status, completed
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
             if message["type"] == "http.response.start":
-                started = True
+                started, status = True, message["status"]
                 if message["status"] in (429, 503):
                     message = {**message, "headers": [*message.get("headers", []), retry]}
                 elif message["status"] in (408, 413):  # the rest of the body is unread: this connection is done
@@ -65,6 +74,8 @@ class Guard:
             await send(message)
 
         admission = [scope["path"] in self.admitted and scope["method"] == "POST", False]  # [admitted, counted]
+        if admission[0]:
+            self.counts.receive()
         try:
             self._check_headers(scope)
             await self.app(scope, self._limited(receive, admission), send_tracked)
@@ -77,6 +88,8 @@ class Guard:
         finally:
             if admission[1]:
                 self.in_flight -= 1
+            if admission[0]:
+                self.counts.finish(status, completed)
 
     def _check_headers(self, scope: Scope) -> None:
         if self.api_key is not None and needs_key(scope["method"], scope["path"]):

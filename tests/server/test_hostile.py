@@ -222,3 +222,38 @@ def test_past_max_queued_a_429_with_retry_after(guarded: ServerThread) -> None:
     assert statuses == [200] * LIMITS.max_queued
     r = httpx.post(guarded.url + "/v1/completions", json=well_formed(), headers=AUTH, timeout=60)
     assert r.status_code == 200
+
+
+def counts(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for s in family.samples:
+            if s.name.startswith("recap:api_requests"):
+                key = s.labels.get("outcome") or s.labels.get("reason") or ""
+                out[f"{s.name}:{key}" if key else s.name] = s.value
+    return out
+
+
+def test_every_request_is_counted_once_success_aborted_or_rejected(guarded: ServerThread) -> None:
+    before = counts(guarded.url)
+    with httpx.Client(base_url=guarded.url, headers=AUTH, timeout=60) as c:
+        assert c.post("/v1/completions", json=well_formed()).status_code == 200
+        assert c.post("/v1/completions", json={"prompt": "x", "bogus": 1}).status_code == 400
+        assert c.post("/v1/completions", json=well_formed(), headers={"Authorization": "no"}).status_code == 401
+        body = {"model": MODEL, "prompt": "count", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            next(r.iter_lines())  # then leave mid-stream
+    deadline = time.monotonic() + 30
+    while (after := counts(guarded.url))["recap:api_requests_in_progress"] > 0:
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["recap:api_requests_received_total"] == 4
+    assert (delta["recap:api_requests_total:success"], delta["recap:api_requests_total:aborted"],
+            delta["recap:api_requests_total:rejected"]) == (1, 1, 2)
+    assert delta["recap:api_requests_rejected_total:invalid_request"] == 1
+    assert delta["recap:api_requests_rejected_total:unauthorized"] == 1
+    assert after["recap:api_requests_received_total"] == sum(after[f"recap:api_requests_total:{o}"]
+                                                             for o in ("success", "aborted", "rejected"))
