@@ -3,7 +3,9 @@
 A prefill instance takes `{"do_remote_decode": true}`: it computes the prompt, samples one token, holds
 the KV for a pull and answers with the handle under `kv_transfer_params`. A decode instance takes
 that handle plus `"do_remote_prefill": true` and answers like a single instance (plain or streamed).
-A single instance (role both) refuses the field. Disaggregated requests have one prompt and n = 1, and
+A single instance (role both) refuses the field. The decode side trusts only handles its prefill peers signed
+for this very prompt, unexpired and unused (recap.disagg.trust): any other is a 403, before anything is
+queued or any connection made. Disaggregated requests have one prompt and n = 1, and
 no logprobs (the first token's logprob stays on the prefill side): anything else is a 400.
 """
 
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recap.disagg.config import RemoteDecode, RemoteHandle
+from recap.disagg.trust import HandleRefused
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import PreparedRequest
 from recap.server.errors import APIError
@@ -52,6 +55,11 @@ def attach_transfer(
     block_size = engine.config.cache.block_size
     if handle.block_size != block_size:
         raise _refuse(f"the prefill instance uses block size {handle.block_size}, this one {block_size}")
+    try:  # last: a handle that passes is marked used
+        engine.verifier.verify(handle.signed_fields(), handle.mac, p.prompt_token_ids, p.cache_salt)
+    except HandleRefused as e:
+        raise APIError(f"{PARAM}: {e}", status=403, type="permission_error", param=PARAM,
+                       code="kv_transfer_refused") from None
     return [dataclasses.replace(p, kv_transfer=handle)]
 
 

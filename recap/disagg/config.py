@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from recap.core.transfer import RemoteOffer
+from recap.disagg.trust import SECRET_MIN_BYTES, load_or_create_secret, parse_secret
 
 ROLES = ("both", "prefill", "decode")
 _ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-\[\]:]+:\d+")
 _DIGEST = re.compile(r"[0-9a-f]{32}")
+_TAG = re.compile(r"[0-9a-f]{64}")
 _HANDLE_FIELDS = ("remote_address", "transfer_id", "block_size", "num_prompt_tokens", "first_token_id",
-                  "checkpoint_positions", "prompt_digest")
+                  "checkpoint_positions", "prompt_digest", "expires_at", "mac")
 
 
 @dataclass(frozen=True)
@@ -27,10 +31,22 @@ class KVTransferConfig:
     hold_timeout_s: float = 60.0  # prefill: held blocks nobody pulled by then are released
     fallback_local_prefill: bool = False  # decode: on a failed transfer, prefill locally instead of failing
     send_delay_s: float = 0.0  # test hook: the prefill side waits this long before sending each transfer
+    # Trust (recap.disagg.trust): the deployment's shared secret (prefill and decode), and the transfer server
+    # addresses of the prefill peers a decode instance may pull from (it connects to nothing else).
+    secret: bytes = field(default=b"", repr=False)
+    peers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.role != "both" and len(self.secret) < SECRET_MIN_BYTES:
+            raise ValueError(f"secret: --role {self.role} needs the deployment's shared secret "
+                             f"(--kv-secret-file or --kv-secret, at least {SECRET_MIN_BYTES} characters)")
+        if self.role == "decode" and not self.peers:
+            raise ValueError("peers: --role decode needs its prefill peers' transfer addresses (--kv-peer tcp://host:port)")
+        for peer in self.peers:
+            if not _ADDRESS.fullmatch(peer):
+                raise ValueError(f"peers: {peer!r} must look like tcp://host:port")
         if not 0 <= self.kv_port < 65536:
             raise ValueError(f"kv_port must be a TCP port (0: any free port), got {self.kv_port}")
         for name in ("transfer_timeout_s", "hold_timeout_s"):
@@ -53,12 +69,18 @@ class RemoteHandle:
     transfer_id: str
     block_size: int
     offer: RemoteOffer
+    expires_at: float = 0.0  # unix time after which the decode side refuses it
+    mac: str = ""  # recap.disagg.trust.sign over `signed_fields()` and the prompt
 
-    def to_params(self) -> dict[str, Any]:
+    def signed_fields(self) -> dict[str, Any]:
         o = self.offer
         return {"remote_address": self.address, "transfer_id": self.transfer_id, "block_size": self.block_size,
                 "num_prompt_tokens": o.num_prompt_tokens, "first_token_id": o.first_token_id,
-                "checkpoint_positions": list(o.checkpoint_positions), "prompt_digest": o.prompt_digest}
+                "checkpoint_positions": list(o.checkpoint_positions), "prompt_digest": o.prompt_digest,
+                "expires_at": self.expires_at}
+
+    def to_params(self) -> dict[str, Any]:
+        return {**self.signed_fields(), "mac": self.mac}
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> RemoteHandle:
@@ -79,7 +101,14 @@ class RemoteHandle:
             raise ValueError("prompt_digest must be 32 hex digits")
         offer = RemoteOffer(_field(params, "num_prompt_tokens", int), _field(params, "first_token_id", int),
                             tuple(positions), digest)
-        return cls(address, _field(params, "transfer_id", str), _field(params, "block_size", int), offer)
+        expires_at = params.get("expires_at")
+        if not isinstance(expires_at, (int, float)) or isinstance(expires_at, bool) or not math.isfinite(expires_at):
+            raise ValueError("expires_at is missing or not a number")
+        mac = _field(params, "mac", str)
+        if not _TAG.fullmatch(mac):
+            raise ValueError("mac must be 64 hex digits")
+        return cls(address, _field(params, "transfer_id", str), _field(params, "block_size", int), offer,
+                   float(expires_at), mac)
 
 
 def _field(params: dict[str, Any], name: str, kind: type) -> Any:
@@ -104,6 +133,13 @@ def add_disagg_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback-local-prefill", action="store_true",
                    help="decode: when a KV transfer fails, prefill the request locally instead of failing it")
     p.add_argument("--kv-send-delay", type=float, default=d.send_delay_s, help=argparse.SUPPRESS)  # test hook
+    p.add_argument("--kv-secret-file", type=Path, default=None, metavar="PATH",
+                   help="prefill/decode: the deployment's shared secret that signs transfer handles; created "
+                        "(random, mode 0600) when the file does not exist yet")
+    p.add_argument("--kv-secret", default=None, help="prefill/decode: the shared secret itself (prefer the file)")
+    p.add_argument("--kv-peer", action="append", default=[], metavar="tcp://HOST:PORT",
+                   help="decode: a prefill peer's transfer address (its --kv-host/--kv-port); repeat for several. "
+                        "Handles naming any other address are refused")
 
 
 def transfer_config(args: argparse.Namespace) -> KVTransferConfig:
@@ -111,8 +147,21 @@ def transfer_config(args: argparse.Namespace) -> KVTransferConfig:
     return KVTransferConfig(
         role=args.role, kv_host=args.kv_host, kv_port=args.kv_port, transfer_timeout_s=args.kv_transfer_timeout,
         hold_timeout_s=args.kv_hold_timeout, fallback_local_prefill=args.fallback_local_prefill,
-        send_delay_s=args.kv_send_delay,
+        send_delay_s=args.kv_send_delay, secret=_secret(args), peers=tuple(args.kv_peer),
     )
+
+
+def _secret(args: argparse.Namespace) -> bytes:
+    if args.kv_secret is not None and args.kv_secret_file is not None:
+        raise ValueError("secret: give --kv-secret or --kv-secret-file, not both")
+    if args.kv_secret is not None:
+        return parse_secret(args.kv_secret)
+    if args.kv_secret_file is not None and args.role != "both":
+        try:
+            return load_or_create_secret(args.kv_secret_file)
+        except OSError as e:
+            raise ValueError(f"secret: cannot read or create {args.kv_secret_file}: {e}") from None
+    return b""
 
 
 def add_proxy_args(p: argparse.ArgumentParser) -> None:
@@ -124,3 +173,6 @@ def add_proxy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per upstream request")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    from recap.server.limits import add_limit_args  # here: recap.server imports this module
+
+    add_limit_args(p)

@@ -28,7 +28,8 @@ import zmq
 
 from recap.core.transfer import HeldRequest, ReceivePlan
 from recap.disagg.config import KVTransferConfig, RemoteDecode, RemoteHandle
-from recap.disagg.transport import Outbox, TransferServer, pull
+from recap.disagg.transport import Outbox, TransferServer, pull, send_release
+from recap.disagg.trust import HandleVerifier, prompt_fingerprint, sign
 from recap.disagg.worker import TransferDataError, from_frames, gather, num_bytes, scatter, to_frame
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
@@ -83,6 +84,7 @@ class DisaggLLMEngine(LLMEngine):
         self.outbox: Outbox | None = None
         self.server: TransferServer | None = None
         self._ctx: zmq.Context | None = None
+        self.verifier = HandleVerifier(transfer.secret, transfer.peers)  # decode: recap.disagg.api checks with it
         if transfer.role == "prefill":
             self.outbox = Outbox()
             self.server = TransferServer(transfer.kv_host, transfer.kv_port, self.outbox, self._gather,
@@ -119,6 +121,8 @@ class DisaggLLMEngine(LLMEngine):
             return super().add_prepared(p)
         if p.request_id in self.outputs.parents:
             raise InvalidRequestError(f"request id {p.request_id!r} is already running")
+        if p.kv_transfer.address not in self.verifier.peers:  # recap.disagg.api verified it; this guards others
+            raise InvalidRequestError(f"remote_address {p.kv_transfer.address!r} is not a prefill peer (--kv-peer)")
         cid = child_id(p.request_id, 0)
         request = self.processor.make_core_request(p, cid, 0)
         self.outputs.add(p)
@@ -126,14 +130,24 @@ class DisaggLLMEngine(LLMEngine):
             self.scheduler.add_remote_request(request, p.kv_transfer.offer)
         except ValueError as e:
             self.outputs.remove(p.request_id)
+            self._release_remote(p.kv_transfer)
             raise KVTransferError(f"cannot take over the prefilled request: {e}", 502) from None
-        self._handles[cid] = p.kv_transfer
+        if self.scheduler.get_request(cid) is None:  # refused at once (does not fit): no pull will come
+            self._release_remote(p.kv_transfer)
+        else:
+            self._handles[cid] = p.kv_transfer
         self._new_remote = True
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         super().abort_request(request_ids)
         for cid in [c for c in self._handles if self.scheduler.get_request(c) is None]:
-            del self._handles[cid]  # aborted before its pull started
+            self._release_remote(self._handles.pop(cid))  # aborted before its pull started
+
+    def _release_remote(self, handle: RemoteHandle) -> None:
+        """Nobody here will pull `handle`: let its prefill side free the held KV now (off the engine thread)."""
+        assert self._ctx is not None
+        threading.Thread(target=send_release, args=(self._ctx, handle.address, handle.transfer_id, handle.mac),
+                         name="recap-kv-release", daemon=True).start()
 
     def has_unfinished_requests(self) -> bool:
         if not self._inbox.empty() or self._new_remote:
@@ -169,9 +183,14 @@ class DisaggLLMEngine(LLMEngine):
             held = self.scheduler.held(cid)
             if held is None:
                 continue
-            self.outbox.publish(cid, held, time.monotonic() + self.transfer_config.hold_timeout_s)
-            handle = RemoteHandle(self.server.address, cid, self.config.cache.block_size, held.offer())
-            out.kv_transfer_params = handle.to_params()
+            hold_s = self.transfer_config.hold_timeout_s
+            handle = RemoteHandle(self.server.address, cid, self.config.cache.block_size, held.offer(),
+                                  expires_at=time.time() + hold_s)
+            r = held.request
+            mac = sign(self.transfer_config.secret, handle.signed_fields(),
+                       prompt_fingerprint(r.prompt_token_ids, r.cache_salt))
+            self.outbox.publish(cid, held, time.monotonic() + hold_s, mac)
+            out.kv_transfer_params = dataclasses.replace(handle, mac=mac).to_params()
         self.stats.requests_held = len(self.outbox)
 
     def _release_due(self) -> None:
@@ -199,7 +218,8 @@ class DisaggLLMEngine(LLMEngine):
 
     def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
         """Runs on a pull thread: bytes in, tensors out, nothing else."""
-        header = {"op": "pull", "transfer_id": handle.transfer_id, "blocks": list(plan.block_indices),
+        header = {"op": "pull", "transfer_id": handle.transfer_id, "mac": handle.mac,
+                  "blocks": list(plan.block_indices),
                   "checkpoints": [c.write.position for c in plan.checkpoints],
                   "prompt_digest": handle.offer.prompt_digest}
         result: _Result

@@ -5,29 +5,68 @@ Each POST /v1/completions or /v1/chat/completions goes first to a prefill instan
 the KV), then to a decode instance with the handle it returned; the decode side's answer (plain or
 streamed, usage included, cached_tokens = the decode side's hit) goes back to the client unchanged.
 Errors: a 4xx from either side is passed through; an unreachable instance is a 502 and a timeout a
-504, each with an OpenAI-style error body. Instances are taken round robin. Torch-free.
+504, each with an OpenAI-style error body; a decode stream that breaks ends with an error event. When
+the decode side fails, refuses or the client leaves before it answered, the proxy tells the prefill side
+to release the held KV at once (not after its hold timeout); a client that leaves cancels the upstream
+request, streamed or not (which aborts it there). Instances are taken round robin. Torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
+import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import zmq
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.disagg.api import PARAM
-from recap.server.errors import APIError, parse_json
-from recap.server.sse import SSEResponse
+from recap.disagg.transport import send_release
+from recap.server.errors import APIError
+from recap.server.guard import Guard
+from recap.server.json_body import parse_json
+from recap.server.limits import ServerLimits, check_body, server_limits
+from recap.server.sse import SSE_DONE, SSEResponse, sse
 
 log = logging.getLogger("recap.proxy")
 ROUTES = ("/v1/completions", "/v1/chat/completions")
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The proxy's client disconnected before its answer was ready."""
+
+
+async def _until_disconnect(request: Request, aw: Awaitable[T]) -> T:
+    """Await `aw` unless the client leaves first: then cancel it (closing its upstream connection, which
+    aborts the upstream request) and raise ClientGone."""
+    task = asyncio.ensure_future(aw)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
 
 
 @dataclass(frozen=True)
@@ -57,14 +96,27 @@ def _passthrough(r: httpx.Response, content: bytes) -> Response:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, limits: ServerLimits, api_key: str | None = None) -> None:
         self.config = config
+        self.limits = limits
         self._prefill: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.prefill_urls])
         self._decode: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.decode_urls])
-        self.client = httpx.AsyncClient(timeout=config.timeout_s)
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}  # the deployment's key
+        self.client = httpx.AsyncClient(timeout=config.timeout_s, headers=headers)
+        self._zmq = zmq.Context()  # releases to prefill sides (recap.disagg.transport.send_release)
+
+    def close(self) -> None:
+        threading.Thread(target=self._zmq.term, name="recap-proxy-zmq-term", daemon=True).start()
 
     async def route(self, request: Request, path: str) -> Response:
-        body = parse_json(await request.body())
+        body = parse_json(await request.body(), self.limits.max_json_depth)
+        check_body(body, self.limits)
+        try:
+            return await _until_disconnect(request, self._route(body, path))
+        except ClientGone:
+            return Response(status_code=499)
+
+    async def _route(self, body: dict[str, Any], path: str) -> Response:
         if PARAM in body:
             raise APIError(f"{PARAM} is set by the proxy, not by clients", param=PARAM)
         prefill_url, decode_url = next(self._prefill), next(self._decode)
@@ -81,13 +133,27 @@ class Proxy:
             raise APIError(f"the prefill instance at {prefill_url} returned no {PARAM} (is it --role prefill?)",
                            status=502, type="upstream_error", code="upstream_bad_response")
         second = {**body, PARAM: {**handle, "do_remote_prefill": True}}
-        if body.get("stream") is True:
-            return await self._stream(decode_url + path, second, decode_url)
+        answered = False
         try:
-            r = await self.client.post(decode_url + path, json=second)
-        except httpx.HTTPError as e:
-            raise _upstream_error("decode", decode_url, e) from None
-        return _passthrough(r, r.content)
+            if body.get("stream") is True:
+                response = await self._stream(decode_url + path, second, decode_url)
+            else:
+                try:
+                    r = await self.client.post(decode_url + path, json=second)
+                except httpx.HTTPError as e:
+                    raise _upstream_error("decode", decode_url, e) from None
+                response = _passthrough(r, r.content)
+            answered = response.status_code == 200  # a 200 from the decode side comes after its pull
+            return response
+        finally:
+            if not answered:  # the decode side failed, refused or was left: nobody will pull
+                self._release(handle)
+
+    def _release(self, handle: dict[str, Any]) -> None:
+        """Let the prefill side free the held KV at once (fire and forget, off the loop)."""
+        address, tid, mac = handle.get("remote_address"), handle.get("transfer_id"), handle.get("mac")
+        if isinstance(address, str) and isinstance(tid, str) and isinstance(mac, str):
+            asyncio.get_running_loop().run_in_executor(None, send_release, self._zmq, address, tid, mac)
 
     async def _stream(self, url: str, body: dict[str, Any], base: str) -> Response:
         try:
@@ -99,18 +165,29 @@ class Proxy:
             await r.aclose()
             return _passthrough(r, content)
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[bytes | str]:
+            tail = b""
             try:
                 async for chunk in r.aiter_raw():
+                    tail = (tail + chunk)[-64:]
                     yield chunk
+                if SSE_DONE.strip().encode() not in tail:
+                    raise httpx.RemoteProtocolError("the stream ended before [DONE]")
+            except httpx.HTTPError as e:  # the decode instance died mid-stream: tell the client in-stream
+                log.warning("decode stream from %s broke: %s: %s", base, type(e).__name__, e)
+                err = APIError(f"the decode instance at {base} failed mid-stream: {type(e).__name__}: {e}", status=502,
+                               type="upstream_error", code="upstream_stream_broken")
+                yield "\n\n" + sse(json.dumps(err.body())) + SSE_DONE
             finally:
                 await r.aclose()  # a client that leaves closes the decode stream, which aborts the request
 
         return SSEResponse(events())
 
 
-def build_proxy_app(config: ProxyConfig) -> FastAPI:
-    proxy = Proxy(config)
+def build_proxy_app(config: ProxyConfig, limits: ServerLimits | None = None, api_key: str | None = None) -> FastAPI:
+    """The proxy app; `limits` and `api_key` as for `recap serve` (recap.server.guard; no /debug here)."""
+    limits = limits or ServerLimits()
+    proxy = Proxy(config, limits, api_key)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -118,14 +195,21 @@ def build_proxy_app(config: ProxyConfig) -> FastAPI:
             yield
         finally:
             await proxy.client.aclose()
+            proxy.close()
 
     app = FastAPI(title="recap proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=ROUTES)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         log.warning("request failed (%d): %s", exc.status, exc.message)
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(str(exc.detail), status=exc.status_code, code="not_found" if exc.status_code == 404 else None
+                        ).response()
 
     for path in ROUTES:
         async def handler(request: Request, _path: str = path) -> Response:
@@ -166,10 +250,15 @@ def run_proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = ProxyConfig(tuple(args.prefill), tuple(args.decode), args.timeout)
+        limits = server_limits(args)
     except ValueError as e:
         print(f"error: {e}")
         return 2
+    from recap.server.timeouts import header_timeout_protocol
+
     log.info("proxy on http://%s:%d: prefill %s, decode %s", args.host, args.port, config.prefill_urls,
              config.decode_urls)
-    uvicorn.run(build_proxy_app(config), host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(build_proxy_app(config, limits, args.api_key), host=args.host, port=args.port,
+                log_level=args.log_level, access_log=False, http=header_timeout_protocol(limits.header_timeout_s),
+                timeout_keep_alive=limits.idle_timeout_s)
     return 0

@@ -6,6 +6,7 @@ Series (each with a `model_name` and a `role` label), parallel to vLLM's kv-conn
   recap:disagg_blocks_local_total (full prompt blocks the decode side already held: never sent),
   recap:disagg_checkpoints_sent_total / _received_total / _registered_total,
   recap:disagg_states_received_total, recap:disagg_bytes_sent_total / _received_total,
+  recap:disagg_handles_refused_total (recap.disagg.trust),
   and the gauges recap:disagg_requests_held, recap:disagg_transfers_in_flight.
 """
 
@@ -57,6 +58,10 @@ class TransferCollector(Collector):
             metric = family(name, _HELP[f.name], labels=labels)
             metric.add_metric(values, float(getattr(stats, f.name)))
             yield metric
+        refused = CounterMetricFamily("recap:disagg_handles_refused", "Transfer handles refused (decode side): not "
+                                      "from a prefill peer, bad tag, expired or replayed.", labels=labels)
+        refused.add_metric(values, float(self.engine.verifier.num_refused))
+        yield refused
 
 
 def build_engine(config: EngineConfig, transfer: KVTransferConfig) -> tuple[AsyncEngine, list[Collector]]:

@@ -6,10 +6,12 @@ time), every wait has a timeout (poll), a peer that dies shows up as a socket ev
 milliseconds, and multipart messages carry tensor bytes without pickling.
 
 Messages (decode side: a DEALER socket per pull; prefill side: one ROUTER socket in its own thread):
-  decode  -> prefill  {"op": "pull", "transfer_id", "blocks", "checkpoints", "prompt_digest"}
+  decode  -> prefill  {"op": "pull", "transfer_id", "mac", "blocks", "checkpoints", "prompt_digest"}
   prefill -> decode   {"op": "data", "ok": true, header of recap.disagg.worker.gather} + tensor frames
                       or {"op": "data", "ok": false, "error": message}
-  decode  -> prefill  {"op": "release", "transfer_id"}: the data arrived, the held request may go.
+  decode  -> prefill  {"op": "release", "transfer_id", "mac"}: the data arrived, the held request may go.
+  proxy or decode -> prefill  the same release when the decode side is known to be gone (its request failed or
+                      was aborted before the pull), so the prefill side frees at once, not after the hold timeout.
 
 The `Outbox` is the only state the server thread shares with the engine thread: held transfers it may
 read (a claimed one is never released under it) and the ones to release (acknowledged or expired).
@@ -17,6 +19,7 @@ read (a claimed one is never released under it) and the ones to release (acknowl
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -39,6 +42,7 @@ POLL_MS = 100
 class _Entry:
     held: HeldRequest
     deadline: float
+    mac: str = ""  # the handle's tag: a pull must carry it (recap.disagg.trust)
     busy: bool = False
     acked: bool = False
 
@@ -55,15 +59,16 @@ class Outbox:
         with self._lock:
             return len(self._entries)
 
-    def publish(self, transfer_id: str, held: HeldRequest, deadline: float) -> None:
+    def publish(self, transfer_id: str, held: HeldRequest, deadline: float, mac: str = "") -> None:
         with self._lock:
-            self._entries[transfer_id] = _Entry(held, deadline)
+            self._entries[transfer_id] = _Entry(held, deadline, mac)
 
-    def claim(self, transfer_id: str) -> HeldRequest | None:
-        """Reserve a live transfer for sending (it cannot be released until `unclaim`); None if gone."""
+    def claim(self, transfer_id: str, mac: str = "") -> HeldRequest | None:
+        """Reserve a live transfer for sending (it cannot be released until `unclaim`); None if gone, or
+        when `mac` is not the tag of its handle."""
         with self._lock:
             entry = self._entries.get(transfer_id)
-            if entry is None or entry.busy or entry.acked:
+            if entry is None or entry.busy or entry.acked or not hmac.compare_digest(entry.mac, mac):
                 return None
             entry.busy = True
             return entry.held
@@ -74,12 +79,14 @@ class Outbox:
             if entry is not None:
                 entry.busy = False
 
-    def ack(self, transfer_id: str) -> bool:
+    def ack(self, transfer_id: str, mac: str = "") -> bool:
+        """Mark a transfer done (released between steps); False if unknown or `mac` is not its handle's tag."""
         with self._lock:
             entry = self._entries.get(transfer_id)
-            if entry is not None:
-                entry.acked = True
-            return entry is not None
+            if entry is None or not hmac.compare_digest(entry.mac, mac):
+                return False
+            entry.acked = True
+            return True
 
     def _due(self, entry: _Entry, now: float) -> bool:
         return not entry.busy and (entry.acked or now >= entry.deadline)
@@ -139,14 +146,15 @@ class TransferServer:
                 header = json.loads(frames[-1])
                 if header.get("op") == "pull":
                     self._send(frames[0], header)
-                elif header.get("op") == "release" and self.outbox.ack(str(header.get("transfer_id"))):
+                elif header.get("op") == "release" and self.outbox.ack(str(header.get("transfer_id")),
+                                                                       str(header.get("mac", ""))):
                     self._on_ack()
             except Exception:  # noqa: BLE001 - one bad message must not stop the server
                 log.exception("KV transfer server: bad message")
 
     def _send(self, identity: bytes, header: dict[str, Any]) -> None:
         tid = str(header.get("transfer_id"))
-        held = self.outbox.claim(tid)
+        held = self.outbox.claim(tid, str(header.get("mac", "")))
         if held is None:
             return self._reply(identity, {"ok": False, "error": f"transfer {tid!r} is unknown, expired or taken"})
         try:
@@ -181,7 +189,7 @@ def pull(
         reply = json.loads(frames[0])
         if not reply.get("ok"):
             raise KVTransferError(f"the prefill instance at {address} refused the transfer: {reply.get('error')}", 502)
-        sock.send(json.dumps({"op": "release", "transfer_id": header["transfer_id"]}).encode())
+        sock.send(json.dumps({"op": "release", "transfer_id": header["transfer_id"], "mac": header["mac"]}).encode())
         return reply, frames[1:]
     finally:
         sock.disable_monitor()
@@ -209,3 +217,14 @@ def _await_reply(
             elif event == zmq.EVENT_CONNECT_RETRIED and not connected:
                 raise KVTransferError(f"cannot reach the prefill instance at {address} for the KV transfer", 502)
     raise KVTransferError(f"the KV transfer from {address} timed out after {timeout_s:g}s", 504)
+
+
+def send_release(ctx: zmq.Context, address: str, transfer_id: str, mac: str, linger_ms: int = 1000) -> None:
+    """Tell a prefill side that nobody will pull `transfer_id` (fire and forget; blocks up to `linger_ms`)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    try:
+        sock.connect(address)
+        sock.send(json.dumps({"op": "release", "transfer_id": transfer_id, "mac": mac}).encode())
+    finally:
+        sock.close()

@@ -67,7 +67,9 @@ class InputProcessor:
         arrival_time: float,
     ) -> PreparedRequest:
         if params.n > self.max_n:
-            raise InvalidRequestError(f"n must be between 1 and {self.max_n}, got {params.n}")
+            raise InvalidRequestError(
+                f"n: {params.n} choices asked, at most {self.max_n} are allowed (--max-n)"
+            )
         text, ids = self.tokenize(prompt)
         if not ids:
             raise InvalidRequestError("prompt has no tokens")

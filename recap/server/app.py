@@ -9,34 +9,29 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.engine.async_engine import AsyncEngine
 from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
-from recap.server.errors import APIError, from_exception, from_validation_error, parse_json
+from recap.server.errors import APIError
+from recap.server.guard import Guard
+from recap.server.limits import ServerLimits
 from recap.server.metrics import make_registry, render
 from recap.server.options import ServerOptions, install
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from recap.server.request_body import parse_request
+from recap.server.request_counts import RequestCounts, RequestCountsCollector
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
 
 log = logging.getLogger("recap.server")
-M = TypeVar("M", bound=BaseModel)
-
-
-async def _parse(request: Request, model: type[M]) -> M:
-    data = parse_json(await request.body())
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # admission (--max-queued) counts these
 
 
 def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
@@ -53,12 +48,13 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
 
 def build_app(
     engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = (),
-    options: ServerOptions | None = None,
+    options: ServerOptions | None = None, limits: ServerLimits | None = None, api_key: str | None = None,
 ) -> FastAPI:
     """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit.
 
     `collectors`: extra Prometheus series for /metrics (e.g. recap.disagg's transfer counters).
     `options`: CORS and the request-id echo (recap.server.options).
+    `limits`, `api_key`: request limits, admission and auth (recap.server.guard); /debug only if enabled.
     """
     llm = engine.engine
     state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len)
@@ -72,12 +68,18 @@ def build_app(
         try:
             yield
         finally:
+            state.offload.shutdown()
             if shutdown_engine:
                 engine.shutdown()
 
     app = FastAPI(title="recap", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.recap = state
-    install(app, options or ServerOptions())
+    limits = limits or ServerLimits()
+    app.state.limits = limits
+    counts = RequestCounts()  # recap.server.request_counts: what became of each generation request
+    registry.register(RequestCountsCollector(counts, state.model_name))
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)
+    install(app, options or ServerOptions())  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
 
     @app.exception_handler(APIError)
@@ -91,20 +93,13 @@ def build_app(
                        code="not_found" if exc.status_code == 404 else None)
         return err.response()
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        err = from_exception(exc)
-        if err.status >= 500:
-            log.exception("request failed", exc_info=exc)
-        return err.response()
-
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await create_completion(state, await _parse(request, CompletionRequest), request)
+        return await create_completion(state, await parse_request(request, CompletionRequest, state), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(state, await _parse(request, ChatCompletionRequest), request)
+        return await create_chat_completion(state, await parse_request(request, ChatCompletionRequest, state), request)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -121,6 +116,12 @@ def build_app(
     async def metrics() -> Response:
         return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if limits.enable_debug:
+        _add_debug_routes(app, engine)
+    return app
+
+
+def _add_debug_routes(app: FastAPI, engine: AsyncEngine) -> None:
     @app.get("/debug/integrity")
     async def integrity() -> dict[str, Any]:
         """The cache core's accounting check (DESIGN §3.5) and the request counts, for tests and soaks."""
@@ -128,5 +129,3 @@ def build_app(
         pools = engine.pool_usage()  # read on the engine thread together with the check
         return {"ok": error is None, "error": error, "num_running": pools.pop("num_running", 0),
                 "num_waiting": pools.pop("num_waiting", 0), "pools": pools}
-
-    return app

@@ -43,10 +43,11 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         params = req.sampling_params(state.engine.engine.default_sampling)
     except ValueError as e:
         raise from_value_error(e) from None
-    chat = build_chat_input(state.tokenizer, req.messages)
+    size = sum(len(m.text()) for m in req.messages)
+    chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages)
     rid = new_request_id("chatcmpl")
-    prepared = prepare_all(state, [chat.token_ids], params, request_id=rid, boundaries=[chat.segment_boundaries],
-                           cache_salt=req.cache_salt)
+    prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
+                                       boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
     prepared = attach_transfer(state.engine.engine, req.kv_transfer_params, prepared, stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:

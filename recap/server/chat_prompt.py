@@ -1,8 +1,9 @@
 """Chat messages -> prompt token ids + segment boundaries (DESIGN §4).
 
 Every message end is a boundary (render_chat). `cache_control` markers add explicit ones: on a
-message, at that message's end; on a content part, at the end of that part's text. A marker
-whose text the template does not reproduce verbatim falls back to its message's end.
+message, at that message's end; on a content part, at the end of that part's text. All come from
+the one render (recap.engine.chat), so their cost does not grow with the number of markers. A
+marker whose message the template does not reproduce verbatim is dropped (no boundary there).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recap.engine.chat import common_prefix, render_chat
+from recap.engine.chat import ChatPrompt, render_chat
 from recap.server.errors import APIError
 from recap.server.protocol import ChatMessage
 
@@ -22,40 +23,22 @@ class ChatInput:
     explicit_boundaries: tuple[int, ...]  # from cache_control markers only
 
 
-def _render(tokenizer: Any, dicts: list[dict[str, str]], gen: bool) -> str:
-    return tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=gen)
-
-
-def _offset_of_text(tokenizer: Any, text: str, char_end: int, ids: list[int]) -> int:
-    """Tokens of `ids` that lie wholly inside text[:char_end]."""
-    return common_prefix(tokenizer.encode(text[:char_end], add_special_tokens=False), ids)
-
-
-def _marker_offsets(tokenizer: Any, messages: list[ChatMessage], text: str, ids: list[int]) -> list[int]:
-    dicts = [m.template_dict() for m in messages]
+def _marker_offsets(messages: list[ChatMessage], rendered: ChatPrompt) -> list[int]:
     out: list[int] = []
-    for i, m in enumerate(messages):
+    for m, span in zip(messages, rendered.content_spans):
         marked_parts = [] if isinstance(m.content, str) or m.content is None else [
             j for j, p in enumerate(m.content) if p.cache_control is not None]
-        if m.cache_control is None and not marked_parts:
+        if span is None or (m.cache_control is None and not marked_parts):
             continue
-        upto = _render(tokenizer, dicts[: i + 1], gen=False)
-        msg_end = _offset_of_text(tokenizer, text, len(upto), ids) if text.startswith(upto) else 0
-        if m.cache_control is not None and msg_end:
-            out.append(msg_end)
-        if not marked_parts:
-            continue
-        before = _render(tokenizer, dicts[:i], gen=False) if i else ""
-        start = text.find(m.text(), len(before) if text.startswith(before) else 0)
+        start, end = span
+        if m.cache_control is not None:
+            out.append(rendered.tokens_before(end))
         parts = m.parts()
         for j in marked_parts:
-            if start < 0:
-                if msg_end:
-                    out.append(msg_end)
-                continue
             char_end = start + sum(len(p) for p in parts[: j + 1]) + j  # parts joined by "\n"
-            out.append(_offset_of_text(tokenizer, text, char_end, ids))
-    return [b for b in out if 0 < b < len(ids)]
+            out.append(rendered.tokens_before(char_end))
+    n = len(rendered.token_ids)
+    return [b for b in out if 0 < b < n]
 
 
 def build_chat_input(tokenizer: Any, messages: list[ChatMessage]) -> ChatInput:
@@ -63,8 +46,8 @@ def build_chat_input(tokenizer: Any, messages: list[ChatMessage]) -> ChatInput:
     dicts = [m.template_dict() for m in messages]
     try:
         rendered = render_chat(tokenizer, dicts, add_generation_prompt=True)
-        explicit = _marker_offsets(tokenizer, messages, rendered.text, rendered.token_ids)
     except Exception as e:  # noqa: BLE001 - jinja raise_exception / missing template: the client's input
         raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
+    explicit = _marker_offsets(messages, rendered)
     merged = tuple(sorted(set(rendered.segment_boundaries) | set(explicit)))
     return ChatInput(rendered.token_ids, merged, tuple(sorted(set(explicit))))

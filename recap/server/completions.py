@@ -33,6 +33,7 @@ from recap.server.serving import (
     new_request_id,
     open_stream,
     prepare_all,
+    prompt_size,
     usage,
 )
 from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
@@ -55,8 +56,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise from_value_error(e) from None
     prompts = req.prompts()
     rid = new_request_id("cmpl")
-    prepared = prepare_all(state, prompts, params, request_id=rid, boundaries=[req.checkpoints or ()] * len(prompts),
-                           cache_salt=req.cache_salt)
+    prepared = await state.offload.run(prompt_size(prompts), prepare_all, state, prompts, params, request_id=rid,
+                                       boundaries=[req.checkpoints or ()] * len(prompts), cache_salt=req.cache_salt)
     _check_checkpoints(req, prepared)
     prepared = attach_transfer(state.engine.engine, req.kv_transfer_params, prepared, stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))

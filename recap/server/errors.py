@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -27,11 +26,12 @@ class APIError(Exception):
         self, message: str, *, status: int = 400, type: str = "invalid_request_error",
         param: str | None = None, code: str | None = None,
     ) -> None:
+        message = message.encode("utf-8", "backslashreplace").decode()  # echoed input may hold lone surrogates
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type
-        self.param = param
+        self.param = None if param is None else param.encode("utf-8", "backslashreplace").decode()
         self.code = code
 
     def body(self) -> dict[str, Any]:
@@ -102,13 +102,3 @@ def from_exception(err: BaseException) -> APIError:
     if isinstance(err, (InvalidRequestError, ValueError)):
         return from_value_error(err)
     return APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="internal_error")
-
-
-def parse_json(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(f"Invalid JSON body: {e}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError("The request body must be a JSON object", code="invalid_json")
-    return data

@@ -8,6 +8,7 @@ import sys
 
 from recap.disagg.config import add_disagg_args, transfer_config
 from recap.server.args import add_engine_args, engine_config
+from recap.server.limits import add_limit_args, server_limits
 from recap.server.options import add_http_args, server_options
 
 log = logging.getLogger("recap.server")
@@ -27,6 +28,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
     add_http_args(p)
     add_disagg_args(p)
+    add_limit_args(p)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -39,6 +41,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         config = engine_config(args)
         transfer = transfer_config(args)
+        limits = server_limits(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -47,6 +50,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from recap.disagg.serving import build_engine
     from recap.server.app import build_app
+    from recap.server.timeouts import header_timeout_protocol
 
     log.info("loading %s", config.model or "the embedded default model")
     try:
@@ -55,9 +59,10 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: cannot load the model: {e}", file=sys.stderr)
         return 1
     llm = engine.engine
-    app = build_app(engine, collectors=collectors, options=server_options(args))
+    app = build_app(engine, collectors=collectors, options=server_options(args), limits=limits, api_key=args.api_key)
     log.info("serving %s on http://%s:%d (OpenAI API under /v1, role %s)", llm.served_model_name, args.host,
              args.port, transfer.role)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
-                access_log=False)
+                access_log=False, http=header_timeout_protocol(limits.header_timeout_s),
+                timeout_keep_alive=limits.idle_timeout_s)
     return 0

@@ -24,6 +24,7 @@ from recap.engine.outputs import RequestOutput
 from recap.engine.processor import PreparedRequest
 from recap.sampling_params import SamplingParams
 from recap.server.errors import APIError, from_exception, from_value_error
+from recap.server.offload import Offloader
 from recap.server.protocol import PromptTokensDetails, Usage
 
 log = logging.getLogger("recap.server")
@@ -41,6 +42,7 @@ class ServerState:
     max_model_len: int
     created: int = field(default_factory=lambda: int(time.time()))
     _token_text: dict[int, str] = field(default_factory=dict)
+    offload: Offloader = field(default_factory=Offloader)  # large inputs are prepared off the event loop
 
     @property
     def tokenizer(self) -> Any:
@@ -84,6 +86,11 @@ def prepare_all(
                 err.message = f"prompt {i}: {err.message}"
             raise err from None
     return out
+
+
+def prompt_size(prompts: Sequence[str | Sequence[int]]) -> int:
+    """Characters or tokens to prepare: decides whether preparing runs off the event loop."""
+    return sum(len(p) for p in prompts)
 
 
 @dataclass

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 import recap
 from recap.server.chat_prompt import build_chat_input
-from recap.server.errors import APIError, from_validation_error, parse_json
+from recap.server.errors import APIError
 from recap.server.protocol import ChatMessage, ModelCard, _Strict
+from recap.server.request_body import parse_request
 from recap.server.serving import ServerState
 
 
@@ -37,38 +38,42 @@ class DetokenizeRequest(_Strict):
     tokens: list[int] = Field(min_length=1)
 
 
-async def _parse(request: Request, model: type[_Strict]) -> Any:
-    try:
-        return model.model_validate(parse_json(await request.body()))
-    except ValidationError as e:
-        raise from_validation_error(e) from None
+def _size(req: TokenizeRequest) -> int:
+    if req.prompt is not None:
+        return len(req.prompt)
+    return sum(len(str(m.content)) for m in req.messages or ())
+
+
+def _tokenize(state: ServerState, req: TokenizeRequest) -> tuple[list[int], list[str] | None]:
+    """Token ids (and their strings) of a prompt or a chat; may be large, so it runs off the event loop."""
+    tok = state.tokenizer
+    if req.messages is not None:
+        if not req.add_generation_prompt:
+            raise APIError("add_generation_prompt: only true is supported (as the chat endpoint renders)",
+                           param="add_generation_prompt")
+        ids = build_chat_input(tok, req.messages).token_ids
+    else:
+        ids = list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+    return ids, ([state.token_text(t) for t in ids] if req.return_token_strs else None)
 
 
 def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        req: TokenizeRequest = await _parse(request, TokenizeRequest)
+        req: TokenizeRequest = await parse_request(request, TokenizeRequest, state)
         state.check_model(req.model)
-        tok = state.tokenizer
-        if req.messages is not None:
-            if not req.add_generation_prompt:
-                raise APIError("add_generation_prompt: only true is supported (as the chat endpoint renders)",
-                               param="add_generation_prompt")
-            ids = build_chat_input(tok, req.messages).token_ids
-        else:
-            ids = list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
-        strs = [state.token_text(t) for t in ids] if req.return_token_strs else None
+        ids, strs = await state.offload.run(_size(req), _tokenize, state, req)
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        req: DetokenizeRequest = await _parse(request, DetokenizeRequest)
+        req: DetokenizeRequest = await parse_request(request, DetokenizeRequest, state)
         state.check_model(req.model)
         vocab = state.engine.engine.model_config.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(f"tokens: token id {bad[0]} is out of vocabulary (vocab size {vocab})", param="tokens")
-        return {"prompt": state.tokenizer.decode(req.tokens)}
+        return {"prompt": await state.offload.run(len(req.tokens), state.tokenizer.decode, req.tokens)}
 
     @app.get("/version")
     async def version() -> dict[str, str]:

@@ -18,7 +18,8 @@ from tests.server.conftest import tiny_bamba_dir
 
 MODEL_NAME = "tiny-bamba"
 SERVE_FLAGS = ("--served-model-name", MODEL_NAME, "--max-model-len", "1024", "--max-num-seqs", "16",
-               "--max-num-batched-tokens", "256", "--num-threads", "1", "--check-integrity", "--log-level", "warning")
+               "--max-num-batched-tokens", "256", "--num-threads", "1", "--check-integrity", "--log-level", "warning",
+               "--enable-debug-endpoints")
 START_TIMEOUT_S = 90.0
 
 
@@ -78,6 +79,8 @@ class Cluster:
     proxy: Instance
     slow_prefill: Instance  # --kv-send-delay: for the failure test (killed there)
     slow_proxy: Instance  # slow_prefill + decode
+    trust: list[str]  # the deployment's secret flags, for instances a test adds
+    kv_prefill: str  # the prefill instance's transfer address (a decode instance's --kv-peer)
 
 
 @pytest.fixture(scope="session")
@@ -90,10 +93,15 @@ def cluster(disagg_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     logs = tmp_path_factory.mktemp("disagg-logs")
     model = str(disagg_model)
     serve = ["serve", model, *SERVE_FLAGS]
+    trust = ["--kv-secret-file", str(logs / "kv.secret")]  # created by the first instance that starts
+    kv_prefill, kv_slow = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     single = launch("single", serve, logs)
-    prefill = launch("prefill", [*serve, "--role", "prefill"], logs)
-    decode = launch("decode", [*serve, "--role", "decode", "--kv-transfer-timeout", "20"], logs)
-    slow = launch("slow-prefill", [*serve, "--role", "prefill", "--kv-send-delay", "1.5"], logs)
+    prefill = launch("prefill", [*serve, "--role", "prefill", *trust, "--kv-port", kv_prefill.rsplit(":", 1)[1]],
+                     logs)
+    decode = launch("decode", [*serve, "--role", "decode", "--kv-transfer-timeout", "20", *trust,
+                               "--kv-peer", kv_prefill, "--kv-peer", kv_slow], logs)
+    slow = launch("slow-prefill", [*serve, "--role", "prefill", "--kv-send-delay", "1.5", *trust,
+                                   "--kv-port", kv_slow.rsplit(":", 1)[1]], logs)
     instances = [single, prefill, decode, slow]
     try:
         proxy = launch("proxy", ["proxy", "--prefill", prefill.url, "--decode", decode.url, "--log-level", "warning"],
@@ -105,7 +113,7 @@ def cluster(disagg_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         deadline = time.monotonic() + START_TIMEOUT_S
         for inst in instances:
             inst.wait_ready(deadline)
-        yield Cluster(single, prefill, decode, proxy, slow, slow_proxy)
+        yield Cluster(single, prefill, decode, proxy, slow, slow_proxy, trust, kv_prefill)
     finally:
         for inst in instances:
             inst.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from recap import cli
@@ -9,7 +11,8 @@ from recap.core.transfer import RemoteOffer
 from recap.disagg.config import KVTransferConfig, RemoteHandle, transfer_config
 from recap.disagg.proxy import ProxyConfig
 
-HANDLE = RemoteHandle("tcp://127.0.0.1:5555", "cmpl-1-0#0", 16, RemoteOffer(40, 7, (16, 32), "ab" * 16))
+HANDLE = RemoteHandle("tcp://127.0.0.1:5555", "cmpl-1-0#0", 16, RemoteOffer(40, 7, (16, 32), "ab" * 16),
+                      1.7e9, "c" * 64)
 
 
 def test_handle_round_trips_through_params() -> None:
@@ -24,6 +27,8 @@ def test_handle_round_trips_through_params() -> None:
     ({"first_token_id": "7"}, "first_token_id"),
     ({"checkpoint_positions": [0]}, "checkpoint_positions"),
     ({"prompt_digest": "xyz"}, "prompt_digest"),
+    ({"mac": "c" * 63}, "mac"),
+    ({"expires_at": float("nan")}, "expires_at"),
     ({"surprise": 1}, "unknown field"),
 ])
 def test_bad_handles_name_the_field(change: dict, words: str) -> None:
@@ -33,9 +38,11 @@ def test_bad_handles_name_the_field(change: dict, words: str) -> None:
 
 def test_serve_role_flags_build_the_transfer_config() -> None:
     args = cli.build_parser().parse_args(["serve", "--role", "decode", "--kv-transfer-timeout", "5",
-                                          "--fallback-local-prefill"])
+                                          "--fallback-local-prefill", "--kv-secret", "s" * 16,
+                                          "--kv-peer", "tcp://127.0.0.1:5555"])
     assert transfer_config(args) == KVTransferConfig(role="decode", transfer_timeout_s=5.0,
-                                                     fallback_local_prefill=True)
+                                                     fallback_local_prefill=True, secret=b"s" * 16,
+                                                     peers=("tcp://127.0.0.1:5555",))
     assert transfer_config(cli.build_parser().parse_args(["serve"])).role == "both"
     with pytest.raises(ValueError, match="hold_timeout_s"):
         transfer_config(cli.build_parser().parse_args(["serve", "--kv-hold-timeout", "0"]))
@@ -49,3 +56,25 @@ def test_proxy_flags() -> None:
         ProxyConfig(("a:1",), ("http://c:3",))
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["proxy", "--decode", "http://c:3"])
+
+
+def test_prefill_and_decode_roles_need_a_secret_and_decode_needs_its_peers(tmp_path: Path) -> None:
+    def config(*flags: str) -> KVTransferConfig:
+        return transfer_config(cli.build_parser().parse_args(["serve", *flags]))
+
+    with pytest.raises(ValueError, match="secret"):
+        config("--role", "prefill")
+    with pytest.raises(ValueError, match="secret"):
+        config("--role", "prefill", "--kv-secret", "short")
+    with pytest.raises(ValueError, match="peers"):
+        config("--role", "decode", "--kv-secret", "s" * 16)
+    with pytest.raises(ValueError, match="peers"):
+        config("--role", "decode", "--kv-secret", "s" * 16, "--kv-peer", "http://x:1")
+    # The secret file is created on first use (mode 0600) and read by the next instance.
+    path = tmp_path / "kv.secret"
+    first = config("--role", "prefill", "--kv-secret-file", str(path))
+    second = config("--role", "decode", "--kv-secret-file", str(path), "--kv-peer", "tcp://127.0.0.1:1")
+    assert first.secret == second.secret and len(first.secret) == 64
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert config("--kv-secret-file", str(tmp_path / "unused")).secret == b""  # role both needs none
+    assert not (tmp_path / "unused").exists()

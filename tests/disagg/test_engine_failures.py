@@ -36,7 +36,14 @@ def engines(config: EngineConfig) -> Iterator[list[DisaggLLMEngine]]:
         e.close()
 
 
+SECRET = b"engine-failures-test-secret"
+
+
 def make(engines: list[DisaggLLMEngine], config: EngineConfig, **kw: object) -> DisaggLLMEngine:
+    """An engine sharing the test secret; a decode engine's peers are the prefill engines made before it."""
+    kw.setdefault("secret", SECRET)
+    if kw.get("role") == "decode":
+        kw.setdefault("peers", tuple(e.server.address for e in engines if e.server is not None))
     engine = DisaggLLMEngine(config, KVTransferConfig(**kw))  # type: ignore[arg-type]
     engines.append(engine)
     return engine

@@ -87,7 +87,7 @@ def test_n_is_bounded_by_the_engine_config(tiny_models: dict[str, Path]) -> None
     llm = make_llm(tiny_models["mamba2"], caching=True, max_n=3)
     out = llm.generate([rnd(1, 8)], SamplingParams(n=3, max_tokens=2))[0]
     assert len(out.outputs) == 3
-    with pytest.raises(InvalidRequestError, match="n must be between 1 and 3"):
+    with pytest.raises(InvalidRequestError, match="n: 4 choices asked, at most 3 are allowed"):
         llm.generate([rnd(1, 8)], SamplingParams(n=4, max_tokens=2))
     with pytest.raises(ValueError, match="n must be at least 1"):
         SamplingParams(n=0)

@@ -19,21 +19,24 @@ from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
+from recap.server.limits import ServerLimits
 
 MODEL_NAME = "tiny-bamba"
 MAX_MODEL_LEN = 1024
+TEST_LIMITS = ServerLimits(enable_debug=True)  # tests read /debug/integrity
 
 
 class ServerThread:
     """uvicorn serving `app` on 127.0.0.1:<free port> in a daemon thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **config: Any) -> None:
+        """`config`: more uvicorn.Config arguments (e.g. `http=` for recap.server.timeouts)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
+        cfg = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, **config)
+        self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -79,7 +82,7 @@ def engine_config(model: Path, **cache: Any) -> EngineConfig:
 
 @pytest.fixture(scope="session")
 def server(tiny_model: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(build_app(AsyncEngine(LLMEngine(engine_config(tiny_model)))))
+    srv = ServerThread(build_app(AsyncEngine(LLMEngine(engine_config(tiny_model))), limits=TEST_LIMITS))
     srv.start()
     yield srv
     srv.stop()

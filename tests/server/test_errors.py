@@ -43,7 +43,7 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("out-of-vocab", C, c(prompt=[1, 2, 99999]), 400, "token id 99999 is out of vocabulary", "prompt"),
     ("negative-token", C, c(prompt=[-1]), 400, "token id -1 is out of vocabulary", "prompt"),
     ("batch-prompt-out-of-vocab", C, c(prompt=[[1, 2], [3, 99999]]), 400, "prompt 1: token id 99999", "prompt"),
-    ("n-too-large", C, c(n=1000), 400, "n must be between 1 and 16", "n"),
+    ("n-too-large", C, c(n=1000), 400, "n: 1000 choices asked, at most 16", "n"),
     ("wrong-type-temperature", C, c(temperature="hot"), 400, "temperature: Input should be a valid number",
      "temperature"),
     ("wrong-type-n", C, c(n="2"), 400, "n: Input should be a valid integer", "n"),
@@ -103,7 +103,7 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
      "tools"),
     ("max-tokens-disagree", CHAT, chat(max_tokens=3, max_completion_tokens=4), 400,
      "max_tokens and max_completion_tokens disagree", "max_tokens"),
-    ("chat-n-too-large", CHAT, chat(n=17), 400, "n must be between 1 and 16", "n"),
+    ("chat-n-too-large", CHAT, chat(n=17), 400, "n: 17 choices asked, at most 16", "n"),
 ]
 
 

@@ -1,0 +1,113 @@
+"""The proxy under hostile input and faults (issue 20): the corpus through the proxy, --api-key, a client
+that leaves, a decode instance that is gone or dies mid-stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from recap.disagg.proxy import ProxyConfig, build_proxy_app
+from recap.server.limits import ServerLimits
+from tests.disagg.conftest import SERVE_FLAGS, START_TIMEOUT_S, Cluster, Instance, free_port, launch, metric, wait_idle
+from tests.server.conftest import ServerThread
+from tests.server.hostile import MODEL, Case, corpus, well_formed
+from tests.server.test_hostile import check_case
+
+KEY = "sk-proxy-test-key"
+
+
+@pytest.mark.parametrize("case", corpus(), ids=lambda c: c.name)
+def test_hostile_corpus_through_the_proxy(cluster: Cluster, case: Case) -> None:
+    with httpx.Client(base_url=cluster.proxy.url, timeout=120, limits=httpx.Limits(max_connections=1)) as c:
+        check_case(c, case, "/v1/chat/completions" if "chat" in case.path else "/v1/completions")
+
+
+def proxy_to(prefill: str, decode: str, **kw: object) -> ServerThread:
+    srv = ServerThread(build_proxy_app(ProxyConfig((prefill,), (decode,), timeout_s=120), **kw))  # type: ignore[arg-type]
+    srv.start()
+    return srv
+
+
+def test_api_key_guards_the_proxy(cluster: Cluster) -> None:
+    srv = proxy_to(cluster.prefill.url, cluster.decode.url, limits=ServerLimits(), api_key=KEY)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            for method, path, body in (("POST", "/v1/completions", well_formed()), ("GET", "/v1/models", None),
+                                       ("POST", "/v1/chat/completions", well_formed("/v1/chat/completions"))):
+                r = c.request(method, path, json=body)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+                r = c.request(method, path, json=body, headers={"Authorization": f"Bearer {KEY}"})
+                assert r.status_code == 200, r.text
+            assert c.get("/health").status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_a_client_that_leaves_cancels_the_decode_work(cluster: Cluster) -> None:
+    """Not streamed: the proxy notices the disconnect and closes its upstream request, which aborts it."""
+    long = {"model": MODEL, "prompt": "Count with me: one two three", "max_tokens": 900, "temperature": 0,
+            "ignore_eos": True}
+    decode = cluster.decode.url
+    before = metric(decode, "recap:generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{cluster.proxy.url}/v1/completions", json=long, timeout=httpx.Timeout(120, read=1.5))
+    wait_idle(decode, timeout=10)
+    generated = metric(decode, "recap:generation_tokens_total") - before
+    assert generated < 900, generated  # aborted, not run to max_tokens
+
+
+def test_a_decode_instance_that_is_gone_releases_the_prefill_side_at_once(cluster: Cluster) -> None:
+    srv = proxy_to(cluster.prefill.url, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", json=well_formed(), timeout=60)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
+        deadline = time.monotonic() + 5  # the hold timeout is 60 s
+        while metric(cluster.prefill.url, "recap:disagg_requests_held") > 0:
+            assert time.monotonic() < deadline, "the prefill side still holds the request"
+            time.sleep(0.05)
+        wait_idle(cluster.prefill.url, timeout=5)
+    finally:
+        srv.stop()
+
+
+@pytest.fixture()
+def doomed_decode(cluster: Cluster, disagg_model: Path, tmp_path: Path) -> Iterator[Instance]:
+    inst = launch("doomed-decode", ["serve", str(disagg_model), *SERVE_FLAGS, "--role", "decode", *cluster.trust,
+                                    "--kv-peer", cluster.kv_prefill], tmp_path)
+    try:
+        inst.wait_ready(time.monotonic() + START_TIMEOUT_S)
+        yield inst
+    finally:
+        inst.stop()
+
+
+def test_a_decode_that_dies_mid_stream_ends_the_stream_with_an_error_event(cluster: Cluster,
+                                                                           doomed_decode: Instance) -> None:
+    srv = proxy_to(cluster.prefill.url, doomed_decode.url)
+    events: list[dict] = []
+    try:
+        body = {"model": MODEL, "prompt": "Count with me", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            done = False
+            for line in lines:
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 3:
+                        threading.Thread(target=doomed_decode.proc.kill).start()
+        assert done and len(events) > 3
+        error = events[-1].get("error")
+        assert error is not None and error["code"] == "upstream_stream_broken", events[-1]
+        assert all("error" not in e for e in events[:-1])
+    finally:
+        srv.stop()
