@@ -22,8 +22,10 @@ EXPECTED_LAYERS = {
                    ("none", "moe", "none", "dense", "none", "moe")),
     "granite_hybrid": (("mamba2", "attention", "mamba2", "mamba2"), ("moe",) * 4),
     "falcon_h1": (("hybrid",) * 3, ("dense",) * 3),
+    "zamba2": (("mamba2", "hybrid", "mamba2", "hybrid", "hybrid"), ("none", "dense", "none", "dense", "dense")),
 }
-ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16)}  # (theta, rotary dims); the others have none
+# (theta, rotary dims); the others have no RoPE
+ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -32,7 +34,7 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
     assert cfg.architecture == TINY_ARCHS[arch]
     assert (cfg.layer_types, cfg.mlp_types) == EXPECTED_LAYERS[arch]
     assert cfg.hidden_size == 64 and cfg.vocab_size == 512
-    assert cfg.tie_word_embeddings == (arch in ("mamba", "falcon_mamba"))
+    assert cfg.tie_word_embeddings == (arch in ("mamba", "falcon_mamba", "zamba2"))
     if cfg.mamba1 is not None:
         m1 = cfg.mamba1
         assert (m1.d_inner, m1.d_state, m1.d_conv, m1.dt_rank) == (128, 16, 4, 4)
@@ -42,11 +44,14 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert (m2.num_heads, m2.head_dim, m2.n_groups, m2.d_state, m2.chunk_size) == (8, 16, 2, 16, 32)
         assert m2.conv_dim == 192 and m2.in_proj_dim == 328  # HF_NOTES' layouts
         # transformers' Nemotron-H clamps dt at time_step_min, whatever time_step_limit says
-        assert m2.time_step_limit == ((0.001 if arch == "nemotron_h" else 0.0), math.inf)
+        assert m2.time_step_limit == ((0.001 if arch in ("nemotron_h", "zamba2") else 0.0), math.inf)
         assert cfg.ssm_chunk_size == 32
     if cfg.attention is not None:
         a = cfg.attention
-        assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
+        if arch == "zamba2":  # attention over [h | embeddings]: 2 x hidden wide, scaled by sqrt(head_dim / 2)
+            assert (a.num_heads, a.num_kv_heads, a.head_dim, a.input_size, a.softmax_scale) == (4, 4, 32, 128, 0.25)
+        else:
+            assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
         assert (a.rope_theta, a.rotary_dim) == ROPE.get(arch, (None, 0))
     if arch == "nemotron_h":
         moe = cfg.moe
@@ -65,6 +70,9 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert (m2.input_multiplier, m2.output_multiplier) == (1.2, 0.85)
         assert cfg.attention is not None and cfg.attention.softmax_scale == pytest.approx(16**-0.5 * 0.9)
         assert cfg.mlp is not None and (cfg.mlp.gate_multiplier, cfg.mlp.down_multiplier) == (1.3, 0.8)
+    if arch == "zamba2":
+        assert cfg.shared_blocks is not None and cfg.shared_blocks.num_blocks == 2 and cfg.shared_blocks.shared
+        assert cfg.mlp is not None and cfg.mlp.fused_gate_up and cfg.mlp.activation == "gelu"
     if arch == "jamba":
         assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
         assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)

@@ -9,6 +9,7 @@ from recap.model.models.granite_moe_hybrid import GraniteMoeHybridForCausalLM
 from recap.model.models.jamba import JambaForCausalLM
 from recap.model.models.mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 from recap.model.models.nemotron_h import NemotronHForCausalLM
+from recap.model.models.zamba2 import Zamba2ForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MambaForCausalLM": MambaForCausalLM,
@@ -19,6 +20,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
+    "Zamba2ForCausalLM": Zamba2ForCausalLM,
 }
 
 __all__ = ["MODEL_CLASSES", "CausalLM"]
