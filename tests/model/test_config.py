@@ -123,3 +123,53 @@ def test_byte_helpers_match_allocated_caches(arch, dtype, tiny_checkpoint) -> No
         assert cfg.state_bytes_per_slot(dtype) == 2 * (192 * 3 * dtype.itemsize + 8 * 16 * 16 * 4)
     if arch == "bamba":  # 1 attention layer x K+V x 2 heads x 16
         assert cfg.kv_bytes_per_token(dtype) == 2 * 2 * 16 * dtype.itemsize
+
+
+def test_nemotron_h_pattern_and_legacy_names() -> None:
+    """hybrid_override_pattern (hub configs) and legacy mamba_* names translate like layers_block_type."""
+    base = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 100, "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 8,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "intermediate_size": 64}  # fmt: skip
+    cfg = translate_config({**base, "hybrid_override_pattern": "M-*E", "mamba_n_groups": 2, "mamba_d_conv": 3,
+                            "mamba_chunk_size": 64, "mamba_dt_min": 0.002})  # fmt: skip
+    assert cfg.layer_types == ("mamba2", "none", "attention", "none")
+    assert cfg.mlp_types == ("none", "dense", "none", "moe")
+    m2 = cfg.mamba2
+    assert m2 is not None and (m2.n_groups, m2.d_conv, m2.chunk_size) == (2, 3, 64)
+    assert m2.time_step_limit == (0.002, math.inf)
+    same = translate_config({**base, "layers_block_type": ["mamba", "mlp", "attention", "moe"]})
+    assert (same.layer_types, same.mlp_types) == (cfg.layer_types, cfg.mlp_types)
+    with pytest.raises(ValueError, match="hybrid_override_pattern"):
+        translate_config({**base, "hybrid_override_pattern": "M-X"})
+    with pytest.raises(ValueError, match="unknown layer kinds"):
+        translate_config({**base, "layers_block_type": ["mamba", "gdn"]})
+
+
+def test_granite_rejects_unknown_position_embedding() -> None:
+    raw = {"architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 100, "hidden_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 16, "mamba_n_heads": 4,
+           "layer_types": ["mamba", "attention"], "position_embedding_type": "alibi"}  # fmt: skip
+    with pytest.raises(UnsupportedArchitectureError, match="alibi"):
+        translate_config(raw)
+
+
+def test_per_layer_attention_settings(tiny_checkpoint) -> None:  # noqa: ANN001
+    """`layer_attention` gives one attention layer its own settings (here NoPE and a bias); the KV shape is fixed."""
+    import dataclasses
+
+    from recap.model.loader import build_model
+
+    cfg = translate_config({**read_hf_config(tiny_checkpoint("bamba")), "attn_layer_indices": [1, 3]})
+    assert cfg.attention is not None and cfg.attention.rope_theta is not None
+    nope = dataclasses.replace(cfg.attention, rope_theta=None, rotary_dim=0, bias=True)
+    per_layer = dataclasses.replace(cfg, layer_attention=(None, None, None, nope))
+    model = build_model(per_layer)
+    first, last = model.model.layers[1].self_attn, model.model.layers[3].self_attn
+    assert first.rotary is not None and first.q_proj.bias is None
+    assert last.rotary is None and last.q_proj.bias is not None
+    assert per_layer.attention_for(3) is nope and per_layer.attention_for(1) is cfg.attention
+    with pytest.raises(ValueError, match="KV heads"):
+        dataclasses.replace(cfg, layer_attention=(None, dataclasses.replace(nope, head_dim=8), None, None))
+    with pytest.raises(ValueError, match="without attention"):
+        dataclasses.replace(cfg, layer_attention=(nope, None, None, None))
