@@ -5,6 +5,10 @@
 Checkpoints (seeded, built once into --cache-dir with transformers' own classes):
 - mamba2-130m: Mamba2 (d_model 768, 24 layers, 24 heads x 64, state 128, vocab 50280, tied), 129M params
 - hybrid-130m: Bamba-style (d_model 768, 10 layers: attention at 3 and 7, MLP 2048, vocab 32000), ~130M
+- nemotron-h-150m: Nemotron-H-shaped (d_model 768, 18 layers "M-M-M*-M-M-M*-M-M-": 8 Mamba2 (24 heads x 64,
+  8 groups, state 128), 8 relu2 MLPs (4096), 2 attention without RoPE (12 heads, 4 KV), vocab 32000), ~144M
+- granite-h-150m: Granite-4.0-H-shaped (d_model 768, 12 layers, attention (NoPE) at 5 and 11, every layer a
+  MoE of 16 experts x 128 (top 4) plus a shared MLP (1024), muP multipliers, tied, vocab 32000), ~150M
 Measures (medians, fp32, batch 1 unless said): prefill of one 2048-token prompt; decode ms/step at
 batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N.
 recap runs with each linear backend of --backends ("torch" = plain F.linear, "onednn" = oneDNN on a packed
@@ -40,7 +44,9 @@ def build_checkpoint(name: str, folder: Path) -> Path:
         return folder
     import transformers as tf
 
-    if name == "mamba2-130m":
+    if name in FAMILY_CHECKPOINTS:
+        cls, cfg = FAMILY_CHECKPOINTS[name]()
+    elif name == "mamba2-130m":
         cfg = tf.Mamba2Config(
             vocab_size=50280, hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, expand=2,
             state_size=128, n_groups=1, chunk_size=256, tie_word_embeddings=True, initializer_range=0.02,
@@ -56,6 +62,34 @@ def build_checkpoint(name: str, folder: Path) -> Path:
     torch.manual_seed(0)
     cls(cfg).eval().save_pretrained(str(folder))
     return folder
+
+
+def _nemotron_h_150m() -> tuple[Any, Any]:
+    import transformers as tf
+
+    cfg = tf.NemotronHConfig(
+        vocab_size=32000, hidden_size=768, hybrid_override_pattern="M-M-M*-M-M-M*-M-M-", intermediate_size=4096,
+        mamba_num_heads=24, mamba_head_dim=64, n_groups=8, ssm_state_size=128, chunk_size=256,
+        num_attention_heads=12, num_key_value_heads=4, head_dim=64, initializer_range=0.02,
+    )  # fmt: skip
+    return tf.NemotronHForCausalLM, cfg
+
+
+def _granite_h_150m() -> tuple[Any, Any]:
+    import transformers as tf
+
+    cfg = tf.GraniteMoeHybridConfig(
+        vocab_size=32000, hidden_size=768, num_hidden_layers=12,
+        layer_types=["mamba"] * 5 + ["attention"] + ["mamba"] * 5 + ["attention"], num_attention_heads=12,
+        num_key_value_heads=4, num_local_experts=16, num_experts_per_tok=4, intermediate_size=128,
+        shared_intermediate_size=1024, mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+        mamba_chunk_size=256, position_embedding_type="nope", embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.0078125, logits_scaling=6.0, tie_word_embeddings=True, initializer_range=0.02,
+    )  # fmt: skip
+    return tf.GraniteMoeHybridForCausalLM, cfg
+
+
+FAMILY_CHECKPOINTS = {"nemotron-h-150m": _nemotron_h_150m, "granite-h-150m": _granite_h_150m}
 
 
 def _ids(vocab: int, batch: int, n: int, seed: int = 0) -> torch.Tensor:
@@ -193,7 +227,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", nargs="+", default=["mamba2-130m", "hybrid-130m"])
+    ap.add_argument("--models", nargs="+", default=["mamba2-130m", "hybrid-130m"],
+                    choices=["mamba2-130m", "hybrid-130m", *FAMILY_CHECKPOINTS])  # fmt: skip
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "recap" / "bench-models")
     ap.add_argument("--reps", type=int, default=3, help="rounds per metric (medians are reported)")
     ap.add_argument("--steps", type=int, default=12, help="recap decode steps per measurement")

@@ -249,6 +249,21 @@ class GatedDeltaNetConfig:
 
 
 @dataclass(frozen=True)
+class SharedBlocksConfig:
+    """Transformer blocks whose weights several layers share, each use with its own low-rank adapters (Zamba2).
+
+    The u-th "hybrid" layer (in layer order) runs block u % num_blocks; adapters are indexed by u.
+    """
+
+    num_blocks: int
+    adapter_rank: int
+    attention_adapters: bool  # q/k/v adapters too (use_shared_attention_adapter); the MLP always has gate_up ones
+    # transformers ties the shared copies only along with the word embeddings: with tie_word_embeddings
+    # false every use keeps its own copy of its block (and the checkpoint stores each), so this is False then.
+    shared: bool = True
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -271,6 +286,7 @@ class ModelConfig:
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
     gdn: GatedDeltaNetConfig | None = None
+    shared_blocks: SharedBlocksConfig | None = None
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -400,6 +416,7 @@ __all__ = [
     "GatedDeltaNetConfig",
     "MoEConfig",
     "ModelConfig",
+    "SharedBlocksConfig",
     "UnsupportedArchitectureError",
     "architecture_of",
     "load_config",

@@ -21,6 +21,7 @@ from recap.model.config import (
     MLPConfig,
     ModelConfig,
     MoEConfig,
+    SharedBlocksConfig,
     UnsupportedArchitectureError,
 )
 
@@ -478,6 +479,59 @@ def _olmo_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     )
 
 
+_ZAMBA2_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "hybrid": "hybrid"}
+
+
+def _zamba2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    hidden, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    kinds = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if not kinds or len(kinds) != n or set(kinds) - set(_ZAMBA2_KINDS):
+        raise ValueError(f"{arch}: layers_block_type must list {n} of {sorted(_ZAMBA2_KINDS)}, got {kinds}")
+    layer_types = tuple(_ZAMBA2_KINDS[k] for k in kinds)
+    heads = int(cfg.get("num_attention_heads", 32))
+    head_dim = 2 * hidden // heads  # the shared block attends over [h | embeddings], 2 * hidden wide
+    theta = _rope(cfg, arch)[0] if cfg.get("use_mem_rope") else None
+    attn = AttentionConfig(
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rope_theta=theta,
+        rotary_dim=head_dim if theta is not None else 0,
+        scale=(head_dim / 2) ** -0.5,  # transformers' Zamba2 scales by sqrt(head_dim / 2)
+        input_size=2 * hidden,
+    )
+    n_heads = int(cfg.get("n_mamba_heads", 8))
+    m2 = Mamba2Config(  # transformers' Zamba2 fixes the conv bias, the activation, the norm eps and dt's floor
+        num_heads=n_heads,
+        head_dim=int(cfg.get("mamba_expand", 2)) * hidden // n_heads,
+        n_groups=int(cfg.get("mamba_ngroups", 1)),
+        d_state=int(cfg.get("mamba_d_state", 64)),
+        d_conv=int(cfg.get("mamba_d_conv", 4)),
+        chunk_size=int(cfg.get("chunk_size", 256)),
+        conv_bias=True,
+        proj_bias=bool(cfg.get("add_bias_linear", False)),
+        time_step_limit=(float(cfg.get("time_step_min", 0.001)), math.inf),
+        norm_eps=1e-5,
+    )
+    mlp = MLPConfig(int(cfg.get("intermediate_size") or 4 * hidden), cfg.get("hidden_act", "gelu"),
+                    bool(cfg.get("add_bias_linear", False)), fused_gate_up=True)  # fmt: skip
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    shared = SharedBlocksConfig(int(cfg.get("num_mem_blocks", 1)), int(cfg.get("adapter_rank", 128)),
+                                bool(cfg.get("use_shared_attention_adapter", False)), shared=tied)  # fmt: skip
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=tuple("dense" if k == "hybrid" else "none" for k in layer_types),  # the shared block's MLP
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=tied,
+        ssm_chunk_size=m2.chunk_size,
+        attention=attn if "hybrid" in layer_types else None,
+        mlp=mlp,
+        mamba2=m2,
+        shared_blocks=shared if "hybrid" in layer_types else None,
+    )
+
+
 TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "MambaForCausalLM": _mamba,
     "FalconMambaForCausalLM": _mamba,
@@ -493,6 +547,7 @@ TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "Qwen3_5ForConditionalGeneration": _qwen3_5_vl,
     "Qwen3_5MoeForConditionalGeneration": _qwen3_5_vl,
     "OlmoHybridForCausalLM": _olmo_hybrid,
+    "Zamba2ForCausalLM": _zamba2,
 }
 # For configs that name no architecture.
 MODEL_TYPES = {
@@ -510,6 +565,7 @@ MODEL_TYPES = {
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "olmo_hybrid": "OlmoHybridForCausalLM",
+    "zamba2": "Zamba2ForCausalLM",
 }
 
 

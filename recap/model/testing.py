@@ -28,10 +28,11 @@ TINY_ARCHS = {
     "qwen3_5_vl": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe_vl": "Qwen3_5MoeForConditionalGeneration",
     "olmo_hybrid": "OlmoHybridForCausalLM",
+    "zamba2": "Zamba2ForCausalLM",
 }
 # Families whose tiny checkpoints get their constant-initialized weights (norms, D, dt_bias, biases) jittered,
 # so that parity tests exercise them (transformers initializes them to 0 or 1).
-PERTURBED = ("NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM")
+PERTURBED = ("NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM", "Zamba2ForCausalLM")
 # A Mamba2 shape shared by the tiny hybrids (HF_NOTES' layouts: in_proj 328, conv 192).
 _M2 = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32}
 _ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2}
@@ -107,6 +108,12 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
         cls = tf.Qwen3_5MoeConfig if moe else tf.Qwen3_5Config
         text = {**common, **_GDN, **(_QWEN_MOE if moe else {}), **overrides.pop("text_config", {})}
         return cls(text_config=text, vision_config=_VISION, **overrides)
+    elif arch == "Zamba2ForCausalLM":
+        cls = tf.Zamba2Config
+        kw = {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+              "mamba_d_state": 16, "n_mamba_heads": 8, "mamba_ngroups": 2, "chunk_size": 32, "intermediate_size": 96,
+              "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8, "use_mem_rope": True,
+              "max_position_embeddings": 1024, "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
     else:
         raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
     return cls(**{**common, **kw, **overrides})

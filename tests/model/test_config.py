@@ -28,8 +28,10 @@ EXPECTED_LAYERS = {
     "qwen3_5_vl": (("gdn", "attention") * 2, ("dense",) * 4),
     "qwen3_5_moe_vl": (("gdn", "attention") * 2, ("moe",) * 4),
     "olmo_hybrid": (("gdn", "attention") * 2, ("dense",) * 4),
+    "zamba2": (("mamba2", "hybrid", "mamba2", "hybrid", "hybrid"), ("none", "dense", "none", "dense", "dense")),
 }
-ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16)}  # (theta, rotary dims); the others have none
+# (theta, rotary dims); the others have no RoPE
+ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -38,7 +40,7 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
     assert cfg.architecture == TINY_ARCHS[arch]
     assert (cfg.layer_types, cfg.mlp_types) == EXPECTED_LAYERS[arch]
     assert cfg.hidden_size == 64 and cfg.vocab_size == 512
-    assert cfg.tie_word_embeddings == (arch in ("mamba", "falcon_mamba"))
+    assert cfg.tie_word_embeddings == (arch in ("mamba", "falcon_mamba", "zamba2"))
     if cfg.mamba1 is not None:
         m1 = cfg.mamba1
         assert (m1.d_inner, m1.d_state, m1.d_conv, m1.dt_rank) == (128, 16, 4, 4)
@@ -48,11 +50,14 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert (m2.num_heads, m2.head_dim, m2.n_groups, m2.d_state, m2.chunk_size) == (8, 16, 2, 16, 32)
         assert m2.conv_dim == 192 and m2.in_proj_dim == 328  # HF_NOTES' layouts
         # transformers' Nemotron-H clamps dt at time_step_min, whatever time_step_limit says
-        assert m2.time_step_limit == ((0.001 if arch == "nemotron_h" else 0.0), math.inf)
+        assert m2.time_step_limit == ((0.001 if arch in ("nemotron_h", "zamba2") else 0.0), math.inf)
         assert cfg.ssm_chunk_size == 32
     if cfg.attention is not None:
         a = cfg.attention
-        assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
+        if arch == "zamba2":  # attention over [h | embeddings]: 2 x hidden wide, scaled by sqrt(head_dim / 2)
+            assert (a.num_heads, a.num_kv_heads, a.head_dim, a.input_size, a.softmax_scale) == (4, 4, 32, 128, 0.25)
+        else:
+            assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
         qwen = "qwen" in arch
         rope = {**ROPE, "olmo_hybrid": (10000.0, 16)}.get(arch, (10000.0, 4) if qwen else (None, 0))
         assert (a.rope_theta, a.rotary_dim) == rope
@@ -88,6 +93,9 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         m = cfg.moe
         assert m is not None and (m.num_experts, m.top_k, m.intermediate_size) == (4, 2, 32)
         assert (m.shared_intermediate_size, m.shared_gate, m.renormalize) == (48, True, arch != "qwen3_next")
+    if arch == "zamba2":
+        assert cfg.shared_blocks is not None and cfg.shared_blocks.num_blocks == 2 and cfg.shared_blocks.shared
+        assert cfg.mlp is not None and cfg.mlp.fused_gate_up and cfg.mlp.activation == "gelu"
     if arch == "jamba":
         assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
         assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)
@@ -140,3 +148,53 @@ def test_byte_helpers_match_allocated_caches(arch, dtype, tiny_checkpoint) -> No
         assert cfg.state_bytes_per_slot(dtype) == 2 * (192 * 3 * dtype.itemsize + 8 * 16 * 16 * 4)
     if arch == "bamba":  # 1 attention layer x K+V x 2 heads x 16
         assert cfg.kv_bytes_per_token(dtype) == 2 * 2 * 16 * dtype.itemsize
+
+
+def test_nemotron_h_pattern_and_legacy_names() -> None:
+    """hybrid_override_pattern (hub configs) and legacy mamba_* names translate like layers_block_type."""
+    base = {"architectures": ["NemotronHForCausalLM"], "vocab_size": 100, "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 8,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "intermediate_size": 64}  # fmt: skip
+    cfg = translate_config({**base, "hybrid_override_pattern": "M-*E", "mamba_n_groups": 2, "mamba_d_conv": 3,
+                            "mamba_chunk_size": 64, "mamba_dt_min": 0.002})  # fmt: skip
+    assert cfg.layer_types == ("mamba2", "none", "attention", "none")
+    assert cfg.mlp_types == ("none", "dense", "none", "moe")
+    m2 = cfg.mamba2
+    assert m2 is not None and (m2.n_groups, m2.d_conv, m2.chunk_size) == (2, 3, 64)
+    assert m2.time_step_limit == (0.002, math.inf)
+    same = translate_config({**base, "layers_block_type": ["mamba", "mlp", "attention", "moe"]})
+    assert (same.layer_types, same.mlp_types) == (cfg.layer_types, cfg.mlp_types)
+    with pytest.raises(ValueError, match="hybrid_override_pattern"):
+        translate_config({**base, "hybrid_override_pattern": "M-X"})
+    with pytest.raises(ValueError, match="unknown layer kinds"):
+        translate_config({**base, "layers_block_type": ["mamba", "gdn"]})
+
+
+def test_granite_rejects_unknown_position_embedding() -> None:
+    raw = {"architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 100, "hidden_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 16, "mamba_n_heads": 4,
+           "layer_types": ["mamba", "attention"], "position_embedding_type": "alibi"}  # fmt: skip
+    with pytest.raises(UnsupportedArchitectureError, match="alibi"):
+        translate_config(raw)
+
+
+def test_per_layer_attention_settings(tiny_checkpoint) -> None:  # noqa: ANN001
+    """`layer_attention` gives one attention layer its own settings (here NoPE and a bias); the KV shape is fixed."""
+    import dataclasses
+
+    from recap.model.loader import build_model
+
+    cfg = translate_config({**read_hf_config(tiny_checkpoint("bamba")), "attn_layer_indices": [1, 3]})
+    assert cfg.attention is not None and cfg.attention.rope_theta is not None
+    nope = dataclasses.replace(cfg.attention, rope_theta=None, rotary_dim=0, bias=True)
+    per_layer = dataclasses.replace(cfg, layer_attention=(None, None, None, nope))
+    model = build_model(per_layer)
+    first, last = model.model.layers[1].self_attn, model.model.layers[3].self_attn
+    assert first.rotary is not None and first.q_proj.bias is None
+    assert last.rotary is None and last.q_proj.bias is not None
+    assert per_layer.attention_for(3) is nope and per_layer.attention_for(1) is cfg.attention
+    with pytest.raises(ValueError, match="KV heads"):
+        dataclasses.replace(cfg, layer_attention=(None, dataclasses.replace(nope, head_dim=8), None, None))
+    with pytest.raises(ValueError, match="without attention"):
+        dataclasses.replace(cfg, layer_attention=(nope, None, None, None))

@@ -73,6 +73,10 @@ VARIANTS: list[tuple[str, dict]] = [
                    "mamba_proj_bias": True}),
     ("falcon_h1", {"mamba_d_ssm": 96, "mamba_n_heads": 6, "tie_word_embeddings": True, "head_dim": 24,
                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    ("zamba2", {"use_shared_attention_adapter": False, "use_mem_rope": False, "tie_word_embeddings": False,
+                "num_mem_blocks": 1, "num_key_value_heads": 2, "hidden_act": "silu"}),
+    ("zamba2", {"add_bias_linear": True, "layers_block_type": ["hybrid", "mamba", "mamba", "hybrid"],
+                "num_hidden_layers": 4}),
 ]  # fmt: skip
 
 

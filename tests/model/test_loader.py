@@ -104,3 +104,48 @@ def test_tied_embeddings(tiny_checkpoint, tiny_model, tmp_path) -> None:  # noqa
 def test_dtype_cast(tiny_checkpoint) -> None:  # noqa: ANN001
     lm = load_model(tiny_checkpoint("mamba2"), dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in lm.model.parameters())
+
+
+# On-disk keys of the Mamba2 hybrids (save_pretrained's legacy layout) whose absence must be named.
+FAMILY_KEYS = [
+    ("nemotron_h", "backbone.layers.1.mixer.experts.3.up_proj.weight"),
+    ("nemotron_h", "backbone.layers.1.mixer.gate.e_score_correction_bias"),
+    ("granite_hybrid", "model.layers.2.block_sparse_moe.input_linear.weight"),
+    ("granite_hybrid", "model.layers.0.shared_mlp.output_linear.weight"),
+    ("falcon_h1", "model.layers.2.self_attn.o_proj.weight"),
+    ("zamba2", "model.layers.3.shared_transformer.self_attn.linear_q_adapter_list.1.0.weight"),
+    ("zamba2", "model.layers.4.linear.weight"),
+]
+
+
+@pytest.mark.parametrize(("arch", "key"), FAMILY_KEYS)
+def test_hybrid_family_keys_are_strict(arch, key, tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    src = tiny_checkpoint(arch)
+    assert key in load_file(src / "model.safetensors")
+    path = _rewrite(src, tmp_path / "missing", lambda t: {k: v for k, v in t.items() if k != key})
+    with pytest.raises(WeightLoadError, match="missing key") as e:
+        load_model(path)
+    assert key in str(e.value) or key.rsplit(".", 2)[0] in str(e.value)  # renamed keys are named by layer
+    path = _rewrite(src, tmp_path / "shape", lambda t: {**t, key: t[key][..., :-1].clone()})
+    with pytest.raises(WeightLoadError, match="shape mismatch") as e:
+        load_model(path)
+    assert key in str(e.value)
+
+
+def test_zamba2_shared_block_is_stored_once(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    """A copy of a shared block under a later user is not a weight the model has (transformers writes none)."""
+    src = tiny_checkpoint("zamba2")
+    extra = "model.layers.4.shared_transformer.self_attn.q_proj.weight"  # layer 4 reuses layer 1's block
+    first = "model.layers.1.shared_transformer.self_attn.q_proj.weight"
+    path = _rewrite(src, tmp_path / "m", lambda t: {**t, extra: t[first].clone()})
+    with pytest.raises(WeightLoadError, match="unexpected key") as e:
+        load_model(path)
+    assert extra in str(e.value)
+
+
+def test_nemotron_h_mtp_weights_are_skipped_by_name(tiny_checkpoint, tiny_model, tmp_path) -> None:  # noqa: ANN001
+    mtp = "mtp.layers.0.norm.weight"  # a multi-token-prediction head weight, as Nemotron-3 checkpoints carry
+    path = _rewrite(tiny_checkpoint("nemotron_h"), tmp_path / "m", lambda t: {**t, mtp: torch.ones(64)})
+    lm = load_model(path)
+    ref = tiny_model("nemotron_h").model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in lm.model.state_dict().items())

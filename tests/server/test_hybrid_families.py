@@ -1,4 +1,4 @@
-"""Nemotron-H, Granite 4.0-H and Falcon-H1 folders served through the OpenAI API with the folder's chat template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1 and Zamba2 folders served through the OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -31,6 +31,8 @@ TEMPLATES = {
                       "<|end_of_role|>{% endif %}",
     "falcon_h1": "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    "zamba2": "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 

@@ -17,6 +17,7 @@ from recap.model.models.qwen3_5 import (
     Qwen3_5MoeForConditionalGeneration,
     Qwen3NextForCausalLM,
 )
+from recap.model.models.zamba2 import Zamba2ForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MambaForCausalLM": MambaForCausalLM,
@@ -33,6 +34,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
     "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
+    "Zamba2ForCausalLM": Zamba2ForCausalLM,
 }
 
 __all__ = ["MODEL_CLASSES", "CausalLM"]

@@ -1,0 +1,159 @@
+"""Zamba2 (Zamba2ForCausalLM): Mamba2 layers, and at the "hybrid" layers a shared transformer block run
+first on [h | the token embeddings] (2 x hidden wide), its output projected by the layer's own `linear`
+and added to the Mamba2 layer's input. The block's weights are shared (block u % num_blocks for the u-th
+hybrid layer); each use has its own LoRA adapters on q/k/v and on the MLP's gate_up (SharedBlocksConfig).
+
+On disk a shared block is stored once, under the first hybrid layer that uses it
+(`model.layers.{i}.shared_transformer.*`); later users store only `linear` and `mamba_decoder.*`.
+The module tree follows that: the block is registered at its first user only, so the strict loader
+compares exactly those keys. Adapter lists keep every use's index; uses of other blocks are Identity.
+(transformers shares the blocks only when tie_word_embeddings is true; otherwise each use has its own
+copy, on disk and here: SharedBlocksConfig.shared.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig, SharedBlocksConfig
+from recap.model.layers.attention import Attention
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.linear import Linear
+from recap.model.layers.mamba2 import Mamba2Mixer
+from recap.model.layers.mlp import MLP
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import CausalLM, run_mixer
+
+
+def _adapters(uses: list[bool], d_in: int, d_out: int, rank: int, dtype: torch.dtype) -> nn.ModuleList:
+    """One low-rank adapter x -> B(A(x)) per use of the block (Identity for uses of other blocks)."""
+    return nn.ModuleList(
+        nn.Sequential(Linear(d_in, rank, False, dtype), Linear(rank, d_out, False, dtype)) if mine else nn.Identity()
+        for mine in uses
+    )
+
+
+class SharedTransformer(nn.Module):
+    """input_layernorm -> attention (+ q/k/v adapters) -> pre_ff_layernorm -> MLP (+ gate_up adapter); no residuals."""
+
+    def __init__(self, config: ModelConfig, uses: list[bool], dtype: torch.dtype) -> None:
+        super().__init__()
+        sb, attn, mlp = config.shared_blocks, config.attention, config.mlp
+        if sb is None or attn is None or mlp is None:
+            raise ValueError("Zamba2 needs shared-block, attention and MLP configs")
+        h, d_in = config.hidden_size, attn.input_size or 2 * config.hidden_size
+        self.input_layernorm = RMSNorm(d_in, config.norm_eps, dtype)
+        self.self_attn = Attention(h, attn, dtype)
+        if sb.attention_adapters:  # each maps d_in -> d_in (as transformers builds them): no GQA with adapters
+            if not attn.num_heads * attn.head_dim == attn.num_kv_heads * attn.head_dim == d_in:
+                raise ValueError("Zamba2's q/k/v adapters need num_key_value_heads == num_attention_heads")
+            for name in ("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list"):
+                setattr(self.self_attn, name, _adapters(uses, d_in, d_in, sb.adapter_rank, dtype))
+        self.pre_ff_layernorm = RMSNorm(h, config.norm_eps, dtype)
+        self.feed_forward = MLP(h, mlp, dtype)
+        self.feed_forward.gate_up_proj_adapter_list = _adapters(uses, h, 2 * mlp.intermediate_size,
+                                                                sb.adapter_rank, dtype)  # fmt: skip
+        self.attention_adapters = sb.attention_adapters
+
+    def forward(self, x: torch.Tensor, use: int, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        x = self.input_layernorm(x)
+        attn = self.self_attn
+        q, k, v = attn.project(x)
+        if self.attention_adapters:
+            q = q + attn.linear_q_adapter_list[use](x)
+            k = k + attn.linear_k_adapter_list[use](x)
+            v = v + attn.linear_v_adapter_list[use](x)
+        kv = caches.kv[layer]
+        y = self.pre_ff_layernorm(attn.attend((q, k, v), batch, kv.k_cache, kv.v_cache))
+        ff = self.feed_forward
+        return ff.down(ff.gate_up(y) + ff.gate_up_proj_adapter_list[use](y))
+
+
+class MambaLayer(nn.Module):
+    """h + mamba(input_layernorm(h + extra)), `extra` being the shared block's projected output at hybrid layers."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        if config.mamba2 is None:
+            raise ValueError("Zamba2 needs a Mamba2 config")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.mamba = Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
+
+    def forward(
+        self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int, extra: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = self.input_layernorm(h if extra is None else h + extra)
+        return h + run_mixer(self.mamba, x, batch, caches, layer)
+
+
+class HybridLayer(nn.Module):
+    """shared block on [h | embeddings] -> linear -> added to the Mamba2 layer's input."""
+
+    def __init__(self, config: ModelConfig, use: int, block: SharedTransformer, first_use: bool, dtype: torch.dtype):
+        super().__init__()
+        self.use = use
+        if first_use:
+            self.shared_transformer = block  # registered here only: its weights' one place on disk
+        else:
+            object.__setattr__(self, "_shared", block)  # a reference, not a submodule
+        self.linear = Linear(config.hidden_size, config.hidden_size, False, dtype)
+        self.mamba_decoder = MambaLayer(config, dtype)
+
+    def block(self) -> SharedTransformer:
+        return self._modules.get("shared_transformer") or self._shared  # type: ignore[return-value]
+
+    def forward(
+        self, h: torch.Tensor, emb: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> torch.Tensor:
+        t = self.block()(torch.cat((h, emb), dim=-1), self.use, batch, caches, layer)
+        return self.mamba_decoder(h, batch, caches, layer, extra=self.linear(t))
+
+
+def _shared_block(config: ModelConfig, sb: SharedBlocksConfig, b: int, dtype: torch.dtype) -> SharedTransformer:
+    """Block b, with adapters for the uses u where u % num_blocks == b."""
+    return SharedTransformer(config, [u % sb.num_blocks == b for u in range(config.layer_types.count("hybrid"))], dtype)
+
+
+class Zamba2ForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        sb = config.shared_blocks
+        blocks = [_shared_block(config, sb, b, dtype) for b in range(sb.num_blocks)] if sb is not None else []
+        layers: list[nn.Module] = []
+        for i, kind in enumerate(config.layer_types):
+            if kind == "hybrid" and sb is not None:
+                use = sum(k == "hybrid" for k in config.layer_types[:i])
+                if sb.shared:
+                    layers.append(HybridLayer(config, use, blocks[use % sb.num_blocks], use < sb.num_blocks, dtype))
+                else:  # an unshared copy of the block this use would share
+                    own = blocks[use] if use < sb.num_blocks else _shared_block(config, sb, use % sb.num_blocks, dtype)
+                    layers.append(HybridLayer(config, use, own, True, dtype))
+            elif kind == "mamba2":
+                layers.append(MambaLayer(config, dtype))
+            else:
+                raise ValueError(f"Zamba2 layer {i}: unexpected layer type {kind!r}")
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.model.layers = nn.ModuleList(layers)
+        self.model.final_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def final_norm(self) -> RMSNorm:
+        return self.model.final_layernorm
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        emb = h = self.embed(batch.input_ids)  # the shared blocks read the embeddings at every use
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, emb, batch, caches, i) if isinstance(layer, HybridLayer) else layer(h, batch, caches, i)
+        return self.final_norm()(h)
