@@ -5,8 +5,12 @@
 Checkpoints (seeded, built once into --cache-dir with transformers' own classes):
 - mamba2-130m: Mamba2 (d_model 768, 24 layers, 24 heads x 64, state 128, vocab 50280, tied), 129M params
 - hybrid-130m: Bamba-style (d_model 768, 10 layers: attention at 3 and 7, MLP 2048, vocab 32000), ~130M
+- qwen3_5-150m: Qwen3.5-shaped (d_model 768, 12 layers: Gated DeltaNet x 3 then gated attention, GDN 8 key
+  heads x 64 / 16 value heads x 64, attention 8 x 128 (kv 2, rotary 1/4), MLP 2048, vocab 32000), ~143M
 Measures (medians, fp32, batch 1 unless said): prefill of one 2048-token prompt; decode ms/step at
-batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N.
+batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N;
+recap's prefill again with a checkpoint written at every 16-token block boundary (128 states), to read the
+cost of checkpoint emission against the plain prefill of the same round.
 recap runs with each linear backend of --backends ("torch" = plain F.linear, "onednn" = oneDNN on a packed
 weight). Engines alternate within each round so that load drift on a shared machine hits them alike; the
 load average before and after is printed and saved (other processes on the cores distort every figure).
@@ -46,6 +50,15 @@ def build_checkpoint(name: str, folder: Path) -> Path:
             state_size=128, n_groups=1, chunk_size=256, tie_word_embeddings=True, initializer_range=0.02,
         )  # fmt: skip
         cls = tf.Mamba2ForCausalLM
+    elif name == "qwen3_5-150m":
+        cfg = tf.Qwen3_5TextConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+            initializer_range=0.02,
+        )  # fmt: skip
+        cls = tf.Qwen3_5ForCausalLM
     else:
         cfg = tf.BambaConfig(
             vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=10,
@@ -69,15 +82,18 @@ class RecapEngine:
         self.model, self.backend = model, backend
         self.name = f"recap[{backend}]"
 
-    def prefill(self) -> float:
-        """Seconds for one PREFILL_LEN-token prompt (+ its last-token logits)."""
+    def prefill(self, every_block: bool = False) -> float:
+        """Seconds for one PREFILL_LEN-token prompt (+ its last-token logits); with `every_block`, the state is
+        also checkpointed at every block boundary inside it (one slot each)."""
         self.model.set_linear_backend(self.backend)
         model = self.model
         ids = _ids(model.config.vocab_size, 1, PREFILL_LEN)[0].tolist()
         blocks = list(range(1, 1 + PREFILL_LEN // BLOCK))
-        caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2, model.dtype)
+        cps = [(p, 1 + i) for i, p in enumerate(range(BLOCK, PREFILL_LEN + 1, BLOCK))] if every_block else []
+        caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2 + len(cps), model.dtype)
+        spec = SeqSpec(ids, 0, blocks, state_slot=len(cps) + 1, checkpoints=cps)
         t = time.perf_counter()
-        hidden, batch = forward_step(model, caches, [SeqSpec(ids, 0, blocks, state_slot=1)])
+        hidden, batch = forward_step(model, caches, [spec])
         model.compute_logits(hidden[batch.logits_indices]).argmax(-1)
         return time.perf_counter() - t
 
@@ -147,6 +163,8 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
     for _ in range(args.reps):
         for e in engines:
             samples.setdefault((e.name, "prefill"), []).append(e.prefill())
+            if isinstance(e, RecapEngine) and lm.config.has_ssm:
+                samples.setdefault((e.name, "prefill_ckpt"), []).append(e.prefill(every_block=True))
             for b in (1, 8):
                 steps = args.hf_steps if isinstance(e, HFEngine) else args.steps
                 samples.setdefault((e.name, f"b{b}"), []).append(e.decode(b, steps))
@@ -158,6 +176,11 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
             "prefill_tok_s": PREFILL_LEN / med["prefill"],
             "decode_ms_b1": 1e3 * med["b1"], "decode_ms_b8": 1e3 * med["b8"],
         })  # fmt: skip
+        ckpt = samples.get((e.name, "prefill_ckpt"))
+        if ckpt:  # paired by round: each round's every-block prefill over the same round's plain prefill
+            ratios = [c / p for c, p in zip(ckpt, samples[(e.name, "prefill")])]
+            rows[-1]["prefill_ckpt_tok_s"] = PREFILL_LEN / statistics.median(ckpt)
+            rows[-1]["ckpt_every_block_overhead"] = statistics.median(ratios) - 1.0
         print(rows[-1], flush=True)
     return rows
 
@@ -177,6 +200,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[r["engine"]] = r
+    for r in rows:
+        if "ckpt_every_block_overhead" in r:
+            print(f"{r['model']} {r['engine']}: prefill with a checkpoint at every block "
+                  f"{r['prefill_ckpt_tok_s']:.1f} tok/s, overhead {100 * r['ckpt_every_block_overhead']:+.1f}% "
+                  f"(median of per-round ratios)")  # fmt: skip
     for model, engines in by_model.items():
         hf = engines.get("transformers")
         if hf is None:

@@ -1,7 +1,7 @@
 """HF `config.json` -> frozen `ModelConfig`, the only config the layers ever read.
 
 One translator per architecture turns the HF dict into normalized per-layer lists:
-- `layer_types[i]`: "mamba1" | "mamba2" | "attention" (the mixer of layer i)
+- `layer_types[i]`: "mamba1" | "mamba2" | "gdn" (Gated DeltaNet) | "attention" (the mixer of layer i)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward after the mixer, if any)
 The translators live in `hf_config.py` (re-exported here); adding a family = one translator there +
 one short model file in `recap/model/models/`.
@@ -310,7 +310,8 @@ class ModelConfig:
                 weights += self.gdn.flops_weights(h)
             elif self.attention is not None:
                 a = self.attention
-                weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
+                q_heads = a.num_heads * (2 if a.output_gate else 1)  # a gated q_proj also yields the gate
+                weights += h * (q_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
             if mlp == "dense" and self.mlp is not None:
                 weights += (3 if self.mlp.gated else 2) * h * self.mlp.intermediate_size
             elif mlp == "moe" and self.moe is not None:
