@@ -9,8 +9,12 @@ Checkpoints (seeded, built once into --cache-dir with transformers' own classes)
   8 groups, state 128), 8 relu2 MLPs (4096), 2 attention without RoPE (12 heads, 4 KV), vocab 32000), ~144M
 - granite-h-150m: Granite-4.0-H-shaped (d_model 768, 12 layers, attention (NoPE) at 5 and 11, every layer a
   MoE of 16 experts x 128 (top 4) plus a shared MLP (1024), muP multipliers, tied, vocab 32000), ~150M
+- qwen3_5-150m: Qwen3.5-shaped (d_model 768, 12 layers: Gated DeltaNet x 3 then gated attention, GDN 8 key
+  heads x 64 / 16 value heads x 64, attention 8 x 128 (kv 2, rotary 1/4), MLP 2048, vocab 32000), ~143M
 Measures (medians, fp32, batch 1 unless said): prefill of one 2048-token prompt; decode ms/step at
-batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N.
+batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N;
+recap's prefill again with a checkpoint written at every 16-token block boundary (128 states), to read the
+cost of checkpoint emission against the plain prefill of the same round.
 recap runs with each linear backend of --backends ("torch" = plain F.linear, "onednn" = oneDNN on a packed
 weight). Engines alternate within each round so that load drift on a shared machine hits them alike; the
 load average before and after is printed and saved (other processes on the cores distort every figure).
@@ -36,6 +40,10 @@ from recap.model.testing import forward_step
 
 BLOCK = 16
 PREFILL_LEN = 2048
+# --clock cpu: this thread's CPU time instead of wall time. At 1 torch thread every op runs on the calling thread,
+# so CPU time excludes the time other processes hold the cores (a loaded shared machine), not the work itself.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+_now = CLOCKS["wall"]
 PROMPT_LEN = 128
 
 
@@ -52,6 +60,15 @@ def build_checkpoint(name: str, folder: Path) -> Path:
             state_size=128, n_groups=1, chunk_size=256, tie_word_embeddings=True, initializer_range=0.02,
         )  # fmt: skip
         cls = tf.Mamba2ForCausalLM
+    elif name == "qwen3_5-150m":
+        cfg = tf.Qwen3_5TextConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
+            linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+            initializer_range=0.02,
+        )  # fmt: skip
+        cls = tf.Qwen3_5ForCausalLM
     else:
         cfg = tf.BambaConfig(
             vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=10,
@@ -103,17 +120,20 @@ class RecapEngine:
         self.model, self.backend = model, backend
         self.name = f"recap[{backend}]"
 
-    def prefill(self) -> float:
-        """Seconds for one PREFILL_LEN-token prompt (+ its last-token logits)."""
+    def prefill(self, every_block: bool = False) -> float:
+        """Seconds for one PREFILL_LEN-token prompt (+ its last-token logits); with `every_block`, the state is
+        also checkpointed at every block boundary inside it (one slot each)."""
         self.model.set_linear_backend(self.backend)
         model = self.model
         ids = _ids(model.config.vocab_size, 1, PREFILL_LEN)[0].tolist()
         blocks = list(range(1, 1 + PREFILL_LEN // BLOCK))
-        caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2, model.dtype)
-        t = time.perf_counter()
-        hidden, batch = forward_step(model, caches, [SeqSpec(ids, 0, blocks, state_slot=1)])
+        cps = [(p, 1 + i) for i, p in enumerate(range(BLOCK, PREFILL_LEN + 1, BLOCK))] if every_block else []
+        caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2 + len(cps), model.dtype)
+        spec = SeqSpec(ids, 0, blocks, state_slot=len(cps) + 1, checkpoints=cps)
+        t = _now()
+        hidden, batch = forward_step(model, caches, [spec])
         model.compute_logits(hidden[batch.logits_indices]).argmax(-1)
-        return time.perf_counter() - t
+        return _now() - t
 
     def decode(self, batch: int, steps: int) -> float:
         """Median seconds per decode step of `batch` rows after a PROMPT_LEN prefill each."""
@@ -129,10 +149,10 @@ class RecapEngine:
         times = []
         for step in range(steps):
             specs = [SeqSpec([nxt[r]], PROMPT_LEN + step, tables[r], state_slot=r + 1) for r in range(batch)]
-            t = time.perf_counter()
+            t = _now()
             hidden, fb = forward_step(model, caches, specs)
             nxt = model.compute_logits(hidden[fb.logits_indices]).argmax(-1).tolist()
-            times.append(time.perf_counter() - t)
+            times.append(_now() - t)
         return statistics.median(times[1:])
 
 
@@ -148,19 +168,19 @@ class HFEngine:
 
     def prefill(self) -> float:
         ids = _ids(self.hf.config.vocab_size, 1, PREFILL_LEN)
-        t = time.perf_counter()
+        t = _now()
         with torch.no_grad():
             self.hf(ids, logits_to_keep=1).logits.argmax(-1)
-        return time.perf_counter() - t
+        return _now() - t
 
     def _generate(self, ids: torch.Tensor, n: int) -> float:
-        t = time.perf_counter()
+        t = _now()
         with torch.no_grad():
             self.hf.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                 pad_token_id=0,
             )  # fmt: skip
-        return time.perf_counter() - t
+        return _now() - t
 
     def decode(self, batch: int, steps: int) -> float:
         """Seconds per step: (generate(steps + 1) - generate(1)) / steps."""
@@ -181,6 +201,8 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
     for _ in range(args.reps):
         for e in engines:
             samples.setdefault((e.name, "prefill"), []).append(e.prefill())
+            if isinstance(e, RecapEngine) and lm.config.has_ssm:
+                samples.setdefault((e.name, "prefill_ckpt"), []).append(e.prefill(every_block=True))
             for b in (1, 8):
                 steps = args.hf_steps if isinstance(e, HFEngine) else args.steps
                 samples.setdefault((e.name, f"b{b}"), []).append(e.decode(b, steps))
@@ -192,6 +214,11 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
             "prefill_tok_s": PREFILL_LEN / med["prefill"],
             "decode_ms_b1": 1e3 * med["b1"], "decode_ms_b8": 1e3 * med["b8"],
         })  # fmt: skip
+        ckpt = samples.get((e.name, "prefill_ckpt"))
+        if ckpt:  # paired by round: each round's every-block prefill over the same round's plain prefill
+            ratios = [c / p for c, p in zip(ckpt, samples[(e.name, "prefill")])]
+            rows[-1]["prefill_ckpt_tok_s"] = PREFILL_LEN / statistics.median(ckpt)
+            rows[-1]["ckpt_every_block_overhead"] = statistics.median(ratios) - 1.0
         print(rows[-1], flush=True)
     return rows
 
@@ -211,6 +238,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[r["engine"]] = r
+    for r in rows:
+        if "ckpt_every_block_overhead" in r:
+            print(f"{r['model']} {r['engine']}: prefill with a checkpoint at every block "
+                  f"{r['prefill_ckpt_tok_s']:.1f} tok/s, overhead {100 * r['ckpt_every_block_overhead']:+.1f}% "
+                  f"(median of per-round ratios)")  # fmt: skip
     for model, engines in by_model.items():
         hf = engines.get("transformers")
         if hf is None:
@@ -228,25 +260,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", nargs="+", default=["mamba2-130m", "hybrid-130m"],
-                    choices=["mamba2-130m", "hybrid-130m", *FAMILY_CHECKPOINTS])  # fmt: skip
+                    choices=["mamba2-130m", "hybrid-130m", "qwen3_5-150m", *FAMILY_CHECKPOINTS])  # fmt: skip
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "recap" / "bench-models")
     ap.add_argument("--reps", type=int, default=3, help="rounds per metric (medians are reported)")
     ap.add_argument("--steps", type=int, default=12, help="recap decode steps per measurement")
     ap.add_argument("--hf-steps", type=int, default=6, help="transformers decode steps per measurement")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--backends", nargs="+", default=["torch", "onednn"], help="recap linear backends to run")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="cpu: thread CPU time (needs --threads 1)")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "bench_model.json")
     args = ap.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu measures the calling thread only: use --threads 1")
+    global _now
+    _now = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     load = [os.getloadavg()[0]]
     rows = []
     for name in args.models:
         rows += bench_one(name, build_checkpoint(name, args.cache_dir / name), args)
     load.append(os.getloadavg()[0])
-    print(f"\ntorch {torch.__version__}, {args.threads} threads, fp32, 1-min load {load[0]:.2f} -> {load[1]:.2f}")
+    print(f"\ntorch {torch.__version__}, {args.threads} threads, fp32, {args.clock} clock, "
+          f"1-min load {load[0]:.2f} -> {load[1]:.2f}")
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": args.threads, "torch": torch.__version__, "load_avg_1min": load, "rows": rows}
+    meta = {"threads": args.threads, "clock": args.clock, "torch": torch.__version__, "load_avg_1min": load,
+            "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(meta, indent=1))
     print(f"wrote {args.out}")
 

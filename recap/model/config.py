@@ -2,8 +2,8 @@
 
 One translator per architecture turns the HF dict into normalized per-layer lists:
 - `layer_types[i]`: the token mixer of layer i and so its caches:
-    "mamba1" | "mamba2" (a state slot part), "attention" (KV), "none" (no mixer: an MLP/MoE-only
-    layer, Nemotron-H), "hybrid" (attention AND a Mamba2 state in one layer: Falcon-H1's parallel
+    "mamba1" | "mamba2" | "gdn" (Gated DeltaNet) (a state slot part), "attention" (KV), "none" (no
+    mixer: an MLP/MoE-only layer, Nemotron-H), "hybrid" (attention AND a Mamba2 state in one layer: Falcon-H1's parallel
     mixers, Zamba2's shared-transformer layers; the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
 Multipliers (muP and friends) are explicit fields, 1.0 when a family has none.
@@ -389,7 +389,8 @@ class ModelConfig:
             if kind in ATTENTION_LAYER_TYPES:
                 a = self.attention_for(i)
                 d_in = a.input_size or h
-                weights += d_in * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
+                q_heads = a.num_heads * (2 if a.output_gate else 1)  # a gated q_proj also yields the gate
+                weights += d_in * (q_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
             if mlp == "dense" and self.mlp is not None:
                 weights += (3 if self.mlp.gated else 2) * h * self.mlp.intermediate_size
             elif mlp == "moe" and self.moe is not None:

@@ -198,3 +198,31 @@ def test_per_layer_attention_settings(tiny_checkpoint) -> None:  # noqa: ANN001
         dataclasses.replace(cfg, layer_attention=(None, dataclasses.replace(nope, head_dim=8), None, None))
     with pytest.raises(ValueError, match="without attention"):
         dataclasses.replace(cfg, layer_attention=(nope, None, None, None))
+def test_hub_style_gdn_configs() -> None:
+    """Hub config shapes: Qwen3-Next without layer_types (full_attention_interval, top-level rope keys) and a
+    Qwen3.5 vision-language config (text_config with interleaved M-RoPE sections, which is plain RoPE for text)."""
+    gdn = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+           "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}  # fmt: skip
+    base = {"vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 512, "rms_norm_eps": 1e-6,
+            **gdn}  # fmt: skip
+    nxt = translate_config({**base, "architectures": ["Qwen3NextForCausalLM"], "full_attention_interval": 4,
+                            "rope_theta": 1e7, "partial_rotary_factor": 0.25, "num_experts": 8,
+                            "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                            "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1,
+                            "norm_topk_prob": True, "mlp_only_layers": []})  # fmt: skip
+    assert nxt.layer_types == ("gdn", "gdn", "gdn", "attention") * 2 and nxt.mlp_types == ("moe",) * 8
+    assert nxt.attention is not None and (nxt.attention.rope_theta, nxt.attention.rotary_dim) == (1e7, 64)
+    assert nxt.gdn is not None and nxt.gdn.projection == "qwen3_next"
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+            "mrope_section": [11, 11, 10]}  # fmt: skip
+    text = {**base, "layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_hidden_layers": 4,
+            "rope_parameters": rope, "tie_word_embeddings": False}  # fmt: skip
+    vl = translate_config({"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+                           "vision_config": {"depth": 2}, "tie_word_embeddings": True, "eos_token_id": 7})  # fmt: skip
+    assert vl.architecture == "Qwen3_5ForConditionalGeneration" and vl.tie_word_embeddings and vl.eos_token_id == 7
+    assert vl.gdn is not None and vl.gdn.projection == "qwen3_5" and vl.moe is None
+    with pytest.raises(ValueError, match="text_config"):
+        translate_config({"architectures": ["Qwen3_5ForConditionalGeneration"]})
+    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
+        translate_config({**text, "architectures": ["Qwen3_5ForCausalLM"], "rope_parameters": {"rope_type": "yarn"}})
