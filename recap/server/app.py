@@ -26,6 +26,7 @@ from recap.server.options import ServerOptions, install
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
+from recap.server.tools import detect_parser
 
 log = logging.getLogger("recap.server")
 M = TypeVar("M", bound=BaseModel)
@@ -77,7 +78,9 @@ def build_app(
 
     app = FastAPI(title="recap", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.recap = state
-    install(app, options or ServerOptions())
+    options = options or ServerOptions()
+    state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
+    install(app, options)
     add_tokenize_routes(app, state)
 
     @app.exception_handler(APIError)

@@ -22,8 +22,8 @@ class ChatInput:
     explicit_boundaries: tuple[int, ...]  # from cache_control markers only
 
 
-def _render(tokenizer: Any, dicts: list[dict[str, str]], gen: bool) -> str:
-    return tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=gen)
+def _render(tokenizer: Any, dicts: list[dict[str, Any]], gen: bool, kw: dict[str, Any]) -> str:
+    return tokenizer.apply_chat_template(dicts, tokenize=False, add_generation_prompt=gen, **kw)
 
 
 def _offset_of_text(tokenizer: Any, text: str, char_end: int, ids: list[int]) -> int:
@@ -31,7 +31,9 @@ def _offset_of_text(tokenizer: Any, text: str, char_end: int, ids: list[int]) ->
     return common_prefix(tokenizer.encode(text[:char_end], add_special_tokens=False), ids)
 
 
-def _marker_offsets(tokenizer: Any, messages: list[ChatMessage], text: str, ids: list[int]) -> list[int]:
+def _marker_offsets(
+    tokenizer: Any, messages: list[ChatMessage], text: str, ids: list[int], kw: dict[str, Any]
+) -> list[int]:
     dicts = [m.template_dict() for m in messages]
     out: list[int] = []
     for i, m in enumerate(messages):
@@ -39,13 +41,13 @@ def _marker_offsets(tokenizer: Any, messages: list[ChatMessage], text: str, ids:
             j for j, p in enumerate(m.content) if p.cache_control is not None]
         if m.cache_control is None and not marked_parts:
             continue
-        upto = _render(tokenizer, dicts[: i + 1], gen=False)
+        upto = _render(tokenizer, dicts[: i + 1], False, kw)
         msg_end = _offset_of_text(tokenizer, text, len(upto), ids) if text.startswith(upto) else 0
         if m.cache_control is not None and msg_end:
             out.append(msg_end)
         if not marked_parts:
             continue
-        before = _render(tokenizer, dicts[:i], gen=False) if i else ""
+        before = _render(tokenizer, dicts[:i], False, kw) if i else ""
         start = text.find(m.text(), len(before) if text.startswith(before) else 0)
         parts = m.parts()
         for j in marked_parts:
@@ -58,12 +60,16 @@ def _marker_offsets(tokenizer: Any, messages: list[ChatMessage], text: str, ids:
     return [b for b in out if 0 < b < len(ids)]
 
 
-def build_chat_input(tokenizer: Any, messages: list[ChatMessage]) -> ChatInput:
-    """Raises APIError (400) when the chat template rejects the conversation."""
+def build_chat_input(
+    tokenizer: Any, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None
+) -> ChatInput:
+    """Raises APIError (400) when the chat template rejects the conversation. `template_kwargs`: extra
+    template variables (`tools`, the request's chat_template_kwargs)."""
     dicts = [m.template_dict() for m in messages]
+    kw = dict(template_kwargs or {})
     try:
-        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True)
-        explicit = _marker_offsets(tokenizer, messages, rendered.text, rendered.token_ids)
+        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True, template_kwargs=kw)
+        explicit = _marker_offsets(tokenizer, messages, rendered.text, rendered.token_ids, kw)
     except Exception as e:  # noqa: BLE001 - jinja raise_exception / missing template: the client's input
         raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
     merged = tuple(sorted(set(rendered.segment_boundaries) | set(explicit)))

@@ -41,6 +41,8 @@ class ServerState:
     max_model_len: int
     created: int = field(default_factory=lambda: int(time.time()))
     _token_text: dict[int, str] = field(default_factory=dict)
+    # How tool calls are read from free text (recap/server/tools.py); None: tool_choice "auto" is refused.
+    tool_parser: str | None = None
 
     @property
     def tokenizer(self) -> Any:
