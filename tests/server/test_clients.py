@@ -59,7 +59,8 @@ def test_lm_eval_local_completions_multiple_choice(server: object, tiny_model: P
         model="local-completions",
         model_args=(f"model={MODEL_NAME},base_url={server.url}/v1/completions,"  # type: ignore[attr-defined]
                     f"tokenizer={tiny_model},tokenizer_backend=huggingface,tokenized_requests=True,max_retries=1"),
-        tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False), limit=6, log_samples=True,
+        tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False), limit=6,
+        log_samples=True,
     )
     assert results is not None
     acc = results["results"]["tiny_mc"]["acc,none"]
