@@ -47,8 +47,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     choice = req.effective_tool_choice
     if choice == "auto" and state.tool_parser is None:
         raise APIError("tool_choice: \"auto\" needs a tool call parser, and this model's chat template teaches no "
-                       "tool-call format; start recap serve with --tool-call-parser (hermes, granite, nemotron), or "
-                       "send tool_choice \"required\" or a named function", param="tool_choice")
+                       "tool-call format; start recap serve with --tool-call-parser (hermes, granite, nemotron, "
+                       "qwen3_xml), or send tool_choice \"required\" or a named function", param="tool_choice")
     kwargs = dict(req.chat_template_kwargs or {})
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]

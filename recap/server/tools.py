@@ -5,6 +5,8 @@ Parsers, by the format the chat template teaches (vLLM's `--tool-call-parser` na
 - `hermes` (Hermes, Qwen and most ChatML templates): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 - `granite` (IBM Granite): `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`
 - `nemotron` (NVIDIA Nemotron): `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`
+- `qwen3_xml` (Qwen3.5, Qwen3-Coder, Nemotron 3): `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...
+  </function></tool_call>`, each value JSON when it parses as JSON, else a string
 A forced call (tool_choice `required` or named) is generated under a JSON grammar instead, so it needs
 no parser: named -> the function's arguments; required -> `[{"name": ..., "parameters": {...}}, ...]`.
 """
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recap.structured_output import StructuredOutput
 
-PARSERS = ("hermes", "granite", "nemotron")
+PARSERS = ("hermes", "granite", "nemotron", "qwen3_xml")
 
 
 class _Strict(BaseModel):
@@ -147,9 +149,32 @@ _FORMATS = {
 }
 
 
+_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*?)</function>\s*(?:</tool_call>|$)", re.S)
+_XML_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _xml_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _parse_xml(text: str, known: set[str]) -> tuple[str | None, list[ToolCall]]:
+    matches = list(_XML_CALL.finditer(text))
+    if not matches or any(known and m.group(1) not in known for m in matches):
+        return text, []
+    calls = [_call(m.group(1), {k: _xml_value(v) for k, v in _XML_PARAM.findall(m.group(2))}, i)
+             for i, m in enumerate(matches)]
+    content = text[: matches[0].start()].strip()
+    return content or None, calls
+
+
 def parse_tool_calls(text: str, parser: str, tools: list[ToolSpec]) -> tuple[str | None, list[ToolCall]]:
     """(content left, calls) from free text in `parser`'s format; text that is no well-formed call of a
     known tool stays content, as vLLM's parsers leave it."""
+    if parser == "qwen3_xml":
+        return _parse_xml(text, {t.function.name for t in tools})
     pattern = _FORMATS[parser]
     matches = list(pattern.finditer(text))
     if not matches:
@@ -179,6 +204,8 @@ def detect_parser(chat_template: str | None) -> str | None:
         return "granite"
     if "<TOOLCALL>" in chat_template:
         return "nemotron"
+    if "<function=" in chat_template:
+        return "qwen3_xml"
     if "<tool_call>" in chat_template:
         return "hermes"
     return None

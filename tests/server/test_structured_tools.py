@@ -105,6 +105,11 @@ SPECS = [ToolSpec.model_validate(WEATHER), ToolSpec.model_validate(TIME)]
      [("get_time", {"tz": "UTC"})]),
     ("nemotron", '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]</TOOLCALL>', None,
      [("get_weather", {"city": "Oslo", "unit": "C"})]),
+    ("qwen3_xml", 'Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n'
+     '<parameter=unit>\nC\n</parameter>\n</function>\n</tool_call>', "Checking.",
+     [("get_weather", {"city": "Oslo", "unit": "C"})]),
+    ("qwen3_xml", '<tool_call>\n<function=get_time>\n<parameter=tz>\n"UTC"\n</parameter>\n</function>\n</tool_call>',
+     None, [("get_time", {"tz": "UTC"})]),
     ("hermes", "No tools needed.", "No tools needed.", []),
     ("hermes", '<tool_call>{"name": "unknown_fn", "arguments": {}}</tool_call>',
      '<tool_call>{"name": "unknown_fn", "arguments": {}}</tool_call>', []),
@@ -121,4 +126,5 @@ def test_parser_detection() -> None:
     assert detect_parser("{% if tools %}<tool_call>{{ x }}</tool_call>{% endif %}") == "hermes"
     assert detect_parser("<|start_of_role|>...<|tool_call|>") == "granite"
     assert detect_parser("<TOOLCALL>[...]</TOOLCALL>") == "nemotron"
+    assert detect_parser("<tool_call>\n<function={{ tool_call.name }}>") == "qwen3_xml"
     assert detect_parser("{{ messages }}") is None and detect_parser(None) is None
