@@ -141,11 +141,19 @@ class LLM:
         *,
         cache_salt: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Apply the chat template; each message end becomes a segment boundary (DESIGN §4)."""
+        """Apply the chat template (or `chat_template`, with `tools` rendered by it, as vLLM's LLM.chat);
+        each message end becomes a segment boundary (docs/design.md §4)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        rendered = [render_chat(self.engine.tokenizer, c, template_kwargs=chat_template_kwargs) for c in convs]
+        kw = dict(chat_template_kwargs or {})
+        if chat_template is not None:
+            kw["chat_template"] = chat_template
+        if tools is not None:
+            kw["tools"] = list(tools)
+        rendered = [render_chat(self.engine.tokenizer, c, template_kwargs=kw) for c in convs]
         return self.generate(
             [r.token_ids for r in rendered],
             sampling_params,

@@ -29,6 +29,7 @@ from recap.server.request_body import parse_request
 from recap.server.request_counts import RequestCounts, RequestCountsCollector
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
+from recap.server.tools import detect_parser
 
 log = logging.getLogger("recap.server")
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # admission (--max-queued) counts these
@@ -79,7 +80,9 @@ def build_app(
     counts = RequestCounts()  # recap.server.request_counts: what became of each generation request
     registry.register(RequestCountsCollector(counts, state.model_name))
     app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)
-    install(app, options or ServerOptions())  # added last: CORS (preflight) and the id echo wrap the guard
+    options = options or ServerOptions()
+    state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
+    install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
 
     @app.exception_handler(APIError)

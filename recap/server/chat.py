@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from recap.disagg.api import attach_transfer, with_transfer_params
 from recap.engine.outputs import RequestOutput
 from recap.server.chat_prompt import build_chat_input
-from recap.server.errors import from_value_error
+from recap.server.errors import APIError, from_value_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import (
     ChatChoice,
@@ -35,6 +35,7 @@ from recap.server.serving import (
     usage,
 )
 from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
+from recap.server.tools import forced_calls, parse_tool_calls
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
@@ -43,8 +44,16 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         params = req.sampling_params(state.engine.engine.default_sampling)
     except ValueError as e:
         raise from_value_error(e) from None
+    choice = req.effective_tool_choice
+    if choice == "auto" and state.tool_parser is None:
+        raise APIError("tool_choice: \"auto\" needs a tool call parser, and this model's chat template teaches no "
+                       "tool-call format; start recap serve with --tool-call-parser (hermes, granite, nemotron, "
+                       "qwen3_xml), or send tool_choice \"required\" or a named function", param="tool_choice")
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.tools:
+        kwargs["tools"] = [t.template_dict() for t in req.tools]
     size = sum(len(m.text()) for m in req.messages)
-    chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages)
+    chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages, kwargs)
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
@@ -60,14 +69,36 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         return Response(status_code=499)
     out = finals[0]
     k = req.top_logprobs or 0
-    choices = [
-        ChatChoice(index=o.index, message=ChatResponseMessage(content=o.text), finish_reason=o.finish_reason,
-                   logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids, o.logprobs, k))
-        for o in out.outputs
-    ]
+    choices = []
+    for o in out.outputs:
+        message, finish = _message(state, req, o.text, o.finish_reason)
+        for call in message.tool_calls:
+            call.index = None  # a position only in streamed deltas, as OpenAI has it
+        choices.append(ChatChoice(
+            index=o.index, message=message, finish_reason=finish,
+            logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids, o.logprobs, k)))
     resp = ChatCompletionResponse(id=rid, created=int(time.time()), model=state.model_name, choices=choices,
                                   usage=usage(finals), prompt_logprobs=prompt_logprobs_out(out.prompt_logprobs))
     return JSONResponse(with_transfer_params(resp.model_dump(), finals))
+
+
+def _message(
+    state: ServerState, req: ChatCompletionRequest, text: str, finish: str | None
+) -> tuple[ChatResponseMessage, str | None]:
+    """The assistant message of one choice: tool calls forced by the grammar or parsed from the text."""
+    choice = req.effective_tool_choice
+    calls = []
+    content: str | None = text
+    if req.tools and choice != "none":
+        if choice == "auto":
+            assert state.tool_parser is not None
+            content, calls = parse_tool_calls(text, state.tool_parser, req.tools)
+        else:
+            calls = forced_calls(text, req.tools, choice)
+            content = None if calls else text
+    if calls and finish == "stop":
+        finish = "tool_calls"
+    return ChatResponseMessage(content=content, tool_calls=calls), finish
 
 
 def _chunk(state: ServerState, rid: str, created: int, choices: list[ChatChunkChoice],
@@ -84,6 +115,7 @@ async def _stream(
     done: set[int] = set()
     created = int(time.time())
     k = req.top_logprobs or 0
+    tools_on = bool(req.tools) and req.effective_tool_choice != "none"
     try:
         yield _chunk(state, rid, created, [ChatChunkChoice(index=j, delta=ChatDelta(role="assistant", content=""))
                                            for j in range(n)])
@@ -98,8 +130,17 @@ async def _stream(
                     continue
                 lp = None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids_delta,
                                                                    o.logprobs_delta, k)
-                delta = ChatDelta(content=o.text_delta) if o.text_delta else ChatDelta()
-                choices.append(ChatChunkChoice(index=o.index, delta=delta, logprobs=lp, finish_reason=o.finish_reason))
+                finish = o.finish_reason
+                if tools_on:  # calls are known only once the text is complete: one delta at the end
+                    if finish is None:
+                        if lp is not None:
+                            choices.append(ChatChunkChoice(index=o.index, delta=ChatDelta(), logprobs=lp))
+                        continue
+                    message, finish = _message(state, req, o.text, finish)
+                    delta = ChatDelta(content=message.content, tool_calls=message.tool_calls or None)
+                else:
+                    delta = ChatDelta(content=o.text_delta) if o.text_delta else ChatDelta()
+                choices.append(ChatChunkChoice(index=o.index, delta=delta, logprobs=lp, finish_reason=finish))
                 if o.finish_reason is not None:
                     done.add(o.index)
             if choices:

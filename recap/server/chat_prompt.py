@@ -41,11 +41,15 @@ def _marker_offsets(messages: list[ChatMessage], rendered: ChatPrompt) -> list[i
     return [b for b in out if 0 < b < n]
 
 
-def build_chat_input(tokenizer: Any, messages: list[ChatMessage]) -> ChatInput:
-    """Raises APIError (400) when the chat template rejects the conversation."""
+def build_chat_input(
+    tokenizer: Any, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None
+) -> ChatInput:
+    """Raises APIError (400) when the chat template rejects the conversation. `template_kwargs`: extra
+    template variables (`tools`, the request's chat_template_kwargs)."""
     dicts = [m.template_dict() for m in messages]
+    kw = dict(template_kwargs or {})
     try:
-        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True)
+        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True, template_kwargs=kw)
     except Exception as e:  # noqa: BLE001 - jinja raise_exception / missing template: the client's input
         raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
     explicit = _marker_offsets(messages, rendered)

@@ -14,6 +14,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from recap.server.tools import PARSERS
+
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -21,6 +23,7 @@ class ServerOptions:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    tool_call_parser: str | None = None  # None: detected from the chat template (recap/server/tools.py)
 
 
 def _json_list(text: str) -> list[str]:
@@ -39,11 +42,15 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods (JSON list)")
     p.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers (JSON list)")
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
+                   help="how tool calls are read from the model's text (default: detected from the chat template)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's switch for tool_choice auto; recap enables it whenever a parser is known")
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers),
-                         args.allow_credentials)
+                         args.allow_credentials, args.tool_call_parser)
 
 
 def install(app: FastAPI, options: ServerOptions) -> None:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from recap.sampling_params import SamplingParams
+from recap.server.structured import ResponseFormat, StructuredOutputsField, structured_output
+from recap.server.tools import AssistantToolCall, NamedToolChoice, ToolCall, ToolSpec, tool_constraint
 
 MAX_PROMPTS = 256  # prompts in one completions request
 MAX_CHECKPOINTS = 256  # explicit checkpoint offsets per request
@@ -51,10 +53,12 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     cache_control: CacheControl | None = None
+    tool_calls: list[AssistantToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # tool turns: the call this result answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -70,6 +74,10 @@ class ChatMessage(_Strict):
     def _content_required(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls: only assistant messages carry them, not {self.role}")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError(f"tool_call_id: only tool messages carry it, not {self.role}")
         return self
 
     def parts(self) -> list[str]:
@@ -81,10 +89,14 @@ class ChatMessage(_Strict):
         """Text parts are joined with newlines (as vLLM does)."""
         return "\n".join(self.parts())
 
-    def template_dict(self) -> dict[str, str]:
-        d = {"role": self.role, "content": self.text()}
+    def template_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = [c.template_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
         return d
 
 
@@ -114,6 +126,13 @@ class _SamplingFields(_Strict):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True  # the tokenizer's own rendering; only true is accepted
+    # output constraints (recap/server/structured.py): at most one
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     cache_salt: str | None = None
     # Disaggregated prefill/decode (vLLM's name; recap.disagg.api checks it against the server's role).
     kv_transfer_params: dict[str, Any] | None = None
@@ -159,6 +178,12 @@ class _SamplingFields(_Strict):
                 raise ValueError(f"logit_bias: keys must be token ids, got {key!r}") from None
         return out
 
+    def output_constraint(self) -> Any:
+        """The StructuredOutput the fields ask for, or None (raises ValueError naming the field)."""
+        guided = {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                  "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar}
+        return structured_output(self.response_format, self.structured_outputs, guided)
+
     def _sampling(
         self, max_tokens: int | None, logprobs: int | None, defaults: dict[str, Any] | None, **extra: Any
     ) -> SamplingParams:
@@ -174,6 +199,8 @@ class _SamplingFields(_Strict):
             prompt_logprobs=self.prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
         )
+        if "structured_outputs" not in extra:
+            kw["structured_outputs"] = self.output_constraint()
         kw.update(extra)
         for name, value in (defaults or {}).items():
             unset = not ({"max_tokens", "max_completion_tokens"} & self.model_fields_set) if name == "max_tokens" \
@@ -246,9 +273,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none"] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # false: a forced call is one call (maxItems 1)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -261,18 +289,32 @@ class ChatCompletionRequest(_SamplingFields):
     def _unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.response_format is not None and self.response_format != {"type": "text"}:
-            raise ValueError("response_format is not supported (only {'type': 'text'})")
-        if self.tools:
-            raise ValueError("tools are not supported")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice: needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools and self.tool_choice.function.name not in {
+                t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice: no tool named {self.tool_choice.function.name!r} in tools")
         both = self.max_tokens is not None and self.max_completion_tokens is not None
         if both and self.max_tokens != self.max_completion_tokens:
             raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
         return self
 
+    @property
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: "auto" when tools are given, else "none"."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
     def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None, defaults)
+        extra: dict[str, Any] = {}
+        forced = tool_constraint(self.tools or [], self.effective_tool_choice, self.parallel_tool_calls)
+        if forced is not None:
+            if self.output_constraint() is not None:
+                raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
+            extra["structured_outputs"] = forced
+        return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None, defaults, **extra)
 
 
 # ---- responses --------------------------------------------------------------------------------
@@ -341,7 +383,8 @@ class ChatLogprobs(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -364,6 +407,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -43,6 +43,8 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     _token_text: dict[int, str] = field(default_factory=dict)
     offload: Offloader = field(default_factory=Offloader)  # large inputs are prepared off the event loop
+    # How tool calls are read from free text (recap/server/tools.py); None: tool_choice "auto" is refused.
+    tool_parser: str | None = None
 
     @property
     def tokenizer(self) -> Any:

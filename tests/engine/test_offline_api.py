@@ -83,3 +83,14 @@ def test_max_model_len_and_sampling_defaults_from_the_folder(tiny_models: dict[s
     assert len(out.token_ids) <= 3
     plain = LLM(str(folder), generation_config="vllm").get_default_sampling_params()
     assert plain == SamplingParams()
+
+
+def test_chat_takes_a_template_and_tools(llm: LLM) -> None:
+    template = ("{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "Weather?"}]
+    out = llm.chat(msgs, GREEDY, chat_template=template, tools=tools)[0]
+    assert llm.get_tokenizer().decode(out.prompt_token_ids) == "[get_weather]<user>Weather?<assistant>"
+    plain = llm.chat(msgs, GREEDY, chat_template=template, tools=[])[0]
+    assert llm.get_tokenizer().decode(plain.prompt_token_ids) == "<user>Weather?<assistant>"

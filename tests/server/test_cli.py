@@ -135,3 +135,11 @@ def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
     assert ".venv/bin/recap serve --port 8001 /models/x" in out
     readme = (root / "README.md").read_text()
     assert "shared/DESIGN.md" not in readme and "docs/design.md" in readme and (root / "docs/design.md").is_file()
+
+
+def test_readme_names_every_supported_architecture() -> None:
+    from recap.model.models import MODEL_CLASSES
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [name for name in MODEL_CLASSES if f"`{name}`" not in readme]
+    assert not missing, f"README.md does not list {missing}"

@@ -20,10 +20,11 @@ GREEDY = {"temperature": 0.0}
 VLLM_BENCH_BODY = (b'{"model": "tiny-bamba", "prompt": "The pump and the valve", "repetition_penalty": 1.0, '
                    b'"max_tokens": 8, "logprobs": null, "stream": true, "stream_options": {"include_usage": true}, '
                    b'"ignore_eos": true}')
-# guidellm's default streaming text-completions request.
-GUIDELLM_BODY = (b'{"prompt": "The pump and the valve", "model": "tiny-bamba", "stream": true, '
+# guidellm's streaming text-completions request (src/guidellm/backends/openai/request_handlers.py,
+# TextCompletionsRequestHandler.format with a fixed output length), keys in the order it builds them.
+GUIDELLM_BODY = (b'{"model": "tiny-bamba", "stream": true, '
                  b'"stream_options": {"include_usage": true, "continuous_usage_stats": true}, '
-                 b'"max_tokens": 8, "stop": null, "ignore_eos": true}')
+                 b'"max_tokens": 8, "stop": null, "ignore_eos": true, "prompt": "The pump and the valve"}')
 
 
 def _events(r: httpx.Response) -> list[dict[str, Any]]:
@@ -109,3 +110,15 @@ def test_penalties_bias_and_seed(client: openai.OpenAI, tiny_model: Path) -> Non
                                           extra_body={"min_tokens": 3, "stop_token_ids": [42]})
     # 42 is forced by the bias but banned until min_tokens are out; then it stops the choice
     assert chat.choices[0].finish_reason == "stop" and chat.usage.completion_tokens == 4
+
+
+def test_include_stop_str_in_output(client: openai.OpenAI) -> None:
+    free = client.completions.create(model=MODEL_NAME, prompt="The valve", max_tokens=12, **GREEDY)
+    text = free.choices[0].text
+    stop = text[3:5]
+    assert len(stop) == 2
+    cut = client.completions.create(model=MODEL_NAME, prompt="The valve", max_tokens=12, stop=[stop], **GREEDY)
+    kept = client.completions.create(model=MODEL_NAME, prompt="The valve", max_tokens=12, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True}, **GREEDY)
+    at = text.index(stop)
+    assert cut.choices[0].text == text[:at] and kept.choices[0].text == text[:at + len(stop)]

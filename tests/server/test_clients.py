@@ -1,0 +1,73 @@
+"""Real clients against a live server: LangChain's ChatOpenAI.with_structured_output (json_schema and
+function calling) and lm-eval's local-completions on a tiny local multiple-choice task (loglikelihood,
+which reads echo + prompt logprobs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel
+
+from tests.server.conftest import MODEL_NAME
+
+
+class Verdict(BaseModel):
+    """A yes/no verdict."""
+
+    answer: Literal["yes", "no"]
+    confidence: Literal["low", "high"]
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output(server: object, method: str) -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL_NAME, base_url=f"{server.url}/v1", api_key="unused",  # type: ignore[attr-defined]
+                     temperature=1.0, max_tokens=60, max_retries=0, seed=2)
+    # strict: the schema gets additionalProperties false, so a random model cannot invent keys forever
+    structured = llm.with_structured_output(Verdict, method=method, strict=True)
+    out = structured.invoke("Is the pump running?")
+    assert isinstance(out, Verdict)
+
+
+def test_lm_eval_local_completions_multiple_choice(server: object, tiny_model: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the task's data is a local file
+    rows = [{"question": f"Q{i}: which valve is open?", "choices": ["the left one", "the right one", "neither"],
+             "label": i % 3} for i in range(6)]
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        'doc_to_text: "{{question}}"\n'
+        'doc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\n")
+    results = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args=(f"model={MODEL_NAME},base_url={server.url}/v1/completions,"  # type: ignore[attr-defined]
+                    f"tokenizer={tiny_model},tokenizer_backend=huggingface,tokenized_requests=True,max_retries=1"),
+        tasks=["tiny_mc"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False), limit=6,
+        log_samples=True,
+    )
+    assert results is not None
+    acc = results["results"]["tiny_mc"]["acc,none"]
+    assert 0.0 <= acc <= 1.0
+    samples = results["samples"]["tiny_mc"]
+    assert len(samples) == 6
+    for sample in samples:
+        logliks = [float(r[0]) for r in sample["filtered_resps"]]
+        assert len(logliks) == 3 and all(v < 0 for v in logliks)  # one real loglikelihood per choice
+        assert len(set(logliks)) > 1
