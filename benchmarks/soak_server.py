@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-threads", type=int, default=1)
     p.add_argument("--rss-every", type=int, default=250, help="sample the server's resident memory every N requests")
-    p.add_argument("--warmup-fraction", type=float, default=0.2, help="samples before this share are warm-up")
+    p.add_argument("--warmup-fraction", type=float, default=0.5,
+                   help="samples before this share of the requests are warm-up (allocator arenas, caches fill)")
     p.add_argument("--rss-slack-mib", type=float, default=64.0, help="resident growth allowed after warm-up")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra `recap serve` flags")
     args = p.parse_args(argv)
