@@ -13,7 +13,7 @@ from recap.core.request import RequestStatus
 from recap.core.scheduler import Scheduler
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
-from recap.engine.metrics import EngineMetrics, MetricsSnapshot
+from recap.engine.metrics import EngineMetrics, MetricsSnapshot, request_finish_reason
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import InputProcessor, PreparedRequest
@@ -147,7 +147,8 @@ class LLMEngine:
         results = self.outputs.collect()
         for r in results:
             if r.finished:
-                self.metrics.observe_finished(len(r.prompt_token_ids))
+                self.metrics.observe_finished(len(r.prompt_token_ids),
+                                              request_finish_reason([o.finish_reason for o in r.outputs]))
         if not sched_out.is_empty:
             self.metrics.observe_step(time.perf_counter() - t0, new_tokens)
         return results
