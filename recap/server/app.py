@@ -44,8 +44,10 @@ def _validate(body: bytes, model: type[M], limits: ServerLimits) -> M:
         raise from_validation_error(e) from None
 
 
-async def _parse(request: Request, model: type[M], state: ServerState) -> M:
+async def _parse(request: Request, model: type[M]) -> M:
+    """The body as `model`; a large one is parsed off the event loop (recap.server.offload)."""
     body = await request.body()
+    state: ServerState = request.app.state.recap
     return await state.offload.run(len(body), _validate, body, model, request.app.state.limits)
 
 
@@ -108,11 +110,11 @@ def build_app(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await create_completion(state, await _parse(request, CompletionRequest, state), request)
+        return await create_completion(state, await _parse(request, CompletionRequest), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(state, await _parse(request, ChatCompletionRequest, state), request)
+        return await create_chat_completion(state, await _parse(request, ChatCompletionRequest), request)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
