@@ -1,5 +1,8 @@
 """Soak the HTTP server: many concurrent requests with random aborts and disconnects, then check
-that nothing leaked (every KV block and state slot back in its pool, nothing running).
+that nothing leaked (every KV block and state slot back in its pool, nothing running), that the
+server's own counts add up (/metrics: received == success + aborted + rejected, recap.server.request_counts),
+and that its resident memory is flat after warm-up (process_resident_memory_bytes, sampled as it runs).
+The documented full run is 10k requests (the default); the server needs --enable-debug-endpoints.
 
     .venv/bin/python benchmarks/soak_server.py                      # self-started server, tiny model
     .venv/bin/python benchmarks/soak_server.py --default-model      # self-started, embedded default model
@@ -132,7 +135,30 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, args: argparse.Nam
         t.error(f"{type(e).__name__}: {e}")
 
 
-async def _soak(url: str, args: argparse.Namespace) -> tuple[Tally, float]:
+def _metrics(url: str) -> dict[str, float]:
+    """recap:api_requests_* by outcome/reason, and the resident memory, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=60).text):
+        for s in family.samples:
+            if s.name.startswith("recap:api_requests") or s.name == "process_resident_memory_bytes":
+                key = s.labels.get("outcome") or s.labels.get("reason") or ""
+                out[f"{s.name}:{key}" if key else s.name] = s.value
+    return out
+
+
+def _counts_add_up(m: dict[str, float]) -> str | None:
+    """None when received == success + aborted + rejected and the reasons sum to rejected; else why not."""
+    outcomes = {o: m.get(f"recap:api_requests_total:{o}", 0.0) for o in ("success", "aborted", "rejected")}
+    received = m.get("recap:api_requests_received_total", 0.0)
+    reasons = sum(v for k, v in m.items() if k.startswith("recap:api_requests_rejected_total:"))
+    if received != sum(outcomes.values()) or reasons != outcomes["rejected"]:
+        return f"received {received:.0f} != {outcomes} (rejected by reason: {reasons:.0f})"
+    return None
+
+
+async def _soak(url: str, args: argparse.Namespace, rss: list[tuple[int, float]]) -> tuple[Tally, float]:
     rng = random.Random(args.seed)
     systems = [f"System prompt {i}: " + _text(random.Random(i), 40) for i in range(8)]
     t = Tally()
@@ -147,6 +173,9 @@ async def _soak(url: str, args: argparse.Namespace) -> tuple[Tally, float]:
                 next_i += 1
                 if next_i % 1000 == 0:
                     print(f"  {next_i} requests sent", file=sys.stderr, flush=True)
+                if next_i % args.rss_every == 0:
+                    m = await asyncio.to_thread(_metrics, url)
+                    rss.append((next_i, m.get("process_resident_memory_bytes", 0.0)))
                 await _one(client, random.Random(rng.random()), args, systems, t)
 
         t0 = time.monotonic()
@@ -189,11 +218,11 @@ def _start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.P
         from recap.model.testing import make_tiny_checkpoint
 
         path = make_tiny_checkpoint("bamba", workdir / "tiny-bamba", vocab_size=default_model.VOCAB_SIZE)
-        default_model._save_tokenizer(path, default_model.SEED)
+        default_model.save_tokenizer(path, default_model.SEED)
         model = [str(path)]
     port = _free_port()
     cmd = [sys.executable, "-m", "recap.cli", "serve", *model, "--port", str(port), "--log-level", "warning",
-           "--num-threads", str(args.server_threads), *args.server_args]
+           "--num-threads", str(args.server_threads), "--enable-debug-endpoints", *args.server_args]
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
@@ -221,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, default=1800.0, help="stop sending after this many seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-threads", type=int, default=1)
+    p.add_argument("--rss-every", type=int, default=250, help="sample the server's resident memory every N requests")
+    p.add_argument("--warmup-fraction", type=float, default=0.5,
+                   help="samples before this share of the requests are warm-up (allocator arenas, caches fill)")
+    p.add_argument("--rss-slack-mib", type=float, default=64.0, help="resident growth allowed after warm-up")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra `recap serve` flags")
     args = p.parse_args(argv)
     proc = None
@@ -231,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
             url = args.url.rstrip("/")
         else:
             proc, url = _start_server(args, Path(tmp))
+        rss: list[tuple[int, float]] = []
         try:
-            t, seconds = asyncio.run(_soak(url, args))
+            t, seconds = asyncio.run(_soak(url, args, rss))
             leaked, report = _leaks(url)
+            final = _metrics(url)
+            rss.append((args.requests, final.get("process_resident_memory_bytes", 0.0)))
         finally:
             if proc is not None:
                 proc.terminate()
@@ -244,9 +280,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ok {t.ok}  aborts {t.aborts}  rejected-as-expected {t.rejected}  errors {t.errors}")
     print(f"cached prompt tokens (plain requests) {hit:.1%}")
     print(f"leaks {leaked}  integrity {'ok' if report['ok'] else report['error']}  pools {report['pools']}")
+    counts_error = _counts_add_up(final)
+    print("server counts: received {:.0f} = success {:.0f} + aborted {:.0f} + rejected {:.0f}: {}".format(
+        final.get("recap:api_requests_received_total", 0), final.get("recap:api_requests_total:success", 0),
+        final.get("recap:api_requests_total:aborted", 0), final.get("recap:api_requests_total:rejected", 0),
+        "ok" if counts_error is None else counts_error))
+    growth = _rss_growth(rss, args.warmup_fraction)
+    print("resident memory (MiB) at requests " + ", ".join(f"{i}: {b / 2**20:.0f}" for i, b in rss))
+    print(f"resident memory growth after warm-up: {growth / 2**20:+.1f} MiB (allowed {args.rss_slack_mib} MiB)")
     for s in t.error_samples:
         print("  error:", s)
-    return 0 if t.errors == 0 and leaked == 0 else 1
+    flat = growth <= args.rss_slack_mib * 2**20
+    return 0 if t.errors == 0 and leaked == 0 and counts_error is None and flat else 1
+
+
+def _rss_growth(rss: list[tuple[int, float]], warmup_fraction: float) -> float:
+    """Resident bytes at the end minus the lowest sample after warm-up (0 without samples)."""
+    if not rss:
+        return 0.0
+    cut = warmup_fraction * rss[-1][0]
+    after = [b for i, b in rss if i >= cut] or [rss[-1][1]]
+    return rss[-1][1] - min(after)
 
 
 if __name__ == "__main__":

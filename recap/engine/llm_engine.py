@@ -16,7 +16,7 @@ from recap.core.scheduler import Scheduler
 from recap.core.stats import SchedulerStats
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
-from recap.engine.metrics import EngineMetrics, MetricsSnapshot
+from recap.engine.metrics import EngineMetrics, MetricsSnapshot, request_finish_reason
 from recap.engine.model_defaults import derived_max_model_len, generation_defaults
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
@@ -166,7 +166,8 @@ class LLMEngine:
         results = self.outputs.collect()
         for r in results:
             if r.finished:
-                self.metrics.observe_finished(len(r.prompt_token_ids))
+                self.metrics.observe_finished(len(r.prompt_token_ids),
+                                              request_finish_reason([o.finish_reason for o in r.outputs]))
         for parent in finishing:
             self._observe_request(parent)
         self.metrics.observe_inter_token(self.outputs.take_inter_token_gaps(), sched_out.num_batched_tokens)

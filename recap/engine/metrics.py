@@ -10,6 +10,17 @@ from typing import Any
 
 from recap.core.stats import SchedulerStats
 
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def request_finish_reason(choice_reasons: list[str | None]) -> str:
+    """One reason for a request whose n choices ended with these: abort, then error, then length, else stop."""
+    for reason in ("abort", "error", "length"):
+        if reason in choice_reasons:
+            return reason
+    return "stop"
+
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
@@ -52,6 +63,8 @@ class MetricsSnapshot:
     # vLLM's per-request histograms and pool usage (recap.engine.request_metrics); None before any engine ran.
     requests: Any = None
     kv_cache_usage: float = 0.0
+    # Finished requests (one per prompt) by reason: stop, length, abort, error (vLLM's finished_reason label).
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class EngineMetrics:
@@ -66,6 +79,7 @@ class EngineMetrics:
         self.recent_ttft: deque[float] = deque(maxlen=window)
         self.recent_step_times: deque[float] = deque(maxlen=window)
         self.requests_finished = 0
+        self.finished_by_reason: dict[str, int] = dict.fromkeys(FINISHED_REASONS, 0)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.steps = 0
@@ -83,9 +97,10 @@ class EngineMetrics:
             self.ttft.observe(seconds)
             self.recent_ttft.append(seconds)
 
-    def observe_finished(self, prompt_tokens: int) -> None:
+    def observe_finished(self, prompt_tokens: int, reason: str = "stop") -> None:
         with self._lock:
             self.requests_finished += 1
+            self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
             self.prompt_tokens += prompt_tokens
 
     def observe_request(self, **kw: Any) -> None:
@@ -123,4 +138,5 @@ class EngineMetrics:
                 ttft=ttft,
                 requests=self.requests.copy(),
                 kv_cache_usage=kv_cache_usage,
+                finished_by_reason=dict(self.finished_by_reason),
             )

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import ProcessCollector
 from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -77,6 +78,7 @@ def build_app(
     app.state.recap = state
     limits = limits or ServerLimits()
     app.state.limits = limits
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes etc. (the soak watches it)
     counts = RequestCounts()  # recap.server.request_counts: what became of each generation request
     registry.register(RequestCountsCollector(counts, state.model_name))
     app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)

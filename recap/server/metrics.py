@@ -26,7 +26,6 @@ _COUNTERS = (
     ("recap:checkpoint_miss_tokens", "Prompt tokens whose KV was cached past the best checkpoint (recomputed).",
      "checkpoint_miss_tokens"),
     ("recap:num_preemptions", "Requests preempted.", "preemptions"),
-    ("recap:request_success", "Requests finished (any finish reason).", "requests_finished"),
     ("recap:prompt_tokens", "Prompt tokens of finished requests.", "prompt_tokens"),
     ("recap:generation_tokens", "Tokens generated.", "generation_tokens"),
     ("recap:engine_steps", "Engine steps run.", "steps"),
@@ -65,6 +64,12 @@ class EngineCollector(Collector):
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(values, float(getattr(s, attr)))
             yield g
+        done = CounterMetricFamily("recap:request_success", "Requests finished (one per prompt), by finished_reason "
+                                   "(stop, length, abort, error), as vLLM's request_success.",
+                                   labels=[*labels, "finished_reason"])
+        for reason, count in sorted(s.finished_by_reason.items()):
+            done.add_metric([*values, reason], float(count))
+        yield done
         h = HistogramMetricFamily("recap:time_to_first_token_seconds", "Time to first token.", labels=labels)
         h.add_metric(values, _cumulative(s.ttft), sum_value=s.ttft.total)
         yield h

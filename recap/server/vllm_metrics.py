@@ -48,7 +48,7 @@ _REQUEST_HISTOGRAMS = (
 )
 VLLM_METRIC_NAMES = (
     tuple(n for n, _, _ in _COUNTERS) + tuple(n for n, _, _ in _GAUGES) + tuple(n for n, _, _ in _REQUEST_HISTOGRAMS)
-    + ("vllm:time_to_first_token_seconds", "vllm:cache_config_info")
+    + ("vllm:request_success", "vllm:time_to_first_token_seconds", "vllm:cache_config_info")
 )
 
 
@@ -59,6 +59,9 @@ def _buckets(h: Histogram) -> list[tuple[str, float]]:
         out.append((repr(float(bound)), float(total)))
     out.append(("+Inf", float(h.n)))
     return out
+
+
+FINISH_REASONS = {"stop", "length", "abort", "error"}  # always exported, so a dashboard sees zeros
 
 
 class VllmCollector(Collector):
@@ -83,6 +86,11 @@ class VllmCollector(Collector):
             g = GaugeMetricFamily(name, doc, labels=self.labels)
             g.add_metric(self.values, float(getattr(s, attr)))
             yield g
+        done = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                   labels=[*self.labels, "finished_reason"])
+        for reason in ("stop", "length", "abort", "error", *sorted(set(s.finished_by_reason) - FINISH_REASONS)):
+            done.add_metric([*self.values, reason], float(s.finished_by_reason.get(reason, 0)))
+        yield done
         yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               s.ttft)
         req: RequestHistograms | None = s.requests

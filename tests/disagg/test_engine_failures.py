@@ -140,3 +140,21 @@ def test_pulled_transfer_registers_and_releases_both_sides(engines: list, config
         time.sleep(0.01)
     assert pre.stats.holds_expired == 0
     assert_clean(pre)
+
+
+def test_a_request_aborted_before_its_pull_releases_the_prefill_side_at_once(engines: list,
+                                                                             config: EngineConfig) -> None:
+    pre = make(engines, config, role="prefill")  # the hold timeout is 60 s
+    dec = make(engines, config, role="decode")
+    handle = prefill(pre, "a")
+    dec.add_prepared(dataclasses.replace(dec.prepare(PROMPT, PARAMS, request_id="a"), kv_transfer=handle))
+    dec.abort_request(["a"])  # before any step: its pull never starts
+    deadline = time.monotonic() + 10
+    while pre.scheduler.remote.held and time.monotonic() < deadline:  # the decode side's release arrives
+        if pre.has_unfinished_requests():
+            pre.step()
+        time.sleep(0.01)
+    assert not pre.scheduler.remote.held and pre.stats.holds_expired == 0 and dec.stats.transfers_in_flight == 0
+    assert_clean(pre)
+    dec.step()  # delivers the abort
+    assert_clean(dec)

@@ -231,8 +231,8 @@ def counts(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
         for s in family.samples:
-            if s.name.startswith("recap:api_requests"):
-                key = s.labels.get("outcome") or s.labels.get("reason") or ""
+            if s.name.startswith(("recap:api_requests", "recap:request_success")):
+                key = s.labels.get("outcome") or s.labels.get("reason") or s.labels.get("finished_reason") or ""
                 out[f"{s.name}:{key}" if key else s.name] = s.value
     return out
 
@@ -258,3 +258,7 @@ def test_every_request_is_counted_once_success_aborted_or_rejected(guarded: Serv
     assert delta["recap:api_requests_rejected_total:unauthorized"] == 1
     assert after["recap:api_requests_received_total"] == sum(after[f"recap:api_requests_total:{o}"]
                                                              for o in ("success", "aborted", "rejected"))
+    # The engine's view (one per prompt that reached it): the aborted stream is an abort, not a success.
+    assert delta["recap:request_success_total:abort"] == 1
+    assert delta["recap:request_success_total:length"] + delta["recap:request_success_total:stop"] == 1
+    assert delta["recap:request_success_total:error"] == 0

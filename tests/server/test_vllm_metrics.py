@@ -26,6 +26,7 @@ VLLM_NAMES = {
 REQUIRED = {
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens", "vllm:generation_tokens",
+    "vllm:request_success",
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
     "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:cache_config_info",
@@ -38,6 +39,11 @@ def _families(http: httpx.Client) -> dict[str, object]:
 
 def _sample(fams: dict, family: str, sample: str) -> float:
     (value,) = [s.value for s in fams[family].samples if s.name == sample]
+    return value
+
+
+def _labelled(fams: dict, family: str, sample: str, reason: str) -> float:
+    (value,) = [s.value for s in fams[family].samples if s.name == sample and s.labels["finished_reason"] == reason]
     return value
 
 
@@ -74,6 +80,8 @@ def test_vllm_metrics_follow_the_requests(http: httpx.Client) -> None:
     assert delta("vllm:request_params_max_tokens", "vllm:request_params_max_tokens_sum") == 5
     assert delta("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total") == len(prompt)
     assert delta("vllm:generation_tokens", "vllm:generation_tokens_total") == 5
+    success = ("vllm:request_success", "vllm:request_success_total", "length")  # ignore_eos: ends by length
+    assert _labelled(after, *success) - _labelled(before, *success) == 1
     usage = _sample(after, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc")
     assert 0.0 <= usage <= 1.0
     assert _sample(after, "vllm:num_requests_running", "vllm:num_requests_running") == 0
