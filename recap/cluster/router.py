@@ -4,7 +4,8 @@ Cost model, in prefill tokens (what the request waits for, roughly):
     cost(r) = (prompt_tokens - resumable_tokens(r)) + queued_request_tokens x load(r)
 resumable_tokens(r): the deepest prefix replica r can resume from (KV and checkpoint both present, from
 its published stats, or predicted from requests this router sent it since); load(r): requests on r, the
-larger of what r last published and what this router has in flight there. A replica with a deeper hit
+larger of what r last published (less what this router saw finish there since) and what this router has
+in flight there. A replica with a deeper hit
 but a longer queue loses once each extra queued request costs more than the tokens the hit saves.
 Ties go to the lower load, then to the replica chosen least recently (new sessions spread out), then
 to the replica id. Stale stats (older than `max_stats_age_s`) count for load only; a replica with no
@@ -78,6 +79,7 @@ class _Replica:
     stats: ReplicaStats | None = None
     in_flight: int = 0
     last_chosen: int = -1  # decision counter when last chosen
+    completions: list[float] = field(default_factory=list)  # this router's completions since `stats.time`
     predictions: dict[str, _Prediction] = field(default_factory=dict)
 
 
@@ -111,6 +113,7 @@ class CheckpointRouter:
         if stats.block_size != self.config.block_size:
             return  # hashed with another block size: its keys cannot match ours
         entry.stats = stats
+        entry.completions = [t for t in entry.completions if t > stats.time]
         # Predictions the replica has now had the chance to publish for itself are dropped.
         done = [k for k, p in entry.predictions.items() if p.completed_at is not None and p.completed_at < stats.time]
         for key in done:
@@ -133,6 +136,8 @@ class CheckpointRouter:
         if entry is None:
             return
         entry.in_flight = max(0, entry.in_flight - 1)
+        if entry.stats is not None:  # only needed to discount what the stats counted
+            entry.completions.append(self.clock())
         prediction = entry.predictions.get(request_key)
         if prediction is not None:
             prediction.completed_at = self.clock()
@@ -164,10 +169,12 @@ class CheckpointRouter:
             del entry.predictions[key]
 
     def load(self, replica: str) -> int:
+        """Requests on the replica: what it last published, less what finished here since, or this
+        router's own in-flight count if larger (the stats lag; other routers' requests only show there)."""
         entry = self._replicas.get(replica)
         if entry is None:
             return 0
-        published = entry.stats.num_requests if entry.stats is not None else 0
+        published = entry.stats.num_requests - len(entry.completions) if entry.stats is not None else 0
         return max(entry.in_flight, published)
 
     def score(self, candidates: Sequence[str], request: RouteRequest) -> list[Choice]:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from recap.cluster.launch import add_cluster_args, serve_replicas
 from recap.disagg.config import add_disagg_args, transfer_config
 from recap.server.args import add_engine_args, engine_config
 
@@ -22,6 +23,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     add_engine_args(p)
     add_disagg_args(p)
+    add_cluster_args(p)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -37,6 +39,12 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.replicas is not None:
+        if transfer.role != "both":
+            print("error: --replicas serves whole replicas; --role prefill/decode is not supported with it",
+                  file=sys.stderr)
+            return 2
+        return serve_replicas(args, config)
 
     import uvicorn
 

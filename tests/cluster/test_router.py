@@ -90,6 +90,22 @@ def test_load_outweighs_a_shallow_hit() -> None:
     assert r.rank(["hit", "idle"], RouteRequest(PROMPT))[0] == "idle"
 
 
+def test_stats_load_less_what_finished_since() -> None:
+    """Stats taken while a request ran still count it; its completion seen here discounts it."""
+    clock = Clock()
+    r = router(clock)
+    r.update_stats("home", stats_for(PROMPT, [2], clock.now, running=1))
+    r.update_stats("other", stats_for(PROMPT, [], clock.now))
+    r.on_routed("home", "k", RouteRequest(PROMPT[:9]))
+    clock.now += 0.1
+    assert r.load("home") == 1
+    r.on_completed("home", "k")
+    assert r.load("home") == 0
+    assert r.rank(["home", "other"], RouteRequest(PROMPT))[0] == "home"
+    r.update_stats("home", stats_for(PROMPT, [2], clock.now + 0.1, waiting=2))  # newer stats: two others queued
+    assert r.load("home") == 2
+
+
 def test_ties_spread_then_fall_to_lower_id() -> None:
     clock = Clock()
     r = router(clock)
