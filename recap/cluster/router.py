@@ -5,9 +5,10 @@ Cost model, in prefill tokens (what the request waits for, roughly):
 resumable_tokens(r): the deepest prefix replica r can resume from (KV and checkpoint both present, from
 its published stats, or predicted from requests this router sent it since); load(r): requests on r, the
 larger of what r last published (less what this router saw finish there since) and what this router has
-in flight there. A replica with a deeper hit
-but a longer queue loses once each extra queued request costs more than the tokens the hit saves.
-Ties go to the lower load, then to the replica chosen least recently (new sessions spread out), then
+in flight there. A replica with a deeper hit but a longer queue loses once each extra queued request
+costs more than the tokens the hit saves. Ties go to the replica holding the longer KV prefix (not a hit
+for a hybrid, but where the branch point gets learned and checkpointed, so the next request sharing it
+hits), then to the lower load, then to the replica chosen least recently (new sessions spread out), then
 to the replica id. Stale stats (older than `max_stats_age_s`) count for load only; a replica with no
 stats is routed by load alone. Session affinity follows without a session id: a follow-up turn extends
 the previous prompt, whose checkpoint sits on the replica that served it.
@@ -32,12 +33,17 @@ class RouterConfig:
     queued_request_tokens: int = 256  # prefill tokens one queued request is worth in the cost model
     max_stats_age_s: float = 30.0  # older stats say nothing about the cache
     prediction_ttl_s: float = 60.0  # a routed prompt counts as cached on its replica at most this long
+    # Weight of KV held past the deepest checkpoint: no hit now, but the replica learns the branch point
+    # there as this request passes (DESIGN section 4), so the next request sharing it hits.
+    kv_only_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.queued_request_tokens < 0:
             raise ValueError(f"queued_request_tokens must be >= 0, got {self.queued_request_tokens}")
+        if not 0.0 <= self.kv_only_weight <= 1.0:
+            raise ValueError(f"kv_only_weight must be in [0, 1], got {self.kv_only_weight}")
         if self.max_stats_age_s <= 0 or self.prediction_ttl_s < 0:
             raise ValueError("max_stats_age_s must be positive and prediction_ttl_s >= 0")
 
@@ -64,11 +70,13 @@ class Choice:
     cost: float
     resumable_tokens: int
     load: int
+    kv_tokens: int = 0  # the KV prefix alone (the tie-break)
 
 
 @dataclass
 class _Prediction:
-    chain: frozenset[int]
+    """A prompt routed to a replica: its KV will be there; a checkpoint at (about) its end."""
+
     depth: dict[int, int]  # key64 -> blocks
     routed_at: float
     completed_at: float | None = None
@@ -128,8 +136,7 @@ class CheckpointRouter:
         entry.in_flight += 1
         chain = self._chain(request)
         if chain and request.pin is None:
-            depth = {key: i + 1 for i, key in enumerate(chain)}
-            entry.predictions[request_key] = _Prediction(frozenset(chain), depth, self.clock())
+            entry.predictions[request_key] = _Prediction({key: i + 1 for i, key in enumerate(chain)}, self.clock())
 
     def on_completed(self, replica: str, request_key: str) -> None:
         entry = self._replicas.get(replica)
@@ -147,20 +154,26 @@ class CheckpointRouter:
         root = root_hash(request.cache_salt)
         return [key64(h) for h in chain_hashes(root, request.token_ids, self.config.block_size)]
 
-    def _resumable_blocks(self, entry: _Replica, chain: list[int], max_blocks: int, now: float) -> int:
-        best = 0
+    def _prefix_blocks(self, entry: _Replica, chain: list[int], max_blocks: int, now: float) -> tuple[int, int]:
+        """(resumable blocks, KV-prefix blocks) of the chain on this replica: from its stats unless stale,
+        and from the prompts this router sent it since (a prompt extending a routed one whole resumes at
+        the routed one's end, where the replica checkpoints; a partial match is KV only)."""
+        resumable = kv = 0
         stats = entry.stats
         if stats is not None and now - stats.time <= self.config.max_stats_age_s:
-            best = stats.resumable_blocks(chain, max_blocks)
-        ttl = self.config.prediction_ttl_s
+            resumable = stats.resumable_blocks(chain, max_blocks)
+            kv = stats.kv_prefix_blocks(chain, max_blocks)
+        ttl, end = self.config.prediction_ttl_s, min(max_blocks, len(chain))
         for p in entry.predictions.values():
             if now - p.routed_at > ttl:
                 continue
-            k = 0
-            while k < max_blocks and k < len(chain) and chain[k] in p.chain and p.depth[chain[k]] == k + 1:
+            depth, k = p.depth, 0
+            while k < end and depth.get(chain[k]) == k + 1:
                 k += 1
-            best = max(best, k)
-        return best
+            kv = max(kv, k)
+            if k == len(depth):
+                resumable = max(resumable, k)
+        return resumable, max(kv, resumable)
 
     def _drop_expired(self, entry: _Replica, now: float) -> None:
         ttl = self.config.prediction_ttl_s
@@ -188,13 +201,14 @@ class CheckpointRouter:
         for replica in dict.fromkeys(candidates):
             entry = self._replicas.setdefault(replica, _Replica())
             self._drop_expired(entry, now)
-            hit = self._resumable_blocks(entry, chain, max_blocks, now) * bs if chain else 0
+            hit, kv = self._prefix_blocks(entry, chain, max_blocks, now) if chain else (0, 0)
             load = self.load(replica)
-            cost = (num_tokens - hit) + self.config.queued_request_tokens * load
-            choices.append(Choice(replica, cost, hit, load))
+            kv_only = (kv - hit) * bs * self.config.kv_only_weight
+            cost = (num_tokens - hit * bs - kv_only) + self.config.queued_request_tokens * load
+            choices.append(Choice(replica, cost, hit * bs, load, kv * bs))
 
-        def order(c: Choice) -> tuple[float, int, int, str]:
-            return (c.cost, c.load, self._replicas[c.replica].last_chosen, c.replica)
+        def order(c: Choice) -> tuple[float, int, int, int, str]:
+            return (c.cost, -c.kv_tokens, c.load, self._replicas[c.replica].last_chosen, c.replica)
 
         return sorted(choices, key=order)
 

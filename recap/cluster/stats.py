@@ -98,6 +98,15 @@ class ReplicaStats:
         except (KeyError, TypeError) as e:
             raise ValueError(f"routing stats: malformed record ({e!r})") from None
 
+    def kv_prefix_blocks(self, chain: list[int], max_blocks: int) -> int:
+        """How many leading blocks of the chain have cached KV (0 without a KV group or caching)."""
+        if not self.caching or not self.has_kv:
+            return 0
+        end, k = min(max_blocks, len(chain)), 0
+        while k < end and chain[k] in self.kv_keys:
+            k += 1
+        return k
+
     def resumable_blocks(self, chain: list[int], max_blocks: int) -> int:
         """The deepest k <= max_blocks at which this replica can resume a prompt whose hash chain
         (key64 each) is `chain`: KV for blocks 0..k-1 and (with a state group) a checkpoint at k."""

@@ -25,7 +25,7 @@ from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluste
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
-from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_bamba_dir  # noqa: E402
+from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
 SESSIONS, TURNS = 5, 3  # an odd number of sessions: round robin moves every session each turn
 
@@ -37,13 +37,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_bamba_dir(tmp_path_factory.mktemp("cluster-model"))
+def model(tiny_model: Path) -> Path:  # noqa: F811 - the server tests' session-wide tiny Bamba, built once
+    return tiny_model
+
+
+# Serve's proxy health check (10 s, 3 misses) failed on the shared 2-core test machine at load 24: the
+# cluster's processes inherit these from the driver's environment (Ray reads them; recap does not).
+SLOW_MACHINE_ENV = {"RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
 @pytest.fixture(scope="module")
 def cluster(model: Path) -> Iterator[str]:
-    init_ray(None, LocalClusterConfig(num_cpus=4, object_store_bytes=200 << 20))
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in SLOW_MACHINE_ENV.items():
+            mp.setenv(key, value)
+        init_ray(None, LocalClusterConfig(num_cpus=4, object_store_bytes=200 << 20))
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     config = dataclasses.replace(engine_config(model), num_threads=1)

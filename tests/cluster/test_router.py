@@ -117,6 +117,31 @@ def test_ties_spread_then_fall_to_lower_id() -> None:
     assert r.rank(["a", "b"], new[3])[0] == "b"
 
 
+def test_kv_prefix_breaks_ties() -> None:
+    """Equal hits: the replica holding the longer KV prefix wins (it learns the branch point there)."""
+    clock = Clock()
+    r = router(clock)
+    r.update_stats("a", stats_for(PROMPT, [], clock.now, kv_blocks=3))
+    r.update_stats("b", stats_for(PROMPT, [], clock.now, kv_blocks=7))
+    r.update_stats("c", stats_for(PROMPT, [], clock.now, kv_blocks=0))
+    scores = r.score(["a", "b", "c"], RouteRequest(PROMPT))
+    assert [(c.replica, c.resumable_tokens, c.kv_tokens) for c in scores] == [("b", 0, 28), ("a", 0, 12), ("c", 0, 0)]
+    r.on_routed("b", "x", RouteRequest([5] * 9))  # but load comes first
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT))[0] == "a"
+
+
+def test_partial_prediction_is_kv_only() -> None:
+    """A routed prompt predicts a checkpoint at its end only: a prompt sharing part of it gets KV, no hit."""
+    clock = Clock()
+    r = router(clock)
+    r.on_routed("a", "doc", RouteRequest(PROMPT[:33]))  # 8 blocks
+    branch = PROMPT[:20] + [9] * 21  # shares 5 blocks, then diverges
+    (a,) = r.score(["a"], RouteRequest(branch))
+    assert (a.resumable_tokens, a.kv_tokens) == (0, 20)
+    (a,) = r.score(["a"], RouteRequest(PROMPT))  # extends the routed prompt whole
+    assert (a.resumable_tokens, a.kv_tokens) == (32, 32)
+
+
 def test_stale_stats_count_for_nothing() -> None:
     clock = Clock()
     r = router(clock, max_stats_age_s=5.0)
