@@ -35,6 +35,8 @@ class ClusterConfig:
     stats_period_s: float = 0.5  # how often each replica publishes its routing stats
     limits: StatsLimits = field(default_factory=StatsLimits)
     max_ongoing_requests: int | None = None  # per replica; default: twice the engine's max_num_seqs
+    # The ingress only relays (async): Serve's default of 5 made a sixth concurrent stream wait at the proxy.
+    ingress_max_ongoing_requests: int = 1024
     app_name: str = "recap"
 
     def __post_init__(self) -> None:
@@ -82,13 +84,15 @@ def build_cluster_app(config: EngineConfig, cluster: ClusterConfig) -> Applicati
     config = resolve_model(config)
     ingress = IngressConfig(tokenizer=config.tokenizer or str(config.model), policy=cluster.policy,
                             replica_app=cluster.app_name)
-    ingress_deployment = serve.deployment(RecapIngress, name="RecapIngress", ray_actor_options={"num_cpus": 0})
+    ingress_deployment = serve.deployment(RecapIngress, name="RecapIngress", ray_actor_options={"num_cpus": 0},
+                                          max_ongoing_requests=cluster.ingress_max_ongoing_requests)
     return ingress_deployment.bind(replica_deployment(config, cluster), ingress)
 
 
-def ingress_app(tokenizer: str, policy: str, replica_app: str) -> Application:
+def ingress_app(tokenizer: str, policy: str, replica_app: str, max_ongoing_requests: int = 1024) -> Application:
     """A further entry point over the replicas of app `replica_app`, routing by `policy`."""
-    deployment = serve.deployment(RecapIngress, name=f"RecapIngress-{policy}", ray_actor_options={"num_cpus": 0})
+    deployment = serve.deployment(RecapIngress, name=f"RecapIngress-{policy}", ray_actor_options={"num_cpus": 0},
+                                  max_ongoing_requests=max_ongoing_requests)
     return deployment.bind(None, IngressConfig(tokenizer=tokenizer, policy=policy, replica_app=replica_app))
 
 
