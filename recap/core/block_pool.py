@@ -99,6 +99,11 @@ class BlockPool:
         block = self._cached.get(block_hash)
         return None if block is None else block.block_id
 
+    def cached_hashes(self, limit: int) -> list[int]:
+        """Up to `limit` findable hashes, the most recently cached last (what a router is told)."""
+        hashes = list(self._cached)
+        return hashes[-limit:] if len(hashes) > limit else hashes
+
     def recalled_prefix(self, block_hashes: Sequence[int], start: int, max_blocks: int) -> int:
         """Length of the prefix of `block_hashes[:max_blocks]` whose hashes are cached or remembered as evicted.
 

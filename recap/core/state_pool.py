@@ -142,6 +142,13 @@ class StatePool:
     def lookup(self, block_hash: int) -> int | None:
         return self._by_hash.get(block_hash)
 
+    def checkpoint_keys(self, limit: int) -> list[tuple[int, int]]:
+        """Up to `limit` registered (block hash, position) pairs, the most recently registered last."""
+        items = list(self._by_hash.items())
+        if len(items) > limit:
+            items = items[-limit:]
+        return [(block_hash, self.slot_position[slot]) for block_hash, slot in items]
+
     def holds_any(self, block_hashes: Iterable[int]) -> bool:
         """Whether any of these hashes keys a checkpoint (one pass in C)."""
         return not self._by_hash.keys().isdisjoint(block_hashes)

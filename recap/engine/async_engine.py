@@ -12,9 +12,9 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from recap.engine.errors import EngineDeadError
 from recap.engine.llm_engine import LLMEngine
@@ -24,6 +24,7 @@ from recap.engine.processor import PreparedRequest
 from recap.sampling_params import SamplingParams
 
 log = logging.getLogger("recap.engine")
+T = TypeVar("T")
 
 
 @dataclass
@@ -105,6 +106,16 @@ class AsyncEngine:
         await asyncio.get_running_loop().run_in_executor(None, done.wait, 30)
         return self._integrity
 
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between steps (reads the cache core without racing it)."""
+        if self.dead is not None:
+            raise EngineDeadError(f"engine stopped: {self.dead!r}")
+        self.start()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._commands.put(("call", (fn, future, loop)))
+        return await future
+
     def pool_usage(self) -> dict[str, int]:
         """KV block and state slot occupancy, read on the engine thread by the last check_integrity()."""
         return dict(self._pools)
@@ -133,6 +144,14 @@ class AsyncEngine:
                 self._integrity = str(e) or "integrity check failed"
             self._pools = _pool_usage(self.engine)
             arg.set()
+        elif kind == "call":
+            fn, future, loop = arg
+            try:
+                result = fn(self.engine)
+            except Exception as e:  # noqa: BLE001 - handed to the awaiting caller
+                _settle(loop, future, e)
+            else:
+                _settle(loop, future, result)
 
     def _loop(self) -> None:
         try:
@@ -157,6 +176,28 @@ class AsyncEngine:
                 rids = list(self._streams)
             for rid in rids:
                 self._deliver(rid, EngineDeadError(f"engine stopped: {e!r}"))
+            while True:  # calls queued behind the failure would wait forever
+                try:
+                    kind, arg = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "call":
+                    _settle(arg[2], arg[1], EngineDeadError(f"engine stopped: {e!r}"))
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
+    """Complete `future` on its own loop from the engine thread (an exception is raised to the awaiter)."""
+
+    def done() -> None:
+        if future.done():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed under us
+        loop.call_soon_threadsafe(done)
 
 
 def _pool_usage(engine: LLMEngine) -> dict[str, int]:

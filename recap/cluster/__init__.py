@@ -1,0 +1,1 @@
+"""Scaling out: replicas, the checkpoint-aware router, Ray Serve."""

@@ -1,0 +1,52 @@
+"""`recap serve --replicas N`: recap replicas on Ray Serve behind the checkpoint-aware router.
+
+Joins the cluster at `--ray-address`, or starts a small local one on loopback; Serve's HTTP proxy
+listens on --host/--port (a Serve instance already running on a joined cluster keeps its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from recap.engine.config import EngineConfig
+
+log = logging.getLogger("recap.cluster")
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("replicas on Ray Serve (docs/replicas.md)")
+    g.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="serve N engine replicas on Ray Serve behind recap's router (default: one process, no Ray)")
+    g.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (e.g. ray://host:10001 or auto); default: start a local one")
+    g.add_argument("--routing", choices=("checkpoint", "round_robin", "load"), default="checkpoint",
+                   help="how requests pick a replica (checkpoint: deepest resumable prefix against queue length)")
+    g.add_argument("--cpus-per-replica", type=float, default=1.0,
+                   help="Ray CPUs reserved per replica (also its torch threads unless --num-threads)")
+    g.add_argument("--queued-request-tokens", type=int, default=256,
+                   help="routing cost of one queued request, in prefill tokens")
+
+
+def serve_replicas(args: argparse.Namespace, config: EngineConfig) -> int:
+    from ray import serve
+
+    from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, init_ray
+
+    try:
+        cluster = ClusterConfig(num_replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
+                                policy=args.routing, queued_request_tokens=args.queued_request_tokens)
+        app = build_cluster_app(config, cluster)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # Local cluster: the replicas' CPUs, plus one for Serve's controller, proxy and the ingress.
+    num_cpus = max(2, int(cluster.num_replicas * cluster.cpus_per_replica + 0.999) + 1)
+    init_ray(args.ray_address, LocalClusterConfig(num_cpus=min(num_cpus, os.cpu_count() or num_cpus), host=args.host))
+    serve.start(http_options={"host": args.host, "port": args.port})
+    log.info("serving %d replicas on http://%s:%d (OpenAI API under /v1, routing %s)", cluster.num_replicas,
+             args.host, args.port, cluster.policy)
+    serve.run(app, name=cluster.app_name, route_prefix="/", blocking=True)
+    return 0

@@ -1,0 +1,58 @@
+"""One recap replica on Ray Serve: an engine, the single-instance OpenAI app over it, and its routing stats."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from recap.cluster.asgi import HTTPRequest, ResponseStart, call_asgi
+from recap.cluster.stats import StatsLimits, collect_stats
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.config import EngineConfig
+from recap.engine.llm_engine import LLMEngine
+from recap.server.app import build_app
+
+log = logging.getLogger("recap.cluster")
+REPLICA_HEADER = b"x-recap-replica"
+
+
+class RecapReplica:
+    """Serve deployment body. `http` streams one forwarded request's response: a ResponseStart (with the
+    replica's id in the `x-recap-replica` header), then body chunks."""
+
+    def __init__(self, config: EngineConfig, limits: StatsLimits) -> None:
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.limits = limits
+        self.engine = AsyncEngine(LLMEngine(config))
+        self.engine.start()
+        self.app = build_app(self.engine, shutdown_engine=False)  # its lifespan never runs here: we own the engine
+        log.info("replica %s serving %s", self.replica_id, self.engine.engine.served_model_name)
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """Called by Serve every request_routing_stats_period_s; read on the engine thread between steps."""
+
+        def take(engine: LLMEngine) -> dict[str, Any]:
+            sched = engine.scheduler
+            return collect_stats(sched.cache, sched.num_running, sched.num_waiting, time.time(), self.limits).to_dict()
+
+        return await self.engine.call(take)
+
+    async def http(self, request: HTTPRequest, route: dict[str, Any] | None = None) -> AsyncIterator[Any]:
+        """`route` is read by the router (recap.cluster.ray_router), not here."""
+        async for item in call_asgi(self.app, request):
+            if isinstance(item, ResponseStart):
+                item = ResponseStart(item.status, item.headers + ((REPLICA_HEADER, self.replica_id.encode()),))
+            yield item
+
+    async def check_health(self) -> None:
+        if self.engine.dead is not None:
+            raise RuntimeError(f"engine stopped: {self.engine.dead!r}")
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
