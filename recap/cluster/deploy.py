@@ -17,7 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application
 
 from recap.cluster.ingress import REPLICA_DEPLOYMENT, IngressConfig, RecapIngress
-from recap.cluster.replica import RecapReplica
+from recap.cluster.replica import RecapReplica, ServerSettings
 from recap.cluster.router import POLICIES
 from recap.cluster.stats import StatsLimits
 from recap.engine.config import EngineConfig
@@ -59,7 +59,9 @@ def resolve_model(config: EngineConfig) -> EngineConfig:
     return dataclasses.replace(config, model=str(ensure_default_model()))
 
 
-def replica_deployment(config: EngineConfig, cluster: ClusterConfig) -> Application:
+def replica_deployment(
+    config: EngineConfig, cluster: ClusterConfig, http: ServerSettings | None = None
+) -> Application:
     config = resolve_model(config)
     if config.num_threads is None:
         config = dataclasses.replace(config, num_threads=max(1, int(cluster.cpus_per_replica)))
@@ -76,17 +78,17 @@ def replica_deployment(config: EngineConfig, cluster: ClusterConfig) -> Applicat
         max_ongoing_requests=cluster.max_ongoing_requests or 2 * config.scheduler.max_num_seqs,
         request_router_config=router_config, health_check_period_s=2.0,
     )
-    return deployment.bind(config, cluster.limits)
+    return deployment.bind(config, cluster.limits, http)
 
 
-def build_cluster_app(config: EngineConfig, cluster: ClusterConfig) -> Application:
+def build_cluster_app(config: EngineConfig, cluster: ClusterConfig, http: ServerSettings | None = None) -> Application:
     """The replicas and their ingress, as one Serve application."""
     config = resolve_model(config)
     ingress = IngressConfig(tokenizer=config.tokenizer or str(config.model), policy=cluster.policy,
                             replica_app=cluster.app_name)
     ingress_deployment = serve.deployment(RecapIngress, name="RecapIngress", ray_actor_options={"num_cpus": 0},
                                           max_ongoing_requests=cluster.ingress_max_ongoing_requests)
-    return ingress_deployment.bind(replica_deployment(config, cluster), ingress)
+    return ingress_deployment.bind(replica_deployment(config, cluster, http), ingress)
 
 
 def ingress_app(tokenizer: str, policy: str, replica_app: str, max_ongoing_requests: int = 1024) -> Application:

@@ -29,6 +29,7 @@ from recap.cluster.router import POLICIES
 from recap.model.loader import load_tokenizer
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import APIError
+from recap.server.json_body import parse_json
 from recap.server.protocol import ChatCompletionRequest
 from recap.server.sse import SSE_DONE, sse
 
@@ -53,8 +54,8 @@ def prompt_tokens(tokenizer: Any, path: str, body: bytes) -> tuple[list[int], st
     """The first prompt's token ids and the cache salt, as the replica will see them; ([], None) when the
     body is not a request this can read (the replica then answers with the proper 4xx)."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = parse_json(body)  # depth, NaN and surrogates refused as the replica refuses them
+    except APIError:
         return [], None
     if not isinstance(data, dict):
         return [], None

@@ -34,11 +34,15 @@ def serve_replicas(args: argparse.Namespace, config: EngineConfig) -> int:
     from ray import serve
 
     from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, init_ray
+    from recap.cluster.replica import ServerSettings
+    from recap.server.limits import server_limits
+    from recap.server.options import server_options
 
     try:
         cluster = ClusterConfig(num_replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
                                 policy=args.routing, queued_request_tokens=args.queued_request_tokens)
-        app = build_cluster_app(config, cluster)
+        http = ServerSettings(server_limits(args), args.api_key, server_options(args))
+        app = build_cluster_app(config, cluster, http)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
@@ -15,21 +16,35 @@ from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
+from recap.server.limits import ServerLimits
+from recap.server.options import ServerOptions
 
 log = logging.getLogger("recap.cluster")
 REPLICA_HEADER = b"x-recap-replica"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What `recap serve` applies to its HTTP app (limits, --api-key, CORS), carried to every replica."""
+
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    api_key: str | None = None
+    options: ServerOptions = field(default_factory=ServerOptions)
 
 
 class RecapReplica:
     """Serve deployment body. `http` streams one forwarded request's response: a ResponseStart (with the
     replica's id in the `x-recap-replica` header), then body chunks."""
 
-    def __init__(self, config: EngineConfig, limits: StatsLimits) -> None:
+    def __init__(self, config: EngineConfig, limits: StatsLimits, http: ServerSettings | None = None) -> None:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.limits = limits
         self.engine = AsyncEngine(LLMEngine(config))
         self.engine.start()
-        self.app = build_app(self.engine, shutdown_engine=False)  # its lifespan never runs here: we own the engine
+        http = http or ServerSettings()
+        # Its lifespan never runs here (we own the engine); auth, limits and CORS are the single instance's.
+        self.app = build_app(self.engine, shutdown_engine=False, options=http.options, limits=http.limits,
+                             api_key=http.api_key)
         log.info("replica %s serving %s", self.replica_id, self.engine.engine.served_model_name)
 
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -22,9 +22,11 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, ingress_app, init_ray  # noqa: E402
+from recap.cluster.replica import ServerSettings  # noqa: E402
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
+from recap.server.limits import ServerLimits  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
 SESSIONS, TURNS = 5, 3  # an odd number of sessions: round robin moves every session each turn
@@ -56,7 +58,8 @@ def cluster(model: Path) -> Iterator[str]:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     config = dataclasses.replace(engine_config(model), num_threads=1)
     try:
-        serve.run(build_cluster_app(config, ClusterConfig(num_replicas=2, stats_period_s=0.2)), name="recap",
+        debug = ServerSettings(limits=ServerLimits(enable_debug=True))  # /debug/integrity on every replica
+        serve.run(build_cluster_app(config, ClusterConfig(num_replicas=2, stats_period_s=0.2), debug), name="recap",
                   route_prefix="/")
         serve.run(ingress_app(str(model), "round_robin", "recap"), name="recap-rr", route_prefix="/rr")
         yield f"http://127.0.0.1:{port}"
