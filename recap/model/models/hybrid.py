@@ -42,19 +42,24 @@ class HybridBlock(nn.Module):
 
 
 class HybridForCausalLM(CausalLM):
-    """The layout; a family picks its block class and the name of its final norm."""
+    """The `model.{embed_tokens, layers.i, <final norm>}` + `lm_head` layout most hybrids share; a family picks
+    its block class, the name and class of its final norm, or overrides `build_layers`."""
 
     block_class: type[nn.Module] = HybridBlock
     final_norm_name = "final_layernorm"
+    final_norm_class: type[nn.Module] = RMSNorm
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__(config, dtype)
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(self.block_class(config, i, dtype) for i in range(config.num_layers))
-        setattr(self.model, self.final_norm_name, RMSNorm(config.hidden_size, config.norm_eps, dtype))
+        self.model.layers = nn.ModuleList(self.build_layers(config, dtype))
+        setattr(self.model, self.final_norm_name, self.final_norm_class(config.hidden_size, config.norm_eps, dtype))
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def build_layers(self, config: ModelConfig, dtype: torch.dtype) -> list[nn.Module]:
+        return [self.block_class(config, i, dtype) for i in range(config.num_layers)]
 
     def embedding(self) -> Embedding:
         return self.model.embed_tokens
@@ -62,5 +67,5 @@ class HybridForCausalLM(CausalLM):
     def blocks(self) -> nn.ModuleList:
         return self.model.layers
 
-    def final_norm(self) -> RMSNorm:
+    def final_norm(self) -> nn.Module:
         return getattr(self.model, self.final_norm_name)

@@ -16,11 +16,10 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
-from recap.model.layers.embedding import Embedding
 from recap.model.layers.gated_attention import GatedAttention
-from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
 
 
 class OlmoHybridBlock(nn.Module):
@@ -52,7 +51,7 @@ _NORM_NAMES = (
 )
 
 
-class OlmoHybridForCausalLM(CausalLM):
+class OlmoHybridForCausalLM(HybridForCausalLM):
     ignored_checkpoint_prefixes = ("mtp.",)
 
     @staticmethod
@@ -61,20 +60,5 @@ class OlmoHybridForCausalLM(CausalLM):
             key = key.replace(disk, ours)
         return key
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__(config, dtype)
-        self.model = nn.Module()
-        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(OlmoHybridBlock(config, i, dtype) for i in range(config.num_layers))
-        self.model.norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
-
-    def embedding(self) -> Embedding:
-        return self.model.embed_tokens
-
-    def blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def final_norm(self) -> RMSNorm:
-        return self.model.norm
+    block_class = OlmoHybridBlock
+    final_norm_name = "norm"

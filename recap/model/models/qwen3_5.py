@@ -18,11 +18,10 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
-from recap.model.layers.embedding import Embedding
 from recap.model.layers.gated_attention import GatedAttention
-from recap.model.layers.linear import Linear
 from recap.model.layers.norm import OffsetRMSNorm
-from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
 
 # Weights of the checkpoint that the text-only language model does not use (skipped, counted, logged).
 NOT_LANGUAGE_MODEL = ("model.visual.", "mtp.")
@@ -46,26 +45,11 @@ class Qwen3_5Block(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Qwen3_5ForCausalLM(CausalLM):
+class Qwen3_5ForCausalLM(HybridForCausalLM):
     ignored_checkpoint_prefixes = NOT_LANGUAGE_MODEL
-
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__(config, dtype)
-        self.model = nn.Module()
-        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(Qwen3_5Block(config, i, dtype) for i in range(config.num_layers))
-        self.model.norm = OffsetRMSNorm(config.hidden_size, config.norm_eps, dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
-
-    def embedding(self) -> Embedding:
-        return self.model.embed_tokens
-
-    def blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def final_norm(self) -> OffsetRMSNorm:
-        return self.model.norm
+    block_class = Qwen3_5Block
+    final_norm_name = "norm"
+    final_norm_class = OffsetRMSNorm
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):

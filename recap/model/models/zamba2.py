@@ -20,12 +20,12 @@ from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig, SharedBlocksConfig
 from recap.model.layers.attention import Attention
-from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
 from recap.model.layers.mamba2 import Mamba2Mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, run_mixer
+from recap.model.models.base import run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
 
 
 def _adapters(uses: list[bool], d_in: int, d_out: int, rank: int, dtype: torch.dtype) -> nn.ModuleList:
@@ -117,9 +117,8 @@ def _shared_block(config: ModelConfig, sb: SharedBlocksConfig, b: int, dtype: to
     return SharedTransformer(config, [u % sb.num_blocks == b for u in range(config.layer_types.count("hybrid"))], dtype)
 
 
-class Zamba2ForCausalLM(CausalLM):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__(config, dtype)
+class Zamba2ForCausalLM(HybridForCausalLM):
+    def build_layers(self, config: ModelConfig, dtype: torch.dtype) -> list[nn.Module]:
         sb = config.shared_blocks
         blocks = [_shared_block(config, sb, b, dtype) for b in range(sb.num_blocks)] if sb is not None else []
         layers: list[nn.Module] = []
@@ -135,21 +134,7 @@ class Zamba2ForCausalLM(CausalLM):
                 layers.append(MambaLayer(config, dtype))
             else:
                 raise ValueError(f"Zamba2 layer {i}: unexpected layer type {kind!r}")
-        self.model = nn.Module()
-        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(layers)
-        self.model.final_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
-
-    def embedding(self) -> Embedding:
-        return self.model.embed_tokens
-
-    def blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def final_norm(self) -> RMSNorm:
-        return self.model.final_layernorm
+        return layers
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
