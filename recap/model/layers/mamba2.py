@@ -20,6 +20,7 @@ from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.config import Mamba2Config
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mamba2_decode import mamba2_decode
 from recap.model.layers.norm import GatedRMSNorm
 
 
@@ -34,6 +35,7 @@ class Mamba2Mixer(nn.Module):
         self.D = empty_param(cfg.num_heads, dtype=dtype)
         self.norm = GatedRMSNorm(cfg.d_inner, cfg.d_inner // cfg.n_groups, cfg.norm_eps, dtype)
         self.out_proj = Linear(cfg.d_inner, hidden_size, cfg.proj_bias, dtype)
+        self.fast_decode = True  # plain decode steps take mamba2_decode (False: always the reference path)
 
     def forward(
         self,
@@ -43,6 +45,20 @@ class Mamba2Mixer(nn.Module):
         ssm_state: torch.Tensor,
         slot_positions: torch.Tensor,
     ) -> torch.Tensor:
+        meta = batch.ssm
+        if self.fast_decode and meta is not None and meta.plain_decode and ssm_state.dtype == torch.float32:
+            return mamba2_decode(self, hidden, batch, conv_state, ssm_state, slot_positions)
+        return self.forward_ref(hidden, batch, conv_state, ssm_state, slot_positions)
+
+    def forward_ref(
+        self,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        slot_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The general path (prefill, chunked, mixed and every decode step): the reference of mamba2_decode."""
         meta = batch.ssm
         if meta is None:
             raise ValueError("a Mamba2 layer needs batch.ssm metadata")
