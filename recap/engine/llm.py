@@ -24,6 +24,7 @@ class LLM:
         *,
         tokenizer: str | None = None,
         dtype: str = "float32",
+        quantization: str | None = None,
         seed: int = 0,
         enable_prefix_caching: bool = True,
         checkpoint_policy: str = "recap",
@@ -42,6 +43,7 @@ class LLM:
                 model=model,
                 tokenizer=tokenizer,
                 dtype=dtype,
+                quantization=quantization,
                 seed=seed,
                 cache=CacheConfig(
                     block_size=block_size,

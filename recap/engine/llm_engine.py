@@ -47,7 +47,7 @@ class LLMEngine:
 
             model_path = str(ensure_default_model())
         dtype = getattr(torch, config.dtype)
-        loaded = load_model(model_path, dtype=dtype)
+        loaded = load_model(model_path, dtype=dtype, quantization=config.quantization)
         self.model_path = loaded.path
         self.model_config = loaded.config
         self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)

@@ -6,6 +6,7 @@ import argparse
 
 from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
 from recap.engine.config import DTYPES, EngineConfig
+from recap.model.quant import QUANTIZATIONS
 from recap.units import positive_bytes
 
 
@@ -25,6 +26,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model's)")
     p.add_argument("--served-model-name", help="the model name clients send (default: MODEL)")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=_positive, default=sched.max_model_len)
     p.add_argument("--max-num-seqs", type=_positive, default=sched.max_num_seqs)
@@ -62,6 +64,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         tokenizer=args.tokenizer,
         served_model_name=args.served_model_name,
         dtype=args.dtype,
+        quantization=args.quantization,
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,
