@@ -46,7 +46,8 @@ class Mamba2Mixer(nn.Module):
         slot_positions: torch.Tensor,
     ) -> torch.Tensor:
         meta = batch.ssm
-        if self.fast_decode and meta is not None and meta.plain_decode and ssm_state.dtype == torch.float32:
+        fast = self.fast_decode and meta is not None and meta.plain_decode
+        if fast and ssm_state.dtype == torch.float32 and ssm_state.is_contiguous():
             return mamba2_decode(self, hidden, batch, conv_state, ssm_state, slot_positions)
         return self.forward_ref(hidden, batch, conv_state, ssm_state, slot_positions)
 
