@@ -46,6 +46,7 @@ from peers_servers import (  # noqa: E402  # noqa: E402
 )
 from profile_decode import PROMPT, decoder  # noqa: E402
 
+from recap.engine.heap import retain_freed_memory  # noqa: E402
 from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
 from recap.model.layers.linear import Linear  # noqa: E402
@@ -230,6 +231,7 @@ def main() -> None:
     ap.add_argument("--recap-only", action="store_true", help="skip llama.cpp (no build, no GGUF)")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
     args = ap.parse_args()
+    retain_freed_memory()  # as `recap serve` does (recap/engine/heap.py), so the model-step figures match it
     llama = None if args.recap_only else ensure_llama(args.build_dir)
     limits = {t: machine_limits(t) for t in args.threads}
     print(f"machine limits (load {load1():.2f}): " + ", ".join(
