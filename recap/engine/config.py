@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recap.config import CacheConfig, SchedulerConfig
+from recap.model.quant import QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -15,6 +16,7 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model folder
     served_model_name: str | None = None
     dtype: str = "float32"
+    quantization: str | None = None  # "int8": int8 linear weights (recap/model/quant.py)
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -31,5 +33,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {self.max_n}")

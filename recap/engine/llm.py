@@ -17,6 +17,7 @@ from recap.engine.llm_engine import LLMEngine
 from recap.engine.outputs import RequestOutput
 from recap.engine.prompts import parse_prompts
 from recap.engine.vllm_compat import checkpoint_policy_for, resolve_dtype
+from recap.model.quant import QUANTIZATIONS
 from recap.sampling_params import SamplingParams
 
 log = logging.getLogger("recap")
@@ -29,8 +30,8 @@ def _check_hardware(tensor_parallel_size: int, pipeline_parallel_size: int, quan
         raise ValueError(f"tensor_parallel_size must be 1 (recap runs one CPU process), got {tensor_parallel_size}")
     if pipeline_parallel_size != 1:
         raise ValueError(f"pipeline_parallel_size must be 1 (recap runs one CPU process), got {pipeline_parallel_size}")
-    if quantization is not None:
-        raise ValueError(f"quantization is not supported (recap loads unquantized weights), got {quantization!r}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization is not supported for {quantization!r} (recap offers {QUANTIZATIONS} or None)")
     if tokenizer_mode not in ("auto", "hf"):
         raise ValueError(f"tokenizer_mode must be 'auto' (the folder's Hugging Face tokenizer), got {tokenizer_mode!r}")
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -65,7 +66,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         trust_remote_code: bool = False,
-        quantization: str | None = None,
+        quantization: str | None = None,  # None, or "int8": int8 linear weights (recap/model/quant.py)
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
     ) -> None:
@@ -81,6 +82,7 @@ class LLM:
                 model=model,
                 tokenizer=tokenizer,
                 dtype=resolve_dtype(dtype),
+                quantization=quantization,
                 seed=0 if seed is None else seed,
                 cache=CacheConfig(
                     block_size=block_size,

@@ -21,6 +21,7 @@ from safetensors import safe_open
 from recap.model.config import ModelConfig, architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import onednn_available
 from recap.model.models import MODEL_CLASSES, CausalLM
+from recap.model.quant import QUANTIZATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -119,20 +120,34 @@ def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> Caus
     return MODEL_CLASSES[config.architecture](config, dtype).eval()
 
 
-def load_model(model: str | Path, dtype: torch.dtype = torch.float32, linear_backend: str = "auto") -> LoadedModel:
+def load_model(
+    model: str | Path,
+    dtype: torch.dtype = torch.float32,
+    linear_backend: str = "auto",
+    quantization: str | None = None,
+) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly.
 
-    linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 when available;
-    measured fastest here for every row count, see layers/linear.py).
+    linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 and bf16 when
+    available; measured fastest here for every row count, see layers/linear.py).
+    quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
+    rest of the model stays in `dtype`). It takes the place of the linear backend.
     """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
+    if quantization is not None and linear_backend not in ("auto", quantization):
+        raise ValueError(f"quantization {quantization!r} replaces the linear backend; got {linear_backend!r}")
     path = resolve_model_path(model)
     hf = read_hf_config(path)
     architecture_of(hf)  # raises UnsupportedArchitectureError before touching weights
     config = translate_config(hf)
     net = build_model(config, dtype)
     ignored = load_weights(net, path)
-    if linear_backend == "auto":
-        linear_backend = "onednn" if dtype == torch.float32 and onednn_available() else "torch"
+    if quantization is not None:
+        linear_backend = quantization
+    elif linear_backend == "auto":
+        fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
+        linear_backend = "onednn" if fast else "torch"
     net.set_linear_backend(linear_backend)
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
 

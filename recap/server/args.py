@@ -8,6 +8,7 @@ from pathlib import Path
 from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
 from recap.engine.config import DTYPES, EngineConfig
 from recap.engine.vllm_compat import MAMBA_CACHE_MODES, checkpoint_policy_for, resolve_dtype
+from recap.model.quant import QUANTIZATIONS
 from recap.units import positive_bytes
 
 
@@ -28,6 +29,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", help="the model name clients send (default: MODEL)")
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="auto: float32 (recap's CPU kernels run the model in float32 whatever the checkpoint stores)")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=_positive, default=None,
                    help="context length (default: the model config's max_position_embeddings, else "
@@ -75,6 +77,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         tokenizer=args.tokenizer,
         served_model_name=args.served_model_name,
         dtype=resolve_dtype(args.dtype),
+        quantization=args.quantization,
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,

@@ -23,6 +23,7 @@ from recap.model.cache import StateCache
 from recap.model.config import Mamba2Config
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mamba2_decode import decode_supported, mamba2_decode
 from recap.model.layers.norm import GatedRMSNorm
 
 
@@ -51,6 +52,8 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = Linear(cfg.d_inner, hidden_size, out_bias, dtype)
         scale = in_proj_scale(cfg)
         self.register_buffer("in_proj_scale", None if scale is None else scale.to(dtype), persistent=False)
+        # Plain decode steps take mamba2_decode when it covers this config (False: always the reference path).
+        self.fast_decode = decode_supported(self)
 
     def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.cfg.gate_norm == "gate":
@@ -66,6 +69,21 @@ class Mamba2Mixer(nn.Module):
     ) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `ssm` state tensors."""
         conv_state, ssm_state = state["conv"], state["ssm"]
+        meta = batch.ssm
+        fast = self.fast_decode and meta is not None and meta.plain_decode
+        if fast and ssm_state.dtype == torch.float32 and ssm_state.is_contiguous():
+            return mamba2_decode(self, hidden, batch, conv_state, ssm_state, slot_positions)
+        return self.forward_ref(hidden, batch, conv_state, ssm_state, slot_positions)
+
+    def forward_ref(
+        self,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+        conv_state: torch.Tensor,
+        ssm_state: torch.Tensor,
+        slot_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The general path (prefill, chunked, mixed and every decode step): the reference of mamba2_decode."""
         meta = batch.ssm
         if meta is None:
             raise ValueError("a Mamba2 layer needs batch.ssm metadata")

@@ -15,9 +15,14 @@ def _inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return ms.add_(eps).rsqrt_()
 
 
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32; an fp32 x as it is (a no-op `.float()` still costs a dispatch, which decode steps feel)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim, in fp32 (no weight); a new tensor."""
-    x = x.float()
+    x = _f32(x)
     return x * _inv_rms(x, eps)
 
 
@@ -55,8 +60,8 @@ class GatedRMSNorm(nn.Module):
             h = x.float().clone()
             groups = h.view(*h.shape[:-1], -1, self.group_size)
             groups.mul_(_inv_rms(groups, self.eps))
-            return h.mul_(self.weight).mul_(F.silu(z.float())).to(dtype)
-        h = F.silu(z.float()).mul_(x.float())  # a fresh fp32 tensor, normalized in place below
+            return h.mul_(self.weight).mul_(F.silu(_f32(z))).to(dtype)
+        h = F.silu(_f32(z)).mul_(_f32(x))  # a fresh fp32 tensor, normalized in place below
         groups = h.view(*h.shape[:-1], -1, self.group_size)  # (..., g, group_size)
         groups.mul_(_inv_rms(groups, self.eps))
         return h.mul_(self.weight) if dtype == torch.float32 else self.weight * h.to(dtype)

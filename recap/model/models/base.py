@@ -118,7 +118,7 @@ class CausalLM(nn.Module):
         return logits if m == 1.0 else logits.mul_(m)
 
     def set_linear_backend(self, backend: str) -> None:
-        """Switch every Linear (a tied lm_head included) to `backend`: "torch" (reference) or "onednn"."""
+        """Switch every Linear (a tied lm_head included) to `backend`: "torch" (reference), "onednn" or "int8"."""
         for m in self.modules():
             if isinstance(m, Linear):
                 m.set_backend(backend)

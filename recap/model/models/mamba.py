@@ -37,8 +37,9 @@ class MixerBlock(nn.Module):
             self.mixer = build_mixer(config, layer, dtype)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        residual = h.float() if self.residual_in_fp32 else h
-        return residual + run_mixer(self.mixer, self.norm(h.to(self.dtype)), batch, caches, layer)
+        residual = h.float() if self.residual_in_fp32 and h.dtype != torch.float32 else h
+        x = h if h.dtype == self.dtype else h.to(self.dtype)
+        return residual + run_mixer(self.mixer, self.norm(x), batch, caches, layer)
 
 
 class MambaForCausalLM(CausalLM):

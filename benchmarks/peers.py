@@ -1,0 +1,258 @@
+"""recap against llama.cpp on the same random checkpoints: one table, one command (run on request only).
+
+    .venv/bin/python benchmarks/peers.py [--threads 1 2] [--models mamba2-115m hybrid-163m] [--reps 3]
+        [--out bench_out/peers.json] [--recap-only]
+
+llama.cpp is built once from the llama-cpp-python 0.3.36 sdist into build/peers (benchmarks/peers_llama.py;
+tens of minutes on 2 cores) and the checkpoints (benchmarks/checkpoints.py) are converted with its own
+convert_hf_to_gguf.py to GGUF f32 and q8_0. Measures, recap and llama.cpp alternating within each round,
+medians over --reps rounds, the 1-minute load average beside each figure:
+- prefill: one 2048-token prompt, tokens/s (recap: the model step; llama.cpp: llama-bench) and through each
+  server (recap serve / llama-server, a fresh prompt, max_tokens 1: the cold time to first token);
+- decode, batch 1: ms/token after a 128-token prompt (llama-bench -d 128); int8 rows compare recap's int8
+  weights with llama.cpp's q8_0;
+- decode, batch 8: aggregate generated tokens/s (llama.cpp: llama-batched-bench, 8 parallel sequences);
+- multi-turn TTFT through the servers: each turn resends the conversation plus 40 new tokens;
+- tokens re-processed on a shared 1,500-token system prompt followed by different 40-token questions
+  (recap: prompt - cached tokens; llama-server: timings.prompt_n).
+Each speed figure also gets the fraction of the machine's limit it reaches: measured GEMM peak for prefill
+(2 x linear params FLOP per token), weight bytes / measured mat-vec bandwidth for decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
+from peers_llama import LlamaCpp, batched_tok_s, convert_to_gguf, decode_ms, ensure_llama, prefill_tok_s  # noqa: E402
+from peers_servers import (  # noqa: E402  # noqa: E402
+    LlamaServer,
+    RecapServer,
+    cold_prefill_tok_s,
+    multiturn_ttft_s,
+    shared_prompt_reprocessed,
+    tokenizer_for,
+)
+from profile_decode import PROMPT, decoder  # noqa: E402
+
+from recap.engine.heap import retain_freed_memory  # noqa: E402
+from recap.kernels.metadata import SeqSpec  # noqa: E402
+from recap.model.cache import ModelCaches  # noqa: E402
+from recap.model.layers.linear import Linear  # noqa: E402
+from recap.model.loader import load_model  # noqa: E402
+from recap.model.testing import forward_step  # noqa: E402
+
+PREFILL = 2048
+BLOCK = 16
+STEPS = 24  # decode steps per measurement (the first two are dropped)
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+def machine_limits(threads: int) -> dict[str, float]:
+    """GEMM peak (GFLOP/s, a 2048 x 768 x 3072 fp32 product via oneDNN) and 1-row mat-vec bandwidth (GB/s)."""
+    torch.set_num_threads(threads)
+    x, w = torch.randn(2048, 768), torch.randn(3072, 768)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 8)
+    big = torch.randn(32768, 4096) * 0.01  # 512 MiB
+    big_packed = torch.ops.mkldnn._reorder_linear_weight(big, 8)
+    del big
+    v = torch.randn(1, 4096)
+
+    def best(f: Callable[[], Any], n: int) -> float:
+        f()
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+
+    gemm = best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), 10)
+    mv = best(lambda: torch.ops.mkldnn._linear_pointwise(v, big_packed, None, "none", [], ""), 10)
+    return {"gemm_gflops": 2 * 2048 * 768 * 3072 / gemm / 1e9, "matvec_gbs": 32768 * 4096 * 4 / mv / 1e9}
+
+
+def weight_stats(path: Path, quant: str | None) -> dict[str, float]:
+    """Linear parameters (FLOP per token = 2x) and the bytes a decode step reads for them."""
+    lm = load_model(path, quantization=quant)
+    linears = [m for m in lm.model.modules() if isinstance(m, Linear)]
+    if lm.config.tie_word_embeddings:
+        linears.append(lm.model.head())
+    params = sum(m.weight.numel() for m in linears)
+    return {"linear_params": params, "weight_bytes": params * (1 if quant else 4)}
+
+
+class RecapModel:
+    """recap's model step (no server): ForwardBatch build + forward + logits + greedy argmax."""
+
+    def __init__(self, path: Path, quant: str | None) -> None:
+        self.model = load_model(path, quantization=quant).model
+
+    def prefill_tok_s(self) -> float:
+        model = self.model
+        ids = torch.randint(0, model.config.vocab_size, (PREFILL,), generator=torch.Generator().manual_seed(0))
+        blocks = list(range(1, 1 + PREFILL // BLOCK))
+        caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2, model.dtype)
+        t = time.perf_counter()
+        hidden, batch = forward_step(model, caches, [SeqSpec(ids.tolist(), 0, blocks, state_slot=1)])
+        model.compute_logits(hidden[batch.logits_indices]).argmax(-1)
+        return PREFILL / (time.perf_counter() - t)
+
+    def _step_s(self, batch: int) -> float:
+        step = decoder(self.model, batch, STEPS + 2)
+        times = []
+        for _ in range(STEPS):
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[2:])
+
+    def decode_ms(self) -> float:
+        return 1e3 * self._step_s(1)
+
+    def batch8_tok_s(self) -> float:
+        return 8 / self._step_s(8)
+
+
+def measure(name: str, threads: int, args: argparse.Namespace, llama: LlamaCpp | None) -> list[dict[str, Any]]:
+    """Every metric, engines alternating within each round; one row per (metric, engine)."""
+    torch.set_num_threads(threads)
+    path = build_checkpoint(name, args.cache_dir / name)
+    tok = tokenizer_for(path, args.build_dir / "tokenizers")
+    f32 = RecapModel(path, None)
+    int8 = RecapModel(path, "int8")
+    ggufs = {}
+    if llama is not None:
+        ggufs = {q: convert_to_gguf(llama, path, q, args.build_dir / "gguf") for q in ("f32", "q8_0")}
+    metrics: dict[tuple[str, str], Callable[[], float]] = {
+        ("prefill tok/s", "recap"): f32.prefill_tok_s,
+        ("decode ms b1", "recap"): f32.decode_ms,
+        ("decode ms b1 int8", "recap"): int8.decode_ms,
+        ("decode tok/s b8", "recap"): f32.batch8_tok_s,
+    }
+    if llama is not None:
+        g, q8 = ggufs["f32"], ggufs["q8_0"]
+        metrics |= {
+            ("prefill tok/s", "llama.cpp"): lambda: prefill_tok_s(llama, g, threads, PREFILL),
+            ("decode ms b1", "llama.cpp"): lambda: decode_ms(llama, g, threads, STEPS, PROMPT),
+            ("decode ms b1 int8", "llama.cpp"): lambda: decode_ms(llama, q8, threads, STEPS, PROMPT),
+            ("decode tok/s b8", "llama.cpp"): lambda: batched_tok_s(llama, g, threads, 8, PROMPT, STEPS),
+        }
+    samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _ in range(args.reps):
+        for key, fn in metrics.items():
+            samples.setdefault(key, []).append((fn(), load1()))
+    servers = [RecapServer(path, tok, threads, args.port)]
+    if llama is not None:
+        servers.append(LlamaServer(llama, ggufs["f32"], threads, args.port + 1))
+    vocab = f32.model.config.vocab_size
+    for s in servers:
+        s.start()
+    try:
+        for r in range(args.reps):
+            for s in servers:
+                samples.setdefault(("server prefill tok/s", s.name), []).append(
+                    (cold_prefill_tok_s(s, vocab, PREFILL, seed=1000 * r + 7), load1()))
+                samples.setdefault(("multi-turn TTFT ms", s.name), []).append(
+                    (1e3 * multiturn_ttft_s(s, vocab, seed=1000 * r + 11), load1()))
+                samples.setdefault(("re-processed tokens", s.name), []).append(
+                    (shared_prompt_reprocessed(s, vocab, seed=1000 * r + 13), load1()))  # fmt: skip
+    finally:
+        for s in servers:
+            s.stop()
+    rows = []
+    for (metric, engine), vals in samples.items():
+        rows.append({"model": name, "threads": threads, "metric": metric, "engine": engine,
+                     "median": statistics.median(v for v, _ in vals), "values": [v for v, _ in vals],
+                     "load_1min": [round(ld, 2) for _, ld in vals]})  # fmt: skip
+    return rows
+
+
+def add_fractions(rows: list[dict[str, Any]], limits: dict[int, dict[str, float]], stats: dict[str, dict]) -> None:
+    """Fraction of the machine's limit: prefill FLOP/s over GEMM peak, decode weight bytes/s over bandwidth."""
+    for r in rows:
+        lim, st = limits[r["threads"]], stats[r["model"]]
+        m, v = r["metric"], r["median"]
+        if "prefill" in m:
+            r["of_limit"] = 2 * st["linear_params"] * v / 1e9 / lim["gemm_gflops"]
+        elif m.startswith("decode ms"):
+            nbytes = st["weight_bytes_int8"] if "int8" in m else st["weight_bytes"]
+            r["of_limit"] = nbytes / (v / 1e3) / 1e9 / lim["matvec_gbs"]
+        elif m == "decode tok/s b8":
+            r["of_limit"] = st["weight_bytes"] / (8 / v) / 1e9 / lim["matvec_gbs"]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = (f"{'model':<12} {'thr':>3} {'metric':<22} {'recap':>10} {'llama.cpp':>10} {'ratio':>6}  "
+            f"{'of limit r/l':>13}  load")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    keyed = {(r["model"], r["threads"], r["metric"], r["engine"]): r for r in rows}
+    seen = []
+    for r in rows:
+        k = (r["model"], r["threads"], r["metric"])
+        if k in seen:
+            continue
+        seen.append(k)
+        a, b = keyed.get((*k, "recap")), keyed.get((*k, "llama.cpp"))
+        lower_better = "ms" in r["metric"] or "tokens" in r["metric"]
+        ratio = ""
+        if a and b and a["median"] and b["median"]:
+            ratio = f"{(b['median'] / a['median'] if lower_better else a['median'] / b['median']):.2f}x"
+        frac = "/".join(f"{x['of_limit']:.0%}" if x and "of_limit" in x else "-" for x in (a, b))
+        loads = ",".join(f"{ld:.1f}" for x in (a, b) if x for ld in x["load_1min"])
+        print(f"{k[0]:<12} {k[1]:>3} {k[2]:<22} {a['median'] if a else float('nan'):>10.1f} "
+              f"{b['median'] if b else float('nan'):>10.1f} {ratio:>6}  {frac:>13}  {loads}")  # fmt: skip
+    print("ratio: how many times better recap is (>1: recap ahead); of limit: recap/llama.cpp")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--models", nargs="+", default=["mamba2-115m", "hybrid-163m"])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--build-dir", type=Path, default=Path("build") / "peers")
+    ap.add_argument("--port", type=int, default=18431)
+    ap.add_argument("--recap-only", action="store_true", help="skip llama.cpp (no build, no GGUF)")
+    ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
+    args = ap.parse_args()
+    retain_freed_memory()  # as `recap serve` does (recap/engine/heap.py), so the model-step figures match it
+    llama = None if args.recap_only else ensure_llama(args.build_dir)
+    limits = {t: machine_limits(t) for t in args.threads}
+    print(f"machine limits (load {load1():.2f}): " + ", ".join(
+        f"{t} thr: GEMM {v['gemm_gflops']:.0f} GFLOP/s, mat-vec {v['matvec_gbs']:.1f} GB/s" for t, v in limits.items()))
+    stats = {}
+    for name in args.models:
+        path = build_checkpoint(name, args.cache_dir / name)
+        stats[name] = weight_stats(path, None) | {"weight_bytes_int8": weight_stats(path, "int8")["weight_bytes"]}
+    rows = []
+    for name in args.models:
+        for t in args.threads:
+            rows += measure(name, t, args, llama)
+    add_fractions(rows, limits, stats)
+    print(f"\ntorch {torch.__version__}, fp32 unless 'int8' (recap int8 weights vs llama.cpp q8_0), medians of "
+          f"{args.reps} alternating rounds, 1-min load average per sample")
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"limits": limits, "weights": stats, "rows": rows, "torch": torch.__version__},
+                                   indent=1))  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""`recap serve --quantization int8` reaches the engine config; other values are usage errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from recap import cli
+from recap.server.args import engine_config
+
+
+def test_quantization_flag() -> None:
+    parser = cli.build_parser()
+    assert engine_config(parser.parse_args(["serve", "m", "--quantization", "int8"])).quantization == "int8"
+    assert engine_config(parser.parse_args(["serve", "m", "-q", "int8", "--dtype", "bfloat16"])).quantization == "int8"
+    assert engine_config(parser.parse_args(["serve", "m"])).quantization is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "m", "--quantization", "int4"])
