@@ -42,6 +42,9 @@ class ScheduledRequest:
     sampling_params: Any = None  # recap.SamplingParams, opaque to the core
     # How many tokens have been generated so far (for per-request seeded sampling).
     num_output_tokens: int = 0
+    # The window group's block table (sliding-window layers; [] without them): entries of blocks out of the
+    # window are the null block 0 and are never read.
+    window_block_ids: list[int] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
