@@ -8,7 +8,7 @@ into slot s; the runner reads it to report checkpoint provenance (DESIGN invaria
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,12 +31,15 @@ class StateCache:
 
 @dataclass
 class ModelCaches:
-    kv: dict[int, KVCache]  # by layer index
+    kv: dict[int, KVCache]  # by layer index: full-attention layers (the KV group)
     state: dict[int, StateCache]  # by layer index
     slot_positions: torch.Tensor  # [S] int64
     block_size: int
     num_kv_blocks: int
     num_state_slots: int
+    # Sliding-window layers (the window group), by layer index, over their own pool of blocks.
+    window: dict[int, KVCache] = field(default_factory=dict)
+    num_window_blocks: int = 0
 
     @classmethod
     def allocate(
@@ -47,16 +50,22 @@ class ModelCaches:
         num_state_slots: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        num_window_blocks: int = 0,
     ) -> ModelCaches:
         """Zero-filled caches for `config` (K/V and conv state in `dtype`, SSM state in fp32)."""
         kv: dict[int, KVCache] = {}
+        window: dict[int, KVCache] = {}
         if config.attention is not None:
             a = config.attention
-            shape = (num_kv_blocks, block_size, a.num_kv_heads, a.head_dim)
-            for i in config.attention_layers:
-                kv[i] = KVCache(
-                    torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-                )
+            for layers, into, num_blocks in (
+                (config.full_attention_layers, kv, num_kv_blocks),
+                (config.window_layers, window, num_window_blocks),
+            ):
+                shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
+                for i in layers:
+                    into[i] = KVCache(
+                        torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+                    )
         state: dict[int, StateCache] = {}
         for i in config.ssm_layers:
             conv, ssm = config.ssm_state_shapes(i)
@@ -72,6 +81,8 @@ class ModelCaches:
             block_size=block_size,
             num_kv_blocks=num_kv_blocks,
             num_state_slots=num_state_slots,
+            window=window,
+            num_window_blocks=num_window_blocks,
         )
 
     @torch.inference_mode()  # also valid when the caches were allocated under inference mode
@@ -96,7 +107,10 @@ class ModelCaches:
     def kv_bytes_per_token(self) -> int:
         return sum((c.k_cache[0, 0].nbytes + c.v_cache[0, 0].nbytes) for c in self.kv.values())
 
+    def window_bytes_per_token(self) -> int:
+        return sum((c.k_cache[0, 0].nbytes + c.v_cache[0, 0].nbytes) for c in self.window.values())
+
     def total_bytes(self) -> int:
-        kv = sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.kv.values())
+        kv = sum(c.k_cache.nbytes + c.v_cache.nbytes for c in [*self.kv.values(), *self.window.values()])
         st = sum(s.conv_state.nbytes + s.ssm_state.nbytes for s in self.state.values())
         return kv + st + self.slot_positions.nbytes

@@ -107,6 +107,9 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
     max_position_embeddings: int | None = None
+    # Per layer: the sliding window (tokens a query sees, itself included) of an attention layer, 0 for full
+    # attention and for other layers; () when no layer has one. Window layers form the window cache group.
+    attention_windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.mlp_types):
@@ -116,6 +119,12 @@ class ModelConfig:
                 raise ValueError(f"unknown layer type {kind!r}")
             if {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind] is None:
                 raise ValueError(f"layer type {kind!r} used without its config")
+        if self.attention_windows:
+            if len(self.attention_windows) != len(self.layer_types):
+                raise ValueError("attention_windows must have one entry per layer")
+            for kind, w in zip(self.layer_types, self.attention_windows):
+                if w < 0 or (w and kind != "attention"):
+                    raise ValueError(f"a sliding window ({w}) needs an attention layer, not {kind!r}")
         for kind in self.mlp_types:
             if kind not in MLP_TYPES:
                 raise ValueError(f"unknown mlp type {kind!r}")
@@ -133,6 +142,25 @@ class ModelConfig:
     @property
     def ssm_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t != "attention")
+
+    def window_of(self, layer: int) -> int:
+        """The sliding window of attention layer `layer` (0: full attention)."""
+        return self.attention_windows[layer] if self.attention_windows else 0
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        """Attention layers of the KV group (no window)."""
+        return tuple(i for i in self.attention_layers if not self.window_of(i))
+
+    @property
+    def window_layers(self) -> tuple[int, ...]:
+        """Sliding-window attention layers: the window group, with its own block pool."""
+        return tuple(i for i in self.attention_layers if self.window_of(i))
+
+    @property
+    def sliding_window(self) -> int:
+        """The widest window of the window group (0: no group); the core keeps that much for every layer."""
+        return max((self.window_of(i) for i in self.window_layers), default=0)
 
     @property
     def has_attention(self) -> bool:
@@ -162,11 +190,18 @@ class ModelConfig:
         return total
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K + V for one token across every attention layer."""
+        """Bytes of K + V for one token across every full-attention layer (the KV group)."""
         if self.attention is None:
             return 0
         per_layer = 2 * self.attention.num_kv_heads * self.attention.head_dim * dtype.itemsize
-        return per_layer * len(self.attention_layers)
+        return per_layer * len(self.full_attention_layers)
+
+    def window_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes of K + V for one token across every sliding-window layer (the window group)."""
+        if self.attention is None:
+            return 0
+        per_layer = 2 * self.attention.num_kv_heads * self.attention.head_dim * dtype.itemsize
+        return per_layer * len(self.window_layers)
 
     def flops_per_token(self) -> float:
         """Approximate prefill FLOPs per token: 2 x the weights every token multiplies (routed experts only)."""

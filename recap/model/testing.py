@@ -76,8 +76,9 @@ def forward_step(model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec]) 
         seqs,
         block_size=caches.block_size,
         chunk_size=cfg.ssm_chunk_size,
-        with_attention=cfg.has_attention,
+        with_attention=bool(cfg.full_attention_layers),
         with_ssm=cfg.has_ssm,
+        with_window=bool(cfg.window_layers),
     )
     return model(batch, caches), batch
 
@@ -88,7 +89,9 @@ def greedy_generate(
     """Greedy tokens for one sequence: one prefill step, then one decode step per token (update kernels)."""
     total = len(prompt) + max_new_tokens
     blocks = list(range(1, 2 + total // block_size))  # block 0 is the null block
-    caches = ModelCaches.allocate(model.config, len(blocks) + 1, block_size, slot + 1, model.dtype)
+    caches = ModelCaches.allocate(
+        model.config, len(blocks) + 1, block_size, slot + 1, model.dtype, num_window_blocks=len(blocks) + 1
+    )
     tokens, out, context = list(prompt), [], 0
     while len(out) < max_new_tokens:
         new = tokens[context:]

@@ -15,9 +15,10 @@ from recap.model.layers.rotary import RotaryEmbedding
 class Attention(nn.Module):
     """q/k/v/o projections; K/V are written to the cache by the kernel through the slot mapping."""
 
-    def __init__(self, hidden_size: int, cfg: AttentionConfig, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, cfg: AttentionConfig, dtype: torch.dtype, window: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.window = window  # sliding window in tokens (0: full attention); reads batch.window_attn
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.q_proj = Linear(hidden_size, q_dim, cfg.bias, dtype)
         self.k_proj = Linear(hidden_size, kv_dim, cfg.bias, dtype)
@@ -29,8 +30,9 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        if batch.attn is None:
-            raise ValueError("an attention layer needs batch.attn metadata")
+        meta = batch.window_attn if self.window else batch.attn
+        if meta is None:
+            raise ValueError(f"an attention layer needs batch.{'window_attn' if self.window else 'attn'} metadata")
         t, c = x.shape[0], self.cfg
         q = self.q_proj(x).view(t, c.num_heads, c.head_dim)  # (t, hq, dh)
         k = self.k_proj(x).view(t, c.num_kv_heads, c.head_dim)  # (t, hkv, dh)
@@ -38,5 +40,5 @@ class Attention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, batch.attn, self.scale)  # (t, hq, dh)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window or None)  # (t, hq, dh)
         return self.o_proj(out.reshape(t, c.num_heads * c.head_dim))

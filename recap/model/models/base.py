@@ -30,7 +30,7 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
     if kind == "mamba2" and config.mamba2 is not None:
         return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
     if kind == "attention" and config.attention is not None:
-        return Attention(config.hidden_size, config.attention, dtype)
+        return Attention(config.hidden_size, config.attention, dtype, config.window_of(layer))
     raise ValueError(f"layer {layer}: no config for layer type {kind!r}")
 
 
@@ -46,7 +46,7 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
     """Call a mixer with its own cache tensors."""
     if isinstance(mixer, Attention):
-        kv = caches.kv[layer]
+        kv = caches.window[layer] if mixer.window else caches.kv[layer]
         return mixer(x, batch, kv.k_cache, kv.v_cache)
     st = caches.state[layer]
     return mixer(x, batch, st.conv_state, st.ssm_state, caches.slot_positions)
