@@ -14,6 +14,7 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.kda import kda_ref, kda_state_update, kda_varlen
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
 from recap.kernels.ssd import ssd_ref, ssd_varlen
@@ -198,8 +199,42 @@ def _mamba2_case(sub_chunk: int) -> Case:
     )
 
 
+# KDA: H heads, K key dim, V value dim
+KDA_H, KDA_K, KDA_V = 3, 4, 5
+
+
+def _kda_case() -> Case:
+    def args(inp: Tensors) -> tuple:
+        return inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"]
+
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return kda_varlen(*args(inp), cache, meta, sp)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return kda_ref(*args(inp), cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return kda_state_update(*args(inp), cache, idx, sp, pos)
+
+    return Case(
+        name="kda",
+        token_inputs=lambda n, g: {
+            "q": _randn(g, n, KDA_H, KDA_K),
+            "k": _randn(g, n, KDA_H, KDA_K),
+            "v": _randn(g, n, KDA_H, KDA_V),
+            "g": -torch.rand(n, KDA_H, KDA_K, generator=g) * 2,  # per-channel log decay
+            "beta": torch.rand(n, KDA_H, generator=g),
+        },
+        params=lambda g: {},
+        cache_shape=(KDA_H, KDA_K, KDA_V),
+        fast=fast,
+        ref=ref,
+        update=update,
+    )
+
+
 # Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows.
-CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64)]
+CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64), _kda_case()]
 
 
 def random_rows(
