@@ -1,8 +1,9 @@
 """The worker-side half of the KV connector: tensors in and out of ModelCaches.
 
 Prefill side, `gather`: the held request's KV blocks asked for (every attention layer, stacked into one
-K and one V tensor of shape (layers, blocks, block_size, kv_heads, head_dim)) and, per SSM layer, the
-conv and SSM state of the running slot followed by the asked checkpoints' slots (row 0 is the state
+K and one V tensor of shape (layers, blocks, block_size, kv_heads, head_dim)) and, per state tensor of
+every recurrent layer (whatever its kind declares: `ModelCaches.named_state_tensors`, sent as
+"state.{layer}.{name}"), the running slot followed by the asked checkpoints' slots (row 0 is the state
 after all prompt tokens). Positions sent with states are what the kernels recorded in
 `slot_positions`, never what was planned, so provenance travels with the data (DESIGN invariant 2).
 
@@ -60,10 +61,9 @@ def gather(
     if ssm_layers:
         slots = torch.tensor([held.state_slot] + [c.slot for c in offers], dtype=torch.long)
         written = caches.slot_positions.index_select(0, slots).tolist()
-        for i in ssm_layers:
-            st = caches.state[i]
-            names += [f"conv.{i}", f"ssm.{i}"]
-            tensors += [st.conv_state.index_select(0, slots), st.ssm_state.index_select(0, slots)]
+        for name, t in caches.named_state_tensors():
+            names.append(f"state.{name}")
+            tensors.append(t.index_select(0, slots))
     header = {
         "kv_layers": kv_layers,
         "ssm_layers": ssm_layers,
@@ -130,10 +130,14 @@ def scatter(
             writes += [(getattr(caches.kv[i], f"{name}_cache"), idx, t[n]) for n, i in enumerate(kv_layers)]
     if ssm_layers:
         slots, pick = torch.tensor(rows, dtype=torch.long), torch.tensor(keep, dtype=torch.long)
-        for i in ssm_layers:
-            for name, cache in ((f"conv.{i}", caches.state[i].conv_state), (f"ssm.{i}", caches.state[i].ssm_state)):
-                t = _expect(tensors.get(name), name, (len(received) + 1, *cache.shape[1:]), cache.dtype)
-                writes.append((cache, slots, t.index_select(0, pick)))
+        expected = {f"state.{name}" for name, _ in caches.named_state_tensors()}
+        extra = sorted(n for n in tensors if n.startswith("state.") and n not in expected)
+        if extra:
+            raise TransferDataError(f"state tensors {extra} have no place in this model's state slot")
+        for name, cache in caches.named_state_tensors():
+            key = f"state.{name}"
+            t = _expect(tensors.get(key), key, (len(received) + 1, *cache.shape[1:]), cache.dtype)
+            writes.append((cache, slots, t.index_select(0, pick)))
     for cache, index, values in writes:
         cache.index_copy_(0, index, values)
     reports: list[CheckpointWrite] = []

@@ -1,7 +1,10 @@
-"""Per-layer cache tensors: paged K/V for attention layers, conv + SSM state slots for SSM layers.
+"""Per-layer cache tensors: paged K/V for attention layers, state slots for recurrent layers.
 
-A *state slot* s is index s of every SSM layer's conv_state and ssm_state (and of `slot_positions`):
-one sequence's whole recurrent state. SSM state is kept in fp32 whatever the model dtype.
+A *state slot* s is index s of every state tensor of every recurrent layer (and of `slot_positions`):
+one sequence's whole recurrent state. Each layer's tensors are the ones its kind declares
+(`ModelConfig.state_specs`: e.g. conv window + SSM state for Mamba, conv window + matrix state for
+Gated DeltaNet); everything here iterates over them without knowing the kind. Recurrent states are
+kept in fp32 whatever the model dtype (the specs say so).
 `slot_positions[s]` is the absolute position (tokens folded in) of the state the kernels last wrote
 into slot s; the runner reads it to report checkpoint provenance (DESIGN invariant 2).
 """
@@ -25,8 +28,15 @@ class KVCache:
 
 @dataclass
 class StateCache:
-    conv_state: torch.Tensor  # [S, conv_dim, K-1]
-    ssm_state: torch.Tensor  # [S, I, N] (Mamba1) or [S, H, P, N] (Mamba2), fp32
+    """One recurrent layer's state tensors by name, each [S, *spec.shape], in the order the layer declares."""
+
+    tensors: dict[str, torch.Tensor]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def slot_bytes(self) -> int:
+        return sum(t[0].nbytes for t in self.tensors.values())
 
 
 @dataclass
@@ -52,7 +62,7 @@ class ModelCaches:
         device: torch.device | str = "cpu",
         num_window_blocks: int = 0,
     ) -> ModelCaches:
-        """Zero-filled caches for `config` (K/V and conv state in `dtype`, SSM state in fp32)."""
+        """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`)."""
         kv: dict[int, KVCache] = {}
         window: dict[int, KVCache] = {}
         if config.attention is not None:
@@ -68,11 +78,10 @@ class ModelCaches:
                     )
         state: dict[int, StateCache] = {}
         for i in config.ssm_layers:
-            conv, ssm = config.ssm_state_shapes(i)
-            state[i] = StateCache(
-                torch.zeros((num_state_slots, *conv), dtype=dtype, device=device),
-                torch.zeros((num_state_slots, *ssm), dtype=torch.float32, device=device),
-            )
+            state[i] = StateCache({
+                spec.name: torch.zeros((num_state_slots, *spec.shape), dtype=spec.resolve_dtype(dtype), device=device)
+                for spec in config.state_specs(i)
+            })  # fmt: skip
         slots = max(num_state_slots, 0)
         return cls(
             kv=kv,
@@ -87,22 +96,28 @@ class ModelCaches:
 
     @torch.inference_mode()  # also valid when the caches were allocated under inference mode
     def copy_state(self, src_slot: int, dst_slot: int) -> None:
-        """Copy slot src into slot dst across every SSM layer (copy-on-write of a checkpoint)."""
-        for s in self.state.values():
-            s.conv_state[dst_slot].copy_(s.conv_state[src_slot])
-            s.ssm_state[dst_slot].copy_(s.ssm_state[src_slot])
+        """Copy slot src into slot dst across every state tensor of every layer (copy-on-write of a checkpoint)."""
+        for t in self.state_tensors():
+            t[dst_slot].copy_(t[src_slot])
         self.slot_positions[dst_slot] = self.slot_positions[src_slot]
 
     @torch.inference_mode()
     def clear_slot(self, slot: int) -> None:
         """Zero a slot (not needed for correctness: a row without context never reads its slot)."""
-        for s in self.state.values():
-            s.conv_state[slot].zero_()
-            s.ssm_state[slot].zero_()
+        for t in self.state_tensors():
+            t[slot].zero_()
         self.slot_positions[slot] = UNWRITTEN
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every state tensor of every recurrent layer, layers in order, each layer's in declared order."""
+        return [t for i in sorted(self.state) for t in self.state[i].tensors.values()]
+
+    def named_state_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(f"{layer}.{name}", tensor) for state_tensors(): the names the disaggregated transfer uses."""
+        return [(f"{i}.{n}", t) for i in sorted(self.state) for n, t in self.state[i].tensors.items()]
+
     def state_bytes_per_slot(self) -> int:
-        return sum(s.conv_state[0].nbytes + s.ssm_state[0].nbytes for s in self.state.values())
+        return sum(s.slot_bytes() for s in self.state.values())
 
     def kv_bytes_per_token(self) -> int:
         return sum((c.k_cache[0, 0].nbytes + c.v_cache[0, 0].nbytes) for c in self.kv.values())
@@ -112,5 +127,5 @@ class ModelCaches:
 
     def total_bytes(self) -> int:
         kv = sum(c.k_cache.nbytes + c.v_cache.nbytes for c in [*self.kv.values(), *self.window.values()])
-        st = sum(s.conv_state.nbytes + s.ssm_state.nbytes for s in self.state.values())
+        st = sum(t.nbytes for t in self.state_tensors())
         return kv + st + self.slot_positions.nbytes

@@ -9,10 +9,11 @@ one short model file in `recap/model/models/`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from recap.model.state_spec import StateTensorSpec, check_specs, conv_window_spec
 
 LAYER_TYPES = ("mamba1", "mamba2", "attention")
 MLP_TYPES = ("none", "dense", "moe")
@@ -60,6 +61,10 @@ class Mamba1Config:
     def conv_dim(self) -> int:
         return self.d_inner
 
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        ssm = StateTensorSpec("ssm", (self.d_inner, self.d_state), torch.float32)
+        return conv_window_spec(self.conv_dim, self.d_conv), ssm
+
 
 @dataclass(frozen=True)
 class Mamba2Config:
@@ -86,6 +91,10 @@ class Mamba2Config:
     @property
     def in_proj_dim(self) -> int:
         return self.d_inner + self.conv_dim + self.num_heads  # [z | xBC | dt]
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        ssm = StateTensorSpec("ssm", (self.num_heads, self.head_dim, self.d_state), torch.float32)
+        return conv_window_spec(self.conv_dim, self.d_conv), ssm
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,7 @@ class ModelConfig:
         for kind in self.layer_types:
             if kind not in LAYER_TYPES:
                 raise ValueError(f"unknown layer type {kind!r}")
-            if {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind] is None:
+            if self.layer_config(kind) is None:
                 raise ValueError(f"layer type {kind!r} used without its config")
         if self.attention_windows:
             if len(self.attention_windows) != len(self.layer_types):
@@ -141,6 +150,7 @@ class ModelConfig:
 
     @property
     def ssm_layers(self) -> tuple[int, ...]:
+        """The recurrent layers (every non-attention kind), whose states make up a state slot."""
         return tuple(i for i, t in enumerate(self.layer_types) if t != "attention")
 
     def window_of(self, layer: int) -> int:
@@ -170,24 +180,21 @@ class ModelConfig:
     def has_ssm(self) -> bool:
         return bool(self.ssm_layers)
 
-    def ssm_state_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(conv_state shape, ssm_state shape) of one slot of SSM layer `layer`, without the slot dim."""
-        kind = self.layer_types[layer]
-        if kind == "mamba1" and self.mamba1 is not None:
-            m1 = self.mamba1
-            return (m1.conv_dim, m1.d_conv - 1), (m1.d_inner, m1.d_state)
-        if kind == "mamba2" and self.mamba2 is not None:
-            m2 = self.mamba2
-            return (m2.conv_dim, m2.d_conv - 1), (m2.num_heads, m2.head_dim, m2.d_state)
-        raise ValueError(f"layer {layer} ({kind}) has no SSM state")
+    def layer_config(self, kind: str) -> object | None:
+        """The config of a mixer kind (None when the model has none)."""
+        return {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind]
 
-    def state_bytes_per_slot(self, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> int:
-        """Bytes of one state slot: conv state (in `dtype`) + SSM state (in `ssm_dtype`) of every SSM layer."""
-        total = 0
-        for i in self.ssm_layers:
-            conv, ssm = self.ssm_state_shapes(i)
-            total += math.prod(conv) * dtype.itemsize + math.prod(ssm) * ssm_dtype.itemsize
-        return total
+    def state_specs(self, layer: int) -> tuple[StateTensorSpec, ...]:
+        """The named tensors one state slot holds for recurrent layer `layer` (declared by its kind's config)."""
+        kind = self.layer_types[layer]
+        cfg = self.layer_config(kind)
+        if kind == "attention" or cfg is None or not hasattr(cfg, "state_specs"):
+            raise ValueError(f"layer {layer} ({kind}) has no recurrent state")
+        return check_specs(cfg.state_specs())
+
+    def state_bytes_per_slot(self, dtype: torch.dtype) -> int:
+        """Bytes of one state slot: every state tensor of every recurrent layer (conv windows in `dtype`)."""
+        return sum(spec.nbytes(dtype) for i in self.ssm_layers for spec in self.state_specs(i))
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K + V for one token across every full-attention layer (the KV group)."""

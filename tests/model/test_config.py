@@ -85,7 +85,7 @@ def test_byte_helpers_match_allocated_caches(arch, dtype, tiny_checkpoint) -> No
     caches = ModelCaches.allocate(cfg, num_kv_blocks=3, block_size=16, num_state_slots=2, dtype=dtype)
     assert cfg.state_bytes_per_slot(dtype) == caches.state_bytes_per_slot()
     assert cfg.kv_bytes_per_token(dtype) == caches.kv_bytes_per_token()
-    assert all(s.ssm_state.dtype == torch.float32 for s in caches.state.values())
+    assert all(s["ssm"].dtype == torch.float32 and s["conv"].dtype == dtype for s in caches.state.values())
     assert (cfg.kv_bytes_per_token(dtype) > 0) == cfg.has_attention
     if arch == "mamba2":  # 2 layers x (conv 192 x 3 in dtype + ssm 8 x 16 x 16 in fp32)
         assert cfg.state_bytes_per_slot(dtype) == 2 * (192 * 3 * dtype.itemsize + 8 * 16 * 16 * 4)

@@ -32,10 +32,7 @@ def _caches(cfg, slots: int = 8) -> ModelCaches:  # noqa: ANN001
 
 
 def _slot_state(caches: ModelCaches, slot: int) -> list[torch.Tensor]:
-    out = []
-    for st in caches.state.values():
-        out += [st.conv_state[slot].clone(), st.ssm_state[slot].clone()]
-    return out
+    return [t[slot].clone() for t in caches.state_tensors()]
 
 
 def _assert_close(a: torch.Tensor, b: torch.Tensor, scale: float = 1.0) -> None:
@@ -138,16 +135,16 @@ def test_checkpoint_state_equals_prefix_state(arch, tiny_model) -> None:  # noqa
 
 def _randomize(caches: ModelCaches) -> None:
     g = torch.Generator().manual_seed(0)
-    for t in [*(s.conv_state for s in caches.state.values()), *(s.ssm_state for s in caches.state.values()),
-              *(c.k_cache for c in caches.kv.values()), *(c.v_cache for c in caches.kv.values())]:  # fmt: skip
+    for t in [*caches.state_tensors(), *(c.k_cache for c in caches.kv.values()),
+              *(c.v_cache for c in caches.kv.values())]:  # fmt: skip
         t.copy_(torch.randn(t.shape, generator=g))
     caches.slot_positions.fill_(7)
 
 
 def _snapshot(caches: ModelCaches) -> dict[str, torch.Tensor]:
     snap = {"pos": caches.slot_positions.clone()}
-    for i, s in caches.state.items():
-        snap[f"conv{i}"], snap[f"ssm{i}"] = s.conv_state.clone(), s.ssm_state.clone()
+    for name, t in caches.named_state_tensors():
+        snap[f"state.{name}"] = t.clone()
     for i, c in caches.kv.items():
         snap[f"k{i}"], snap[f"v{i}"] = c.k_cache.clone(), c.v_cache.clone()
     return snap
@@ -169,7 +166,7 @@ def test_padding_rows_are_inert(arch, decode, tiny_model) -> None:  # noqa: ANN0
     after = _snapshot(caches)
     untouched_slots = [s for s in range(caches.num_state_slots) if s not in (1, 2)]
     for key in before:
-        if key.startswith(("conv", "ssm", "pos")):
+        if key.startswith(("state.", "pos")):
             assert torch.equal(before[key][untouched_slots], after[key][untouched_slots]), key
         else:  # only the real rows' blocks may change
             others = [b for b in range(caches.num_kv_blocks) if b not in (*_blocks(0), *_blocks(1))]

@@ -95,12 +95,12 @@ def test_copy_state_copies_every_ssm_layer(tiny_model) -> None:  # noqa: ANN001
     caches = ModelCaches.allocate(cfg, 2, 16, 4, torch.float32)
     assert set(caches.state) == set(cfg.ssm_layers) and set(caches.kv) == set(cfg.attention_layers)
     assert (caches.slot_positions == UNWRITTEN).all()
-    for s in caches.state.values():
-        s.conv_state[2].normal_()
-        s.ssm_state[2].normal_()
+    tensors = caches.state_tensors()
+    assert len(tensors) == 2 * len(cfg.ssm_layers)  # conv + ssm per Mamba layer
+    for t in tensors:
+        t[2].normal_()
     caches.slot_positions[2] = 48
     caches.copy_state(2, 3)
-    for s in caches.state.values():
-        assert torch.equal(s.conv_state[3], s.conv_state[2]) and torch.equal(s.ssm_state[3], s.ssm_state[2])
-        assert not s.ssm_state[1].any()
+    for t in tensors:
+        assert torch.equal(t[3], t[2]) and not t[1].any()
     assert caches.slot_positions[3].item() == 48

@@ -16,6 +16,7 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.selective_scan import selective_scan_varlen, selective_state_update
 from recap.kernels.varlen import copy_decode_checkpoints
+from recap.model.cache import StateCache
 from recap.model.config import Mamba1Config
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
@@ -53,10 +54,11 @@ class Mamba1Mixer(nn.Module):
         self,
         hidden: torch.Tensor,
         batch: ForwardBatch,
-        conv_state: torch.Tensor,
-        ssm_state: torch.Tensor,
+        state: StateCache,
         slot_positions: torch.Tensor,
     ) -> torch.Tensor:
+        """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `ssm` state tensors."""
+        conv_state, ssm_state = state["conv"], state["ssm"]
         meta = batch.ssm
         if meta is None:
             raise ValueError("a Mamba layer needs batch.ssm metadata")

@@ -17,6 +17,7 @@ from recap.kernels.metadata import ForwardBatch
 from recap.kernels.ssd import ssd_varlen
 from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import copy_decode_checkpoints
+from recap.model.cache import StateCache
 from recap.model.config import Mamba2Config
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
@@ -39,10 +40,11 @@ class Mamba2Mixer(nn.Module):
         self,
         hidden: torch.Tensor,
         batch: ForwardBatch,
-        conv_state: torch.Tensor,
-        ssm_state: torch.Tensor,
+        state: StateCache,
         slot_positions: torch.Tensor,
     ) -> torch.Tensor:
+        """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `ssm` state tensors."""
+        conv_state, ssm_state = state["conv"], state["ssm"]
         meta = batch.ssm
         if meta is None:
             raise ValueError("a Mamba2 layer needs batch.ssm metadata")

@@ -44,12 +44,11 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module 
 
 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-    """Call a mixer with its own cache tensors."""
+    """Call a mixer with its own cache tensors: K/V pages, or its state tensors (whatever its kind declares)."""
     if isinstance(mixer, Attention):
         kv = caches.window[layer] if mixer.window else caches.kv[layer]
         return mixer(x, batch, kv.k_cache, kv.v_cache)
-    st = caches.state[layer]
-    return mixer(x, batch, st.conv_state, st.ssm_state, caches.slot_positions)
+    return mixer(x, batch, caches.state[layer], caches.slot_positions)
 
 
 class CausalLM(nn.Module):
