@@ -37,11 +37,80 @@ class AttentionConfig:
 
 @dataclass(frozen=True)
 class MLPConfig:
+    """A dense feed-forward: gated down(act(gate(x) * gate_multiplier) * up(x)) * down_multiplier, or
+    non-gated down(act(up(x))) (Nemotron-H's relu2 MLP)."""
+
     intermediate_size: int
     activation: str = "silu"
     bias: bool = False
-    num_experts: int = 0  # MoE layers only
-    top_k: int = 0
+    gated: bool = True
+    fused_gate_up: bool = False  # one `gate_up_proj` [2I, H] (gate rows first) instead of gate_proj + up_proj
+    gate_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[0]
+    down_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[1]
+
+
+ROUTER_SCORINGS = ("softmax", "sigmoid")
+EXPERT_LAYOUTS = ("list", "stacked")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A sparse MoE: a router picks `top_k` of `num_experts` routed experts per token, plus optional shared experts.
+
+    Routing (each field an HF config knob):
+      scores = softmax(logits) | sigmoid(logits)            (`scoring`; logits in fp32)
+      choice = scores + e_score_correction_bias             (`correction_bias`, DeepSeek-V3 / Nemotron-H)
+      grouped top-k: keep the `topk_groups` of `num_groups` groups with the largest top-2 sum, then top-k
+      weights = scores of the chosen experts (never the biased ones); / their sum if `renormalize`;
+      * `routed_scaling_factor`.
+    Shared experts (`shared_intermediate_size` > 0) see every token; their output is scaled by
+    sigmoid(shared_expert_gate(x)) when `shared_gate` (Qwen-MoE), and added to the routed output.
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one routed expert
+    activation: str = "silu"
+    gated: bool = True  # experts (and shared experts) are gated MLPs; False: down(act(up(x)))
+    bias: bool = False  # on the routed experts' projections (list layout only)
+    shared_bias: bool = False  # on the shared experts' and the latent projections
+    scoring: str = "softmax"
+    renormalize: bool = False
+    correction_bias: bool = False
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    expert_layout: str = "list"  # "list": experts.{e}.*_proj.weight; "stacked": experts.gate_up_proj [E, 2I, H] ...
+    shared_intermediate_size: int = 0  # 0: no shared expert
+    shared_gate: bool = False
+    latent_size: int | None = None  # routed experts run in a latent space: fc1_latent_proj / fc2_latent_proj
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1 or not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"bad MoE shape: {self.num_experts} experts, top-{self.top_k}")
+        if self.scoring not in ROUTER_SCORINGS:
+            raise ValueError(f"unknown router scoring {self.scoring!r}; choose one of {ROUTER_SCORINGS}")
+        if self.expert_layout not in EXPERT_LAYOUTS:
+            raise ValueError(f"unknown expert layout {self.expert_layout!r}; choose one of {EXPERT_LAYOUTS}")
+        if self.num_experts % self.num_groups or not 0 < self.topk_groups <= self.num_groups:
+            raise ValueError(
+                f"bad expert groups: {self.num_experts} experts, top-{self.topk_groups} of {self.num_groups}"
+            )
+        if self.num_groups > 1 and self.top_k > self.topk_groups * (self.num_experts // self.num_groups):
+            raise ValueError("top_k exceeds the experts in the kept groups")
+        if self.shared_gate and not self.shared_intermediate_size:
+            raise ValueError("shared_gate without a shared expert")
+        if self.bias and self.expert_layout == "stacked":
+            raise ValueError("stacked experts carry no bias")
+
+    def flops_weights(self, hidden: int) -> int:
+        """Weights one token multiplies: router + top_k routed experts + shared experts (+ latent projections)."""
+        per = (3 if self.gated else 2) * self.intermediate_size
+        inner = self.latent_size or hidden
+        total = hidden * self.num_experts + self.top_k * per * inner
+        if self.latent_size:
+            total += 2 * hidden * self.latent_size
+        return total + (3 if self.gated else 2) * hidden * self.shared_intermediate_size
 
 
 @dataclass(frozen=True)
@@ -110,6 +179,7 @@ class ModelConfig:
     residual_in_fp32: bool = False
     attention: AttentionConfig | None = None
     mlp: MLPConfig | None = None
+    moe: MoEConfig | None = None
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
     bos_token_id: int | None = None
@@ -137,8 +207,8 @@ class ModelConfig:
         for kind in self.mlp_types:
             if kind not in MLP_TYPES:
                 raise ValueError(f"unknown mlp type {kind!r}")
-            if kind != "none" and self.mlp is None:
-                raise ValueError(f"mlp type {kind!r} used without an MLPConfig")
+            if {"none": True, "dense": self.mlp, "moe": self.moe}[kind] is None:
+                raise ValueError(f"mlp type {kind!r} used without its config")
 
     @property
     def num_layers(self) -> int:
@@ -223,9 +293,10 @@ class ModelConfig:
             elif self.attention is not None:
                 a = self.attention
                 weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
-            if mlp != "none" and self.mlp is not None:
-                per_expert = 3 * h * self.mlp.intermediate_size
-                weights += per_expert * (self.mlp.top_k if mlp == "moe" else 1)
+            if mlp == "dense" and self.mlp is not None:
+                weights += (3 if self.mlp.gated else 2) * h * self.mlp.intermediate_size
+            elif mlp == "moe" and self.moe is not None:
+                weights += self.moe.flops_weights(h)
         weights += h * self.vocab_size
         return 2.0 * weights
 
@@ -245,6 +316,7 @@ __all__ = [
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",
+    "MoEConfig",
     "ModelConfig",
     "UnsupportedArchitectureError",
     "architecture_of",

@@ -18,6 +18,7 @@ from recap.model.config import (
     Mamba2Config,
     MLPConfig,
     ModelConfig,
+    MoEConfig,
     UnsupportedArchitectureError,
 )
 
@@ -202,12 +203,15 @@ def _jamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         ssm_chunk_size=DEFAULT_MAMBA1_CHUNK,
         attention=_attention(cfg, None, 1.0),
-        mlp=MLPConfig(
+        mlp=MLPConfig(intermediate_size=int(cfg["intermediate_size"]), activation=cfg.get("hidden_act", "silu")),
+        moe=MoEConfig(  # softmax over all experts, top-k, weights not renormalized
+            num_experts=num_experts,
+            top_k=int(cfg.get("num_experts_per_tok", 2)),
             intermediate_size=int(cfg["intermediate_size"]),
             activation=cfg.get("hidden_act", "silu"),
-            num_experts=num_experts if any(moe) else 0,
-            top_k=int(cfg.get("num_experts_per_tok", 2)) if any(moe) else 0,
-        ),
+        )
+        if any(moe)
+        else None,
         mamba1=m1,
     )
 

@@ -43,7 +43,8 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
         assert (a.rope_theta, a.rotary_dim) == ((10000.0, 8) if arch == "bamba" else (None, 0))
     if arch == "jamba":
-        assert cfg.mlp is not None and (cfg.mlp.num_experts, cfg.mlp.top_k) == (4, 2)
+        assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
+        assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)
 
 
 @pytest.mark.parametrize("encoding", ['{"__float__": "Infinity"}', "Infinity", '"Infinity"', "1e9"])

@@ -1,36 +1,53 @@
-"""Dense gated MLP: down(act(gate(x)) * up(x))."""
+"""Dense feed-forward: gated down(act(gate(x) * gm) * up(x)) * dm, or non-gated down(act(up(x)))."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from recap.model.config import MLPConfig
+from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "swish": F.silu,
-    "gelu": F.gelu,
-    "relu": F.relu,
-}
 
+class MLP(nn.Module):
+    """Weights as on disk: `gate_proj`, `up_proj`, `down_proj`; `gate_up_proj` when fused; no gate if not gated."""
 
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unsupported activation {name!r}; supported: {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, cfg: MLPConfig, dtype: torch.dtype) -> None:
         super().__init__()
-        self.gate_proj = Linear(hidden_size, intermediate_size, bias, dtype)
-        self.up_proj = Linear(hidden_size, intermediate_size, bias, dtype)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias, dtype)
-        self.act = activation(act)
+        self.cfg = cfg
+        i = cfg.intermediate_size
+        if cfg.gated and cfg.fused_gate_up:
+            self.gate_up_proj = Linear(hidden_size, 2 * i, cfg.bias, dtype)
+        elif cfg.gated:
+            self.gate_proj = Linear(hidden_size, i, cfg.bias, dtype)
+            self.up_proj = Linear(hidden_size, i, cfg.bias, dtype)
+        else:
+            self.up_proj = Linear(hidden_size, i, cfg.bias, dtype)
+        self.down_proj = Linear(i, hidden_size, cfg.bias, dtype)
+        self.act = activation(cfg.activation)
+
+    def gate_up(self, x: torch.Tensor) -> torch.Tensor:
+        """[gate | up] rows of x, [T, 2I] (gated MLPs only; Zamba2 adds its adapters to this)."""
+        if self.cfg.fused_gate_up:
+            return self.gate_up_proj(x)
+        return torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """down(act(gate * gm) * up) * dm from [gate | up]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        out = self.down_proj(self._act(gate).mul_(up))
+        return out if self.cfg.down_multiplier == 1.0 else out * self.cfg.down_multiplier
+
+    def _act(self, gate: torch.Tensor) -> torch.Tensor:
+        gm = self.cfg.gate_multiplier
+        return self.act(gate if gm == 1.0 else gate * gm)  # a fresh tensor either way
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)).mul_(self.up_proj(x)))  # act(.) is a fresh tensor
+        c = self.cfg
+        if not c.gated:
+            return self.down_proj(self.act(self.up_proj(x)))
+        if c.fused_gate_up:
+            return self.down(self.gate_up_proj(x))
+        out = self.down_proj(self._act(self.gate_proj(x)).mul_(self.up_proj(x)))
+        return out if c.down_multiplier == 1.0 else out * c.down_multiplier

@@ -1,38 +1,156 @@
-"""Sparse MoE with a softmax top-k router (Jamba).
+"""Sparse mixture of experts: a router, routed experts (per-expert modules or stacked 3-D weights), shared experts.
 
-Routing as in HF Jamba: probs = softmax(router(x)) in fp32, take the top-k experts per token and
-weight their outputs by those probabilities *without* renormalizing them to sum to one.
+The routing kinds of the families recap loads are fields of `MoEConfig` (see its docstring):
+  Jamba          softmax, top-k, weights not renormalized
+  Granite 4.0-H  softmax, top-k, renormalized (= softmax over the top-k logits)
+  Qwen-MoE       softmax, top-k, renormalized if norm_topk_prob; shared expert behind a sigmoid gate
+  Nemotron-H     sigmoid + correction bias, grouped top-k, renormalized, routed scaling; non-gated relu2 experts
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from recap.model.config import MLPConfig
-from recap.model.layers.linear import Linear
-from recap.model.layers.mlp import GatedMLP
+from recap.model.config import MLPConfig, MoEConfig
+from recap.model.layers.activation import activation
+from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mlp import MLP
+
+
+def route(
+    logits: torch.Tensor, cfg: MoEConfig, correction_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] (fp32) -> (weights [T, k] fp32, expert ids [T, k]) as `cfg` says."""
+    scores = torch.softmax(logits, dim=-1) if cfg.scoring == "softmax" else torch.sigmoid(logits)
+    choice = scores if correction_bias is None else scores + correction_bias
+    if cfg.num_groups > 1:
+        t, g = choice.shape[0], cfg.num_groups
+        grouped = choice.view(t, g, -1)  # (t, g, e/g)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)  # (t, g)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(cfg.topk_groups, dim=-1).indices, True)
+        choice = grouped.masked_fill(~keep[:, :, None], float("-inf")).view(t, -1)
+    experts = choice.topk(cfg.top_k, dim=-1).indices  # (t, k)
+    weights = scores.gather(1, experts)
+    if cfg.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if cfg.routed_scaling_factor != 1.0:
+        weights = weights * cfg.routed_scaling_factor
+    return weights, experts
+
+
+class Router(Linear):
+    """logits = x W^T ([E, H] weight); `e_score_correction_bias` [E] (fp32, as HF keeps it) when the config has one."""
+
+    def __init__(self, hidden_size: int, cfg: MoEConfig, dtype: torch.dtype) -> None:
+        super().__init__(hidden_size, cfg.num_experts, False, dtype)
+        bias = empty_param(cfg.num_experts, dtype=torch.float32) if cfg.correction_bias else None
+        self.e_score_correction_bias = bias
+
+    def route(self, x: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        return route(self(x).float(), cfg, self.e_score_correction_bias)
+
+
+def _grouped(experts: torch.Tensor, weights: torch.Tensor, num_experts: int):  # noqa: ANN202
+    """(expert, token ids, their weights [n, 1]) for each expert that got tokens: one sort, no per-expert scan."""
+    k = experts.shape[1]
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    tokens = order // k
+    w = weights.reshape(-1)[order, None]
+    start = 0
+    for e, n in enumerate(torch.bincount(flat, minlength=num_experts).tolist()):
+        if n:
+            yield e, tokens[start : start + n], w[start : start + n]
+            start += n
+
+
+class ExpertList(nn.ModuleList):
+    """Routed experts as on disk in per-expert form: `experts.{e}.{gate_proj,up_proj,down_proj}.weight`."""
+
+    def __init__(self, dim: int, cfg: MoEConfig, dtype: torch.dtype) -> None:
+        mlp = MLPConfig(cfg.intermediate_size, cfg.activation, cfg.bias, cfg.gated)
+        super().__init__(MLP(dim, mlp, dtype) for _ in range(cfg.num_experts))
+
+    def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e, tok, w in _grouped(experts, weights, len(self)):
+            out.index_add_(0, tok, self[e](x[tok]).mul_(w))
+        return out
+
+
+class StackedExperts(nn.Module):
+    """Routed experts as 3-D weights: `gate_up_proj` [E, 2I, D] (gate rows first; `up_proj` [E, I, D] when not
+    gated) and `down_proj` [E, D, I]."""
+
+    def __init__(self, dim: int, cfg: MoEConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg, self.num_experts, i = cfg, cfg.num_experts, cfg.intermediate_size
+        if cfg.gated:
+            self.gate_up_proj = empty_param(cfg.num_experts, 2 * i, dim, dtype=dtype)
+        else:
+            self.up_proj = empty_param(cfg.num_experts, i, dim, dtype=dtype)
+        self.down_proj = empty_param(cfg.num_experts, dim, i, dtype=dtype)
+        self.act = activation(cfg.activation)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.gated:
+            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+            return F.linear(self.act(gate).mul_(up), self.down_proj[e])
+        return F.linear(self.act(F.linear(x, self.up_proj[e])), self.down_proj[e])
+
+    def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e, tok, w in _grouped(experts, weights, self.num_experts):
+            out.index_add_(0, tok, self._expert(e, x[tok]).mul_(w))
+        return out
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, hidden_size: int, cfg: MLPConfig, dtype: torch.dtype) -> None:
+    """routed(x) (+ shared(x), gated by sigmoid(shared_expert_gate(x)) when configured).
+
+    The router, shared-expert and shared-gate attribute names follow the family's checkpoint
+    (`router` / `gate`, `shared_experts` / `shared_expert`, `shared_expert_gate`).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        cfg: MoEConfig,
+        dtype: torch.dtype,
+        router_name: str = "router",
+        shared_name: str = "shared_experts",
+        shared_gate_name: str = "shared_expert_gate",
+    ) -> None:
         super().__init__()
-        if cfg.num_experts < 1 or not 0 < cfg.top_k <= cfg.num_experts:
-            raise ValueError(f"bad MoE shape: {cfg.num_experts} experts, top-{cfg.top_k}")
-        self.top_k = cfg.top_k
-        self.router = Linear(hidden_size, cfg.num_experts, False, dtype)
-        self.experts = nn.ModuleList(
-            GatedMLP(hidden_size, cfg.intermediate_size, cfg.activation, cfg.bias, dtype)
-            for _ in range(cfg.num_experts)
-        )
+        self.cfg = cfg
+        self._names = (router_name, shared_name, shared_gate_name)
+        setattr(self, router_name, Router(hidden_size, cfg, dtype))
+        dim = cfg.latent_size or hidden_size
+        if cfg.latent_size:
+            self.fc1_latent_proj = Linear(hidden_size, cfg.latent_size, cfg.shared_bias, dtype)
+            self.fc2_latent_proj = Linear(cfg.latent_size, hidden_size, cfg.shared_bias, dtype)
+        layout = ExpertList if cfg.expert_layout == "list" else StackedExperts
+        self.experts = layout(dim, cfg, dtype)
+        if cfg.shared_intermediate_size:
+            shared = MLPConfig(cfg.shared_intermediate_size, cfg.activation, cfg.shared_bias, cfg.gated)
+            setattr(self, shared_name, MLP(hidden_size, shared, dtype))
+        if cfg.shared_gate:
+            setattr(self, shared_gate_name, Linear(hidden_size, 1, False, dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.router(x), dim=-1, dtype=torch.float32)  # (t, e)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)  # (t, k)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for e in torch.unique(experts).tolist():
-            tok, slot = torch.where(experts == e)
-            y = self.experts[e](x[tok]) * weights[tok, slot, None]
-            out.index_add_(0, tok, y)
+        cfg = self.cfg
+        router_name, shared_name, gate_name = self._names
+        weights, experts = getattr(self, router_name).route(x, cfg)
+        h = self.fc1_latent_proj(x) if cfg.latent_size else x
+        out = self.experts.run(h, experts, weights.to(x.dtype))
+        if cfg.latent_size:
+            out = self.fc2_latent_proj(out)
+        if cfg.shared_intermediate_size:
+            shared = getattr(self, shared_name)(x)
+            if cfg.shared_gate:
+                shared = shared * torch.sigmoid(getattr(self, gate_name)(x))
+            out = out + shared
         return out

@@ -18,7 +18,7 @@ from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear, tied_linear
 from recap.model.layers.mamba1 import Mamba1Mixer
 from recap.model.layers.mamba2 import Mamba2Mixer
-from recap.model.layers.mlp import GatedMLP
+from recap.model.layers.mlp import MLP
 from recap.model.layers.moe import SparseMoE
 from recap.model.layers.norm import RMSNorm
 
@@ -34,13 +34,14 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
     raise ValueError(f"layer {layer}: no config for layer type {kind!r}")
 
 
-def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module | None:
-    kind, m = config.mlp_types[layer], config.mlp
-    if kind == "none" or m is None:
-        return None
-    if kind == "moe":
-        return SparseMoE(config.hidden_size, m, dtype)
-    return GatedMLP(config.hidden_size, m.intermediate_size, m.activation, m.bias, dtype)
+def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: str) -> nn.Module | None:
+    """The feed-forward of layer `layer` (None if it has none); `moe_names` name the MoE's parts as on disk."""
+    kind = config.mlp_types[layer]
+    if kind == "moe" and config.moe is not None:
+        return SparseMoE(config.hidden_size, config.moe, dtype, **moe_names)
+    if kind == "dense" and config.mlp is not None:
+        return MLP(config.hidden_size, config.mlp, dtype)
+    return None
 
 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
