@@ -60,19 +60,23 @@ class ModelCaches:
         num_state_slots: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
-        num_window_blocks: int = 0,
+        num_window_blocks: int | None = None,
     ) -> ModelCaches:
-        """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`)."""
+        """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`).
+
+        num_window_blocks: the window group's pool (None: as many blocks as the KV pool)."""
+        if num_window_blocks is None:
+            num_window_blocks = num_kv_blocks if config.window_layers else 0
         kv: dict[int, KVCache] = {}
         window: dict[int, KVCache] = {}
         if config.attention is not None:
-            a = config.attention
             for layers, into, num_blocks in (
                 (config.full_attention_layers, kv, num_kv_blocks),
                 (config.window_layers, window, num_window_blocks),
             ):
-                shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
                 for i in layers:
+                    a = config.attention_config(i)
+                    shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
                     into[i] = KVCache(
                         torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
                     )

@@ -1,7 +1,7 @@
 """HF `config.json` -> frozen `ModelConfig`, the only config the layers ever read.
 
 One translator per architecture turns the HF dict into normalized per-layer lists:
-- `layer_types[i]`: "mamba1" | "mamba2" | "attention" (the mixer of layer i)
+- `layer_types[i]`: "mamba1" | "mamba2" | "attention" | "short_conv" (the mixer of layer i)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward after the mixer, if any)
 The translators live in `hf_config.py` (re-exported here); adding a family = one translator there +
 one short model file in `recap/model/models/`.
@@ -15,7 +15,7 @@ import torch
 
 from recap.model.state_spec import StateTensorSpec, check_specs, conv_window_spec
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention")
+LAYER_TYPES = ("mamba1", "mamba2", "attention", "short_conv")
 MLP_TYPES = ("none", "dense", "moe")
 # Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
 DEFAULT_MAMBA1_CHUNK = 256
@@ -33,6 +33,12 @@ class AttentionConfig:
     rope_theta: float | None  # None: no positional encoding in the layer (Jamba)
     rotary_dim: int  # leading dims of each head that are rotated (head_dim * partial factor); 0 if no rope
     bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm (q_norm, k_norm) on q and k before RoPE (Qwen3, LFM2)
+    qk_norm_eps: float = 1e-6
+    output_gate: bool = False  # each head's output scaled by sigmoid(g_proj(x)) (LFM3)
+    # "Proportional" RoPE (LFM3 full attention): only the first rope_angles of the rotary_dim / 2 frequency
+    # pairs turn (frequencies from rotary_dim), the rest stay put; None: every pair turns.
+    rope_angles: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,18 @@ class Mamba2Config:
 
 
 @dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2's gated short convolution: y = out_proj(C * conv(B * x)), [B | C | x] = in_proj(h); state = conv window."""
+
+    dim: int  # channels (the hidden size)
+    kernel: int  # conv taps (conv_L_cache)
+    bias: bool = False  # on in_proj, the conv and out_proj
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        return (conv_window_spec(self.dim, self.kernel),)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -182,6 +200,10 @@ class ModelConfig:
     moe: MoEConfig | None = None
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
+    short_conv: ShortConvConfig | None = None
+    # The attention of sliding-window layers when it differs from `attention` (LFM3: other RoPE); None: same.
+    window_attention: AttentionConfig | None = None
+    post_norms: bool = False  # RMSNorms on the mixer's and the feed-forward's outputs as well (LFM3's sandwich)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -252,7 +274,16 @@ class ModelConfig:
 
     def layer_config(self, kind: str) -> object | None:
         """The config of a mixer kind (None when the model has none)."""
-        return {"mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention}[kind]
+        return {
+            "mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention, "short_conv": self.short_conv,
+        }[kind]  # fmt: skip
+
+    def attention_config(self, layer: int) -> AttentionConfig:
+        """The attention settings of attention layer `layer` (window layers may have their own)."""
+        cfg = self.window_attention if self.window_of(layer) and self.window_attention else self.attention
+        if cfg is None:
+            raise ValueError(f"layer {layer} has no attention config")
+        return cfg
 
     def state_specs(self, layer: int) -> tuple[StateTensorSpec, ...]:
         """The named tensors one state slot holds for recurrent layer `layer` (declared by its kind's config)."""
@@ -268,17 +299,15 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K + V for one token across every full-attention layer (the KV group)."""
-        if self.attention is None:
-            return 0
-        per_layer = 2 * self.attention.num_kv_heads * self.attention.head_dim * dtype.itemsize
-        return per_layer * len(self.full_attention_layers)
+        return sum(self._kv_bytes(i, dtype) for i in self.full_attention_layers)
 
     def window_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K + V for one token across every sliding-window layer (the window group)."""
-        if self.attention is None:
-            return 0
-        per_layer = 2 * self.attention.num_kv_heads * self.attention.head_dim * dtype.itemsize
-        return per_layer * len(self.window_layers)
+        return sum(self._kv_bytes(i, dtype) for i in self.window_layers)
+
+    def _kv_bytes(self, layer: int, dtype: torch.dtype) -> int:
+        a = self.attention_config(layer)
+        return 2 * a.num_kv_heads * a.head_dim * dtype.itemsize
 
     def flops_per_token(self) -> float:
         """Approximate prefill FLOPs per token: 2 x the weights every token multiplies (routed experts only)."""
@@ -290,6 +319,8 @@ class ModelConfig:
                 weights += m1.dt_rank * m1.d_inner + m1.d_inner * h
             elif kind == "mamba2" and self.mamba2 is not None:
                 weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
+            elif kind == "short_conv":
+                weights += 4 * h * h  # in_proj (3h) + out_proj
             elif self.attention is not None:
                 a = self.attention
                 weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
@@ -318,6 +349,7 @@ __all__ = [
     "Mamba2Config",
     "MoEConfig",
     "ModelConfig",
+    "ShortConvConfig",
     "UnsupportedArchitectureError",
     "architecture_of",
     "load_config",

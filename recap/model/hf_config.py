@@ -19,8 +19,11 @@ from recap.model.config import (
     MLPConfig,
     ModelConfig,
     MoEConfig,
+    ShortConvConfig,
     UnsupportedArchitectureError,
 )
+
+LINEAR_CHUNK = 64  # chunk grid of the short-conv and KDA kernels (the KDA chunk; conv cuts are free)
 
 
 def _float(v: Any) -> float:
@@ -216,12 +219,95 @@ def _jamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     )
 
 
+def _lfm_rope(arch: str, rope: Mapping[str, Any], head_dim: int) -> tuple[float, int | None]:
+    """(theta, rope_angles) of an LFM RoPE entry: "default" turns every pair, "proportional" the first share."""
+    kind = rope.get("rope_type", "default")
+    if kind not in ("default", "proportional"):
+        raise UnsupportedArchitectureError(f"{arch}: rope_type {kind!r} is not supported")
+    if float(rope.get("factor", 1.0)) != 1.0:
+        raise UnsupportedArchitectureError(f"{arch}: a RoPE factor other than 1 is not supported")
+    angles = int(float(rope.get("partial_rotary_factor", 1.0)) * head_dim // 2) if kind == "proportional" else None
+    return float(rope.get("rope_theta", 1_000_000.0)), angles
+
+
+def _lfm_attention(cfg: Mapping[str, Any], arch: str, rope: Mapping[str, Any], gate: bool) -> AttentionConfig:
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    theta, angles = _lfm_rope(arch, rope, head_dim)
+    return AttentionConfig(
+        num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+        rope_theta=theta, rotary_dim=head_dim, bias=bool(cfg.get("attention_bias", False)), qk_norm=True,
+        qk_norm_eps=float(cfg.get("norm_eps", 1e-5)), output_gate=gate, rope_angles=angles,
+    )  # fmt: skip
+
+
+def _lfm_ff_dim(cfg: Mapping[str, Any]) -> int:
+    """LFM2's feed-forward width: 2/3 of intermediate_size, times a multiplier, rounded up to a multiple."""
+    size = int(cfg["intermediate_size"])
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        size = int(2 * size / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            size = int(float(cfg["block_ffn_dim_multiplier"]) * size)
+            multiple = int(cfg.get("block_multiple_of", 256))
+            size = multiple * ((size + multiple - 1) // multiple)
+    return size
+
+
+def _lfm(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Lfm2ForCausalLM, Lfm2MoeForCausalLM, Lfm3ForCausalLM: gated short convs + (sliding-window) attention."""
+    kinds = list(cfg.get("layer_types") or [])
+    n = int(cfg["num_hidden_layers"])
+    if not kinds and arch == "Lfm2ForCausalLM":
+        full = set(cfg.get("full_attn_idxs") or range(n))
+        kinds = ["full_attention" if i in full else "conv" for i in range(n)]
+    mixers = {"conv": "short_conv", "full_attention": "attention", "sliding_attention": "attention"}
+    if len(kinds) != n or any(k not in mixers for k in kinds):
+        raise UnsupportedArchitectureError(f"{arch}: layer_types {kinds} (need {n} of {sorted(mixers)})")
+    rope = dict(cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 1_000_000.0)})
+    lfm3 = arch == "Lfm3ForCausalLM"
+    gate = lfm3 and bool(cfg.get("use_attention_gate", True))
+    attention = _lfm_attention(cfg, arch, rope.get("full_attention", rope) if lfm3 else rope, gate)
+    window = int(cfg.get("sliding_window") or 0) if lfm3 else 0
+    if "sliding_attention" in kinds and window <= 0:
+        raise UnsupportedArchitectureError(f"{arch}: sliding_attention layers without a sliding_window")
+    moe, dense_layers = None, n
+    if arch == "Lfm2MoeForCausalLM":
+        dense_layers = int(cfg.get("num_dense_layers", 0))
+        moe = MoEConfig(
+            num_experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+            intermediate_size=int(cfg["moe_intermediate_size"]), scoring="sigmoid",
+            renormalize=bool(cfg.get("norm_topk_prob", True)), correction_bias=bool(cfg.get("use_expert_bias", True)),
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        )  # fmt: skip
+    ff = _lfm_ff_dim(cfg) if arch == "Lfm2ForCausalLM" else int(cfg["intermediate_size"])
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=tuple(mixers[k] for k in kinds),
+        mlp_types=tuple("dense" if i < dense_layers else "moe" for i in range(n)),
+        norm_eps=float(cfg.get("norm_eps", 1e-5)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        ssm_chunk_size=LINEAR_CHUNK,
+        attention=attention,
+        window_attention=_lfm_attention(cfg, arch, rope["sliding_attention"], gate) if window else None,
+        attention_windows=tuple(window if k == "sliding_attention" else 0 for k in kinds) if window else (),
+        mlp=MLPConfig(intermediate_size=ff),
+        moe=moe,
+        post_norms=lfm3 and bool(cfg.get("use_sandwich_norm", True)),
+        short_conv=ShortConvConfig(
+            int(cfg["hidden_size"]), int(cfg.get("conv_L_cache", 3)), bool(cfg.get("conv_bias", False))
+        ),
+    )
+
+
 TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "MambaForCausalLM": _mamba,
     "FalconMambaForCausalLM": _mamba,
     "Mamba2ForCausalLM": _mamba2,
     "BambaForCausalLM": _bamba,
     "JambaForCausalLM": _jamba,
+    "Lfm2ForCausalLM": _lfm,
+    "Lfm2MoeForCausalLM": _lfm,
+    "Lfm3ForCausalLM": _lfm,
 }
 # For configs that name no architecture.
 MODEL_TYPES = {
@@ -230,6 +316,9 @@ MODEL_TYPES = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "jamba": "JambaForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
+    "lfm3": "Lfm3ForCausalLM",
 }
 
 

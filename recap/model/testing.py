@@ -19,6 +19,9 @@ TINY_ARCHS = {
     "mamba2": "Mamba2ForCausalLM",
     "bamba": "BambaForCausalLM",
     "jamba": "JambaForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
+    "lfm3": "Lfm3ForCausalLM",
 }
 
 
@@ -46,6 +49,17 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
         kw = {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
               "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128,
               "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_d_state": 16, "mamba_dt_rank": 4}  # fmt: skip
+    elif arch in ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm3ForCausalLM"):
+        cls = {"Lfm2ForCausalLM": tf.Lfm2Config, "Lfm2MoeForCausalLM": tf.Lfm2MoeConfig,
+               "Lfm3ForCausalLM": tf.Lfm3Config}[arch]  # fmt: skip
+        kinds = ["conv", "full_attention", "conv", "sliding_attention" if arch == "Lfm3ForCausalLM" else "conv"]
+        kw = {"num_hidden_layers": 4, "layer_types": kinds, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "conv_L_cache": 3, "max_position_embeddings": 1024, "pad_token_id": 0,
+              "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+        if arch == "Lfm2MoeForCausalLM":
+            kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1)
+        if arch == "Lfm3ForCausalLM":
+            kw.update(head_dim=16, sliding_window=12, conv_L_cache=5)
     else:
         raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
     return cls(**{**common, **kw, **overrides})

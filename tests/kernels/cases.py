@@ -19,6 +19,7 @@ from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
 from recap.kernels.ssd import ssd_ref, ssd_varlen
 from recap.kernels.ssd_decode import ssd_state_update
+from recap.kernels.varlen import record_decode_positions
 
 Tensors = dict[str, torch.Tensor]
 
@@ -100,25 +101,30 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 CONV_D, CONV_K = 6, 4
 
 
-def _conv_case() -> Case:
+def _conv_case(positions: bool = False) -> Case:
+    """positions: the conv records slot positions itself (a layer whose whole state is the conv window)."""
+
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return causal_conv1d_varlen(inp["x"], p["w"], p["b"], cache, meta)
+        return causal_conv1d_varlen(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return causal_conv1d_ref(inp["x"], p["w"], p["b"], cache, meta)
+        return causal_conv1d_ref(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
 
     def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
-        return causal_conv1d_update(inp["x"], cache, p["w"], p["b"], idx)
+        y = causal_conv1d_update(inp["x"], cache, p["w"], p["b"], idx)
+        if positions:
+            record_decode_positions(sp, idx, pos)
+        return y
 
     return Case(
-        name="conv1d",
+        name="conv1d_positions" if positions else "conv1d",
         token_inputs=lambda n, g: {"x": _randn(g, n, CONV_D)},
         params=lambda g: {"w": _randn(g, CONV_D, CONV_K), "b": _randn(g, CONV_D)},
         cache_shape=(CONV_D, CONV_K - 1),
         fast=fast,
         ref=ref,
         update=update,
-        writes_positions=False,
+        writes_positions=positions,
     )
 
 
@@ -234,7 +240,10 @@ def _kda_case() -> Case:
 
 
 # Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows.
-CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64), _kda_case()]
+CASES = [
+    _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
+    _mamba2_case(64), _kda_case(),
+]  # fmt: skip
 
 
 def random_rows(

@@ -21,6 +21,7 @@ from recap.model.layers.mamba2 import Mamba2Mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.moe import SparseMoE
 from recap.model.layers.norm import RMSNorm
+from recap.model.layers.short_conv import ShortConv
 
 
 def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
@@ -30,7 +31,9 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
     if kind == "mamba2" and config.mamba2 is not None:
         return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
     if kind == "attention" and config.attention is not None:
-        return Attention(config.hidden_size, config.attention, dtype, config.window_of(layer))
+        return Attention(config.hidden_size, config.attention_config(layer), dtype, config.window_of(layer))
+    if kind == "short_conv" and config.short_conv is not None:
+        return ShortConv(config.short_conv, dtype)
     raise ValueError(f"layer {layer}: no config for layer type {kind!r}")
 
 
