@@ -8,7 +8,7 @@ import pytest
 
 from recap.model.testing import make_tiny_checkpoint
 
-ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba"]
+ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba", "lfm3"]
 
 
 def tiny_model_dir(root: Path, arch: str, **overrides: object) -> Path:
