@@ -22,8 +22,24 @@ UNWRITTEN = -1  # slot_positions value of a slot no kernel has written
 
 @dataclass
 class KVCache:
-    k_cache: torch.Tensor  # [NB, block_size, Hkv, Dh]
-    v_cache: torch.Tensor
+    """One attention layer's paged tensors by name, each [NB, block_size, *per-token shape], as the layer's
+    kind declares (`ModelConfig.kv_specs`): `k` and `v` [Hkv, Dh] for attention, `latent` and `rope` for MLA."""
+
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        return self.tensors["k"]
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self.tensors["v"]
+
+    def token_bytes(self) -> int:
+        return sum(t[0, 0].nbytes for t in self.tensors.values())
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass
@@ -69,17 +85,15 @@ class ModelCaches:
             num_window_blocks = num_kv_blocks if config.window_layers else 0
         kv: dict[int, KVCache] = {}
         window: dict[int, KVCache] = {}
-        if config.attention is not None:
-            for layers, into, num_blocks in (
-                (config.full_attention_layers, kv, num_kv_blocks),
-                (config.window_layers, window, num_window_blocks),
-            ):
-                for i in layers:
-                    a = config.attention_config(i)
-                    shape = (num_blocks, block_size, a.num_kv_heads, a.head_dim)
-                    into[i] = KVCache(
-                        torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-                    )
+        for layers, into, num_blocks in (
+            (config.full_attention_layers, kv, num_kv_blocks),
+            (config.window_layers, window, num_window_blocks),
+        ):
+            for i in layers:
+                into[i] = KVCache({
+                    name: torch.zeros((num_blocks, block_size, *shape), dtype=dtype, device=device)
+                    for name, shape in config.kv_specs(i)
+                })  # fmt: skip
         state: dict[int, StateCache] = {}
         for i in config.ssm_layers:
             state[i] = StateCache({
@@ -124,12 +138,12 @@ class ModelCaches:
         return sum(s.slot_bytes() for s in self.state.values())
 
     def kv_bytes_per_token(self) -> int:
-        return sum((c.k_cache[0, 0].nbytes + c.v_cache[0, 0].nbytes) for c in self.kv.values())
+        return sum(c.token_bytes() for c in self.kv.values())
 
     def window_bytes_per_token(self) -> int:
-        return sum((c.k_cache[0, 0].nbytes + c.v_cache[0, 0].nbytes) for c in self.window.values())
+        return sum(c.token_bytes() for c in self.window.values())
 
     def total_bytes(self) -> int:
-        kv = sum(c.k_cache.nbytes + c.v_cache.nbytes for c in [*self.kv.values(), *self.window.values()])
+        kv = sum(c.nbytes() for c in [*self.kv.values(), *self.window.values()])
         st = sum(t.nbytes for t in self.state_tensors())
         return kv + st + self.slot_positions.nbytes

@@ -1,7 +1,7 @@
 """HF `config.json` -> frozen `ModelConfig`, the only config the layers ever read.
 
 One translator per architecture turns the HF dict into normalized per-layer lists:
-- `layer_types[i]`: "mamba1" | "mamba2" | "attention" | "short_conv" (the mixer of layer i)
+- `layer_types[i]`: "mamba1" | "mamba2" | "attention" | "short_conv" | "kda" (the mixer of layer i)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward after the mixer, if any)
 The translators live in `hf_config.py` (re-exported here); adding a family = one translator there +
 one short model file in `recap/model/models/`.
@@ -9,13 +9,14 @@ one short model file in `recap/model/models/`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from recap.model.state_spec import StateTensorSpec, check_specs, conv_window_spec
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention", "short_conv")
+LAYER_TYPES = ("mamba1", "mamba2", "attention", "short_conv", "kda")
 MLP_TYPES = ("none", "dense", "moe")
 # Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
 DEFAULT_MAMBA1_CHUNK = 256
@@ -39,6 +40,35 @@ class AttentionConfig:
     # "Proportional" RoPE (LFM3 full attention): only the first rope_angles of the rotary_dim / 2 frequency
     # pairs turn (frequencies from rotary_dim), the rest stay put; None: every pair turns.
     rope_angles: int | None = None
+
+    def kv_specs(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """What the layer caches per token: (name, shape) of each paged tensor."""
+        return ("k", (self.num_kv_heads, self.head_dim)), ("v", (self.num_kv_heads, self.head_dim))
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2 MLA; Kimi-Linear's, without positional encoding).
+
+    Per token the layer caches only the compressed latent c (kv_lora_rank, after kv_a_layernorm) and the
+    shared rope key (qk_rope_head_dim); K and V of every head are expanded from c by kv_b_proj when read.
+    """
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
+    bias: bool = False  # on q_a_proj, kv_a_proj_with_mqa and o_proj
+    norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def kv_specs(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        return ("latent", (1, self.kv_lora_rank)), ("rope", (1, self.qk_rope_head_dim))
 
 
 @dataclass(frozen=True)
@@ -185,6 +215,25 @@ class ShortConvConfig:
 
 
 @dataclass(frozen=True)
+class KDAConfig:
+    """Kimi Delta Attention: q, k, v through their own short convs (silu), a per-channel forget gate, a delta
+    rule over a [head_dim, head_dim] matrix state per head, a gated RMSNorm on the output."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+    norm_eps: float = 1e-5
+
+    @property
+    def dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        convs = tuple(conv_window_spec(self.dim, self.conv_kernel, f"conv_{x}") for x in "qkv")
+        return *convs, StateTensorSpec("recurrent", (self.num_heads, self.head_dim, self.head_dim), torch.float32)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -201,6 +250,8 @@ class ModelConfig:
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
     short_conv: ShortConvConfig | None = None
+    mla: MLAConfig | None = None  # set: the attention layers are MLA (Kimi-Linear)
+    kda: KDAConfig | None = None
     # The attention of sliding-window layers when it differs from `attention` (LFM3: other RoPE); None: same.
     window_attention: AttentionConfig | None = None
     post_norms: bool = False  # RMSNorms on the mixer's and the feed-forward's outputs as well (LFM3's sandwich)
@@ -275,7 +326,8 @@ class ModelConfig:
     def layer_config(self, kind: str) -> object | None:
         """The config of a mixer kind (None when the model has none)."""
         return {
-            "mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention, "short_conv": self.short_conv,
+            "mamba1": self.mamba1, "mamba2": self.mamba2, "attention": self.attention or self.mla,
+            "short_conv": self.short_conv, "kda": self.kda,
         }[kind]  # fmt: skip
 
     def attention_config(self, layer: int) -> AttentionConfig:
@@ -305,9 +357,12 @@ class ModelConfig:
         """Bytes of K + V for one token across every sliding-window layer (the window group)."""
         return sum(self._kv_bytes(i, dtype) for i in self.window_layers)
 
+    def kv_specs(self, layer: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The paged tensors attention layer `layer` caches per token (K and V, or MLA's latent and rope key)."""
+        return self.mla.kv_specs() if self.mla is not None else self.attention_config(layer).kv_specs()
+
     def _kv_bytes(self, layer: int, dtype: torch.dtype) -> int:
-        a = self.attention_config(layer)
-        return 2 * a.num_kv_heads * a.head_dim * dtype.itemsize
+        return sum(math.prod(shape) for _, shape in self.kv_specs(layer)) * dtype.itemsize
 
     def flops_per_token(self) -> float:
         """Approximate prefill FLOPs per token: 2 x the weights every token multiplies (routed experts only)."""
@@ -321,6 +376,14 @@ class ModelConfig:
                 weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
             elif kind == "short_conv":
                 weights += 4 * h * h  # in_proj (3h) + out_proj
+            elif kind == "kda" and self.kda is not None:
+                d, hd = self.kda.dim, self.kda.head_dim
+                weights += 4 * h * d + 2 * (h * hd + hd * d) + h * self.kda.num_heads  # q k v o, f_a/b, g_a/b, b
+            elif self.mla is not None:
+                m = self.mla
+                weights += h * m.num_heads * m.qk_head_dim + h * (m.kv_lora_rank + m.qk_rope_head_dim)
+                weights += m.kv_lora_rank * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+                weights += m.num_heads * m.v_head_dim * h
             elif self.attention is not None:
                 a = self.attention
                 weights += h * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
@@ -344,6 +407,8 @@ from recap.model.hf_config import (  # noqa: E402
 __all__ = [
     "TRANSLATORS",
     "AttentionConfig",
+    "KDAConfig",
+    "MLAConfig",
     "MLPConfig",
     "Mamba1Config",
     "Mamba2Config",

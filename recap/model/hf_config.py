@@ -14,8 +14,10 @@ from typing import Any
 from recap.model.config import (
     DEFAULT_MAMBA1_CHUNK,
     AttentionConfig,
+    KDAConfig,
     Mamba1Config,
     Mamba2Config,
+    MLAConfig,
     MLPConfig,
     ModelConfig,
     MoEConfig,
@@ -299,6 +301,72 @@ def _lfm(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     )
 
 
+def _kimi_layers(cfg: Mapping[str, Any], arch: str, n: int) -> tuple[list[str], list[str]]:
+    """(mixer kinds, mlp kinds): from layer_types / mlp_layer_types, else the checkpoint's linear_attn_config
+    (1-indexed full_attn_layers / kda_layers) and first_k_dense_replace."""
+    lin = cfg.get("linear_attn_config") or {}
+    kinds = list(cfg.get("layer_types") or [])
+    if not kinds and "full_attn_layers" in lin:
+        full = {int(i) - 1 for i in lin["full_attn_layers"]}
+        kinds = ["full_attention" if i in full else "linear_attention" for i in range(n)]
+    mlps = list(cfg.get("mlp_layer_types") or [])
+    if not mlps:
+        dense = int(cfg.get("first_k_dense_replace", 1))
+        mlps = ["dense" if i < dense else "sparse" for i in range(n)]
+    if len(kinds) != n or set(kinds) - {"full_attention", "linear_attention"} or set(mlps) - {"dense", "sparse"}:
+        raise UnsupportedArchitectureError(f"{arch}: layer_types {kinds} / mlp_layer_types {mlps}")
+    mixers = ["attention" if k == "full_attention" else "kda" for k in kinds]
+    return mixers, ["moe" if m == "sparse" else "dense" for m in mlps]
+
+
+def _kimi_linear(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """KimiLinearForCausalLM: KDA layers + MLA layers (no positional encoding) + MoE with shared experts."""
+    n = int(cfg["num_hidden_layers"])
+    kinds, mlps = _kimi_layers(cfg, arch, n)
+    lin = cfg.get("linear_attn_config") or {}
+    heads = int(cfg["num_attention_heads"])
+    if int(cfg.get("num_key_value_heads") or heads) != heads:
+        raise UnsupportedArchitectureError(f"{arch}: MLA with num_key_value_heads != num_attention_heads")
+    get = lambda *names, default=None: next((cfg[k] for k in names if cfg.get(k) is not None), default)  # noqa: E731
+    num_experts = int(get("num_experts", "num_local_experts", "n_routed_experts", default=0))
+    shared = int(get("num_shared_experts", "n_shared_experts", default=0))
+    moe_size = int(cfg.get("moe_intermediate_size", 0))
+    moe = None
+    if "moe" in mlps:
+        moe = MoEConfig(
+            num_experts=num_experts, top_k=int(get("num_experts_per_token", "num_experts_per_tok")),
+            intermediate_size=moe_size, activation=cfg.get("hidden_act", "silu"), scoring="sigmoid",
+            renormalize=bool(get("moe_renormalize", "norm_topk_prob", default=True)), correction_bias=True,
+            num_groups=int(get("num_expert_group", "n_group", default=1)),
+            topk_groups=int(get("topk_group", default=1)),
+            routed_scaling_factor=float(get("routed_scaling_factor", default=1.0)),
+            shared_intermediate_size=moe_size * shared,
+        )  # fmt: skip
+    eps = float(cfg.get("rms_norm_eps", 1e-5))
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=tuple(kinds),
+        mlp_types=tuple(mlps),
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=LINEAR_CHUNK,
+        mlp=MLPConfig(intermediate_size=int(cfg["intermediate_size"]), activation=cfg.get("hidden_act", "silu")),
+        moe=moe,
+        mla=MLAConfig(
+            num_heads=heads, kv_lora_rank=int(cfg["kv_lora_rank"]), qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
+            qk_rope_head_dim=int(cfg["qk_rope_head_dim"]),
+            v_head_dim=int(cfg.get("v_head_dim") or cfg["qk_nope_head_dim"]),
+            q_lora_rank=cfg.get("q_lora_rank"), bias=bool(cfg.get("attention_bias", False)),
+        ),  # fmt: skip
+        kda=KDAConfig(
+            num_heads=int(lin.get("num_heads", cfg.get("linear_num_heads", heads))),
+            head_dim=int(lin.get("head_dim", cfg.get("linear_head_dim", 128))),
+            conv_kernel=int(lin.get("short_conv_kernel_size", cfg.get("linear_conv_kernel_dim", 4))),
+            norm_eps=eps,
+        ),
+    )
+
+
 TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "MambaForCausalLM": _mamba,
     "FalconMambaForCausalLM": _mamba,
@@ -308,6 +376,7 @@ TRANSLATORS: dict[str, Callable[[Mapping[str, Any], str], ModelConfig]] = {
     "Lfm2ForCausalLM": _lfm,
     "Lfm2MoeForCausalLM": _lfm,
     "Lfm3ForCausalLM": _lfm,
+    "KimiLinearForCausalLM": _kimi_linear,
 }
 # For configs that name no architecture.
 MODEL_TYPES = {
@@ -319,6 +388,7 @@ MODEL_TYPES = {
     "lfm2": "Lfm2ForCausalLM",
     "lfm2_moe": "Lfm2MoeForCausalLM",
     "lfm3": "Lfm3ForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
 }
 
 

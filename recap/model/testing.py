@@ -22,6 +22,7 @@ TINY_ARCHS = {
     "lfm2": "Lfm2ForCausalLM",
     "lfm2_moe": "Lfm2MoeForCausalLM",
     "lfm3": "Lfm3ForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
 }
 
 
@@ -60,6 +61,15 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
             kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1)
         if arch == "Lfm3ForCausalLM":
             kw.update(head_dim=16, sliding_window=12, conv_L_cache=5)
+    elif arch == "KimiLinearForCausalLM":
+        cls = tf.KimiLinearConfig
+        kw = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+              "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None,
+              "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "linear_num_heads": 4,
+              "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_shared_experts": 1, "pad_token_id": 0, "bos_token_id": 1,
+              "eos_token_id": 2}  # fmt: skip
     else:
         raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
     return cls(**{**common, **kw, **overrides})

@@ -8,7 +8,7 @@ import pytest
 
 from recap.model.testing import make_tiny_checkpoint
 
-ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba", "lfm3"]
+ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba", "lfm3", "kimi_linear"]
 
 
 def tiny_model_dir(root: Path, arch: str, **overrides: object) -> Path:

@@ -55,3 +55,39 @@ def test_lfm_refuses_what_it_cannot_run(tiny_checkpoint) -> None:  # noqa: ANN00
         translate_config({**raw, "sliding_window": None})
     with pytest.raises(UnsupportedArchitectureError, match="layer_types"):
         translate_config({**raw, "layer_types": ["conv", "mamba", "conv", "conv"]})
+
+
+def test_kimi_translation(tiny_checkpoint) -> None:  # noqa: ANN001
+    cfg = load_config(tiny_checkpoint("kimi_linear"))
+    assert cfg.layer_types == ("kda", "attention") * 2 and cfg.mlp_types == ("dense", "moe", "moe", "moe")
+    assert cfg.mla is not None and cfg.attention is None and cfg.kda is not None
+    m = cfg.moe
+    assert m is not None and (m.scoring, m.correction_bias, m.renormalize, m.shared_intermediate_size) == (
+        "sigmoid", True, True, 32)
+    # MLA caches the latent (16) and the rope key (8) per token, not K and V of 4 heads (2 x 4 x 24).
+    assert cfg.kv_bytes_per_token(torch.float32) == 2 * (16 + 8) * 4
+    caches = ModelCaches.allocate(cfg, num_kv_blocks=3, block_size=16, num_state_slots=2, dtype=torch.float32)
+    assert set(caches.kv[1].tensors) == {"latent", "rope"} and caches.kv[1].tensors["latent"].shape == (3, 16, 1, 16)
+    # A KDA slot: three conv windows (64 channels x 3) in the model dtype + a 4 x 16 x 16 fp32 state.
+    assert set(caches.state[0].tensors) == {"conv_q", "conv_k", "conv_v", "recurrent"}
+    assert cfg.state_bytes_per_slot(torch.bfloat16) == 2 * (3 * 64 * 3 * 2 + 4 * 16 * 16 * 4)
+
+
+@pytest.mark.parametrize("overrides", [{"q_lora_rank": 12}, {"n_group": 2, "topk_group": 1}])
+def test_kimi_variants_match_transformers(overrides: dict, tmp_path) -> None:  # noqa: ANN001
+    """The low-rank query path and grouped routing, against transformers' no-cache forward."""
+    from transformers import AutoModelForCausalLM
+
+    from recap.kernels.metadata import SeqSpec
+    from recap.model.loader import load_model
+    from recap.model.testing import forward_step, make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("kimi_linear", tmp_path, **overrides)
+    lm = load_model(path)
+    ids = torch.randint(0, 512, (37,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(path).eval()(torch.tensor([ids])).logits[0].float()
+    caches = ModelCaches.allocate(lm.config, 8, 16, 2, torch.float32)
+    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)])
+    logits = lm.model.compute_logits(hidden)
+    assert (logits - ref).abs().max() <= 1e-4 * ref.abs().max()

@@ -15,9 +15,11 @@ from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
+from recap.model.layers.kda import KDAMixer
 from recap.model.layers.linear import Linear, tied_linear
 from recap.model.layers.mamba1 import Mamba1Mixer
 from recap.model.layers.mamba2 import Mamba2Mixer
+from recap.model.layers.mla import MLAttention
 from recap.model.layers.mlp import MLP
 from recap.model.layers.moe import SparseMoE
 from recap.model.layers.norm import RMSNorm
@@ -30,6 +32,10 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
         return Mamba1Mixer(config.hidden_size, config.mamba1, dtype)
     if kind == "mamba2" and config.mamba2 is not None:
         return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
+    if kind == "attention" and config.mla is not None:
+        return MLAttention(config.hidden_size, config.mla, dtype)
+    if kind == "kda" and config.kda is not None:
+        return KDAMixer(config.hidden_size, config.kda, dtype)
     if kind == "attention" and config.attention is not None:
         return Attention(config.hidden_size, config.attention_config(layer), dtype, config.window_of(layer))
     if kind == "short_conv" and config.short_conv is not None:
@@ -49,6 +55,8 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: 
 
 def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
     """Call a mixer with its own cache tensors: K/V pages, or its state tensors (whatever its kind declares)."""
+    if isinstance(mixer, MLAttention):
+        return mixer(x, batch, caches.kv[layer])
     if isinstance(mixer, Attention):
         kv = caches.window[layer] if mixer.window else caches.kv[layer]
         return mixer(x, batch, kv.k_cache, kv.v_cache)
