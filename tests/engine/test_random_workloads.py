@@ -1,5 +1,6 @@
-"""A seeded hypothesis run of random workloads through the real engine on a 2-layer hybrid, and on an
-LFM3-shaped model (short convs, a full and a sliding-window attention layer, window 10 < block 16 < prefixes).
+"""A seeded hypothesis run of random workloads through the real engine on a 2-layer hybrid, on an LFM3-shaped
+model (short convs, a full and a sliding-window attention layer, window 10 < block 16 < prefixes) and on a
+Kimi-Linear-shaped one (KDA + MLA + MoE).
 
 Random shared prefixes, segment boundaries, chunk budgets, policies, tiny pools and aborts; after
 every step the core's integrity check runs (check_integrity=True), and every request that was not
@@ -32,6 +33,15 @@ def hybrid2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def lfm3_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
     kinds = ["conv", "sliding_attention", "full_attention", "conv"]
     return tiny_model_dir(tmp_path_factory.mktemp("lfm3w"), "lfm3", layer_types=kinds, sliding_window=10)
+
+
+@pytest.fixture(scope="module")
+def kimi2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(
+        tmp_path_factory.mktemp("kimi2"), "kimi_linear", num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"],
+    )  # fmt: skip
 
 
 def _alone(path: Path, prompt: list[int]) -> object:
@@ -74,6 +84,18 @@ def test_random_workloads_sliding_window(
 ) -> None:
     """Blocks leave the window mid-request, hits need the window only; preemptions (tiny pools) and aborts."""
     run_workload(lfm3_window, reqs, policy, budget, tiny_pools)
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reqs=st.lists(request, min_size=2, max_size=6),
+    policy=st.sampled_from(["align", "all", "recap"]),
+    budget=st.sampled_from([7, 29, 256]),
+    tiny_pools=st.booleans(),
+)
+def test_random_workloads_kimi_linear(kimi2: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
+    """KDA states checkpointed inside chunks, MLA latents in the KV blocks; preemptions and aborts."""
+    run_workload(kimi2, reqs, policy, budget, tiny_pools)
 
 
 def run_workload(path: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
