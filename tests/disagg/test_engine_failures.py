@@ -133,3 +133,12 @@ def test_pulled_transfer_registers_and_releases_both_sides(engines: list, config
         time.sleep(0.01)
     assert pre.stats.holds_expired == 0
     assert_clean(pre)
+
+
+def test_sliding_window_model_is_refused_at_startup(tmp_path: Path) -> None:
+    """The transfer moves full-attention blocks and states only: a window-group model fails before serving."""
+    from tests.engine.conftest import tiny_model_dir
+
+    config = engine_config(tiny_model_dir(tmp_path, "lfm3"))
+    with pytest.raises(ValueError, match="sliding-window"):
+        DisaggLLMEngine(config, KVTransferConfig(role="decode"))
