@@ -1,5 +1,6 @@
-"""LFM2 / LFM2-MoE / LFM3 configs: the translation (layer kinds, windows, per-layer attention, MoE routing) and
-the short-conv state kind's bytes (a checkpoint is the conv window alone)."""
+"""LFM2 / LFM2-MoE / LFM3 and Kimi-Linear configs: the translation (layer kinds, windows, per-layer attention,
+MoE routing), the state kinds' bytes (short conv: the conv window alone; KDA: three windows + a matrix), MLA's
+per-layer KV spec (latent + rope key), and Kimi-Linear variants against transformers."""
 
 from __future__ import annotations
 
