@@ -11,6 +11,10 @@ Checkpoints (seeded, built once into --cache-dir with transformers' own classes)
   MoE of 16 experts x 128 (top 4) plus a shared MLP (1024), muP multipliers, tied, vocab 32000), ~150M
 - qwen3_5-150m: Qwen3.5-shaped (d_model 768, 12 layers: Gated DeltaNet x 3 then gated attention, GDN 8 key
   heads x 64 / 16 value heads x 64, attention 8 x 128 (kv 2, rotary 1/4), MLP 2048, vocab 32000), ~143M
+- lfm2-150m: LFM2 (d_model 768, 12 layers: attention at 2, 5, 8, 11, short convs K=3, MLP 3072, vocab 65536)
+- kimi-linear-150m: Kimi-Linear (d_model 768, 8 layers: MLA at 3 and 7, KDA 6 heads x 128, dense MLP 2048 then
+  MoE 8 experts top-2 x 512 + 1 shared, vocab 32000)
+The bytes of one state slot (a checkpoint) and the KV bytes per token of each model are printed beside them.
 Measures (medians, fp32, batch 1 unless said): prefill of one 2048-token prompt; decode ms/step at
 batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N;
 recap's prefill again with a checkpoint written at every 16-token block boundary (128 states), to read the
@@ -54,6 +58,23 @@ def build_checkpoint(name: str, folder: Path) -> Path:
 
     if name in FAMILY_CHECKPOINTS:
         cls, cfg = FAMILY_CHECKPOINTS[name]()
+    elif name == "lfm2-150m":
+        cfg = tf.Lfm2Config(
+            vocab_size=65536, hidden_size=768, intermediate_size=4608, num_hidden_layers=12, num_attention_heads=12,
+            num_key_value_heads=4, full_attn_idxs=[2, 5, 8, 11], conv_L_cache=3, initializer_range=0.02,
+            block_multiple_of=256,
+        )  # fmt: skip
+        cls = tf.Lfm2ForCausalLM
+    elif name == "kimi-linear-150m":
+        cfg = tf.KimiLinearConfig(
+            vocab_size=32000, hidden_size=768, num_hidden_layers=8, intermediate_size=2048,
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, mlp_layer_types=["dense"] + ["sparse"] * 7,
+            num_attention_heads=6, num_key_value_heads=6, kv_lora_rank=256, q_lora_rank=None, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128, linear_num_heads=6, linear_head_dim=128, linear_conv_kernel_dim=4,
+            num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=512, n_shared_experts=1,
+            initializer_range=0.02, pad_token_id=0,
+        )  # fmt: skip
+        cls = tf.KimiLinearForCausalLM
     elif name == "mamba2-130m":
         cfg = tf.Mamba2Config(
             vocab_size=50280, hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, expand=2,
@@ -192,6 +213,10 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
     """Every metric is measured in rounds that alternate the engines, so load drift hits them alike."""
     lm = load_model(path)
     params = sum(p.numel() for p in lm.model.parameters())
+    cfg = lm.config
+    slot_bytes, kv_bytes = cfg.state_bytes_per_slot(torch.float32), cfg.kv_bytes_per_token(torch.float32)
+    print(f"{name}: one checkpoint (state slot) {slot_bytes} B = KV of {slot_bytes / max(kv_bytes, 1):.1f} tokens "
+          f"({kv_bytes} B/token, fp32)", flush=True)
     engines: list[Any] = [RecapEngine(lm.model, b) for b in args.backends]
     if not args.skip_hf:
         engines.append(HFEngine(path))
@@ -211,6 +236,7 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
         med = {k: statistics.median(samples[(e.name, k)]) for k in ("prefill", "b1", "b8")}
         rows.append({
             "model": name, "engine": e.name, "params_M": round(params / 1e6, 1),
+            "checkpoint_bytes": slot_bytes, "kv_bytes_per_token": kv_bytes,
             "prefill_tok_s": PREFILL_LEN / med["prefill"],
             "decode_ms_b1": 1e3 * med["b1"], "decode_ms_b8": 1e3 * med["b8"],
         })  # fmt: skip
@@ -225,14 +251,14 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
-        f"{'model':<12} {'engine':<15} {'prefill tok/s':>13} {'dec ms b1':>10} {'dec ms b8':>10} {'dec tok/s b8':>12}"
+        f"{'model':<18} {'engine':<15} {'prefill tok/s':>13} {'dec ms b1':>10} {'dec ms b8':>10} {'dec tok/s b8':>12}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         tps8 = 8e3 / r["decode_ms_b8"]
         print(
-            f"{r['model']:<12} {r['engine']:<15} {r['prefill_tok_s']:>13.1f} {r['decode_ms_b1']:>10.1f} "
+            f"{r['model']:<18} {r['engine']:<15} {r['prefill_tok_s']:>13.1f} {r['decode_ms_b1']:>10.1f} "
             f"{r['decode_ms_b8']:>10.1f} {tps8:>9.1f}"
         )
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
@@ -260,7 +286,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", nargs="+", default=["mamba2-130m", "hybrid-130m"],
-                    choices=["mamba2-130m", "hybrid-130m", "qwen3_5-150m", *FAMILY_CHECKPOINTS])  # fmt: skip
+                    choices=["mamba2-130m", "hybrid-130m", "qwen3_5-150m", "lfm2-150m", "kimi-linear-150m",
+                             *FAMILY_CHECKPOINTS])  # fmt: skip
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "recap" / "bench-models")
     ap.add_argument("--reps", type=int, default=3, help="rounds per metric (medians are reported)")
     ap.add_argument("--steps", type=int, default=12, help="recap decode steps per measurement")

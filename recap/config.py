@@ -58,16 +58,29 @@ class CacheLayout:
     block_size: int
     num_kv_blocks: int  # including the null block 0
     num_state_slots: int  # running slots and checkpoints share this pool
-    has_kv: bool  # the model has attention layers
+    has_kv: bool  # the model has full-attention layers
     has_state: bool  # the model has SSM layers
     kv_bytes_per_token: int = 0
     state_bytes_per_slot: int = 0
     flops_per_token: float = 1.0  # prefill FLOPs per token, for checkpoint utility
+    # The window group (sliding-window attention layers): the widest window in tokens (a query sees itself
+    # and the window - 1 tokens before it; 0: no window group) and its own block pool, null block included.
+    sliding_window: int = 0
+    num_window_blocks: int = 0
+    window_bytes_per_token: int = 0
+
+    @property
+    def has_window(self) -> bool:
+        return self.sliding_window > 0
 
     def __post_init__(self) -> None:
-        if not (self.has_kv or self.has_state):
+        if not (self.has_kv or self.has_state or self.has_window):
             raise ValueError("a model needs at least one cache group")
         if self.has_kv and self.num_kv_blocks < 2:
             raise ValueError("need at least one KV block besides the null block")
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0 tokens, got {self.sliding_window}")
+        if self.has_window and self.num_window_blocks < 2:
+            raise ValueError("need at least one window block besides the null block")
         if self.has_state and self.num_state_slots < 1:
             raise ValueError("need at least one state slot")

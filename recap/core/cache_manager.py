@@ -1,7 +1,8 @@
 """The coordinator over cache groups: the longest common hit, admission, growth and checkpoints.
 
 A hit for a hybrid model needs every group (DESIGN section 1): the largest n = k * block_size with
-n < num_tokens such that the first k KV blocks are cached and a checkpoint exists after k blocks.
+n < num_tokens such that the first k KV blocks are cached, a checkpoint exists after k blocks, and the
+window group (sliding-window layers) has the blocks of the window before n cached.
 Attention-only models hit on the KV prefix alone; SSM-only models on the checkpoint alone.
 """
 
@@ -20,6 +21,7 @@ from recap.core.request import Request
 from recap.core.seen_index import SeenIndex
 from recap.core.state_manager import StateManager
 from recap.core.state_pool import StatePool
+from recap.core.window_manager import WindowManager
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class CacheHit:
     # The prefix earlier requests computed as far as the cache remembers (>= kv_hit_tokens): the KV hit
     # continued through evicted blocks whose hashes the pool still remembers.
     seen_tokens: int = 0
+    # The window group's table for the hit (null ids for blocks out of the window); () without the group.
+    window_block_ids: tuple[int, ...] = ()
 
     @property
     def checkpoint_miss_tokens(self) -> int:
@@ -64,8 +68,15 @@ class CacheManager:
             pool = StatePool(layout.num_state_slots, bs, layout.state_bytes_per_slot, layout.flops_per_token)
             state_caching = self.enable_caching and cache_config.checkpoint_policy != "none"
             self.state = StateManager(pool, bs, state_caching)
+        self.window: WindowManager | None = None
+        if layout.has_window:
+            pool = BlockPool(layout.num_window_blocks)
+            self.window = WindowManager(pool, bs, self.enable_caching, layout.sliding_window)
         if self.kv is not None and self.state is not None:
             self.kv.pool.on_evict = self.state.pool.strand
+        if self.window is not None and self.state is not None and self.window.span:
+            # A checkpoint after block k needs window block k - 1: its eviction strands the checkpoint too.
+            self.window.pool.on_evict = self.state.pool.strand
         self.policy = CheckpointPolicy(cache_config, layout.has_state)
         if self.state is not None and self.policy.learns_yield:  # only recap learns from outcomes
             self.state.pool.on_outcome = self.policy.record_outcome
@@ -91,18 +102,40 @@ class CacheManager:
         max_blocks = min((request.num_tokens - 1) // bs, len(hashes))
         kv_blocks = self.kv.find_prefix(hashes, max_blocks) if self.kv else None
         kv_len = len(kv_blocks) if kv_blocks is not None else max_blocks
-        if self.state is None:
+        if self.state is None and self.window is None:
             return CacheHit(kv_len * bs, tuple(kv_blocks or ()), PAD_SLOT_ID, kv_len * bs, kv_len * bs)
-        k, slot = self.state.find_checkpoint(hashes, kv_len)
-        if self.kv is not None and kv_blocks is not None:
-            seen = self.kv.pool.recalled_prefix(hashes, kv_len, max_blocks)
-            return CacheHit(k * bs, tuple(kv_blocks[:k]), slot, kv_len * bs, seen * bs)
+        k, slot, window_ids = self._common_hit(hashes, kv_len)
+        if kv_blocks is not None:
+            seen = self.kv.pool.recalled_prefix(hashes, kv_len, max_blocks) if self.kv and self.state else kv_len
+            return CacheHit(k * bs, tuple(kv_blocks[:k]), slot, kv_len * bs, seen * bs, window_ids)
+        if self.state is None:  # sliding-window attention alone
+            return CacheHit(k * bs, (), PAD_SLOT_ID, k * bs, k * bs, window_ids)
         # No KV group: the seen index stands in for the KV prefix.
         seen = max(self.seen.prefix_len(hashes, max_blocks) if self.seen is not None else 0, k)
-        return CacheHit(k * bs, (), slot, seen * bs, seen * bs)
+        return CacheHit(k * bs, (), slot, seen * bs, seen * bs, window_ids)
+
+    def _common_hit(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int, tuple[int, ...]]:
+        """(k, checkpoint slot, window table): the deepest k <= max_blocks both the state and window groups serve.
+
+        Each group's answer for a bound is the deepest k it serves at or below the bound; a window hit
+        is not monotone in k, so the groups take turns lowering the bound until both agree (vLLM's
+        hybrid coordinator does the same fixed point).
+        """
+        k, slot = max_blocks, PAD_SLOT_ID
+        while True:
+            if self.state is not None:
+                k, slot = self.state.find_checkpoint(hashes, k)
+            if self.window is None:
+                return k, slot, ()
+            k_window, window_ids = self.window.find_hit(hashes, k)
+            if k_window == k:
+                return k, slot, tuple(window_ids)
+            k = k_window
 
     def can_admit(self, hit: CacheHit, num_new_tokens: int) -> bool:
         if self.kv and not self.kv.can_admit(hit.kv_block_ids, hit.num_tokens + num_new_tokens):
+            return False
+        if self.window and not self.window.can_admit(hit.window_block_ids, hit.num_tokens + num_new_tokens):
             return False
         return not (self.state and not self.state.can_admit(hit.checkpoint_slot))
 
@@ -116,11 +149,18 @@ class CacheManager:
             copy = self.state.admit(request.request_id, hit.checkpoint_slot)
         if self.kv:
             self.kv.admit(request.request_id, hit.kv_block_ids, hit.num_tokens + num_new_tokens)
+        if self.window:
+            self.window.admit(request.request_id, hit.window_block_ids, hit.num_tokens + num_new_tokens)
         self.policy.admit(request, hit.num_tokens, hit.kv_hit_tokens, hit.seen_tokens)
         return copy
 
-    def try_grow(self, request_id: str, num_tokens: int) -> bool:
-        """Extend the request's KV table to cover `num_tokens` tokens if the pool allows; False if not."""
+    def try_grow(self, request_id: str, num_tokens: int, num_computed: int = 0) -> bool:
+        """Extend the request's tables to cover `num_tokens` tokens if the pools allow; False if not.
+
+        The window group first frees the blocks the request, at `num_computed` tokens, no longer reads.
+        """
+        if self.window is not None:
+            return self._try_grow_groups(request_id, num_tokens, num_computed)
         kv = self.kv
         if kv is None:
             return True
@@ -133,9 +173,25 @@ class CacheManager:
         table += kv.pool.allocate(num_new)
         return True
 
+    def _try_grow_groups(self, request_id: str, num_tokens: int, num_computed: int) -> bool:
+        """try_grow with a window group: all tables grow or none does."""
+        assert self.window is not None
+        self.window.free_out_of_window(request_id, num_computed)
+        groups = [g for g in (self.kv, self.window) if g is not None]
+        need = [cdiv(num_tokens, self.block_size) - len(g.tables[request_id]) for g in groups]
+        if any(n > g.pool.num_free for n, g in zip(need, groups)):
+            return False
+        for n, g in zip(need, groups):
+            if n > 0:
+                g.tables[request_id] += g.pool.allocate(n)
+        return True
+
     def fits_alone(self, num_tokens: int) -> bool:
-        """Whether `num_tokens` tokens of one request fit the KV pool at all."""
-        return self.kv is None or cdiv(num_tokens, self.block_size) <= self.kv.pool.num_usable
+        """Whether `num_tokens` tokens of one request fit the KV pools at all (a chunk may need every block)."""
+        num_blocks = cdiv(num_tokens, self.block_size)
+        if self.window is not None and num_blocks > self.window.pool.num_usable:
+            return False
+        return self.kv is None or num_blocks <= self.kv.pool.num_usable
 
     # -- per-step plans and commits ----------------------------------------------------------------
     def plan_checkpoints(self, request: Request, start: int, end: int) -> list[CheckpointWrite]:
@@ -161,6 +217,8 @@ class CacheManager:
                 registered = state.commit(request, written)
             else:
                 state.pool.num_refused += len(written)  # writes nobody planned: never registered
+        if self.window is not None:
+            self.window.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
         if self.kv is not None:
             self.kv.cache_full_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
         elif self.seen is not None:
@@ -185,6 +243,9 @@ class CacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return self.kv.tables[request_id] if self.kv else []
 
+    def window_block_ids(self, request_id: str) -> list[int]:
+        return self.window.tables[request_id] if self.window else []
+
     def state_slot(self, request_id: str) -> int:
         return self.state.running[request_id] if self.state else PAD_SLOT_ID
 
@@ -192,12 +253,14 @@ class CacheManager:
     def free(self, request: Request) -> None:
         """Return everything the request holds; its registered blocks and checkpoints stay findable."""
         rid = request.request_id
-        if self.kv:
+        for group in (self.kv, self.window):
+            if group is None:
+                continue
             num_warm = None
             if self.state is not None:
                 # KV blocks past the deepest checkpoint of this chain cannot hit yet: evict them first.
-                num_warm, _ = self.state.find_checkpoint(request.block_hashes, self.kv.num_hashed(rid))
-            self.kv.free(rid, num_warm)
+                num_warm, _ = self.state.find_checkpoint(request.block_hashes, group.num_hashed(rid))
+            group.free(rid, num_warm)
         if self.state:
             self.state.free(rid)
         self._seen_upto.pop(rid, None)
@@ -207,6 +270,8 @@ class CacheManager:
         """Forget every cached block and checkpoint (call between steps: nothing pinned)."""
         if self.kv:
             self.kv.pool.reset()
+        if self.window:
+            self.window.pool.reset()
         if self.state:
             self.state.pool.reset()
             self.state.forget_provisional()

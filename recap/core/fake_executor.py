@@ -7,7 +7,8 @@ make the next prompt repeat this turn's output). Used by the core tests and by t
 With `validate=True` it also simulates what the real kernels would hold, and asserts it:
 the state of a slot is (p, P(p)), where P(p) is a polynomial hash of the request's first p tokens, and
 the KV of position i is P(i + 1). Before a chunk it checks the running slot holds the state after
-exactly `num_computed_tokens` tokens and every block-table entry below that holds the right prefix;
+exactly `num_computed_tokens` tokens and every block-table entry below that holds the right prefix (for the
+window group's table: every position inside the window of the chunk's first token, in its own memory);
 it writes the chunk's KV, the running state, and the state at each checkpoint position. A checkpoint
 published early, a wrong copy, or a block shared across different prefixes fails loudly.
 """
@@ -34,6 +35,7 @@ class FakeExecutor:
         vocab_size: int = 32000,
         validate: bool = False,
         token_lookup: Callable[[str], Sequence[int] | None] | None = None,
+        sliding_window: int = 0,
     ) -> None:
         if validate and token_lookup is None:
             raise ValueError("validate=True needs token_lookup (request id -> all its token ids)")
@@ -47,6 +49,8 @@ class FakeExecutor:
         self.num_tokens = 0
         self._slot_state: dict[int, tuple[int, int]] = {}
         self._kv: dict[int, int] = {}  # block_id * block_size + offset -> P(position + 1)
+        self.sliding_window = sliding_window
+        self._window_kv: dict[int, int] = {}  # the same for the window group's own blocks
         self._poly: dict[str, list[int]] = {}  # request id -> P(0), P(1), ...
 
     def force_output(self, request_id: str, token_ids: Sequence[int]) -> None:
@@ -74,6 +78,8 @@ class FakeExecutor:
                 self._simulate(
                     sr.request_id, sr.token_ids, sr.num_computed_tokens, sr.block_ids, sr.state_slot, sr.checkpoints
                 )
+                if self.sliding_window:
+                    self._simulate_window(sr.request_id, sr.num_computed_tokens, len(sr.token_ids), sr.window_block_ids)
             if sr.checkpoints:
                 out.written_checkpoints[sr.request_id] = list(sr.checkpoints)
             if sr.sample:
@@ -121,3 +127,15 @@ class FakeExecutor:
             for cp in checkpoints:
                 self._slot_state[cp.slot] = (cp.position, polys[cp.position])
             self._slot_state[state_slot] = (end, polys[end])
+
+    def _simulate_window(self, rid: str, start: int, n: int, block_ids: Sequence[int]) -> None:
+        """The chunk's first query sees positions start - window + 1 ..; later ones see less of the past."""
+        polys, bs = self._prefix_polys(rid, start + n), self.block_size
+        assert block_ids, f"{rid}: no window block table"
+        for pos in range(max(0, start - self.sliding_window + 1), start):
+            got = self._window_kv.get(block_ids[pos // bs] * bs + pos % bs)
+            assert block_ids[pos // bs] != 0, f"{rid}: window position {pos} in the null block"
+            assert got == polys[pos + 1], f"{rid}: window KV at position {pos} holds another prefix"
+        for pos in range(start, start + n):
+            assert block_ids[pos // bs] != 0, f"{rid}: writes window position {pos} into the null block"
+            self._window_kv[block_ids[pos // bs] * bs + pos % bs] = polys[pos + 1]

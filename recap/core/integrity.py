@@ -19,6 +19,7 @@ def check_scheduler(sched: Scheduler) -> None:
     """Raise AssertionError, naming the broken invariant, if any bookkeeping disagrees."""
     _check_queues(sched)
     _check_kv(sched)
+    _check_window(sched)
     _check_state(sched)
     _check_remote(sched)
     if sched.last_output is not None and sched._in_flight is sched.last_output:
@@ -71,6 +72,33 @@ def _check_kv(sched: Scheduler) -> None:
     for block in pool.blocks[1:]:
         assert block.ref_cnt == holders[block.block_id], f"block {block.block_id} ref {block.ref_cnt} != holders"
     assert pool.num_free + pool.num_in_use == pool.num_usable, "free + cached + in-use != total blocks"
+
+
+def _check_window(sched: Scheduler) -> None:
+    """The window group: as the KV group, plus null entries exactly where blocks left the window."""
+    window = sched.cache.window
+    if window is None:
+        return
+    pool = window.pool
+    pool.check()
+    running = _holders(sched)
+    assert set(window.tables) == set(running), "window tables held by requests that are not running"
+    holders: Counter[int] = Counter()
+    for rid, table in window.tables.items():
+        r = running[rid]
+        num_null = window.num_null(rid)
+        assert all(b == NULL_BLOCK_ID for b in table[:num_null]), f"{rid} holds a block out of its window"
+        live = table[num_null:]
+        holders.update(live)
+        assert NULL_BLOCK_ID not in live and PAD_SLOT_ID not in live, f"{rid} reads a null or pad window block"
+        assert num_null <= window.num_out_of_window(r.num_computed_tokens), f"{rid} freed a block still in its window"
+        assert len(table) >= cdiv(r.num_computed_tokens, window.block_size), f"{rid} window table too short"
+        for i, block_id in enumerate(live, num_null):
+            block_hash = pool.blocks[block_id].block_hash
+            assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} window block {i} from another chain"
+    for block in pool.blocks[1:]:
+        assert block.ref_cnt == holders[block.block_id], f"window block {block.block_id} ref != holders"
+    assert pool.num_free + pool.num_in_use == pool.num_usable, "free + cached + in-use != total window blocks"
 
 
 def _check_state(sched: Scheduler) -> None:
@@ -153,6 +181,13 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
             assert len(sr.block_ids) >= cdiv(end, bs), f"{sr.request_id} block table too short for its chunk"
             assert NULL_BLOCK_ID not in sr.block_ids and PAD_SLOT_ID not in sr.block_ids, "null/pad block in plan"
         assert (sr.state_slot != PAD_SLOT_ID) == has_state, f"{sr.request_id} state slot {sr.state_slot}"
+        window = sched.cache.window
+        if window is not None:  # running requests free what left the window before they step again
+            table = sr.window_block_ids
+            assert len(table) >= cdiv(end, bs), f"{sr.request_id} window table too short for its chunk"
+            num_null = window.num_out_of_window(start)
+            assert all(b != NULL_BLOCK_ID for b in table[num_null:]), f"{sr.request_id} window reads the null block"
+            assert all(b == NULL_BLOCK_ID for b in table[:num_null]), f"{sr.request_id} holds blocks out of its window"
         positions = [c.position for c in sr.checkpoints]
         assert positions == sorted(set(positions)), f"{sr.request_id} checkpoint positions not sorted/unique"
         for c in sr.checkpoints:

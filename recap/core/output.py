@@ -48,6 +48,9 @@ class ScheduledRequest:
     output_token_ids: list[int] = field(default_factory=list)
     # Return the logprobs of the prompt tokens this chunk predicts (Request.prompt_logprobs).
     prompt_logprobs: bool = False
+    # The window group's block table (sliding-window layers; [] without them): entries of blocks out of the
+    # window are the null block 0 and are never read.
+    window_block_ids: list[int] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:

@@ -42,12 +42,17 @@ class RemoteScheduling:
     def _check_stop(self, request: Request, token: int, num_tokens: int) -> RequestStatus | None:
         raise NotImplementedError
 
+    def _check_transferable(self) -> None:
+        if self.cache.window is not None:  # the transfer moves full-attention blocks and states only
+            raise ValueError("disaggregation does not support models with sliding-window attention layers yet")
+
     # -- prefill side ----------------------------------------------------------------------------
     def hold_on_finish(self, request_id: str) -> None:
         """When this request finishes (stop or length, prompt computed), keep its blocks, running slot and
         the checkpoints on its chain for a remote pull instead of freeing them."""
         if request_id not in self._requests:
             raise KeyError(f"unknown request {request_id!r}")
+        self._check_transferable()
         self.remote.hold_ids.add(request_id)
 
     def held(self, request_id: str) -> HeldRequest | None:
@@ -68,6 +73,7 @@ class RemoteScheduling:
         """
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        self._check_transferable()
         check_offer(request, offer)
         if request.num_prompt_tokens >= self.config.max_model_len or not self.cache.fits_alone(request.num_tokens + 1):
             request.status = RequestStatus.FINISHED_ERROR

@@ -175,7 +175,7 @@ class Scheduler(RemoteScheduling):
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             if n > budget:
                 n = budget
-            if not cache.try_grow(request.request_id, computed + n):  # hot path: one check, usually no-op
+            if not cache.try_grow(request.request_id, computed + n, computed):  # hot path: one check, usually no-op
                 preempted = True  # memory is short
                 if not self._make_room(request, n):
                     if request.is_finished:
@@ -192,7 +192,8 @@ class Scheduler(RemoteScheduling):
             # The KV pool cannot hold this sequence even alone: it has reached its memory length.
             self._finish_early(request, RequestStatus.FINISHED_LENGTH)
             return False
-        while not self.cache.try_grow(request.request_id, request.num_computed_tokens + n):
+        computed = request.num_computed_tokens
+        while not self.cache.try_grow(request.request_id, computed + n, computed):
             victim = self._running[-1]
             self._preempt_or_finish(victim)
             if victim is request:
@@ -256,6 +257,7 @@ class Scheduler(RemoteScheduling):
             request.prompt_token_ids,
             request.output_token_ids,
             request.prompt_logprobs,
+            list(cache.window.tables[rid]) if cache.window is not None else [],
         )
 
     # -- after the step ---------------------------------------------------------------------------

@@ -71,6 +71,8 @@ class DisaggLLMEngine(LLMEngine):
 
     def __init__(self, config: EngineConfig, transfer: KVTransferConfig) -> None:
         super().__init__(config)
+        if self.scheduler.cache.window is not None:  # fail at startup, not on the first transfer
+            raise ValueError("disaggregation does not support models with sliding-window attention layers yet")
         self.transfer_config = transfer
         self.kv_role = transfer.role
         self.stats = TransferStats()

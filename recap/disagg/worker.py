@@ -52,10 +52,10 @@ def gather(
     kv_layers, ssm_layers = sorted(caches.kv), sorted(caches.state)
     if kv_layers and blocks:
         idx = torch.tensor([held.block_ids[i] for i in blocks], dtype=torch.long)
-        for name in ("k", "v"):
-            stacked = torch.stack([getattr(caches.kv[i], f"{name}_cache").index_select(0, idx) for i in kv_layers])
+        for name in caches.kv[kv_layers[0]].tensors:  # k and v (MLA: latent and rope), every layer alike
+            stacked = torch.stack([caches.kv[i].tensors[name].index_select(0, idx) for i in kv_layers])
             names.append(name)
-            tensors.append(stacked)  # (layers, blocks, block_size, kv_heads, head_dim)
+            tensors.append(stacked)  # (layers, blocks, block_size, *per-token shape)
     offers = select_checkpoints(held, positions)
     written: list[int] = []
     if ssm_layers:
@@ -124,10 +124,9 @@ def scatter(
     writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     if kv_layers and plan.block_ids:
         idx = torch.tensor(plan.block_ids, dtype=torch.long)
-        for name in ("k", "v"):
-            ref = getattr(caches.kv[kv_layers[0]], f"{name}_cache")
+        for name, ref in caches.kv[kv_layers[0]].tensors.items():
             t = _expect(tensors.get(name), name, (len(kv_layers), len(plan.block_ids), *ref.shape[1:]), ref.dtype)
-            writes += [(getattr(caches.kv[i], f"{name}_cache"), idx, t[n]) for n, i in enumerate(kv_layers)]
+            writes += [(caches.kv[i].tensors[name], idx, t[n]) for n, i in enumerate(kv_layers)]
     if ssm_layers:
         slots, pick = torch.tensor(rows, dtype=torch.long), torch.tensor(keep, dtype=torch.long)
         expected = {f"state.{name}" for name, _ in caches.named_state_tensors()}

@@ -33,8 +33,12 @@ def causal_conv1d_varlen(
     conv_state: torch.Tensor,
     meta: SSMMetadata,
     activation: str | None = "silu",
+    slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal depthwise conv of every row; updates the running and checkpoint slots of conv_state."""
+    """Causal depthwise conv of every row; updates the running and checkpoint slots of conv_state.
+
+    slot_positions (optional): record the position of every slot written (a layer whose whole state is
+    the conv window, e.g. LFM2's short conv, reports provenance from here)."""
     t, d = x.shape
     k = weight.shape[1]
     nb = meta.state_indices.numel()
@@ -69,8 +73,9 @@ def causal_conv1d_varlen(
         # window after a chunk: the K-1 inputs ending there, at buffer offsets cu[c+1] + row * (K-1) + 0..K-2
         start = meta.cu_chunk_seqlens[1:] + crow * (k - 1)  # (c,)
         windows = buf[start[:, None] + torch.arange(k - 1, device=x.device)].transpose(1, 2)  # (c, d, k-1)
-        write_slots(conv_state, meta.chunk_dest_slots, windows)
-        write_slots(conv_state, meta.state_indices, windows[meta.last_chunk_indices])
+        last = meta.last_chunk_indices
+        write_slots(conv_state, meta.chunk_dest_slots, windows, slot_positions, meta.chunk_end_positions)
+        write_slots(conv_state, meta.state_indices, windows[last], slot_positions, meta.chunk_end_positions[last])
     return y.to(x.dtype)
 
 
@@ -160,6 +165,7 @@ def causal_conv1d_ref(
     conv_state: torch.Tensor,
     meta: SSMMetadata,
     activation: str | None = "silu",
+    slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain per-row, per-token reference of causal_conv1d_varlen (same signature and side effects)."""
     d, k = weight.shape
@@ -186,6 +192,10 @@ def causal_conv1d_ref(
             window = xp[:, e : e + k - 1]
             if meta.chunk_dest_slots_list[c] != PAD_SLOT_ID:
                 conv_state[meta.chunk_dest_slots_list[c]] = window.to(conv_state.dtype)
+                if slot_positions is not None:
+                    slot_positions[meta.chunk_dest_slots_list[c]] = meta.chunk_end_positions_list[c]
         if k > 1:
             conv_state[slot] = xp[:, end - start : end - start + k - 1].to(conv_state.dtype)
+            if slot_positions is not None:
+                slot_positions[slot] = meta.chunk_end_positions_list[int(meta.last_chunk_indices[row])]
     return _activate(y, activation).to(x.dtype)

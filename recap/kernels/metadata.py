@@ -12,7 +12,7 @@ Glossary
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,9 @@ class SeqSpec:
     checkpoints: Sequence[tuple[int, int]] = ()
     sample: bool = True
     padding: bool = False  # a padding row: no KV slots, no state slot, never sampled
+    # The window group's table (sliding-window layers; out-of-window entries are the null block 0).
+    # None: the same table as block_ids (one-sequence helpers whose pools mirror each other).
+    window_block_ids: Sequence[int] | None = None
 
 
 @dataclass
@@ -88,6 +91,8 @@ class ForwardBatch:
     num_tokens: int
     # (row, position, slot) of every checkpoint the SSM kernels write this step.
     planned_checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    # The sliding-window layers' paging (their own block pool and tables); None without such layers.
+    window_attn: AttentionMetadata | None = None
 
 
 def _chunk_bounds(context_len: int, n: int, chunk_size: int, cuts: Sequence[int]) -> list[int]:
@@ -107,6 +112,7 @@ def build_forward_batch(
     with_attention: bool,
     with_ssm: bool,
     device: torch.device | str = "cpu",
+    with_window: bool = False,
 ) -> ForwardBatch:
     """Pack rows into one ForwardBatch. Every row must have at least one token."""
     if not seqs:
@@ -114,7 +120,6 @@ def build_forward_batch(
     ids: list[int] = []
     positions: list[int] = []
     qsl = [0]
-    slot_mapping: list[int] = []
     logits_indices: list[int] = []
     sample_rows: list[int] = []
     for row, s in enumerate(seqs):
@@ -127,39 +132,16 @@ def build_forward_batch(
         if s.sample and not s.padding:
             logits_indices.append(qsl[-1] - 1)
             sample_rows.append(row)
-        if with_attention:
-            if s.padding:
-                slot_mapping.extend([PAD_SLOT_ID] * n)
-                continue
-            need = -(-(s.context_len + n) // block_size)
-            if len(s.block_ids) < need:
-                raise ValueError(f"row {row}: {len(s.block_ids)} blocks for {s.context_len + n} tokens")
-            for p in range(s.context_len, s.context_len + n):
-                slot_mapping.append(int(s.block_ids[p // block_size]) * block_size + p % block_size)
 
     def t(x: list[int] | list[bool], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.tensor(x, dtype=dtype, device=device)
 
     is_decode = all(len(s.token_ids) == 1 for s in seqs)
-    context_lens = [s.context_len for s in seqs]
-    seq_lens = [s.context_len + len(s.token_ids) for s in seqs]
-    attn = None
-    if with_attention:
-        max_blocks = max(1, max(len(s.block_ids) for s in seqs))
-        tables = [list(map(int, s.block_ids)) + [PAD_SLOT_ID] * (max_blocks - len(s.block_ids)) for s in seqs]
-        attn = AttentionMetadata(
-            block_size=block_size,
-            slot_mapping=t(slot_mapping),
-            block_tables=t(tables),
-            context_lens=t(context_lens),
-            seq_lens=t(seq_lens),
-            query_start_loc=t(qsl),
-            context_lens_list=context_lens,
-            seq_lens_list=seq_lens,
-            query_start_loc_list=qsl,
-            is_padding=[s.padding for s in seqs],
-            is_decode=is_decode,
-        )
+    attn = _attention_metadata(seqs, [s.block_ids for s in seqs], qsl, block_size, t) if with_attention else None
+    window_attn = None
+    if with_window:
+        tables = [s.block_ids if s.window_block_ids is None else s.window_block_ids for s in seqs]
+        window_attn = _attention_metadata(seqs, tables, qsl, block_size, t, window=True)
     ssm = None
     planned: list[tuple[int, int, int]] = []
     if with_ssm:
@@ -220,4 +202,51 @@ def build_forward_batch(
         num_seqs=len(seqs),
         num_tokens=len(ids),
         planned_checkpoints=planned,
+        window_attn=window_attn,
+    )
+
+
+def _attention_metadata(
+    seqs: Sequence[SeqSpec],
+    tables: Sequence[Sequence[int]],
+    qsl: list[int],
+    block_size: int,
+    t: Callable[..., torch.Tensor],
+    window: bool = False,
+) -> AttentionMetadata:
+    """Paging of one attention group: slot mapping of the new tokens and padded block tables.
+
+    `window`: the table belongs to the window group, whose leading entries may be the null block 0 (blocks
+    out of the window); the new tokens must never map there.
+    """
+    slot_mapping: list[int] = []
+    for row, (s, table) in enumerate(zip(seqs, tables)):
+        n = len(s.token_ids)
+        if s.padding:
+            slot_mapping.extend([PAD_SLOT_ID] * n)
+            continue
+        need = -(-(s.context_len + n) // block_size)
+        if len(table) < need:
+            raise ValueError(f"row {row}: {len(table)} blocks for {s.context_len + n} tokens")
+        for p in range(s.context_len, s.context_len + n):
+            block = int(table[p // block_size])
+            if window and block == 0:
+                raise ValueError(f"row {row}: position {p} maps to the null block")
+            slot_mapping.append(block * block_size + p % block_size)
+    context_lens = [s.context_len for s in seqs]
+    seq_lens = [s.context_len + len(s.token_ids) for s in seqs]
+    max_blocks = max(1, max(len(b) for b in tables))
+    padded = [list(map(int, b)) + [PAD_SLOT_ID] * (max_blocks - len(b)) for b in tables]
+    return AttentionMetadata(
+        block_size=block_size,
+        slot_mapping=t(slot_mapping),
+        block_tables=t(padded),
+        context_lens=t(context_lens),
+        seq_lens=t(seq_lens),
+        query_start_loc=t(qsl),
+        context_lens_list=context_lens,
+        seq_lens_list=seq_lens,
+        query_start_loc_list=qsl,
+        is_padding=[s.padding for s in seqs],
+        is_decode=all(len(s.token_ids) == 1 for s in seqs),
     )

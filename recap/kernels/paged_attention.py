@@ -6,6 +6,9 @@ Glossary
 - row b: its new queries sit at absolute positions [context_len, seq_len) and attend every key at a
   position <= their own, read through block_tables[b] (entries past the row's blocks are PAD_SLOT_ID).
 - decode row: a row with one new token; all of them are attended in one padded batch (gather + mask).
+- sliding_window w (None: full attention): a query at position p sees only keys at p - w + 1 .. p. Blocks
+  entirely before the window of a row's first query are never read (their table entries may be the null
+  block: the window group frees them while the request runs).
 """
 
 from __future__ import annotations
@@ -36,12 +39,16 @@ def write_kv(
     _flat(v_cache).index_copy_(0, slots, v[keep].to(v_cache.dtype))
 
 
-def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+def _gather_blocks(
+    cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Tensor, key_start: int = 0
+) -> torch.Tensor:
     """fp32 [b, Hkv, L, Dh] of each row's cached tokens, L = the longest row rounded up to whole blocks.
 
     One index per block, not per token. Only blocks a row owns are read: past its last needed block a row
     re-reads its own first block instead of its table's PAD_SLOT_ID entries. Positions at or past seq_len
     are zeroed (stale or never-written cache memory may hold NaN, which a mask alone would not stop).
+    `tables` may start mid-sequence (a window): then seq_lens count from its first block, and positions
+    before `key_start` (relative to it) are zeroed as well.
     """
     nb, bs, hkv, dh = cache.shape
     b = tables.shape[0]
@@ -50,7 +57,8 @@ def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, seq_lens: torch.Te
     need = torch.arange(width, device=tables.device) < nblk[:, None]  # (b, width)
     ids = torch.where(need, tables[:, :width], tables[:, :1])
     kv = cache.index_select(0, ids.flatten()).view(b, width * bs, hkv, dh)
-    past = torch.arange(width * bs, device=tables.device) >= seq_lens[:, None]  # (b, l)
+    pos = torch.arange(width * bs, device=tables.device)
+    past = (pos >= seq_lens[:, None]) | (pos < key_start)  # (b, l)
     if bool(past.any()):
         kv = kv.masked_fill(past[:, :, None, None], 0.0)
     return kv.transpose(1, 2).float().contiguous()  # (b, hkv, l, dh)
@@ -63,8 +71,11 @@ def _decode_rows(
     meta: AttentionMetadata,
     rows: list[int],
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query per row for `rows`, batched: gather their blocks into [b, L, Hkv, Dh] + mask.
+
+    With a window, each row gathers from the block holding its first visible key (a per-row offset).
 
     The gathered K/V stay in the cache's token-major layout (SDPA reads the head-major views; a transposing
     copy plus a masked_fill over the whole gather made this ~5x slower at batch 8). Positions at or past
@@ -74,13 +85,20 @@ def _decode_rows(
     nb, bs, hkv, dh = k_cache.shape
     b = len(rows)
     rows_t = torch.tensor(rows, device=dev)
-    seq = meta.seq_lens[rows_t]  # (b,)
-    width = -(-max(meta.seq_lens_list[r] for r in rows) // bs)
-    tables = meta.block_tables[rows_t, :width]  # (b, width)
+    seq_list = [meta.seq_lens_list[r] for r in rows]
+    first_list = [0] * b if window is None else [max(0, s - window) // bs for s in seq_list]  # first block read
+    width = max(-(-s // bs) - f for s, f in zip(seq_list, first_list))
+    first = torch.tensor(first_list, device=dev)
+    seq = meta.seq_lens[rows_t] - first * bs  # (b,) counted from each row's first block
+    cols = (first[:, None] + torch.arange(width, device=dev)).clamp_max(meta.block_tables.shape[1] - 1)
+    tables = meta.block_tables[rows_t[:, None], cols]  # (b, width)
     need = torch.arange(width, device=dev) < ((seq + bs - 1) // bs)[:, None]
     ids = torch.where(need, tables, tables[:, :1]).flatten()  # past a row's blocks: its own first block again
     length = width * bs
-    past = torch.arange(length, device=dev) >= seq[:, None]  # (b, l)
+    pos = torch.arange(length, device=dev)
+    past = pos >= seq[:, None]  # (b, l)
+    if window is not None:  # keys before the window of the row's query (position seq - 1)
+        past |= pos < (seq - window)[:, None]
     fill = past.flatten().nonzero().squeeze(1)
     kv = []
     for cache in (k_cache, v_cache):
@@ -95,8 +113,17 @@ def _decode_rows(
     return out.reshape(b, hq, dh)
 
 
-def _prefill_attention(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, ctx: int, scale: float) -> torch.Tensor:
-    """One row's queries (hq, n, dh) at positions ctx.. over its keys (hkv, s, dh), causal -> (hq, n, dh).
+def _prefill_attention(
+    qq: torch.Tensor,
+    kk: torch.Tensor,
+    vv: torch.Tensor,
+    ctx: int,
+    scale: float,
+    key_start: int = 0,
+    window: int | None = None,
+) -> torch.Tensor:
+    """One row's queries (hq, n, dh) at positions ctx.. over its keys (hkv, s, dh) at positions key_start..,
+    causal (and inside the window, if any) -> (hq, n, dh).
 
     K/V heads are expanded to hq and the inputs made 4-D: that keeps SDPA on its fused CPU kernel (with
     enable_gqa, or 3-D inputs, it falls back to the math path: ~5x slower at 2048 tokens, and it builds
@@ -107,11 +134,15 @@ def _prefill_attention(qq: torch.Tensor, kk: torch.Tensor, vv: torch.Tensor, ctx
     if hkv != hq:
         kk = kk[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
         vv = vv[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
-    if ctx == 0:
+    if ctx == 0 and key_start == 0 and (window is None or window >= n):
         o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], is_causal=True, scale=scale)
     else:
-        # query i sits at position ctx + i and sees keys 0..ctx + i
-        mask = torch.arange(s, device=qq.device) <= torch.arange(ctx, s, device=qq.device)[:, None]
+        # query i sits at position ctx + i and sees keys key_start..ctx + i (and > ctx + i - window)
+        kpos = torch.arange(key_start, key_start + s, device=qq.device)
+        qpos = torch.arange(ctx, ctx + n, device=qq.device)[:, None]
+        mask = kpos <= qpos
+        if window is not None:
+            mask &= kpos > qpos - window
         o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], attn_mask=mask, scale=scale)
     return o[0]
 
@@ -124,8 +155,10 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Write the new K/V, then causal attention of every row's new queries over its whole sequence.
+    """Write the new K/V, then causal attention of every row's new queries over its whole sequence
+    (over the last `sliding_window` positions of each query, if given).
 
     Padding rows output zeros and read nothing.
     """
@@ -136,20 +169,23 @@ def paged_attention(
     single = [r for r in rows if qsl[r + 1] - qsl[r] == 1]
     if single:
         starts = torch.tensor([qsl[r] for r in single], device=q.device)
-        out[starts] = _decode_rows(q, k_cache, v_cache, meta, single, scale).to(q.dtype)
+        out[starts] = _decode_rows(q, k_cache, v_cache, meta, single, scale, sliding_window).to(q.dtype)
     for r in rows:
         start, end = qsl[r], qsl[r + 1]
         if end - start == 1:
             continue
         ctx, seq = meta.context_lens_list[r], meta.seq_lens_list[r]
+        first = 0 if sliding_window is None else max(0, ctx - sliding_window + 1) // meta.block_size
+        key_start = first * meta.block_size  # the first position read: the start of the first block needed
         if ctx == 0 and k.dtype == k_cache.dtype:  # every key is new: take them from k/v, not the cache
             kk, vv = k[start:end].float().transpose(0, 1), v[start:end].float().transpose(0, 1)  # (hkv, s, dh)
         else:
-            table, seq_t = meta.block_tables[r : r + 1], meta.seq_lens[r : r + 1]
-            kk = _gather_blocks(k_cache, table, seq_t)[0, :, :seq]  # (hkv, s, dh)
-            vv = _gather_blocks(v_cache, table, seq_t)[0, :, :seq]
+            table, seq_t = meta.block_tables[r : r + 1, first:], meta.seq_lens[r : r + 1] - key_start
+            lo = 0 if sliding_window is None else max(0, ctx - sliding_window + 1) - key_start
+            kk = _gather_blocks(k_cache, table, seq_t, lo)[0, :, : seq - key_start]  # (hkv, s, dh)
+            vv = _gather_blocks(v_cache, table, seq_t, lo)[0, :, : seq - key_start]
         qq = q[start:end].float().transpose(0, 1)  # (hq, n, dh)
-        o = _prefill_attention(qq, kk, vv, ctx, scale)
+        o = _prefill_attention(qq, kk, vv, ctx, scale, key_start, sliding_window)
         out[start:end] = o.transpose(0, 1).to(q.dtype)  # (n, hq, dh)
     return out
 
@@ -162,8 +198,12 @@ def paged_attention_ref(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Plain reference of paged_attention: per row, gather block by block, explicit masked softmax."""
+    """Plain reference of paged_attention: per row, gather block by block, explicit masked softmax.
+
+    With a window, only the blocks from the one holding the first query's first visible key are read, and
+    keys outside a query's window are zeroed as well as masked (they may hold anything)."""
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     group = q.shape[1] // k.shape[1]
@@ -171,12 +211,20 @@ def paged_attention_ref(
     for r, (ctx, seq) in enumerate(zip(meta.context_lens_list, meta.seq_lens_list)):
         if meta.is_padding[r]:
             continue
-        blocks = [int(b) for b in meta.block_tables[r][: -(-seq // bs)]]
-        kk = torch.cat([k_cache[b] for b in blocks])[:seq].float().repeat_interleave(group, dim=1)  # (s, hq, dh)
-        vv = torch.cat([v_cache[b] for b in blocks])[:seq].float().repeat_interleave(group, dim=1)
+        lo = 0 if sliding_window is None else max(0, ctx - sliding_window + 1)
+        first = lo // bs
+        blocks = [int(b) for b in meta.block_tables[r][first : -(-seq // bs)]]
+        kpos = torch.arange(first * bs, seq)
+        visible = (kpos >= lo)[:, None, None]
+        kk = torch.cat([k_cache[b] for b in blocks])[: seq - first * bs].float().repeat_interleave(group, dim=1)
+        vv = torch.cat([v_cache[b] for b in blocks])[: seq - first * bs].float().repeat_interleave(group, dim=1)
+        kk, vv = kk.where(visible, 0.0), vv.where(visible, 0.0)  # (s, hq, dh)
         start, end = meta.query_start_loc_list[r], meta.query_start_loc_list[r + 1]
         logits = torch.einsum("nhd,shd->hns", q[start:end].float(), kk) * scale  # (hq, n, s)
         qpos = torch.arange(ctx, seq)[:, None]
-        logits = logits.masked_fill(torch.arange(seq)[None, :] > qpos, -torch.inf)
+        hidden = kpos[None, :] > qpos
+        if sliding_window is not None:
+            hidden |= kpos[None, :] <= qpos - sliding_window
+        logits = logits.masked_fill(hidden, -torch.inf)
         out[start:end] = torch.einsum("hns,shd->nhd", logits.softmax(-1), vv).to(q.dtype)
     return out

@@ -11,7 +11,7 @@ into slot s; the runner reads it to report checkpoint provenance (DESIGN invaria
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,8 +22,24 @@ UNWRITTEN = -1  # slot_positions value of a slot no kernel has written
 
 @dataclass
 class KVCache:
-    k_cache: torch.Tensor  # [NB, block_size, Hkv, Dh]
-    v_cache: torch.Tensor
+    """One attention layer's paged tensors by name, each [NB, block_size, *per-token shape], as the layer's
+    kind declares (`ModelConfig.kv_specs`): `k` and `v` [Hkv, Dh] for attention, `latent` and `rope` for MLA."""
+
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        return self.tensors["k"]
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self.tensors["v"]
+
+    def token_bytes(self) -> int:
+        return sum(t[0, 0].nbytes for t in self.tensors.values())
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass
@@ -41,12 +57,15 @@ class StateCache:
 
 @dataclass
 class ModelCaches:
-    kv: dict[int, KVCache]  # by layer index
+    kv: dict[int, KVCache]  # by layer index: full-attention layers (the KV group)
     state: dict[int, StateCache]  # by layer index
     slot_positions: torch.Tensor  # [S] int64
     block_size: int
     num_kv_blocks: int
     num_state_slots: int
+    # Sliding-window layers (the window group), by layer index, over their own pool of blocks.
+    window: dict[int, KVCache] = field(default_factory=dict)
+    num_window_blocks: int = 0
 
     @classmethod
     def allocate(
@@ -57,16 +76,24 @@ class ModelCaches:
         num_state_slots: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        num_window_blocks: int | None = None,
     ) -> ModelCaches:
-        """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`)."""
+        """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`).
+
+        num_window_blocks: the window group's pool (None: as many blocks as the KV pool)."""
+        if num_window_blocks is None:
+            num_window_blocks = num_kv_blocks if config.window_layers else 0
         kv: dict[int, KVCache] = {}
-        if config.attention is not None:
-            a = config.attention
-            shape = (num_kv_blocks, block_size, a.num_kv_heads, a.head_dim)
-            for i in config.attention_layers:
-                kv[i] = KVCache(
-                    torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-                )
+        window: dict[int, KVCache] = {}
+        for layers, into, num_blocks in (
+            (config.full_attention_layers, kv, num_kv_blocks),
+            (config.window_layers, window, num_window_blocks),
+        ):
+            for i in layers:
+                into[i] = KVCache({
+                    name: torch.zeros((num_blocks, block_size, *shape), dtype=dtype, device=device)
+                    for name, shape in config.kv_specs(i)
+                })  # fmt: skip
         state: dict[int, StateCache] = {}
         for i in config.ssm_layers:
             state[i] = StateCache({
@@ -81,6 +108,8 @@ class ModelCaches:
             block_size=block_size,
             num_kv_blocks=num_kv_blocks,
             num_state_slots=num_state_slots,
+            window=window,
+            num_window_blocks=num_window_blocks,
         )
 
     @torch.inference_mode()  # also valid when the caches were allocated under inference mode
@@ -109,9 +138,12 @@ class ModelCaches:
         return sum(s.slot_bytes() for s in self.state.values())
 
     def kv_bytes_per_token(self) -> int:
-        return sum((c.k_cache[0, 0].nbytes + c.v_cache[0, 0].nbytes) for c in self.kv.values())
+        return sum(c.token_bytes() for c in self.kv.values())
+
+    def window_bytes_per_token(self) -> int:
+        return sum(c.token_bytes() for c in self.window.values())
 
     def total_bytes(self) -> int:
-        kv = sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.kv.values())
+        kv = sum(c.nbytes() for c in [*self.kv.values(), *self.window.values()])
         st = sum(t.nbytes for t in self.state_tensors())
         return kv + st + self.slot_positions.nbytes

@@ -2,7 +2,8 @@
 
 One translator per architecture turns the HF dict into normalized per-layer lists:
 - `layer_types[i]`: the token mixer of layer i and so its caches:
-    "mamba1" | "mamba2" | "gdn" (Gated DeltaNet) (a state slot part), "attention" (KV), "none" (no
+    "mamba1" | "mamba2" | "gdn" (Gated DeltaNet) | "short_conv" | "kda" (Kimi Delta Attention) (a state slot
+    part), "attention" (KV: softmax attention, or MLA when `ModelConfig.mla` is set), "none" (no
     mixer: an MLP/MoE-only layer, Nemotron-H), "hybrid" (attention AND a Mamba2 state in one layer: Falcon-H1's parallel
     mixers, Zamba2's shared-transformer layers; the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
@@ -13,16 +14,17 @@ one short model file in `recap/model/models/`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from recap.model.state_spec import StateTensorSpec, check_specs, conv_window_spec
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention", "gdn", "none", "hybrid")
+LAYER_TYPES = ("mamba1", "mamba2", "attention", "gdn", "none", "hybrid", "short_conv", "kda")
 ATTENTION_LAYER_TYPES = ("attention", "hybrid")  # layers with a KV cache
 # Layers with a part of the state slot: the recurrent kinds ("hybrid" = attention and Mamba2 side by side).
-SSM_LAYER_TYPES = ("mamba1", "mamba2", "gdn", "hybrid")
+SSM_LAYER_TYPES = ("mamba1", "mamba2", "gdn", "hybrid", "short_conv", "kda")
 MLP_TYPES = ("none", "dense", "moe")
 # Mamba1 has no chunked algorithm; the runner still cuts rows on this grid (cheap and harmless).
 DEFAULT_MAMBA1_CHUNK = 256
@@ -53,6 +55,45 @@ class AttentionConfig:
     # per head) and the output is o * sigmoid(g) (Qwen3.5 / Qwen3-Next gated attention).
     qk_norm: str = "none"
     output_gate: bool = False
+    qk_norm_eps: float = 1e-6  # Attention's "head" norms (LFM); GatedAttention takes its family's eps
+    head_gate: bool = False  # each head's output scaled by sigmoid(g_proj(x)), one scalar per head (LFM3)
+    # "Proportional" RoPE (LFM3 full attention): only the first rope_angles of the rotary_dim / 2 frequency
+    # pairs turn (frequencies from rotary_dim), the rest stay put; None: every pair turns.
+    rope_angles: int | None = None
+
+    def kv_specs(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """What the layer caches per token: (name, shape) of each paged tensor."""
+        return ("k", (self.num_kv_heads, self.head_dim)), ("v", (self.num_kv_heads, self.head_dim))
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2 MLA; Kimi-Linear's, without positional encoding).
+
+    Per token the layer caches only the compressed latent c (kv_lora_rank, after kv_a_layernorm) and the
+    shared rope key (qk_rope_head_dim); K and V of every head are expanded from c by kv_b_proj when read.
+    """
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
+    bias: bool = False  # on q_a_proj, kv_a_proj_with_mqa and o_proj
+    norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def kv_specs(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        return ("latent", (1, self.kv_lora_rank)), ("rope", (1, self.qk_rope_head_dim))
+
+    def flops_weights(self, hidden: int) -> int:
+        w = hidden * self.num_heads * self.qk_head_dim + hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+        w += self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return w + self.num_heads * self.v_head_dim * hidden
 
 
 @dataclass(frozen=True)
@@ -249,6 +290,41 @@ class GatedDeltaNetConfig:
 
 
 @dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2's gated short convolution: y = out_proj(C * conv(B * x)), [B | C | x] = in_proj(h); state = conv window."""
+
+    dim: int  # channels (the hidden size)
+    kernel: int  # conv taps (conv_L_cache)
+    bias: bool = False  # on in_proj, the conv and out_proj
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        return (conv_window_spec(self.dim, self.kernel),)
+
+
+@dataclass(frozen=True)
+class KDAConfig:
+    """Kimi Delta Attention: q, k, v through their own short convs (silu), a per-channel forget gate, a delta
+    rule over a [head_dim, head_dim] matrix state per head, a gated RMSNorm on the output."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+    norm_eps: float = 1e-5
+
+    @property
+    def dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        convs = tuple(conv_window_spec(self.dim, self.conv_kernel, f"conv_{x}") for x in "qkv")
+        return *convs, StateTensorSpec("recurrent", (self.num_heads, self.head_dim, self.head_dim), torch.float32)
+
+    def flops_weights(self, hidden: int) -> int:
+        d, hd = self.dim, self.head_dim
+        return 4 * hidden * d + 2 * (hidden * hd + hd * d) + hidden * self.num_heads  # q k v o, f_a/b, g_a/b, b
+
+
+@dataclass(frozen=True)
 class SharedBlocksConfig:
     """Transformer blocks whose weights several layers share, each use with its own low-rank adapters (Zamba2).
 
@@ -278,19 +354,26 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # h + branch * m (Granite)
     logits_multiplier: float = 1.0  # lm_head(h) * m (Granite: 1 / logits_scaling; Falcon-H1 lm_head_multiplier)
     attention: AttentionConfig | None = None
-    # Per-layer attention settings, one entry per layer (None: `attention`); the KV cache allocates one
-    # shape for every attention layer, so entries may differ from `attention` in anything but that shape.
+    # Per-layer attention settings, one entry per layer (None: `attention`); entries may differ from
+    # `attention` in anything but the KV shape (LFM3's sliding-window layers: their own RoPE).
     layer_attention: tuple[AttentionConfig | None, ...] = ()
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
     mamba1: Mamba1Config | None = None
     mamba2: Mamba2Config | None = None
     gdn: GatedDeltaNetConfig | None = None
+    short_conv: ShortConvConfig | None = None
+    mla: MLAConfig | None = None  # set: the attention layers are MLA (Kimi-Linear)
+    kda: KDAConfig | None = None
     shared_blocks: SharedBlocksConfig | None = None
+    post_norms: bool = False  # RMSNorms on the mixer's and the feed-forward's outputs as well (LFM3's sandwich)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
     max_position_embeddings: int | None = None
+    # Per layer: the sliding window (tokens a query sees, itself included) of an attention layer, 0 for full
+    # attention and for other layers; () when no layer has one. Window layers form the window cache group.
+    attention_windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.mlp_types):
@@ -298,11 +381,20 @@ class ModelConfig:
         for kind in self.layer_types:
             if kind not in LAYER_TYPES:
                 raise ValueError(f"unknown layer type {kind!r}")
-            needs = {"mamba1": (self.mamba1,), "mamba2": (self.mamba2,), "attention": (self.attention,),
-                     "gdn": (self.gdn,), "none": (), "hybrid": (self.attention, self.mamba2)}[kind]  # fmt: skip
+            needs = {"mamba1": (self.mamba1,), "mamba2": (self.mamba2,), "attention": (self.attention or self.mla,),
+                     "gdn": (self.gdn,), "none": (), "hybrid": (self.attention, self.mamba2),
+                     "short_conv": (self.short_conv,), "kda": (self.kda,)}[kind]  # fmt: skip
             if any(c is None for c in needs):
                 raise ValueError(f"layer type {kind!r} used without its config")
+        if self.mla is not None and (self.attention is not None or self.layer_attention or self.attention_windows):
+            raise ValueError("MLA attention layers take no AttentionConfig, layer_attention or sliding windows")
         self._check_layer_attention()
+        if self.attention_windows:
+            if len(self.attention_windows) != len(self.layer_types):
+                raise ValueError("attention_windows must have one entry per layer")
+            for kind, w in zip(self.layer_types, self.attention_windows):
+                if w < 0 or (w and kind != "attention"):
+                    raise ValueError(f"a sliding window ({w}) needs an attention layer, not {kind!r}")
         for kind in self.mlp_types:
             if kind not in MLP_TYPES:
                 raise ValueError(f"unknown mlp type {kind!r}")
@@ -343,6 +435,25 @@ class ModelConfig:
         """The recurrent layers, whose states make up a state slot."""
         return tuple(i for i, t in enumerate(self.layer_types) if t in SSM_LAYER_TYPES)
 
+    def window_of(self, layer: int) -> int:
+        """The sliding window of attention layer `layer` (0: full attention)."""
+        return self.attention_windows[layer] if self.attention_windows else 0
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        """Attention layers of the KV group (no window)."""
+        return tuple(i for i in self.attention_layers if not self.window_of(i))
+
+    @property
+    def window_layers(self) -> tuple[int, ...]:
+        """Sliding-window attention layers: the window group, with its own block pool."""
+        return tuple(i for i in self.attention_layers if self.window_of(i))
+
+    @property
+    def sliding_window(self) -> int:
+        """The widest window of the window group (0: no group); the core keeps that much for every layer."""
+        return max((self.window_of(i) for i in self.window_layers), default=0)
+
     @property
     def has_attention(self) -> bool:
         return bool(self.attention_layers)
@@ -353,7 +464,10 @@ class ModelConfig:
 
     def layer_config(self, kind: str) -> object | None:
         """The config of the mixer kind that owns a layer's recurrent state (None when the model has none)."""
-        return {"mamba1": self.mamba1, "mamba2": self.mamba2, "hybrid": self.mamba2, "gdn": self.gdn}.get(kind)
+        return {
+            "mamba1": self.mamba1, "mamba2": self.mamba2, "hybrid": self.mamba2, "gdn": self.gdn,
+            "short_conv": self.short_conv, "kda": self.kda,
+        }.get(kind)  # fmt: skip
 
     def state_specs(self, layer: int) -> tuple[StateTensorSpec, ...]:
         """The named tensors one state slot holds for recurrent layer `layer` (declared by its kind's config)."""
@@ -368,11 +482,24 @@ class ModelConfig:
         return sum(spec.nbytes(dtype) for i in self.ssm_layers for spec in self.state_specs(i))
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K + V for one token across every attention layer."""
-        if self.attention is None:
-            return 0
-        per_layer = 2 * self.attention.num_kv_heads * self.attention.head_dim * dtype.itemsize
-        return per_layer * len(self.attention_layers)
+        """Bytes of K + V for one token across every full-attention layer (the KV group)."""
+        return sum(self._kv_bytes(i, dtype) for i in self.full_attention_layers)
+
+    def window_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes of K + V for one token across every sliding-window layer (the window group)."""
+        return sum(self._kv_bytes(i, dtype) for i in self.window_layers)
+
+    def kv_specs(self, layer: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The paged tensors attention layer `layer` caches per token (its own K and V, or MLA's latent and
+        rope key)."""
+        if self.mla is not None:
+            if layer not in self.attention_layers:
+                raise ValueError(f"layer {layer} ({self.layer_types[layer]}) has no attention")
+            return self.mla.kv_specs()
+        return self.attention_for(layer).kv_specs()
+
+    def _kv_bytes(self, layer: int, dtype: torch.dtype) -> int:
+        return sum(math.prod(shape) for _, shape in self.kv_specs(layer)) * dtype.itemsize
 
     def flops_per_token(self) -> float:
         """Approximate prefill FLOPs per token: 2 x the weights every token multiplies (routed experts only)."""
@@ -386,11 +513,18 @@ class ModelConfig:
                 weights += h * self.mamba2.in_proj_dim + self.mamba2.d_inner * h
             if kind == "gdn" and self.gdn is not None:
                 weights += self.gdn.flops_weights(h)
-            if kind in ATTENTION_LAYER_TYPES:
+            if kind == "short_conv":
+                weights += 4 * h * h  # in_proj (3h) + out_proj
+            if kind == "kda" and self.kda is not None:
+                weights += self.kda.flops_weights(h)
+            if kind in ATTENTION_LAYER_TYPES and self.mla is not None:
+                weights += self.mla.flops_weights(h)
+            elif kind in ATTENTION_LAYER_TYPES:
                 a = self.attention_for(i)
                 d_in = a.input_size or h
                 q_heads = a.num_heads * (2 if a.output_gate else 1)  # a gated q_proj also yields the gate
                 weights += d_in * (q_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * h
+                weights += d_in * a.num_heads if a.head_gate else 0
             if mlp == "dense" and self.mlp is not None:
                 weights += (3 if self.mlp.gated else 2) * h * self.mlp.intermediate_size
             elif mlp == "moe" and self.moe is not None:
@@ -415,9 +549,12 @@ __all__ = [
     "Mamba1Config",
     "Mamba2Config",
     "GatedDeltaNetConfig",
+    "KDAConfig",
+    "MLAConfig",
     "MoEConfig",
     "ModelConfig",
     "SharedBlocksConfig",
+    "ShortConvConfig",
     "UnsupportedArchitectureError",
     "architecture_of",
     "load_config",

@@ -29,6 +29,10 @@ TINY_ARCHS = {
     "qwen3_5_moe_vl": "Qwen3_5MoeForConditionalGeneration",
     "olmo_hybrid": "OlmoHybridForCausalLM",
     "zamba2": "Zamba2ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
+    "lfm3": "Lfm3ForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
 }
 # Families whose tiny checkpoints get their constant-initialized weights (norms, D, dt_bias, biases) jittered,
 # so that parity tests exercise them (transformers initializes them to 0 or 1).
@@ -114,6 +118,26 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
               "mamba_d_state": 16, "n_mamba_heads": 8, "mamba_ngroups": 2, "chunk_size": 32, "intermediate_size": 96,
               "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8, "use_mem_rope": True,
               "max_position_embeddings": 1024, "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
+    elif arch in ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm3ForCausalLM"):
+        cls = {"Lfm2ForCausalLM": tf.Lfm2Config, "Lfm2MoeForCausalLM": tf.Lfm2MoeConfig,
+               "Lfm3ForCausalLM": tf.Lfm3Config}[arch]  # fmt: skip
+        kinds = ["conv", "full_attention", "conv", "sliding_attention" if arch == "Lfm3ForCausalLM" else "conv"]
+        kw = {"num_hidden_layers": 4, "layer_types": kinds, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "conv_L_cache": 3, "max_position_embeddings": 1024, "pad_token_id": 0,
+              "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+        if arch == "Lfm2MoeForCausalLM":
+            kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_dense_layers=1)
+        if arch == "Lfm3ForCausalLM":
+            kw.update(head_dim=16, sliding_window=12, conv_L_cache=5)
+    elif arch == "KimiLinearForCausalLM":
+        cls = tf.KimiLinearConfig
+        kw = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+              "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None,
+              "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "linear_num_heads": 4,
+              "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_shared_experts": 1, "pad_token_id": 0, "bos_token_id": 1,
+              "eos_token_id": 2}  # fmt: skip
     else:
         raise ValueError(f"no tiny config for {arch!r}; choose one of {sorted(TINY_ARCHS)}")
     return cls(**{**common, **kw, **overrides})
@@ -156,8 +180,9 @@ def forward_step(model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec]) 
         seqs,
         block_size=caches.block_size,
         chunk_size=cfg.ssm_chunk_size,
-        with_attention=cfg.has_attention,
+        with_attention=bool(cfg.full_attention_layers),
         with_ssm=cfg.has_ssm,
+        with_window=bool(cfg.window_layers),
     )
     return model(batch, caches), batch
 
@@ -168,7 +193,9 @@ def greedy_generate(
     """Greedy tokens for one sequence: one prefill step, then one decode step per token (update kernels)."""
     total = len(prompt) + max_new_tokens
     blocks = list(range(1, 2 + total // block_size))  # block 0 is the null block
-    caches = ModelCaches.allocate(model.config, len(blocks) + 1, block_size, slot + 1, model.dtype)
+    caches = ModelCaches.allocate(
+        model.config, len(blocks) + 1, block_size, slot + 1, model.dtype, num_window_blocks=len(blocks) + 1
+    )
     tokens, out, context = list(prompt), [], 0
     while len(out) < max_new_tokens:
         new = tokens[context:]

@@ -26,8 +26,9 @@ def available_memory_bytes() -> int:
 class PoolSizes:
     num_kv_blocks: int  # including the null block
     num_state_slots: int
-    kv_bytes: int
+    kv_bytes: int  # both attention groups (full and sliding-window)
     state_bytes: int
+    num_window_blocks: int = 0  # the window group's pool, including its null block
 
 
 def size_pools(
@@ -36,12 +37,18 @@ def size_pools(
     kv_bytes_per_token: int,
     state_bytes_per_slot: int,
     available: int | None = None,
+    window_bytes_per_token: int = 0,
 ) -> PoolSizes:
-    """Blocks and slots that fit the budgets; errors if the budgets cannot run one full-length request."""
+    """Blocks and slots that fit the budgets; errors if the budgets cannot run one full-length request.
+
+    With sliding-window layers the KV budget is split so both attention groups get the same number of
+    blocks (the window group never runs out first; it frees blocks out of the window as requests run).
+    """
     avail = available_memory_bytes() if available is None else available
     num_blocks = 0
-    if kv_bytes_per_token:
-        block_bytes = kv_bytes_per_token * cache.block_size
+    attn_bytes_per_token = kv_bytes_per_token + window_bytes_per_token
+    if attn_bytes_per_token:
+        block_bytes = attn_bytes_per_token * cache.block_size
         # Without a budget: enough for every sequence at full length, capped by a share of memory.
         want = (sched.max_num_seqs * sched.max_model_len // cache.block_size + 1) * block_bytes
         budget = cache.kv_cache_bytes or min(want, int(avail * DEFAULT_MEMORY_FRACTION))
@@ -63,8 +70,9 @@ def size_pools(
                 f"state cache budget {budget} B holds {num_slots} slots of {state_bytes_per_slot} B; need >= 2"
             )
     return PoolSizes(
-        num_kv_blocks=num_blocks,
+        num_kv_blocks=num_blocks if kv_bytes_per_token else 0,
         num_state_slots=num_slots,
-        kv_bytes=max(0, num_blocks - 1) * kv_bytes_per_token * cache.block_size,
+        kv_bytes=max(0, num_blocks - 1) * attn_bytes_per_token * cache.block_size,
         state_bytes=num_slots * state_bytes_per_slot,
+        num_window_blocks=num_blocks if window_bytes_per_token else 0,
     )

@@ -45,9 +45,14 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         dtype = runner_config.dtype
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
+        self.window_bytes_per_token = self.config.window_bytes_per_token(dtype)
         self.state_bytes_per_slot = self.config.state_bytes_per_slot(dtype)
         self.pools: PoolSizes = size_pools(
-            cache_config, scheduler_config, self.kv_bytes_per_token, self.state_bytes_per_slot
+            cache_config,
+            scheduler_config,
+            self.kv_bytes_per_token,
+            self.state_bytes_per_slot,
+            window_bytes_per_token=self.window_bytes_per_token,
         )
         self.caches = ModelCaches.allocate(
             self.config,
@@ -55,8 +60,10 @@ class ModelRunner:
             block_size=cache_config.block_size,
             num_state_slots=self.pools.num_state_slots,
             dtype=dtype,
+            num_window_blocks=self.pools.num_window_blocks,
         )
         self.has_kv = self.kv_bytes_per_token > 0
+        self.has_window = self.window_bytes_per_token > 0
         self.has_state = self.state_bytes_per_slot > 0
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
@@ -74,6 +81,9 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_bytes_per_token,
             state_bytes_per_slot=self.state_bytes_per_slot,
             flops_per_token=self.config.flops_per_token(),
+            sliding_window=self.config.sliding_window,
+            num_window_blocks=self.pools.num_window_blocks,
+            window_bytes_per_token=self.window_bytes_per_token,
         )
 
     def _spec(self, s: ScheduledRequest) -> SeqSpec:
@@ -84,6 +94,7 @@ class ModelRunner:
             state_slot=s.state_slot,
             checkpoints=[(c.position, c.slot) for c in s.checkpoints],
             sample=s.sample,
+            window_block_ids=s.window_block_ids,
         )
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
@@ -94,6 +105,7 @@ class ModelRunner:
             with_attention=self.has_kv,
             with_ssm=self.has_state,
             device=self.runner_config.device,
+            with_window=self.has_window,
         )
 
     @torch.inference_mode()

@@ -17,12 +17,18 @@ POLICIES = ("none", "align", "all", "recap")
 def make_layout(
     kind: str = "hybrid", block_size: int = 4, num_kv_blocks: int = 65, num_state_slots: int = 32, **kw: object
 ) -> CacheLayout:
+    """kind: hybrid | attention | ssm, or one of those + "+window" (a sliding-window group beside them:
+    `sliding_window` tokens, default 6, over as many blocks as the KV group unless `num_window_blocks`)."""
+    base = kind.partition("+")[0]
+    if "window" in kind:
+        kw.setdefault("sliding_window", 6)
+        kw.setdefault("num_window_blocks", num_kv_blocks)
     return CacheLayout(
         block_size=block_size,
         num_kv_blocks=num_kv_blocks,
         num_state_slots=num_state_slots,
-        has_kv=kind != "ssm",
-        has_state=kind != "attention",
+        has_kv=base not in ("ssm", "window"),
+        has_state=base not in ("attention", "window"),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -71,7 +77,13 @@ class Harness:
     def __init__(self, sched: Scheduler, seed: int = 0, validate: bool = True) -> None:
         self.sched = sched
         self.requests: dict[str, Request] = {}
-        self.executor = FakeExecutor(sched.cache.block_size, seed=seed, validate=validate, token_lookup=self._tokens)
+        self.executor = FakeExecutor(
+            sched.cache.block_size,
+            seed=seed,
+            validate=validate,
+            token_lookup=self._tokens,
+            sliding_window=sched.layout.sliding_window,
+        )
         self.finished: dict[str, RequestUpdate] = {}
         self.steps = 0
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recap.core.request import Request, RequestStatus
+from recap.core.scheduler import Scheduler
 from tests.core.helpers import KINDS, POLICIES, Harness, make_scheduler
 
 VOCAB = 40
@@ -33,6 +34,9 @@ def make_request(rng: random.Random, rid: str, bases: list[list[int]], done: lis
         segment_boundaries=tuple(cut),
         cache_salt=rng.choice([None, None, None, "tenant"]),
     )
+
+
+WINDOW_KINDS = ("hybrid+window", "attention+window", "ssm+window", "window")
 
 
 @settings(max_examples=45, deadline=None)
@@ -64,7 +68,6 @@ def test_blast(
     geometric: bool,
     seed: int,
 ) -> None:
-    rng = random.Random(seed)
     sched = make_scheduler(
         kind,
         policy,
@@ -78,6 +81,60 @@ def test_blast(
         checkpoint_interval=interval,
         checkpoint_geometric=geometric,
     )
+    blast(sched, seed, max_model_len)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(WINDOW_KINDS),
+    policy=st.sampled_from(POLICIES),
+    block_size=st.sampled_from([1, 2, 4, 8]),
+    window=st.integers(1, 20),
+    num_kv_blocks=st.integers(2, 40),
+    num_window_blocks=st.integers(2, 40),
+    num_state_slots=st.integers(1, 12),
+    max_num_seqs=st.integers(1, 6),
+    budget=st.integers(1, 40),
+    max_model_len=st.integers(8, 96),
+    caching=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_blast_sliding_window(
+    kind: str,
+    policy: str,
+    block_size: int,
+    window: int,
+    num_kv_blocks: int,
+    num_window_blocks: int,
+    num_state_slots: int,
+    max_num_seqs: int,
+    budget: int,
+    max_model_len: int,
+    caching: bool,
+    seed: int,
+) -> None:
+    """The same blast with a window group: blocks leave the window (and return to the pool) mid-request,
+    hits need only the window before them, and the executor checks every window read."""
+    sched = make_scheduler(
+        kind,
+        policy,
+        block_size,
+        num_kv_blocks,
+        num_state_slots,
+        max_num_seqs,
+        budget,
+        max_model_len,
+        enable_prefix_caching=caching,
+        sliding_window=window,
+        num_window_blocks=num_window_blocks,
+    )
+    blast(sched, seed, max_model_len)
+    if caching and sched.cache.window is not None:
+        assert sched.cache.window.pool.num_in_use == 0
+
+
+def blast(sched: Scheduler, seed: int, max_model_len: int) -> None:
+    rng = random.Random(seed)
     h = Harness(sched, seed=seed)
     h.executor.vocab_size = VOCAB
     bases = [[rng.randrange(VOCAB) for _ in range(48)] for _ in range(3)]

@@ -158,3 +158,12 @@ def test_a_request_aborted_before_its_pull_releases_the_prefill_side_at_once(eng
     assert_clean(pre)
     dec.step()  # delivers the abort
     assert_clean(dec)
+
+
+def test_sliding_window_model_is_refused_at_startup(tmp_path: Path) -> None:
+    """The transfer moves full-attention blocks and states only: a window-group model fails before serving."""
+    from tests.engine.conftest import tiny_model_dir
+
+    config = engine_config(tiny_model_dir(tmp_path, "lfm3"))
+    with pytest.raises(ValueError, match="sliding-window"):
+        DisaggLLMEngine(config, KVTransferConfig(role="prefill", secret=SECRET))

@@ -1,4 +1,6 @@
-"""A seeded hypothesis run of random workloads through the real engine on a 2-layer hybrid.
+"""A seeded hypothesis run of random workloads through the real engine on a 2-layer hybrid, on an LFM3-shaped
+model (short convs, a full and a sliding-window attention layer, window 10 < block 16 < prefixes) and on a
+Kimi-Linear-shaped one (KDA + MLA + MoE).
 
 Random shared prefixes, segment boundaries, chunk budgets, policies, tiny pools and aborts; after
 every step the core's integrity check runs (check_integrity=True), and every request that was not
@@ -27,8 +29,23 @@ def hybrid2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("h2"), "bamba", num_hidden_layers=2, attn_layer_indices=[1])
 
 
+@pytest.fixture(scope="module")
+def lfm3_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    kinds = ["conv", "sliding_attention", "full_attention", "conv"]
+    return tiny_model_dir(tmp_path_factory.mktemp("lfm3w"), "lfm3", layer_types=kinds, sliding_window=10)
+
+
+@pytest.fixture(scope="module")
+def kimi2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(
+        tmp_path_factory.mktemp("kimi2"), "kimi_linear", num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"],
+    )  # fmt: skip
+
+
 def _alone(path: Path, prompt: list[int]) -> object:
-    key = tuple(prompt)
+    key = (str(path), *prompt)
     if key not in _ALONE:
         _ALONE[key] = make_llm(path, caching=False, max_model_len=256).generate([prompt], PARAMS)[0]
     return _ALONE[key]
@@ -52,14 +69,44 @@ request = st.tuples(
     tiny_pools=st.booleans(),
 )
 def test_random_workloads(hybrid2: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
+    run_workload(hybrid2, reqs, policy, budget, tiny_pools)
+
+
+@settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reqs=st.lists(request, min_size=2, max_size=6),
+    policy=st.sampled_from(["align", "all", "recap"]),
+    budget=st.sampled_from([7, 16, 29, 256]),
+    tiny_pools=st.booleans(),
+)
+def test_random_workloads_sliding_window(
+    lfm3_window: Path, reqs: list, policy: str, budget: int, tiny_pools: bool
+) -> None:
+    """Blocks leave the window mid-request, hits need the window only; preemptions (tiny pools) and aborts."""
+    run_workload(lfm3_window, reqs, policy, budget, tiny_pools)
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reqs=st.lists(request, min_size=2, max_size=6),
+    policy=st.sampled_from(["align", "all", "recap"]),
+    budget=st.sampled_from([7, 29, 256]),
+    tiny_pools=st.booleans(),
+)
+def test_random_workloads_kimi_linear(kimi2: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
+    """KDA states checkpointed inside chunks, MLA latents in the KV blocks; preemptions and aborts."""
+    run_workload(kimi2, reqs, policy, budget, tiny_pools)
+
+
+def run_workload(path: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
     kw: dict[str, object] = {"max_num_batched_tokens": budget, "max_model_len": 256}
     probe_bytes = 0
     if tiny_pools:
-        probe = make_llm(hybrid2, caching=False, max_model_len=256)
-        probe_bytes = probe.engine.runner.state_bytes_per_slot
-        kw.update(kv_cache_bytes=18 * 16 * probe.engine.runner.kv_bytes_per_token, state_cache_bytes=6 * probe_bytes,
-                  max_num_seqs=3)
-    llm = make_llm(hybrid2, caching=True, policy=policy, **kw)
+        runner = make_llm(path, caching=False, max_model_len=256).engine.runner
+        probe_bytes = runner.state_bytes_per_slot
+        attn_bytes = runner.kv_bytes_per_token + runner.window_bytes_per_token
+        kw.update(kv_cache_bytes=18 * 16 * attn_bytes, state_cache_bytes=6 * probe_bytes, max_num_seqs=3)
+    llm = make_llm(path, caching=True, policy=policy, **kw)
     eng = llm.engine
     bases = [rnd(500 + b, 70) for b in range(3)]
     plan = []
@@ -84,5 +131,5 @@ def test_random_workloads(hybrid2: Path, reqs: list, policy: str, budget: int, t
         out = finished[ids[i]]
         if out.outputs[0].finish_reason == "abort":
             continue
-        assert_same([out], [_alone(hybrid2, prompt)], f"request {i}")
+        assert_same([out], [_alone(path, prompt)], f"request {i}")
     eng.scheduler.check_integrity()

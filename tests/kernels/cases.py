@@ -16,10 +16,12 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_varlen
 from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update
+from recap.kernels.kda import kda_ref, kda_state_update, kda_varlen
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
 from recap.kernels.ssd import ssd_ref, ssd_varlen
 from recap.kernels.ssd_decode import ssd_state_update
+from recap.kernels.varlen import record_decode_positions
 
 Tensors = dict[str, torch.Tensor]
 
@@ -101,25 +103,30 @@ def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
 CONV_D, CONV_K = 6, 4
 
 
-def _conv_case() -> Case:
+def _conv_case(positions: bool = False) -> Case:
+    """positions: the conv records slot positions itself (a layer whose whole state is the conv window)."""
+
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return causal_conv1d_varlen(inp["x"], p["w"], p["b"], cache, meta)
+        return causal_conv1d_varlen(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return causal_conv1d_ref(inp["x"], p["w"], p["b"], cache, meta)
+        return causal_conv1d_ref(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
 
     def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
-        return causal_conv1d_update(inp["x"], cache, p["w"], p["b"], idx)
+        y = causal_conv1d_update(inp["x"], cache, p["w"], p["b"], idx)
+        if positions:
+            record_decode_positions(sp, idx, pos)
+        return y
 
     return Case(
-        name="conv1d",
+        name="conv1d_positions" if positions else "conv1d",
         token_inputs=lambda n, g: {"x": _randn(g, n, CONV_D)},
         params=lambda g: {"w": _randn(g, CONV_D, CONV_K), "b": _randn(g, CONV_D)},
         cache_shape=(CONV_D, CONV_K - 1),
         fast=fast,
         ref=ref,
         update=update,
-        writes_positions=False,
+        writes_positions=positions,
     )
 
 
@@ -238,10 +245,46 @@ def _gdn_case(hk: int, hv: int) -> Case:
     )
 
 
+# KDA: H heads, K key dim, V value dim
+KDA_H, KDA_K, KDA_V = 3, 4, 5
+
+
+def _kda_case() -> Case:
+    def args(inp: Tensors) -> tuple:
+        return inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"]
+
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return kda_varlen(*args(inp), cache, meta, sp)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return kda_ref(*args(inp), cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return kda_state_update(*args(inp), cache, idx, sp, pos)
+
+    return Case(
+        name="kda",
+        token_inputs=lambda n, g: {
+            "q": _randn(g, n, KDA_H, KDA_K),
+            "k": _randn(g, n, KDA_H, KDA_K),
+            "v": _randn(g, n, KDA_H, KDA_V),
+            "g": -torch.rand(n, KDA_H, KDA_K, generator=g) * 2,  # per-channel log decay
+            "beta": torch.rand(n, KDA_H, generator=g),
+        },
+        params=lambda g: {},
+        cache_shape=(KDA_H, KDA_K, KDA_V),
+        fast=fast,
+        ref=ref,
+        update=update,
+    )
+
+
 # Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; GDN runs
 # with equal heads and with 2 and 3 value heads per key head.
-CASES = [_conv_case(), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3), _mamba2_case(64),
-         _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3)]  # fmt: skip
+CASES = [
+    _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
+    _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(),
+]  # fmt: skip
 
 
 def random_rows(

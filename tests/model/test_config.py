@@ -34,7 +34,7 @@ EXPECTED_LAYERS = {
 ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", EXPECTED_LAYERS)  # LFM and Kimi-Linear: tests/model/test_lfm_kimi.py
 def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # noqa: ANN001
     cfg = load_config(tiny_checkpoint(arch))
     assert cfg.architecture == TINY_ARCHS[arch]
@@ -140,10 +140,11 @@ def test_byte_helpers_match_allocated_caches(arch, dtype, tiny_checkpoint) -> No
     caches = ModelCaches.allocate(cfg, num_kv_blocks=3, block_size=16, num_state_slots=2, dtype=dtype)
     assert cfg.state_bytes_per_slot(dtype) == caches.state_bytes_per_slot()
     assert cfg.kv_bytes_per_token(dtype) == caches.kv_bytes_per_token()
-    for i in cfg.ssm_layers:  # recurrent states in fp32, conv windows in the model dtype
-        for spec in cfg.state_specs(i):
-            assert caches.state[i][spec.name].dtype == (dtype if spec.name == "conv" else torch.float32)
-    assert (cfg.kv_bytes_per_token(dtype) > 0) == cfg.has_attention
+    assert cfg.window_bytes_per_token(dtype) == caches.window_bytes_per_token()
+    for i, st in caches.state.items():  # conv windows in the model dtype, SSM and matrix states in fp32
+        assert [t.dtype for t in st.tensors.values()] == [spec.resolve_dtype(dtype) for spec in cfg.state_specs(i)]
+        assert all(t.dtype == torch.float32 for n, t in st.tensors.items() if n in ("ssm", "recurrent"))
+    assert (cfg.kv_bytes_per_token(dtype) + cfg.window_bytes_per_token(dtype) > 0) == cfg.has_attention
     if arch == "mamba2":  # 2 layers x (conv 192 x 3 in dtype + ssm 8 x 16 x 16 in fp32)
         assert cfg.state_bytes_per_slot(dtype) == 2 * (192 * 3 * dtype.itemsize + 8 * 16 * 16 * 4)
     if arch == "bamba":  # 1 attention layer x K+V x 2 heads x 16

@@ -1,4 +1,5 @@
-"""Causal self-attention over the paged KV cache: GQA, optional partial RoPE, scale and multipliers from config."""
+"""Causal self-attention over the paged KV cache: GQA, optional partial or proportional RoPE, scale and
+multipliers from config, optional per-head q/k RMSNorm, optional sigmoid gate per head, optional sliding window."""
 
 from __future__ import annotations
 
@@ -9,28 +10,39 @@ from recap.kernels.metadata import ForwardBatch
 from recap.kernels.paged_attention import paged_attention
 from recap.model.config import AttentionConfig
 from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
     """q/k/v/o projections; K/V are written to the cache by the kernel through the slot mapping."""
 
-    def __init__(self, hidden_size: int, cfg: AttentionConfig, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, cfg: AttentionConfig, dtype: torch.dtype, window: int = 0) -> None:
         super().__init__()
+        if cfg.qk_norm not in ("none", "head") or cfg.output_gate:
+            raise ValueError("qk_norm 'all' and a q_proj output gate are GatedAttention's (layers/gated_attention.py)")
         self.cfg = cfg
+        self.window = window  # sliding window in tokens (0: full attention); reads batch.window_attn
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         d_in = cfg.input_size or hidden_size
         self.q_proj = Linear(d_in, q_dim, cfg.bias, dtype)
         self.k_proj = Linear(d_in, kv_dim, cfg.bias, dtype)
         self.v_proj = Linear(d_in, kv_dim, cfg.bias, dtype)
         self.o_proj = Linear(q_dim, hidden_size, cfg.bias, dtype)
-        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta) if cfg.rope_theta is not None else None
+        rope = cfg.rope_theta is not None and cfg.rotary_dim > 0
+        self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_angles) if rope else None  # type: ignore[arg-type]
+        if cfg.qk_norm == "head":
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.qk_norm_eps, dtype)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.qk_norm_eps, dtype)
+        if cfg.head_gate:
+            self.g_proj = Linear(d_in, cfg.num_heads, False, dtype)
         self.scale = cfg.softmax_scale
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        return self.attend(self.project(x), batch, k_cache, v_cache)
+        gate = torch.sigmoid(self.g_proj(x)) if self.cfg.head_gate else None
+        return self.attend(self.project(x), batch, k_cache, v_cache, gate)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, Hq x Dh], k and v [T, Hkv x Dh], before RoPE (Zamba2 adds its per-use adapters to them)."""
@@ -44,18 +56,25 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        head_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """RoPE, paged attention (K/V written to the cache) and o_proj, from flat q, k, v."""
-        if batch.attn is None:
-            raise ValueError("an attention layer needs batch.attn metadata")
+        """q/k norms, RoPE, paged attention (K/V written to the cache), the per-head gate [T, Hq] and o_proj,
+        from flat q, k, v."""
+        meta = batch.window_attn if self.window else batch.attn
+        if meta is None:
+            raise ValueError(f"an attention layer needs batch.{'window_attn' if self.window else 'attn'} metadata")
         c = self.cfg
         t = qkv[0].shape[0]
         q = qkv[0].view(t, c.num_heads, c.head_dim)  # (t, hq, dh)
         k = qkv[1].view(t, c.num_kv_heads, c.head_dim)  # (t, hkv, dh)
         v = qkv[2].view(t, c.num_kv_heads, c.head_dim)
+        if c.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, batch.attn, self.scale)  # (t, hq, dh)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window or None)  # (t, hq, dh)
+        if head_gate is not None:
+            out = out * head_gate[..., None]
         out = self.o_proj(out.reshape(t, c.num_heads * c.head_dim))
         return out if c.output_multiplier == 1.0 else out * c.output_multiplier

@@ -20,7 +20,8 @@ class CausalConv1d(nn.Module):
         fused = activation in KERNEL_ACTIVATIONS
         self.activation = activation if fused else None  # what the kernels apply
         # The conv state holds inputs, not outputs, so an activation applied after the kernel is equivalent.
-        self.post_activation = None if fused else activation_fn(activation)
+        # "none": a plain conv (LFM2's short conv).
+        self.post_activation = None if fused or activation == "none" else activation_fn(activation)
         self.weight = empty_param(dim, 1, kernel, dtype=dtype)
         self.bias = empty_param(dim, dtype=dtype) if bias else None
 

@@ -10,12 +10,16 @@ from torch import nn
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, rotary_dim: int, theta: float) -> None:
+    """`rope_angles` (proportional RoPE): only the first rope_angles frequency pairs turn, the rest get frequency 0."""
+
+    def __init__(self, rotary_dim: int, theta: float, rope_angles: int | None = None) -> None:
         super().__init__()
         if rotary_dim <= 0 or rotary_dim % 2:
             raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
         self.rotary_dim = rotary_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        if rope_angles is not None:
+            inv_freq[rope_angles:] = 0.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,10 @@ from recap.model.models.base import CausalLM
 from recap.model.models.falcon_h1 import FalconH1ForCausalLM
 from recap.model.models.granite_moe_hybrid import GraniteMoeHybridForCausalLM
 from recap.model.models.jamba import JambaForCausalLM
+from recap.model.models.kimi_linear import KimiLinearForCausalLM
+from recap.model.models.lfm2 import Lfm2ForCausalLM
+from recap.model.models.lfm2_moe import Lfm2MoeForCausalLM
+from recap.model.models.lfm3 import Lfm3ForCausalLM
 from recap.model.models.mamba import FalconMambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 from recap.model.models.nemotron_h import NemotronHForCausalLM
 from recap.model.models.olmo_hybrid import OlmoHybridForCausalLM
@@ -35,6 +39,10 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForConditionalGeneration,
     "OlmoHybridForCausalLM": OlmoHybridForCausalLM,
     "Zamba2ForCausalLM": Zamba2ForCausalLM,
+    "Lfm2ForCausalLM": Lfm2ForCausalLM,
+    "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
+    "Lfm3ForCausalLM": Lfm3ForCausalLM,
+    "KimiLinearForCausalLM": KimiLinearForCausalLM,
 }
 
 __all__ = ["MODEL_CLASSES", "CausalLM"]

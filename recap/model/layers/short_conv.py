@@ -1,0 +1,52 @@
+"""LFM2's gated short convolution: the whole recurrent state is the conv window (the state kind "short_conv").
+
+    [B | C | x] = in_proj(h)            (T, 3D)
+    y = out_proj(C * conv(B * x))       conv: depthwise causal, K taps, no activation
+
+A slot holds only the last K - 1 inputs of the conv (B * x), so a checkpoint is D * (K - 1) values per layer.
+The conv kernel records the slot positions it writes (provenance), as an SSM kernel does for Mamba layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.metadata import ForwardBatch
+from recap.kernels.varlen import copy_decode_checkpoints, record_decode_positions
+from recap.model.cache import StateCache
+from recap.model.config import ShortConvConfig
+from recap.model.layers.conv import CausalConv1d
+from recap.model.layers.linear import Linear
+
+
+class ShortConv(nn.Module):
+    """Weights as on disk: `in_proj` [3D, D], `conv` [D, 1, K], `out_proj` [D, D] (biases if `bias`)."""
+
+    def __init__(self, cfg: ShortConvConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.in_proj = Linear(cfg.dim, 3 * cfg.dim, cfg.bias, dtype)
+        self.conv = CausalConv1d(cfg.dim, cfg.kernel, cfg.bias, "none", dtype)
+        self.out_proj = Linear(cfg.dim, cfg.dim, cfg.bias, dtype)
+
+    def forward(
+        self, hidden: torch.Tensor, batch: ForwardBatch, state: StateCache, slot_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` state tensor."""
+        meta = batch.ssm
+        if meta is None:
+            raise ValueError("a short-conv layer needs batch.ssm metadata")
+        conv_state = state["conv"]
+        b, c, x = self.in_proj(hidden).chunk(3, dim=-1)  # (t, d) each
+        bx = b * x
+        w = self.conv.weight.squeeze(1)  # (d, k)
+        if meta.is_decode:
+            idx, init = meta.state_indices, meta.has_initial_state
+            y = causal_conv1d_update(bx, conv_state, w, self.conv.bias, idx, None, init)
+            record_decode_positions(slot_positions, meta.state_indices, batch.positions)
+            copy_decode_checkpoints(conv_state, meta, slot_positions)
+        else:
+            y = causal_conv1d_varlen(bx, w, self.conv.bias, conv_state, meta, None, slot_positions)
+        return self.out_proj(c * y)

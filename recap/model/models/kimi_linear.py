@@ -1,0 +1,65 @@
+"""Kimi-Linear: Kimi Delta Attention layers with a few MLA layers (no positional encoding), a dense MLP or an
+MoE with shared experts after every mixer.
+
+Layout `model.{embed_tokens, layers.i.{self_attn, block_sparse_moe, input_layernorm, post_attention_layernorm},
+norm}` + `lm_head`, as the checkpoints store it (`block_sparse_moe` for the dense MLP too; routed experts
+`experts.{e}.{w1, w3, w2}`, router `gate` with `e_score_correction_bias`, `shared_experts`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+
+_EXPERT_NAMES = re.compile(r"(\.experts\.\d+\.)w([123])\.")
+_W = {"1": "gate_proj", "3": "up_proj", "2": "down_proj"}
+
+
+class KimiBlock(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        self.self_attn = build_mixer(config, layer, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        ff = build_mlp(config, layer, dtype, router_name="gate", shared_name="shared_experts")
+        if ff is None:
+            raise ValueError(f"layer {layer}: Kimi-Linear blocks always have a feed-forward")
+        self.block_sparse_moe = ff
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        h = h + run_mixer(self.self_attn, self.input_layernorm(h), batch, caches, layer)
+        return h + self.block_sparse_moe(self.post_attention_layernorm(h))
+
+
+class KimiLinearForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.model.layers = nn.ModuleList(KimiBlock(config, i, dtype) for i in range(config.num_layers))
+        self.model.norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def final_norm(self) -> RMSNorm:
+        return self.model.norm
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        return _EXPERT_NAMES.sub(lambda m: f"{m.group(1)}{_W[m.group(2)]}.", key)

@@ -1,0 +1,92 @@
+"""LFM2 (Liquid): gated short convolutions mixed with attention (q/k RMSNorm), a dense SwiGLU after every mixer.
+
+Layout `model.{embed_tokens, layers.i.{conv | self_attn, feed_forward, operator_norm, ffn_norm},
+embedding_norm}` (+ `lm_head` when untied). Block i: h += mixer(operator_norm(h)); h += ffn(ffn_norm(h));
+the final norm is `embedding_norm`. LFM2-MoE and LFM3 reuse the block (see their files).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+from recap.model.config import ModelConfig
+from recap.model.layers.embedding import Embedding
+from recap.model.layers.linear import Linear
+from recap.model.layers.norm import RMSNorm
+from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+
+# On-disk names -> the shared layers' names (the MLP's and each expert's w1/w3/w2, LFM2's attention output and
+# q/k norms, LFM2-MoE's router bias).
+_MLP_NAMES = re.compile(r"(\.feed_forward\.(?:experts\.\d+\.)?)w([123])\.")
+_W = {"1": "gate_proj", "3": "up_proj", "2": "down_proj"}
+_RENAMES = (
+    (".self_attn.out_proj.", ".self_attn.o_proj."),
+    (".self_attn.q_layernorm.", ".self_attn.q_norm."),
+    (".self_attn.k_layernorm.", ".self_attn.k_norm."),
+    (".self_attn.gate_proj.", ".self_attn.g_proj."),  # LFM3's output gate, as save_pretrained names it
+    (".feed_forward.expert_bias", ".feed_forward.gate.e_score_correction_bias"),  # LFM2-MoE's router bias
+)
+
+
+class LfmBlock(nn.Module):
+    """`config.post_norms`: RMSNorms on the mixer's and the feed-forward's outputs too (LFM3's sandwich)."""
+
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.is_attention = config.layer_types[layer] == "attention"
+        mixer = build_mixer(config, layer, dtype)
+        if self.is_attention:
+            self.self_attn = mixer
+        else:
+            self.conv = mixer
+        ff = build_mlp(config, layer, dtype, router_name="gate")
+        if ff is None:
+            raise ValueError(f"layer {layer}: LFM blocks always have a feed-forward")
+        self.feed_forward = ff
+        eps = config.norm_eps
+        self.operator_norm = RMSNorm(config.hidden_size, eps, dtype)
+        self.ffn_norm = RMSNorm(config.hidden_size, eps, dtype)
+        self.sandwich = config.post_norms
+        if self.sandwich:
+            self.post_operator_norm = RMSNorm(config.hidden_size, eps, dtype)
+            self.post_ffn_norm = RMSNorm(config.hidden_size, eps, dtype)
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+        mixer = self.self_attn if self.is_attention else self.conv
+        out = run_mixer(mixer, self.operator_norm(h), batch, caches, layer)
+        h = h + (self.post_operator_norm(out) if self.sandwich else out)
+        out = self.feed_forward(self.ffn_norm(h))
+        return h + (self.post_ffn_norm(out) if self.sandwich else out)
+
+
+class Lfm2ForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__(config, dtype)
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.model.layers = nn.ModuleList(LfmBlock(config, i, dtype) for i in range(config.num_layers))
+        self.model.embedding_norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def embedding(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def final_norm(self) -> RMSNorm:
+        return self.model.embedding_norm
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        key = _MLP_NAMES.sub(lambda m: f"{m.group(1)}{_W[m.group(2)]}.", key)
+        for old, new in _RENAMES:
+            if old in key:
+                return key.replace(old, new)
+        return key
