@@ -16,10 +16,9 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
-from recap.model.layers.embedding import Embedding
-from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
 
 _EXPERT_NAMES = re.compile(r"(\.experts\.\d+\.)w([123])\.")
 _W = {"1": "gate_proj", "3": "up_proj", "2": "down_proj"}
@@ -41,24 +40,9 @@ class KimiBlock(nn.Module):
         return h + self.block_sparse_moe(self.post_attention_layernorm(h))
 
 
-class KimiLinearForCausalLM(CausalLM):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__(config, dtype)
-        self.model = nn.Module()
-        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(KimiBlock(config, i, dtype) for i in range(config.num_layers))
-        self.model.norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
-
-    def embedding(self) -> Embedding:
-        return self.model.embed_tokens
-
-    def blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def final_norm(self) -> RMSNorm:
-        return self.model.norm
+class KimiLinearForCausalLM(HybridForCausalLM):
+    block_class = KimiBlock
+    final_norm_name = "norm"
 
     @staticmethod
     def rename_checkpoint_key(key: str) -> str:

@@ -15,10 +15,9 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
-from recap.model.layers.embedding import Embedding
-from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.models.hybrid import HybridForCausalLM
 
 # On-disk names -> the shared layers' names (the MLP's and each expert's w1/w3/w2, LFM2's attention output and
 # q/k norms, LFM2-MoE's router bias).
@@ -64,24 +63,9 @@ class LfmBlock(nn.Module):
         return h + (self.post_ffn_norm(out) if self.sandwich else out)
 
 
-class Lfm2ForCausalLM(CausalLM):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__(config, dtype)
-        self.model = nn.Module()
-        self.model.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.model.layers = nn.ModuleList(LfmBlock(config, i, dtype) for i in range(config.num_layers))
-        self.model.embedding_norm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
-
-    def embedding(self) -> Embedding:
-        return self.model.embed_tokens
-
-    def blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def final_norm(self) -> RMSNorm:
-        return self.model.embedding_norm
+class Lfm2ForCausalLM(HybridForCausalLM):
+    block_class = LfmBlock
+    final_norm_name = "embedding_norm"
 
     @staticmethod
     def rename_checkpoint_key(key: str) -> str:
