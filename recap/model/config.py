@@ -8,7 +8,7 @@ One translator per architecture turns the HF dict into normalized per-layer list
     mixers, Zamba2's shared-transformer layers; the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
 Multipliers (muP and friends) are explicit fields, 1.0 when a family has none.
-The translators live in `hf_config.py` (re-exported here); adding a family = one translator there +
+The translators live in `translators/` (re-exported here); adding a family = one translator there +
 one short model file in `recap/model/models/`.
 """
 

@@ -1,0 +1,117 @@
+"""Gated DeltaNet hybrids: Qwen3.5 / 3.6 (dense, MoE, hub ConditionalGeneration layouts), Qwen3-Next, OLMo-Hybrid."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from recap.model.config import (
+    GatedDeltaNetConfig,
+    MLPConfig,
+    ModelConfig,
+    MoEConfig,
+)
+from recap.model.translators.common import (
+    GDN_CHUNK,
+    _attention,
+    _common,
+    _rope,
+)
+
+
+def _gdn_layer_types(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    n = int(cfg["num_hidden_layers"])
+    names = cfg.get("layer_types")
+    if names is None:  # older Qwen3-Next configs: every full_attention_interval-th layer is attention
+        interval = int(cfg.get("full_attention_interval", 4))
+        names = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    kinds = {"full_attention": "attention", "linear_attention": "gdn"}
+    if len(names) != n or any(t not in kinds for t in names):
+        raise ValueError(f"layer_types must name {n} layers, each full_attention or linear_attention: {names}")
+    return tuple(kinds[t] for t in names)
+
+
+def _gdn_config(
+    cfg: Mapping[str, Any], projection: str, norm_eps: float, beta_scale: float = 1.0
+) -> GatedDeltaNetConfig:
+    return GatedDeltaNetConfig(
+        num_k_heads=int(cfg["linear_num_key_heads"]),
+        num_v_heads=int(cfg["linear_num_value_heads"]),
+        head_k_dim=int(cfg["linear_key_head_dim"]),
+        head_v_dim=int(cfg["linear_value_head_dim"]),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        norm_eps=norm_eps,
+        projection=projection,
+        activation=cfg.get("hidden_act", "silu"),
+        beta_scale=beta_scale,
+    )
+
+
+def _qwen_gdn(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Qwen3.5 / 3.6 (dense, MoE) and Qwen3-Next: GDN + gated attention (per-head q/k norm, output gate)."""
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    layer_types = _gdn_layer_types(cfg)
+    n = len(layer_types)
+    theta, partial = _rope(cfg, arch, 0.25)
+    attn = dataclasses.replace(_attention(cfg, theta, partial), qk_norm="head", output_gate=True)
+    moe = None
+    mlp_types = ("dense",) * n
+    if arch.startswith("Qwen3_5Moe") or (arch == "Qwen3NextForCausalLM" and int(cfg.get("num_experts", 0)) > 0):
+        step, dense_only = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or ())
+        mlp_types = tuple("dense" if i in dense_only or (i + 1) % step else "moe" for i in range(n))
+        moe = MoEConfig(  # softmax, top-k, renormalized (Qwen3-Next: if norm_topk_prob), gated shared expert
+            num_experts=int(cfg["num_experts"]),
+            top_k=int(cfg["num_experts_per_tok"]),
+            intermediate_size=int(cfg["moe_intermediate_size"]),
+            activation=cfg.get("hidden_act", "silu"),
+            renormalize=bool(cfg.get("norm_topk_prob", True)),
+            expert_layout="list",  # on disk per expert (transformers fuses them only in memory)
+            shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size", 0)),
+            shared_gate=bool(cfg.get("shared_expert_intermediate_size", 0)),
+        )
+    dense = MLPConfig(int(cfg["intermediate_size"]), cfg.get("hidden_act", "silu")) if "dense" in mlp_types else None
+    projection = "qwen3_next" if arch == "Qwen3NextForCausalLM" else "qwen3_5"
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=mlp_types,
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=GDN_CHUNK,
+        attention=attn,
+        mlp=dense,
+        moe=moe,
+        gdn=_gdn_config(cfg, projection, eps),
+    )
+
+
+def _qwen3_5_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """The hub's Qwen3.5 / 3.6 checkpoints: the text model's config nested under `text_config`."""
+    if not isinstance(cfg.get("text_config"), Mapping):
+        raise ValueError(f"{arch}: config.json has no text_config")
+    text = dict(cfg["text_config"])
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if cfg.get(key) is not None:  # the outer config governs the head tying and the generation ids
+            text[key] = cfg[key]
+    causal = arch.replace("ForConditionalGeneration", "ForCausalLM")
+    return dataclasses.replace(_qwen_gdn(text, causal), architecture=arch)
+
+
+def _olmo_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """OLMo-Hybrid: GDN (separate projections, beta up to 2) + OLMo-3 attention (q/k norm over all heads)."""
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    layer_types = _gdn_layer_types(cfg)
+    theta, partial = _rope(cfg, arch, 1.0)
+    beta_scale = 2.0 if cfg.get("linear_allow_neg_eigval", True) else 1.0
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=("dense",) * len(layer_types),
+        norm_eps=eps,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ssm_chunk_size=GDN_CHUNK,
+        attention=dataclasses.replace(_attention(cfg, theta, partial), qk_norm="all"),
+        mlp=MLPConfig(int(cfg["intermediate_size"]), cfg.get("hidden_act", "silu")),
+        gdn=_gdn_config(cfg, "olmo_hybrid", 1e-5, beta_scale),  # transformers fixes the output norm's eps
+    )
