@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.varlen import decode_rows, record_decode_positions
+from recap.kernels.varlen import decode_rows, gather_decode_states, record_decode_positions
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -46,12 +46,7 @@ def gated_delta_rule_update(
     y = torch.zeros(b, hv, dv, dtype=torch.float32, device=v.device)
     rows = decode_rows(state_indices, has_initial_state)
     if rows:
-        keep = torch.tensor([r for r, _, _ in rows], device=v.device)
-        slots = torch.tensor([s for _, s, _ in rows], device=v.device)
-        s = state.index_select(0, slots).float()  # (n, h, dk, dv)
-        fresh = [j for j, (_, _, init) in enumerate(rows) if not init]
-        if fresh:
-            s[fresh] = 0.0
+        keep, slots, s = gather_decode_states(state, rows)  # s: (n, h, dk, dv)
         n = len(rows)
         qf = expand_heads(q, hv).float().index_select(0, keep)  # (n, h, dk)
         kf = expand_heads(k, hv).float().index_select(0, keep)

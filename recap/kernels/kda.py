@@ -23,18 +23,14 @@ from __future__ import annotations
 import torch
 
 from recap.core.output import PAD_SLOT_ID
+from recap.kernels.gdn import l2_normalize
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.varlen import decode_rows, pad_tokens, record_decode_positions
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum x^2 + eps) over the last dim (FLA's form: eps inside the root, not a max)."""
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
+from recap.kernels.varlen import decode_rows, gather_decode_states, pad_tokens, record_decode_positions
 
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> tuple:
     """fp32 inputs; q and k L2-normalised, q scaled by K^-1/2."""
-    qf, kf = l2norm(q.float()), l2norm(k.float())
+    qf, kf = l2_normalize(q), l2_normalize(k)
     return qf * q.shape[-1] ** -0.5, kf, v.float(), g.float(), beta.float()
 
 
@@ -173,12 +169,7 @@ def kda_state_update(
     rows = decode_rows(state_indices, has_initial_state)
     if rows:
         qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
-        idx = torch.tensor([r for r, _, _ in rows], device=v.device)
-        slots = torch.tensor([s for _, s, _ in rows], device=v.device)
-        s = state.index_select(0, slots).float()  # (b, h, K, V)
-        fresh = [i for i, (_, _, init) in enumerate(rows) if not init]
-        if fresh:
-            s[fresh] = 0.0
+        idx, slots, s = gather_decode_states(state, rows)  # s: (b, h, K, V)
         s.mul_(gf[idx].exp()[..., None])
         kk = kf[idx]
         delta = (vf[idx] - torch.einsum("bhkv,bhk->bhv", s, kk)) * bf[idx][..., None]
