@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from recap.core.block_pool import NULL_BLOCK_ID
+from recap.core.block_pool import NULL_BLOCK_ID, BlockPool
 from recap.core.kv_manager import cdiv
 from recap.core.output import PAD_SLOT_ID, SchedulerOutput
 from recap.core.request import Request, RequestStatus
@@ -69,9 +69,14 @@ def _check_kv(sched: Scheduler) -> None:
             block_hash = pool.blocks[block_id].block_hash
             # Salt isolation: a shared block carries this request's own chain hash, salt included.
             assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} block {i} from another chain"
+    _check_refs(pool, holders, "")
+
+
+def _check_refs(pool: BlockPool, holders: Counter[int], group: str) -> None:
+    """Every block's ref count is its number of holders; free + cached + in-use == total."""
     for block in pool.blocks[1:]:
-        assert block.ref_cnt == holders[block.block_id], f"block {block.block_id} ref {block.ref_cnt} != holders"
-    assert pool.num_free + pool.num_in_use == pool.num_usable, "free + cached + in-use != total blocks"
+        assert block.ref_cnt == holders[block.block_id], f"{group}block {block.block_id} ref {block.ref_cnt} != holders"
+    assert pool.num_free + pool.num_in_use == pool.num_usable, f"free + cached + in-use != total {group}blocks"
 
 
 def _check_window(sched: Scheduler) -> None:
@@ -96,9 +101,7 @@ def _check_window(sched: Scheduler) -> None:
         for i, block_id in enumerate(live, num_null):
             block_hash = pool.blocks[block_id].block_hash
             assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} window block {i} from another chain"
-    for block in pool.blocks[1:]:
-        assert block.ref_cnt == holders[block.block_id], f"window block {block.block_id} ref != holders"
-    assert pool.num_free + pool.num_in_use == pool.num_usable, "free + cached + in-use != total window blocks"
+    _check_refs(pool, holders, "window ")
 
 
 def _check_state(sched: Scheduler) -> None:
