@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from recap import cli
 from recap.server.args import engine_config
 from recap.units import positive_bytes
+from tests.server.serve_process import recap_serve
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -86,45 +83,14 @@ def test_generate_prints_the_completion(tiny_model: Path, capsys: pytest.Capture
     assert "max_tokens must be at least 1" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _recap_command() -> list[str]:
-    script = Path(sys.executable).parent / "recap"  # what `make serve` runs, once the package is installed
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "recap.cli"]
-
-
 def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
-    port = _free_port()
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([*_recap_command(), "serve", "--port", str(port), "--num-threads", "1"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+    with recap_serve([], tmp_path) as (url, log_path):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         (model,) = client.models.list().data
         reply = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hello!"}],
                                                max_tokens=4, temperature=0.0)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.role == "assistant"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=30)
     text = log_path.read_text()
-    assert rc == 0, text
     assert "request chatcmpl-" in text and "completion_tokens=" in text and "finish=" in text, text
 
 

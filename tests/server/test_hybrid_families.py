@@ -7,12 +7,8 @@ shape (not recap's default one): the prompt the server builds must be that templ
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
@@ -20,7 +16,7 @@ from recap.engine.async_engine import AsyncEngine
 from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
 from tests.server.conftest import ServerThread, engine_config
-from tests.server.test_cli import _free_port, _recap_command
+from tests.server.serve_process import recap_serve
 
 # Chat templates in the style of each family's hub tokenizer_config (role markers differ from recap's default).
 TEMPLATES = {
@@ -90,28 +86,10 @@ def test_family_serves_chat_with_its_template(family_dirs: dict[str, Path], arch
 
 
 def test_recap_serve_folder(family_dirs: dict[str, Path], tmp_path: Path) -> None:
-    path, port = family_dirs["nemotron_h"], _free_port()
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([*_recap_command(), "serve", str(path), "--port", str(port), "--num-threads", "1"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
-    try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+    path = family_dirs["nemotron_h"]
+    with recap_serve([str(path)], tmp_path) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         (model,) = client.models.list().data
         reply = client.chat.completions.create(model=model.id, messages=MESSAGES, max_tokens=4, temperature=0.0)
         assert reply.usage.prompt_tokens == _expected_prompt_tokens(path)
         assert reply.usage.completion_tokens >= 1
-    finally:
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=30)
-    assert rc == 0, log_path.read_text()
