@@ -19,10 +19,10 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import zmq
@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.disagg.api import PARAM
 from recap.disagg.transport import send_release
+from recap.server.disconnect import ClientGone, race_disconnect
 from recap.server.errors import APIError
 from recap.server.guard import Guard
 from recap.server.json_body import parse_json
@@ -40,33 +41,6 @@ from recap.server.sse import SSE_DONE, SSEResponse, sse
 
 log = logging.getLogger("recap.proxy")
 ROUTES = ("/v1/completions", "/v1/chat/completions")
-T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The proxy's client disconnected before its answer was ready."""
-
-
-async def _until_disconnect(request: Request, aw: Awaitable[T]) -> T:
-    """Await `aw` unless the client leaves first: then cancel it (closing its upstream connection, which
-    aborts the upstream request) and raise ClientGone."""
-    task = asyncio.ensure_future(aw)
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.create_task(watch())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
 
 
 @dataclass(frozen=True)
@@ -112,7 +86,7 @@ class Proxy:
         body = parse_json(await request.body(), self.limits.max_json_depth)
         check_body(body, self.limits)
         try:
-            return await _until_disconnect(request, self._route(body, path))
+            return await race_disconnect(request, self._route(body, path))  # cancelling closes the upstream request
         except ClientGone:
             return Response(status_code=499)
 

@@ -13,9 +13,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Request
 
@@ -23,16 +23,12 @@ from recap.engine.async_engine import AsyncEngine
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import PreparedRequest
 from recap.sampling_params import SamplingParams
+from recap.server.disconnect import ClientGone, race_disconnect
 from recap.server.errors import APIError, from_exception, from_value_error
 from recap.server.offload import Offloader
 from recap.server.protocol import PromptTokensDetails, Usage
 
 log = logging.getLogger("recap.server")
-T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its response was ready."""
 
 
 @dataclass
@@ -159,30 +155,6 @@ async def merged(
             await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         rlog.emit()
-
-
-async def wait_disconnect(request: Request) -> None:
-    """Returns when the client goes away (the body has been read, so receive() waits for that)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def race_disconnect(request: Request, aw: Awaitable[T]) -> T:
-    """Await `aw` unless the client disconnects first: then cancel it and raise ClientGone."""
-    task = asyncio.ensure_future(aw)
-    watcher = asyncio.create_task(wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
 
 
 def usage(finals: Sequence[RequestOutput], *, drop_completion: bool = False) -> Usage:
