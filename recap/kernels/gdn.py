@@ -1,25 +1,30 @@
-"""The gated delta rule (Gated DeltaNet, arXiv 2412.06464) over packed rows, with states at any chunk end.
+"""The gated delta rule over packed rows, with states at any chunk end: one kernel for Gated DeltaNet (a
+scalar decay per head, arXiv 2412.06464) and Kimi Delta Attention (a decay per key channel, arXiv 2510.26692).
 
 Glossary (code name: paper symbol)
 - q, k [T, Hk, Dk]: queries and keys, already L2-normalized (q also scaled by Dk^-1/2); v [T, Hv, Dv].
   Value head h reads key head h // (Hv // Hk) (GQA of k vs v heads; Hv a multiple of Hk).
-- g [T, Hv]: log of the per-token decay alpha_t (<= 0); beta [T, Hv]: the write strength in (0, 1).
+- g: log of the decay alpha_t (<= 0), [T, Hv] (GDN: one per head) or [T, Hv, Dk] (KDA: one per key channel);
+  beta [T, Hv]: the write strength in (0, 1).
 - S [Hv, Dk, Dv]: the matrix state; state [S_slots, Hv, Dk, Dv] holds one per slot (fp32).
-- recurrence: S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T;  o_t = S_t^T q_t.
-- chunk: a metadata chunk (rows are cut at the chunk grid and at every checkpoint position), padded here
-  to Q, the longest chunk of the step; padded positions get g = 0, beta = 0, k = v = 0 (no effect).
+- recurrence: S_t = Diag(alpha_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = S_t^T q_t.
+- piece: the kernel's unit of work, a metadata chunk (rows are cut at the chunk grid and at every checkpoint
+  position) cut again into pieces of at most PIECE tokens, padded to Q (the longest piece of the step);
+  padded positions get g = 0, beta = 0, k = v = 0 (no effect).
 
 Chunk form (the WY / UT-transform form of the GDN paper, section 3.3, in the layout of fla's
-chunk_gated_delta_rule), per chunk and value head, with cum = cumsum(g) inside the chunk and
-L[i, j] = exp(cum_i - cum_j) for i >= j (0 above):
-1. T = (I + strictly_lower((beta k) k^T * L))^-1, by a unit-lower triangular solve;
-   U = T (beta v) (pseudo-values), W = T (beta k exp(cum)) (decayed keys that read the old state);
-   A = (q k^T) * L (causal, diagonal included).
-2. sequentially over a row's chunks, from the slot state S0:
-   V' = U - W S0;  o = (q exp(cum)) S0 + A V';  S1 = exp(cum_last) S0 + (k exp(cum_last - cum))^T V'.
-Every chunk end's state is exact, so a checkpoint is a chunk end with a destination slot: its state is
-computed straight into that slot (fp32 cache) and its position recorded (DESIGN invariants 2-3).
-Decode batches (one token per row) go to gdn_decode.gated_delta_rule_update.
+chunk_gated_delta_rule), per piece and value head, with cum = cumsum(g) inside the piece (per channel for
+KDA) and L[i, j, c] = exp(cum_i[c] - cum_j[c]) for i >= j (0 above):
+1. M[i, j] = sum_c (beta_i k_i)[c] k_j[c] L[i, j, c], A[i, j] = sum_c q_i[c] k_j[c] L[i, j, c] (j <= i);
+   T = (I + strictly_lower(M))^-1 by a unit-lower triangular solve against I;
+   [U | W] = T [beta v | beta k exp(cum)] (pseudo-values; decayed keys that read the old state).
+2. sequentially over a row's pieces, from the slot state S0:
+   V' = U - W S0;  o = (q exp(cum)) S0 + A V';  S1 = Diag(exp(cum_last)) S0 + (k exp(cum_last - cum))^T V'.
+Every piece end's state is exact, so a checkpoint (a chunk end with a destination slot) has its state computed
+straight into that slot, and each row's final state straight into its running slot (fp32 state; DESIGN
+invariants 2-3). Exponents are floored at EXP_FLOOR (exp of it is ~1e-26: below fp32 resolution against the
+terms it is added to) to keep exp off its slow underflow path. Decode batches (one token per row) go to
+gdn_decode.gated_delta_rule_update, which updates the running slots in place.
 """
 
 from __future__ import annotations
@@ -28,9 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.gdn_decode import expand_heads, gated_delta_rule_update
+from recap.kernels.gdn_decode import decay_factor, expand_heads, gated_delta_rule_update
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.varlen import chunk_view, copy_decode_checkpoints, pad_tokens, read_initial, write_slots
+from recap.kernels.varlen import chunk_view, copy_decode_checkpoints, read_initial
+
+PIECE = 16  # tokens; benchmarks/bench_gated_delta.py measures 16, 32 and 64
+EXP_FLOOR = -60.0
+_CHANNEL_GROUP = 1 << 23  # elements of the per-channel [pieces, h, Q, Q, Dk] decay built at once (32 MiB)
 
 
 def gated_delta_rule_varlen(
@@ -42,6 +51,7 @@ def gated_delta_rule_varlen(
     state: torch.Tensor,
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
+    piece: int = PIECE,
 ) -> torch.Tensor:
     """Chunked gated delta rule of every row from its slot state; writes running and checkpoint slots.
 
@@ -56,76 +66,122 @@ def gated_delta_rule_varlen(
         copy_decode_checkpoints(state, meta, slot_positions)
         return y
     t, hv, dv = v.shape
-    dk = k.shape[-1]
-    cu = meta.cu_chunk_seqlens
-    lens = cu.diff()
-    qlen = int(lens.max())
-    idx, mask = chunk_view(cu, qlen)  # (c, Q)
-    nc = idx.shape[0]
-    flat = idx.flatten()
+    cu, piece_chunk, piece_row = _pieces(meta, piece)
+    lens = [b - a for a, b in zip(cu, cu[1:])]
+    qlen, n = max(lens), len(lens)
+    full = all(x == qlen for x in lens)  # every piece full: the layout is a view of the packed tokens
+    idx, mask = (None, None) if full else chunk_view(torch.tensor(cu, device=v.device), qlen)
 
-    def chunked(x: torch.Tensor) -> torch.Tensor:  # (t, h, ...) -> (c, h, Q, ...) in fp32, zero past chunk ends
-        y = x.float().index_select(0, flat).view(nc, qlen, *x.shape[1:])
-        y = y * mask.view(nc, qlen, *([1] * (x.dim() - 1)))
-        return y.movedim(1, 2).contiguous()
+    def pieced(x: torch.Tensor, heads: int = hv) -> torch.Tensor:  # (t, hx, ...) -> (n, heads, Q, ...) fp32
+        x = x.float()
+        y = x.view(n, qlen, *x.shape[1:]) if idx is None else x[idx]  # (n, Q, hx, ...)
+        if mask is not None:
+            y = y * mask.view(n, qlen, *([1] * (x.dim() - 1)))
+        if x.shape[1] != heads:  # GQA: each key head serves heads // hx value heads
+            y = y.unsqueeze(3).expand(*y.shape[:3], heads // x.shape[1], *y.shape[3:]).flatten(2, 3)
+        return y.transpose(1, 2).contiguous()
 
-    qc, kc = chunked(expand_heads(q, hv)), chunked(expand_heads(k, hv))  # (c, h, Q, dk)
-    vc, gc, bc = chunked(v), chunked(g), chunked(beta)  # (c, h, Q, dv), (c, h, Q), (c, h, Q)
-    cum = gc.cumsum(-1)  # (c, h, Q)
-    causal = torch.ones(qlen, qlen, dtype=torch.bool, device=q.device).tril_()
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~causal, -torch.inf).exp_()  # (c, h, Q, Q): L
+    qc, kc, vc, bc = pieced(q), pieced(k), pieced(v), pieced(beta)  # (n, h, Q, dk), .., (n, h, Q, dv), (n, h, Q)
+    gc = pieced(g)
+    cum = (gc if g.dim() == 3 else gc.unsqueeze(-1)).cumsum(2)  # (n, h, Q, dk or 1)
     kb = kc * bc[..., None]
-    system = (kb @ kc.transpose(-1, -2)).mul_(decay)  # only its strictly lower part is read (unitriangular)
-    rhs = torch.cat([vc * bc[..., None], kb * cum.exp()[..., None]], dim=-1)  # [beta v | beta k exp(cum)]
-    uw = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    u, w = uw.split([dv, dk], dim=-1)  # (c, h, Q, dv), (c, h, Q, dk)
-    attn = (qc @ kc.transpose(-1, -2)).mul_(decay)  # (c, h, Q, Q): A
-    q_dec = qc * cum.exp()[..., None]
-    k_dec = kc * (cum[..., -1:] - cum).exp()[..., None]
-    chunk_decay = cum[..., -1].exp()[..., None, None]  # (c, h, 1, 1)
+    system, attn = _intra(qc, kc, kb, cum)  # (n, h, Q, Q) each: M and A
+    eye = torch.eye(qlen, device=v.device).expand_as(system)
+    tri = torch.linalg.solve_triangular(system, eye, upper=False, unitriangular=True)  # T
+    decayed = cum.clamp(min=EXP_FLOOR).exp()
+    uw = tri @ torch.cat([vc * bc[..., None], kb * decayed], dim=-1)  # [U | W]
+    u, w = uw.split([dv, kc.shape[-1]], dim=-1)  # (n, h, Q, dv), (n, h, Q, dk)
+    q_dec = qc * decayed
+    last = cum[:, :, -1:, :]  # (n, h, 1, dk or 1)
+    k_dec = kc * (last - cum).clamp_(min=EXP_FLOOR).exp_()
+    piece_decay = last.clamp(min=EXP_FLOOR).exp_().transpose(-1, -2)  # (n, h, dk or 1, 1)
 
-    h0 = read_initial(state, meta.state_indices, meta.has_initial_state)  # (b, h, dk, dv)
-    out = torch.empty(nc, hv, qlen, dv, dtype=torch.float32, device=q.device)
-    in_place = state.dtype == torch.float32 and state.is_contiguous()
-    dest, rows = meta.chunk_dest_slots_list, meta.chunk_seq_idx_list
-    last_chunk = {c: r for r, c in enumerate(meta.last_chunk_indices.tolist())}
-    prev: torch.Tensor | None = None
-    staged: list[tuple[int, int, torch.Tensor]] = []  # (slot, position, state) not written in place
-    for c in range(nc):
-        row = rows[c]
-        s0 = h0[row] if c == 0 or rows[c - 1] != row else prev
-        assert s0 is not None
-        if meta.state_indices_list[row] == PAD_SLOT_ID:
-            prev = s0
-            continue
-        v_new = torch.baddbmm(u[c], w[c], s0, alpha=-1.0)  # (h, Q, dv): U - W S0
-        torch.baddbmm(torch.bmm(q_dec[c], s0), attn[c], v_new, out=out[c])
-        d = dest[c]
-        target = state[d] if in_place and d != PAD_SLOT_ID else torch.empty_like(s0)
-        torch.baddbmm(s0 * chunk_decay[c], k_dec[c].transpose(-1, -2), v_new, out=target)
-        pos = meta.chunk_end_positions_list[c]
-        if d != PAD_SLOT_ID:
-            if in_place and slot_positions is not None:
-                slot_positions[d] = pos
-            elif not in_place:
-                staged.append((d, pos, target))
-        if c in last_chunk:
-            staged.append((meta.state_indices_list[row], pos, target))
-        prev = target
-    if staged:  # running slots after every checkpoint (a row's chunks never read a slot written this step)
-        slots, positions, states = zip(*staged)
-        dev = q.device
-        write_slots(state, torch.tensor(slots, device=dev), torch.stack(states), slot_positions,
-                    torch.tensor(positions, device=dev))  # fmt: skip
-    y = out.movedim(2, 1).reshape(nc * qlen, hv, dv)
-    y = y.index_select(0, _token_index(cu, qlen, t))  # (t, h, dv)
-    if PAD_SLOT_ID in meta.state_indices_list:
-        y.masked_fill_(pad_tokens(meta, t)[:, None, None], 0.0)
+    h0 = read_initial(state, meta.state_indices, meta.has_initial_state)  # (b, h, dk, dv) copies
+    out = (torch.zeros if PAD_SLOT_ID in meta.state_indices_list else torch.empty)(
+        n, hv, qlen, dv, dtype=torch.float32, device=v.device
+    )
+    _carry(state, slot_positions, meta, h0, (u, w, q_dec, attn, k_dec, piece_decay), out, piece_chunk, piece_row)
+    y = out.transpose(1, 2).reshape(n * qlen, hv, dv)
+    if not full:
+        y = y.index_select(0, _token_index(torch.tensor(cu, device=v.device), qlen, t))  # (t, h, dv)
     return y.to(v.dtype)
 
 
+def _pieces(meta: SSMMetadata, piece: int) -> tuple[list[int], list[int], list[int]]:
+    """Each metadata chunk cut into pieces of at most `piece` tokens: (offsets [P+1], the chunk each piece ends
+    or -1, the row of each piece)."""
+    cu, rows = meta.cu_chunk_seqlens_list, meta.chunk_seq_idx_list
+    starts, ends, piece_rows = [], [], []
+    for c in range(len(rows)):
+        a, b = cu[c], cu[c + 1]
+        for s in range(a, b, piece):
+            starts.append(s)
+            ends.append(c if s + piece >= b else -1)
+            piece_rows.append(rows[c])
+    return [*starts, cu[-1]], ends, piece_rows
+
+
+def _intra(
+    qc: torch.Tensor, kc: torch.Tensor, kb: torch.Tensor, cum: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, A) [n, h, Q, Q] inside every piece: (beta k) k^T and q k^T weighted by the causal decay L."""
+    qlen = qc.shape[2]
+    upper = torch.ones(qlen, qlen, dtype=torch.bool, device=qc.device).triu_(1)  # j > i
+    if cum.shape[-1] == 1:  # one decay per head: L [n, h, Q, Q]
+        c = cum[..., 0]
+        decay = (c[..., :, None] - c[..., None, :]).masked_fill_(upper, 0.0).clamp_(min=EXP_FLOOR).exp_()
+        decay.masked_fill_(upper, 0.0)
+        return (kb @ kc.transpose(-1, -2)).mul_(decay), (qc @ kc.transpose(-1, -2)).mul_(decay)
+    n, h = qc.shape[:2]
+    system, attn = qc.new_empty(n, h, qlen, qlen), qc.new_empty(n, h, qlen, qlen)
+    step = max(1, _CHANNEL_GROUP // max(1, h * qlen * qlen * qc.shape[-1]))
+    for a in range(0, n, step):  # per channel: L [n, h, Q, Q, dk], built a group of pieces at a time
+        c = cum[a : a + step]
+        decay = (c[:, :, :, None, :] - c[:, :, None, :, :]).masked_fill_(upper[..., None], 0.0)
+        decay = decay.clamp_(min=EXP_FLOOR).exp_().masked_fill_(upper[..., None], 0.0)
+        weighted = decay.mul_(kc[a : a + step, :, None, :, :])  # L[i, j, c] k_j[c]
+        both = weighted @ torch.stack([kb[a : a + step], qc[a : a + step]], dim=-1)  # (g, h, Q, Q, 2)
+        system[a : a + step], attn[a : a + step] = both[..., 0], both[..., 1]
+    return system, attn
+
+
+def _carry(
+    state: torch.Tensor,
+    slot_positions: torch.Tensor | None,
+    meta: SSMMetadata,
+    h0: torch.Tensor,
+    parts: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    piece_chunk: list[int],
+    piece_row: list[int],
+) -> None:
+    """Step 2, sequential over each row's pieces: outputs into out, piece-end states into their slots."""
+    u, w, q_dec, attn, k_dec, piece_decay = parts
+    in_place = state.dtype == torch.float32 and state.is_contiguous()
+    spare = torch.empty(2, *h0.shape[1:], device=h0.device)  # ping-pong for states that go to no slot
+    ends = set(meta.last_chunk_indices.tolist())
+    prev = h0[0]
+    for i, row in enumerate(piece_row):
+        run = meta.state_indices_list[row]
+        if run == PAD_SLOT_ID:
+            continue
+        s0 = h0[row] if i == 0 or piece_row[i - 1] != row else prev
+        v_new = torch.baddbmm(u[i], w[i], s0, alpha=-1.0)  # (h, Q, dv): U - W S0
+        torch.baddbmm(torch.bmm(q_dec[i], s0), attn[i], v_new, out=out[i])
+        c = piece_chunk[i]
+        slots = [] if c < 0 else [d for d in (meta.chunk_dest_slots_list[c], run if c in ends else -1) if d >= 0]
+        target = state[slots[0]] if in_place and slots else spare[i % 2]
+        torch.baddbmm(s0 * piece_decay[i], k_dec[i].transpose(-1, -2), v_new, out=target)
+        for d in slots:
+            if d != slots[0] or not in_place:
+                state[d].copy_(target)
+            if slot_positions is not None:
+                slot_positions[d] = meta.chunk_end_positions_list[c]
+        prev = target
+
+
 def _token_index(cu: torch.Tensor, qlen: int, t: int) -> torch.Tensor:
-    """[T]: each token's row in the (c * Q) padded layout (chunk c holds tokens cu[c]..cu[c+1])."""
+    """[T]: each token's row in the (P * Q) padded layout (piece p holds tokens cu[p]..cu[p+1])."""
     lens = cu.diff()
     chunk = torch.repeat_interleave(torch.arange(lens.numel(), device=cu.device), lens, output_size=t)
     return torch.arange(t, device=cu.device) + chunk * qlen - cu[chunk]
@@ -154,7 +210,7 @@ def gated_delta_rule_ref(
         if meta.has_initial_state_list[row]:
             s = state[slot].float()
         for tok in range(meta.query_start_loc_list[row], meta.query_start_loc_list[row + 1]):
-            s = s * g[tok].float().exp()[:, None, None]
+            s = s * decay_factor(g[tok], 0)
             kt, vt = kf[tok], v[tok].float()  # (h, dk), (h, dv)
             delta = (vt - torch.einsum("hk,hkv->hv", kt, s)) * beta[tok].float()[:, None]
             s = s + kt[:, :, None] * delta[:, None, :]
@@ -166,7 +222,7 @@ def gated_delta_rule_ref(
                     slot_positions[meta.chunk_dest_slots_list[c]] = meta.chunk_end_positions_list[c]
         state[slot] = s.to(state.dtype)
         if slot_positions is not None:
-            slot_positions[slot] = meta.chunk_end_positions_list[meta.last_chunk_indices[row]]
+            slot_positions[slot] = meta.chunk_end_positions_list[int(meta.last_chunk_indices[row])]
     return y.to(v.dtype)
 
 

@@ -1,9 +1,11 @@
 """Gated delta rule decode: one token per row, the matrix state updated in its slot (glossary: gdn.py).
 
-    S = alpha S;  S += k (beta (v - S^T k))^T;  o = S^T q      (per value head; S is [Dk, Dv])
+    S = Diag(alpha) S;  S += k (beta (v - S^T k))^T;  o = S^T q      (per value head; S is [Dk, Dv])
 
-gated_delta_rule_update is the fast path (called by the GDN layer and by gated_delta_rule_varlen on decode
-batches); gated_delta_rule_update_ref is its plain per-row twin, with the same signature and side effects.
+alpha = exp(g) is one decay per head (GDN, g [B, Hv]) or per key channel (KDA, g [B, Hv, Dk]).
+gated_delta_rule_update is the fast path (called by gated_delta_rule_varlen on decode batches): rows whose
+running slots are consecutive are updated as one batch straight in their slice of the state tensor (no
+gather, no scatter). gated_delta_rule_update_ref is its plain per-row twin, same signature and side effects.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.varlen import decode_rows, gather_decode_states, record_decode_positions
+from recap.kernels.varlen import decode_rows, record_decode_positions
 
 
 def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -20,6 +22,24 @@ def expand_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     if heads % hk:
         raise ValueError(f"{heads} value heads are not a multiple of {hk} key heads")
     return x if hk == heads else x.repeat_interleave(heads // hk, dim=1)
+
+
+def decay_factor(g: torch.Tensor, heads_dim: int) -> torch.Tensor:
+    """exp(g) shaped to scale states [..., H, Dk, Dv]: g [..., H] (per head) or [..., H, Dk] (per channel),
+    where heads_dim is g's head dimension."""
+    a = g.float().exp()
+    return a[..., None, None] if g.dim() == heads_dim + 1 else a[..., None]
+
+
+def slot_runs(rows: list[tuple[int, int, bool]]) -> list[tuple[int, int, int]]:
+    """(first row, first slot, length) of each run of consecutive rows on consecutive slots (decode_rows' rows)."""
+    runs: list[list[int]] = []
+    for r, s, _ in rows:
+        if runs and r == runs[-1][0] + runs[-1][2] and s == runs[-1][1] + runs[-1][2]:
+            runs[-1][2] += 1
+        else:
+            runs.append([r, s, 1])
+    return [(r, s, n) for r, s, n in runs]
 
 
 def gated_delta_rule_update(
@@ -34,32 +54,52 @@ def gated_delta_rule_update(
     positions: torch.Tensor | None = None,
     has_initial_state: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One decode token per row: q, k [B, Hk, Dk], v [B, Hv, Dv], g, beta [B, Hv]; state [S, Hv, Dk, Dv].
+    """One decode token per row: q, k [B, Hk, Dk], v [B, Hv, Dv], g [B, Hv] or [B, Hv, Dk], beta [B, Hv];
+    state [S, Hv, Dk, Dv].
 
     Updates state[slot] of every valid row in place and returns o [B, Hv, Dv] (zeros for PAD rows).
     positions ([B], the token's absolute position) is required with slot_positions, which records
     positions + 1. has_initial_state (optional [B] bool): rows marked False start from a zero state.
-    Running slots must be distinct. Fast path: the valid rows' states gathered once, updated with batched
-    GEMVs over (row, head), scattered back with one index_copy_.
+    Running slots must be distinct.
     """
     b, hv, dv = v.shape
+    if hv % k.shape[1]:
+        raise ValueError(f"{hv} value heads are not a multiple of {k.shape[1]} key heads")
     y = torch.zeros(b, hv, dv, dtype=torch.float32, device=v.device)
     rows = decode_rows(state_indices, has_initial_state)
-    if rows:
-        keep, slots, s = gather_decode_states(state, rows)  # s: (n, h, dk, dv)
-        n = len(rows)
-        qf = expand_heads(q, hv).float().index_select(0, keep)  # (n, h, dk)
-        kf = expand_heads(k, hv).float().index_select(0, keep)
-        s.mul_(g.float().index_select(0, keep).exp()[..., None, None])
-        flat = s.view(n * hv, -1, dv)
-        kv_mem = torch.bmm(kf.view(n * hv, 1, -1), flat).view(n, hv, dv)  # S^T k
-        delta = (v.float().index_select(0, keep) - kv_mem).mul_(beta.float().index_select(0, keep)[..., None])
-        flat.baddbmm_(kf.view(n * hv, -1, 1), delta.view(n * hv, 1, dv))  # S += k delta^T
-        o = torch.bmm(qf.view(n * hv, 1, -1), flat).view(n, hv, dv)
-        y.index_copy_(0, keep, o)
-        state.index_copy_(0, slots, s.to(state.dtype))
+    in_place = state.dtype == torch.float32 and state.is_contiguous()
+    fresh = {r for r, _, init in rows if not init}
+    for r, s, n in slot_runs(rows):
+        view = state[s : s + n]  # (n, h, dk, dv), the slots themselves
+        work = view if in_place else view.float()
+        for j in range(n):
+            if r + j in fresh:
+                work[j].zero_()
+        rs = slice(r, r + n)
+        y[rs] = _step(work, q[rs], k[rs], v[rs], g[rs], beta[rs])
+        if not in_place:
+            view.copy_(work)
     record_decode_positions(slot_positions, state_indices, positions)
     return y.to(v.dtype)
+
+
+def _step(
+    s: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """One token on states s [n, Hv, Dk, Dv] (contiguous fp32, updated in place) -> o [n, Hv, Dv]."""
+    n, hv, dk, dv = s.shape
+    hk = k.shape[1]
+    s.mul_(decay_factor(g, 1))
+    flat = s.view(n * hv, dk, dv)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # (n, hk, dk) -> (n * hv, 1, dk) fp32, GQA expanded
+        return x.float()[:, :, None, :].expand(n, hk, hv // hk, dk).reshape(n * hv, 1, dk)
+
+    kf = heads(k)
+    delta = torch.baddbmm(v.float().reshape(n * hv, 1, dv), kf, flat, alpha=-1.0)  # v - S^T k
+    delta.mul_(beta.float().reshape(n * hv, 1, 1))
+    flat.baddbmm_(kf.transpose(1, 2), delta)  # S += k delta^T
+    return torch.bmm(heads(q), flat).view(n, hv, dv)
 
 
 def gated_delta_rule_update_ref(
@@ -84,8 +124,9 @@ def gated_delta_rule_update_ref(
         s = torch.zeros(state.shape[1:], device=v.device)
         if has_initial_state is None or bool(has_initial_state[row]):
             s = state[slot].float()
+        alpha = decay_factor(g[row], 0)  # (h, 1, 1) or (h, dk, 1)
         for h in range(hv):
-            sh = s[h] * g[row, h].float().exp()  # (dk, dv)
+            sh = s[h] * alpha[h]  # (dk, dv)
             delta = (v[row, h].float() - kf[row, h] @ sh) * beta[row, h].float()
             sh = sh + torch.outer(kf[row, h], delta)
             out[row, h] = (qf[row, h] @ sh).to(v.dtype)

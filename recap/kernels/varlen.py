@@ -120,20 +120,6 @@ def decode_rows(state_indices: torch.Tensor, has_initial_state: torch.Tensor | N
     return [(r, s, bool(i)) for r, (s, i) in enumerate(zip(slots, init)) if s != PAD_SLOT_ID]
 
 
-def gather_decode_states(
-    state: torch.Tensor, rows: list[tuple[int, int, bool]]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(row indices, slot indices, fp32 copies [n, ...] of their states) for the batched decode paths, from
-    decode_rows' rows; a row without context starts from zeros. Write back with state.index_copy_(0, slots, .)."""
-    keep = torch.tensor([r for r, _, _ in rows], device=state.device)
-    slots = torch.tensor([s for _, s, _ in rows], device=state.device)
-    s = state.index_select(0, slots).float()
-    fresh = [j for j, (_, _, init) in enumerate(rows) if not init]
-    if fresh:
-        s[fresh] = 0.0
-    return keep, slots, s
-
-
 def record_decode_positions(
     slot_positions: torch.Tensor | None, state_indices: torch.Tensor, positions: torch.Tensor | None
 ) -> None:

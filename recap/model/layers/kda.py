@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.kda import kda_state_update, kda_varlen
+from recap.kernels.kda import kda_varlen
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import StateCache
 from recap.model.config import KDAConfig
 from recap.model.layers.conv import CausalConv1d
@@ -66,15 +65,7 @@ class KDAMixer(nn.Module):
             for x in "qkv"
         )
         g, beta = self._gate(hidden), torch.sigmoid(self.b_proj(hidden).float())
-        recurrent = state["recurrent"]
-        if meta.is_decode:
-            o = kda_state_update(
-                q, k, v, g, beta, recurrent, meta.state_indices, slot_positions, batch.positions,
-                meta.has_initial_state,
-            )  # fmt: skip
-            copy_decode_checkpoints(recurrent, meta, slot_positions)
-        else:
-            o = kda_varlen(q, k, v, g, beta, recurrent, meta, slot_positions)
+        o = kda_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)  # decode batches included
         gate = self.g_b_proj(self.g_a_proj(hidden)).float().view(shape)
         y = rms_normalize(o, c.norm_eps).mul_(self.o_norm.weight.float()).mul_(torch.sigmoid(gate))
         return self.o_proj(y.to(hidden.dtype).reshape(t, c.dim))
