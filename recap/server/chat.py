@@ -35,6 +35,7 @@ from recap.server.serving import (
     usage,
 )
 from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
+from recap.server.tool_stream import ToolCallStream
 from recap.server.tools import forced_calls, parse_tool_calls
 
 
@@ -115,7 +116,11 @@ async def _stream(
     done: set[int] = set()
     created = int(time.time())
     k = req.top_logprobs or 0
-    tools_on = bool(req.tools) and req.effective_tool_choice != "none"
+    choice = req.effective_tool_choice
+    # with tools, each choice's text goes through a parser that releases each call as it completes
+    streams: dict[int, ToolCallStream] = {}
+    if req.tools and choice != "none":
+        streams = {j: ToolCallStream(req.tools, choice, state.tool_parser) for j in range(n)}
     try:
         yield _chunk(state, rid, created, [ChatChunkChoice(index=j, delta=ChatDelta(role="assistant", content=""))
                                            for j in range(n)])
@@ -131,13 +136,17 @@ async def _stream(
                 lp = None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids_delta,
                                                                    o.logprobs_delta, k)
                 finish = o.finish_reason
-                if tools_on:  # calls are known only once the text is complete: one delta at the end
-                    if finish is None:
-                        if lp is not None:
-                            choices.append(ChatChunkChoice(index=o.index, delta=ChatDelta(), logprobs=lp))
+                if streams:
+                    calls_in = streams[o.index]
+                    content, calls = calls_in.feed(o.text_delta)
+                    if finish is not None:
+                        more_content, more_calls = calls_in.finish()
+                        content, calls = content + more_content, calls + more_calls
+                        if calls_in.calls and finish == "stop":
+                            finish = "tool_calls"
+                    if not (content or calls or lp is not None or finish):
                         continue
-                    message, finish = _message(state, req, o.text, finish)
-                    delta = ChatDelta(content=message.content, tool_calls=message.tool_calls or None)
+                    delta = ChatDelta(content=content or None, tool_calls=calls or None)
                 else:
                     delta = ChatDelta(content=o.text_delta) if o.text_delta else ChatDelta()
                 choices.append(ChatChunkChoice(index=o.index, delta=delta, logprobs=lp, finish_reason=finish))

@@ -126,6 +126,8 @@ class _SamplingFields(_Strict):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True  # the tokenizer's own rendering; only true is accepted
+    use_beam_search: bool = False  # vLLM's beam search: recap has none, only false is accepted
+    length_penalty: float = 1.0  # beam search's: only 1.0 (no effect) is accepted
     # output constraints (recap/server/structured.py): at most one
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
@@ -151,6 +153,10 @@ class _SamplingFields(_Strict):
     def _common_checks(self) -> _SamplingFields:
         if not self.spaces_between_special_tokens:
             raise ValueError("spaces_between_special_tokens is not supported (only true)")
+        if self.use_beam_search:
+            raise ValueError("use_beam_search is not supported (only false)")
+        if self.length_penalty != 1.0:
+            raise ValueError("length_penalty is not supported (only 1.0; it weighs beam search, which recap has not)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
@@ -277,6 +283,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # false: a forced call is one call (maxItems 1)
     chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False  # vLLM's: prepend the last message to the answer; only false is accepted
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -289,6 +296,8 @@ class ChatCompletionRequest(_SamplingFields):
     def _unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.echo:
+            raise ValueError("echo is not supported in chat (only false; /v1/completions has echo)")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice: needs tools")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tools and self.tool_choice.function.name not in {

@@ -9,6 +9,8 @@ Parsers, by the format the chat template teaches (vLLM's `--tool-call-parser` na
   </function></tool_call>`, each value JSON when it parses as JSON, else a string
 A forced call (tool_choice `required` or named) is generated under a JSON grammar instead, so it needs
 no parser: named -> the function's arguments; required -> `[{"name": ..., "parameters": {...}}, ...]`.
+`parse_tool_calls` and `forced_calls` read a whole text (the answer that is not streamed);
+recap.server.tool_stream reads it as it streams and releases each call when it completes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,46 +113,59 @@ def tool_constraint(
     return StructuredOutput.json(array)
 
 
-def _call(name: str, arguments: Any, index: int) -> ToolCall:
+def new_call(name: str, arguments: Any, index: int) -> ToolCall:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return ToolCall(index=index, id=f"call_{uuid.uuid4().hex[:24]}", function=ToolCallFunction(name=name,
                                                                                                arguments=args))
 
 
-def forced_calls(text: str, tools: list[ToolSpec], choice: str | NamedToolChoice) -> list[ToolCall]:
-    """The calls a forced generation wrote (the grammar guarantees the shape when it finished)."""
-    if isinstance(choice, NamedToolChoice):
-        return [_call(choice.function.name, text, 0)]
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        return []  # cut short by max_tokens: no call, the text stays as content
-    return [_call(it["name"], it.get("parameters", {}), i) for i, it in enumerate(items)]
-
-
-def _calls_from_objects(objs: Any, known: set[str]) -> list[ToolCall] | None:
-    if isinstance(objs, dict):
-        objs = [objs]
-    if not isinstance(objs, list):
+def object_call(obj: Any, known: set[str], index: int) -> ToolCall | None:
+    """The call a parsed `{"name": ..., "arguments"|"parameters": {...}}` object writes; None when it is
+    no call of a known tool."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in known:
         return None
-    out = []
-    for i, o in enumerate(objs):
-        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
-            return None
-        if known and o["name"] not in known:
-            return None
-        out.append(_call(o["name"], o.get("arguments", o.get("parameters", {})), i))
-    return out
+    return new_call(obj["name"], obj.get("arguments", obj.get("parameters", {})), index)
 
 
-_FORMATS = {
-    "hermes": re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S),
-    "granite": re.compile(r"<\|tool_call\|>\s*(.*)$", re.S),
-    "nemotron": re.compile(r"<TOOLCALL>\s*(.*?)\s*(?:</TOOLCALL>|$)", re.S),
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
+_SEPARATOR = re.compile(r"[\s,]*")
+
+
+def json_values(body: str) -> tuple[list[Any], bool]:
+    """The JSON values `body` starts with: the elements of an array, in order up to the first that does not
+    decode (so an array cut short keeps its complete elements), or one lone value; and whether the array
+    closed (or the lone value decoded). Text after the array or value is not read."""
+    i = _SPACE.match(body).end()  # type: ignore[union-attr]
+    if not body.startswith("[", i):
+        try:
+            return [_DECODER.raw_decode(body, i)[0]], True
+        except json.JSONDecodeError:
+            return [], False
+    items: list[Any] = []
+    i += 1
+    while True:
+        i = _SEPARATOR.match(body, i).end()  # type: ignore[union-attr]
+        if i >= len(body):
+            return items, False
+        if body[i] == "]":
+            return items, True
+        try:
+            value, i = _DECODER.raw_decode(body, i)
+        except json.JSONDecodeError:
+            return items, False
+        items.append(value)
+
+
+# Each format's call block: its start marker and the marker that ends it (granite: none, the block runs
+# to the end of the text; qwen3_xml: one call per block, ended by </function>).
+MARKERS: dict[str, tuple[str, str | None]] = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "granite": ("<|tool_call|>", None),
+    "nemotron": ("<TOOLCALL>", "</TOOLCALL>"),
+    "qwen3_xml": ("<tool_call>", "</function>"),
 }
-
-
-_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*?)</function>\s*(?:</tool_call>|$)", re.S)
+_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*)</function>", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
 
 
@@ -160,40 +176,71 @@ def _xml_value(text: str) -> Any:
         return text
 
 
-def _parse_xml(text: str, known: set[str]) -> tuple[str | None, list[ToolCall]]:
-    matches = list(_XML_CALL.finditer(text))
-    if not matches or any(known and m.group(1) not in known for m in matches):
-        return text, []
-    calls = [_call(m.group(1), {k: _xml_value(v) for k, v in _XML_PARAM.findall(m.group(2))}, i)
-             for i, m in enumerate(matches)]
-    content = text[: matches[0].start()].strip()
-    return content or None, calls
+def xml_object(block: str) -> dict[str, Any] | None:
+    """`<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function>` as a call object."""
+    m = _XML_CALL.fullmatch(block)
+    if m is None:
+        return None
+    return {"name": m.group(1), "arguments": {k: _xml_value(v) for k, v in _XML_PARAM.findall(m.group(2))}}
+
+
+def _call_objects(text: str, parser: str, first: int) -> Iterator[Any]:
+    """The call objects written from the first marker (at `first`) on, in order; a block that is not
+    well-formed ends them with None."""
+    start, end = MARKERS[parser]
+    at = first
+    while at >= 0:
+        body_at = at + len(start)
+        close = text.find(end, body_at) if end else -1
+        if parser == "qwen3_xml":
+            if close < 0:
+                return
+            yield xml_object(text[at: close + len(end)])  # type: ignore[arg-type]
+        else:
+            items, closed = json_values(text[body_at: close if close >= 0 else len(text)])
+            yield from items
+            if not closed:
+                yield None
+                return
+        if close < 0:
+            return
+        at = text.find(start, close + len(end))  # type: ignore[arg-type]
 
 
 def parse_tool_calls(text: str, parser: str, tools: list[ToolSpec]) -> tuple[str | None, list[ToolCall]]:
-    """(content left, calls) from free text in `parser`'s format; text that is no well-formed call of a
-    known tool stays content, as vLLM's parsers leave it."""
-    if parser == "qwen3_xml":
-        return _parse_xml(text, {t.function.name for t in tools})
-    pattern = _FORMATS[parser]
-    matches = list(pattern.finditer(text))
-    if not matches:
+    """(content, calls) from free text in `parser`'s format (the reference for recap.server.tool_stream).
+
+    The calls are the well-formed calls of known tools from the first call marker on, in order, up to the
+    first that is not one; the content is the text before that marker (trailing whitespace dropped; None
+    when blank). Text with no such call is all content, as vLLM's parsers leave it."""
+    first = text.find(MARKERS[parser][0])
+    if first < 0:
         return text, []
     known = {t.function.name for t in tools}
     calls: list[ToolCall] = []
-    for m in matches:
-        try:
-            parsed = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            return text, []
-        found = _calls_from_objects(parsed, known)
-        if found is None:
-            return text, []
-        calls.extend(found)
-    for i, c in enumerate(calls):
-        c.index = i
-    content = text[: matches[0].start()].strip()
-    return content or None, calls
+    for obj in _call_objects(text, parser, first):
+        call = object_call(obj, known, len(calls))
+        if call is None:
+            break
+        calls.append(call)
+    if not calls:
+        return text, []
+    return text[:first].rstrip() or None, calls
+
+
+def forced_calls(text: str, tools: list[ToolSpec], choice: str | NamedToolChoice) -> list[ToolCall]:
+    """The calls a forced generation wrote: named -> its arguments; required -> the array's complete
+    calls (the grammar guarantees the shape; max_tokens may cut the array short)."""
+    if isinstance(choice, NamedToolChoice):
+        return [new_call(choice.function.name, text, 0)]
+    known = {t.function.name for t in tools}
+    calls: list[ToolCall] = []
+    for obj in json_values(text)[0]:
+        call = object_call(obj, known, len(calls))
+        if call is None:
+            break
+        calls.append(call)
+    return calls
 
 
 def detect_parser(chat_template: str | None) -> str | None:

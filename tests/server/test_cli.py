@@ -109,3 +109,13 @@ def test_readme_names_every_supported_architecture() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     missing = [name for name in MODEL_CLASSES if f"`{name}`" not in readme]
     assert not missing, f"README.md does not list {missing}"
+
+
+def test_design_notes_name_every_package() -> None:
+    """docs/design.md §5 and docs/architecture.md lay out every package of recap/ (kept in step with the code)."""
+    root = Path(__file__).resolve().parents[2]
+    packages = sorted(p.parent.name for p in (root / "recap").glob("*/__init__.py"))
+    for doc in ("docs/design.md", "docs/architecture.md"):
+        text = (root / doc).read_text()
+        missing = [name for name in packages if f"\n{name}/ " not in text]
+        assert not missing, f"{doc} does not lay out {missing}"

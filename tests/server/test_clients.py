@@ -1,10 +1,13 @@
 """Real clients against a live server: LangChain's ChatOpenAI.with_structured_output (json_schema and
-function calling) and lm-eval's local-completions on a tiny local multiple-choice task (loglikelihood,
-which reads echo + prompt logprobs)."""
+function calling), lm-eval's local-completions on a tiny local multiple-choice task (loglikelihood,
+which reads echo + prompt logprobs) and guidellm's streaming benchmark with its default backend."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -71,3 +74,25 @@ def test_lm_eval_local_completions_multiple_choice(server: object, tiny_model: P
         logliks = [float(r[0]) for r in sample["filtered_resps"]]
         assert len(logliks) == 3 and all(v < 0 for v in logliks)  # one real loglikelihood per choice
         assert len(set(logliks)) > 1
+
+
+def test_guidellm_streaming_benchmark(server: object, tiny_model: Path, tmp_path: Path) -> None:
+    """guidellm's own CLI with its default backend (streaming chat completions with stream_options
+    include_usage + continuous_usage_stats, ignore_eos, max_completion_tokens): every request succeeds
+    and streams its tokens. guidellm 0.8 has no default profile or data; synchronous and small here."""
+    out = tmp_path / "guidellm.json"
+    cmd = [sys.executable, "-m", "guidellm", "run", "--backend", f"kind=openai_http,target={server.url}",  # type: ignore[attr-defined]
+           "--profile", "kind=synchronous", "--constraint", "kind=max_requests,count=4",
+           "--data", "kind=synthetic_text,prompt_tokens=48,output_tokens=24",
+           "--tokenizer", f"kind=huggingface_auto,model={tiny_model}",
+           "--output", f"kind=json,path={out}", "--disable-console-interactive"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (bench,) = json.loads(out.read_text())["benchmarks"]
+    assert bench["metrics"]["request_totals"] == {"successful": 4, "errored": 0, "incomplete": 0, "total": 4}
+    for req in bench["requests"]["successful"]:
+        body = json.loads(req["request_args"])["body"]
+        assert body["stream"] is True and body["stream_options"]["continuous_usage_stats"] is True
+        assert req["info"]["status"] == "completed" and req["output_tokens"] == 24
+        assert req["output_tokens_per_iteration"] < 2  # streamed token by token, not in one final chunk

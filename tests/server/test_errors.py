@@ -60,6 +60,11 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("max-tokens-zero-without-echo", C, c(max_tokens=0), 400, "max_tokens must be at least 1 (0 only with echo)",
      "max_tokens"),
     ("suffix", C, c(suffix="x"), 400, "suffix is not supported", "suffix"),
+    ("best-of", C, c(best_of=3), 400, "best_of is not supported (only equal to n)", "best_of"),
+    ("beam-search", C, c(use_beam_search=True), 400, "use_beam_search is not supported", "use_beam_search"),
+    ("length-penalty", CHAT, chat(length_penalty=0.8), 400, "length_penalty is not supported", "length_penalty"),
+    ("echo-type", C, c(echo="yes"), 400, "echo: Input should be a valid boolean", "echo"),
+    ("chat-echo", CHAT, chat(echo=True), 400, "echo is not supported in chat", "echo"),
     ("frequency-penalty", C, c(frequency_penalty=2.5), 400, "frequency_penalty must be in [-2, 2]",
      "frequency_penalty"),
     ("presence-penalty", CHAT, chat(presence_penalty=-3), 400, "presence_penalty must be in [-2, 2]",
@@ -180,6 +185,22 @@ def test_bad_requests_do_not_disturb_accepted_ones(http: httpx.Client, server: A
     ok = http.post(C, json=c(max_tokens=3, temperature=0.0, ignore_eos=True))
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
+
+
+def test_fields_at_values_with_no_effect_are_accepted(http: httpx.Client) -> None:
+    """What clients send at their defaults (vLLM's bench, lm-eval, LangChain, guidellm) changes nothing: 200."""
+    neutral = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "logit_bias": {},
+               "min_p": 0.0, "top_k": -1, "min_tokens": 0, "stop_token_ids": [], "seed": None, "n": 1,
+               "use_beam_search": False, "length_penalty": 1.0, "skip_special_tokens": True,
+               "spaces_between_special_tokens": True, "include_stop_str_in_output": False, "ignore_eos": False,
+               "prompt_logprobs": None, "stream": True,
+               "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+    for path, body in ((C, c(**neutral, best_of=1, echo=False, suffix="", logprobs=None)),
+                       (CHAT, chat(**neutral, echo=False, logprobs=False, tool_choice="none",
+                                   parallel_tool_calls=True))):
+        r = http.post(path, json=body)
+        assert r.status_code == 200, (path, r.text)
+        assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
 
 
 def test_null_fields_mean_their_default(http: httpx.Client) -> None:

@@ -1,20 +1,28 @@
 """Structured output and tools over HTTP, through the official openai client: response_format json_schema
 and json_object, guided_* and structured_outputs extras, tool_choice named / required / none, tool
-messages; the tool-call parsers of the model families recap serves (Hermes/Qwen, Granite, Nemotron)."""
+messages; the tool-call parsers of the model families recap serves (Hermes/Qwen, Granite, Nemotron); streamed
+tool calls, one delta per call as each completes, accumulated by openai's own stream helpers."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 import httpx
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from pydantic import BaseModel
 
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.llm_engine import LLMEngine
+from recap.server.app import build_app
+from recap.server.options import ServerOptions
 from recap.server.tools import ToolSpec, detect_parser, parse_tool_calls
-from tests.server.conftest import MODEL_NAME
+from tests.server.conftest import MODEL_NAME, ServerThread, engine_config
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -90,6 +98,74 @@ def test_named_and_required_tool_calls(client: openai.OpenAI) -> None:
     streamed_calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert [tc.function.name for tc in streamed_calls] == ["get_weather"]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def _calls(message: object) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]  # type: ignore[attr-defined]
+
+
+def test_streamed_forced_calls_accumulate_to_the_whole_answer(client: openai.OpenAI) -> None:
+    """tool_choice required with parallel calls: streamed, each call is its own delta (index, id, type, name,
+    arguments) and openai's own accumulator rebuilds the calls of the answer that is not streamed."""
+    body = {"model": MODEL_NAME, "messages": MSGS, "tools": [WEATHER, TIME], "tool_choice": "required",
+            "max_tokens": 120, "temperature": 1.0, "seed": 3}
+    whole = client.chat.completions.create(**body)
+    assert len(whole.choices[0].message.tool_calls) >= 2  # the seed writes several calls before max_tokens
+    state = ChatCompletionStreamState(input_tools=[WEATHER, TIME])
+    call_chunks = []
+    for chunk in client.chat.completions.create(**body, stream=True):
+        state.handle_chunk(chunk)
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            assert tc.id and tc.type == "function" and tc.function.name
+            assert isinstance(json.loads(tc.function.arguments), dict)
+            call_chunks.append((tc.index, chunk.choices[0].finish_reason))
+    streamed = state.current_completion_snapshot.choices[0]
+    assert _calls(streamed.message) == _calls(whole.choices[0].message)
+    assert streamed.finish_reason == whole.choices[0].finish_reason
+    assert [i for i, _ in call_chunks] == list(range(len(call_chunks)))
+    assert call_chunks[0][1] is None  # the first call went out before the answer ended
+
+
+@pytest.fixture(scope="module")
+def hermes_client(tiny_model: Path) -> Iterator[openai.OpenAI]:
+    """A server whose tool_choice auto reads Hermes-style calls (--tool-call-parser hermes)."""
+    engine = AsyncEngine(LLMEngine(engine_config(tiny_model)))
+    srv = ServerThread(build_app(engine, options=ServerOptions(tool_call_parser="hermes")))
+    srv.start()
+    yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    srv.stop()
+
+
+def test_streamed_auto_tool_calls_go_out_as_each_completes(hermes_client: openai.OpenAI) -> None:
+    """tool_choice auto: content, then two Hermes calls; a regex makes the random model write them. Streamed,
+    the content comes first, then each call in its own delta as its text completes; openai's
+    chat.completions.stream() accumulates the same message as the answer that is not streamed."""
+    regex = (r'Sure\.\n<tool_call>\{"name": "get_time", "arguments": \{"tz": "UTC"\}\}</tool_call>\n'
+             r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", "unit": "C"\}\}</tool_call>')
+    body = {"model": MODEL_NAME, "messages": MSGS, "tools": [WEATHER, TIME], "max_tokens": 400, "temperature": 0.0,
+            "extra_body": {"structured_outputs": {"regex": regex}}}
+    whole = hermes_client.chat.completions.create(**body)
+    assert whole.choices[0].message.content == "Sure." and whole.choices[0].finish_reason == "tool_calls"
+    assert [name for name, _ in _calls(whole.choices[0].message)] == ["get_time", "get_weather"]
+    chunks = list(hermes_client.chat.completions.create(**body, stream=True))
+    kinds = []  # what each chunk carries, in order
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        if delta.content:
+            kinds.append("content")
+        kinds += [f"call{tc.index}" for tc in delta.tool_calls or []]
+        if delta.tool_calls:
+            assert len(delta.tool_calls) == 1  # one call per chunk: released as each completes
+    assert kinds[-2:] == ["call0", "call1"] and set(kinds[:-2]) == {"content"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    (call0,) = [c for c in chunks if c.choices[0].delta.tool_calls and c.choices[0].delta.tool_calls[0].index == 0]
+    assert call0.choices[0].finish_reason is None  # out before the answer ended
+    with hermes_client.chat.completions.stream(**body) as stream:
+        events = [(e.type, getattr(e, "index", None)) for e in stream if e.type.startswith("tool_calls")]
+        final = stream.get_final_completion().choices[0]
+    assert events[:2] == [("tool_calls.function.arguments.delta", 0), ("tool_calls.function.arguments.delta", 1)]
+    assert final.message.content == "Sure." and final.finish_reason == "tool_calls"
+    assert _calls(final.message) == _calls(whole.choices[0].message)
 
 
 SPECS = [ToolSpec.model_validate(WEATHER), ToolSpec.model_validate(TIME)]
