@@ -1,21 +1,28 @@
-"""Soak the HTTP server: many concurrent requests with random aborts and disconnects, then check
-that nothing leaked (every KV block and state slot back in its pool, nothing running), that the
-server's own counts add up (/metrics: received == success + aborted + rejected, recap.server.request_counts),
-and that its resident memory is flat after warm-up (process_resident_memory_bytes, sampled as it runs).
+"""Soak the HTTP server: many concurrent requests with random aborts, disconnects and bad requests,
+then check, from the server's own endpoints:
+  counts:    /metrics alone adds up: received == success + aborted + rejected (recap.server.request_counts),
+             and received == sent, less the aborts whose client gave up before its request reached the server;
+  leaks:     /debug/integrity clean, every KV block and state slot back in its pool, nothing running;
+  records:   /debug/memory's per-request records (recap.engine.census) all 0 at the end, bounded ones within
+             capacity;
+  memory:    resident memory, malloc's bytes in use and Python's allocated blocks, sampled from /debug/memory
+             as it runs, flat after warm-up: slope per 1k requests (median pairwise, recap.bench.memory_trend).
+             RSS includes memory malloc keeps free; a last sample after malloc_trim shows how much that is.
 The documented full run is 10k requests (the default); the server needs --enable-debug-endpoints.
 
     .venv/bin/python benchmarks/soak_server.py                      # self-started server, tiny model
     .venv/bin/python benchmarks/soak_server.py --default-model      # self-started, embedded default model
     .venv/bin/python benchmarks/soak_server.py --url http://127.0.0.1:8000 --requests 2000
 
-Bounded in count (--requests) and time (--time-limit); loopback servers only. Exit status 0 when
-there were no errors besides the intended aborts and no leaks.
+Bounded in count (--requests) and time (--time-limit); loopback servers only. Exit status 0 when every
+check above holds. --json writes the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import socket
 import subprocess
@@ -31,6 +38,10 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
+from recap.bench.memory_trend import after_warmup, growth, slope_per_1k  # noqa: E402
+
+MEMORY_SERIES = ("rss_bytes", "malloc_in_use_bytes", "python_blocks", "gc_objects")
+MiB = 2**20
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 WORDS = ("pump", "valve", "filter", "gauge", "schedule", "inspect", "log", "pressure", "seal", "bearing", "motor",
          "flow", "tank", "pipe", "sensor", "alarm", "reset", "manual", "check", "weekly")
@@ -38,10 +49,12 @@ WORDS = ("pump", "valve", "filter", "gauge", "schedule", "inspect", "log", "pres
 
 @dataclass
 class Tally:
+    sent: int = 0
     ok: int = 0
     aborts: int = 0
     rejected: int = 0  # deliberately bad requests answered with the expected 4xx
     errors: int = 0
+    timed_out: int = 0  # plain requests the client gave up on (may never have reached the server)
     cached_tokens: int = 0
     prompt_tokens: int = 0
     error_samples: list[str] = field(default_factory=list)
@@ -104,7 +117,8 @@ async def _plain(client: httpx.AsyncClient, path: str, body: dict[str, Any], dea
     try:
         r = await asyncio.wait_for(client.post(path, json=body), timeout=deadline)
     except TimeoutError:
-        t.aborts += 1  # the cancelled request closes its connection: the server aborts it
+        t.aborts += 1
+        t.timed_out += 1  # the cancelled request closes its connection: the server aborts it
         return
     if r.status_code != 200:
         t.error(f"{r.status_code} {r.text}")
@@ -148,17 +162,11 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-def _counts_add_up(m: dict[str, float]) -> str | None:
-    """None when received == success + aborted + rejected and the reasons sum to rejected; else why not."""
-    outcomes = {o: m.get(f"recap:api_requests_total:{o}", 0.0) for o in ("success", "aborted", "rejected")}
-    received = m.get("recap:api_requests_received_total", 0.0)
-    reasons = sum(v for k, v in m.items() if k.startswith("recap:api_requests_rejected_total:"))
-    if received != sum(outcomes.values()) or reasons != outcomes["rejected"]:
-        return f"received {received:.0f} != {outcomes} (rejected by reason: {reasons:.0f})"
-    return None
+def _memory(url: str, trim: bool = False) -> dict[str, Any]:
+    return httpx.get(f"{url}/debug/memory", params={"trim": "true"} if trim else None, timeout=60).json()
 
 
-async def _soak(url: str, args: argparse.Namespace, rss: list[tuple[int, float]]) -> tuple[Tally, float]:
+async def _soak(url: str, args: argparse.Namespace, memory: list[tuple[int, dict[str, Any]]]) -> tuple[Tally, float]:
     rng = random.Random(args.seed)
     systems = [f"System prompt {i}: " + _text(random.Random(i), 40) for i in range(8)]
     t = Tally()
@@ -171,11 +179,11 @@ async def _soak(url: str, args: argparse.Namespace, rss: list[tuple[int, float]]
             nonlocal next_i
             while next_i < args.requests and time.monotonic() < stop_at:
                 next_i += 1
+                t.sent += 1
                 if next_i % 1000 == 0:
                     print(f"  {next_i} requests sent", file=sys.stderr, flush=True)
-                if next_i % args.rss_every == 0:
-                    m = await asyncio.to_thread(_metrics, url)
-                    rss.append((next_i, m.get("process_resident_memory_bytes", 0.0)))
+                if next_i % args.memory_every == 0:
+                    memory.append((next_i, await asyncio.to_thread(_memory, url)))
                 await _one(client, random.Random(rng.random()), args, systems, t)
 
         t0 = time.monotonic()
@@ -220,7 +228,7 @@ def _start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.P
         path = make_tiny_checkpoint("bamba", workdir / "tiny-bamba", vocab_size=default_model.VOCAB_SIZE)
         default_model.save_tokenizer(path, default_model.SEED)
         model = [str(path)]
-    port = _free_port()
+    port = args.port or _free_port()
     cmd = [sys.executable, "-m", "recap.cli", "serve", *model, "--port", str(port), "--log-level", "warning",
            "--num-threads", str(args.server_threads), "--enable-debug-endpoints", *args.server_args]
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
@@ -240,6 +248,7 @@ def _start_server(args: argparse.Namespace, workdir: Path) -> tuple[subprocess.P
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (loopback only); default: start one")
+    p.add_argument("--port", type=int, default=0, help="the self-started server's port (default: a free one)")
     p.add_argument("--model", help="model folder for the self-started server (default: a tiny Bamba)")
     p.add_argument("--default-model", action="store_true", help="self-start on the embedded default model")
     p.add_argument("--model-name", help="the `model` field to send (default: omit it)")
@@ -247,13 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--abort-fraction", type=float, default=0.15)
     p.add_argument("--bad-fraction", type=float, default=0.02)
-    p.add_argument("--time-limit", type=float, default=1800.0, help="stop sending after this many seconds")
+    p.add_argument("--time-limit", type=float, default=7200.0, help="stop sending after this many seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-threads", type=int, default=1)
-    p.add_argument("--rss-every", type=int, default=250, help="sample the server's resident memory every N requests")
+    p.add_argument("--memory-every", type=int, default=250, help="sample /debug/memory every N requests")
     p.add_argument("--warmup-fraction", type=float, default=0.5,
                    help="samples before this share of the requests are warm-up (allocator arenas, caches fill)")
     p.add_argument("--rss-slack-mib", type=float, default=64.0, help="resident growth allowed after warm-up")
+    p.add_argument("--heap-slope-mib", type=float, default=1.0,
+                   help="malloc bytes in use may grow at most this many MiB per 1k requests after warm-up")
+    p.add_argument("--json", type=Path, help="write the numbers here")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra `recap serve` flags")
     args = p.parse_args(argv)
     proc = None
@@ -264,12 +276,14 @@ def main(argv: list[str] | None = None) -> int:
             url = args.url.rstrip("/")
         else:
             proc, url = _start_server(args, Path(tmp))
-        rss: list[tuple[int, float]] = []
+        memory: list[tuple[int, dict[str, Any]]] = []
         try:
-            t, seconds = asyncio.run(_soak(url, args, rss))
+            t, seconds = asyncio.run(_soak(url, args, memory))
             leaked, report = _leaks(url)
             final = _metrics(url)
-            rss.append((args.requests, final.get("process_resident_memory_bytes", 0.0)))
+            last = _memory(url)
+            memory.append((t.sent, last))
+            trimmed = _memory(url, trim=True)
         finally:
             if proc is not None:
                 proc.terminate()
@@ -277,30 +291,78 @@ def main(argv: list[str] | None = None) -> int:
     done = t.ok + t.aborts + t.rejected + t.errors
     hit = t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0
     print(f"requests {done} in {seconds:.1f}s ({done / seconds:.1f} req/s), concurrency {args.concurrency}")
-    print(f"ok {t.ok}  aborts {t.aborts}  rejected-as-expected {t.rejected}  errors {t.errors}")
+    print(f"ok {t.ok}  aborts {t.aborts} ({t.timed_out} client timeouts)  rejected-as-expected {t.rejected}  "
+          f"errors {t.errors}")
     print(f"cached prompt tokens (plain requests) {hit:.1%}")
     print(f"leaks {leaked}  integrity {'ok' if report['ok'] else report['error']}  pools {report['pools']}")
-    counts_error = _counts_add_up(final)
-    print("server counts: received {:.0f} = success {:.0f} + aborted {:.0f} + rejected {:.0f}: {}".format(
-        final.get("recap:api_requests_received_total", 0), final.get("recap:api_requests_total:success", 0),
+    counts_error = _counts_add_up(final, t)
+    print("server counts: sent {} received {:.0f} = success {:.0f} + aborted {:.0f} + rejected {:.0f}: {}".format(
+        t.sent, final.get("recap:api_requests_received_total", 0), final.get("recap:api_requests_total:success", 0),
         final.get("recap:api_requests_total:aborted", 0), final.get("recap:api_requests_total:rejected", 0),
         "ok" if counts_error is None else counts_error))
-    growth = _rss_growth(rss, args.warmup_fraction)
-    print("resident memory (MiB) at requests " + ", ".join(f"{i}: {b / 2**20:.0f}" for i, b in rss))
-    print(f"resident memory growth after warm-up: {growth / 2**20:+.1f} MiB (allowed {args.rss_slack_mib} MiB)")
+    records_error = _records_error(last)
+    print(f"live records at the end: {last['per_request']}: {'ok' if records_error is None else records_error}")
+    print("bounded records: " + ", ".join(f"{k} {v['count']}/{v['capacity']}" for k, v in last["bounded"].items()))
+    trend = _trend(memory, args.warmup_fraction)
+    for name, (slope, rise) in trend.items():
+        unit, scale = ("MiB", MiB) if name.endswith("bytes") else ("", 1)
+        print(f"{name} after warm-up: slope {slope / scale:+.3f} {unit}/1k requests, rise {rise / scale:+.1f} {unit}")
+    print("resident memory (MiB) at requests " + ", ".join(f"{i}: {m['process']['rss_bytes'] / MiB:.0f}"
+                                                            for i, m in memory))
+    proc_last, proc_trim = last["process"], trimmed["process"]
+    in_use, free = (proc_last[k] or 0 for k in ("malloc_in_use_bytes", "malloc_free_bytes"))
+    print(f"at the end: RSS {proc_last['rss_bytes'] / MiB:.1f} MiB, malloc in use {in_use / MiB:.1f} MiB, "
+          f"malloc free {free / MiB:.1f} MiB; after malloc_trim RSS {proc_trim['rss_bytes'] / MiB:.1f} MiB")
     for s in t.error_samples:
         print("  error:", s)
-    flat = growth <= args.rss_slack_mib * 2**20
-    return 0 if t.errors == 0 and leaked == 0 and counts_error is None and flat else 1
+    rss_rise = trend["rss_bytes"][1]
+    heap_slope = trend["malloc_in_use_bytes"][0]
+    flat = rss_rise <= args.rss_slack_mib * MiB and heap_slope <= args.heap_slope_mib * MiB
+    ok = t.errors == 0 and leaked == 0 and counts_error is None and records_error is None and flat
+    if args.json:
+        args.json.write_text(json.dumps({
+            "sent": t.sent, "ok": t.ok, "aborts": t.aborts, "client_timeouts": t.timed_out, "rejected": t.rejected,
+            "errors": t.errors, "seconds": seconds, "leaks": leaked, "counts_error": counts_error,
+            "records_error": records_error, "server_counts": final,
+            "trend_per_1k": {k: {"slope": v[0], "rise": v[1]} for k, v in trend.items()},
+            "memory": [{"requests": i, **m["process"]} for i, m in memory], "trimmed": proc_trim,
+            "bounded": last["bounded"], "passed": ok}, indent=1))
+    return 0 if ok else 1
 
 
-def _rss_growth(rss: list[tuple[int, float]], warmup_fraction: float) -> float:
-    """Resident bytes at the end minus the lowest sample after warm-up (0 without samples)."""
-    if not rss:
-        return 0.0
-    cut = warmup_fraction * rss[-1][0]
-    after = [b for i, b in rss if i >= cut] or [rss[-1][1]]
-    return rss[-1][1] - min(after)
+def _counts_add_up(m: dict[str, float], t: Tally) -> str | None:
+    """None when received == success + aborted + rejected, the reasons sum to rejected, and every request
+    sent was received (less client timeouts that may have left before their request arrived); else why not."""
+    outcomes = {o: m.get(f"recap:api_requests_total:{o}", 0.0) for o in ("success", "aborted", "rejected")}
+    received = m.get("recap:api_requests_received_total", 0.0)
+    reasons = sum(v for k, v in m.items() if k.startswith("recap:api_requests_rejected_total:"))
+    if received != sum(outcomes.values()) or reasons != outcomes["rejected"]:
+        return f"received {received:.0f} != {outcomes} (rejected by reason: {reasons:.0f})"
+    if not t.sent - t.timed_out <= received <= t.sent:
+        return f"received {received:.0f} of {t.sent} sent ({t.timed_out} client timeouts)"
+    return None
+
+
+def _records_error(memory: dict[str, Any]) -> str | None:
+    """None when no per-request record outlives its request (runner state: beyond the finished ids the next
+    step frees) and every bounded one is within capacity."""
+    live = {k: v for k, v in memory["per_request"].items() if v}
+    pending = memory["next_step"]
+    live.update({k: v for k, v in pending.items() if k != "finished_ids" and v > pending["finished_ids"]})
+    over = {k: v for k, v in memory["bounded"].items() if v["count"] > v["capacity"]}
+    if live or over:
+        return f"live after the run: {live}; over capacity: {over}"
+    return None
+
+
+def _trend(memory: list[tuple[int, dict[str, Any]]], warmup_fraction: float) -> dict[str, tuple[float, float]]:
+    """Per series: (slope per 1k requests, rise) after warm-up."""
+    out: dict[str, tuple[float, float]] = {}
+    for name in MEMORY_SERIES:
+        series = [(i, float(m["process"][name])) for i, m in memory if m["process"].get(name) is not None]
+        tail = after_warmup(series, warmup_fraction)
+        out[name] = (slope_per_1k(tail), growth(tail))
+    return out
 
 
 if __name__ == "__main__":

@@ -77,7 +77,11 @@ class CacheManager:
         if self.window is not None and self.state is not None and self.window.span:
             # A checkpoint after block k needs window block k - 1: its eviction strands the checkpoint too.
             self.window.pool.on_evict = self.state.pool.strand
-        self.policy = CheckpointPolicy(cache_config, layout.has_state)
+        # The tail learner reads the extent at the end of a KV hit (or seen prefix): only hashes the KV
+        # pool (or the seen index) can hold are read again, so it remembers no more than that.
+        seen_capacity = SEEN_BLOCKS_PER_SLOT * layout.num_state_slots
+        extent_capacity = max(1, layout.num_kv_blocks if layout.has_kv else seen_capacity)
+        self.policy = CheckpointPolicy(cache_config, layout.has_state, extent_capacity)
         if self.state is not None and self.policy.learns_yield:  # only recap learns from outcomes
             self.state.pool.on_outcome = self.policy.record_outcome
         self.hasher = BlockHasher(bs)
@@ -85,7 +89,7 @@ class CacheManager:
         self.seen: SeenIndex | None = None
         self._seen_upto: dict[str, int] = {}
         if self.kv is None and self.policy.enabled:
-            self.seen = SeenIndex(SEEN_BLOCKS_PER_SLOT * layout.num_state_slots)
+            self.seen = SeenIndex(seen_capacity)
 
     # -- hashing ----------------------------------------------------------------------------------
     def update_hashes(self, request: Request) -> None:

@@ -42,7 +42,10 @@ from recap.config import CacheConfig
 from recap.core.request import Request
 
 TAIL_WINDOW = 256  # recent divergence distances kept
-EXTENT_CAPACITY = 1 << 20  # block hashes remembered with the prompt end that last extended them
+# Block hashes remembered with the prompt end that last extended them, at most: a request reads the
+# entry at the end of its KV hit, so only hashes the cache can still hold are ever read again. The cache
+# manager passes its KV pool's size (or its seen index's); this is the bound without one.
+EXTENT_CAPACITY = 1 << 20
 
 YIELD_MIN_SAMPLES = 64  # outcomes of a source before its yield is trusted
 YIELD_MIN_RATE = 1 / 32  # below this hit rate a speculative source is only sampled
@@ -80,7 +83,10 @@ class CheckpointPolicy:
     branch point); `forget` drops them.
     """
 
-    def __init__(self, cache_config: CacheConfig, has_state: bool) -> None:
+    def __init__(self, cache_config: CacheConfig, has_state: bool, extent_capacity: int = EXTENT_CAPACITY) -> None:
+        """`extent_capacity`: block hashes the tail learner remembers (LRU), about what the cache can hold."""
+        if extent_capacity < 1:
+            raise ValueError(f"extent_capacity must be positive, got {extent_capacity}")
         self.name = cache_config.checkpoint_policy
         self.block_size = cache_config.block_size
         self.enabled = has_state and cache_config.enable_prefix_caching and self.name != "none"
@@ -96,6 +102,7 @@ class CheckpointPolicy:
         self._learn_tail = self.name == "recap"
         self.learns_yield = self.enabled and self.name == "recap"  # wants the state pool's per-source outcomes
         self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
+        self.extent_capacity = extent_capacity
         # Per cache salt: tenants learn from their own traffic only (salts isolate, DESIGN invariant 6).
         self._distances: dict[str | None, deque[int]] = {}
         self.outcomes: dict[Source, list[int]] = {src: [0, 0] for src in Source}  # [hits, misses]
@@ -194,7 +201,7 @@ class CheckpointPolicy:
         for h in hashes[k : end // bs]:  # the new part of the chain now ends at this prompt's end
             extent[h] = end
             extent.move_to_end(h)
-        while len(extent) > EXTENT_CAPACITY:
+        while len(extent) > self.extent_capacity:
             extent.popitem(last=False)
         return max(0, end - self.tail_distance(end, request.cache_salt))
 
@@ -229,6 +236,11 @@ class CheckpointPolicy:
             if last >= request.num_prompt_tokens and not (out and out[-1].position == last):
                 out.append(Position(last, True, False, Source.DECODE_END))
         return out
+
+    @property
+    def num_extents(self) -> int:
+        """Block hashes the tail learner remembers (<= extent_capacity)."""
+        return len(self._extent)
 
     def forget(self, request_id: str) -> None:
         self._static.pop(request_id, None)

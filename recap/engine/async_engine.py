@@ -116,6 +116,12 @@ class AsyncEngine:
         self._commands.put(("call", (fn, future, loop)))
         return await future
 
+    @property
+    def num_streams(self) -> int:
+        """Requests with an open output stream (0 when nothing is in flight)."""
+        with self._lock:
+            return len(self._streams)
+
     def pool_usage(self) -> dict[str, int]:
         """KV block and state slot occupancy, read on the engine thread by the last check_integrity()."""
         return dict(self._pools)

@@ -6,6 +6,7 @@ from malformed JSON to an unknown field, gets the same OpenAI-style 4xx body.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -18,6 +19,8 @@ from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.engine.async_engine import AsyncEngine
+from recap.engine.census import census
+from recap.server import process_memory
 from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
 from recap.server.errors import APIError
@@ -134,3 +137,14 @@ def _add_debug_routes(app: FastAPI, engine: AsyncEngine) -> None:
         pools = engine.pool_usage()  # read on the engine thread together with the check
         return {"ok": error is None, "error": error, "num_running": pools.pop("num_running", 0),
                 "num_waiting": pools.pop("num_waiting", 0), "pools": pools}
+
+    @app.get("/debug/memory")
+    async def memory(trim: bool = False) -> dict[str, Any]:
+        """The process's memory (recap.server.process_memory) and the engine's live records
+        (recap.engine.census, read on the engine thread), so a soak tells live-object growth from
+        allocator noise. `?trim=true` first returns free malloc memory to the OS (malloc_trim)."""
+        records = await engine.call(census)
+        records["per_request"]["async_streams"] = engine.num_streams
+        if trim:
+            await asyncio.to_thread(process_memory.trim)
+        return {"process": await asyncio.to_thread(process_memory.snapshot), **records}

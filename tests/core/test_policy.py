@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from recap.config import CacheConfig
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recap.config import CacheConfig, CacheLayout
+from recap.core.cache_manager import CacheManager
 from recap.core.policy import YIELD_MIN_SAMPLES, CheckpointPolicy, Source
 from recap.core.request import Request
 
@@ -177,3 +183,39 @@ def test_tail_distances_are_learned_per_cache_salt() -> None:
     b = _hashed("b", shared + list(range(2000, 2034)))
     p.admit(b, 0, 64)
     assert p.tail_distance(96) == 32 and p.tail_distance(96, "tenant-2") == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(1, 24), prompts=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12)), max_size=40))
+def test_the_extent_map_is_bounded_and_agrees_with_an_unbounded_one_on_what_it_keeps(
+    capacity: int, prompts: list[tuple[int, int]]
+) -> None:
+    """Over any run the tail learner remembers at most `extent_capacity` hashes (it grew without bound
+    before), and while the hash a request's KV hit ends at is still remembered it learns the same
+    divergence as an unbounded learner. Prompts share prefixes of a few token families."""
+    bounded, unbounded = policy("recap"), policy("recap")
+    bounded.extent_capacity = capacity
+    for i, (family, blocks) in enumerate(prompts):
+        tokens = [family * 1000 + t for t in range(blocks * BS)] + [10**6 + i]  # a unique last token
+        r = _hashed(f"r{i}", tokens)
+        kv_hit = min(blocks, 3) * BS if i % 2 else 0  # every other request hits a shared prefix
+        remembered = kv_hit == 0 or r.block_hashes[kv_hit // BS - 1] in bounded._extent
+        before = list(bounded._distances.get(None, ())), list(unbounded._distances.get(None, ()))
+        bounded.admit(r, 0, kv_hit)
+        unbounded.admit(r, 0, kv_hit)
+        assert bounded.num_extents <= capacity
+        if remembered:  # the same observation, if any, on both sides
+            new_b = list(bounded._distances.get(None, ()))[len(before[0]):]
+            new_u = list(unbounded._distances.get(None, ()))[len(before[1]):]
+            assert new_b == new_u
+
+
+def test_the_cache_manager_bounds_the_extent_map_by_what_its_kv_pool_holds() -> None:
+    layout = CacheLayout(block_size=BS, num_kv_blocks=9, num_state_slots=8, has_kv=True, has_state=True)
+    cache = CacheManager(CacheConfig(block_size=BS), layout)
+    assert cache.policy.extent_capacity == 9
+    for i in range(50):
+        cache.policy.admit(_hashed(f"r{i}", [i * 1000 + t for t in range(33)]), 0, 0)
+        assert cache.policy.num_extents <= 9
+    ssm_only = CacheManager(CacheConfig(block_size=BS), replace(layout, num_kv_blocks=0, has_kv=False))
+    assert ssm_only.seen is not None and ssm_only.policy.extent_capacity == ssm_only.seen.capacity
