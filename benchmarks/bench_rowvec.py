@@ -44,25 +44,29 @@ def cpu_ms(fn: Callable[[], object], n: int) -> float:
 def kernels(rounds: int) -> None:
     print(f"{'out x in':>12} {'oneDNN ms':>10} {'rowvec ms':>10} {'speedup':>8} {'GB/s rowvec':>12}")
     for out_f, in_f in SHAPES:
-        k = max(2, int(200e6 // (out_f * in_f * 4)))
-        ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(k)]
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in ws]
-        x = torch.randn(1, in_f)
-        i = [0]
-
-        def nxt() -> int:
-            i[0] = (i[0] + 1) % k
-            return i[0]
-
-        a, b = [], []
-        with torch.inference_mode():
-            for _ in range(rounds):
-                a.append(cpu_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[nxt()], None, "none", [], ""), 20))
-                b.append(cpu_ms(lambda: rowvec_linear(x, ws[nxt()], None), 20))
-        ma, mb = statistics.median(a), statistics.median(b)
+        ma, mb = kernel_pair(out_f, in_f, rounds)
         gbs = out_f * in_f * 4 / (mb / 1e3) / 1e9
         print(f"{out_f:>6}x{in_f:<5} {ma:>10.3f} {mb:>10.3f} {ma / mb:>7.2f}x {gbs:>12.1f}")
-        del ws, packed
+
+
+def kernel_pair(out_f: int, in_f: int, rounds: int) -> tuple[float, float]:
+    """Median ms of oneDNN's packed linear and of rowvec_linear at one row, weights read from memory."""
+    k = max(2, int(200e6 // (out_f * in_f * 4)))
+    ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(k)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in ws]
+    x = torch.randn(1, in_f)
+    i = [0]
+
+    def nxt() -> int:
+        i[0] = (i[0] + 1) % k
+        return i[0]
+
+    a, b = [], []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            a.append(cpu_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed[nxt()], None, "none", [], ""), 20))
+            b.append(cpu_ms(lambda: rowvec_linear(x, ws[nxt()], None), 20))
+    return statistics.median(a), statistics.median(b)
 
 
 def steps(models: list[str], rounds: int, cache: Path) -> None:
