@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recap.model.layers.rowvec import rowvec_linear, use_rowvec
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -52,6 +53,7 @@ class Linear(nn.Module):
         self.bias = empty_param(out_features, dtype=dtype) if bias else None
         self._packed: torch.Tensor | None = None  # oneDNN copy of the weight when that backend is on
         self._int8: Int8Weight | None = None  # int8 copy of the weight when that backend is on
+        self._rowvec = False  # one-row fp32 inputs take the compiled mat-vec (layers/rowvec.py)
 
     @property
     def backend(self) -> str:
@@ -66,10 +68,17 @@ class Linear(nn.Module):
         use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
         self._packed = _pack(self.weight.detach()) if use else None
 
+    def set_rowvec(self, on: bool) -> None:
+        """Send one-row fp32 inputs (batch-1 decode) to the compiled mat-vec of layers/rowvec.py; the caller
+        checks `rowvec_available()` first. Inputs of more rows, and int8 weights, keep the backend."""
+        self._rowvec = on
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._int8 is not None:
             y = int8_linear(x, self._int8)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if self._rowvec and use_rowvec(x, self.weight):
+            return rowvec_linear(x, self.weight, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -84,4 +93,5 @@ def tied_linear(weight: nn.Parameter) -> Linear:
     head.bias = None
     head._packed = None
     head._int8 = None
+    head._rowvec = False
     return head

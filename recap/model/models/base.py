@@ -138,3 +138,11 @@ class CausalLM(nn.Module):
                 m.set_backend(backend)
         if self.config.tie_word_embeddings:
             self.head().set_backend(backend)
+
+    def set_rowvec(self, on: bool) -> None:
+        """Send every Linear's one-row fp32 inputs to the compiled mat-vec (layers/rowvec.py) or not."""
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.set_rowvec(on)
+        if self.config.tie_word_embeddings:
+            self.head().set_rowvec(on)
