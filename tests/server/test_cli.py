@@ -8,6 +8,7 @@ import sys
 import types
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -84,8 +85,11 @@ def test_generate_prints_the_completion(tiny_model: Path, capsys: pytest.Capture
 
 
 def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
-    with recap_serve([], tmp_path) as (url, log_path):
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    """Also the vLLM flags recap serve once refused to start with: --api-key, --dtype auto, --mamba-cache-mode."""
+    vllm_flags = ["--api-key", "sesame", "--dtype", "auto", "--mamba-cache-mode", "align"]
+    with recap_serve(vllm_flags, tmp_path) as (url, log_path):
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
         (model,) = client.models.list().data
         reply = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hello!"}],
                                                max_tokens=4, temperature=0.0)
