@@ -1,6 +1,7 @@
 """Real clients against a live server: LangChain's ChatOpenAI.with_structured_output (json_schema and
-function calling), lm-eval's local-completions on a tiny local multiple-choice task (loglikelihood,
-which reads echo + prompt logprobs) and guidellm's streaming benchmark with its default backend."""
+function calling) and bind_tools (invoked and streamed), lm-eval's local-completions on a tiny local
+multiple-choice task (loglikelihood, which reads echo + prompt logprobs) and guidellm's streaming
+benchmark with its default backend."""
 
 from __future__ import annotations
 
@@ -34,6 +35,30 @@ def test_langchain_with_structured_output(server: object, method: str) -> None:
     structured = llm.with_structured_output(Verdict, method=method, strict=True)
     out = structured.invoke("Is the pump running?")
     assert isinstance(out, Verdict)
+
+
+def test_langchain_bind_tools_invoke_and_stream(server: object) -> None:
+    """bind_tools with a forced choice: the calls LangChain reads from one answer, and the same calls
+    accumulated from the streamed tool-call chunks (same seed)."""
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: Literal["Paris", "Oslo"], unit: Literal["C", "F"]) -> str:
+        """Weather in a city."""
+        return f"18 {unit} in {city}"
+
+    llm = ChatOpenAI(model=MODEL_NAME, base_url=f"{server.url}/v1", api_key="unused",  # type: ignore[attr-defined]
+                     temperature=1.0, max_tokens=60, max_retries=0, seed=4)
+    bound = llm.bind_tools([get_weather], tool_choice="any", strict=True)  # "any": OpenAI's required
+    whole = bound.invoke("Weather in Oslo?")
+    assert [c["name"] for c in whole.tool_calls] and all(c["name"] == "get_weather" for c in whole.tool_calls)
+    assert all(c["args"]["city"] in ("Paris", "Oslo") for c in whole.tool_calls)
+    streamed = None
+    for chunk in bound.stream("Weather in Oslo?"):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed is not None
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(c["name"], c["args"]) for c in whole.tool_calls]
 
 
 def test_lm_eval_local_completions_multiple_choice(server: object, tiny_model: Path, tmp_path: Path,
