@@ -40,6 +40,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Special tokens whose text stays although skip_special_tokens: a tool parser's call markers, which
+    # some tokenizers mark special (the parser must see them; everything else special is still skipped).
+    keep_special_token_ids: tuple[int, ...] = ()
     # The output must match this (a JSON schema, regex, choice or grammar; recap/structured_output.py).
     structured_outputs: StructuredOutput | None = None
     extra: dict = field(default_factory=dict, compare=False, repr=False)
@@ -50,6 +53,7 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "keep_special_token_ids", tuple(int(t) for t in self.keep_special_token_ids))
         if self.logit_bias is not None:
             object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()} or None)
         if self.n < 1:

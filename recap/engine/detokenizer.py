@@ -16,6 +16,16 @@ from recap.sampling_params import SamplingParams
 _CONTEXT_TOKENS = 6
 
 
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids `decode(..., skip_special_tokens=True)` drops: the named special tokens and added tokens
+    marked special."""
+    ids = set(getattr(tokenizer, "all_special_ids", ()))
+    for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return frozenset(ids)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
@@ -28,8 +38,14 @@ class IncrementalDetokenizer:
         self._hold = max((len(s) for s in params.stop), default=1) - 1
         self.stopped = False  # a stop string matched; text is truncated
         self.stop_str: str | None = None
+        # skipped by hand when some special tokens must stay (tokenizers skip all or none)
+        self._drop: frozenset[int] | None = None
+        if params.skip_special_tokens and params.keep_special_token_ids:
+            self._drop = special_token_ids(tokenizer) - set(params.keep_special_token_ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._drop is not None:
+            return self.tokenizer.decode([i for i in ids if i not in self._drop], skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def add(self, new_ids: list[int]) -> bool:

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.census import census
+from recap.engine.detokenizer import special_token_ids
 from recap.server import process_memory
 from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
@@ -33,7 +34,7 @@ from recap.server.request_body import parse_request
 from recap.server.request_counts import RequestCounts, RequestCountsCollector
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
-from recap.server.tools import detect_parser
+from recap.server.tools import detect_parser, special_marker_ids
 
 log = logging.getLogger("recap.server")
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # admission (--max-queued) counts these
@@ -87,6 +88,7 @@ def build_app(
     app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)
     options = options or ServerOptions()
     state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
+    state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -50,6 +51,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         raise APIError("tool_choice: \"auto\" needs a tool call parser, and this model's chat template teaches no "
                        "tool-call format; start recap serve with --tool-call-parser (hermes, granite, nemotron, "
                        "qwen3_xml), or send tool_choice \"required\" or a named function", param="tool_choice")
+    if req.tools and choice == "auto" and state.tool_marker_ids and params.skip_special_tokens:
+        params = replace(params, keep_special_token_ids=state.tool_marker_ids)
     kwargs = dict(req.chat_template_kwargs or {})
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]

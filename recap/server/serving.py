@@ -41,6 +41,8 @@ class ServerState:
     offload: Offloader = field(default_factory=Offloader)  # large inputs are prepared off the event loop
     # How tool calls are read from free text (recap/server/tools.py); None: tool_choice "auto" is refused.
     tool_parser: str | None = None
+    # The parser's markers that are special tokens: kept in the text of requests with tools.
+    tool_marker_ids: tuple[int, ...] = ()
 
     @property
     def tokenizer(self) -> Any:

@@ -165,6 +165,13 @@ MARKERS: dict[str, tuple[str, str | None]] = {
     "nemotron": ("<TOOLCALL>", "</TOOLCALL>"),
     "qwen3_xml": ("<tool_call>", "</function>"),
 }
+# The marker texts a tokenizer may hold as single (possibly special) tokens.
+_MARKER_TOKENS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "granite": ("<|tool_call|>",),
+    "nemotron": ("<TOOLCALL>", "</TOOLCALL>"),
+    "qwen3_xml": ("<tool_call>", "</tool_call>"),
+}
 _XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*)</function>", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.S)
 
@@ -241,6 +248,17 @@ def forced_calls(text: str, tools: list[ToolSpec], choice: str | NamedToolChoice
             break
         calls.append(call)
     return calls
+
+
+def special_marker_ids(tokenizer: Any, parser: str | None, special: frozenset[int]) -> tuple[int, ...]:
+    """The parser's call markers that the tokenizer holds as special tokens (`special`): decoding with
+    skip_special_tokens would erase them and the parser would find no call, so they are kept."""
+    ids: list[int] = []
+    for marker in _MARKER_TOKENS.get(parser or "", ()):
+        tok = tokenizer.encode(marker, add_special_tokens=False)
+        if len(tok) == 1 and tok[0] in special and tok[0] not in ids:
+            ids.append(tok[0])
+    return tuple(ids)
 
 
 def detect_parser(chat_template: str | None) -> str | None:

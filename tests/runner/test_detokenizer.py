@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from recap.engine.detokenizer import IncrementalDetokenizer
+from recap.engine.detokenizer import IncrementalDetokenizer, special_token_ids
+from recap.model.default_model import save_tokenizer
 from recap.sampling_params import SamplingParams
+from recap.server.tools import special_marker_ids
 
 
 class ByteTokenizer:
@@ -50,3 +55,39 @@ def test_stop_string_kept_when_asked() -> None:
     tok = ByteTokenizer()
     d = IncrementalDetokenizer(tok, SamplingParams(stop=("xy", "z"), include_stop_str_in_output=True))
     assert d.add(tok.encode("aaz bxy")) and d.text == "aaz"
+
+
+def _marker_tokenizer(tmp_path: Path) -> Any:
+    """A real byte-level BPE whose Hermes call markers are special tokens (as some checkpoints ship them)."""
+    from transformers import AutoTokenizer
+
+    save_tokenizer(tmp_path, seed=0, vocab_size=300)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    return tok
+
+
+def test_special_tool_markers_are_kept_and_other_specials_skipped(tmp_path: Path) -> None:
+    tok = _marker_tokenizer(tmp_path)
+    special = special_token_ids(tok)
+    assert tok.eos_token_id in special
+    keep = special_marker_ids(tok, "hermes", special)
+    assert len(keep) == 2 and set(keep) <= special
+    assert special_marker_ids(tok, "granite", special) == ()  # its marker is no single token here
+    text = 'Sure.<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+
+    def stream(params: SamplingParams) -> tuple[str, str]:
+        d = IncrementalDetokenizer(tok, params)
+        pieces = []
+        for t in ids:
+            d.add([t])
+            pieces.append(d.take_delta(False))
+        d.flush()
+        pieces.append(d.take_delta(True))
+        return "".join(pieces), d.text
+
+    assert stream(SamplingParams(keep_special_token_ids=keep)) == (text, text)  # markers in, EOS out
+    erased = stream(SamplingParams())[1]
+    assert "<tool_call>" not in erased and erased.startswith("Sure.")  # what a parser could not read
+    assert stream(SamplingParams(skip_special_tokens=False))[1].endswith("</tool_call>" + tok.eos_token)
