@@ -89,8 +89,7 @@ def gated_delta_rule_varlen(
     eye = torch.eye(qlen, device=v.device).expand_as(system)
     tri = torch.linalg.solve_triangular(system, eye, upper=False, unitriangular=True)  # T
     decayed = cum.clamp(min=EXP_FLOOR).exp()
-    uw = tri @ torch.cat([vc * bc[..., None], kb * decayed], dim=-1)  # [U | W]
-    u, w = uw.split([dv, kc.shape[-1]], dim=-1)  # (n, h, Q, dv), (n, h, Q, dk)
+    u, w = tri @ (vc * bc[..., None]), tri @ (kb * decayed)  # (n, h, Q, dv), (n, h, Q, dk): U, W
     q_dec = qc * decayed
     last = cum[:, :, -1:, :]  # (n, h, 1, dk or 1)
     k_dec = kc * (last - cum).clamp_(min=EXP_FLOOR).exp_()
