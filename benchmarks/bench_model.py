@@ -15,6 +15,8 @@ Checkpoints (seeded, built once into --cache-dir with transformers' own classes)
 - kimi-linear-150m: Kimi-Linear (d_model 768, 8 layers: MLA at 3 and 7, KDA 6 heads x 128, dense MLP 2048 then
   MoE 8 experts top-2 x 512 + 1 shared, vocab 32000)
 The bytes of one state slot (a checkpoint) and the KV bytes per token of each model are printed beside them.
+The machine's limits (oneDNN GEMM peak, 1-row mat-vec bandwidth) are measured in every round on the same clock,
+and each figure of a dense model is printed as a share of them (see fraction_of_limit).
 Measures (medians, fp32, batch 1 unless said): prefill of one 2048-token prompt; decode ms/step at
 batch 1 and 8 after a 128-token prompt; transformers decode = (generate(N + 1) - generate(1)) / N;
 recap's prefill again with a checkpoint written at every 16-token block boundary (128 states), to read the
@@ -38,6 +40,7 @@ import torch
 
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
+from recap.model.layers.linear import Linear
 from recap.model.loader import load_model
 from recap.model.models import CausalLM
 from recap.model.testing import forward_step
@@ -49,6 +52,47 @@ PREFILL_LEN = 2048
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 _now = CLOCKS["wall"]
 PROMPT_LEN = 128
+
+
+def machine_limits() -> dict[str, float]:
+    """The machine's limits now, on the benchmark's clock (1 thread): oneDNN fp32 GEMM peak (GFLOP/s, a
+    2048 x 768 x 3072 product) and 1-row mat-vec bandwidth (GB/s, a 512 MiB weight read once); best of 5."""
+    x, w, v = torch.randn(2048, 768), torch.randn(3072, 768), torch.randn(1, 4096)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 8)
+    big = torch.ops.mkldnn._reorder_linear_weight(torch.randn(32768, 4096), 8)
+
+    def best(x: torch.Tensor, wp: torch.Tensor) -> float:
+        torch.ops.mkldnn._linear_pointwise(x, wp, None, "none", [], "")
+        ts = []
+        for _ in range(5):
+            t = _now()
+            torch.ops.mkldnn._linear_pointwise(x, wp, None, "none", [], "")
+            ts.append(_now() - t)
+        return min(ts)
+
+    return {"gemm_gflops": 2 * x.shape[0] * w.numel() / best(x, packed) / 1e9,
+            "matvec_gbs": 32768 * 4096 * 4 / best(v, big) / 1e9}  # fmt: skip
+
+
+def linear_stats(model: CausalLM) -> dict[str, float] | None:
+    """Weights of the linear layers: those a prefill token multiplies (all but the head, which runs for the
+    last token only) and those a decode step reads (the head too). None for MoE models (active experts vary)."""
+    if any(type(m).__name__ == "StackedExperts" for m in model.modules()):
+        return None
+    head = model.head()
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear) and m is not head)
+    return {"prefill_params": body, "decode_bytes": 4 * (body + head.weight.numel())}
+
+
+def fraction_of_limit(row: dict[str, Any], stats: dict[str, float], lim: dict[str, float]) -> dict[str, float]:
+    """Share of the machine limit each figure reaches: prefill FLOP/s (2 x params per token) over GEMM peak;
+    decode: the time to read the weights once at the mat-vec bandwidth (batch 8: or to multiply 8 rows at GEMM
+    peak, if longer) over the measured step."""
+    read_s = stats["decode_bytes"] / (lim["matvec_gbs"] * 1e9)
+    b8_s = max(read_s, 8 * 2 * stats["decode_bytes"] / 4 / (lim["gemm_gflops"] * 1e9))
+    return {"prefill_of_limit": 2 * stats["prefill_params"] * row["prefill_tok_s"] / (lim["gemm_gflops"] * 1e9),
+            "decode_b1_of_limit": read_s / (row["decode_ms_b1"] / 1e3),
+            "decode_b8_of_limit": b8_s / (row["decode_ms_b8"] / 1e3)}  # fmt: skip
 
 
 def build_checkpoint(name: str, folder: Path) -> Path:
@@ -215,15 +259,20 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
     params = sum(p.numel() for p in lm.model.parameters())
     cfg = lm.config
     slot_bytes, kv_bytes = cfg.state_bytes_per_slot(torch.float32), cfg.kv_bytes_per_token(torch.float32)
-    print(f"{name}: one checkpoint (state slot) {slot_bytes} B = KV of {slot_bytes / max(kv_bytes, 1):.1f} tokens "
-          f"({kv_bytes} B/token, fp32)", flush=True)
+    print(
+        f"{name}: one checkpoint (state slot) {slot_bytes} B = KV of {slot_bytes / max(kv_bytes, 1):.1f} tokens "
+        f"({kv_bytes} B/token, fp32)",
+        flush=True,
+    )
     engines: list[Any] = [RecapEngine(lm.model, b) for b in args.backends]
     if not args.skip_hf:
         engines.append(HFEngine(path))
     samples: dict[tuple[str, str], list[float]] = {}
     for e in engines:  # warm-up
         e.prefill()
+    limits: list[dict[str, float]] = []
     for _ in range(args.reps):
+        limits.append(machine_limits())
         for e in engines:
             samples.setdefault((e.name, "prefill"), []).append(e.prefill())
             if isinstance(e, RecapEngine) and lm.config.has_ssm:
@@ -231,6 +280,8 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
             for b in (1, 8):
                 steps = args.hf_steps if isinstance(e, HFEngine) else args.steps
                 samples.setdefault((e.name, f"b{b}"), []).append(e.decode(b, steps))
+    lim = {k: statistics.median(x[k] for x in limits) for k in limits[0]}
+    stats = linear_stats(lm.model)
     rows = []
     for e in engines:
         med = {k: statistics.median(samples[(e.name, k)]) for k in ("prefill", "b1", "b8")}
@@ -240,6 +291,9 @@ def bench_one(name: str, path: Path, args: argparse.Namespace) -> list[dict[str,
             "prefill_tok_s": PREFILL_LEN / med["prefill"],
             "decode_ms_b1": 1e3 * med["b1"], "decode_ms_b8": 1e3 * med["b8"],
         })  # fmt: skip
+        rows[-1]["limits"] = lim
+        if stats is not None:
+            rows[-1].update(fraction_of_limit(rows[-1], stats, lim))
         ckpt = samples.get((e.name, "prefill_ckpt"))
         if ckpt:  # paired by round: each round's every-block prefill over the same round's plain prefill
             ratios = [c / p for c, p in zip(ckpt, samples[(e.name, "prefill")])]
@@ -264,6 +318,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[r["engine"]] = r
+    for r in rows:
+        if "prefill_of_limit" in r:
+            lim = r["limits"]
+            shares = (f"prefill {100 * r['prefill_of_limit']:.0f}%, decode b1 {100 * r['decode_b1_of_limit']:.0f}%, "
+                      f"b8 {100 * r['decode_b8_of_limit']:.0f}%")  # fmt: skip
+            print(f"{r['model']} {r['engine']}: of the machine limit (GEMM {lim['gemm_gflops']:.0f} GFLOP/s, mat-vec "
+                  f"{lim['matvec_gbs']:.1f} GB/s, medians of the rounds): {shares}")  # fmt: skip
     for r in rows:
         if "ckpt_every_block_overhead" in r:
             print(f"{r['model']} {r['engine']}: prefill with a checkpoint at every block "
@@ -307,8 +368,10 @@ def main() -> None:
     for name in args.models:
         rows += bench_one(name, build_checkpoint(name, args.cache_dir / name), args)
     load.append(os.getloadavg()[0])
-    print(f"\ntorch {torch.__version__}, {args.threads} threads, fp32, {args.clock} clock, "
-          f"1-min load {load[0]:.2f} -> {load[1]:.2f}")
+    print(
+        f"\ntorch {torch.__version__}, {args.threads} threads, fp32, {args.clock} clock, "
+        f"1-min load {load[0]:.2f} -> {load[1]:.2f}"
+    )
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"threads": args.threads, "clock": args.clock, "torch": torch.__version__, "load_avg_1min": load,

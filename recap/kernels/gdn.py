@@ -89,8 +89,7 @@ def gated_delta_rule_varlen(
     eye = torch.eye(qlen, device=v.device).expand_as(system)
     tri = torch.linalg.solve_triangular(system, eye, upper=False, unitriangular=True)  # T
     decayed = cum.clamp(min=EXP_FLOOR).exp()
-    uw = tri @ torch.cat([vc * bc[..., None], kb * decayed], dim=-1)  # [U | W]
-    u, w = uw.split([dv, kc.shape[-1]], dim=-1)  # (n, h, Q, dv), (n, h, Q, dk)
+    u, w = tri @ (vc * bc[..., None]), tri @ (kb * decayed)  # (n, h, Q, dv), (n, h, Q, dk): U, W
     q_dec = qc * decayed
     last = cum[:, :, -1:, :]  # (n, h, 1, dk or 1)
     k_dec = kc * (last - cum).clamp_(min=EXP_FLOOR).exp_()
@@ -129,8 +128,7 @@ def _intra(
     upper = torch.ones(qlen, qlen, dtype=torch.bool, device=qc.device).triu_(1)  # j > i
     if cum.shape[-1] == 1:  # one decay per head: L [n, h, Q, Q]
         c = cum[..., 0]
-        decay = (c[..., :, None] - c[..., None, :]).masked_fill_(upper, 0.0).clamp_(min=EXP_FLOOR).exp_()
-        decay.masked_fill_(upper, 0.0)
+        decay = (c[..., :, None] - c[..., None, :]).tril_().clamp_(min=EXP_FLOOR).exp_().tril_()  # 0 above
         return (kb @ kc.transpose(-1, -2)).mul_(decay), (qc @ kc.transpose(-1, -2)).mul_(decay)
     n, h = qc.shape[:2]
     system, attn = qc.new_empty(n, h, qlen, qlen), qc.new_empty(n, h, qlen, qlen)
@@ -167,11 +165,11 @@ def _carry(
             continue
         s0 = h0[row] if i == 0 or piece_row[i - 1] != row else prev
         v_new = torch.baddbmm(u[i], w[i], s0, alpha=-1.0)  # (h, Q, dv): U - W S0
-        torch.baddbmm(torch.bmm(q_dec[i], s0), attn[i], v_new, out=out[i])
+        torch.bmm(q_dec[i], s0, out=out[i]).baddbmm_(attn[i], v_new)
         c = piece_chunk[i]
         slots = [] if c < 0 else [d for d in (meta.chunk_dest_slots_list[c], run if c in ends else -1) if d >= 0]
         target = state[slots[0]] if in_place and slots else spare[i % 2]
-        torch.baddbmm(s0 * piece_decay[i], k_dec[i].transpose(-1, -2), v_new, out=target)
+        torch.mul(s0, piece_decay[i], out=target).baddbmm_(k_dec[i].transpose(-1, -2), v_new)
         for d in slots:
             if d != slots[0] or not in_place:
                 state[d].copy_(target)
