@@ -15,7 +15,7 @@ Workloads (text prompts from a seeded random vocabulary of made-up words):
 Hit rate = sum of usage.prompt_tokens_details.cached_tokens / sum of prompt_tokens; TTFT = time to the first
 streamed content chunk, at the client.
 
-    python benchmarks/replica_live.py --replicas 4 --sessions 64 --port 18210 --json-out live.json
+    python benchmarks/replica_live.py --replicas 4 --sessions 64 --tiny /tmp/tiny --json-out live.json
 """
 
 from __future__ import annotations
@@ -130,6 +130,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="model folder (default: the embedded default hybrid)")
+    p.add_argument("--tiny", type=Path, default=None, metavar="DIR",
+                   help="build the tests' tiny random Bamba in DIR and serve it (fast: hit rates and routing overhead)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight at most (all replicas)")
@@ -141,12 +143,18 @@ def main() -> None:
     p.add_argument("--question-words", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--queued-request-tokens", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0, help="the workload's words and questions")
     p.add_argument("--cpus", type=int, default=None, help="the local cluster's CPUs (default: replicas + 1)")
     p.add_argument("--port", type=int, default=18210)
     p.add_argument("--json-out", type=Path, default=None)
     args = p.parse_args()
 
-    config = resolve_model(EngineConfig(model=args.model, num_threads=1))
+    model_dir = args.model
+    if args.tiny is not None:
+        from tests.engine.conftest import tiny_model_dir
+
+        model_dir = str(tiny_model_dir(args.tiny, "bamba"))
+    config = resolve_model(EngineConfig(model=model_dir, num_threads=1))
     init_ray(None, LocalClusterConfig(num_cpus=args.cpus or args.replicas + 1, object_store_bytes=256 << 20))
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     url = f"http://127.0.0.1:{args.port}"
@@ -159,7 +167,7 @@ def main() -> None:
     try:
         for name in args.workloads:
             words = args.system_words if name == "shared_system" else args.history_words
-            w = Workload(name, args.sessions, args.turns, words, args.question_words, args.max_tokens)
+            w = Workload(name, args.sessions, args.turns, words, args.question_words, args.max_tokens, args.seed)
             for router in args.routers:
                 num = 1 if router == "single" else args.replicas
                 cluster = ClusterConfig(num_replicas=num, policy="checkpoint" if router == "single" else router,
