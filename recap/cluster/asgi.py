@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
+REPLICA_HEADER = b"x-recap-replica"  # every replica response names its replica
 DISCONNECT_GRACE_S = 5.0  # how long the app may take to clean up after a disconnect before it is cancelled
 
 

@@ -22,7 +22,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from recap.cluster.asgi import HTTPRequest, ResponseStart
+from recap.cluster.asgi import REPLICA_HEADER, HTTPRequest, ResponseStart
 from recap.cluster.board import replicas_of
 from recap.cluster.ray_router import ROUTE_KWARG
 from recap.cluster.router import POLICIES
@@ -43,6 +43,7 @@ class IngressConfig:
     tokenizer: str  # the replicas' tokenizer (folder or hub id): prompts are hashed as the replicas hash them
     policy: str = "checkpoint"  # checkpoint | round_robin | load
     replica_app: str = "recap"  # the Serve app whose RecapReplica deployment serves the requests
+    enable_debug: bool = False  # /debug/integrity (as `recap serve --enable-debug-endpoints` on the replicas)
     debug_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -80,6 +81,80 @@ def replica_gone(err: BaseException) -> APIError:
                     type="service_unavailable", code="replica_unavailable")
 
 
+def call_replica(handle: DeploymentHandle, request: HTTPRequest, route: dict[str, Any]) -> Any:
+    """A replica's streamed answer to `request`, routed by `route` (recap.cluster.ray_router)."""
+    return handle.options(stream=True, method_name="http").remote(request, **{ROUTE_KWARG: route})
+
+
+async def relay(stream: Any, path: str) -> Response:
+    """The client's response from a replica's streamed answer; a replica that dies before its response
+    started answers 503 with an OpenAI error body, one that dies mid-stream ends the stream with it."""
+    try:
+        start = await stream.__anext__()
+    except RayActorError as e:
+        log.warning("replica died before answering %s: %r", path, e)
+        return replica_gone(e).response()
+    if not isinstance(start, ResponseStart):
+        raise RuntimeError(f"replica answered {type(start).__name__} before a response start")
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start.headers if k not in _DROP_HEADERS}
+    if (start.header(b"content-type") or b"").startswith(b"text/event-stream"):
+        return StreamingResponse(_relay_events(stream), status_code=start.status, headers=headers)
+    try:
+        content = b"".join([chunk async for chunk in stream])
+    except RayActorError as e:
+        log.warning("replica died while answering %s: %r", path, e)
+        return replica_gone(e).response()
+    return Response(content, status_code=start.status, headers=headers)
+
+
+async def collect(handle: DeploymentHandle, request: HTTPRequest, route: dict[str, Any], timeout_s: float
+                  ) -> tuple[str, int, Any]:
+    """(the answering replica's id, status, JSON answer) of a small request."""
+    async def run() -> tuple[str, int, Any]:
+        replica, status, chunks = "", 0, []
+        async for c in call_replica(handle, request, route):
+            if isinstance(c, ResponseStart):
+                replica, status = (c.header(REPLICA_HEADER) or b"").decode(), c.status
+            else:
+                chunks.append(c)
+        return replica, status, json.loads(b"".join(chunks))
+
+    return await asyncio.wait_for(run(), timeout_s)
+
+
+async def integrity_of(handle: DeploymentHandle, app: str, deployment: str, timeout_s: float) -> dict[str, Any]:
+    """Each known replica's /debug/integrity by replica id (a call pinned to each). A replica that left
+    between listing and asking is left out (its pinned call fell back to another replica, or failed)."""
+    ids = replicas_of(app, deployment)
+    if not ids:  # the handle's router is built on first use
+        await collect(handle, HTTPRequest("GET", "/health"), {"policy": "load"}, timeout_s)
+        ids = replicas_of(app, deployment)
+    reports = await asyncio.gather(*(collect(handle, HTTPRequest("GET", "/debug/integrity"), {"pin": rid}, timeout_s)
+                                     for rid in ids), return_exceptions=True)
+    out: dict[str, Any] = {}
+    for rid, report in zip(ids, reports):
+        if isinstance(report, RayActorError):
+            continue  # it died while answering
+        if not isinstance(report, tuple):
+            out[rid] = {"ok": False, "error": repr(report)}
+        elif report[0] == rid:
+            out[rid] = report[2]
+    return out
+
+
+def forwarded(request: Request, body: bytes) -> tuple[str, HTTPRequest]:
+    """The path as the replicas serve it (at /, whatever the ingress's route prefix) and the request."""
+    path, root = request.url.path, request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):] or "/"
+    return path, HTTPRequest(request.method, path, body, request.url.query.encode(),
+                             tuple((k.lower(), v) for k, v in request.headers.raw))
+
+
+def debug_off() -> Response:
+    return APIError("Not Found", status=404, code="not_found").response()
+
+
 class RecapIngress:
     """Serve deployment body (the app's HTTP entry point)."""
 
@@ -88,56 +163,21 @@ class RecapIngress:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.replicas = replicas or serve.get_deployment_handle(REPLICA_DEPLOYMENT, config.replica_app)
 
-    def _call(self, request: HTTPRequest, route: dict[str, Any]) -> Any:
-        return self.replicas.options(stream=True).http.remote(request, **{ROUTE_KWARG: route})
-
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
-        path, root = request.url.path, request.scope.get("root_path", "")
-        if root and path.startswith(root):  # an app under a route prefix: the replicas serve at /
-            path = path[len(root):] or "/"
+        path, forward = forwarded(request, body)
         if path == "/debug/integrity" and request.method == "GET":
-            return JSONResponse(await self.integrity())
+            return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
         tokens, salt = prompt_tokens(self.tokenizer, path, body) if request.method == "POST" else ([], None)
-        forwarded = HTTPRequest(request.method, path, body, request.url.query.encode(),
-                                tuple((k.lower(), v) for k, v in request.headers.raw))
-        stream = self._call(forwarded, {"tokens": tokens, "cache_salt": salt, "policy": self.config.policy})
-        try:
-            start = await stream.__anext__()
-        except RayActorError as e:
-            log.warning("replica died before answering %s: %r", path, e)
-            return replica_gone(e).response()
-        if not isinstance(start, ResponseStart):
-            raise RuntimeError(f"replica answered {type(start).__name__} before a response start")
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start.headers if k not in _DROP_HEADERS}
-        if (start.header(b"content-type") or b"").startswith(b"text/event-stream"):
-            return StreamingResponse(_relay_events(stream), status_code=start.status, headers=headers)
-        try:
-            content = b"".join([chunk async for chunk in stream])
-        except RayActorError as e:
-            log.warning("replica died while answering %s: %r", path, e)
-            return replica_gone(e).response()
-        return Response(content, status_code=start.status, headers=headers)
+        stream = call_replica(self.replicas, forward, {"tokens": tokens, "cache_salt": salt,
+                                                      "policy": self.config.policy})
+        return await relay(stream, path)
 
     async def integrity(self) -> dict[str, Any]:
         """Every known replica's /debug/integrity, by replica id; ok when all are."""
-        ids = replicas_of(self.config.replica_app)
-        if not ids:  # the handle's router is built on first use
-            await self._collect(HTTPRequest("GET", "/health"), {"policy": "load"})
-            ids = replicas_of(self.config.replica_app)
-        reports = await asyncio.gather(*(self._collect(HTTPRequest("GET", "/debug/integrity"), {"pin": rid})
-                                         for rid in ids), return_exceptions=True)
-        out: dict[str, Any] = {}
-        for rid, report in zip(ids, reports):
-            out[rid] = report if isinstance(report, dict) else {"ok": False, "error": repr(report)}
+        out = await integrity_of(self.replicas, self.config.replica_app, REPLICA_DEPLOYMENT,
+                                 self.config.debug_timeout_s)
         return {"ok": bool(out) and all(r.get("ok") for r in out.values()), "replicas": out}
-
-    async def _collect(self, request: HTTPRequest, route: dict[str, Any]) -> Any:
-        async def run() -> Any:
-            chunks = [c async for c in self._call(request, route) if isinstance(c, bytes)]
-            return json.loads(b"".join(chunks))
-
-        return await asyncio.wait_for(run(), self.config.debug_timeout_s)
 
 
 async def _relay_events(stream: Any) -> Any:

@@ -42,7 +42,7 @@ class RecapRequestRouter(FIFOMixin, RequestRouter):
 
     def initialize_state(self, **kwargs: Any) -> None:
         self.core = CheckpointRouter(RouterConfig(**kwargs))
-        board.register(self.app_name, self)
+        board.register(self.app_name, self._deployment_id.name, self)
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None

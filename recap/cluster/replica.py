@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -10,9 +11,11 @@ from typing import Any
 
 from ray import serve
 
-from recap.cluster.asgi import HTTPRequest, ResponseStart, call_asgi
+from recap.cluster.asgi import REPLICA_HEADER, HTTPRequest, ResponseStart, call_asgi
+from recap.cluster.ray_transport import RayTransport
 from recap.cluster.stats import StatsLimits, collect_stats
-from recap.engine.async_engine import AsyncEngine
+from recap.disagg.config import KVTransferConfig
+from recap.disagg.serving import build_engine
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
@@ -20,7 +23,6 @@ from recap.server.limits import ServerLimits
 from recap.server.options import ServerOptions
 
 log = logging.getLogger("recap.cluster")
-REPLICA_HEADER = b"x-recap-replica"
 
 
 @dataclass(frozen=True)
@@ -34,17 +36,23 @@ class ServerSettings:
 
 class RecapReplica:
     """Serve deployment body. `http` streams one forwarded request's response: a ResponseStart (with the
-    replica's id in the `x-recap-replica` header), then body chunks."""
+    replica's id in the `x-recap-replica` header), then body chunks. With a `transfer` config the replica
+    is a prefill or decode instance of a disaggregated deployment (recap.cluster.pd_ingress), its KV moved
+    between replicas by recap.cluster.ray_transport; a prefill replica answers `kv_pull` / `kv_release`."""
 
-    def __init__(self, config: EngineConfig, limits: StatsLimits, http: ServerSettings | None = None) -> None:
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
+    def __init__(self, config: EngineConfig, limits: StatsLimits, http: ServerSettings | None = None,
+                 transfer: KVTransferConfig | None = None) -> None:
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
         self.limits = limits
-        self.engine = AsyncEngine(LLMEngine(config))
+        self.transport = RayTransport(context.app_name, context.deployment, self.replica_id)
+        engine, collectors = build_engine(config, transfer or KVTransferConfig(), self.transport)
+        self.engine = engine
         self.engine.start()
         http = http or ServerSettings()
         # Its lifespan never runs here (we own the engine); auth, limits and CORS are the single instance's.
-        self.app = build_app(self.engine, shutdown_engine=False, options=http.options, limits=http.limits,
-                             api_key=http.api_key)
+        self.app = build_app(self.engine, shutdown_engine=False, collectors=collectors, options=http.options,
+                             limits=http.limits, api_key=http.api_key)
         log.info("replica %s serving %s", self.replica_id, self.engine.engine.served_model_name)
 
     async def record_routing_stats(self) -> dict[str, Any]:
@@ -62,6 +70,14 @@ class RecapReplica:
             if isinstance(item, ResponseStart):
                 item = ResponseStart(item.status, item.headers + ((REPLICA_HEADER, self.replica_id.encode()),))
             yield item
+
+    async def kv_pull(self, header: dict[str, Any], route: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Prefill: a decode replica's pull (recap.cluster.ray_transport); the gather runs off the event loop."""
+        return await asyncio.to_thread(self.transport.answer, header)
+
+    async def kv_release(self, transfer_id: str, mac: str, route: dict[str, Any] | None = None) -> bool:
+        """Prefill: the held request may go (its data arrived, or nobody will pull it)."""
+        return self.transport.acknowledge(transfer_id, mac)
 
     async def check_health(self) -> None:
         if self.engine.dead is not None:

@@ -55,7 +55,7 @@ class RouteRequest:
     token_ids: Sequence[int]
     cache_salt: str | None = None
     policy: str = "checkpoint"
-    pin: str | None = None  # a replica id: route there or nowhere (debug calls aimed at one replica)
+    pin: str | None = None  # a replica id to route to while it lives (debug calls aimed at one replica)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -102,12 +102,15 @@ class CheckpointRouter:
         self.config = config
         self.clock = clock
         self._replicas: dict[str, _Replica] = {}
+        self._dead: set[str] = set()  # replica ids are never reused: a dead one stays dead
         self._decisions = 0
         self._round_robin = 0
 
     # -- inputs -----------------------------------------------------------------------------------
     def update_stats(self, replica: str, stats: ReplicaStats | Mapping[str, Any] | None) -> None:
         """Record a replica's published stats (a dict in wire form is parsed; bad ones are dropped)."""
+        if replica in self._dead:
+            return
         entry = self._replicas.setdefault(replica, _Replica())
         if stats is None or (isinstance(stats, Mapping) and not stats):
             return
@@ -128,10 +131,14 @@ class CheckpointRouter:
             del entry.predictions[key]
 
     def forget(self, replica: str) -> None:
-        """A replica died or left: nothing is routed to it, its stats and predictions go."""
+        """A replica died or left: nothing is routed to it again (even while a stale candidate list still
+        names it), its stats and predictions go."""
         self._replicas.pop(replica, None)
+        self._dead.add(replica)
 
     def on_routed(self, replica: str, request_key: str, request: RouteRequest) -> None:
+        if replica in self._dead:
+            return
         entry = self._replicas.setdefault(replica, _Replica())
         entry.in_flight += 1
         chain = self._chain(request)
@@ -198,7 +205,7 @@ class CheckpointRouter:
         chain = self._chain(request) if request.policy == "checkpoint" else []
         max_blocks = max(0, (num_tokens - 1) // bs)  # never the last token: something must be computed
         choices = []
-        for replica in dict.fromkeys(candidates):
+        for replica in [c for c in dict.fromkeys(candidates) if c not in self._dead]:
             entry = self._replicas.setdefault(replica, _Replica())
             self._drop_expired(entry, now)
             hit, kv = self._prefix_blocks(entry, chain, max_blocks, now) if chain else (0, 0)
@@ -213,14 +220,18 @@ class CheckpointRouter:
         return sorted(choices, key=order)
 
     def rank(self, candidates: Sequence[str], request: RouteRequest) -> list[str]:
-        """Candidates in the order to try them; the first is the choice. Empty when none fits a pin."""
+        """Candidates in the order to try them; the first is the choice. Dead replicas are never ranked;
+        a pin to a live candidate ranks it alone, a pin to a dead or absent one falls back to load."""
+        candidates = [c for c in dict.fromkeys(candidates) if c not in self._dead]
         if request.pin is not None:
-            return [request.pin] if request.pin in candidates else []
+            if request.pin in candidates:
+                return [request.pin]
+            request = RouteRequest(request.token_ids, request.cache_salt, "load")
         if not candidates:
             return []
         self._decisions += 1
         if request.policy == "round_robin":
-            ordered = sorted(dict.fromkeys(candidates))
+            ordered = sorted(candidates)
             start = self._round_robin % len(ordered)
             self._round_robin += 1
             ranked = ordered[start:] + ordered[:start]

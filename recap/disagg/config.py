@@ -14,6 +14,9 @@ from recap.disagg.trust import SECRET_MIN_BYTES, load_or_create_secret, parse_se
 
 ROLES = ("both", "prefill", "decode")
 _ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-\[\]:]+:\d+")
+_RAY_NAME = r"[A-Za-z0-9_.\-]+"
+_RAY_DEPLOYMENT = re.compile(rf"ray://{_RAY_NAME}/{_RAY_NAME}")  # a prefill deployment (recap.cluster.ray_transport)
+_RAY_REPLICA = re.compile(rf"ray://{_RAY_NAME}/{_RAY_NAME}/{_RAY_NAME}")  # one of its replicas
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _TAG = re.compile(r"[0-9a-f]{64}")
 _HANDLE_FIELDS = ("remote_address", "transfer_id", "block_size", "num_prompt_tokens", "first_token_id",
@@ -45,8 +48,8 @@ class KVTransferConfig:
         if self.role == "decode" and not self.peers:
             raise ValueError("peers: --role decode needs its prefill peers' transfer addresses (--kv-peer tcp://host:port)")
         for peer in self.peers:
-            if not _ADDRESS.fullmatch(peer):
-                raise ValueError(f"peers: {peer!r} must look like tcp://host:port")
+            if not (_ADDRESS.fullmatch(peer) or _RAY_DEPLOYMENT.fullmatch(peer)):
+                raise ValueError(f"peers: {peer!r} must look like tcp://host:port (or ray://app/deployment)")
         if not 0 <= self.kv_port < 65536:
             raise ValueError(f"kv_port must be a TCP port (0: any free port), got {self.kv_port}")
         for name in ("transfer_timeout_s", "hold_timeout_s"):
@@ -65,7 +68,7 @@ class RemoteDecode:
 class RemoteHandle:
     """What the prefill side returns as `kv_transfer_params` and the decode side pulls with."""
 
-    address: str  # the prefill side's transfer server, tcp://host:port
+    address: str  # the prefill side's transfer server, tcp://host:port (Ray: ray://app/deployment/replica)
     transfer_id: str
     block_size: int
     offer: RemoteOffer
@@ -91,8 +94,9 @@ class RemoteHandle:
         if params.get("do_remote_prefill") is not True:
             raise ValueError("a decode instance needs do_remote_prefill: true and the prefill side's handle")
         address = _field(params, "remote_address", str)
-        if not _ADDRESS.fullmatch(address):
-            raise ValueError(f"remote_address must look like tcp://host:port, got {address!r}")
+        if not (_ADDRESS.fullmatch(address) or _RAY_REPLICA.fullmatch(address)):
+            raise ValueError(f"remote_address must look like tcp://host:port (or ray://app/deployment/replica), "
+                             f"got {address!r}")
         positions = _field(params, "checkpoint_positions", list)
         if not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in positions):
             raise ValueError("checkpoint_positions must be positive integers")

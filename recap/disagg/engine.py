@@ -24,13 +24,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-import zmq
 
 from recap.core.transfer import HeldRequest, ReceivePlan
 from recap.disagg.config import KVTransferConfig, RemoteDecode, RemoteHandle
-from recap.disagg.transport import Outbox, TransferServer, pull, send_release
+from recap.disagg.transport import Outbox, Transport
 from recap.disagg.trust import HandleVerifier, prompt_fingerprint, sign
 from recap.disagg.worker import TransferDataError, from_frames, gather, num_bytes, scatter, to_frame
+from recap.disagg.zmq_transport import ZmqTransport
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError, KVTransferError
@@ -69,7 +69,7 @@ class TransferStats:
 class DisaggLLMEngine(LLMEngine):
     """Not thread-safe, like LLMEngine; `bind` gives it the async engine's wake and fail callbacks."""
 
-    def __init__(self, config: EngineConfig, transfer: KVTransferConfig) -> None:
+    def __init__(self, config: EngineConfig, transfer: KVTransferConfig, transport: Transport | None = None) -> None:
         super().__init__(config)
         if self.scheduler.cache.window is not None:  # fail at startup, not on the first transfer
             raise ValueError("disaggregation does not support models with sliding-window attention layers yet")
@@ -84,25 +84,20 @@ class DisaggLLMEngine(LLMEngine):
         self._prefill_ids: set[str] = set()  # prefill: parent ids to hold
         self._new_remote = False
         self.outbox: Outbox | None = None
-        self.server: TransferServer | None = None
-        self._ctx: zmq.Context | None = None
+        self.address: str | None = None  # prefill: where decode sides pull from (named in every handle)
+        if transport is None:
+            transport = ZmqTransport(transfer.kv_host, transfer.kv_port, transfer.send_delay_s)
+        self.transport = transport
         self.verifier = HandleVerifier(transfer.secret, transfer.peers)  # decode: recap.disagg.api checks with it
         if transfer.role == "prefill":
             self.outbox = Outbox()
-            self.server = TransferServer(transfer.kv_host, transfer.kv_port, self.outbox, self._gather,
-                                         lambda: self._wake(), transfer.send_delay_s)
-            self.server.start()
-        elif transfer.role == "decode":
-            self._ctx = zmq.Context()
+            self.address = transport.serve(self.outbox, self._gather, lambda: self._wake())
 
     def bind(self, wake: Callable[[], None], fail: Callable[[str, BaseException], None]) -> None:
         self._wake, self._fail = wake, fail
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        if self._ctx is not None:  # pulls still in flight end within their timeout; never wait for them here
-            threading.Thread(target=self._ctx.term, name="recap-kv-ctx-term", daemon=True).start()
+        self.transport.close()
 
     def _count(self, **deltas: int) -> None:
         with self._stats_lock:
@@ -123,7 +118,7 @@ class DisaggLLMEngine(LLMEngine):
             return super().add_prepared(p)
         if p.request_id in self.outputs.parents:
             raise InvalidRequestError(f"request id {p.request_id!r} is already running")
-        if p.kv_transfer.address not in self.verifier.peers:  # recap.disagg.api verified it; this guards others
+        if not self.verifier.is_peer(p.kv_transfer.address):  # recap.disagg.api verified it; this guards others
             raise InvalidRequestError(f"remote_address {p.kv_transfer.address!r} is not a prefill peer (--kv-peer)")
         cid = child_id(p.request_id, 0)
         request = self.processor.make_core_request(p, cid, 0)
@@ -147,8 +142,7 @@ class DisaggLLMEngine(LLMEngine):
 
     def _release_remote(self, handle: RemoteHandle) -> None:
         """Nobody here will pull `handle`: let its prefill side free the held KV now (off the engine thread)."""
-        assert self._ctx is not None
-        threading.Thread(target=send_release, args=(self._ctx, handle.address, handle.transfer_id, handle.mac),
+        threading.Thread(target=self.transport.release, args=(handle.address, handle.transfer_id, handle.mac),
                          name="recap-kv-release", daemon=True).start()
 
     def has_unfinished_requests(self) -> bool:
@@ -176,7 +170,7 @@ class DisaggLLMEngine(LLMEngine):
 
     # ---- prefill side ---------------------------------------------------------------------------
     def _publish_held(self, results: list[RequestOutput]) -> None:
-        assert self.outbox is not None and self.server is not None
+        assert self.outbox is not None and self.address is not None
         for out in results:
             if not out.finished or out.request_id not in self._prefill_ids:
                 continue
@@ -186,7 +180,7 @@ class DisaggLLMEngine(LLMEngine):
             if held is None:
                 continue
             hold_s = self.transfer_config.hold_timeout_s
-            handle = RemoteHandle(self.server.address, cid, self.config.cache.block_size, held.offer(),
+            handle = RemoteHandle(self.address, cid, self.config.cache.block_size, held.offer(),
                                   expires_at=time.time() + hold_s)
             r = held.request
             mac = sign(self.transfer_config.secret, handle.signed_fields(),
@@ -204,7 +198,7 @@ class DisaggLLMEngine(LLMEngine):
         self.stats.requests_held = len(self.outbox)
 
     def _gather(self, held: HeldRequest, blocks: Sequence[int], positions: Sequence[int]) -> tuple[dict, list]:
-        """Runs on the server thread: the held blocks and slots cannot change until it returns."""
+        """Runs on the transport's thread: the held blocks and slots cannot change until it returns (claimed)."""
         header, tensors = gather(self.runner.caches, held, blocks, positions)
         self._count(transfers_sent=1, blocks_sent=header["num_blocks"], checkpoints_sent=len(header["checkpoints"]),
                     bytes_sent=num_bytes(tensors))
@@ -220,14 +214,13 @@ class DisaggLLMEngine(LLMEngine):
 
     def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
         """Runs on a pull thread: bytes in, tensors out, nothing else."""
-        header = {"op": "pull", "transfer_id": handle.transfer_id, "mac": handle.mac,
+        header = {"transfer_id": handle.transfer_id, "mac": handle.mac,
                   "blocks": list(plan.block_indices),
                   "checkpoints": [c.write.position for c in plan.checkpoints],
                   "prompt_digest": handle.offer.prompt_digest}
         result: _Result
         try:
-            assert self._ctx is not None
-            reply, frames = pull(self._ctx, handle.address, header, self.transfer_config.transfer_timeout_s)
+            reply, frames = self.transport.pull(handle.address, header, self.transfer_config.transfer_timeout_s)
             result = (reply, from_frames(reply, frames))
         except KVTransferError as e:
             result = e

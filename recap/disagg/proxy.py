@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.disagg.api import PARAM
-from recap.disagg.transport import send_release
+from recap.disagg.zmq_transport import send_release
 from recap.server.disconnect import ClientGone, race_disconnect
 from recap.server.errors import APIError
 from recap.server.guard import Guard
@@ -77,7 +77,7 @@ class Proxy:
         self._decode: Iterator[str] = itertools.cycle([u.rstrip("/") for u in config.decode_urls])
         headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}  # the deployment's key
         self.client = httpx.AsyncClient(timeout=config.timeout_s, headers=headers)
-        self._zmq = zmq.Context()  # releases to prefill sides (recap.disagg.transport.send_release)
+        self._zmq = zmq.Context()  # releases to prefill sides (recap.disagg.zmq_transport.send_release)
 
     def close(self) -> None:
         threading.Thread(target=self._zmq.term, name="recap-proxy-zmq-term", daemon=True).start()

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from recap.disagg.config import KVTransferConfig
 from recap.disagg.engine import DisaggAsyncEngine, DisaggLLMEngine, TransferStats
+from recap.disagg.transport import Transport
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
@@ -64,9 +65,12 @@ class TransferCollector(Collector):
         yield refused
 
 
-def build_engine(config: EngineConfig, transfer: KVTransferConfig) -> tuple[AsyncEngine, list[Collector]]:
-    """The async engine for `transfer.role` and the extra collectors its /metrics serves."""
+def build_engine(
+    config: EngineConfig, transfer: KVTransferConfig, transport: Transport | None = None
+) -> tuple[AsyncEngine, list[Collector]]:
+    """The async engine for `transfer.role` and the extra collectors its /metrics serves; `transport`
+    defaults to pyzmq on `transfer.kv_host`/`kv_port` (recap.disagg.zmq_transport)."""
     if transfer.role == "both":
         return AsyncEngine(LLMEngine(config)), []
-    llm = DisaggLLMEngine(config, transfer)
+    llm = DisaggLLMEngine(config, transfer, transport)
     return DisaggAsyncEngine(llm), [TransferCollector(llm)]

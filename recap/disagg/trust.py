@@ -6,7 +6,8 @@ prefix cache, so it takes handles only from its own prefill peers:
     fields (address, transfer id, prompt digest, checkpoint positions, expiry ...) and a SHA-256 of the
     prompt itself (cache salt and token ids);
   - the decode side checks, before anything is queued and before any connection: the address is one of
-    its configured peers (`--kv-peer`), the tag verifies against the prompt *it* tokenized, the handle
+    its configured peers (`--kv-peer`; on Ray, `ray://app/deployment` admits that deployment's replicas,
+    `ray://app/deployment/replica`), the tag verifies against the prompt *it* tokenized, the handle
     has not expired, and it was never used before (replay);
   - the prefill side's transfer server sends a held request's data only to a pull carrying its tag.
 Received blocks and checkpoints are registered under the hashes the decode side computes from its own
@@ -101,9 +102,15 @@ class HandleVerifier:
                 self.num_refused += 1
             raise
 
+    def is_peer(self, address: object) -> bool:
+        """A configured peer, or (Ray) a replica of a configured peer deployment."""
+        if not isinstance(address, str):
+            return False
+        return address in self.peers or (address.startswith("ray://") and address.rsplit("/", 1)[0] in self.peers)
+
     def _check(self, fields: dict[str, Any], tag: str, token_ids: Sequence[int], cache_salt: str | None) -> None:
         address = fields.get("remote_address")
-        if address not in self.peers:
+        if not self.is_peer(address):
             raise HandleRefused(f"remote_address {address!r} is not a prefill peer of this instance (--kv-peer)")
         expected = sign(self._secret, fields, prompt_fingerprint(token_ids, cache_salt))
         if not hmac.compare_digest(expected, tag):

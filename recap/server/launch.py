@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from recap.cluster.launch import add_cluster_args, serve_replicas
+from recap.cluster.launch import add_cluster_args, cluster_mode, serve_replicas
 from recap.disagg.config import add_disagg_args, transfer_config
 from recap.server.args import add_engine_args, engine_config
 from recap.server.limits import add_limit_args, server_limits
@@ -40,19 +40,16 @@ def serve(args: argparse.Namespace) -> int:
             return 2
         args.model = args.model_flag
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.replicas is not None and args.role != "both":
-        print("error: --replicas serves whole replicas; --role prefill/decode is not supported with it",
-              file=sys.stderr)
-        return 2
     try:
+        mode = cluster_mode(args)
         config = engine_config(args)
         transfer = transfer_config(args)
         limits = server_limits(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.replicas is not None:
-        return serve_replicas(args, config)
+    if mode is not None:
+        return serve_replicas(args, config, transfer)
 
     import uvicorn
 

@@ -29,12 +29,20 @@ def test_replica_flags_parse() -> None:
         3, "auto", "round_robin", 0.5, 64)
     plain = cli.build_parser().parse_args(["serve"])
     assert plain.replicas is None and plain.ray_address is None and plain.routing == "checkpoint"
+    assert plain.prefill_replicas is None and plain.decode_replicas is None
+    pd = cli.build_parser().parse_args(["serve", "m", "--prefill-replicas", "2", "--decode-replicas", "3"])
+    assert (pd.prefill_replicas, pd.decode_replicas, pd.replicas) == (2, 3, None)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--replicas", "0"], "replicas must be >= 1"),
     (["--replicas", "2", "--cpus-per-replica", "0"], "cpus_per_replica must be positive"),
     (["--replicas", "2", "--role", "prefill"], "--role prefill/decode is not supported"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--role", "decode"], "--role prefill/decode is not"),
+    (["--prefill-replicas", "2"], "--prefill-replicas and --decode-replicas go together"),
+    (["--decode-replicas", "2"], "--prefill-replicas and --decode-replicas go together"),
+    (["--replicas", "2", "--prefill-replicas", "1", "--decode-replicas", "1"], "not both"),
+    (["--prefill-replicas", "0", "--decode-replicas", "1"], "prefill and decode replicas must be >= 1"),
 ])
 def test_bad_replica_flags_exit_2(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", "some/model", *extra]) == 2
@@ -54,7 +62,8 @@ def test_recap_serve_replicas_end_to_end(tiny_models: dict[str, Path], tmp_path:
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "recap.cli", "serve", str(tiny_models["bamba"]), "--port",
-                                 str(port), "--replicas", "2", "--num-threads", "1", "--served-model-name", "m"],
+                                 str(port), "--replicas", "2", "--num-threads", "1", "--served-model-name", "m",
+                                 "--enable-debug-endpoints"],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -68,6 +77,10 @@ def test_recap_serve_replicas_end_to_end(tiny_models: dict[str, Path], tmp_path:
                 pass
             assert time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.5)
+        # /health answers once the ingress is up, which can be before the second replica is: wait for both.
+        while len(httpx.get(f"{url}/debug/integrity", timeout=60).json()["replicas"]) < 2:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["m"]
         replicas = set()
@@ -77,7 +90,7 @@ def test_recap_serve_replicas_end_to_end(tiny_models: dict[str, Path], tmp_path:
             assert raw.parse().usage.completion_tokens == 3
             replicas.add(raw.headers["x-recap-replica"])
         assert len(replicas) == 2  # new sessions spread over both replicas
-        report = httpx.get(f"{url}/debug/integrity", timeout=60).json()
+        report = httpx.get(f"{url}/debug/integrity", timeout=60).json()  # on: --enable-debug-endpoints
         assert report["ok"] and sorted(report["replicas"]) == sorted(replicas), report
     finally:
         proc.send_signal(signal.SIGINT)

@@ -119,6 +119,7 @@ def test_two_replicas_match_one_instance_and_beat_round_robin(model: Path, clust
     assert hit_rate(routed) > hit_rate(rr)
     report = httpx.get(cluster + "/debug/integrity", timeout=60).json()
     assert report["ok"] and len(report["replicas"]) == 2, report
+    assert httpx.get(cluster + "/rr/debug/integrity", timeout=60).status_code == 404  # its debug is off
 
 
 def _stream(url: str, prompt: str, started: threading.Event, stop: threading.Event, result: dict[str, Any]) -> None:

@@ -167,6 +167,30 @@ def test_dead_replica_is_never_chosen() -> None:
     assert r.rank([], RouteRequest(PROMPT)) == []
 
 
+def test_dead_replica_listed_by_stale_candidates_falls_back_to_load() -> None:
+    """Serve's candidate list lags a death: a session affine (or a call pinned) to the dead replica goes to
+    the least loaded live one, and the dead one's later stats or completions do not bring it back."""
+    clock = Clock()
+    r = router(clock)
+    r.update_stats("a", stats_for(PROMPT, [9], clock.now))  # the session's home
+    r.update_stats("b", stats_for(PROMPT, [], clock.now, running=2))
+    r.update_stats("c", stats_for(PROMPT, [], clock.now, running=1))
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT)) == ["a", "c", "b"]
+    r.on_routed("a", "k1", RouteRequest(PROMPT))
+    r.forget("a")
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT)) == ["c", "b"]
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT, pin="a")) == ["c", "b"]
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT, pin="b")) == ["b"]
+    assert r.rank(["b", "c"], RouteRequest(PROMPT, pin="gone")) == ["c", "b"]
+    clock.now += 1
+    r.update_stats("a", stats_for(PROMPT, [9], clock.now))  # a late record from the dead replica
+    r.on_completed("a", "k1")
+    r.on_routed("a", "k2", RouteRequest(PROMPT))
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT)) == ["c", "b"]
+    assert r.rank(["a"], RouteRequest(PROMPT)) == []  # only dead ones: wait for Serve's new replicas
+    assert r.rank(["a", "b", "c"], RouteRequest(PROMPT, policy="round_robin")) in (["b", "c"], ["c", "b"])
+
+
 def test_salt_isolation() -> None:
     clock = Clock()
     r = router(clock)
@@ -200,7 +224,7 @@ def test_pin_and_round_robin() -> None:
     r = router(clock)
     r.update_stats("a", stats_for(PROMPT, [9], clock.now))
     assert r.rank(["a", "b"], RouteRequest(PROMPT, pin="b")) == ["b"]
-    assert r.rank(["a"], RouteRequest(PROMPT, pin="b")) == []
+    assert r.rank(["a"], RouteRequest(PROMPT, pin="b")) == ["a"]  # b is not there: by load
     rr = [r.rank(["b", "a", "c"], RouteRequest(PROMPT, policy="round_robin"))[0] for _ in range(4)]
     assert rr == ["a", "b", "c", "a"]
     with pytest.raises(ValueError, match="routing policy"):

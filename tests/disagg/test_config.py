@@ -23,6 +23,8 @@ def test_handle_round_trips_through_params() -> None:
 @pytest.mark.parametrize(("change", "words"), [
     ({"do_remote_prefill": False}, "do_remote_prefill"),
     ({"remote_address": "http://x:1"}, "remote_address"),
+    ({"remote_address": "ray://app/deployment"}, "remote_address"),  # a Ray address names one replica
+    ({"remote_address": "ray://app/dep/replica/x"}, "remote_address"),
     ({"num_prompt_tokens": -1}, "num_prompt_tokens"),
     ({"first_token_id": "7"}, "first_token_id"),
     ({"checkpoint_positions": [0]}, "checkpoint_positions"),
@@ -34,6 +36,16 @@ def test_handle_round_trips_through_params() -> None:
 def test_bad_handles_name_the_field(change: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         RemoteHandle.from_params({**HANDLE.to_params(), "do_remote_prefill": True, **change})
+
+
+def test_ray_addresses() -> None:
+    """A handle may name a Ray prefill replica; a decode side's peer may be a Ray prefill deployment."""
+    params = {**HANDLE.to_params(), "remote_address": "ray://recap/RecapPrefill/x1y2", "do_remote_prefill": True}
+    assert RemoteHandle.from_params(params).address == "ray://recap/RecapPrefill/x1y2"
+    secret = b"s" * 16
+    assert KVTransferConfig(role="decode", secret=secret, peers=("ray://recap/RecapPrefill",)).peers
+    with pytest.raises(ValueError, match="peers"):
+        KVTransferConfig(role="decode", secret=secret, peers=("ray://recap/RecapPrefill/x1y2",))
 
 
 def test_serve_role_flags_build_the_transfer_config() -> None:

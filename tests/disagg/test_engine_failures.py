@@ -43,7 +43,7 @@ def make(engines: list[DisaggLLMEngine], config: EngineConfig, **kw: object) -> 
     """An engine sharing the test secret; a decode engine's peers are the prefill engines made before it."""
     kw.setdefault("secret", SECRET)
     if kw.get("role") == "decode":
-        kw.setdefault("peers", tuple(e.server.address for e in engines if e.server is not None))
+        kw.setdefault("peers", tuple(e.address for e in engines if e.address is not None))
     engine = DisaggLLMEngine(config, KVTransferConfig(**kw))  # type: ignore[arg-type]
     engines.append(engine)
     return engine

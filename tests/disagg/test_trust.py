@@ -65,3 +65,15 @@ def test_used_tags_are_forgotten_after_they_expire() -> None:
     clock[0] = NOW + 6
     check(v, signed(expires_at=NOW + 60))  # pruning happens here
     assert len(v._used) == 1
+
+
+def test_a_ray_peer_deployment_admits_its_replicas_only() -> None:
+    """On Ray (recap.cluster.ray_transport) the decode side's peer is the prefill deployment."""
+    v = HandleVerifier(SECRET, ["ray://recap/RecapPrefill"], clock=lambda: NOW)
+    assert v.is_peer("ray://recap/RecapPrefill/abc123")
+    assert not v.is_peer("ray://recap/RecapDecode/abc123")
+    assert not v.is_peer("ray://other/RecapPrefill/abc123")
+    assert not v.is_peer("tcp://127.0.0.1:5555") and not v.is_peer(None)
+    check(v, signed(address="ray://recap/RecapPrefill/abc123"))
+    with pytest.raises(HandleRefused, match="not a prefill peer"):
+        check(v, signed(address="ray://recap/Elsewhere/abc123"))

@@ -1,0 +1,151 @@
+"""The OpenAI-compatible ingress of a disaggregated deployment on Ray Serve (`recap serve --prefill-replicas P
+--decode-replicas D`): what `recap proxy` does over HTTP, over DeploymentHandles.
+
+Each POST /v1/completions or /v1/chat/completions goes first to a prefill replica, unstreamed, with
+`kv_transfer_params: {"do_remote_decode": true}` (it computes the prompt, samples one token, holds the KV),
+then to a decode replica with the handle it returned; the decode replica pulls the state checkpoints and
+the KV blocks it lacks from that prefill replica (recap.cluster.ray_transport) and answers like a single
+instance. Both calls are routed by recap's checkpoint-aware router on the prompt's hash chain: prefill
+replicas by what they can resume, decode replicas by what they hold (a decode replica registers what it
+receives, so a session's next turn finds its prefix there and asks for fewer blocks). Errors: a 4xx from
+either side passes through; a replica that dies answers 503 (or, mid-stream, an error event), as in
+recap.cluster.ingress. When the decode side did not answer 200 the held KV is released at once. Every
+other request goes to a decode replica. `/debug/integrity` reports every replica of both deployments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from recap.cluster.asgi import HTTPRequest
+from recap.cluster.ingress import (
+    call_replica,
+    collect,
+    debug_off,
+    forwarded,
+    integrity_of,
+    prompt_tokens,
+    relay,
+    replica_gone,
+)
+from recap.cluster.ray_router import ROUTE_KWARG
+from recap.cluster.ray_transport import parse_address
+from recap.disagg.api import PARAM
+from recap.engine.errors import KVTransferError
+from recap.model.loader import load_tokenizer
+from recap.server.errors import APIError
+from recap.server.json_body import parse_json
+
+log = logging.getLogger("recap.cluster")
+PREFILL_DEPLOYMENT = "RecapPrefill"
+DECODE_DEPLOYMENT = "RecapDecode"
+ROUTES = ("/v1/completions", "/v1/chat/completions")
+PREFILL_HEADER = "x-recap-prefill-replica"
+
+
+@dataclass(frozen=True)
+class PDIngressConfig:
+    tokenizer: str  # the replicas' tokenizer: prompts are hashed as the replicas hash them
+    app: str = "recap"  # the Serve app holding both deployments
+    enable_debug: bool = False
+    timeout_s: float = 600.0  # the prefill call (the decode call streams: no overall limit)
+    debug_timeout_s: float = 30.0
+
+
+class RecapPDIngress:
+    """Serve deployment body (the disaggregated app's HTTP entry point)."""
+
+    def __init__(self, prefill: DeploymentHandle | None, decode: DeploymentHandle | None,
+                 config: PDIngressConfig) -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.prefill = prefill or serve.get_deployment_handle(PREFILL_DEPLOYMENT, config.app)
+        self.decode = decode or serve.get_deployment_handle(DECODE_DEPLOYMENT, config.app)
+
+    async def __call__(self, request: Request) -> Response:
+        body = await request.body()
+        path, forward = forwarded(request, body)
+        if path == "/debug/integrity" and request.method == "GET":
+            return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
+        tokens, salt = prompt_tokens(self.tokenizer, path, body) if request.method == "POST" else ([], None)
+        route = {"tokens": tokens, "cache_salt": salt, "policy": "checkpoint"}
+        if request.method != "POST" or path not in ROUTES:
+            return await relay(call_replica(self.decode, forward, route), path)
+        try:
+            data = parse_json(body)
+        except APIError:
+            data = None
+        if not isinstance(data, dict):  # the decode replica answers it with the single instance's 400
+            return await relay(call_replica(self.decode, forward, route), path)
+        if PARAM in data:
+            return APIError(f"{PARAM} is set by the ingress, not by clients", param=PARAM).response()
+        try:
+            return await self._disaggregated(forward, data, path, route)
+        except APIError as e:
+            return e.response()
+
+    async def _disaggregated(self, forward: HTTPRequest, data: dict[str, Any], path: str,
+                             route: dict[str, Any]) -> Response:
+        first = {k: v for k, v in data.items() if k != "stream_options"}
+        first.update(stream=False, **{PARAM: {"do_remote_decode": True}})
+        try:
+            prefill_id, status, answer = await collect(self.prefill, _with_body(forward, first), route,
+                                                       self.config.timeout_s)
+        except RayActorError as e:
+            raise replica_gone(e) from None
+        except TimeoutError:
+            raise APIError("the prefill replica timed out", status=504, type="upstream_error",
+                           code="upstream_timeout") from None
+        if status != 200:
+            return JSONResponse(answer, status_code=status)
+        handle = answer.get(PARAM) if isinstance(answer, dict) else None
+        if not isinstance(handle, dict):
+            raise APIError(f"the prefill replica returned no {PARAM}", status=502, type="upstream_error",
+                           code="upstream_bad_response")
+        second = {**data, PARAM: {**handle, "do_remote_prefill": True}}
+        answered = False
+        try:
+            response = await relay(call_replica(self.decode, _with_body(forward, second), route), path)
+            answered = response.status_code == 200  # a 200 from the decode side comes after its pull
+            response.headers[PREFILL_HEADER] = prefill_id
+            return response
+        finally:
+            if not answered:  # the decode side failed or refused: nobody will pull
+                self._release(handle)
+
+    def _release(self, handle: dict[str, Any]) -> None:
+        """Let the prefill replica free the held KV at once (fire and forget)."""
+        address, tid, mac = handle.get("remote_address"), handle.get("transfer_id"), handle.get("mac")
+        if not (isinstance(address, str) and isinstance(tid, str) and isinstance(mac, str)):
+            return
+        try:
+            _, _, replica = parse_address(address)
+        except KVTransferError:
+            return
+        self.prefill.options(method_name="kv_release").remote(tid, mac, **{ROUTE_KWARG: {"pin": replica}})
+
+    async def integrity(self) -> dict[str, Any]:
+        """Every prefill and decode replica's /debug/integrity, by role and replica id; ok when all are."""
+        out: dict[str, Any] = {}
+        for role, handle, deployment in (("prefill", self.prefill, PREFILL_DEPLOYMENT),
+                                         ("decode", self.decode, DECODE_DEPLOYMENT)):
+            reports = await integrity_of(handle, self.config.app, deployment, self.config.debug_timeout_s)
+            out.update({f"{role}/{rid}": report for rid, report in reports.items()})
+        roles = {key.split("/", 1)[0] for key in out}
+        return {"ok": roles == {"prefill", "decode"} and all(r.get("ok") for r in out.values()), "replicas": out}
+
+
+def _with_body(request: HTTPRequest, data: dict[str, Any]) -> HTTPRequest:
+    body = json.dumps(data).encode()
+    headers = tuple((k, v) for k, v in request.headers if k != b"content-length")
+    return HTTPRequest(request.method, request.path, body, request.query,
+                       headers + ((b"content-length", str(len(body)).encode()),))
