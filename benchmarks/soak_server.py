@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, (slope, rise) in trend.items():
         unit, scale = ("MiB", MiB) if name.endswith("bytes") else ("", 1)
         print(f"{name} after warm-up: slope {slope / scale:+.3f} {unit}/1k requests, rise {rise / scale:+.1f} {unit}")
+    grew = _bounded_growth(memory, args.warmup_fraction)
+    print("bounded records grown after warm-up (each within its capacity; Python blocks count their keys): "
+          + (", ".join(f"{k} {v:+d}" for k, v in grew.items()) or "none"))
     print("resident memory (MiB) at requests " + ", ".join(f"{i}: {m['process']['rss_bytes'] / MiB:.0f}"
                                                             for i, m in memory))
     proc_last, proc_trim = last["process"], trimmed["process"]
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             "records_error": records_error, "server_counts": final,
             "trend_per_1k": {k: {"slope": v[0], "rise": v[1]} for k, v in trend.items()},
             "memory": [{"requests": i, **m["process"]} for i, m in memory], "trimmed": proc_trim,
-            "bounded": last["bounded"], "passed": ok}, indent=1))
+            "bounded": last["bounded"], "bounded_growth": grew, "passed": ok}, indent=1))
     return 0 if ok else 1
 
 
@@ -353,6 +356,18 @@ def _records_error(memory: dict[str, Any]) -> str | None:
     if live or over:
         return f"live after the run: {live}; over capacity: {over}"
     return None
+
+
+def _bounded_growth(memory: list[tuple[int, dict[str, Any]]], warmup_fraction: float) -> dict[str, int]:
+    """Per bounded record that grew after warm-up: its last count minus its lowest."""
+    tail = after_warmup([(i, 0.0) for i, _ in memory], warmup_fraction)
+    samples = [m for i, m in memory if i >= tail[0][0]] if tail else []
+    out: dict[str, int] = {}
+    for name in samples[-1]["bounded"] if samples else ():
+        counts = [m["bounded"][name]["count"] for m in samples if name in m["bounded"]]
+        if counts[-1] > min(counts):
+            out[name] = counts[-1] - min(counts)
+    return out
 
 
 def _trend(memory: list[tuple[int, dict[str, Any]]], warmup_fraction: float) -> dict[str, tuple[float, float]]:

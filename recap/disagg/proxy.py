@@ -4,8 +4,10 @@ Each POST /v1/completions or /v1/chat/completions goes first to a prefill instan
 `kv_transfer_params: {"do_remote_decode": true}` (it computes the prompt, samples one token and holds
 the KV), then to a decode instance with the handle it returned; the decode side's answer (plain or
 streamed, usage included, cached_tokens = the decode side's hit) goes back to the client unchanged.
-Errors: a 4xx from either side is passed through; an unreachable instance is a 502 and a timeout a
-504, each with an OpenAI-style error body; a decode stream that breaks ends with an error event. When
+Errors: an error body from either side is passed through, except a decode side's refusal of the transfer
+handle (the proxy's doing, not the client's: a 502 `kv_transfer_refused` carrying its reason); an
+unreachable instance is a 502, a timeout a 504 and an upstream error without an OpenAI body a 502, each
+with an OpenAI-style error body; a decode stream that breaks ends with an error event. When
 the decode side fails, refuses or the client leaves before it answered, the proxy tells the prefill side
 to release the held KV at once (not after its hold timeout); a client that leaves cancels the upstream
 request, streamed or not (which aborts it there). Instances are taken round robin. Torch-free.
@@ -69,6 +71,32 @@ def _passthrough(r: httpx.Response, content: bytes) -> Response:
     return Response(content, status_code=r.status_code, media_type=r.headers.get("content-type", "application/json"))
 
 
+def _error_of(content: bytes) -> dict[str, Any] | None:
+    """The `error` object of an OpenAI error body, or None."""
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, dict) else None
+
+
+def _answer(side: str, url: str, r: httpx.Response, content: bytes) -> Response:
+    """An upstream's non-200 answer for the client: an OpenAI error body passes through, except the decode
+    side refusing the transfer handle the proxy sent (a 502 kv_transfer_refused with its reason); any other
+    answer (a bare 500, an HTML page) becomes a 502 with a JSON error body."""
+    error = _error_of(content)
+    refused = side == "decode" and error is not None and (error.get("param") == PARAM
+                                                           or error.get("code") == "kv_transfer_refused")
+    if error is not None and not refused:  # an OpenAI error body (a 4xx, or the upstream's own 502/504)
+        return _passthrough(r, content)
+    reason = str(error.get("message")) if error is not None else content[:500].decode(errors="replace")
+    if refused:
+        return APIError(f"the decode instance at {url} refused the KV transfer handle ({r.status_code}): {reason}",
+                        status=502, type="upstream_error", code="kv_transfer_refused").response()
+    return APIError(f"the {side} instance at {url} failed ({r.status_code}): {reason}", status=502,
+                    type="upstream_error", code="upstream_failed").response()
+
+
 class Proxy:
     def __init__(self, config: ProxyConfig, limits: ServerLimits, api_key: str | None = None) -> None:
         self.config = config
@@ -101,8 +129,11 @@ class Proxy:
         except httpx.HTTPError as e:
             raise _upstream_error("prefill", prefill_url, e) from None
         if r.status_code != 200:
-            return _passthrough(r, r.content)
-        handle = r.json().get(PARAM)
+            return _answer("prefill", prefill_url, r, r.content)
+        try:
+            handle = r.json().get(PARAM)
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            handle = None
         if not isinstance(handle, dict):
             raise APIError(f"the prefill instance at {prefill_url} returned no {PARAM} (is it --role prefill?)",
                            status=502, type="upstream_error", code="upstream_bad_response")
@@ -116,7 +147,8 @@ class Proxy:
                     r = await self.client.post(decode_url + path, json=second)
                 except httpx.HTTPError as e:
                     raise _upstream_error("decode", decode_url, e) from None
-                response = _passthrough(r, r.content)
+                response = _passthrough(r, r.content) if r.status_code == 200 else _answer("decode", decode_url,
+                                                                                            r, r.content)
             answered = response.status_code == 200  # a 200 from the decode side comes after its pull
             return response
         finally:
@@ -137,7 +169,7 @@ class Proxy:
         if r.status_code != 200:  # the decode side answers errors before its first event
             content = await r.aread()
             await r.aclose()
-            return _passthrough(r, content)
+            return _answer("decode", base, r, content)
 
         async def events() -> AsyncIterator[bytes | str]:
             tail = b""

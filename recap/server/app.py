@@ -68,12 +68,19 @@ def build_app(
     for collector in collectors:
         registry.register(collector)
 
+    options = options or ServerOptions()
+    trimmer = None if options.malloc_trim_interval_s <= 0 else process_memory.MallocTrimmer(
+        options.malloc_trim_interval_s)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        trimming = None if trimmer is None else asyncio.create_task(trimmer.run())
         try:
             yield
         finally:
+            if trimming is not None:
+                trimming.cancel()
             state.offload.shutdown()
             if shutdown_engine:
                 engine.shutdown()
@@ -86,7 +93,6 @@ def build_app(
     counts = RequestCounts()  # recap.server.request_counts: what became of each generation request
     registry.register(RequestCountsCollector(counts, state.model_name))
     app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)
-    options = options or ServerOptions()
     state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
     state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
@@ -127,11 +133,11 @@ def build_app(
         return Response(render(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     if limits.enable_debug:
-        _add_debug_routes(app, engine)
+        _add_debug_routes(app, engine, trimmer)
     return app
 
 
-def _add_debug_routes(app: FastAPI, engine: AsyncEngine) -> None:
+def _add_debug_routes(app: FastAPI, engine: AsyncEngine, trimmer: process_memory.MallocTrimmer | None) -> None:
     @app.get("/debug/integrity")
     async def integrity() -> dict[str, Any]:
         """The cache core's accounting check (DESIGN §3.5) and the request counts, for tests and soaks."""
@@ -149,4 +155,5 @@ def _add_debug_routes(app: FastAPI, engine: AsyncEngine) -> None:
         records["per_request"]["async_streams"] = engine.num_streams
         if trim:
             await asyncio.to_thread(process_memory.trim)
-        return {"process": await asyncio.to_thread(process_memory.snapshot), **records}
+        proc = await asyncio.to_thread(process_memory.snapshot)
+        return {"process": {**proc, "malloc_trims": None if trimmer is None else trimmer.num_trims}, **records}

@@ -33,6 +33,7 @@ from recap.server.serving import (
     new_request_id,
     open_stream,
     prepare_all,
+    response_size,
     usage,
 )
 from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
@@ -56,7 +57,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     kwargs = dict(req.chat_template_kwargs or {})
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]
-    size = sum(len(m.text()) for m in req.messages)
+    size = len(await request.body())  # messages, tools and all: what rendering and tokenizing cost grows with
     chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages, kwargs)
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
@@ -71,6 +72,11 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     finals = await collect_finals(request, it, 1)
     if finals is None:
         return Response(status_code=499)
+    return await state.offload.run(response_size(finals, req.top_logprobs or 0), _response, state, req, rid, finals)
+
+
+def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: list[RequestOutput]) -> JSONResponse:
+    """The whole answer, rendered: tool-call parsing, logprob strings and JSON (off the loop when large)."""
     out = finals[0]
     k = req.top_logprobs or 0
     choices = []
@@ -136,8 +142,9 @@ async def _stream(
             for o in out.outputs:
                 if o.index in done or not (o.text_delta or o.logprobs_delta or o.finish_reason):
                     continue
-                lp = None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids_delta,
-                                                                   o.logprobs_delta, k)
+                lp = None if o.logprobs is None else await state.offload.run(
+                    len(o.token_ids_delta) * (1 + k), chat_logprobs, state.token_text, o.token_ids_delta,
+                    o.logprobs_delta, k)
                 finish = o.finish_reason
                 if streams:
                     calls_in = streams[o.index]

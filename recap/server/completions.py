@@ -34,6 +34,7 @@ from recap.server.serving import (
     open_stream,
     prepare_all,
     prompt_size,
+    response_size,
     usage,
 )
 from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
@@ -69,7 +70,13 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     finals = await collect_finals(request, it, len(prepared))
     if finals is None:
         return Response(status_code=499)
-    return JSONResponse(with_transfer_params(_response(state, req, rid, params.n, finals).model_dump(), finals))
+    size = response_size(finals, req.logprobs or 0, echo=req.echo)
+    return await state.offload.run(size, _render, state, req, rid, params.n, finals)
+
+
+def _render(state: ServerState, req: CompletionRequest, rid: str, n: int, finals: list[RequestOutput]) -> JSONResponse:
+    """The whole answer, rendered: echo, logprob strings and JSON (off the loop when large)."""
+    return JSONResponse(with_transfer_params(_response(state, req, rid, n, finals).model_dump(), finals))
 
 
 def _echo(state: ServerState, req: CompletionRequest, out: RequestOutput) -> tuple[str, CompletionLogprobs | None, int]:
@@ -126,7 +133,10 @@ async def _stream(
                 idx = i * n + o.index
                 if idx in done:
                     continue
-                choice = _stream_choice(state, req, out, o, idx, idx in offsets, offsets)
+                started = idx in offsets
+                size = (len(o.token_ids_delta) + (0 if started or not req.echo else len(out.prompt_token_ids))) * (
+                    1 + (req.logprobs or 0))  # under echo the first chunk renders the prompt
+                choice = await state.offload.run(size, _stream_choice, state, req, out, o, idx, started, offsets)
                 if choice is None:
                     continue
                 choices.append(choice)

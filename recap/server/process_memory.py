@@ -7,11 +7,12 @@
   python_blocks:        sys.getallocatedblocks(), the objects Python's allocator holds;
   gc_objects:           objects the cyclic collector tracks (len(gc.get_objects()), a full walk: debug only).
 No tracemalloc (it slows every allocation). `trim()` asks glibc to give free arena memory back
-(malloc_trim), so a caller can see how much of RSS was free heap.
+(malloc_trim), so a caller can see how much of RSS was free heap; `MallocTrimmer` does it periodically.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import gc
@@ -63,3 +64,39 @@ def snapshot(count_gc_objects: bool = True) -> dict[str, int | None]:
 def trim() -> bool:
     """Return free malloc memory to the OS (glibc malloc_trim); False where unavailable."""
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
+
+
+class MallocTrimmer:
+    """Every `interval_s`, hands free malloc memory back to the OS when more than `min_free_bytes` is free.
+
+    glibc keeps freed memory in its arenas (one per thread that allocates: the event loop, the engine
+    thread, the prepare pool), fragmented, so resident memory ratchets up under varied load while the bytes
+    in use stay flat (the soak measured 300-440 MiB free after 5-10k requests, all of it given back by
+    malloc_trim). Off glibc it does nothing.
+    """
+
+    def __init__(self, interval_s: float, min_free_bytes: int = 64 << 20) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.interval_s = interval_s
+        self.min_free_bytes = min_free_bytes
+        self.num_trims = 0
+        self._rss_after: int | None = None  # resident bytes right after the last trim
+
+    def trim_if_worth_it(self) -> bool:
+        """Trim now if enough is free and resident memory grew by as much since the last trim (a trimmed page
+        still counts as free to malloc). On a worker thread: a trim of hundreds of MiB takes milliseconds."""
+        if _LIBC is None or _LIBC.mallinfo2().fordblks < self.min_free_bytes:
+            return False
+        if self._rss_after is not None and rss_bytes() - self._rss_after < self.min_free_bytes:
+            return False
+        trim()
+        self._rss_after = rss_bytes()
+        self.num_trims += 1
+        return True
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await asyncio.to_thread(self.trim_if_worth_it)

@@ -93,6 +93,18 @@ def prompt_size(prompts: Sequence[str | Sequence[int]]) -> int:
     return sum(len(p) for p in prompts)
 
 
+def response_size(finals: Sequence[RequestOutput], top_logprobs: int, echo: bool = False) -> int:
+    """Tokens (times their top logprobs) and characters a response renders: decides whether rendering runs
+    off the event loop."""
+    per_token = 1 + top_logprobs
+    size = 0
+    for out in finals:
+        if echo or out.prompt_logprobs is not None:
+            size += len(out.prompt_token_ids) * per_token + len(out.prompt or "")
+        size += sum(len(o.token_ids) * per_token + len(o.text) for o in out.outputs)
+    return size
+
+
 @dataclass
 class RequestLog:
     """Collects the last output of each prompt; `emit` writes one line per engine request."""

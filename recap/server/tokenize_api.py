@@ -38,12 +38,6 @@ class DetokenizeRequest(_Strict):
     tokens: list[int] = Field(min_length=1)
 
 
-def _size(req: TokenizeRequest) -> int:
-    if req.prompt is not None:
-        return len(req.prompt)
-    return sum(len(str(m.content)) for m in req.messages or ())
-
-
 def _tokenize(state: ServerState, req: TokenizeRequest) -> tuple[list[int], list[str] | None]:
     """Token ids (and their strings) of a prompt or a chat; may be large, so it runs off the event loop."""
     tok = state.tokenizer
@@ -62,7 +56,8 @@ def add_tokenize_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize(request: Request) -> dict[str, Any]:
         req: TokenizeRequest = await parse_request(request, TokenizeRequest, state)
         state.check_model(req.model)
-        ids, strs = await state.offload.run(_size(req), _tokenize, state, req)
+        size = len(await request.body())  # a prompt, or messages whose count and markup cost as much as text
+        ids, strs = await state.offload.run(size, _tokenize, state, req)
         return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")

@@ -111,3 +111,76 @@ def test_a_decode_that_dies_mid_stream_ends_the_stream_with_an_error_event(clust
         assert all("error" not in e for e in events[:-1])
     finally:
         srv.stop()
+
+
+@pytest.fixture()
+def foreign_decode(cluster: Cluster, disagg_model: Path, tmp_path: Path) -> Iterator[Instance]:
+    """A decode instance of the deployment (same secret) whose only prefill peer is elsewhere: it refuses
+    the prefill instance's handles (403 kv_transfer_refused)."""
+    inst = launch("foreign-decode", ["serve", str(disagg_model), *SERVE_FLAGS, "--role", "decode", *cluster.trust,
+                                     "--kv-peer", "tcp://127.0.0.1:1"], tmp_path)
+    try:
+        inst.wait_ready(time.monotonic() + START_TIMEOUT_S)
+        yield inst
+    finally:
+        inst.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_refused_transfer_handle_is_a_502_naming_the_refusal(cluster: Cluster, foreign_decode: Instance,
+                                                               stream: bool) -> None:
+    """The decode side refuses the handle the proxy forwarded (not from one of its peers): the client made no
+    mistake, so it gets a 502 with an OpenAI error body carrying the decode side's reason, and the prefill
+    side is told to release the held request at once."""
+    srv = proxy_to(cluster.prefill.url, foreign_decode.url)
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", json={**well_formed(), "stream": stream}, timeout=60)
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert error["code"] == "kv_transfer_refused" and error["type"] == "upstream_error", error
+        assert "not a prefill peer" in error["message"] and foreign_decode.url in error["message"], error
+        assert metric(foreign_decode.url, "recap:disagg_handles_refused_total") >= 1
+        deadline = time.monotonic() + 5  # the hold timeout is 60 s
+        while metric(cluster.prefill.url, "recap:disagg_requests_held") > 0:
+            assert time.monotonic() < deadline, "the prefill side still holds the request"
+            time.sleep(0.05)
+    finally:
+        srv.stop()
+
+
+def test_a_single_instance_behind_the_proxy_is_a_502_not_a_client_error(cluster: Cluster) -> None:
+    """A decode URL that is not a decode instance refuses kv_transfer_params with a 400: a deployment
+    mistake, reported as a 502 kv_transfer_refused."""
+    srv = proxy_to(cluster.prefill.url, cluster.single.url)
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", json=well_formed(), timeout=60)
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert error["code"] == "kv_transfer_refused" and "single instance" in error["message"], error
+    finally:
+        srv.stop()
+
+
+def test_an_upstream_bare_500_is_a_json_502() -> None:
+    """A prefill side answering a plain-text 500 (a crashed worker, a foreign server) gives the client a 502
+    with an OpenAI error body naming it, not the bare 500."""
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    upstream = FastAPI()
+
+    @upstream.post("/v1/completions")
+    async def broken() -> PlainTextResponse:
+        return PlainTextResponse("Internal Server Error", status_code=500)
+
+    fake = ServerThread(upstream)
+    fake.start()
+    srv = proxy_to(fake.url, f"http://127.0.0.1:{free_port()}")
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", json=well_formed(), timeout=60)
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert error["code"] == "upstream_failed" and "Internal Server Error" in error["message"], error
+    finally:
+        srv.stop()
+        fake.stop()
