@@ -10,8 +10,8 @@ generates for `(W * x).sum(-1)` (one pass over W's rows, vectorized along `in`, 
 
 The kernel is compiled once per process with dynamic shapes (one kernel for every weight shape; a static
 compile would recompile per shape). The first compile on a machine costs 10-45 s (inductor's C++ toolchain
-and cache warm-up; later processes hit its on-disk cache), so it is opt-in: `load_model(..., rowvec=True)`,
-`EngineConfig.rowvec`, `recap serve --rowvec`. `rowvec_linear_ref` is the plain reference (`F.linear`);
+and cache warm-up; later processes hit its on-disk cache), so it is opt-in: `load_model(..., compile_decode=True)`,
+`EngineConfig.compile_decode`, `recap serve --compile-decode`. `rowvec_linear_ref` is the plain reference (`F.linear`);
 the two agree to fp32 rounding (the sum runs in another order), not bitwise.
 
 Only 1-thread processes use it: the kernel is compiled for the thread count at compile time, and the
