@@ -1,6 +1,6 @@
 """Batch-1 decode: the compiled one-row kernels (recap/model/layers/rowvec.py, mamba2_row.py) against eager.
 
-    .venv/bin/python benchmarks/bench_rowvec.py [--models mamba2-115m hybrid-163m] [--rounds 5]
+    .venv/bin/python benchmarks/bench_rowvec.py [--models mamba2-115m hybrid-163m] [--rounds 5] [--quant int8]
 
 Two parts, thread CPU time (time.thread_time: other processes' time slices do not count, their memory traffic
 does), medians, the variants alternating within each round, the 1-minute load average printed:
@@ -85,9 +85,9 @@ def set_variant(model: torch.nn.Module, linears: bool, mixers: bool) -> None:
 VARIANTS = {"oneDNN": (False, False), "rowvec": (True, False), "rowvec+mamba2_row": (True, True)}
 
 
-def steps(models: list[str], rounds: int, cache: Path) -> None:
+def steps(models: list[str], rounds: int, cache: Path, quant: str | None) -> None:
     for name in models:
-        model = load_model(build_checkpoint(name, cache / name), compile_decode=True).model
+        model = load_model(build_checkpoint(name, cache / name), quantization=quant, compile_decode=True).model
         step = decoder(model, 1, rounds * len(VARIANTS) * 25 + 10)
         res: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for _ in range(rounds):
@@ -95,7 +95,7 @@ def steps(models: list[str], rounds: int, cache: Path) -> None:
                 set_variant(model, *flags)
                 res[v].append(cpu_ms(step, 20))
         med = {v: statistics.median(x) for v, x in res.items()}
-        print(f"{name}: decode step ms " + ", ".join(f"{v} {m:.2f}" for v, m in med.items())
+        print(f"{name}{' int8' if quant else ''}: decode step ms " + ", ".join(f"{v} {m:.2f}" for v, m in med.items())
               + f" (1-min load {os.getloadavg()[0]:.1f})")  # fmt: skip
         del model, step
 
@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--quant", default=None, help="int8: int8 weights (their linears keep fbgemm: rowvec = oneDNN)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the kernel serves 1-thread processes only
     t = time.perf_counter()
@@ -114,7 +115,7 @@ def main() -> None:
     print(f"compile: {time.perf_counter() - t:.1f} s wall, load {os.getloadavg()[0]:.1f}")
     if not args.skip_kernels:
         kernels(args.rounds)
-    steps(args.models, args.rounds, args.cache_dir)
+    steps(args.models, args.rounds, args.cache_dir, args.quant)
 
 
 if __name__ == "__main__":
