@@ -130,9 +130,11 @@ def sample_args(mixer: Mamba2Mixer) -> tuple:  # type: ignore[type-arg]
     """Arguments of this mixer's shapes with random proj and states (to build and check the compiled function)."""
     c = mixer.cfg
     g = torch.Generator().manual_seed(0)
-    conv = torch.randn(c.conv_dim, c.d_conv - 1, generator=g)
+    conv = torch.randn(c.conv_dim, c.d_conv - 1, generator=g)  # cache tensors: allocated outside inference mode
     ssm = torch.randn(c.n_groups, c.num_heads // c.n_groups, c.head_dim, c.d_state, generator=g)
-    return mixer_row_args(mixer, torch.randn(1, c.in_proj_dim, generator=g), conv, ssm)
+    with torch.inference_mode():  # as the step's in_proj output (a guard of the compiled function)
+        proj = torch.randn(1, c.in_proj_dim, generator=g)
+    return mixer_row_args(mixer, proj, conv, ssm)
 
 
 def mixer_row(mixer: Mamba2Mixer, proj: torch.Tensor, conv_slot: torch.Tensor, ssm_slot: torch.Tensor) -> torch.Tensor:

@@ -43,9 +43,10 @@ def _mul_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _compiled() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The compiled kernel, built and checked once per process (raises RowVecUnavailableError)."""
     fn = torch.compile(_mul_sum, dynamic=True, fullgraph=True)
-    w, x = torch.randn(24, 40), torch.randn(1, 40)
+    w = torch.randn(24, 40)  # a weight: a tensor made outside inference mode
     try:
-        with torch.inference_mode():
+        with torch.inference_mode():  # x as a decode step's activations (the compiled function guards on it)
+            x = torch.randn(1, 40)
             y = fn(w, x)
     except Exception as e:  # noqa: BLE001 (inductor raises many kinds: no compiler, no headers, ...)
         raise RowVecUnavailableError(f"torch.compile could not build the one-row kernel: {e}") from e
