@@ -1,7 +1,8 @@
 """recap against llama.cpp on the same random checkpoints: one table, one command (run on request only).
 
     .venv/bin/python benchmarks/peers.py [--threads 1 2] [--models mamba2-115m hybrid-163m] [--reps 3]
-        [--out bench_out/peers.json] [--recap-only]
+        [--out bench_out/peers.json] [--recap-only] [--decode-only] [--eager] [--build-dir DIR]
+    .venv/bin/python benchmarks/peers.py --reprint bench_out/peers.json      # the table of an earlier run
 
 llama.cpp is built once from the llama-cpp-python 0.3.36 sdist into build/peers (benchmarks/peers_llama.py;
 tens of minutes on 2 cores) and the checkpoints (benchmarks/checkpoints.py) are converted with its own
@@ -15,6 +16,8 @@ medians over --reps rounds, the 1-minute load average beside each figure:
 - multi-turn TTFT through the servers: each turn resends the conversation plus 40 new tokens;
 - tokens re-processed on a shared 1,500-token system prompt followed by different 40-token questions
   (recap: prompt - cached tokens; llama-server: timings.prompt_n).
+recap runs with compile_decode (its batch-1 compiled kernels, recap/model/layers/rowvec.py and mamba2_row.py)
+unless --eager. --decode-only measures the three decode rows only (no prefill, no servers).
 Each speed figure also gets the fraction of the machine's limit it reaches: measured GEMM peak for prefill
 (2 x linear params FLOP per token), weight bytes / measured mat-vec bandwidth for decode.
 """
@@ -99,8 +102,8 @@ def weight_stats(path: Path, quant: str | None) -> dict[str, float]:
 class RecapModel:
     """recap's model step (no server): ForwardBatch build + forward + logits + greedy argmax."""
 
-    def __init__(self, path: Path, quant: str | None) -> None:
-        self.model = load_model(path, quantization=quant).model
+    def __init__(self, path: Path, quant: str | None, compile_decode: bool) -> None:
+        self.model = load_model(path, quantization=quant, compile_decode=compile_decode).model
 
     def prefill_tok_s(self) -> float:
         model = self.model
@@ -133,8 +136,8 @@ def measure(name: str, threads: int, args: argparse.Namespace, llama: LlamaCpp |
     torch.set_num_threads(threads)
     path = build_checkpoint(name, args.cache_dir / name)
     tok = tokenizer_for(path, args.build_dir / "tokenizers")
-    f32 = RecapModel(path, None)
-    int8 = RecapModel(path, "int8")
+    f32 = RecapModel(path, None, not args.eager)
+    int8 = RecapModel(path, "int8", not args.eager)
     ggufs = {}
     if llama is not None:
         ggufs = {q: convert_to_gguf(llama, path, q, args.build_dir / "gguf") for q in ("f32", "q8_0")}
@@ -144,6 +147,8 @@ def measure(name: str, threads: int, args: argparse.Namespace, llama: LlamaCpp |
         ("decode ms b1 int8", "recap"): int8.decode_ms,
         ("decode tok/s b8", "recap"): f32.batch8_tok_s,
     }
+    if args.decode_only:
+        del metrics[("prefill tok/s", "recap")]
     if llama is not None:
         g, q8 = ggufs["f32"], ggufs["q8_0"]
         metrics |= {
@@ -152,10 +157,16 @@ def measure(name: str, threads: int, args: argparse.Namespace, llama: LlamaCpp |
             ("decode ms b1 int8", "llama.cpp"): lambda: decode_ms(llama, q8, threads, STEPS, PROMPT),
             ("decode tok/s b8", "llama.cpp"): lambda: batched_tok_s(llama, g, threads, 8, PROMPT, STEPS),
         }
+        if args.decode_only:
+            del metrics[("prefill tok/s", "llama.cpp")]
+    order = [m for m, _ in metrics]  # each metric's engines back to back within a round
+    metrics = dict(sorted(metrics.items(), key=lambda kv: order.index(kv[0][0])))
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.reps):
         for key, fn in metrics.items():
             samples.setdefault(key, []).append((fn(), load1()))
+    if args.decode_only:
+        return rows_of(name, threads, samples)
     servers = [RecapServer(path, tok, threads, args.port)]
     if llama is not None:
         servers.append(LlamaServer(llama, ggufs["f32"], threads, args.port + 1))
@@ -174,6 +185,10 @@ def measure(name: str, threads: int, args: argparse.Namespace, llama: LlamaCpp |
     finally:
         for s in servers:
             s.stop()
+    return rows_of(name, threads, samples)
+
+
+def rows_of(name: str, threads: int, samples: dict[tuple[str, str], list[tuple[float, float]]]) -> list[dict[str, Any]]:
     rows = []
     for (metric, engine), vals in samples.items():
         rows.append({"model": name, "threads": threads, "metric": metric, "engine": engine,
@@ -229,8 +244,14 @@ def main() -> None:
     ap.add_argument("--build-dir", type=Path, default=Path("build") / "peers")
     ap.add_argument("--port", type=int, default=18431)
     ap.add_argument("--recap-only", action="store_true", help="skip llama.cpp (no build, no GGUF)")
+    ap.add_argument("--decode-only", action="store_true", help="the decode rows only (no prefill, no servers)")
+    ap.add_argument("--eager", action="store_true", help="recap without compile_decode (its eager kernels)")
+    ap.add_argument("--reprint", type=Path, help="print the table of an earlier run's JSON and exit")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
     args = ap.parse_args()
+    if args.reprint is not None:
+        print_table(json.loads(args.reprint.read_text())["rows"])
+        return
     retain_freed_memory()  # as `recap serve` does (recap/engine/heap.py), so the model-step figures match it
     llama = None if args.recap_only else ensure_llama(args.build_dir)
     limits = {t: machine_limits(t) for t in args.threads}

@@ -52,7 +52,9 @@ class LLMEngine:
 
             model_path = str(ensure_default_model())
         dtype = getattr(torch, config.dtype)
-        loaded = load_model(model_path, dtype=dtype, quantization=config.quantization, rowvec=config.rowvec)
+        loaded = load_model(
+            model_path, dtype=dtype, quantization=config.quantization, compile_decode=config.compile_decode
+        )
         if config.derive_max_model_len:
             length = derived_max_model_len(loaded.config.max_position_embeddings)
             config = self.config = replace(config, scheduler=replace(config.scheduler, max_model_len=length))

@@ -126,7 +126,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     linear_backend: str = "auto",
     quantization: str | None = None,
-    rowvec: bool = False,
+    compile_decode: bool = False,
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly.
 
@@ -134,9 +134,11 @@ def load_model(
     available; measured fastest here for every row count, see layers/linear.py).
     quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
     rest of the model stays in `dtype`). It takes the place of the linear backend.
-    rowvec: one-row fp32 inputs (batch-1 decode) take the compiled mat-vec of layers/rowvec.py (compiled
-    here, once per process: seconds, tens of seconds on a machine's first compile). Ignored, with a warning,
-    where torch.compile cannot build it; no effect on int8 or non-fp32 weights.
+    compile_decode: batch-1 decode steps take torch.compile'd kernels: the one-row fp32 mat-vec of every linear
+    (layers/rowvec.py) and the Mamba2 mixers' one-row step (layers/mamba2_row.py). Compiled here, once per
+    process: 10-60 s (most of it mamba2_row; measured on 2 shared cores). Ignored, with a warning, where
+    torch.compile cannot build them; fp32 models only (an int8 model's linears keep fbgemm, its Mamba2
+    mixers take mamba2_row; bf16 models keep their eager paths).
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
@@ -154,8 +156,8 @@ def load_model(
         fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
         linear_backend = "onednn" if fast else "torch"
     net.set_linear_backend(linear_backend)
-    if rowvec and linear_backend != "int8" and dtype == torch.float32 and rowvec_available():
-        net.set_rowvec(True)
+    if compile_decode and dtype == torch.float32:  # int8 weights keep fbgemm; their Mamba2 mixers take mamba2_row
+        net.set_compiled_decode(linear_backend == "int8" or rowvec_available())
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
 
 

@@ -30,9 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="auto: float32 (recap's CPU kernels run the model in float32 whatever the checkpoint stores)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
-    p.add_argument("--rowvec", action="store_true",
-                   help="batch-1 decode's fp32 linears through a torch.compile'd mat-vec (1 thread; compiles at "
-                        "start: 10-45 s on a machine's first run)")
+    p.add_argument("--compile-decode", action="store_true",
+                   help="batch-1 decode through torch.compile'd kernels (fp32, 1 thread for the linears; compiles "
+                        "at start: 10-60 s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=_positive, default=None,
                    help="context length (default: the model config's max_position_embeddings, else "
@@ -81,7 +81,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         served_model_name=args.served_model_name,
         dtype=resolve_dtype(args.dtype),
         quantization=args.quantization,
-        rowvec=args.rowvec,
+        compile_decode=args.compile_decode,
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,

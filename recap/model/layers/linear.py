@@ -53,7 +53,7 @@ class Linear(nn.Module):
         self.bias = empty_param(out_features, dtype=dtype) if bias else None
         self._packed: torch.Tensor | None = None  # oneDNN copy of the weight when that backend is on
         self._int8: Int8Weight | None = None  # int8 copy of the weight when that backend is on
-        self._rowvec = False  # one-row fp32 inputs take the compiled mat-vec (layers/rowvec.py)
+        self._rowvec: torch.Tensor | None = None  # the weight as a plain tensor when the compiled mat-vec is on
 
     @property
     def backend(self) -> str:
@@ -71,14 +71,16 @@ class Linear(nn.Module):
     def set_rowvec(self, on: bool) -> None:
         """Send one-row fp32 inputs (batch-1 decode) to the compiled mat-vec of layers/rowvec.py; the caller
         checks `rowvec_available()` first. Inputs of more rows, and int8 weights, keep the backend."""
-        self._rowvec = on
+        # A plain tensor sharing the weight's storage: torch.compile treats a Parameter's shape as static and
+        # would recompile per weight shape (8 at most, then it runs the function eagerly).
+        self._rowvec = self.weight.detach() if on else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._int8 is not None:
             y = int8_linear(x, self._int8)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
-        if self._rowvec and use_rowvec(x, self.weight):
-            return rowvec_linear(x, self.weight, self.bias)
+        if self._rowvec is not None and use_rowvec(x, self._rowvec):
+            return rowvec_linear(x, self._rowvec, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -93,5 +95,5 @@ def tied_linear(weight: nn.Parameter) -> Linear:
     head.bias = None
     head._packed = None
     head._int8 = None
-    head._rowvec = False
+    head._rowvec = None
     return head

@@ -10,8 +10,8 @@ generates for `(W * x).sum(-1)` (one pass over W's rows, vectorized along `in`, 
 
 The kernel is compiled once per process with dynamic shapes (one kernel for every weight shape; a static
 compile would recompile per shape). The first compile on a machine costs 10-45 s (inductor's C++ toolchain
-and cache warm-up; later processes hit its on-disk cache), so it is opt-in: `load_model(..., rowvec=True)`,
-`EngineConfig.rowvec`, `recap serve --rowvec`. `rowvec_linear_ref` is the plain reference (`F.linear`);
+and cache warm-up; later processes hit its on-disk cache), so it is opt-in: `load_model(..., compile_decode=True)`,
+`EngineConfig.compile_decode`, `recap serve --compile-decode`. `rowvec_linear_ref` is the plain reference (`F.linear`);
 the two agree to fp32 rounding (the sum runs in another order), not bitwise.
 
 Only 1-thread processes use it: the kernel is compiled for the thread count at compile time, and the
@@ -43,9 +43,10 @@ def _mul_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _compiled() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The compiled kernel, built and checked once per process (raises RowVecUnavailableError)."""
     fn = torch.compile(_mul_sum, dynamic=True, fullgraph=True)
-    w, x = torch.randn(24, 40), torch.randn(1, 40)
+    w = torch.randn(24, 40)  # a weight: a tensor made outside inference mode
     try:
-        with torch.inference_mode():
+        with torch.inference_mode():  # x as a decode step's activations (the compiled function guards on it)
+            x = torch.randn(1, 40)
             y = fn(w, x)
     except Exception as e:  # noqa: BLE001 (inductor raises many kinds: no compiler, no headers, ...)
         raise RowVecUnavailableError(f"torch.compile could not build the one-row kernel: {e}") from e
