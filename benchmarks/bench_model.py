@@ -77,7 +77,7 @@ def machine_limits() -> dict[str, float]:
 def linear_stats(model: CausalLM) -> dict[str, float] | None:
     """Weights of the linear layers: those a prefill token multiplies (all but the head, which runs for the
     last token only) and those a decode step reads (the head too). None for MoE models (active experts vary)."""
-    if any(type(m).__name__ == "StackedExperts" for m in model.modules()):
+    if any(type(m).__name__ in ("SparseMoE", "StackedExperts", "ExpertList") for m in model.modules()):
         return None
     head = model.head()
     body = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear) and m is not head)

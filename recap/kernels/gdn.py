@@ -125,18 +125,18 @@ def _intra(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, A) [n, h, Q, Q] inside every piece: (beta k) k^T and q k^T weighted by the causal decay L."""
     qlen = qc.shape[2]
-    upper = torch.ones(qlen, qlen, dtype=torch.bool, device=qc.device).triu_(1)  # j > i
     if cum.shape[-1] == 1:  # one decay per head: L [n, h, Q, Q]
         c = cum[..., 0]
-        decay = (c[..., :, None] - c[..., None, :]).tril_().clamp_(min=EXP_FLOOR).exp_().tril_()  # 0 above
+        decay = (c[..., :, None] - c[..., None, :]).clamp_(EXP_FLOOR, 0.0).exp_().tril_()  # >= 0 above: 1, then 0
         return (kb @ kc.transpose(-1, -2)).mul_(decay), (qc @ kc.transpose(-1, -2)).mul_(decay)
     n, h = qc.shape[:2]
+    lower = torch.ones(qlen, qlen, device=qc.device).tril_()[..., None]  # (Q, Q, 1): j <= i
     system, attn = qc.new_empty(n, h, qlen, qlen), qc.new_empty(n, h, qlen, qlen)
     step = max(1, _CHANNEL_GROUP // max(1, h * qlen * qlen * qc.shape[-1]))
     for a in range(0, n, step):  # per channel: L [n, h, Q, Q, dk], built a group of pieces at a time
         c = cum[a : a + step]
-        decay = (c[:, :, :, None, :] - c[:, :, None, :, :]).masked_fill_(upper[..., None], 0.0)
-        decay = decay.clamp_(min=EXP_FLOOR).exp_().masked_fill_(upper[..., None], 0.0)
+        # cum_i - cum_j >= 0 above the diagonal: clamped to 0 there, then zeroed by the lower mask
+        decay = (c[:, :, :, None, :] - c[:, :, None, :, :]).clamp_(EXP_FLOOR, 0.0).exp_().mul_(lower)
         weighted = decay.mul_(kc[a : a + step, :, None, :, :])  # L[i, j, c] k_j[c]
         both = weighted @ torch.stack([kb[a : a + step], qc[a : a + step]], dim=-1)  # (g, h, Q, Q, 2)
         system[a : a + step], attn[a : a + step] = both[..., 0], both[..., 1]
