@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,40 +22,29 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
-from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_pd_app, init_ray  # noqa: E402
+from recap.cluster.deploy import ClusterConfig, build_pd_app  # noqa: E402
 from recap.cluster.replica import ServerSettings  # noqa: E402
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
 from recap.server.limits import ServerLimits  # noqa: E402
-from tests.cluster.test_ray_serve import SLOW_MACHINE_ENV, _stream  # noqa: E402
+from tests.cluster.test_ray_serve import _stream  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
 SESSIONS, TURNS = 3, 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+APP = "recap-pd"
 
 
 @pytest.fixture(scope="module")
-def pd_cluster(tiny_model: Path) -> Iterator[str]:  # noqa: F811
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in SLOW_MACHINE_ENV.items():
-            mp.setenv(key, value)
-        init_ray(None, LocalClusterConfig(num_cpus=3, object_store_bytes=200 << 20))
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+def pd_cluster(tiny_model: Path, serve_url: str) -> Iterator[str]:  # noqa: F811
     config = dataclasses.replace(engine_config(tiny_model), num_threads=1)
     try:
         debug = ServerSettings(limits=ServerLimits(enable_debug=True))
-        serve.run(build_pd_app(config, ClusterConfig(stats_period_s=0.2), 1, 1, debug), name="recap", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        cluster = ClusterConfig(stats_period_s=0.2, app_name=APP)
+        serve.run(build_pd_app(config, cluster, 1, 1, debug), name=APP, route_prefix="/pd")
+        yield serve_url + "/pd"
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete(APP)
 
 
 def run_sessions(url: str, stream: bool = False) -> list[dict[str, Any]]:
