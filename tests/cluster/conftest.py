@@ -1,5 +1,5 @@
 """Tiny checkpoints with a tokenizer for the cluster tests (a hybrid and an SSM-only model), and one local
-Ray cluster with Serve for every test module that deploys apps on it (its start is most of their time)."""
+Ray cluster with Serve for the test modules that deploy apps on it (its start is most of their time)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serve_url() -> Iterator[str]:
-    """A local Ray cluster (loopback, 4 CPUs) running Serve's HTTP proxy; modules deploy and delete apps."""
+    """A local Ray cluster (loopback, 4 CPUs) running Serve's HTTP proxy, for the tests of this package only
+    (stopped after its last test, not held through the rest of the suite); modules deploy and delete apps."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
