@@ -3,13 +3,14 @@
 One prefill and one decode replica behind the P/D ingress serve multi-turn sessions: greedy outputs equal
 a single instance's; from the second turn on the decode replica resumes from what it registered of the
 previous turn's transfer (its cached_tokens), so it asks for fewer blocks; nothing leaks on either side.
+A slow test kills the decode replica under streams.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,40 +22,29 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
-from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_pd_app, init_ray  # noqa: E402
+from recap.cluster.deploy import ClusterConfig, build_pd_app  # noqa: E402
 from recap.cluster.replica import ServerSettings  # noqa: E402
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
 from recap.server.limits import ServerLimits  # noqa: E402
-from tests.cluster.test_ray_serve import SLOW_MACHINE_ENV  # noqa: E402
+from tests.cluster.test_ray_serve import _stream  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
 SESSIONS, TURNS = 3, 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+APP = "recap-pd"
 
 
 @pytest.fixture(scope="module")
-def pd_cluster(tiny_model: Path) -> Iterator[str]:  # noqa: F811
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in SLOW_MACHINE_ENV.items():
-            mp.setenv(key, value)
-        init_ray(None, LocalClusterConfig(num_cpus=3, object_store_bytes=200 << 20))
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+def pd_cluster(tiny_model: Path, serve_url: str) -> Iterator[str]:  # noqa: F811
     config = dataclasses.replace(engine_config(tiny_model), num_threads=1)
     try:
         debug = ServerSettings(limits=ServerLimits(enable_debug=True))
-        serve.run(build_pd_app(config, ClusterConfig(stats_period_s=0.2), 1, 1, debug), name="recap", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        cluster = ClusterConfig(stats_period_s=0.2, app_name=APP)
+        serve.run(build_pd_app(config, cluster, 1, 1, debug), name=APP, route_prefix="/pd")
+        yield serve_url + "/pd"
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete(APP)
 
 
 def run_sessions(url: str, stream: bool = False) -> list[dict[str, Any]]:
@@ -121,3 +111,57 @@ def test_prefill_and_decode_replicas_match_one_instance(tiny_model: Path, pd_clu
 
 def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@pytest.mark.slow
+def test_killed_decode_replica_fails_only_its_requests(pd_cluster: str) -> None:
+    """Streams on a decode replica that dies end with an OpenAI error event; Serve's replacement serves the
+    next requests; nothing stays held or in use on the prefill replica."""
+    results: list[dict[str, Any]] = [{} for _ in range(3)]
+    started = [threading.Event() for _ in results]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_stream, args=(pd_cluster, f"Stream {i} counts boats number {i * 17}. ",
+                                                      started[i], stop, results[i])) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    for e in started:
+        assert e.wait(120)
+    victims = {r["replica"] for r in results}
+    assert len(victims) == 1, results  # one decode replica
+    victim = victims.pop()
+    ray.kill(_actor(victim), no_restart=True)
+    for t in threads:
+        t.join(60)
+    cut = [r for r in results if "error" in r["events"][-2]]
+    assert cut, [r["events"][-2:] for r in results]
+    for r in cut:
+        error = r["events"][-2]["error"]
+        assert r["events"][-1] == "[DONE]" and error["code"] == "replica_unavailable", error
+    deadline = time.monotonic() + 120
+    while True:  # Serve starts a replacement decode replica
+        report = httpx.get(pd_cluster + "/debug/integrity", timeout=60).json()
+        decode = [k for k in report["replicas"] if k.startswith("decode/") and k != f"decode/{victim}"]
+        if decode or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert decode, report
+    r = httpx.post(pd_cluster + "/v1/completions", timeout=120,
+                   json={"model": MODEL_NAME, "prompt": "After the crash", "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-recap-replica"] != victim
+    deadline = time.monotonic() + 30
+    while True:
+        report = httpx.get(pd_cluster + "/debug/integrity", timeout=60).json()
+        prefill = [v for k, v in report["replicas"].items() if k.startswith("prefill/")]
+        if all(p["num_running"] == 0 and p["pools"]["kv_blocks_in_use"] == 0 for p in prefill):
+            break
+        assert time.monotonic() < deadline, report
+        time.sleep(0.2)
+    assert report["ok"], report
+
+
+def _actor(replica_id: str) -> Any:
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["name"].endswith(replica_id):
+            return ray.get_actor(entry["name"], namespace=entry["namespace"])
+    raise AssertionError(f"no actor for replica {replica_id}")

@@ -1,14 +1,14 @@
 """Two recap replicas on a local Ray cluster (loopback) behind the checkpoint-aware router.
 
-One cluster for the module: app `recap` (ingress at / + 2 replicas) and a round-robin ingress at /rr over
-the same replicas. Sessions are salted per run, so runs on the same replicas never share cache entries.
+On the session's local Ray cluster (tests/cluster/conftest.py): app `recap` (ingress at / + 2 replicas)
+and a round-robin ingress at /rr over the same replicas. Sessions are salted per run, so runs on the same
+replicas never share cache entries.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
-from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, ingress_app, init_ray  # noqa: E402
+from recap.cluster.deploy import ClusterConfig, build_cluster_app, ingress_app  # noqa: E402
 from recap.cluster.replica import ServerSettings  # noqa: E402
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
@@ -32,40 +32,23 @@ from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_
 SESSIONS, TURNS = 5, 3  # an odd number of sessions: round robin moves every session each turn
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def model(tiny_model: Path) -> Path:  # noqa: F811 - the server tests' session-wide tiny Bamba, built once
     return tiny_model
 
 
-# Serve's proxy health check (10 s, 3 misses) failed on the shared 2-core test machine at load 24: the
-# cluster's processes inherit these from the driver's environment (Ray reads them; recap does not).
-SLOW_MACHINE_ENV = {"RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
-
-
 @pytest.fixture(scope="module")
-def cluster(model: Path) -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in SLOW_MACHINE_ENV.items():
-            mp.setenv(key, value)
-        init_ray(None, LocalClusterConfig(num_cpus=4, object_store_bytes=200 << 20))
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+def cluster(model: Path, serve_url: str) -> Iterator[str]:
     config = dataclasses.replace(engine_config(model), num_threads=1)
     try:
         debug = ServerSettings(limits=ServerLimits(enable_debug=True))  # /debug/integrity on every replica
         serve.run(build_cluster_app(config, ClusterConfig(num_replicas=2, stats_period_s=0.2), debug), name="recap",
                   route_prefix="/")
         serve.run(ingress_app(str(model), "round_robin", "recap"), name="recap-rr", route_prefix="/rr")
-        yield f"http://127.0.0.1:{port}"
+        yield serve_url
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete("recap-rr")
+        serve.delete("recap")
 
 
 def run_sessions(url: str, salt: str | None) -> list[dict[str, Any]]:
