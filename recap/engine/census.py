@@ -32,6 +32,12 @@ def per_request_records(engine: Any) -> dict[str, int]:
         "policy_decode_flags": len(policy._decode),
         "cache_seen_upto": len(cache._seen_upto),
     }
+    remote = sched.remote  # disaggregation: empty on a single instance
+    out.update(remote_queue=len(remote.queue), remote_offers=len(remote.offers), remote_receiving=len(remote.receiving),
+               remote_hold_ids=len(remote.hold_ids), remote_held=len(remote.held))
+    for name in ("_handles", "_prefill_ids"):  # DisaggLLMEngine's own (recap.disagg.engine)
+        if hasattr(engine, name):
+            out[f"disagg{name}"] = len(getattr(engine, name))
     if cache.kv is not None:
         out.update(kv_tables=len(cache.kv.tables), kv_hashed_counts=len(cache.kv._num_hashed))
     if cache.state is not None:

@@ -24,8 +24,9 @@ class ServerOptions:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     tool_call_parser: str | None = None  # None: detected from the chat template (recap/server/tools.py)
-    # Seconds between giving free malloc memory back to the OS (recap.server.process_memory); 0: never.
-    malloc_trim_interval_s: float = 30.0
+    # Seconds between giving free malloc memory back to the OS (recap.server.process_memory); 0: never (the
+    # default: recap.engine.heap keeps freed memory for the next prefill on purpose).
+    malloc_trim_interval_s: float = 0.0
 
 
 def _json_list(text: str) -> list[str]:
@@ -46,9 +47,10 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     p.add_argument("--tool-call-parser", choices=PARSERS, default=None,
                    help="how tool calls are read from the model's text (default: detected from the chat template)")
-    p.add_argument("--malloc-trim-interval", type=float, default=30.0, metavar="SECONDS",
-                   help="give free malloc memory back to the OS this often when over 64 MiB is free, so resident "
-                        "memory stays flat (glibc; 0: never)")
+    p.add_argument("--malloc-trim-interval", type=float, default=0.0, metavar="SECONDS",
+                   help="give free malloc memory back to the OS this often when over 64 MiB is free and resident "
+                        "memory grew as much since the last trim (glibc; lower RSS, but the next large prefill "
+                        "page-faults its memory back; default 0: never)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice auto; recap enables it whenever a parser is known")
 
