@@ -10,9 +10,10 @@ generates for `(W * x).sum(-1)` (one pass over W's rows, vectorized along `in`, 
 
 The kernel is compiled once per process with dynamic shapes (one kernel for every weight shape; the weight must
 come as a plain tensor, not a Parameter, whose shape dynamo keeps static). The first compile on a machine cost
-44-46 s (inductor's C++ toolchain and cache warm-up), 4-10 s in later processes, so it is opt-in: `load_model(..., compile_decode=True)`,
-`EngineConfig.compile_decode`, `recap serve --compile-decode`. `rowvec_linear_ref` is the plain reference (`F.linear`);
-the two agree to fp32 rounding (the sum runs in another order), not bitwise.
+44-46 s (inductor's C++ toolchain and cache warm-up), 4-10 s in later processes, so it is opt-in:
+`load_model(..., compile_decode=True)`, `EngineConfig.compile_decode`, `recap serve --compile-decode`.
+`rowvec_linear_ref` is the plain reference (`F.linear`); the two agree to fp32 rounding (the sum runs in
+another order), not bitwise.
 
 Only 1-thread processes use it (the layer keeps its backend whenever torch runs more than one thread): the
 2-thread mat-vec could not be measured on the shared machine, so nothing says it gains there.
