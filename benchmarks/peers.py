@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
-from peers_llama import LlamaCpp, batched_tok_s, convert_to_gguf, decode_ms, ensure_llama, prefill_tok_s  # noqa: E402
+from peers_llama import TARGETS, LlamaCpp, batched_tok_s, convert_to_gguf, decode_ms, ensure_llama, prefill_tok_s  # noqa: E402
 from peers_servers import (  # noqa: E402  # noqa: E402
     LlamaServer,
     RecapServer,
@@ -253,7 +253,8 @@ def main() -> None:
         print_table(json.loads(args.reprint.read_text())["rows"])
         return
     retain_freed_memory()  # as `recap serve` does (recap/engine/heap.py), so the model-step figures match it
-    llama = None if args.recap_only else ensure_llama(args.build_dir)
+    targets = ("llama-bench", "llama-batched-bench") if args.decode_only else TARGETS
+    llama = None if args.recap_only else ensure_llama(args.build_dir, targets)
     limits = {t: machine_limits(t) for t in args.threads}
     print(f"machine limits (load {load1():.2f}): " + ", ".join(
         f"{t} thr: GEMM {v['gemm_gflops']:.0f} GFLOP/s, mat-vec {v['matvec_gbs']:.1f} GB/s" for t, v in limits.items()))

@@ -37,8 +37,8 @@ def _run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = N
             out.close()
 
 
-def ensure_llama(build_dir: Path) -> LlamaCpp:
-    """The cached build, or fetch + configure + build it (tens of minutes on 2 cores)."""
+def ensure_llama(build_dir: Path, targets: tuple[str, ...] = TARGETS) -> LlamaCpp:
+    """The cached build of `targets`, or fetch + configure + build them (tens of minutes on 2 cores)."""
     build_dir = build_dir.resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     version = LLAMA_CPP_PYTHON.split("==")[1]
@@ -53,7 +53,7 @@ def ensure_llama(build_dir: Path) -> LlamaCpp:
     src = (root / "vendor" / "llama.cpp").resolve()
     out = build_dir / "llama-build"
     bin_dir = out / "bin"
-    if all((bin_dir / t).is_file() for t in TARGETS):
+    if all((bin_dir / t).is_file() for t in targets):
         return LlamaCpp(src, bin_dir)
     log = build_dir / "build.log"
     print(f"building llama.cpp in {out} (log: {log}) ...", flush=True)
@@ -62,7 +62,7 @@ def ensure_llama(build_dir: Path) -> LlamaCpp:
               "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
               "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"], log)  # fmt: skip
     jobs = str(os.cpu_count() or 2)
-    _run(["nice", "-n", "19", "cmake", "--build", str(out), "-j", jobs, "--target", *TARGETS], log)
+    _run(["nice", "-n", "19", "cmake", "--build", str(out), "-j", jobs, "--target", *targets], log)
     return LlamaCpp(src, bin_dir)
 
 

@@ -8,15 +8,15 @@ generates for `(W * x).sum(-1)` (one pass over W's rows, vectorized along `in`, 
 (load 8-10 from other jobs; docs/performance.md): 768 -> 3352 0.65 vs 0.81 ms (oneDNN), 1536 -> 768 0.27 vs
 0.43 ms, 768 -> 32000 4.6-5.0 vs 6.8-7.1 ms.
 
-The kernel is compiled once per process with dynamic shapes (one kernel for every weight shape; a static
-compile would recompile per shape). The first compile on a machine costs 10-45 s (inductor's C++ toolchain
-and cache warm-up; later processes hit its on-disk cache), so it is opt-in: `load_model(..., compile_decode=True)`,
-`EngineConfig.compile_decode`, `recap serve --compile-decode`. `rowvec_linear_ref` is the plain reference (`F.linear`);
-the two agree to fp32 rounding (the sum runs in another order), not bitwise.
+The kernel is compiled once per process with dynamic shapes (one kernel for every weight shape; the weight must
+come as a plain tensor, not a Parameter, whose shape dynamo keeps static). The first compile on a machine cost
+44-46 s (inductor's C++ toolchain and cache warm-up), 4-10 s in later processes, so it is opt-in:
+`load_model(..., compile_decode=True)`, `EngineConfig.compile_decode`, `recap serve --compile-decode`.
+`rowvec_linear_ref` is the plain reference (`F.linear`); the two agree to fp32 rounding (the sum runs in
+another order), not bitwise.
 
-Only 1-thread processes use it: the kernel is compiled for the thread count at compile time, and the
-2-thread mat-vec was not measured to gain (the layer falls back to its backend whenever torch runs more than
-one thread).
+Only 1-thread processes use it (the layer keeps its backend whenever torch runs more than one thread): the
+2-thread mat-vec could not be measured on the shared machine, so nothing says it gains there.
 """
 
 from __future__ import annotations
