@@ -8,12 +8,6 @@ and the engine's prefill took 4.8-5.0 s of thread CPU time instead of 5.7-5.9 (t
 instead of 5.5; 1 thread, load 17-19). The cost: the heap keeps its peak size (freed memory is reused,
 not returned to the OS).
 
-Arenas: glibc gives each allocating thread its own arena (up to 8 per core), and each keeps its own peak,
-so resident memory ratcheted up under the soak (benchmarks/soak_server.py, 10k requests: +3.7 MiB per 1k
-requests after warm-up, steps of 12-190 MiB) while malloc's bytes in use stayed flat and 250-440 MiB sat
-free in the arenas. With at most ARENAS arenas (the event loop, the engine thread and the prepare pool
-share them) the same soak's RSS was flat after warm-up (+0.2 MiB per 1k, 5k requests).
-
 A process-wide setting, so the entry points (`recap serve`) call it, not library code.
 """
 
@@ -24,14 +18,12 @@ import ctypes.util
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-M_ARENA_MAX = -8
-ARENAS = 2
 MMAP_THRESHOLD_BYTES = 1 << 30  # glibc's maximum on 64-bit is 32 MiB only for the *dynamic* threshold
 TRIM_THRESHOLD_BYTES = 2 << 30
 
 
 def retain_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds and cap its arenas; False where libc has no mallopt."""
+    """Raise glibc's mmap and trim thresholds; False (and nothing changed) where libc has no mallopt."""
     name = ctypes.util.find_library("c")
     if name is None:
         return False
@@ -42,5 +34,4 @@ def retain_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-    ok = ok and mallopt(M_ARENA_MAX, ARENAS) == 1
     return ok and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1

@@ -133,6 +133,7 @@ def test_a_refused_transfer_handle_is_a_502_naming_the_refusal(cluster: Cluster,
     mistake, so it gets a 502 with an OpenAI error body carrying the decode side's reason, and the prefill
     side is told to release the held request at once."""
     srv = proxy_to(cluster.prefill.url, foreign_decode.url)
+    held = metric(cluster.prefill.url, "recap:disagg_requests_held")  # other tests' holds expire on their own
     try:
         r = httpx.post(f"{srv.url}/v1/completions", json={**well_formed(), "stream": stream}, timeout=60)
         assert r.status_code == 502, r.text
@@ -141,7 +142,7 @@ def test_a_refused_transfer_handle_is_a_502_naming_the_refusal(cluster: Cluster,
         assert "not a prefill peer" in error["message"] and foreign_decode.url in error["message"], error
         assert metric(foreign_decode.url, "recap:disagg_handles_refused_total") >= 1
         deadline = time.monotonic() + 5  # the hold timeout is 60 s
-        while metric(cluster.prefill.url, "recap:disagg_requests_held") > 0:
+        while metric(cluster.prefill.url, "recap:disagg_requests_held") > held:
             assert time.monotonic() < deadline, "the prefill side still holds the request"
             time.sleep(0.05)
     finally:
@@ -184,3 +185,28 @@ def test_an_upstream_bare_500_is_a_json_502() -> None:
     finally:
         srv.stop()
         fake.stop()
+
+
+def test_no_per_request_record_outlives_a_disaggregated_request(cluster: Cluster) -> None:
+    """Through the proxy, plain and streamed (one cut off by its client): once done, neither side keeps a
+    per-request record of them (held requests, offers, handles included: recap.engine.census). Other
+    tests' requests held on the prefill side expire on their own: counts there may only go down."""
+    def live(url: str) -> dict[str, int]:
+        return httpx.get(f"{url}/debug/memory", timeout=30).json()["per_request"]
+
+    before = live(cluster.prefill.url)
+    with httpx.Client(base_url=cluster.proxy.url, timeout=120) as c:
+        assert c.post("/v1/completions", json=well_formed()).status_code == 200
+        with c.stream("POST", "/v1/completions", json={**well_formed(), "max_tokens": 50, "stream": True}) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # then hang up
+    deadline = time.monotonic() + 20
+    while True:
+        prefill, decode = live(cluster.prefill.url), live(cluster.decode.url)
+        grown = {k: v for k, v in prefill.items() if v > before.get(k, 0)}
+        busy = {k: v for k, v in decode.items() if v}
+        if not grown and not busy:
+            break
+        assert time.monotonic() < deadline, (grown, busy)
+        time.sleep(0.1)
+    assert {"remote_held", "disagg_handles"} <= set(decode), decode
