@@ -1,13 +1,12 @@
-"""Batch-1 decode: the compiled one-row kernels (recap/model/layers/rowvec.py, mamba2_row.py) against eager.
+"""Batch-1 decode: the compiled one-row linear (recap/model/layers/rowvec.py) against the oneDNN backend.
 
-    .venv/bin/python benchmarks/bench_rowvec.py [--models mamba2-115m hybrid-163m] [--rounds 5] [--quant int8]
+    .venv/bin/python benchmarks/bench_rowvec.py [--models mamba2-115m hybrid-163m] [--rounds 5]
 
 Two parts, thread CPU time (time.thread_time: other processes' time slices do not count, their memory traffic
 does), medians, the variants alternating within each round, the 1-minute load average printed:
 1. the mat-vec alone for the linear shapes of these models, weights cycled through ~200 MB so that every call
    reads its weight from memory as a decode step does;
-2. the whole greedy decode step (benchmarks/profile_decode.py's), the same model switched between oneDNN
-   linears, the compiled mat-vec, and the mat-vec plus the compiled Mamba2 row (layers/mamba2_row.py).
+2. the whole greedy decode step (benchmarks/profile_decode.py's), the same model switched between the two.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from profile_decode import decoder  # noqa: E402
 
-from recap.model.layers.linear import Linear  # noqa: E402
-from recap.model.layers.mamba2 import Mamba2Mixer  # noqa: E402
 from recap.model.layers.rowvec import rowvec_available, rowvec_linear  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
 
@@ -72,30 +69,20 @@ def kernel_pair(out_f: int, in_f: int, rounds: int) -> tuple[float, float]:
     return statistics.median(a), statistics.median(b)
 
 
-def set_variant(model: torch.nn.Module, linears: bool, mixers: bool) -> None:
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.set_rowvec(linears)
-        elif isinstance(m, Mamba2Mixer):
-            m.set_compiled_row(mixers)
-    if model.config.tie_word_embeddings:
-        model.head().set_rowvec(linears)
+VARIANTS = {"oneDNN": False, "rowvec": True}
 
 
-VARIANTS = {"oneDNN": (False, False), "rowvec": (True, False), "rowvec+mamba2_row": (True, True)}
-
-
-def steps(models: list[str], rounds: int, cache: Path, quant: str | None) -> None:
+def steps(models: list[str], rounds: int, cache: Path) -> None:
     for name in models:
-        model = load_model(build_checkpoint(name, cache / name), quantization=quant, compile_decode=True).model
+        model = load_model(build_checkpoint(name, cache / name), compile_decode=True).model
         step = decoder(model, 1, rounds * len(VARIANTS) * 25 + 10)
         res: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for _ in range(rounds):
-            for v, flags in VARIANTS.items():
-                set_variant(model, *flags)
+            for v, on in VARIANTS.items():
+                model.set_compiled_decode(on)
                 res[v].append(cpu_ms(step, 20))
         med = {v: statistics.median(x) for v, x in res.items()}
-        print(f"{name}{' int8' if quant else ''}: decode step ms " + ", ".join(f"{v} {m:.2f}" for v, m in med.items())
+        print(f"{name}: decode step ms " + ", ".join(f"{v} {m:.2f}" for v, m in med.items())
               + f" (1-min load {os.getloadavg()[0]:.1f})")  # fmt: skip
         del model, step
 
@@ -106,7 +93,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--skip-kernels", action="store_true")
-    ap.add_argument("--quant", default=None, help="int8: int8 weights (their linears keep fbgemm: rowvec = oneDNN)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the kernel serves 1-thread processes only
     t = time.perf_counter()
@@ -115,7 +101,7 @@ def main() -> None:
     print(f"compile: {time.perf_counter() - t:.1f} s wall, load {os.getloadavg()[0]:.1f}")
     if not args.skip_kernels:
         kernels(args.rounds)
-    steps(args.models, args.rounds, args.cache_dir, args.quant)
+    steps(args.models, args.rounds, args.cache_dir)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ medians over --reps rounds, the 1-minute load average beside each figure:
 - multi-turn TTFT through the servers: each turn resends the conversation plus 40 new tokens;
 - tokens re-processed on a shared 1,500-token system prompt followed by different 40-token questions
   (recap: prompt - cached tokens; llama-server: timings.prompt_n).
-recap runs with compile_decode (its batch-1 compiled kernels, recap/model/layers/rowvec.py and mamba2_row.py)
-unless --eager. --decode-only measures the three decode rows only (no prefill, no servers).
+recap runs with compile_decode (its batch-1 compiled mat-vec, recap/model/layers/rowvec.py) unless --eager.
+--decode-only measures the three decode rows only (no prefill, no servers).
 Each speed figure also gets the fraction of the machine's limit it reaches: measured GEMM peak for prefill
 (2 x linear params FLOP per token), weight bytes / measured mat-vec bandwidth for decode.
 """

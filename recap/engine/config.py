@@ -17,8 +17,8 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "float32"
     quantization: str | None = None  # "int8": int8 linear weights (recap/model/quant.py)
-    # Batch-1 decode through torch.compile'd kernels (fp32 only: layers/rowvec.py, layers/mamba2_row.py); off by
-    # default: compiling costs 10-60 s at model load.
+    # Batch-1 decode's fp32 linears through a torch.compile'd mat-vec (recap/model/layers/rowvec.py); off by
+    # default: compiling costs 4-10 s at model load, ~45 s on a machine's first compile.
     compile_decode: bool = False
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)

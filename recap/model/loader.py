@@ -134,11 +134,10 @@ def load_model(
     available; measured fastest here for every row count, see layers/linear.py).
     quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
     rest of the model stays in `dtype`). It takes the place of the linear backend.
-    compile_decode: batch-1 decode steps take torch.compile'd kernels: the one-row fp32 mat-vec of every linear
-    (layers/rowvec.py) and the Mamba2 mixers' one-row step (layers/mamba2_row.py). Compiled here, once per
-    process: 10-60 s (most of it mamba2_row; measured on 2 shared cores). Ignored, with a warning, where
-    torch.compile cannot build them; fp32 models only (an int8 model's linears keep fbgemm, its Mamba2
-    mixers take mamba2_row; bf16 models keep their eager paths).
+    compile_decode: batch-1 decode steps take a torch.compile'd kernel: the one-row fp32 mat-vec of every
+    linear (layers/rowvec.py). Compiled here, once per process: 4-10 s, ~45 s on a machine's first compile.
+    Ignored, with a warning, where torch.compile cannot build it; fp32 weights only (int8 and bf16 keep
+    their eager paths).
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
@@ -156,8 +155,8 @@ def load_model(
         fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
         linear_backend = "onednn" if fast else "torch"
     net.set_linear_backend(linear_backend)
-    if compile_decode and dtype == torch.float32:  # int8 weights keep fbgemm; their Mamba2 mixers take mamba2_row
-        net.set_compiled_decode(linear_backend == "int8" or rowvec_available())
+    if compile_decode and linear_backend != "int8" and dtype == torch.float32 and rowvec_available():
+        net.set_compiled_decode(True)
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
 
 

@@ -31,8 +31,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="auto: float32 (recap's CPU kernels run the model in float32 whatever the checkpoint stores)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
     p.add_argument("--compile-decode", action="store_true",
-                   help="batch-1 decode through torch.compile'd kernels (fp32, 1 thread for the linears; compiles "
-                        "at start: 10-60 s)")
+                   help="batch-1 decode's fp32 linears through a torch.compile'd mat-vec (1 thread; compiles at "
+                        "start: 4-10 s, ~45 s on a machine's first compile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=_positive, default=None,
                    help="context length (default: the model config's max_position_embeddings, else "

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from recap.model.layers import linear as linear_mod
-from recap.model.layers.linear import Linear
 from recap.model.layers.rowvec import rowvec_available, rowvec_linear, rowvec_linear_ref, use_rowvec
 from recap.model.loader import load_model
 from recap.model.testing import greedy_generate
@@ -54,10 +53,7 @@ def test_decode_with_rowvec_matches_reference(
     """Greedy decode (batch 1) with the compiled mat-vec gives the reference's tokens and logits."""
     path = tiny_checkpoint(arch)
     ref_model = load_model(path).model
-    fast_model = load_model(path).model
-    for m in fast_model.modules():  # the linears only (compile_decode would also compile layers/mamba2_row.py)
-        if isinstance(m, Linear):
-            m.set_rowvec(True)
+    fast_model = load_model(path, compile_decode=True).model
     calls = []
 
     def counted(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

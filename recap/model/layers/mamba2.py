@@ -24,7 +24,6 @@ from recap.model.config import Mamba2Config
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mamba2_decode import decode_supported, mamba2_decode
-from recap.model.layers.mamba2_row import build_compiled, row_constants, row_supported, sample_args
 from recap.model.layers.norm import GatedRMSNorm
 
 
@@ -55,16 +54,6 @@ class Mamba2Mixer(nn.Module):
         self.register_buffer("in_proj_scale", None if scale is None else scale.to(dtype), persistent=False)
         # Plain decode steps take mamba2_decode when it covers this config (False: always the reference path).
         self.fast_decode = decode_supported(self)
-        # Batch-1 plain decode steps run layers/mamba2_row.py's compiled function (set_compiled_row).
-        self.compiled_row = False
-        self.row_constants: tuple[torch.Tensor, ...] = ()  # mamba2_row's eps and time-step limits
-
-    def set_compiled_row(self, on: bool) -> None:
-        """Batch-1 plain decode steps through mamba2_row (compiled) when on and this mixer's options allow."""
-        self.compiled_row = False
-        if on and self.fast_decode and row_supported(self):
-            self.row_constants = row_constants(self)
-            self.compiled_row = build_compiled(sample_args(self))
 
     def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.cfg.gate_norm == "gate":

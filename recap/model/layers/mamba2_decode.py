@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from recap.kernels.metadata import ForwardBatch
-from recap.model.layers.mamba2_row import mixer_row
 
 if TYPE_CHECKING:
     from recap.model.layers.mamba2 import Mamba2Mixer
@@ -67,14 +66,8 @@ def mamba2_decode(
     proj = mixer.in_proj(hidden if c.input_multiplier == 1.0 else hidden * c.input_multiplier)
     if mixer.in_proj_scale is not None:
         proj = proj * mixer.in_proj_scale
-    slots = meta.state_indices
-    if t == 1 and mixer.compiled_row and conv_state.dtype == torch.float32:  # layers/mamba2_row.py
-        slot = meta.state_indices_list[0]
-        y = mixer_row(mixer, proj, conv_state[slot], ssm_state[slot].view(g, h // g, p, n))
-        slot_positions.index_copy_(0, slots, batch.positions + 1)
-        out = mixer.out_proj(y)
-        return out if c.output_multiplier == 1.0 else out * c.output_multiplier
     z, xbc, dt = proj.split([c.d_inner, c.conv_dim, h], dim=-1)
+    slots = meta.state_indices
 
     # conv: window = [the slot's K-1 inputs, the new input]; the slot keeps its last K-1 columns
     window = torch.cat((conv_state.index_select(0, slots), _as(xbc, conv_state.dtype).unsqueeze(-1)), dim=-1)

@@ -140,12 +140,10 @@ class CausalLM(nn.Module):
             self.head().set_backend(backend)
 
     def set_compiled_decode(self, on: bool) -> None:
-        """Batch-1 decode through the compiled kernels or not: every Linear's one-row fp32 inputs (the mat-vec of
-        layers/rowvec.py) and every Mamba2 mixer's plain one-row steps (layers/mamba2_row.py)."""
+        """Batch-1 decode through the compiled kernel or not: every Linear's one-row fp32 inputs take the mat-vec
+        of layers/rowvec.py."""
         for m in self.modules():
             if isinstance(m, Linear):
                 m.set_rowvec(on)
-            elif isinstance(m, Mamba2Mixer):
-                m.set_compiled_row(on)
         if self.config.tie_word_embeddings:
             self.head().set_rowvec(on)
