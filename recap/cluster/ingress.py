@@ -151,6 +151,17 @@ def forwarded(request: Request, body: bytes) -> tuple[str, HTTPRequest]:
                              tuple((k.lower(), v) for k, v in request.headers.raw))
 
 
+async def read_request(request: Request, tokenizer: Any) -> tuple[str, HTTPRequest, list[int], str | None]:
+    """The path, the request to forward, and (for a POST) the first prompt's tokens and cache salt, which
+    are rendered and tokenized off the event loop: a long chat takes long enough to stall other requests."""
+    body = await request.body()
+    path, forward = forwarded(request, body)
+    if request.method != "POST":
+        return path, forward, [], None
+    tokens, salt = await asyncio.to_thread(prompt_tokens, tokenizer, path, body)
+    return path, forward, tokens, salt
+
+
 def debug_off() -> Response:
     return APIError("Not Found", status=404, code="not_found").response()
 
@@ -164,11 +175,9 @@ class RecapIngress:
         self.replicas = replicas or serve.get_deployment_handle(REPLICA_DEPLOYMENT, config.replica_app)
 
     async def __call__(self, request: Request) -> Response:
-        body = await request.body()
-        path, forward = forwarded(request, body)
+        path, forward, tokens, salt = await read_request(request, self.tokenizer)
         if path == "/debug/integrity" and request.method == "GET":
             return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
-        tokens, salt = prompt_tokens(self.tokenizer, path, body) if request.method == "POST" else ([], None)
         stream = call_replica(self.replicas, forward, {"tokens": tokens, "cache_salt": salt,
                                                       "policy": self.config.policy})
         return await relay(stream, path)

@@ -31,9 +31,8 @@ from recap.cluster.ingress import (
     call_replica,
     collect,
     debug_off,
-    forwarded,
     integrity_of,
-    prompt_tokens,
+    read_request,
     relay,
     replica_gone,
 )
@@ -72,16 +71,14 @@ class RecapPDIngress:
         self.decode = decode or serve.get_deployment_handle(DECODE_DEPLOYMENT, config.app)
 
     async def __call__(self, request: Request) -> Response:
-        body = await request.body()
-        path, forward = forwarded(request, body)
+        path, forward, tokens, salt = await read_request(request, self.tokenizer)
         if path == "/debug/integrity" and request.method == "GET":
             return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
-        tokens, salt = prompt_tokens(self.tokenizer, path, body) if request.method == "POST" else ([], None)
         route = {"tokens": tokens, "cache_salt": salt, "policy": "checkpoint"}
         if request.method != "POST" or path not in ROUTES:
             return await relay(call_replica(self.decode, forward, route), path)
         try:
-            data = parse_json(body)
+            data = parse_json(forward.body)
         except APIError:
             data = None
         if not isinstance(data, dict):  # the decode replica answers it with the single instance's 400
