@@ -163,7 +163,8 @@ def _metrics(url: str) -> dict[str, float]:
 
 
 def _memory(url: str, trim: bool = False) -> dict[str, Any]:
-    return httpx.get(f"{url}/debug/memory", params={"trim": "true"} if trim else None, timeout=60).json()
+    params = {"collect": "true", **({"trim": "true"} if trim else {})}  # gc_objects: live objects only
+    return httpx.get(f"{url}/debug/memory", params=params, timeout=60).json()
 
 
 async def _soak(url: str, args: argparse.Namespace, memory: list[tuple[int, dict[str, Any]]]) -> tuple[Tally, float]:

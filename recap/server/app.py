@@ -147,13 +147,14 @@ def _add_debug_routes(app: FastAPI, engine: AsyncEngine, trimmer: process_memory
                 "num_waiting": pools.pop("num_waiting", 0), "pools": pools}
 
     @app.get("/debug/memory")
-    async def memory(trim: bool = False) -> dict[str, Any]:
+    async def memory(trim: bool = False, collect: bool = False) -> dict[str, Any]:
         """The process's memory (recap.server.process_memory) and the engine's live records
         (recap.engine.census, read on the engine thread), so a soak tells live-object growth from
-        allocator noise. `?trim=true` first returns free malloc memory to the OS (malloc_trim)."""
+        allocator noise. `?trim=true` first returns free malloc memory to the OS (malloc_trim);
+        `?collect=true` first runs a full garbage collection."""
         records = await engine.call(census)
         records["per_request"]["async_streams"] = engine.num_streams
         if trim:
             await asyncio.to_thread(process_memory.trim)
-        proc = await asyncio.to_thread(process_memory.snapshot)
+        proc = await asyncio.to_thread(process_memory.snapshot, True, collect)
         return {"process": {**proc, "malloc_trims": None if trimmer is None else trimmer.num_trims}, **records}
