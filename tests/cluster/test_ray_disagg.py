@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
 from recap.server.limits import ServerLimits  # noqa: E402
-from tests.cluster.test_ray_serve import _stream  # noqa: E402
+from tests.cluster.streams import replica_actor, start_streams  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
 SESSIONS, TURNS = 3, 3
@@ -117,19 +116,12 @@ def _metric(text: str, name: str) -> float:
 def test_killed_decode_replica_fails_only_its_requests(pd_cluster: str) -> None:
     """Streams on a decode replica that dies end with an OpenAI error event; Serve's replacement serves the
     next requests; nothing stays held or in use on the prefill replica."""
-    results: list[dict[str, Any]] = [{} for _ in range(3)]
-    started = [threading.Event() for _ in results]
-    stop = threading.Event()
-    threads = [threading.Thread(target=_stream, args=(pd_cluster, f"Stream {i} counts boats number {i * 17}. ",
-                                                      started[i], stop, results[i])) for i in range(len(results))]
-    for t in threads:
-        t.start()
-    for e in started:
-        assert e.wait(120)
+    results, threads, stop = start_streams(pd_cluster, [f"Stream {i} counts boats number {i * 17}. " for i in range(3)],
+                                           120)
     victims = {r["replica"] for r in results}
     assert len(victims) == 1, results  # one decode replica
     victim = victims.pop()
-    ray.kill(_actor(victim), no_restart=True)
+    ray.kill(replica_actor(victim), no_restart=True)
     for t in threads:
         t.join(60)
     cut = [r for r in results if "error" in r["events"][-2]]
@@ -158,10 +150,3 @@ def test_killed_decode_replica_fails_only_its_requests(pd_cluster: str) -> None:
         assert time.monotonic() < deadline, report
         time.sleep(0.2)
     assert report["ok"], report
-
-
-def _actor(replica_id: str) -> Any:
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["name"].endswith(replica_id):
-            return ray.get_actor(entry["name"], namespace=entry["namespace"])
-    raise AssertionError(f"no actor for replica {replica_id}")

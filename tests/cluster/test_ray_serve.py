@@ -8,8 +8,6 @@ replicas never share cache entries.
 from __future__ import annotations
 
 import dataclasses
-import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
 from recap.server.limits import ServerLimits  # noqa: E402
+from tests.cluster.streams import replica_actor, start_streams  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
 SESSIONS, TURNS = 5, 3  # an odd number of sessions: round robin moves every session each turn
@@ -105,42 +104,9 @@ def test_two_replicas_match_one_instance_and_beat_round_robin(model: Path, clust
     assert httpx.get(cluster + "/rr/debug/integrity", timeout=60).status_code == 404  # its debug is off
 
 
-def _stream(url: str, prompt: str, started: threading.Event, stop: threading.Event, result: dict[str, Any]) -> None:
-    """One long greedy stream; records its events until it ends or `stop` is set (then disconnects)."""
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 900, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    events: list[Any] = result.setdefault("events", [])
-    try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-            result["status"] = r.status_code
-            result["replica"] = r.headers.get("x-recap-replica")
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
-                    started.set()
-                if stop.is_set():
-                    return
-    finally:
-        started.set()
-
-
-def _replica_actor(replica_id: str) -> Any:
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if "RecapReplica" in entry["name"] and entry["name"].endswith(replica_id):
-            return ray.get_actor(entry["name"], namespace=entry["namespace"])
-    raise AssertionError(f"no actor for replica {replica_id}")
-
-
 def test_killed_replica_fails_only_its_requests(cluster: str) -> None:
-    results: list[dict[str, Any]] = [{} for _ in range(6)]
-    started = [threading.Event() for _ in results]
-    stop = threading.Event()
-    threads = [threading.Thread(target=_stream, args=(cluster, f"Stream {i} counts sheep number {i * 13}. ",
-                                                      started[i], stop, results[i])) for i in range(len(results))]
-    for t in threads:
-        t.start()
-    for e in started:
-        assert e.wait(60)
+    results, threads, stop = start_streams(cluster, [f"Stream {i} counts sheep number {i * 13}. " for i in range(6)],
+                                           60)
     replicas = {r["replica"] for r in results}
     assert len(replicas) == 2, results  # load spread the concurrent streams over both replicas
     # The victim: the replica of the stream with the most left to do (short streams may be done already).
@@ -148,7 +114,7 @@ def test_killed_replica_fails_only_its_requests(cluster: str) -> None:
     assert running, "every stream finished before the kill: make them longer"
     victim = min(running, key=lambda r: len(r["events"]))["replica"]
     counts = [len(r["events"]) for r in results]
-    ray.kill(_replica_actor(victim), no_restart=True)
+    ray.kill(replica_actor(victim, "RecapReplica"), no_restart=True)
     on_victim = [i for i, r in enumerate(results) if r["replica"] == victim]
     cut = 0
     for i in on_victim:  # cut off: an OpenAI error event, then the end of the stream (unless it had just finished)
