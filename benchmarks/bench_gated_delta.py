@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from recap.bench.timing import timings
 from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
 from recap.kernels.metadata import SeqSpec, build_forward_batch
@@ -47,14 +48,7 @@ def _inputs(shape: tuple, t: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 
 def _time(fn: Callable[[], Any], reps: int, warm: bool = True) -> float:
-    if warm:
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.thread_time()
-        fn()
-        ts.append(time.thread_time() - t)
-    return statistics.median(ts)
+    return statistics.median(timings(fn, reps, warm=warm))
 
 
 def prefill_rows(name: str, reps: int, pieces: list[int]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from profile_decode import decoder  # noqa: E402
 
+from recap.bench.timing import timings  # noqa: E402
 from recap.model.layers.rowvec import rowvec_available, rowvec_linear  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
 
@@ -32,13 +33,7 @@ SHAPES = ((3352, 768), (1536, 768), (768, 1536), (1024, 768), (768, 1024), (3200
 
 
 def cpu_ms(fn: Callable[[], object], n: int) -> float:
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.thread_time()
-        fn()
-        ts.append(time.thread_time() - t)
-    return 1e3 * statistics.median(ts)
+    return 1e3 * statistics.median(timings(fn, n))
 
 
 def kernels(rounds: int) -> None:

@@ -49,6 +49,7 @@ from peers_servers import (  # noqa: E402  # noqa: E402
 )
 from profile_decode import PROMPT, decoder  # noqa: E402
 
+from recap.bench.timing import timings  # noqa: E402
 from recap.engine.heap import retain_freed_memory  # noqa: E402
 from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
@@ -76,13 +77,7 @@ def machine_limits(threads: int) -> dict[str, float]:
     v = torch.randn(1, 4096)
 
     def best(f: Callable[[], Any], n: int) -> float:
-        f()
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-        return min(ts)
+        return min(timings(f, n, clock=time.perf_counter))
 
     gemm = best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), 10)
     mv = best(lambda: torch.ops.mkldnn._linear_pointwise(v, big_packed, None, "none", [], ""), 10)
