@@ -34,6 +34,13 @@ def proxy_to(prefill: str, decode: str, **kw: object) -> ServerThread:
     return srv
 
 
+def bad_gateway(url: str, stream: bool = False) -> dict[str, object]:
+    """POST a well-formed completion through the proxy at `url`; it must be a 502: its OpenAI error object."""
+    r = httpx.post(f"{url}/v1/completions", json={**well_formed(), "stream": stream}, timeout=60)
+    assert r.status_code == 502, r.text
+    return r.json()["error"]
+
+
 def test_api_key_guards_the_proxy(cluster: Cluster) -> None:
     srv = proxy_to(cluster.prefill.url, cluster.decode.url, limits=ServerLimits(), api_key=KEY)
     try:
@@ -65,8 +72,7 @@ def test_a_client_that_leaves_cancels_the_decode_work(cluster: Cluster) -> None:
 def test_a_decode_instance_that_is_gone_releases_the_prefill_side_at_once(cluster: Cluster) -> None:
     srv = proxy_to(cluster.prefill.url, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     try:
-        r = httpx.post(f"{srv.url}/v1/completions", json=well_formed(), timeout=60)
-        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
+        assert bad_gateway(srv.url)["code"] == "upstream_unreachable"
         deadline = time.monotonic() + 5  # the hold timeout is 60 s
         while metric(cluster.prefill.url, "recap:disagg_requests_held") > 0:
             assert time.monotonic() < deadline, "the prefill side still holds the request"
@@ -135,9 +141,7 @@ def test_a_refused_transfer_handle_is_a_502_naming_the_refusal(cluster: Cluster,
     srv = proxy_to(cluster.prefill.url, foreign_decode.url)
     held = metric(cluster.prefill.url, "recap:disagg_requests_held")  # other tests' holds expire on their own
     try:
-        r = httpx.post(f"{srv.url}/v1/completions", json={**well_formed(), "stream": stream}, timeout=60)
-        assert r.status_code == 502, r.text
-        error = r.json()["error"]
+        error = bad_gateway(srv.url, stream=stream)
         assert error["code"] == "kv_transfer_refused" and error["type"] == "upstream_error", error
         assert "not a prefill peer" in error["message"] and foreign_decode.url in error["message"], error
         assert metric(foreign_decode.url, "recap:disagg_handles_refused_total") >= 1
@@ -154,9 +158,7 @@ def test_a_single_instance_behind_the_proxy_is_a_502_not_a_client_error(cluster:
     mistake, reported as a 502 kv_transfer_refused."""
     srv = proxy_to(cluster.prefill.url, cluster.single.url)
     try:
-        r = httpx.post(f"{srv.url}/v1/completions", json=well_formed(), timeout=60)
-        assert r.status_code == 502, r.text
-        error = r.json()["error"]
+        error = bad_gateway(srv.url)
         assert error["code"] == "kv_transfer_refused" and "single instance" in error["message"], error
     finally:
         srv.stop()
@@ -178,9 +180,7 @@ def test_an_upstream_bare_500_is_a_json_502() -> None:
     fake.start()
     srv = proxy_to(fake.url, f"http://127.0.0.1:{free_port()}")
     try:
-        r = httpx.post(f"{srv.url}/v1/completions", json=well_formed(), timeout=60)
-        assert r.status_code == 502, r.text
-        error = r.json()["error"]
+        error = bad_gateway(srv.url)
         assert error["code"] == "upstream_failed" and "Internal Server Error" in error["message"], error
     finally:
         srv.stop()
