@@ -16,7 +16,7 @@ medians over --reps rounds, the 1-minute load average beside each figure:
 - multi-turn TTFT through the servers: each turn resends the conversation plus 40 new tokens;
 - tokens re-processed on a shared 1,500-token system prompt followed by different 40-token questions
   (recap: prompt - cached tokens; llama-server: timings.prompt_n).
-recap runs with compile_decode (its batch-1 compiled mat-vec, recap/model/layers/rowvec.py) unless --eager.
+recap runs with its native decode kernels (recap/kernels/linear_rows.py) unless --eager.
 --decode-only measures the three decode rows only (no prefill, no servers).
 Each speed figure also gets the fraction of the machine's limit it reaches: measured GEMM peak for prefill
 (2 x linear params FLOP per token), weight bytes / measured mat-vec bandwidth for decode.
@@ -97,8 +97,8 @@ def weight_stats(path: Path, quant: str | None) -> dict[str, float]:
 class RecapModel:
     """recap's model step (no server): ForwardBatch build + forward + logits + greedy argmax."""
 
-    def __init__(self, path: Path, quant: str | None, compile_decode: bool) -> None:
-        self.model = load_model(path, quantization=quant, compile_decode=compile_decode).model
+    def __init__(self, path: Path, quant: str | None, native_decode: bool) -> None:
+        self.model = load_model(path, quantization=quant, native_decode=native_decode).model
 
     def prefill_tok_s(self) -> float:
         model = self.model
@@ -240,7 +240,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18431)
     ap.add_argument("--recap-only", action="store_true", help="skip llama.cpp (no build, no GGUF)")
     ap.add_argument("--decode-only", action="store_true", help="the decode rows only (no prefill, no servers)")
-    ap.add_argument("--eager", action="store_true", help="recap without compile_decode (its eager kernels)")
+    ap.add_argument("--eager", action="store_true", help="recap with torch's kernels only (no native decode kernels)")
     ap.add_argument("--reprint", type=Path, help="print the table of an earlier run's JSON and exit")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Where a recap decode step goes: ATen op counts and self-CPU shares (torch.profiler), and wall ms per step.
 
     .venv/bin/python benchmarks/profile_decode.py --model mamba2-115m --batch 1 --threads 1 [--dtype float32]
-        [--quant int8] [--compile-decode] [--backend onednn]
+        [--quant int8] [--enforce-eager] [--backend onednn]
 
 The step is the engine's: ForwardBatch build + model forward + logits + greedy sample, after a 128-token
 prompt. Op counts do not depend on machine load, so they are the figure to compare on a shared machine;
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quant", default=None, help="weight quantization (see recap.model.quant)")
-    ap.add_argument("--compile-decode", action="store_true", help="batch-1 compiled kernels (load_model)")
+    ap.add_argument("--enforce-eager", action="store_true", help="torch's kernels only (no native decode kernels)")
     ap.add_argument("--backend", default=None, help="linear backend (torch, onednn, int8); default: the loader's")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--top", type=int, default=25)
@@ -65,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     kw = {"quantization": args.quant} if args.quant else {}
-    kw |= {"compile_decode": True} if args.compile_decode else {}
+    kw |= {"native_decode": False} if args.enforce_eager else {}
     lm = load_model(build_checkpoint(args.model, args.cache_dir / args.model), getattr(torch, args.dtype), **kw)
     if args.backend:
         lm.model.set_linear_backend(args.backend)

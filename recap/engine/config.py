@@ -17,9 +17,9 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "float32"
     quantization: str | None = None  # "int8": int8 linear weights (recap/model/quant.py)
-    # Batch-1 decode's fp32 linears through a torch.compile'd mat-vec (recap/model/layers/rowvec.py); off by
-    # default: compiling costs 4-10 s at model load, ~45 s on a machine's first compile.
-    compile_decode: bool = False
+    # Batch-1 decode's fp32 and int8 linears through recap's native kernels (recap/kernels/linear_rows.py,
+    # built once per machine in about a second); False: torch's kernels only (vLLM's --enforce-eager).
+    native_decode: bool = True
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

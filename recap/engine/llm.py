@@ -70,12 +70,13 @@ class LLM:
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
     ) -> None:
-        """`gpu_memory_utilization` and `enforce_eager` have no effect (no GPU, no CUDA graphs: the pools are
-        sized by kv_cache_bytes/state_cache_bytes); `trust_remote_code` has none either (recap runs only its
-        own implementations of the architectures it supports, never code from a checkpoint)."""
+        """`gpu_memory_utilization` has no effect (no GPU: the pools are sized by kv_cache_bytes /
+        state_cache_bytes); `enforce_eager` keeps torch's kernels only (no native decode kernels, as vLLM's flag
+        turns off CUDA graphs); `trust_remote_code` has no effect (recap runs only its own implementations of
+        the architectures it supports, never code from a checkpoint)."""
         _check_hardware(tensor_parallel_size, pipeline_parallel_size, quantization, tokenizer_mode,
                         gpu_memory_utilization)
-        del enforce_eager, trust_remote_code, disable_log_stats  # no effect on CPU, see above
+        del trust_remote_code, disable_log_stats  # no effect on CPU, see above
         policy = checkpoint_policy_for(checkpoint_policy, mamba_cache_mode)
         self.engine = LLMEngine(
             EngineConfig(
@@ -83,6 +84,7 @@ class LLM:
                 tokenizer=tokenizer,
                 dtype=resolve_dtype(dtype),
                 quantization=quantization,
+                native_decode=not enforce_eager,
                 seed=0 if seed is None else seed,
                 cache=CacheConfig(
                     block_size=block_size,

@@ -53,7 +53,7 @@ class LLMEngine:
             model_path = str(ensure_default_model())
         dtype = getattr(torch, config.dtype)
         loaded = load_model(
-            model_path, dtype=dtype, quantization=config.quantization, compile_decode=config.compile_decode
+            model_path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode
         )
         if config.derive_max_model_len:
             length = derived_max_model_len(loaded.config.max_position_embeddings)

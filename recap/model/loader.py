@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from recap.kernels.linear_rows import linear_rows_available
 from recap.model.config import ModelConfig, architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import onednn_available
-from recap.model.layers.rowvec import rowvec_available
 from recap.model.models import MODEL_CLASSES, CausalLM
 from recap.model.quant import QUANTIZATIONS
 
@@ -126,7 +126,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     linear_backend: str = "auto",
     quantization: str | None = None,
-    compile_decode: bool = False,
+    native_decode: bool = True,
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly.
 
@@ -134,10 +134,9 @@ def load_model(
     available; measured fastest here for every row count, see layers/linear.py).
     quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
     rest of the model stays in `dtype`). It takes the place of the linear backend.
-    compile_decode: batch-1 decode steps take a torch.compile'd kernel: the one-row fp32 mat-vec of every
-    linear (layers/rowvec.py). Compiled here, once per process: 4-10 s, ~45 s on a machine's first compile.
-    Ignored, with a warning, where torch.compile cannot build it; fp32 weights only (int8 and bf16 keep
-    their eager paths).
+    native_decode: one-row inputs of every fp32 or int8 linear (batch-1 decode) take recap's native kernels
+    (kernels/linear_rows.py), built once per machine with the C compiler (about a second). Where they cannot
+    be built the model keeps its backend, with a warning. False: torch's kernels only (vLLM's --enforce-eager).
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
@@ -155,8 +154,8 @@ def load_model(
         fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
         linear_backend = "onednn" if fast else "torch"
     net.set_linear_backend(linear_backend)
-    if compile_decode and linear_backend != "int8" and dtype == torch.float32 and rowvec_available():
-        net.set_compiled_decode(True)
+    if native_decode and linear_backend != "torch" and linear_rows_available():
+        net.set_native_decode(True)
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
 
 

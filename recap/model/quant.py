@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from recap.kernels.linear_rows import activation_grid
+
 QUANTIZATIONS = ("int8",)
 
 
@@ -68,6 +70,7 @@ class Int8Weight:
     bias: torch.Tensor | None  # [out] fp32
     packed: torch.Tensor  # fbgemm's packed [out, in + 2] weight (two zero columns for the range pins)
     reduce_range: bool  # activations use 7 bits (CPUs without VNNI)
+    row_sums: torch.Tensor  # [out] int32: sum of each row of qweight (the few-row kernel's zero-point term)
 
 
 def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight:
@@ -85,7 +88,7 @@ def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight
         zero_points = torch.zeros_like(scales, dtype=torch.long)
         qt = torch._make_per_channel_quantized_tensor(padded, scales.double(), zero_points, 0)
         packed = torch.ops.quantized.linear_prepack(qt, None)
-    return Int8Weight(q, scales, b, packed, reduce_range=not _cpu_has_vnni())
+    return Int8Weight(q, scales, b, packed, reduce_range=not _cpu_has_vnni(), row_sums=q.sum(1, dtype=torch.int32))
 
 
 def _row_scales(x: torch.Tensor) -> torch.Tensor:
@@ -113,9 +116,7 @@ _PINS = torch.tensor([[1.0, -1.0]])  # the two range-pin inputs of every row
 def int8_linear_ref(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """Plain reference of int8_linear: per row, x / max|x| onto fbgemm's uint8 grid for [-1, 1], the exact
     integer product with the int8 weight, dequantized and scaled back (fp32)."""
-    qmax = 127 if w.reduce_range else 255
-    scale = float(torch.tensor(2.0 / qmax, dtype=torch.float32))  # fbgemm keeps the scale in fp32
-    zp = round(1.0 / scale)
+    scale, zp, qmax = activation_grid(w.reduce_range)
     out = []
     for row in x.float():
         a = _row_scales(row[None])[0]

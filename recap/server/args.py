@@ -30,9 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
                    help="auto: float32 (recap's CPU kernels run the model in float32 whatever the checkpoint stores)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
-    p.add_argument("--compile-decode", action="store_true",
-                   help="batch-1 decode's fp32 linears through a torch.compile'd mat-vec (1 thread; compiles at "
-                        "start: 4-10 s, ~45 s on a machine's first compile)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="torch's kernels only: batch-1 decode does not take recap's native kernels "
+                        "(recap/kernels/linear_rows.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=_positive, default=None,
                    help="context length (default: the model config's max_position_embeddings, else "
@@ -81,7 +81,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         served_model_name=args.served_model_name,
         dtype=resolve_dtype(args.dtype),
         quantization=args.quantization,
-        compile_decode=args.compile_decode,
+        native_decode=not args.enforce_eager,
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recap.kernels.mamba2_step import mamba2_step_available
 from recap.kernels.metadata import SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
 from recap.model.layers.mamba2 import Mamba2Mixer
@@ -62,10 +63,16 @@ FAST_VARIANTS = [
 
 @pytest.mark.parametrize(("arch", "overrides"), FAST_VARIANTS)
 @pytest.mark.parametrize(("rows", "seed"), [(1, 0), (3, 1), (5, 2), (8, 3)])
-def test_mamba2_decode_matches_reference(arch, overrides, rows, seed, variant_model) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+def test_mamba2_decode_matches_reference(arch, overrides, rows, seed, native, variant_model) -> None:  # noqa: ANN001
+    """Both fast paths (the native kernel of kernels/mamba2_step.py and the torch ops) against forward_ref."""
+    if native and not mamba2_step_available():
+        pytest.skip("the native kernel cannot be built here (no C compiler)")
     lm = variant_model(arch, overrides)
     mixer, layer = _mixer_and_layer(lm)
     assert mixer.fast_decode
+    mixer.set_native(native)
+    assert mixer.native_step == native
     g = torch.Generator().manual_seed(100 + seed)
     slots = torch.randperm(rows + 1, generator=g)[:rows].add(1).tolist()  # distinct, shuffled running slots
     contexts = torch.randint(1, 60, (rows,), generator=g).tolist()
@@ -90,6 +97,7 @@ def test_mamba2_decode_matches_reference(arch, overrides, rows, seed, variant_mo
                 y = mixer.forward_ref(hidden, batch, conv, ssm, caches.slot_positions)
         outs.append(y)
         states.append((conv.clone(), ssm.clone(), caches.slot_positions.clone()))
+    mixer.set_native(True)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(states[0][0], states[1][0], rtol=0, atol=0)  # the rolled window: a copy
     torch.testing.assert_close(states[0][1], states[1][1], rtol=1e-5, atol=1e-5)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.model.layers.rowvec import rowvec_linear, use_rowvec
+from recap.kernels.linear_rows import linear_rows_f32, linear_rows_int8, pack_int8, use_linear_rows
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -53,7 +53,8 @@ class Linear(nn.Module):
         self.bias = empty_param(out_features, dtype=dtype) if bias else None
         self._packed: torch.Tensor | None = None  # oneDNN copy of the weight when that backend is on
         self._int8: Int8Weight | None = None  # int8 copy of the weight when that backend is on
-        self._rowvec: torch.Tensor | None = None  # the weight as a plain tensor when the compiled mat-vec is on
+        self._native = False  # one-row inputs take recap's native kernels (kernels/linear_rows.py)
+        self._int8_rows: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
 
     @property
     def backend(self) -> str:
@@ -68,19 +69,23 @@ class Linear(nn.Module):
         use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
         self._packed = _pack(self.weight.detach()) if use else None
 
-    def set_rowvec(self, on: bool) -> None:
-        """Send one-row fp32 inputs (batch-1 decode) to the compiled mat-vec of layers/rowvec.py; the caller
-        checks `rowvec_available()` first. Inputs of more rows, and int8 weights, keep the backend."""
-        # A plain tensor sharing the weight's storage: torch.compile treats a Parameter's shape as static and
-        # would recompile per weight shape (8 at most, then it runs the function eagerly).
-        self._rowvec = self.weight.detach() if on else None
+    def set_native(self, on: bool) -> None:
+        """Send one-row inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
+        kernels/linear_rows.py; the caller checks `linear_rows_available()` first. Call again after
+        set_backend. Inputs of more rows, and bf16 weights, keep the backend."""
+        self._native = on
+        self._int8_rows = pack_int8(self._int8.qweight) if on and self._int8 is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._int8 is not None:
-            y = int8_linear(x, self._int8)
+            if self._int8_rows is not None and use_linear_rows(x):
+                w = self._int8
+                y = linear_rows_int8(x, self._int8_rows, w.row_sums, w.scales, w.bias, w.reduce_range)
+            else:
+                y = int8_linear(x, self._int8)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
-        if self._rowvec is not None and use_rowvec(x, self._rowvec):
-            return rowvec_linear(x, self._rowvec, self.bias)
+        if self._native and use_linear_rows(x) and x.dtype == self.weight.dtype == torch.float32:
+            return linear_rows_f32(x, self.weight, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -95,5 +100,6 @@ def tied_linear(weight: nn.Parameter) -> Linear:
     head.bias = None
     head._packed = None
     head._int8 = None
-    head._rowvec = None
+    head._native = False
+    head._int8_rows = None
     return head

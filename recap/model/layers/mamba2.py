@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from recap.kernels.mamba2_step import mamba2_step_available
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.ssd import ssd_varlen
 from recap.kernels.ssd_decode import ssd_state_update
@@ -54,6 +55,11 @@ class Mamba2Mixer(nn.Module):
         self.register_buffer("in_proj_scale", None if scale is None else scale.to(dtype), persistent=False)
         # Plain decode steps take mamba2_decode when it covers this config (False: always the reference path).
         self.fast_decode = decode_supported(self)
+        self.native_step = False  # mamba2_decode runs the native kernel (kernels/mamba2_step.py); set_native
+
+    def set_native(self, on: bool) -> None:
+        """Plain fp32 decode steps through the native kernel of kernels/mamba2_step.py (where it builds)."""
+        self.native_step = on and self.fast_decode and self.dt_bias.dtype == torch.float32 and mamba2_step_available()
 
     def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.cfg.gate_norm == "gate":

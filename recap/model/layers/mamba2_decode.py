@@ -11,6 +11,10 @@ dispatch cost about as much as reading the layer's weights. This path runs the s
   mat-vec for y (as `ssd_state_update`, without its per-row masks and zero-state handling);
 - the D skip fused into one `addcmul_`; slot positions recorded by one `index_copy_`.
 
+With the model's native decode on (`Mamba2Mixer.native_step`, fp32), everything between in_proj and out_proj
+is one call of the C kernel of kernels/mamba2_step.py instead, which reads and writes each state once; the
+torch code below is then its reference.
+
 Mamba2Config's options are followed as the reference follows them (Falcon-H1's input, in_proj and output
 multipliers, every `gate_norm`); a conv activation the conv kernels do not fuse (anything but silu) is not
 implemented here, and `decode_supported` sends such a mixer to the reference path.
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from recap.kernels.mamba2_step import mamba2_step
 from recap.kernels.metadata import ForwardBatch
 
 if TYPE_CHECKING:
@@ -66,8 +71,17 @@ def mamba2_decode(
     proj = mixer.in_proj(hidden if c.input_multiplier == 1.0 else hidden * c.input_multiplier)
     if mixer.in_proj_scale is not None:
         proj = proj * mixer.in_proj_scale
-    z, xbc, dt = proj.split([c.d_inner, c.conv_dim, h], dim=-1)
     slots = meta.state_indices
+    if mixer.native_step and proj.dtype == conv_state.dtype == torch.float32 and conv_state.is_contiguous():
+        norm = None if c.gate_norm == "gate" else mixer.norm
+        y = mamba2_step(
+            proj.contiguous(), slots, batch.positions, slot_positions, conv_state, mixer.conv1d.weight,
+            mixer.conv1d.bias, ssm_state, (h, p, g, n), mixer.dt_bias, mixer.A_log, mixer.D, c.time_step_limit,
+            None if norm is None else norm.weight, c.gate_norm, 0 if norm is None else norm.group_size, c.norm_eps,
+        )  # fmt: skip
+        out = mixer.out_proj(y)
+        return out if c.output_multiplier == 1.0 else out * c.output_multiplier
+    z, xbc, dt = proj.split([c.d_inner, c.conv_dim, h], dim=-1)
 
     # conv: window = [the slot's K-1 inputs, the new input]; the slot keeps its last K-1 columns
     window = torch.cat((conv_state.index_select(0, slots), _as(xbc, conv_state.dtype).unsqueeze(-1)), dim=-1)

@@ -139,11 +139,12 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.head().set_backend(backend)
 
-    def set_compiled_decode(self, on: bool) -> None:
-        """Batch-1 decode through the compiled kernel or not: every Linear's one-row fp32 inputs take the mat-vec
-        of layers/rowvec.py."""
+    def set_native_decode(self, on: bool) -> None:
+        """Decode through recap's native kernels or not: every Linear's one-row inputs with fp32 or int8 weights
+        take kernels/linear_rows.py, Mamba2 mixers' plain decode steps kernels/mamba2_step.py (every module
+        with a `set_native` switch). Call after set_linear_backend."""
         for m in self.modules():
-            if isinstance(m, Linear):
-                m.set_rowvec(on)
+            if hasattr(m, "set_native"):
+                m.set_native(on)
         if self.config.tie_word_embeddings:
-            self.head().set_rowvec(on)
+            self.head().set_native(on)

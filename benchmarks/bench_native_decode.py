@@ -1,0 +1,153 @@
+"""Decode through recap's native kernels (recap/kernels/linear_rows.py, recap/kernels/mamba2_step.py) against
+torch's kernels (oneDNN, fbgemm and the torch Mamba2 decode path).
+
+    .venv/bin/python benchmarks/bench_native_decode.py [--models mamba2-115m hybrid-163m] [--threads 1 2]
+        [--rounds 5] [--skip-kernels] [--json bench_out/native_decode.json]
+
+Wall clock (a 2-thread kernel's second thread is not in the calling thread's CPU time), medians, the variants
+alternating within each round, the 1-minute load average printed with every row:
+1. one-row linears for these models' shapes, weights cycled through ~400 MB so that every call reads its
+   weight from memory as a decode step does: oneDNN vs native fp32, fbgemm vs native int8, with GB/s;
+2. the greedy batch-1 decode step (benchmarks/profile_decode.py's) with native kernels on and off (fp32 and
+   int8 weights), and how much of it the linear layers take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
+from profile_decode import decoder  # noqa: E402
+
+from recap.bench.timing import timings  # noqa: E402
+from recap.kernels.linear_rows import linear_rows_available, linear_rows_f32, linear_rows_int8, pack_int8  # noqa: E402
+from recap.model.layers import linear as linear_mod  # noqa: E402
+from recap.model.loader import load_model  # noqa: E402
+from recap.model.quant import int8_linear, quantize_int8  # noqa: E402
+
+SHAPES = ((3352, 768), (768, 1536), (1024, 768), (768, 1024), (4096, 1024), (32000, 768))
+
+
+def wall_ms(fn: Callable[[], object], n: int) -> float:
+    return 1e3 * statistics.median(timings(fn, n, clock=time.perf_counter))
+
+
+def kernel_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, Any]:
+    """One shape's one-row linears, each variant on its own weights cycled from memory."""
+    k = max(2, int(400e6 // (out_f * in_f * 4)))
+    ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(k)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in ws]
+    qs = [quantize_int8(w, None) for w in ws[: max(2, k // 4)]]  # int8: a quarter of the bytes
+    qp = [pack_int8(q.qweight) for q in qs]
+    x = torch.randn(1, in_f)
+    turn = itertools.count()
+
+    def native_int8() -> torch.Tensor:
+        j = next(turn) % len(qs)
+        return linear_rows_int8(x, qp[j], qs[j].row_sums, qs[j].scales, None, qs[j].reduce_range)
+
+    variants: dict[str, Callable[[], object]] = {
+        "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % k], None, "none", [], ""),
+        "native f32": lambda: linear_rows_f32(x, ws[next(turn) % k], None),
+        "fbgemm int8": lambda: int8_linear(x, qs[next(turn) % len(qs)]),
+        "native int8": native_int8,
+    }
+    res: dict[str, list[float]] = {v: [] for v in variants}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for v, fn in variants.items():
+                res[v].append(wall_ms(fn, 20))
+    med = {v: statistics.median(x) for v, x in res.items()}
+    row = {"threads": threads, "shape": f"{out_f}x{in_f}", "load": os.getloadavg()[0], "ms": med}
+    row["GB/s"] = {v: out_f * in_f * (1 if "int8" in v else 4) / (m / 1e3) / 1e9 for v, m in med.items()}
+    print(f"t{threads} {row['shape']:>10}: " + "  ".join(f"{v} {m:.3f} ms ({row['GB/s'][v]:.1f} GB/s)"
+                                                      for v, m in med.items()) + f"  load {row['load']:.1f}")
+    return row
+
+
+class LinearClock:
+    """Wall time spent inside Linear.forward while installed (a context manager)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._forward = linear_mod.Linear.forward
+
+    def __enter__(self) -> LinearClock:
+        forward, clock = self._forward, self
+
+        def timed(layer: linear_mod.Linear, x: torch.Tensor) -> torch.Tensor:
+            t = time.perf_counter()
+            y = forward(layer, x)
+            clock.seconds += time.perf_counter() - t
+            return y
+
+        linear_mod.Linear.forward = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        linear_mod.Linear.forward = self._forward  # type: ignore[method-assign]
+
+
+def step_row(name: str, quant: str | None, rounds: int, threads: int, cache: Path) -> dict[str, Any]:
+    """The batch-1 decode step with native kernels off and on, alternating; the linears' share of each."""
+    model = load_model(build_checkpoint(name, cache / name), quantization=quant).model
+    step = decoder(model, 1, rounds * 2 * 25 + 10)
+    res: dict[str, list[float]] = {"torch": [], "native": []}
+    share: dict[str, list[float]] = {"torch": [], "native": []}
+    with LinearClock() as clock:
+        for _ in range(rounds):
+            for v in res:
+                model.set_native_decode(v == "native")
+                clock.seconds = 0.0
+                ts = timings(step, 20, clock=time.perf_counter)
+                res[v].append(1e3 * statistics.median(ts))
+                share[v].append(clock.seconds / (sum(ts) + ts[0]))  # the warm-up call counts in the clock too
+    med = {v: statistics.median(x) for v, x in res.items()}
+    lin = {v: statistics.median(x) for v, x in share.items()}
+    row = {"model": name, "weights": quant or "fp32", "threads": threads, "ms": med, "linear share": lin,
+           "load": os.getloadavg()[0]}  # fmt: skip
+    print(f"t{threads} {name} {row['weights']}: decode step torch {med['torch']:.2f} ms (linears "
+          f"{100 * lin['torch']:.0f}%), native {med['native']:.2f} ms (linears {100 * lin['native']:.0f}%): "
+          f"{med['torch'] / med['native']:.2f}x, load {row['load']:.1f}")  # fmt: skip
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["mamba2-115m", "hybrid-163m"])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    t = time.perf_counter()
+    if not linear_rows_available():
+        sys.exit("the native kernels cannot be built here (see the warning above)")
+    print(f"native kernels ready in {time.perf_counter() - t:.1f} s")
+    out: dict[str, Any] = {"kernels": [], "steps": []}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        if not args.skip_kernels:
+            out["kernels"] += [kernel_row(o, i, args.rounds, threads) for o, i in SHAPES]
+        for model in args.models:
+            out["steps"] += [step_row(model, q, args.rounds, threads, args.cache_dir) for q in (None, "int8")]
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

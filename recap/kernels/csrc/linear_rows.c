@@ -1,0 +1,229 @@
+/* Few-row linear layers (decode steps): y[n, out] = x[n, in] W^T + b for fp32 weights and for int8 weights
+ * with per-row 8-bit activations (the integer product of recap/model/quant.py's int8_linear_ref).
+ *
+ * At 1-8 rows a linear layer is bound by reading its weight once. A tile of weight rows is read from memory
+ * once, multiplied with every input row while it sits in L1, and the next tile is prefetched meanwhile; tiles
+ * are split across OpenMP threads (the runtime torch itself loaded: one thread pool for both).
+ * Tile shapes: 8 weight rows x 1 input row, or 4 x up to 4 input rows, so that the accumulators stay in
+ * registers (each shape is its own function: gcc keeps a fixed-size accumulator array in registers only when
+ * its size and loop bounds are constants).
+ * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* ---------------------------------------------------------------- fp32 */
+
+#if defined(__AVX512F__)
+#define F32_TILE(NW, NX)                                                                                       \
+    static void f32_tile_##NW##_##NX(const float *w, int64_t k, const float *x, float *y, int64_t ldy,         \
+                                     const float *b, int64_t pf) {                                             \
+        __m512 acc[NW][NX];                                                                                    \
+        for (int i = 0; i < NW; i++)                                                                           \
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_ps();                                      \
+        int64_t kk = 0;                                                                                        \
+        for (; kk + 16 <= k; kk += 16) {                                                                       \
+            __m512 xv[NX];                                                                                     \
+            for (int j = 0; j < NX; j++) xv[j] = _mm512_loadu_ps(x + j * k + kk);                              \
+            for (int i = 0; i < NW; i++) {                                                                     \
+                _mm_prefetch((const char *)(w + i * k + kk + pf), _MM_HINT_T0);                                \
+                const __m512 wv = _mm512_loadu_ps(w + i * k + kk);                                             \
+                for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);                \
+            }                                                                                                  \
+        }                                                                                                      \
+        if (kk < k) {                                                                                          \
+            const __mmask16 m = (__mmask16)((1u << (k - kk)) - 1u);                                            \
+            __m512 xv[NX];                                                                                     \
+            for (int j = 0; j < NX; j++) xv[j] = _mm512_maskz_loadu_ps(m, x + j * k + kk);                     \
+            for (int i = 0; i < NW; i++) {                                                                     \
+                const __m512 wv = _mm512_maskz_loadu_ps(m, w + i * k + kk);                                    \
+                for (int j = 0; j < NX; j++) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);                \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int j = 0; j < NX; j++)                                                                           \
+            for (int i = 0; i < NW; i++) {                                                                     \
+                const float s = _mm512_reduce_add_ps(acc[i][j]);                                               \
+                y[j * ldy + i] = b ? s + b[i] : s;                                                             \
+            }                                                                                                  \
+    }
+#else
+#define F32_TILE(NW, NX)                                                                                       \
+    static void f32_tile_##NW##_##NX(const float *w, int64_t k, const float *x, float *y, int64_t ldy,         \
+                                     const float *b, int64_t pf) {                                             \
+        (void)pf;                                                                                              \
+        for (int j = 0; j < NX; j++)                                                                           \
+            for (int i = 0; i < NW; i++) {                                                                     \
+                float s = 0.0f;                                                                                \
+                _Pragma("omp simd reduction(+ : s)") for (int64_t kk = 0; kk < k; kk++) s +=                  \
+                    w[i * k + kk] * x[j * k + kk];                                                             \
+                y[j * ldy + i] = b ? s + b[i] : s;                                                             \
+            }                                                                                                  \
+    }
+#endif
+
+/* ---------------------------------------------------------------- int8 */
+
+/* Packed int8 weight: tiles of 8 output rows (zero rows pad the last tile), each tile as kp / 64 chunks of
+ * 8 rows x 64 bytes (zeros pad each row to kp): a tile is one sequential stream. Read in place at one input
+ * row, the row-major weight ran at half the memory rate of fp32 (8 short streams per tile). */
+#define PACK_ROWS 8
+#define CHUNK 64
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define I8_TILE(NW, NX)                                                                                        \
+    static void i8_tile_##NW##_##NX(const int8_t *wt, int64_t kp, const uint8_t *xq, int32_t *sums) {          \
+        __m512i acc[NW][NX];                                                                                   \
+        for (int i = 0; i < NW; i++)                                                                           \
+            for (int j = 0; j < NX; j++) acc[i][j] = _mm512_setzero_si512();                                   \
+        for (int64_t kk = 0; kk < kp; kk += CHUNK) {                                                           \
+            const int8_t *c = wt + kk * PACK_ROWS;                                                             \
+            __m512i xv[NX];                                                                                    \
+            for (int j = 0; j < NX; j++) xv[j] = _mm512_load_si512((const void *)(xq + j * kp + kk));          \
+            for (int i = 0; i < NW; i++) {                                                                     \
+                const __m512i wv = _mm512_load_si512((const void *)(c + i * CHUNK));                           \
+                for (int j = 0; j < NX; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv[j], wv);            \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int j = 0; j < NX; j++)                                                                           \
+            for (int i = 0; i < NW; i++) sums[j * 8 + i] = _mm512_reduce_add_epi32(acc[i][j]);                 \
+    }
+#else
+#define I8_TILE(NW, NX)                                                                                        \
+    static void i8_tile_##NW##_##NX(const int8_t *wt, int64_t kp, const uint8_t *xq, int32_t *sums) {          \
+        for (int j = 0; j < NX; j++)                                                                           \
+            for (int i = 0; i < NW; i++) {                                                                     \
+                int32_t s = 0;                                                                                 \
+                for (int64_t kk = 0; kk < kp; kk += CHUNK) {                                                   \
+                    const int8_t *c = wt + kk * PACK_ROWS + i * CHUNK;                                         \
+                    _Pragma("omp simd reduction(+ : s)") for (int u = 0; u < CHUNK; u++) s +=                 \
+                        (int32_t)xq[j * kp + kk + u] * (int32_t)c[u];                                          \
+                }                                                                                              \
+                sums[j * 8 + i] = s;                                                                           \
+            }                                                                                                  \
+    }
+#endif
+
+/* The tile shapes: 1..8 weight rows x 1 input row; 1..4 weight rows x 2..4 input rows. */
+#define TILES(T)                                                                                               \
+    T(1, 1) T(2, 1) T(3, 1) T(4, 1) T(5, 1) T(6, 1) T(7, 1) T(8, 1) T(1, 2) T(2, 2) T(3, 2) T(4, 2) T(1, 3)   \
+        T(2, 3) T(3, 3) T(4, 3) T(1, 4) T(2, 4) T(3, 4) T(4, 4)
+TILES(F32_TILE)
+TILES(I8_TILE)
+
+#define F32_CASE(NW, NX) \
+    case (NW) * 16 + (NX): f32_tile_##NW##_##NX(w, k, x, y, ldy, b, pf); break;
+#define I8_CASE(NW, NX) \
+    case (NW) * 16 + (NX): i8_tile_##NW##_##NX(wt, kp, xq, sums); break;
+
+static void f32_tile(const float *w, int64_t k, const float *x, float *y, int64_t ldy, const float *b, int nw,
+                     int nx, int64_t pf) {
+    switch (nw * 16 + nx) {
+        TILES(F32_CASE)
+        default: abort();
+    }
+}
+
+static void i8_tile(const int8_t *wt, int64_t kp, const uint8_t *xq, int32_t *sums, int nw, int nx) {
+    switch (nw * 16 + nx) {
+        TILES(I8_CASE)
+        default: abort();
+    }
+}
+
+/* Weight rows per tile: 8 for one input row, 4 when several share the tile (16 accumulators at most). */
+static int tile_rows(int64_t n) { return n == 1 ? 8 : 4; }
+
+/* x [n, k], w [out, k], b [out] or NULL, y [n, out]; all contiguous. */
+void recap_linear_f32(const float *x, int64_t n, const float *w, int64_t out, int64_t k, const float *b, float *y,
+                      int threads) {
+    const int wr = tile_rows(n);
+    const int64_t tiles = (out + wr - 1) / wr;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t o = t * wr;
+        const int nw = out - o < wr ? (int)(out - o) : wr;
+        for (int64_t r = 0; r < n; r += 4) {
+            const int nx = n - r < 4 ? (int)(n - r) : 4;
+            /* prefetch the same row of the next tile, during the first input-row group only */
+            f32_tile(w + o * k, k, x + r * k, y + r * out + o, out, b ? b + o : NULL, nw, nx, r == 0 ? wr * k : 0);
+        }
+    }
+}
+
+/* Per row: a = max|x| (1 if 0), xq = clamp(rint((x / a) / qscale) + zp, 0, qmax) as uint8, zero-padded to kp
+ * bytes. Division, not a multiply by the inverse, and round half to even: the fp32 ops of int8_linear_ref. */
+static void quantize_rows(const float *x, int64_t n, int64_t k, int64_t kp, float qscale, int zp, int qmax,
+                          uint8_t *xq, float *a) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * k;
+        float m = 0.0f; /* max|x|: exact in any order */
+        for (int64_t i = 0; i < k; i++) m = fmaxf(m, fabsf(xr[i]));
+        if (m == 0.0f) m = 1.0f;
+        a[r] = m;
+        uint8_t *q = xq + r * kp;
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        const __m512 vm = _mm512_set1_ps(m), vs = _mm512_set1_ps(qscale), vz = _mm512_set1_ps((float)zp);
+        const __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps((float)qmax);
+        for (; i + 16 <= k; i += 16) {
+            __m512 t = _mm512_div_ps(_mm512_div_ps(_mm512_loadu_ps(xr + i), vm), vs);
+            t = _mm512_add_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+            t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+            _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(t)));
+        }
+#endif
+        for (; i < k; i++) {
+            float t = rintf((xr[i] / m) / qscale) + (float)zp;
+            t = t < 0.0f ? 0.0f : (t > (float)qmax ? (float)qmax : t);
+            q[i] = (uint8_t)t;
+        }
+        memset(q + k, 0, (size_t)(kp - k));
+    }
+}
+
+/* x [n, k] fp32, wp: w [out, k] int8 packed as above (linear_rows.pack_int8), wsum [out] = sum_k w, wscale [out], b [out] or
+ * NULL, y [n, out] fp32. y = float(double(sum (xq - zp) * w) * (qscale * wscale)) * a + b, as int8_linear_ref.
+ * Tiles of 8 weight rows; with several input rows each tile is taken as two halves of 4 (16 accumulators).
+ * Returns 0, or -1 if the scratch buffer could not be allocated. */
+int recap_linear_i8(const float *x, int64_t n, const int8_t *wp, const int32_t *wsum, const float *wscale,
+                    int64_t out, int64_t k, const float *b, float *y, float qscale, int zp, int qmax, int threads) {
+    const int64_t kp = (k + CHUNK - 1) / CHUNK * CHUNK;
+    uint8_t *xq = (uint8_t *)aligned_alloc(64, (size_t)(n * kp));
+    float *a = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!xq || !a) {
+        free(xq);
+        free(a);
+        return -1;
+    }
+    quantize_rows(x, n, k, kp, qscale, zp, qmax, xq, a);
+    const int64_t tiles = (out + PACK_ROWS - 1) / PACK_ROWS;
+    const int half = n == 1 ? PACK_ROWS : PACK_ROWS / 2;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        for (int h = 0; h < PACK_ROWS; h += half) {
+            const int64_t o = t * PACK_ROWS + h;
+            if (o >= out) break;
+            const int nw = out - o < half ? (int)(out - o) : half;
+            for (int64_t r = 0; r < n; r += 4) {
+                const int nx = n - r < 4 ? (int)(n - r) : 4;
+                int32_t sums[4 * 8];
+                i8_tile(wp + t * PACK_ROWS * kp + h * CHUNK, kp, xq + r * kp, sums, nw, nx);
+                for (int j = 0; j < nx; j++)
+                    for (int i = 0; i < nw; i++) {
+                        const int64_t acc = (int64_t)sums[j * 8 + i] - (int64_t)zp * wsum[o + i];
+                        const float v =
+                            (float)((double)acc * ((double)qscale * (double)wscale[o + i])) * a[r + j];
+                        y[(r + j) * out + o + i] = b ? v + b[o + i] : v;
+                    }
+            }
+        }
+    }
+    free(xq);
+    free(a);
+    return 0;
+}

@@ -1,0 +1,118 @@
+"""Few-row linear layers for decode steps (csrc/linear_rows.c): fp32 weights, and int8 weights with per-row
+8-bit activations.
+
+At 1-8 rows a linear layer is bound by reading its weight, which oneDNN, MKL and torch.compile's mat-vec do at
+well below the memory's rate, and at 8 rows oneDNN reads it at about half that rate (docs/performance.md). The
+C kernel reads each 4-row weight tile once, multiplies it with every input row while it is in L1, and splits
+the tiles over torch's threads. `linear_rows_f32` agrees with F.linear to fp32 rounding (another summation
+order); `linear_rows_int8` computes exactly the integer product of `quant.int8_linear_ref` and the same
+dequantization, so it equals that reference bit for bit.
+
+References: `linear_rows_f32_ref` (F.linear) and `quant.int8_linear_ref`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from recap.kernels.native import NativeUnavailableError, load_library
+
+# One row only: at 8 rows oneDNN (fp32) and fbgemm (int8, 1 thread) were as fast or faster (docs/performance.md).
+MAX_ROWS = 1
+
+logger = logging.getLogger(__name__)
+
+_P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    """The library with its signatures set; raises NativeUnavailableError."""
+    lib = load_library("linear_rows")
+    lib.recap_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _INT]
+    lib.recap_linear_f32.restype = None
+    lib.recap_linear_i8.argtypes = [_P, _I64, _P, _P, _P, _I64, _I64, _P, _P, _F32, _INT, _INT, _INT]
+    lib.recap_linear_i8.restype = _INT
+    return lib
+
+
+@functools.cache
+def linear_rows_available() -> bool:
+    """Whether the kernels build and load here (builds them on the first call: about a second); says why not
+    once, as a warning."""
+    try:
+        _lib()
+    except NativeUnavailableError as e:
+        logger.warning("native decode kernels unavailable, linear layers keep torch's: %s", e)
+        return False
+    return True
+
+
+def use_linear_rows(x: torch.Tensor) -> bool:
+    """Whether a linear layer's input is few-row enough for these kernels."""
+    return x.dim() == 2 and x.shape[0] <= MAX_ROWS
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def linear_rows_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [n, in] fp32 (n small), weight [out, in] fp32 contiguous, bias [out] or None -> [n, out]."""
+    x = x.contiguous()
+    n, k = x.shape
+    out = weight.shape[0]
+    y = torch.empty(n, out, dtype=torch.float32)
+    _lib().recap_linear_f32(x.data_ptr(), n, weight.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
+                            torch.get_num_threads())
+    return y
+
+
+def linear_rows_f32_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The plain reference of linear_rows_f32."""
+    return F.linear(x, weight, bias)
+
+
+PACK_ROWS, CHUNK = 8, 64  # csrc/linear_rows.c's int8 tile: 8 output rows x 64-byte chunks
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """q [out, in] int8 in the kernel's tiles: [out/8, in/64, 8, 64] (zero-padded), one sequential stream per
+    tile of 8 rows. Read in place, the row-major weight streamed at half the rate of fp32 (8 short streams)."""
+    out, k = q.shape
+    outp, kp = -(-out // PACK_ROWS) * PACK_ROWS, -(-k // CHUNK) * CHUNK
+    padded = F.pad(q, (0, kp - k, 0, outp - out))
+    return padded.view(outp // PACK_ROWS, PACK_ROWS, kp // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
+
+
+@functools.cache
+def activation_grid(reduce_range: bool) -> tuple[float, int, int]:
+    """(scale, zero point, qmax) of fbgemm's uint8 grid for the range [-1, 1] that every row is divided into
+    (recap/model/quant.py): 7 bits when reduce_range."""
+    qmax = 127 if reduce_range else 255
+    scale = float(torch.tensor(2.0 / qmax, dtype=torch.float32))  # fbgemm keeps the scale in fp32
+    return scale, round(1.0 / scale), qmax
+
+
+def linear_rows_int8(x: torch.Tensor, packed: torch.Tensor, row_sums: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None, reduce_range: bool) -> torch.Tensor:
+    """x [n, in] (n small) times an int8 weight q [out, in] -> [n, out] fp32, equal to
+    quant.int8_linear_ref: packed = pack_int8(q), row_sums [out] int32 = q.sum(1), scales [out] fp32 (the
+    weight's per-channel scales), bias [out] fp32 or None."""
+    x = x.float().contiguous()
+    n, k = x.shape
+    out = row_sums.shape[0]
+    if packed.shape[2:] != (PACK_ROWS, CHUNK) or packed.shape[1] * CHUNK < k or packed.shape[0] * PACK_ROWS < out:
+        raise ValueError(f"packed weight {tuple(packed.shape)} does not fit x {tuple(x.shape)} and {out} outputs")
+    qscale, zp, qmax = activation_grid(reduce_range)
+    y = torch.empty(n, out, dtype=torch.float32)
+    rc = _lib().recap_linear_i8(x.data_ptr(), n, packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr(),
+                                out, k, _ptr(bias), y.data_ptr(), qscale, zp, qmax, torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer")
+    return y

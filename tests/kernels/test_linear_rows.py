@@ -1,0 +1,110 @@
+"""The native few-row linear kernels (kernels/linear_rows.py) against their references, alone and in a layer."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recap.kernels import linear_rows as lr
+from recap.kernels import native
+from recap.model.layers.linear import Linear
+from recap.model.quant import int8_linear, int8_linear_ref, quantize_int8
+
+SHAPES = [(1, 1), (7, 15), (8, 16), (9, 17), (33, 63), (5, 64), (17, 65), (40, 100), (12, 129), (300, 768)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built() -> None:
+    if not lr.linear_rows_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_f32_matches_f_linear(out_f: int, in_f: int, rows: int, threads: int) -> None:
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)  # fresh inputs every run
+    w = torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if (out_f + rows) % 2 else None
+    x = torch.randn(rows, in_f, generator=g)
+    y = lr.linear_rows_f32(x, w, b)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert y.shape == (rows, out_f) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-6 * in_f**0.5)
+    torch.testing.assert_close(y, lr.linear_rows_f32_ref(x, w, b), rtol=1e-5, atol=2e-6 * in_f**0.5)
+
+
+@pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_int8_equals_its_reference_bit_for_bit(out_f: int, in_f: int, rows: int, reduce_range: bool,
+                                               threads: int) -> None:
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    w = torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if out_f % 2 else None
+    q0 = quantize_int8(w, b)
+    q = dataclasses.replace(q0, reduce_range=reduce_range)  # both grids, whatever this CPU's default
+    x = torch.randn(rows, in_f, generator=g) * 3
+    x[0, : in_f // 2] = 0  # a partly zero row, and (rows > 1) an all-zero row: its scale is 1
+    if rows > 1:
+        x[1] = 0
+    y = lr.linear_rows_int8(x, lr.pack_int8(q.qweight), q.row_sums, q.scales, q.bias, q.reduce_range)
+    assert torch.equal(y, int8_linear_ref(x, q))
+    if reduce_range == q0.reduce_range:  # fbgemm (the prefill path) on its own grid: the same integers, only
+        torch.testing.assert_close(y, int8_linear(x, q), rtol=1e-5, atol=1e-5)  # the dequantization may round
+
+
+def test_pack_int8_lays_tiles_out_as_one_stream() -> None:
+    q = torch.randint(-127, 128, (11, 70), dtype=torch.int8)
+    p = lr.pack_int8(q)
+    assert p.shape == (2, 2, 8, 64) and p.is_contiguous()
+    for o in range(11):
+        for k in range(70):
+            assert p[o // 8, k // 64, o % 8, k % 64] == q[o, k]
+    assert (p[1, :, 3:] == 0).all() and (p[:, 1, :, 6:] == 0).all()  # the padding is zero
+
+
+def test_only_single_rows_take_the_kernels() -> None:
+    assert lr.use_linear_rows(torch.zeros(1, 4))
+    assert not lr.use_linear_rows(torch.zeros(2, 4))
+    assert not lr.use_linear_rows(torch.zeros(4))
+
+
+def test_a_missing_compiler_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(native.NativeUnavailableError, match="no C compiler"):
+        native.load_library.__wrapped__("linear_rows")
+
+
+def test_a_failed_build_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "broken.c").write_text("int f(void) { return nope; }\n")
+    monkeypatch.setattr(native, "CSRC", tmp_path)
+    with pytest.raises(native.NativeUnavailableError, match="nope"):
+        native.load_library.__wrapped__("broken")
+
+
+def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
+    layer = Linear(24, 10, bias=True, dtype=torch.float32)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    for backend in ("onednn", "int8"):
+        layer.set_backend(backend)
+        layer.set_native(True)
+        x = torch.randn(3, 24)
+        many = layer(x)
+        one = torch.cat([layer(x[i : i + 1]) for i in range(3)])
+        torch.testing.assert_close(one, many, rtol=1e-5, atol=1e-5)  # rows are independent on both paths
+    layer.set_native(False)
+    assert layer._int8_rows is None

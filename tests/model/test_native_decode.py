@@ -1,0 +1,53 @@
+"""Batch-1 decode through the native kernels (kernels/linear_rows.py) inside whole models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from recap.kernels.linear_rows import linear_rows_available
+from recap.model.layers import linear as linear_mod
+from recap.model.layers.linear import Linear
+from recap.model.loader import load_model
+from recap.model.testing import greedy_generate
+
+
+@pytest.mark.parametrize(("arch", "quantization"), [("mamba2", None), ("bamba", None), ("mamba2", "int8")])
+def test_decode_with_native_kernels_matches_torch_kernels(
+    arch: str, quantization: str | None, tiny_checkpoint: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy decode (batch 1) through the native kernels gives the tokens of the model without them."""
+    if not linear_rows_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    path = tiny_checkpoint(arch)
+    eager = load_model(path, quantization=quantization, native_decode=False).model
+    fast = load_model(path, quantization=quantization).model
+    calls: list[int] = []
+    kernel = "linear_rows_int8" if quantization else "linear_rows_f32"
+    real = getattr(linear_mod, kernel)
+
+    def counted(x: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(linear_mod, kernel, counted)
+    prompt = torch.randint(0, eager.config.vocab_size, (21,), generator=torch.Generator().manual_seed(3)).tolist()
+    out = greedy_generate(fast, prompt, 12)
+    assert calls and set(calls) == {1}  # the decode steps' linears took the native path
+    calls.clear()
+    assert greedy_generate(eager, prompt, 12) == out
+    assert not calls  # the eager model never does
+    hidden = torch.randn(1, eager.config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(fast.compute_logits(hidden), eager.compute_logits(hidden), rtol=1e-5, atol=1e-5)
+
+
+def test_enforce_eager_and_the_torch_backend_keep_torch_kernels(tiny_checkpoint: Callable[[str], Path]) -> None:
+    path = tiny_checkpoint("mamba2")
+    for model in (load_model(path, native_decode=False).model, load_model(path, linear_backend="torch").model):
+        assert not any(m._native for m in model.modules() if isinstance(m, Linear))
+    if linear_rows_available():
+        assert all(m._native for m in load_model(path).model.modules() if isinstance(m, Linear))
