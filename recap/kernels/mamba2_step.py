@@ -50,50 +50,63 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def mamba2_step(
-    proj: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    slot_positions: torch.Tensor,
-    conv_state: torch.Tensor,
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    ssm_state: torch.Tensor,
-    shape: tuple[int, int, int, int],
-    dt_bias: torch.Tensor,
-    a_log: torch.Tensor,
-    d: torch.Tensor,
-    time_step_limit: tuple[float, float],
-    norm_weight: torch.Tensor | None,
-    gate_norm: str,
-    group_size: int,
-    eps: float,
-) -> torch.Tensor:
-    """proj [t, z | xbc | dt] (in_proj's output, multipliers applied) -> y [t, H * P], the gated (and normed)
-    input of out_proj; updates conv_state [S, conv_dim, K-1], ssm_state [S, H, P, N] and slot_positions at
-    `slots` [t] (int64). shape = (H, P, G, N). Every float tensor fp32 and contiguous."""
-    h, p, g, n = shape
-    t, d_inner = proj.shape[0], h * p
-    conv_dim = d_inner + 2 * g * n
-    floats = (proj, conv_state, conv_weight, ssm_state, dt_bias, a_log, d)
-    if any(x.dtype != torch.float32 or not x.is_contiguous() for x in floats):
-        raise ValueError("mamba2_step takes contiguous fp32 tensors")
-    if slots.dtype != torch.int64 or positions.dtype != torch.int64 or slot_positions.dtype != torch.int64:
-        raise ValueError("mamba2_step takes int64 slots and positions")
-    if proj.shape[1] < d_inner + conv_dim + h or conv_weight.shape[0] != conv_dim or h % g:
-        raise ValueError(f"mamba2_step: proj {tuple(proj.shape)} and conv {tuple(conv_weight.shape)} do not fit "
-                         f"(H, P, G, N) = {shape}")
-    if gate_norm != "gate" and (norm_weight is None or d_inner % group_size):
-        raise ValueError("mamba2_step: a normed gate needs its weight and groups that divide H * P")
-    kconv = conv_weight.shape[-1]
-    work = torch.empty(t, conv_dim)
-    dts = torch.empty(t, h)
-    y = torch.empty(t, d_inner)
-    _lib().recap_mamba2_step(
-        t, slots.data_ptr(), positions.data_ptr(), slot_positions.data_ptr(), proj.data_ptr(), proj.stride(0),
-        conv_state.data_ptr(), conv_weight.data_ptr(), _ptr(conv_bias), kconv, ssm_state.data_ptr(), h, p, g, n,
-        dt_bias.data_ptr(), a_log.data_ptr(), d.data_ptr(), time_step_limit[0], time_step_limit[1],
-        _ptr(norm_weight), GATE_MODES[gate_norm], group_size, eps, work.data_ptr(), dts.data_ptr(), y.data_ptr(),
-        torch.get_num_threads(),
-    )  # fmt: skip
-    return y
+class Mamba2Step:
+    """The kernel bound to one mixer's weights (checked and their addresses taken once, when built: build it
+    again after the weights are replaced). Calling it runs one plain decode step of that mixer."""
+
+    def __init__(
+        self,
+        conv_weight: torch.Tensor,
+        conv_bias: torch.Tensor | None,
+        shape: tuple[int, int, int, int],
+        dt_bias: torch.Tensor,
+        a_log: torch.Tensor,
+        d: torch.Tensor,
+        time_step_limit: tuple[float, float],
+        norm_weight: torch.Tensor | None,
+        gate_norm: str,
+        group_size: int,
+        eps: float,
+    ) -> None:
+        """shape = (H, P, G, N); conv_weight [conv_dim, 1 or absent, K]; every tensor fp32 and contiguous."""
+        h, p, g, n = shape
+        self.h, self.d_inner, self.conv_dim = h, h * p, h * p + 2 * g * n
+        params = [t for t in (conv_weight, conv_bias, dt_bias, a_log, d, norm_weight) if t is not None]
+        if any(x.dtype != torch.float32 or not x.is_contiguous() for x in params):
+            raise ValueError("Mamba2Step takes contiguous fp32 weights")
+        if conv_weight.shape[0] != self.conv_dim or h % g or any(x.numel() != h for x in (dt_bias, a_log, d)):
+            raise ValueError(f"Mamba2Step: conv {tuple(conv_weight.shape)} or the head parameters do not fit "
+                             f"(H, P, G, N) = {shape}")
+        if gate_norm not in GATE_MODES:
+            raise ValueError(f"Mamba2Step: unknown gate {gate_norm!r}; one of {tuple(GATE_MODES)}")
+        if gate_norm != "gate" and (norm_weight is None or group_size <= 0 or self.d_inner % group_size):
+            raise ValueError("Mamba2Step: a normed gate needs its weight and groups that divide H * P")
+        self._keep = params  # the addresses below stay valid while these live
+        self._static = (
+            conv_weight.data_ptr(), _ptr(conv_bias), conv_weight.shape[-1], h, p, g, n, dt_bias.data_ptr(),
+            a_log.data_ptr(), d.data_ptr(), time_step_limit[0], time_step_limit[1], _ptr(norm_weight),
+            GATE_MODES[gate_norm], group_size, eps,
+        )  # fmt: skip
+
+    def __call__(self, proj: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                 slot_positions: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> torch.Tensor:
+        """proj [t, z | xbc | dt] (in_proj's output, multipliers applied) -> y [t, H * P], the gated (and
+        normed) input of out_proj; updates conv_state [S, conv_dim, K-1], ssm_state [S, H, P, N] and
+        slot_positions at `slots` [t] (int64, distinct)."""
+        t = proj.shape[0]
+        for x in (proj, conv_state, ssm_state):
+            if x.dtype != torch.float32 or not x.is_contiguous():
+                raise ValueError("Mamba2Step takes contiguous fp32 activations and states")
+        if slots.dtype != torch.int64 or positions.dtype != torch.int64 or slot_positions.dtype != torch.int64:
+            raise ValueError("Mamba2Step takes int64 slots and positions")
+        if proj.shape[1] != self.d_inner + self.conv_dim + self.h or ssm_state.shape[1] != self.h:
+            raise ValueError(f"Mamba2Step: proj {tuple(proj.shape)} or state {tuple(ssm_state.shape)} do not fit")
+        (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
+        scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))  # [t, conv out] | [t, dt] | [t, y]
+        work = scratch.data_ptr()
+        _lib().recap_mamba2_step(
+            t, slots.data_ptr(), positions.data_ptr(), slot_positions.data_ptr(), proj.data_ptr(), proj.shape[1],
+            conv_state.data_ptr(), cw, cb, k, ssm_state.data_ptr(), h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs,
+            eps, work, work + 4 * t * self.conv_dim, work + 4 * t * (self.conv_dim + h), torch.get_num_threads(),
+        )  # fmt: skip
+        return scratch[t * (self.conv_dim + h) :].view(t, self.d_inner)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import AttentionMetadata
+from recap.kernels.paged_decode import paged_decode
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:
@@ -156,20 +157,31 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    native: bool = False,
 ) -> torch.Tensor:
     """Write the new K/V, then causal attention of every row's new queries over its whole sequence
     (over the last `sliding_window` positions of each query, if given).
 
-    Padding rows output zeros and read nothing.
+    Padding rows output zeros and read nothing. `native`: fp32 one-query rows take kernels/paged_decode.py
+    (the caller checks paged_decode_available()).
     """
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     qsl = meta.query_start_loc_list
     rows = [r for r in range(len(meta.seq_lens_list)) if not meta.is_padding[r]]
     single = [r for r in rows if qsl[r + 1] - qsl[r] == 1]
+    if single and native and q.dtype == k_cache.dtype == torch.float32 and len(single) == q.shape[0]:
+        # every query is its own decode row (no padding, no prefill): the batch's own tables, no gather
+        return paged_decode(q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, sliding_window)
     if single:
         starts = torch.tensor([qsl[r] for r in single], device=q.device)
-        out[starts] = _decode_rows(q, k_cache, v_cache, meta, single, scale, sliding_window).to(q.dtype)
+        if native and q.dtype == k_cache.dtype == torch.float32:
+            rows_t = torch.tensor(single, device=q.device)
+            o = paged_decode(q[starts].contiguous(), k_cache, v_cache, meta.block_tables[rows_t],
+                             meta.seq_lens[rows_t], scale, sliding_window)  # fmt: skip
+        else:
+            o = _decode_rows(q, k_cache, v_cache, meta, single, scale, sliding_window)
+        out[starts] = o.to(q.dtype)
     for r in rows:
         start, end = qsl[r], qsl[r + 1]
         if end - start == 1:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
 from recap.kernels.paged_attention import paged_attention, paged_attention_ref, write_kv
+from recap.kernels.paged_decode import paged_decode, paged_decode_available
 
 BLOCK = 4
 NUM_BLOCKS = 64
@@ -62,8 +63,12 @@ def _random_specs(rng: random.Random) -> list[SeqSpec]:
     return specs
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
 @pytest.mark.parametrize("seed", range(25))
-def test_fast_matches_reference(seed: int) -> None:
+def test_fast_matches_reference(seed: int, native: bool) -> None:
+    """The fast path (its decode rows through torch or, native, kernels/paged_decode.py) against the reference."""
+    if native and not paged_decode_available():
+        pytest.skip("the native kernel cannot be built here")
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     specs = _random_specs(rng)
     meta = _meta(specs)
@@ -80,7 +85,7 @@ def test_fast_matches_reference(seed: int) -> None:
     for c in (kc, vc):
         c.view(-1, HKV, DH)[~own] = torch.nan
     kr, vr = kc.clone(), vc.clone()
-    out = paged_attention(q, k, v, kc, vc, meta, 0.35)
+    out = paged_attention(q, k, v, kc, vc, meta, 0.35, native=native)
     ref = paged_attention_ref(q, k, v, kr, vr, meta, 0.35)
     assert out.isfinite().all()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -163,3 +168,48 @@ def test_low_precision(dtype: torch.dtype) -> None:
     out = paged_attention(q.to(dtype), k.to(dtype), v.to(dtype), kl, vl, meta, 0.3)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 6])
+@pytest.mark.parametrize("seed", range(8))
+def test_native_decode_rows_over_shuffled_blocks(seed: int, window: int | None) -> None:
+    """Decode-only batches (the native kernel reads the batch's tables directly) with and without a sliding
+    window, GQA, on shuffled blocks poisoned with NaN wherever no row may read: native vs the torch path."""
+    if not paged_decode_available():
+        pytest.skip("the native kernel cannot be built here")
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    free = list(range(1, NUM_BLOCKS))
+    rng.shuffle(free)
+    specs = []
+    for _ in range(rng.randint(1, 5)):
+        ctx = rng.randint(0, 30)
+        specs.append(SeqSpec(token_ids=[0], context_len=ctx, block_ids=[free.pop() for _ in range(ctx // BLOCK + 1)]))
+    meta = _meta(specs)
+    hq = HKV * rng.choice([1, 2, 4])
+    q, k, v = _qkv(gen, len(specs), hq)
+    kc, vc = _caches(gen)
+    own = torch.zeros(NUM_BLOCKS * BLOCK, dtype=torch.bool)
+    for s in specs:
+        for p in range(s.context_len + 1):
+            own[s.block_ids[p // BLOCK] * BLOCK + p % BLOCK] = True
+    for c in (kc, vc):
+        c.view(-1, HKV, DH)[~own] = torch.nan
+    kr, vr = kc.clone(), vc.clone()
+    out = paged_attention(q, k, v, kc, vc, meta, 0.4, window, native=True)
+    ref = paged_attention(q, k, v, kr, vr, meta, 0.4, window, native=False)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kc, kr, rtol=0, atol=0, equal_nan=True)
+
+
+def test_native_decode_refuses_a_table_outside_the_cache() -> None:
+    if not paged_decode_available():
+        pytest.skip("the native kernel cannot be built here")
+    gen = torch.Generator().manual_seed(0)
+    kc, vc = _caches(gen)
+    q = torch.randn(1, HKV, DH, generator=gen)
+    tables = torch.tensor([[3, NUM_BLOCKS]])  # the second block is past the pool
+    with pytest.raises(ValueError, match="outside the cache"):
+        paged_decode(q, kc, vc, tables, torch.tensor([BLOCK + 2]), 0.5)
+    out = paged_decode(q, kc, vc, tables, torch.tensor([BLOCK]), 0.5)  # only the first block is read
+    assert out.isfinite().all()

@@ -40,9 +40,10 @@ def test_decode_with_native_kernels_matches_torch_kernels(
     calls.clear()
     assert greedy_generate(eager, prompt, 12) == out
     assert not calls  # the eager model never does
-    hidden = torch.randn(1, eager.config.hidden_size)
+    hidden = torch.randn(1, eager.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    tol = 1e-5 if quantization is None else 2e-2  # int8: fbgemm may round an activation tie the other way
     with torch.inference_mode():
-        torch.testing.assert_close(fast.compute_logits(hidden), eager.compute_logits(hidden), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fast.compute_logits(hidden), eager.compute_logits(hidden), rtol=tol, atol=tol)
 
 
 def test_enforce_eager_and_the_torch_backend_keep_torch_kernels(tiny_checkpoint: Callable[[str], Path]) -> None:

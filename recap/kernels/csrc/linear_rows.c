@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -108,12 +109,44 @@
     }
 #endif
 
-/* The tile shapes: 1..8 weight rows x 1 input row; 1..4 weight rows x 2..4 input rows. */
+/* One input row: weight rows one after another with four accumulators along the row, so that the weight is
+ * read as one sequential stream (per thread). Measured against 8-row tiles (8 interleaved streams) on the
+ * AVX-512 EPYC, 1 thread, weights from memory: 20-25 vs 17.5-21 GB/s; two interleaved rows: 12-16 GB/s. */
+static void f32_row(const float *w, int64_t rows, int64_t k, const float *x, float *y, const float *b) {
+    for (int64_t o = 0; o < rows; o++) {
+        const float *r = w + o * k;
+#if defined(__AVX512F__)
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t kk = 0;
+        for (; kk + 64 <= k; kk += 64) {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + kk), _mm512_loadu_ps(x + kk), a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r + kk + 16), _mm512_loadu_ps(x + kk + 16), a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r + kk + 32), _mm512_loadu_ps(x + kk + 32), a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r + kk + 48), _mm512_loadu_ps(x + kk + 48), a3);
+        }
+        for (; kk + 16 <= k; kk += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r + kk), _mm512_loadu_ps(x + kk), a0);
+        if (kk < k) {
+            const __mmask16 m = (__mmask16)((1u << (k - kk)) - 1u);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r + kk), _mm512_maskz_loadu_ps(m, x + kk), a1);
+        }
+        const float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t kk = 0; kk < k; kk++) s += r[kk] * x[kk];
+#endif
+        y[o] = b ? s + b[o] : s;
+    }
+}
+
+/* The tile shapes: 1..4 weight rows x 1..4 input rows (both), and 5..8 weight rows x 1 input row (int8). */
 #define TILES(T)                                                                                               \
-    T(1, 1) T(2, 1) T(3, 1) T(4, 1) T(5, 1) T(6, 1) T(7, 1) T(8, 1) T(1, 2) T(2, 2) T(3, 2) T(4, 2) T(1, 3)   \
-        T(2, 3) T(3, 3) T(4, 3) T(1, 4) T(2, 4) T(3, 4) T(4, 4)
+    T(1, 1) T(2, 1) T(3, 1) T(4, 1) T(1, 2) T(2, 2) T(3, 2) T(4, 2) T(1, 3) T(2, 3) T(3, 3) T(4, 3) T(1, 4)   \
+        T(2, 4) T(3, 4) T(4, 4)
+#define WIDE_TILES(T) T(5, 1) T(6, 1) T(7, 1) T(8, 1)
 TILES(F32_TILE)
 TILES(I8_TILE)
+WIDE_TILES(I8_TILE)
 
 #define F32_CASE(NW, NX) \
     case (NW) * 16 + (NX): f32_tile_##NW##_##NX(w, k, x, y, ldy, b, pf); break;
@@ -131,17 +164,25 @@ static void f32_tile(const float *w, int64_t k, const float *x, float *y, int64_
 static void i8_tile(const int8_t *wt, int64_t kp, const uint8_t *xq, int32_t *sums, int nw, int nx) {
     switch (nw * 16 + nx) {
         TILES(I8_CASE)
+        WIDE_TILES(I8_CASE)
         default: abort();
     }
 }
 
-/* Weight rows per tile: 8 for one input row, 4 when several share the tile (16 accumulators at most). */
-static int tile_rows(int64_t n) { return n == 1 ? 8 : 4; }
-
-/* x [n, k], w [out, k], b [out] or NULL, y [n, out]; all contiguous. */
+/* x [n, k], w [out, k], b [out] or NULL, y [n, out]; all contiguous. One row: f32_row over each thread's
+ * contiguous share of the weight rows; several: tiles of 4 weight rows x up to 4 input rows. */
 void recap_linear_f32(const float *x, int64_t n, const float *w, int64_t out, int64_t k, const float *b, float *y,
                       int threads) {
-    const int wr = tile_rows(n);
+    if (n == 1) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            const int64_t lo = out * id / nt, hi = out * (id + 1) / nt;
+            f32_row(w + lo * k, hi - lo, k, x, y + lo, b ? b + lo : NULL);
+        }
+        return;
+    }
+    const int wr = 4;
     const int64_t tiles = (out + wr - 1) / wr;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t t = 0; t < tiles; t++) {

@@ -8,6 +8,7 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.paged_attention import paged_attention
+from recap.kernels.paged_decode import paged_decode_available
 from recap.model.config import AttentionConfig
 from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
@@ -37,6 +38,10 @@ class Attention(nn.Module):
         if cfg.head_gate:
             self.g_proj = Linear(d_in, cfg.num_heads, False, dtype)
         self.scale = cfg.softmax_scale
+        self.native = False  # fp32 decode rows through kernels/paged_decode.py; set_native
+
+    def set_native(self, on: bool) -> None:
+        self.native = on and paged_decode_available()
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -73,7 +78,7 @@ class Attention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window or None)  # (t, hq, dh)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window or None, self.native)
         if head_gate is not None:
             out = out * head_gate[..., None]
         out = self.o_proj(out.reshape(t, c.num_heads * c.head_dim))

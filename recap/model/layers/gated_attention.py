@@ -13,6 +13,7 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.paged_attention import paged_attention
+from recap.kernels.paged_decode import paged_decode_available
 from recap.model.config import AttentionConfig
 from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
@@ -40,6 +41,10 @@ class GatedAttention(nn.Module):
             self.k_norm = norm_cls(cfg.head_dim if per_head else kv_dim, eps, dtype)
         self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta) if cfg.rope_theta is not None else None
         self.scale = cfg.head_dim**-0.5
+        self.native = False  # fp32 decode rows through kernels/paged_decode.py; set_native
+
+    def set_native(self, on: bool) -> None:
+        self.native = on and paged_decode_available()
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -64,7 +69,8 @@ class GatedAttention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        out = paged_attention(q.contiguous(), k.contiguous(), v, k_cache, v_cache, batch.attn, self.scale)
+        out = paged_attention(q.contiguous(), k.contiguous(), v, k_cache, v_cache, batch.attn, self.scale, None,
+                              self.native)  # fmt: skip
         out = out.reshape(t, c.num_heads * c.head_dim)
         if gate is not None:
             out = out * torch.sigmoid(gate)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.mamba2_step import mamba2_step_available
+from recap.kernels.mamba2_step import Mamba2Step, mamba2_step_available
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.ssd import ssd_varlen
 from recap.kernels.ssd_decode import ssd_state_update
@@ -55,11 +55,22 @@ class Mamba2Mixer(nn.Module):
         self.register_buffer("in_proj_scale", None if scale is None else scale.to(dtype), persistent=False)
         # Plain decode steps take mamba2_decode when it covers this config (False: always the reference path).
         self.fast_decode = decode_supported(self)
-        self.native_step = False  # mamba2_decode runs the native kernel (kernels/mamba2_step.py); set_native
+        # The native kernel bound to this mixer's weights (kernels/mamba2_step.py), which mamba2_decode runs on
+        # plain fp32 decode steps; None: its torch ops. set_native.
+        self.native_step: Mamba2Step | None = None
 
     def set_native(self, on: bool) -> None:
-        """Plain fp32 decode steps through the native kernel of kernels/mamba2_step.py (where it builds)."""
-        self.native_step = on and self.fast_decode and self.dt_bias.dtype == torch.float32 and mamba2_step_available()
+        """Plain fp32 decode steps through the native kernel (where it builds); call again after reloading weights."""
+        c = self.cfg
+        if not (on and self.fast_decode and self.dt_bias.dtype == torch.float32 and mamba2_step_available()):
+            self.native_step = None
+            return
+        norm = None if c.gate_norm == "gate" else self.norm
+        self.native_step = Mamba2Step(
+            self.conv1d.weight, self.conv1d.bias, (c.num_heads, c.head_dim, c.n_groups, c.d_state), self.dt_bias,
+            self.A_log, self.D, c.time_step_limit, None if norm is None else norm.weight, c.gate_norm,
+            0 if norm is None else norm.group_size, c.norm_eps,
+        )  # fmt: skip
 
     def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.cfg.gate_norm == "gate":

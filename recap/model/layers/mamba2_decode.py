@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from recap.kernels.mamba2_step import mamba2_step
 from recap.kernels.metadata import ForwardBatch
 
 if TYPE_CHECKING:
@@ -72,14 +71,9 @@ def mamba2_decode(
     if mixer.in_proj_scale is not None:
         proj = proj * mixer.in_proj_scale
     slots = meta.state_indices
-    if mixer.native_step and proj.dtype == conv_state.dtype == torch.float32 and conv_state.is_contiguous():
-        norm = None if c.gate_norm == "gate" else mixer.norm
-        y = mamba2_step(
-            proj.contiguous(), slots, batch.positions, slot_positions, conv_state, mixer.conv1d.weight,
-            mixer.conv1d.bias, ssm_state, (h, p, g, n), mixer.dt_bias, mixer.A_log, mixer.D, c.time_step_limit,
-            None if norm is None else norm.weight, c.gate_norm, 0 if norm is None else norm.group_size, c.norm_eps,
-        )  # fmt: skip
-        out = mixer.out_proj(y)
+    native = mixer.native_step
+    if native is not None and proj.dtype == conv_state.dtype == torch.float32 and conv_state.is_contiguous():
+        out = mixer.out_proj(native(proj.contiguous(), slots, batch.positions, slot_positions, conv_state, ssm_state))
         return out if c.output_multiplier == 1.0 else out * c.output_multiplier
     z, xbc, dt = proj.split([c.d_inner, c.conv_dim, h], dim=-1)
 

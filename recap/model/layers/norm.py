@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, use_rms_norm_rows
 from recap.model.layers.linear import empty_param
 
 
@@ -33,8 +34,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = empty_param(dim, dtype=dtype)
+        self.native = False  # few fp32 rows (decode) through kernels/rms_norm.py; set_native
+
+    def set_native(self, on: bool) -> None:
+        self.native = on and rms_norm_available()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native and use_rms_norm_rows(x, self.weight):
+            return rms_norm_rows(x, self.weight, self.eps)
         y = rms_normalize(x, self.eps)
         return y.mul_(self.weight) if x.dtype == torch.float32 else self.weight * y.to(x.dtype)
 

@@ -1,0 +1,57 @@
+"""RMS norm of a few fp32 rows in one native call (csrc/rms_norm.c), for decode steps.
+
+torch ran RMSNorm's 7 small ops in ~13 us at one row (their dispatch, not their arithmetic); a decode step of a
+24-layer hybrid calls ~50 norms. Reference: `rms_norm_rows_ref` (the torch ops of layers/norm.py's RMSNorm).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from recap.kernels.native import NativeUnavailableError, load_library
+
+MAX_ROWS = 64  # decode steps (a batch of rows, or one row's heads for a q/k norm); prefill keeps torch's ops
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = load_library("rms_norm")
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.recap_rms_norm_f32.argtypes = [p, i64, i64, p, ctypes.c_float, p]
+    lib.recap_rms_norm_f32.restype = None
+    return lib
+
+
+@functools.cache
+def rms_norm_available() -> bool:
+    """Whether the kernel builds and loads here (about a second, once per machine)."""
+    try:
+        _lib()
+    except NativeUnavailableError:
+        return False  # linear_rows_available says why, once
+    return True
+
+
+def use_rms_norm_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Few contiguous fp32 rows and an fp32 weight of their width."""
+    return (
+        x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_contiguous()
+        and x.numel() <= MAX_ROWS * x.shape[-1] and weight.shape[0] == x.shape[-1]
+    )  # fmt: skip
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., d] fp32 contiguous (use_rms_norm_rows), weight [d] -> x / rms(x) * weight, a new tensor."""
+    y = torch.empty_like(x)
+    d = x.shape[-1]
+    _lib().recap_rms_norm_f32(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def rms_norm_rows_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The plain reference: RMSNorm's torch ops."""
+    ms = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(ms + eps) * weight
