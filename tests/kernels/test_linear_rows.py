@@ -15,6 +15,7 @@ from recap.kernels import linear_rows as lr
 from recap.kernels import native
 from recap.kernels.linear_rows import activation_grid
 from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, rms_norm_rows_ref, use_rms_norm_rows
+from recap.model.layers import linear as linear_mod
 from recap.model.layers.linear import Linear
 from recap.model.quant import int8_linear, int8_linear_ref, quantize_int8
 
@@ -115,7 +116,18 @@ def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
         tol = 1e-5 if backend == "onednn" else 2e-2
         torch.testing.assert_close(one, many, rtol=tol, atol=tol)
     layer.set_native(False)
-    assert layer._int8_rows is None
+    x = torch.randn(1, 24)
+    calls: list[int] = []
+    real = linear_mod.linear_rows_int8
+    linear_mod.linear_rows_int8 = lambda *a: calls.append(1) or real(*a)  # type: ignore[assignment]
+    try:
+        layer(x)
+        assert not calls  # off: fbgemm even for one row
+        layer.set_native(True)
+        layer(x)
+        assert calls
+    finally:
+        linear_mod.linear_rows_int8 = real  # type: ignore[assignment]
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 1), (1, 768), (3, 17), (8, 100), (64, 33), (5, 1024)])

@@ -66,19 +66,21 @@ class Linear(nn.Module):
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
         self._int8 = quantize_int8(self.weight, self.bias) if backend == "int8" else None
+        self._int8_rows = None  # packed again by set_native for the new weight
         use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
         self._packed = _pack(self.weight.detach()) if use else None
 
     def set_native(self, on: bool) -> None:
         """Send one-row inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
-        kernels/linear_rows.py; the caller checks `linear_rows_available()` first. Call again after
-        set_backend. Inputs of more rows, and bf16 weights, keep the backend."""
+        kernels/linear_rows.py; the caller checks `linear_rows_available()` first. Inputs of more rows, and
+        bf16 weights, keep the backend. The int8 weight's packed copy is made once and kept while it is off."""
         self._native = on
-        self._int8_rows = pack_int8(self._int8.qweight) if on and self._int8 is not None else None
+        if on and self._int8 is not None and self._int8_rows is None:
+            self._int8_rows = pack_int8(self._int8.qweight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._int8 is not None:
-            if self._int8_rows is not None and use_linear_rows(x):
+            if self._native and self._int8_rows is not None and use_linear_rows(x):
                 w = self._int8
                 y = linear_rows_int8(x, self._int8_rows, w.row_sums, w.scales, w.bias, w.reduce_range)
             else:

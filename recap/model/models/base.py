@@ -13,6 +13,7 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
+from recap.model.huge_pages import HUGE_PAGE_MIN_BYTES, move_to_huge_pages
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.gated_attention import GatedAttention
@@ -85,6 +86,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self._on_huge_pages = False  # set_native_decode moved the weights (model/huge_pages.py)
 
     # Where the parts live (a family's layout decides).
     def embedding(self) -> Embedding:
@@ -141,10 +143,27 @@ class CausalLM(nn.Module):
 
     def set_native_decode(self, on: bool) -> None:
         """Decode through recap's native kernels or not: every Linear's one-row inputs with fp32 or int8 weights
-        take kernels/linear_rows.py, Mamba2 mixers' plain decode steps kernels/mamba2_step.py (every module
-        with a `set_native` switch). Call after set_linear_backend."""
+        take kernels/linear_rows.py, Mamba2 mixers' plain decode steps kernels/mamba2_step.py, attention's decode
+        rows kernels/paged_decode.py (every module with a `set_native` switch). Call after set_linear_backend.
+        The first time it is switched on, the weights move to transparent huge pages (model/huge_pages.py)."""
         for m in self.modules():
             if hasattr(m, "set_native"):
                 m.set_native(on)
         if self.config.tie_word_embeddings:
             self.head().set_native(on)
+        if on and not self._on_huge_pages:
+            self._on_huge_pages = self._move_weights_to_huge_pages()
+
+    def _move_weights_to_huge_pages(self) -> bool:
+        """Every parameter of HUGE_PAGE_MIN_BYTES or more, and the int8 weights' packed copies, into one huge-page
+        mapping; False where there is nothing to move or the platform cannot."""
+        params = [p for p in self.parameters() if p.nbytes >= HUGE_PAGE_MIN_BYTES and p.is_contiguous()]
+        linears = [m for m in self.modules() if isinstance(m, Linear) and m._int8_rows is not None]
+        moved = move_to_huge_pages([p.data for p in params] + [m._int8_rows for m in linears])
+        if moved is None:
+            return False
+        for p, t in zip(params, moved):
+            p.data = t
+        for m, t in zip(linears, moved[len(params) :]):
+            m._int8_rows = t
+        return True
