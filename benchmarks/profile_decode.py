@@ -34,7 +34,8 @@ BLOCK, PROMPT = 16, 128
 def decoder(model, batch: int, steps: int):  # type: ignore[no-untyped-def]
     """A closure running one greedy decode step of `batch` rows per call (the prompts prefilled first)."""
     per_seq = (PROMPT + steps + 2) // BLOCK + 1
-    caches = ModelCaches.allocate(model.config, 1 + batch * per_seq, BLOCK, batch + 1, model.dtype)
+    caches = ModelCaches.allocate(model.config, 1 + batch * per_seq, BLOCK, batch + 1, model.dtype,
+                                  huge_pages=model.on_huge_pages)  # as the engine's runner does
     prompts = torch.randint(0, model.config.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
     tables = [list(range(1 + r * per_seq, 1 + (r + 1) * per_seq)) for r in range(batch)]
     specs = [SeqSpec(prompts[r].tolist(), 0, tables[r], state_slot=r + 1) for r in range(batch)]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from recap.model.config import ModelConfig
+from recap.model.huge_pages import huge_page_zeros
 
 UNWRITTEN = -1  # slot_positions value of a slot no kernel has written
 
@@ -77,29 +78,41 @@ class ModelCaches:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         num_window_blocks: int | None = None,
+        huge_pages: bool = False,
     ) -> ModelCaches:
         """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`).
 
-        num_window_blocks: the window group's pool (None: as many blocks as the KV pool)."""
+        num_window_blocks: the window group's pool (None: as many blocks as the KV pool).
+        huge_pages: the pools in one mapping on transparent huge pages (model/huge_pages.py; CPU only), where
+        the platform allows: decode steps stream the states and K/V they read."""
         if num_window_blocks is None:
             num_window_blocks = num_kv_blocks if config.window_layers else 0
-        kv: dict[int, KVCache] = {}
-        window: dict[int, KVCache] = {}
-        for layers, into, num_blocks in (
-            (config.full_attention_layers, kv, num_kv_blocks),
-            (config.window_layers, window, num_window_blocks),
-        ):
-            for i in layers:
-                into[i] = KVCache({
-                    name: torch.zeros((num_blocks, block_size, *shape), dtype=dtype, device=device)
-                    for name, shape in config.kv_specs(i)
-                })  # fmt: skip
-        state: dict[int, StateCache] = {}
-        for i in config.ssm_layers:
-            state[i] = StateCache({
-                spec.name: torch.zeros((num_state_slots, *spec.shape), dtype=spec.resolve_dtype(dtype), device=device)
-                for spec in config.state_specs(i)
-            })  # fmt: skip
+        kv_specs = [
+            (into, i, name, (num_blocks, block_size, *shape), dtype)
+            for layers, into, num_blocks in (
+                (config.full_attention_layers, "kv", num_kv_blocks),
+                (config.window_layers, "window", num_window_blocks),
+            )
+            for i in layers
+            for name, shape in config.kv_specs(i)
+        ]  # fmt: skip
+        state_specs = [
+            ("state", i, spec.name, (num_state_slots, *spec.shape), spec.resolve_dtype(dtype))
+            for i in config.ssm_layers
+            for spec in config.state_specs(i)
+        ]
+        specs = kv_specs + state_specs
+        tensors = None
+        if huge_pages and torch.device(device).type == "cpu":
+            tensors = huge_page_zeros([(shape, dt) for _, _, _, shape, dt in specs])
+        if tensors is None:
+            tensors = [torch.zeros(shape, dtype=dt, device=device) for _, _, _, shape, dt in specs]
+        groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {"kv": {}, "window": {}, "state": {}}
+        for (group, i, name, _, _), t in zip(specs, tensors):
+            groups[group].setdefault(i, {})[name] = t
+        kv = {i: KVCache(ts) for i, ts in groups["kv"].items()}
+        window = {i: KVCache(ts) for i, ts in groups["window"].items()}
+        state = {i: StateCache(ts) for i, ts in groups["state"].items()}
         slots = max(num_state_slots, 0)
         return cls(
             kv=kv,

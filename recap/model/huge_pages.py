@@ -14,6 +14,7 @@ the tensors stay where they are.
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Sequence
 
@@ -37,23 +38,29 @@ def _arena(nbytes: int) -> torch.Tensor:
     return buf[start : start + nbytes]
 
 
-def move_to_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Copies of `tensors` (contiguous, same shapes and dtypes) in one huge-page mapping, or None where the
-    platform cannot advise it. The caller points its modules at the copies (`param.data = copy`)."""
-    if not huge_pages_supported() or not tensors:
+def huge_page_zeros(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
+    """Zero-filled tensors of these (shape, dtype)s in one huge-page mapping (the kernel zero-fills it as pages
+    are first touched), or None where the platform cannot advise it."""
+    if not huge_pages_supported() or not specs:
         return None
+    sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs]
     offsets, total = [], 0
-    for t in tensors:
+    for n in sizes:
         offsets.append(total)
-        total += -(-t.nbytes // ALIGN) * ALIGN
+        total += -(-max(n, 1) // ALIGN) * ALIGN
     try:
         arena = _arena(total)
     except (OSError, ValueError):
         return None
-    out = []
-    for t, off in zip(tensors, offsets):
-        dst = arena[off : off + t.nbytes].view(t.dtype).view(t.shape)
-        dst.copy_(t)
-        out.append(dst)
+    return [arena[o : o + n].view(dtype).view(shape) for (shape, dtype), o, n in zip(specs, offsets, sizes)]
+
+
+def move_to_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Copies of `tensors` (contiguous, same shapes and dtypes) in one huge-page mapping, or None where the
+    platform cannot advise it. The caller points its modules at the copies (`param.data = copy`)."""
+    out = huge_page_zeros([(tuple(t.shape), t.dtype) for t in tensors])
+    if out is not None:
+        for t, dst in zip(tensors, out):
+            dst.copy_(t)
     return out
 

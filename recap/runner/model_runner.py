@@ -61,6 +61,7 @@ class ModelRunner:
             num_state_slots=self.pools.num_state_slots,
             dtype=dtype,
             num_window_blocks=self.pools.num_window_blocks,
+            huge_pages=self.model.on_huge_pages,  # native decode streams them as it streams the weights
         )
         self.has_kv = self.kv_bytes_per_token > 0
         self.has_window = self.window_bytes_per_token > 0

@@ -154,6 +154,11 @@ class CausalLM(nn.Module):
         if on and not self._on_huge_pages:
             self._on_huge_pages = self._move_weights_to_huge_pages()
 
+    @property
+    def on_huge_pages(self) -> bool:
+        """Whether set_native_decode moved the weights to huge pages (the caches then follow: ModelCaches)."""
+        return self._on_huge_pages
+
     def _move_weights_to_huge_pages(self) -> bool:
         """Every parameter of HUGE_PAGE_MIN_BYTES or more, and the int8 weights' packed copies, into one huge-page
         mapping; False where there is nothing to move or the platform cannot."""
