@@ -81,7 +81,7 @@ class Mamba2Step:
             raise ValueError(f"Mamba2Step: unknown gate {gate_norm!r}; one of {tuple(GATE_MODES)}")
         if gate_norm != "gate" and (norm_weight is None or group_size <= 0 or self.d_inner % group_size):
             raise ValueError("Mamba2Step: a normed gate needs its weight and groups that divide H * P")
-        self._keep = params  # the addresses below stay valid while these live
+        self._keep = [t.detach() for t in params]  # their storage: the addresses below stay valid
         self._static = (
             conv_weight.data_ptr(), _ptr(conv_bias), conv_weight.shape[-1], h, p, g, n, dt_bias.data_ptr(),
             a_log.data_ptr(), d.data_ptr(), time_step_limit[0], time_step_limit[1], _ptr(norm_weight),

@@ -13,7 +13,7 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
-from recap.model.huge_pages import HUGE_PAGE_MIN_BYTES, move_to_huge_pages
+from recap.model.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.gated_attention import GatedAttention
@@ -146,13 +146,17 @@ class CausalLM(nn.Module):
         take kernels/linear_rows.py, Mamba2 mixers' plain decode steps kernels/mamba2_step.py, attention's decode
         rows kernels/paged_decode.py (every module with a `set_native` switch). Call after set_linear_backend.
         The first time it is switched on, the weights move to transparent huge pages (model/huge_pages.py)."""
+        self._switch_native(on)
+        if on and not self._on_huge_pages:
+            self._on_huge_pages = self._move_weights_to_huge_pages()
+            self._switch_native(on)  # bind the kernels to the moved weights
+
+    def _switch_native(self, on: bool) -> None:
         for m in self.modules():
             if hasattr(m, "set_native"):
                 m.set_native(on)
         if self.config.tie_word_embeddings:
             self.head().set_native(on)
-        if on and not self._on_huge_pages:
-            self._on_huge_pages = self._move_weights_to_huge_pages()
 
     @property
     def on_huge_pages(self) -> bool:
@@ -164,11 +168,15 @@ class CausalLM(nn.Module):
         mapping; False where there is nothing to move or the platform cannot."""
         params = [p for p in self.parameters() if p.nbytes >= HUGE_PAGE_MIN_BYTES and p.is_contiguous()]
         linears = [m for m in self.modules() if isinstance(m, Linear) and m._int8_rows is not None]
-        moved = move_to_huge_pages([p.data for p in params] + [m._int8_rows for m in linears])
-        if moved is None:
+        olds = [p.data for p in params] + [m._int8_rows for m in linears]
+        news = huge_page_zeros([(tuple(t.shape), t.dtype) for t in olds])
+        del olds
+        if news is None:
             return False
-        for p, t in zip(params, moved):
-            p.data = t
-        for m, t in zip(linears, moved[len(params) :]):
-            m._int8_rows = t
+        # one tensor at a time, each old copy freed as its new one is in place: the peak is the model plus
+        # its largest tensor, not twice the model
+        for p, t in zip(params, news):
+            p.data = t.copy_(p.data)
+        for m, t in zip(linears, news[len(params) :]):
+            m._int8_rows = t.copy_(m._int8_rows)  # type: ignore[arg-type]
         return True
