@@ -35,12 +35,16 @@ def _arena(nbytes: int) -> torch.Tensor:
     mm.madvise(mmap.MADV_HUGEPAGE)
     buf = torch.frombuffer(mm, dtype=torch.uint8)  # holds a reference to the mapping
     start = -buf.data_ptr() % HUGE_PAGE
-    return buf[start : start + nbytes]
+    arena = buf[start : start + nbytes]
+    # Fault every page in now (the kernel zero-fills it): left lazy, a pool's slots paid their page faults on
+    # first use, inside a request (a short prefill writing fresh checkpoint slots ran ~25% slower).
+    arena[:: 4096].zero_()
+    return arena
 
 
 def huge_page_zeros(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
-    """Zero-filled tensors of these (shape, dtype)s in one huge-page mapping (the kernel zero-fills it as pages
-    are first touched), or None where the platform cannot advise it."""
+    """Zero-filled tensors of these (shape, dtype)s in one huge-page mapping (every page faulted in and
+    zero-filled by the kernel), or None where the platform cannot advise it."""
     if not huge_pages_supported() or not specs:
         return None
     sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs]
