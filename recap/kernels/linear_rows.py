@@ -116,3 +116,40 @@ def linear_rows_int8(x: torch.Tensor, packed: torch.Tensor, row_sums: torch.Tens
     if rc != 0:
         raise MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer")
     return y
+
+
+class RowKernel:
+    """One linear layer's weight bound to its native kernel, the addresses and sizes taken once (a decode step
+    calls ~50-130 linears; the per-call argument handling of linear_rows_f32 / _int8 cost a few us each).
+    Call it with one contiguous fp32 row x [1, in] -> [1, out]. Build it again when the weight moves."""
+
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None) -> None:
+        """fp32: weight [out, in] contiguous; int8: weight None and int8 = (packed, row_sums, scales,
+        reduce_range) as linear_rows_int8 takes them."""
+        lib = _lib()
+        if int8 is None:
+            assert weight is not None and weight.dtype == torch.float32 and weight.is_contiguous()
+            self.out, self.k = weight.shape
+            self._keep: list[torch.Tensor] = [weight.detach()] + ([] if bias is None else [bias.detach()])
+            self._fn = lib.recap_linear_f32
+            self._pre = (weight.data_ptr(), self.out, self.k, _ptr(bias))
+            self._post: tuple = ()
+        else:
+            packed, row_sums, scales, reduce_range = int8
+            self.out, self.k = row_sums.shape[0], packed.shape[1] * CHUNK
+            self._keep = [packed, row_sums, scales] + ([] if bias is None else [bias.detach()])
+            self._fn = lib.recap_linear_i8
+            self._int8 = (packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr())
+            self._post = activation_grid(reduce_range)
+            self._bias = _ptr(bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(1, self.out)
+        if self._post:
+            k = x.shape[1]
+            self._fn(x.data_ptr(), 1, *self._int8, self.out, k, self._bias, y.data_ptr(), *self._post,
+                     torch.get_num_threads())  # fmt: skip
+        else:
+            self._fn(x.data_ptr(), 1, *self._pre, y.data_ptr(), torch.get_num_threads())
+        return y

@@ -15,7 +15,6 @@ from recap.kernels import linear_rows as lr
 from recap.kernels import native
 from recap.kernels.linear_rows import activation_grid
 from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, rms_norm_rows_ref, use_rms_norm_rows
-from recap.model.layers import linear as linear_mod
 from recap.model.layers.linear import Linear
 from recap.model.quant import int8_linear, int8_linear_ref, quantize_int8
 
@@ -116,18 +115,15 @@ def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
         tol = 1e-5 if backend == "onednn" else 2e-2
         torch.testing.assert_close(one, many, rtol=tol, atol=tol)
     layer.set_native(False)
+    assert layer._rows is None and layer._int8_rows is not None  # the packed copy is kept while off
+    layer.set_native(True)
+    assert layer._rows is not None
     x = torch.randn(1, 24)
-    calls: list[int] = []
-    real = linear_mod.linear_rows_int8
-    linear_mod.linear_rows_int8 = lambda *a: calls.append(1) or real(*a)  # type: ignore[assignment]
-    try:
-        layer(x)
-        assert not calls  # off: fbgemm even for one row
-        layer.set_native(True)
-        layer(x)
-        assert calls
-    finally:
-        linear_mod.linear_rows_int8 = real  # type: ignore[assignment]
+    torch.testing.assert_close(layer._rows(x), lr.linear_rows_int8(
+        x, layer._int8_rows, layer._int8.row_sums, layer._int8.scales, layer.bias, layer._int8.reduce_range))
+    layer.set_backend("onednn")  # the bound kernel follows the backend: fp32 again
+    torch.testing.assert_close(layer(x), x @ layer.weight.T + layer.bias, rtol=1e-5, atol=1e-5)
+    assert layer._rows is not None and not layer._rows._post
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 1), (1, 768), (3, 17), (8, 100), (64, 33), (5, 1024)])

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recap.kernels.linear_rows import linear_rows_available
-from recap.model.layers import linear as linear_mod
+from recap.kernels.linear_rows import RowKernel, linear_rows_available
 from recap.model.layers.linear import Linear
 from recap.model.loader import load_model
 from recap.model.testing import greedy_generate
@@ -26,14 +25,16 @@ def test_decode_with_native_kernels_matches_torch_kernels(
     eager = load_model(path, quantization=quantization, native_decode=False).model
     fast = load_model(path, quantization=quantization).model
     calls: list[int] = []
-    kernel = "linear_rows_int8" if quantization else "linear_rows_f32"
-    real = getattr(linear_mod, kernel)
+    real = RowKernel.__call__
 
-    def counted(x: torch.Tensor, *args: object) -> torch.Tensor:
+    def counted(self: RowKernel, x: torch.Tensor) -> torch.Tensor:
         calls.append(x.shape[0])
-        return real(x, *args)
+        return real(self, x)
 
-    monkeypatch.setattr(linear_mod, kernel, counted)
+    monkeypatch.setattr(RowKernel, "__call__", counted)
+    assert all((m._rows is not None) for m in fast.modules() if isinstance(m, Linear))
+    assert all(m._rows is None for m in eager.modules() if isinstance(m, Linear))
+    assert quantization is None or all(m._rows._post for m in fast.modules() if isinstance(m, Linear))
     prompt = torch.randint(0, eager.config.vocab_size, (21,), generator=torch.Generator().manual_seed(3)).tolist()
     out = greedy_generate(fast, prompt, 12)
     assert calls and set(calls) == {1}  # the decode steps' linears took the native path

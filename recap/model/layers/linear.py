@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import linear_rows_f32, linear_rows_int8, pack_int8, use_linear_rows
+from recap.kernels.linear_rows import RowKernel, pack_int8
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -54,6 +54,7 @@ class Linear(nn.Module):
         self._packed: torch.Tensor | None = None  # oneDNN copy of the weight when that backend is on
         self._int8: Int8Weight | None = None  # int8 copy of the weight when that backend is on
         self._native = False  # one-row inputs take recap's native kernels (kernels/linear_rows.py)
+        self._rows: RowKernel | None = None  # that kernel, bound to this weight (set_native)
         self._int8_rows: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
 
     @property
@@ -69,25 +70,30 @@ class Linear(nn.Module):
         self._int8_rows = None  # packed again by set_native for the new weight
         use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
         self._packed = _pack(self.weight.detach()) if use else None
+        self.set_native(self._native)  # the native kernel follows the new weight format
 
     def set_native(self, on: bool) -> None:
-        """Send one-row inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
+        """Send one-row fp32 inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
         kernels/linear_rows.py; the caller checks `linear_rows_available()` first. Inputs of more rows, and
-        bf16 weights, keep the backend. The int8 weight's packed copy is made once and kept while it is off."""
+        bf16 weights, keep the backend. Call again when the weight moves (it binds the kernel to its address);
+        the int8 weight's packed copy is made once and kept while it is off."""
         self._native = on
         if on and self._int8 is not None and self._int8_rows is None:
             self._int8_rows = pack_int8(self._int8.qweight)
+        self._rows = None
+        if on and self._int8 is not None and self._int8_rows is not None:
+            w = self._int8
+            self._rows = RowKernel(None, w.bias, (self._int8_rows, w.row_sums, w.scales, w.reduce_range))
+        elif on and self.weight.dtype == torch.float32 and self.weight.is_contiguous():
+            self._rows = RowKernel(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self._rows
+        if rows is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous():
+            return rows(x)  # the native kernel (batch-1 decode)
         if self._int8 is not None:
-            if self._native and self._int8_rows is not None and use_linear_rows(x):
-                w = self._int8
-                y = linear_rows_int8(x, self._int8_rows, w.row_sums, w.scales, w.bias, w.reduce_range)
-            else:
-                y = int8_linear(x, self._int8)
+            y = int8_linear(x, self._int8)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
-        if self._native and use_linear_rows(x) and x.dtype == self.weight.dtype == torch.float32:
-            return linear_rows_f32(x, self.weight, self.bias)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -103,5 +109,6 @@ def tied_linear(weight: nn.Parameter) -> Linear:
     head._packed = None
     head._int8 = None
     head._native = False
+    head._rows = None
     head._int8_rows = None
     return head
