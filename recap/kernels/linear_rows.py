@@ -20,7 +20,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from recap.kernels.native import NativeUnavailableError, load_library
+from recap.kernels.native import NativeUnavailableError, load_library, raw_function
 
 # One row only: at 8 rows oneDNN (fp32) and fbgemm (int8, 1 thread) were as fast or faster (docs/performance.md).
 MAX_ROWS = 1
@@ -153,3 +153,16 @@ class RowKernel:
         else:
             self._fn(x.data_ptr(), 1, *self._pre, y.data_ptr(), torch.get_num_threads())
         return y
+
+    def graph_call(self, x: ctypes.c_void_p, y: ctypes.c_void_p, in_features: int,
+                   threads: ctypes.c_int) -> tuple[ctypes._CFuncPtr, tuple, str | None]:
+        """The call of this kernel on one row at address x [1, in_features] into y [1, out], as a decode graph
+        replays it: (function, arguments, what a nonzero return means or None)."""
+        lib = _lib()
+        if self._post:
+            qscale, zp, qmax = self._post
+            args = (x, _I64(1), *(_P(a) for a in self._int8), _I64(self.out), _I64(in_features), _P(self._bias), y,
+                    _F32(qscale), _INT(zp), _INT(qmax), threads)  # fmt: skip
+            return raw_function(lib, "recap_linear_i8", _INT), args, "linear_rows_int8: no memory for its scratch"
+        w, out, k, b = self._pre
+        return raw_function(lib, "recap_linear_f32"), (x, _I64(1), _P(w), _I64(out), _I64(k), _P(b), y, threads), None

@@ -7,12 +7,16 @@ the final norm and the head live.
 
 from __future__ import annotations
 
+import logging
+import weakref
+
 import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
+from recap.model.decode_graph import DecodeGraph, capture
 from recap.model.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
@@ -27,6 +31,8 @@ from recap.model.layers.mlp import MLP
 from recap.model.layers.moe import SparseMoE
 from recap.model.layers.norm import RMSNorm
 from recap.model.layers.short_conv import ShortConv
+
+logger = logging.getLogger(__name__)
 
 
 def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
@@ -87,6 +93,10 @@ class CausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self._on_huge_pages = False  # set_native_decode moved the weights (model/huge_pages.py)
+        self._native_decode = False
+        # The decode graph (model/decode_graph.py) captured for one cache set, or None where it could not be:
+        # (weak reference to those caches, graph). Dropped whenever the kernels are bound anew.
+        self._graph: tuple[weakref.ref[ModelCaches], DecodeGraph | None] | None = None
 
     # Where the parts live (a family's layout decides).
     def embedding(self) -> Embedding:
@@ -116,10 +126,21 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """Run every layer over the packed tokens; updates KV/state caches as the metadata says."""
+        if self._native_decode and batch.num_tokens == 1:
+            graph = self._decode_graph(caches)
+            if graph is not None and graph.takes(batch, caches):
+                return graph.run(batch)
         h = self.embed(batch.input_ids)
         for i, block in enumerate(self.blocks()):
             h = block(h, batch, caches, i)
         return self.final_norm()(h)
+
+    def _decode_graph(self, caches: ModelCaches) -> DecodeGraph | None:
+        """The decode graph over `caches`, captured at its first batch-1 step (None: the model has a part the
+        graph does not capture, logged once per cache set)."""
+        if self._graph is None or self._graph[0]() is not caches:
+            self._graph = (weakref.ref(caches), capture(self, caches, logger.info))
+        return self._graph[1]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.embedding()(ids)
@@ -140,12 +161,14 @@ class CausalLM(nn.Module):
                 m.set_backend(backend)
         if self.config.tie_word_embeddings:
             self.head().set_backend(backend)
+        self._graph = None  # it holds the old kernels' addresses
 
     def set_native_decode(self, on: bool) -> None:
         """Decode through recap's native kernels or not: every Linear's one-row inputs with fp32 or int8 weights
         take kernels/linear_rows.py, Mamba2 mixers' plain decode steps kernels/mamba2_step.py, attention's decode
         rows kernels/paged_decode.py (every module with a `set_native` switch). Call after set_linear_backend.
         The first time it is switched on, the weights move to transparent huge pages (model/huge_pages.py)."""
+        self._native_decode, self._graph = on, None
         self._switch_native(on)
         if on and not self._on_huge_pages:
             self._on_huge_pages = self._move_weights_to_huge_pages()

@@ -1,0 +1,83 @@
+"""The small one-row operations of a captured decode step (csrc/decode_ops.c): embedding row, residual add,
+silu(gate) * up, and RoPE with the K/V write. model/decode_graph.py replays them by address; the wrappers
+here call them on tensors, for tests against their torch references (F.embedding, +, F.silu(g) * u,
+RotaryEmbedding.apply with paged_attention.write_kv)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from recap.kernels.native import NativeUnavailableError, load_library
+
+
+@functools.cache
+def decode_ops_library() -> ctypes.CDLL:
+    """The library (raises NativeUnavailableError); model/decode_graph.py takes raw handles of its functions."""
+    return load_library("decode_ops")
+
+
+@functools.cache
+def decode_ops_available() -> bool:
+    try:
+        decode_ops_library()
+    except NativeUnavailableError:
+        return False  # linear_rows_available says why, once
+    return True
+
+
+def _p(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _i64(v: int) -> ctypes.c_int64:
+    return ctypes.c_int64(v)
+
+
+def embed_row(weight: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """weight [V, D] fp32, token [1] int64 -> [D]; ValueError for an id outside the vocabulary."""
+    out = torch.empty(weight.shape[1])
+    if decode_ops_library().recap_embed_row(_p(weight), _i64(weight.shape[0]), _i64(weight.shape[1]), _p(token),
+                                            _p(out)):  # fmt: skip
+        raise ValueError(f"token id {int(token[0])} outside the vocabulary of {weight.shape[0]}")
+    return out
+
+
+def add_(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """h += x for contiguous fp32 tensors of one size; returns h."""
+    decode_ops_library().recap_add_f32(_p(h), _p(x), _i64(h.numel()))
+    return h
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for contiguous fp32 tensors of one size."""
+    out = torch.empty_like(gate)
+    decode_ops_library().recap_silu_mul_f32(_p(gate), _p(up), _p(out), _i64(gate.numel()))
+    return out
+
+
+def rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    position: torch.Tensor,
+    inv_freq: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot: torch.Tensor,
+) -> None:
+    """q [Hq, Dh] and k [Hkv, Dh] rotated in place (inv_freq [rot/2], None: no RoPE), then k and v written at
+    cache slot `slot` [1] of k_cache / v_cache [NB, block_size, Hkv, Dh]; ValueError for a slot outside."""
+    hq, dh = q.shape
+    hkv = k.shape[0]
+    slots = k_cache.shape[0] * k_cache.shape[1]
+    rot = 0 if inv_freq is None else 2 * inv_freq.numel()
+    rc = decode_ops_library().recap_rope_write_kv(
+        _p(q), _p(k), _p(v), _i64(hq), _i64(hkv), _i64(dh), _p(position), None if inv_freq is None else _p(inv_freq),
+        _i64(rot), _p(k_cache), _p(v_cache), _i64(slots), _p(slot),
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"rope_write_kv: slot {int(slot[0])} outside the cache's {slots} slots"
+                         if rc == -1 else f"rope_write_kv: rotary dim {rot} above 1024")  # fmt: skip

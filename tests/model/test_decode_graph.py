@@ -1,0 +1,173 @@
+"""The captured batch-1 decode step (model/decode_graph.py) against the module path it replays, and its ops
+(kernels/decode_ops.py) against their torch references."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recap.kernels import decode_ops
+from recap.kernels.linear_rows import linear_rows_available
+from recap.kernels.metadata import SeqSpec
+from recap.kernels.paged_attention import write_kv
+from recap.model.cache import ModelCaches
+from recap.model.decode_graph import DecodeGraph
+from recap.model.layers.rotary import RotaryEmbedding
+from recap.model.loader import load_model
+from recap.model.models.base import CausalLM
+from recap.model.testing import forward_step
+
+pytestmark = pytest.mark.skipif(
+    not (linear_rows_available() and decode_ops.decode_ops_available()), reason="no C compiler for native kernels"
+)
+
+BLOCK = 16
+
+
+def _caches(model: CausalLM, tokens: int) -> tuple[ModelCaches, list[int]]:
+    blocks = list(range(1, 2 + tokens // BLOCK))
+    n = len(blocks) + 1
+    caches = ModelCaches.allocate(model.config, n, BLOCK, 3, model.dtype, num_window_blocks=n)
+    return caches, blocks
+
+
+def _decode_both(model: CausalLM, prompt: list[int], steps: int) -> tuple[list, list, ModelCaches, ModelCaches]:
+    """The same greedy decode run twice on fresh caches: through the graph, and with it off (the module path
+    with the same native kernels). Returns the per-step hidden states of both and both caches."""
+    runs = []
+    for graph_on in (True, False):
+        caches, blocks = _caches(model, len(prompt) + steps)
+        hidden, batch = forward_step(model, caches, [SeqSpec(prompt, 0, blocks, state_slot=2)])
+        nxt, pos, outs = int(model.compute_logits(hidden[-1:]).argmax()), len(prompt), []
+        model._native_decode = graph_on
+        try:
+            for _ in range(steps):
+                h, _ = forward_step(model, caches, [SeqSpec([nxt], pos, blocks, state_slot=2)])
+                outs.append(h)
+                nxt, pos = int(model.compute_logits(h).argmax()), pos + 1
+        finally:
+            model._native_decode = True
+        runs.append((outs, caches))
+    return runs[0][0], runs[1][0], runs[0][1], runs[1][1]
+
+
+@pytest.mark.parametrize(
+    ("arch", "quantization", "exact"),
+    [("mamba2", None, True), ("mamba2", "int8", True), ("bamba", None, False), ("bamba", "int8", False)],
+)
+def test_graph_replays_the_module_path(
+    arch: str, quantization: str | None, exact: bool, tiny_checkpoint: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Every step's hidden state and every cache after the run equal the module path's: bit for bit where the
+    graph runs the same kernels (Mamba2), to fp32 rounding where it has its own silu and RoPE (Bamba)."""
+    model = load_model(tiny_checkpoint(arch), quantization=quantization).model
+    replays: list[int] = []
+    real = DecodeGraph.run
+    monkeypatch.setattr(DecodeGraph, "run", lambda self, batch: (replays.append(1), real(self, batch))[1])
+    seed = torch.randint(0, 2**31, ()).item()
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (int(torch.randint(17, 40, (), generator=g)),), generator=g)
+    steps = 19  # with the prompt, crosses block boundaries of the K/V pages
+    graph_h, module_h, graph_c, module_c = _decode_both(model, prompt.tolist(), steps)
+    assert len(replays) == steps, f"the graph replayed {len(replays)} of {steps} steps (seed {seed})"
+    tol = {"rtol": 0.0, "atol": 0.0} if exact else {"rtol": 1e-5, "atol": 1e-5}
+    for a, b in zip(graph_h, module_h):
+        torch.testing.assert_close(a, b, **tol)
+    for layer, st in module_c.state.items():
+        for name, t in st.tensors.items():
+            torch.testing.assert_close(graph_c.state[layer][name], t, **tol)
+    for layer, kv in module_c.kv.items():
+        for name, t in kv.tensors.items():
+            torch.testing.assert_close(graph_c.kv[layer].tensors[name], t, **tol)
+    torch.testing.assert_close(graph_c.slot_positions, module_c.slot_positions, rtol=0, atol=0)
+
+
+def test_a_model_with_parts_it_does_not_capture_keeps_the_module_path(
+    tiny_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nemotron-H's relu2 MLP is not captured: the model logs why once and decodes through its modules."""
+    model = load_model(tiny_checkpoint("nemotron_h")).model
+    caches, blocks = _caches(model, 40)
+    with caplog.at_level(logging.INFO, logger="recap.model.models.base"):
+        forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)])
+        for pos in range(20, 23):
+            forward_step(model, caches, [SeqSpec([7], pos, blocks, state_slot=1)])
+    assert model._graph is not None and model._graph[1] is None
+    assert sum("decode graph not captured" in r.message for r in caplog.records) == 1
+
+
+def test_the_graph_is_dropped_when_kernels_are_bound_anew(tiny_checkpoint: Callable[[str], Path]) -> None:
+    model = load_model(tiny_checkpoint("mamba2")).model
+    caches, blocks = _caches(model, 40)
+    forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)])
+    forward_step(model, caches, [SeqSpec([7], 20, blocks, state_slot=1)])
+    assert model._graph is not None and isinstance(model._graph[1], DecodeGraph)
+    model.set_linear_backend("int8")
+    assert model._graph is None
+    model.set_native_decode(True)
+    forward_step(model, caches, [SeqSpec([7], 21, blocks, state_slot=1)])
+    assert model._graph is not None and isinstance(model._graph[1], DecodeGraph)
+    model.set_native_decode(False)
+    forward_step(model, caches, [SeqSpec([7], 22, blocks, state_slot=1)])
+    assert model._graph is None
+    other, _ = _caches(model, 40)  # a new cache set: captured anew
+    model.set_native_decode(True)
+    forward_step(model, caches, [SeqSpec([7], 23, blocks, state_slot=1)])
+    first = model._graph
+    forward_step(model, other, [SeqSpec([7], 0, blocks, state_slot=1)])
+    assert model._graph is not first
+
+
+def test_bad_inputs_are_errors_not_reads_out_of_bounds(tiny_checkpoint: Callable[[str], Path]) -> None:
+    model = load_model(tiny_checkpoint("bamba")).model
+    caches, blocks = _caches(model, 40)
+    forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        forward_step(model, caches, [SeqSpec([model.config.vocab_size], 20, blocks, state_slot=1)])
+    bad = [blocks[0], 10_000] + blocks[2:]  # the block the step reads is not in the cache
+    with pytest.raises(ValueError, match="outside the cache"):
+        forward_step(model, caches, [SeqSpec([7], 20, bad, state_slot=1)])
+
+
+@pytest.mark.parametrize(("rot", "dh", "angles"), [(8, 8, None), (6, 10, None), (16, 24, 3), (0, 12, None)])
+def test_rope_write_kv_matches_rotary_and_write_kv(rot: int, dh: int, angles: int | None) -> None:
+    g = torch.Generator().manual_seed(rot * 100 + dh)
+    hq, hkv, nb, bs = 6, 2, 5, 4
+    q, k, v = (torch.randn(h, dh, generator=g) for h in (hq, hkv, hkv))
+    pos = torch.tensor([13])
+    caches = [torch.zeros(nb, bs, hkv, dh) for _ in range(4)]
+    slot = torch.tensor([3 * bs + 1])
+    q_ref, k_ref = q.clone(), k.clone()
+    inv = None
+    if rot:
+        rope = RotaryEmbedding(rot, 10000.0, angles)
+        cos, sin = rope.cos_sin(pos, torch.float32)
+        q_ref, k_ref = rope.apply(q[None], cos, sin)[0], rope.apply(k[None], cos, sin)[0]
+        inv = rope.inv_freq
+    write_kv(k_ref[None], v[None], caches[2], caches[3], slot)
+    decode_ops.rope_write_kv(q, k, v, pos, inv, caches[0], caches[1], slot)
+    torch.testing.assert_close(q, q_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[0], caches[2], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[1], caches[3], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="outside"):
+        decode_ops.rope_write_kv(q, k, v, pos, inv, caches[0], caches[1], torch.tensor([nb * bs]))
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 1023])
+def test_small_ops_match_torch(n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    gate, up = torch.randn(n, generator=g) * 4, torch.randn(n, generator=g)
+    torch.testing.assert_close(decode_ops.silu_mul(gate, up), F.silu(gate) * up, rtol=2e-6, atol=1e-7)
+    h = torch.randn(n, generator=g)
+    torch.testing.assert_close(decode_ops.add_(h.clone(), up), h + up, rtol=0, atol=0)
+    weight = torch.randn(11, n, generator=g)
+    assert torch.equal(decode_ops.embed_row(weight, torch.tensor([7])), weight[7])
+    for bad in (-1, 11):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            decode_ops.embed_row(weight, torch.tensor([bad]))
