@@ -101,6 +101,53 @@ def test_a_failed_build_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
         native.load_library.__wrapped__("broken")
 
 
+@pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: int) -> None:
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)  # fresh inputs every run
+    w = torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if (out_f + rows) % 2 else None
+    x = torch.randn(rows, in_f, generator=g)
+    panels = lr.pack_panels(w)
+    assert panels.shape == (-(-out_f // lr.PANEL), in_f, lr.PANEL)
+    y = lr.linear_panels_f32(x, panels, b, out_f)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert y.shape == (rows, out_f) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-6 * in_f**0.5)
+    with pytest.raises(ValueError, match="do not fit"):
+        lr.linear_panels_f32(torch.randn(9, in_f), panels, b, out_f)
+
+
+def test_linear_layer_routes_few_rows_to_the_panels() -> None:
+    layer = Linear(40, 70, bias=True, dtype=torch.float32)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    layer.set_backend("onednn")
+    layer.set_native(True)
+    assert layer._panels is not None
+    calls: list[int] = []
+    real = lr.linear_panels_f32
+
+    def counted(x: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, *args)  # type: ignore[arg-type]
+
+    import recap.model.layers.linear as linear_mod
+
+    linear_mod.linear_panels_f32, saved = counted, linear_mod.linear_panels_f32  # type: ignore[assignment]
+    try:
+        for n in (1, 2, 8, 9, 64):
+            x = torch.randn(n, 40)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4)
+    finally:
+        linear_mod.linear_panels_f32 = saved  # type: ignore[assignment]
+    assert calls == [2, 8]  # one row takes the one-row kernel, 9 and more oneDNN
+    layer.set_backend("int8")
+    assert layer._panels is None  # int8 weights have no panels
+    layer.set_native(True)
+    assert layer._panels is None
+
+
 def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
     layer = Linear(24, 10, bias=True, dtype=torch.float32)
     torch.nn.init.normal_(layer.weight)

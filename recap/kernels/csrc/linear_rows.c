@@ -196,6 +196,70 @@ void recap_linear_f32(const float *x, int64_t n, const float *w, int64_t out, in
     }
 }
 
+/* ---------------------------------------------------------------- fp32, 2..8 rows, panel layout */
+
+/* Weight panels: [ceil(out / 32), k, 32], panel p holding output columns 32p..32p+31 (zero columns pad the
+ * last), one sequential stream per panel. For each k an 8-row x 32-column outer product: two weight vectors,
+ * eight broadcast inputs, sixteen FMAs, no horizontal sums. Measured from memory on the AVX-512 EPYC (8 rows,
+ * weights on huge pages): 91-100 GF/s at 1 thread and 140-160 at 2, against 50-59 and 74-93 for oneDNN on its
+ * packed copy and 35-48 / 58-81 for dot-product tiles over the row-major weight. */
+#define PANEL 32
+#define PANEL_ROWS 8
+
+#if defined(__AVX512F__)
+static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out) {
+    __m512 a[PANEL_ROWS][2];
+    for (int r = 0; r < PANEL_ROWS; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float *w = wp + kk * PANEL;
+        _mm_prefetch((const char *)w + 512, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + 576, _MM_HINT_T0);
+        const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const __m512 xb = _mm512_set1_ps(x8[kk * PANEL_ROWS + r]);
+            a[r][0] = _mm512_fmadd_ps(w0, xb, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(w1, xb, a[r][1]);
+        }
+    }
+    for (int r = 0; r < PANEL_ROWS; r++) {
+        _mm512_storeu_ps(acc_out + r * PANEL, a[r][0]);
+        _mm512_storeu_ps(acc_out + r * PANEL + 16, a[r][1]);
+    }
+}
+#else
+static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out) {
+    for (int r = 0; r < PANEL_ROWS; r++)
+        for (int c = 0; c < PANEL; c++) {
+            float s = 0.0f;
+            for (int64_t kk = 0; kk < k; kk++) s += wp[kk * PANEL + c] * x8[kk * PANEL_ROWS + r];
+            acc_out[r * PANEL + c] = s;
+        }
+}
+#endif
+
+/* x [n, k] (1 <= n <= 8), wp the panels of w [out, k], b [out] or NULL, y [n, out]. Returns 0, -1 for n out of
+ * range or no memory for the transposed input. */
+int recap_linear_f32_panels(const float *x, int64_t n, const float *wp, int64_t out, int64_t k, const float *b,
+                            float *y, int threads) {
+    if (n < 1 || n > PANEL_ROWS) return -1;
+    /* x transposed to [k, 8] (rows past n zero): the 8 inputs of one k are adjacent */
+    float *x8 = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((k * PANEL_ROWS + 15) / 16) * 16));
+    if (!x8) return -1;
+    for (int64_t kk = 0; kk < k; kk++)
+        for (int r = 0; r < PANEL_ROWS; r++) x8[kk * PANEL_ROWS + r] = r < n ? x[r * k + kk] : 0.0f;
+    const int64_t panels = (out + PANEL - 1) / PANEL;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t p = 0; p < panels; p++) {
+        float acc[PANEL_ROWS * PANEL];
+        f32_panel(wp + p * k * PANEL, k, x8, acc);
+        const int64_t o = p * PANEL, nc = out - o < PANEL ? out - o : PANEL;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t c = 0; c < nc; c++) y[r * out + o + c] = b ? acc[r * PANEL + c] + b[o + c] : acc[r * PANEL + c];
+    }
+    free(x8);
+    return 0;
+}
+
 /* Per row: a = max|x| (1 if 0), xq = clamp(rint((x / a) / qscale) + zp, 0, qmax) as uint8, zero-padded to kp
  * bytes. Division, not a multiply by the inverse, and round half to even: the fp32 ops of int8_linear_ref. */
 static void quantize_rows(const float *x, int64_t n, int64_t k, int64_t kp, float qscale, int zp, int qmax,

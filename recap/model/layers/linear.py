@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import RowKernel, pack_int8
+from recap.kernels.linear_rows import PANEL_ROWS, RowKernel, linear_panels_f32, pack_int8, pack_panels
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -56,6 +56,7 @@ class Linear(nn.Module):
         self._native = False  # one-row inputs take recap's native kernels (kernels/linear_rows.py)
         self._rows: RowKernel | None = None  # that kernel, bound to this weight (set_native)
         self._int8_rows: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
+        self._panels: torch.Tensor | None = None  # the fp32 weight in the few-row native kernel's panels
 
     @property
     def backend(self) -> str:
@@ -67,19 +68,23 @@ class Linear(nn.Module):
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
         self._int8 = quantize_int8(self.weight, self.bias) if backend == "int8" else None
-        self._int8_rows = None  # packed again by set_native for the new weight
+        self._int8_rows = self._panels = None  # packed again by set_native for the new weight
         use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
         self._packed = _pack(self.weight.detach()) if use else None
         self.set_native(self._native)  # the native kernel follows the new weight format
 
     def set_native(self, on: bool) -> None:
         """Send one-row fp32 inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
-        kernels/linear_rows.py; the caller checks `linear_rows_available()` first. Inputs of more rows, and
-        bf16 weights, keep the backend. Call again when the weight moves (it binds the kernel to its address);
-        the int8 weight's packed copy is made once and kept while it is off."""
+        kernels/linear_rows.py, and inputs of 2..8 rows with fp32 weights to its panel kernel (a third copy of
+        the weight, beside the weight and oneDNN's copy for prefill); the caller checks
+        `linear_rows_available()` first. Other inputs, and bf16 weights, keep the backend. Call again when the
+        weight moves (it binds the kernel to its address); packed copies are made once and kept while off."""
         self._native = on
         if on and self._int8 is not None and self._int8_rows is None:
             self._int8_rows = pack_int8(self._int8.qweight)
+        fp32 = self._int8 is None and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
+        if on and fp32 and self._panels is None:
+            self._panels = pack_panels(self.weight)
         self._rows = None
         if on and self._int8 is not None and self._int8_rows is not None:
             w = self._int8
@@ -91,6 +96,10 @@ class Linear(nn.Module):
         rows = self._rows
         if rows is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous():
             return rows(x)  # the native kernel (batch-1 decode)
+        panels = self._panels
+        if (panels is not None and self._native and x.dim() == 2 and 1 < x.shape[0] <= PANEL_ROWS
+                and x.dtype == torch.float32):  # fmt: skip
+            return linear_panels_f32(x, panels, self.bias, self.out_features)  # batched decode
         if self._int8 is not None:
             y = int8_linear(x, self._int8)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
@@ -111,4 +120,5 @@ def tied_linear(weight: nn.Parameter) -> Linear:
     head._native = False
     head._rows = None
     head._int8_rows = None
+    head._panels = None
     return head

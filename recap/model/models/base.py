@@ -191,7 +191,10 @@ class CausalLM(nn.Module):
         mapping; False where there is nothing to move or the platform cannot."""
         params = [p for p in self.parameters() if p.nbytes >= HUGE_PAGE_MIN_BYTES and p.is_contiguous()]
         linears = [m for m in self.modules() if isinstance(m, Linear) and m._int8_rows is not None]
-        olds = [p.data for p in params] + [m._int8_rows for m in linears]
+        paneled = [m for m in self.modules() if isinstance(m, Linear) and m._panels is not None]
+        if self.config.tie_word_embeddings and self.head()._panels is not None:
+            paneled.append(self.head())
+        olds = [p.data for p in params] + [m._int8_rows for m in linears] + [m._panels for m in paneled]
         news = huge_page_zeros([(tuple(t.shape), t.dtype) for t in olds])
         del olds
         if news is None:
@@ -202,4 +205,6 @@ class CausalLM(nn.Module):
             p.data = t.copy_(p.data)
         for m, t in zip(linears, news[len(params) :]):
             m._int8_rows = t.copy_(m._int8_rows)  # type: ignore[arg-type]
+        for m, t in zip(paneled, news[len(params) + len(linears) :]):
+            m._panels = t.copy_(m._panels)  # type: ignore[arg-type]
         return True
