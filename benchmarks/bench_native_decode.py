@@ -8,8 +8,10 @@ Wall clock (a 2-thread kernel's second thread is not in the calling thread's CPU
 alternating within each round, the 1-minute load average printed with every row:
 1. one-row linears for these models' shapes, weights cycled through ~400 MB so that every call reads its
    weight from memory as a decode step does: oneDNN vs native fp32, fbgemm vs native int8, with GB/s;
-2. the greedy batch-1 decode step (benchmarks/profile_decode.py's) with native kernels on and off (fp32 and
-   int8 weights), and how much of it the linear layers take.
+2. few-row fp32 linears (batched decode, short prefills): oneDNN on its packed copy vs the native panel
+   kernel (linear_panels_f32), GFLOP/s, weights cycled through ~400 MB;
+3. the greedy batch-1 decode step (benchmarks/profile_decode.py's) with native kernels on (the decode graph)
+   and off (fp32 and int8 weights), and how much of the eager step the linear layers take.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from profile_decode import decoder  # noqa: E402
 
 from recap.bench.timing import timings  # noqa: E402
-from recap.kernels.linear_rows import linear_rows_available, linear_rows_f32, linear_rows_int8, pack_int8  # noqa: E402
+from recap.kernels.linear_rows import (  # noqa: E402
+    linear_panels_f32,
+    linear_rows_available,
+    linear_rows_f32,
+    linear_rows_int8,
+    pack_int8,
+    pack_panels,
+)
 from recap.model.layers import linear as linear_mod  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
 from recap.model.quant import int8_linear, quantize_int8  # noqa: E402
@@ -77,6 +86,39 @@ def kernel_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, An
     return row
 
 
+PANEL_ROWS = (2, 8, 16, 32, 48, 64)
+
+
+def panel_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, Any]:
+    """One shape's few-row linears at several row counts: oneDNN vs the panel kernel, each on its own copies."""
+    k = max(2, int(400e6 // (out_f * in_f * 4)))
+    ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(k)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in ws]
+    panels = [pack_panels(w) for w in ws]
+    del ws
+    turn = itertools.count()
+    row: dict[str, Any] = {"threads": threads, "shape": f"{out_f}x{in_f}", "load": os.getloadavg()[0], "GF/s": {}}
+    cells = []
+    with torch.inference_mode():
+        for n in PANEL_ROWS:
+            x = torch.randn(n, in_f)
+            variants: dict[str, Callable[[], object]] = {
+                "oneDNN": lambda x=x: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % k], None, "none", [],
+                                                                         ""),
+                "panels": lambda x=x: linear_panels_f32(x, panels[next(turn) % k], None, out_f),
+            }  # fmt: skip
+            res: dict[str, list[float]] = {v: [] for v in variants}
+            for _ in range(rounds):
+                for v, fn in variants.items():
+                    res[v].append(wall_ms(fn, 10))
+            gf = {v: 2 * n * out_f * in_f / (statistics.median(m) / 1e3) / 1e9 for v, m in res.items()}
+            row["GF/s"][n] = gf
+            cells.append(f"{n}: {gf['oneDNN']:.0f}/{gf['panels']:.0f}")
+    print(f"t{threads} {row['shape']:>10} GF/s oneDNN/panels by rows  " + "  ".join(cells)
+          + f"  load {row['load']:.1f}")  # fmt: skip
+    return row
+
+
 class LinearClock:
     """Wall time spent inside Linear.forward while installed (a context manager)."""
 
@@ -118,8 +160,9 @@ def step_row(name: str, quant: str | None, rounds: int, threads: int, cache: Pat
     lin = {v: statistics.median(x) for v, x in share.items()}
     row = {"model": name, "weights": quant or "fp32", "threads": threads, "ms": med, "linear share": lin,
            "load": os.getloadavg()[0]}  # fmt: skip
+    del row["linear share"]["native"]  # the decode graph calls the kernels without Linear.forward
     print(f"t{threads} {name} {row['weights']}: decode step torch {med['torch']:.2f} ms (linears "
-          f"{100 * lin['torch']:.0f}%), native {med['native']:.2f} ms (linears {100 * lin['native']:.0f}%): "
+          f"{100 * lin['torch']:.0f}%), native (decode graph) {med['native']:.2f} ms: "
           f"{med['torch'] / med['native']:.2f}x, load {row['load']:.1f}")  # fmt: skip
     return row
 
@@ -137,11 +180,12 @@ def main() -> None:
     if not linear_rows_available():
         sys.exit("the native kernels cannot be built here (see the warning above)")
     print(f"native kernels ready in {time.perf_counter() - t:.1f} s")
-    out: dict[str, Any] = {"kernels": [], "steps": []}
+    out: dict[str, Any] = {"kernels": [], "panels": [], "steps": []}
     for threads in args.threads:
         torch.set_num_threads(threads)
         if not args.skip_kernels:
             out["kernels"] += [kernel_row(o, i, args.rounds, threads) for o, i in SHAPES]
+            out["panels"] += [panel_row(o, i, args.rounds, threads) for o, i in SHAPES[:-1]]
         for model in args.models:
             out["steps"] += [step_row(model, q, args.rounds, threads, args.cache_dir) for q in (None, "int8")]
     if args.json:

@@ -1,4 +1,4 @@
-"""The small one-row operations of a captured decode step (csrc/decode_ops.c): embedding row, residual add,
+"""The small operations of a captured decode step (csrc/decode_ops.c): embedding rows, residual add,
 silu(gate) * up, and RoPE with the K/V write. model/decode_graph.py replays them by address; the wrappers
 here call them on tensors, for tests against their torch references (F.embedding, +, F.silu(g) * u,
 RotaryEmbedding.apply with paged_attention.write_kv)."""
@@ -36,12 +36,12 @@ def _i64(v: int) -> ctypes.c_int64:
     return ctypes.c_int64(v)
 
 
-def embed_row(weight: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """weight [V, D] fp32, token [1] int64 -> [D]; ValueError for an id outside the vocabulary."""
-    out = torch.empty(weight.shape[1])
-    if decode_ops_library().recap_embed_row(_p(weight), _i64(weight.shape[0]), _i64(weight.shape[1]), _p(token),
-                                            _p(out)):  # fmt: skip
-        raise ValueError(f"token id {int(token[0])} outside the vocabulary of {weight.shape[0]}")
+def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """weight [V, D] fp32, ids [n] int64 -> [n, D]; ValueError for an id outside the vocabulary."""
+    out = torch.empty(ids.numel(), weight.shape[1])
+    if decode_ops_library().recap_embed_rows(_p(weight), _i64(weight.shape[0]), _i64(weight.shape[1]), _p(ids),
+                                             _i64(ids.numel()), _p(out)):  # fmt: skip
+        raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {weight.shape[0]}")
     return out
 
 
@@ -51,33 +51,29 @@ def add_(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for contiguous fp32 tensors of one size."""
-    out = torch.empty_like(gate)
-    decode_ops_library().recap_silu_mul_f32(_p(gate), _p(up), _p(out), _i64(gate.numel()))
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[gate | up] rows [n, 2I] contiguous fp32 -> silu(gate) * up [n, I]."""
+    rows, two_i = gate_up.shape
+    out = torch.empty(rows, two_i // 2)
+    up = ctypes.c_void_p(gate_up.data_ptr() + 4 * (two_i // 2))
+    decode_ops_library().recap_silu_mul_f32(_p(gate_up), up, _p(out), _i64(rows), _i64(two_i // 2), _i64(two_i))
     return out
 
 
-def rope_write_kv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    position: torch.Tensor,
-    inv_freq: torch.Tensor | None,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot: torch.Tensor,
-) -> None:
-    """q [Hq, Dh] and k [Hkv, Dh] rotated in place (inv_freq [rot/2], None: no RoPE), then k and v written at
-    cache slot `slot` [1] of k_cache / v_cache [NB, block_size, Hkv, Dh]; ValueError for a slot outside."""
-    hq, dh = q.shape
-    hkv = k.shape[0]
-    slots = k_cache.shape[0] * k_cache.shape[1]
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  inv_freq: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slots: torch.Tensor) -> None:
+    """q [n, Hq, Dh] and k [n, Hkv, Dh] rotated in place at positions [n] (inv_freq [rot/2], None: no RoPE),
+    then k and v written at cache slots [n] of k_cache / v_cache [NB, block_size, Hkv, Dh]; ValueError for a
+    slot outside the cache."""
+    rows, hq, dh = q.shape
+    hkv = k.shape[1]
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
     rot = 0 if inv_freq is None else 2 * inv_freq.numel()
     rc = decode_ops_library().recap_rope_write_kv(
-        _p(q), _p(k), _p(v), _i64(hq), _i64(hkv), _i64(dh), _p(position), None if inv_freq is None else _p(inv_freq),
-        _i64(rot), _p(k_cache), _p(v_cache), _i64(slots), _p(slot),
+        _p(q), _p(k), _p(v), _i64(rows), _i64(hq), _i64(hkv), _i64(dh), _p(positions),
+        None if inv_freq is None else _p(inv_freq), _i64(rot), _p(k_cache), _p(v_cache), _i64(num_slots), _p(slots),
     )  # fmt: skip
     if rc:
-        raise ValueError(f"rope_write_kv: slot {int(slot[0])} outside the cache's {slots} slots"
+        raise ValueError(f"rope_write_kv: a slot of {slots.tolist()} outside the cache's {num_slots} slots"
                          if rc == -1 else f"rope_write_kv: rotary dim {rot} above 1024")  # fmt: skip

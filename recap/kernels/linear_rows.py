@@ -80,7 +80,7 @@ def linear_rows_f32_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return F.linear(x, weight, bias)
 
 
-PANEL, PANEL_ROWS = 32, 8  # csrc/linear_rows.c's fp32 panels: 32 output columns, up to 8 input rows
+PANEL, PANEL_MAX_ROWS = 32, 64  # csrc/linear_rows.c's fp32 panels: 32 output columns; inputs of up to 64 rows
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -92,17 +92,29 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear_panels_f32(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
-    """x [n, in] fp32 with 1 <= n <= 8 times the weight [out, in] packed by pack_panels -> [n, out]; agrees with
+    """x [n, in] fp32 with 1 <= n <= 64 times the weight [out, in] packed by pack_panels -> [n, out]; agrees with
     F.linear to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate."""
     x = x.contiguous()
     n, k = x.shape
-    if not 1 <= n <= PANEL_ROWS or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
+    if not 1 <= n <= PANEL_MAX_ROWS or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
         raise ValueError(f"panels {tuple(panels.shape)} do not fit x {tuple(x.shape)} and {out} outputs")
     y = torch.empty(n, out, dtype=torch.float32)
     if _lib().recap_linear_f32_panels(x.data_ptr(), n, panels.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
                                       torch.get_num_threads()):  # fmt: skip
-        raise MemoryError(f"linear_panels_f32: no memory for a {k} x 8 scratch buffer")
+        raise MemoryError(f"linear_panels_f32: no memory for a {k} x {n} scratch buffer")
     return y
+
+
+def panels_graph_call(
+    x: ctypes.c_void_p, y: ctypes.c_void_p, rows: int, panels: torch.Tensor, bias: torch.Tensor | None, out: int,
+    threads: ctypes.c_int,
+) -> tuple[ctypes._CFuncPtr, tuple, str]:
+    """linear_panels_f32 on `rows` rows at address x [rows, in] into y [rows, out], as a decode graph replays it:
+    (function, arguments, what a nonzero return means)."""
+    if not 1 <= rows <= PANEL_MAX_ROWS or panels.dtype != torch.float32 or not panels.is_contiguous():
+        raise ValueError(f"panels_graph_call: {rows} rows or panels {tuple(panels.shape)} do not fit the kernel")
+    args = (x, _I64(rows), _P(panels.data_ptr()), _I64(out), _I64(panels.shape[1]), _P(_ptr(bias)), y, threads)
+    return raw_function(_lib(), "recap_linear_f32_panels", _INT), args, "linear_panels_f32: no memory for its scratch"
 
 
 PACK_ROWS, CHUNK = 8, 64  # csrc/linear_rows.c's int8 tile: 8 output rows x 64-byte chunks

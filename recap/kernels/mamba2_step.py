@@ -114,21 +114,23 @@ class Mamba2Step:
     def graph_call(self, proj: torch.Tensor, slots: ctypes.c_void_p, positions: ctypes.c_void_p,
                    slot_positions: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor,
                    threads: ctypes.c_int) -> tuple[ctypes._CFuncPtr, tuple, torch.Tensor]:
-        """One row's step as a decode graph replays it: proj [1, proj_dim] a fixed buffer, slots and positions
-        the addresses of that step's int64 [1] tensors (set before each replay). Returns (function, arguments,
-        y [1, H * P]: the buffer the call writes, which the caller keeps alive with the graph)."""
+        """The step of proj's rows as a decode graph replays it: proj [t, proj_dim] a fixed buffer, slots and
+        positions the addresses of that step's int64 [t] tensors (set before each replay). Returns (function,
+        arguments, y [t, H * P]: the buffer the call writes, which the caller keeps alive with the graph)."""
         for x in (proj, conv_state, ssm_state):
             if x.dtype != torch.float32 or not x.is_contiguous():
                 raise ValueError("Mamba2Step takes contiguous fp32 activations and states")
-        if proj.shape != (1, self.d_inner + self.conv_dim + self.h) or ssm_state.shape[1] != self.h:
+        t = proj.shape[0]
+        if proj.shape[1] != self.d_inner + self.conv_dim + self.h or ssm_state.shape[1] != self.h:
             raise ValueError(f"Mamba2Step: proj {tuple(proj.shape)} or state {tuple(ssm_state.shape)} do not fit")
         (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
-        scratch = torch.empty(self.conv_dim + h + self.d_inner)
+        scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))
         work = scratch.data_ptr()
         args = (
-            _I64(1), slots, positions, _P(slot_positions.data_ptr()), _P(proj.data_ptr()), _I64(proj.shape[1]),
+            _I64(t), slots, positions, _P(slot_positions.data_ptr()), _P(proj.data_ptr()), _I64(proj.shape[1]),
             _P(conv_state.data_ptr()), _P(cw), _P(cb), _I64(k), _P(ssm_state.data_ptr()), _I64(h), _I64(p), _I64(g),
             _I64(n), _P(dtb), _P(alog), _P(d), _F32(lo), _F32(hi), _P(nw), _INT(mode), _I64(gs), _F32(eps), _P(work),
-            _P(work + 4 * self.conv_dim), _P(work + 4 * (self.conv_dim + h)), threads,
+            _P(work + 4 * t * self.conv_dim), _P(work + 4 * t * (self.conv_dim + h)), threads,
         )  # fmt: skip
-        return raw_function(_lib(), "recap_mamba2_step"), args, scratch[self.conv_dim + h :].view(1, self.d_inner)
+        y = scratch[t * (self.conv_dim + h) :].view(t, self.d_inner)
+        return raw_function(_lib(), "recap_mamba2_step"), args, y

@@ -1,13 +1,16 @@
-"""A batch-1 decode step captured as a flat list of native calls: the CPU counterpart of a CUDA graph.
+"""A decode step of a fixed number of rows captured as a flat list of native calls: the CPU counterpart of a
+CUDA graph.
 
 With the native kernels on, a batch-1 step of a 24-layer hybrid still spent ~4 ms outside its kernels, most of
 it Python: nn.Module calls, tensor allocations, ctypes argument conversion, small torch ops (the residual
 adds, the MLP's silu and product, RoPE, the K/V write). That time does not shrink with a second thread, and
 at 2 threads it was a third of the step. A DecodeGraph walks the model once per cache set and records every
 call of a one-row step with its arguments fixed: weights, states, K/V pools and its own activation buffers
-by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (token, position,
-state slot, K/V slot, block table, sequence length) are read from the ForwardBatch's own tensors, whose
-addresses are set into shared argument objects before each replay.
+by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (tokens,
+positions, state slots, K/V slots, block tables, sequence lengths) are read from the ForwardBatch's own
+tensors, whose addresses are set into shared argument objects before each replay. A graph is captured per
+row count (1 to MAX_ROWS): batch 1 with fp32 or int8 weights, 2 and more rows with fp32 weights (the panel
+kernel; int8 weights at several rows keep fbgemm through the module path).
 
 What it captures is exactly the module path's arithmetic with the native kernels (layers/linear.py's
 RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus csrc/decode_ops.c for
@@ -29,6 +32,7 @@ import torch
 from torch import nn
 
 from recap.kernels.decode_ops import decode_ops_available, decode_ops_library
+from recap.kernels.linear_rows import panels_graph_call
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.native import raw_function
 from recap.kernels.paged_decode import _lib as paged_decode_library
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+MAX_ROWS = 8  # the largest decode batch captured (the panel kernel's one group of rows)
 
 
 class GraphUnsupportedError(Exception):
@@ -63,9 +68,9 @@ def _f32_contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
 
 
 class DecodeGraph:
-    """One model's batch-1 decode step over one cache set, captured (see the module docstring)."""
+    """One model's decode step of `rows` rows over one cache set, captured (see the module docstring)."""
 
-    def __init__(self, model: CausalLM, caches: ModelCaches) -> None:
+    def __init__(self, model: CausalLM, caches: ModelCaches, rows: int = 1) -> None:
         """Capture; raises GraphUnsupportedError naming the first part it cannot capture."""
         from recap.model.models.base import CausalLM
         from recap.model.models.hybrid import HybridBlock
@@ -78,6 +83,9 @@ class DecodeGraph:
             raise GraphUnsupportedError(f"{cls.__name__} overrides forward or embed")
         if model.dtype != torch.float32 or model.config.embedding_multiplier != 1.0:
             raise GraphUnsupportedError("activations other than fp32, or an embedding multiplier")
+        if not 1 <= rows <= MAX_ROWS:
+            raise GraphUnsupportedError(f"{rows} rows (captured: 1 to {MAX_ROWS})")
+        self.rows = rows
         self._caches_id = id(caches)
         self._keep: list[torch.Tensor] = []  # the activation buffers the calls write and read
         self._ops: list[tuple[ctypes._CFuncPtr, tuple, str | None]] = []
@@ -95,8 +103,8 @@ class DecodeGraph:
             raise GraphUnsupportedError(f"embedding {type(emb).__name__}")
         w = _f32_contiguous(emb.weight, "the embedding")
         self._op(
-            raw_function(decode_ops_library(), "recap_embed_row", _INT),
-            (_addr(w), _I64(w.shape[0]), _I64(d), self._ids, _addr(self._h)),
+            raw_function(decode_ops_library(), "recap_embed_rows", _INT),
+            (_addr(w), _I64(w.shape[0]), _I64(d), self._ids, _I64(rows), _addr(self._h)),
             "a token id outside the vocabulary",
         )
         for i, block in enumerate(model.blocks()):
@@ -110,13 +118,14 @@ class DecodeGraph:
                 raise GraphUnsupportedError(f"layer {i}: block {type(block).__name__}")
             for norm, mixer in parts:
                 out = self._mixer(mixer, self._norm(norm, self._h), caches, i)
-                self._op(raw_function(decode_ops_library(), "recap_add_f32"), (_addr(self._h), _addr(out), _I64(d)))
+                add = raw_function(decode_ops_library(), "recap_add_f32")
+                self._op(add, (_addr(self._h), _addr(out), _I64(rows * d)))
         self.hidden = self._norm(model.final_norm(), self._h)
 
     # ---------------------------------------------------------------- capture
 
     def _buffer(self, n: int) -> torch.Tensor:
-        t = torch.zeros(1, n)
+        t = torch.zeros(self.rows, n)
         self._keep.append(t)
         return t
 
@@ -130,15 +139,21 @@ class DecodeGraph:
         y = self._buffer(x.shape[1])
         self._op(
             raw_function(rms_norm_library(), "recap_rms_norm_f32"),
-            (_addr(x), _I64(1), _I64(x.shape[1]), _addr(w), _F32(norm.eps), _addr(y)),
+            (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(w), _F32(norm.eps), _addr(y)),
         )
         return y
 
     def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if type(lin) is not Linear or lin._rows is None or x.shape[1] != lin.in_features:
-            raise GraphUnsupportedError("a linear layer without its native one-row kernel")
+        if type(lin) is not Linear or x.shape[1] != lin.in_features:
+            raise GraphUnsupportedError(f"linear layer {type(lin).__name__}")
         y = self._buffer(lin.out_features)
-        self._op(*lin._rows.graph_call(_addr(x), _addr(y), lin.in_features, self._threads))
+        if self.rows == 1 and lin._rows is not None:
+            self._op(*lin._rows.graph_call(_addr(x), _addr(y), lin.in_features, self._threads))
+        elif self.rows > 1 and lin._panels is not None:
+            self._op(*panels_graph_call(_addr(x), _addr(y), self.rows, lin._panels, lin.bias, lin.out_features,
+                                        self._threads))  # fmt: skip
+        else:
+            raise GraphUnsupportedError(f"a linear layer without a native kernel for {self.rows} rows")
         return y
 
     def _mixer(self, mixer: nn.Module, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
@@ -182,14 +197,15 @@ class DecodeGraph:
         if inv_freq is not None and inv_freq.numel() > 512:
             raise GraphUnsupportedError(f"layer {layer}: rotary dim {2 * inv_freq.numel()} above 1024")
         self._op(raw_function(decode_ops_library(), "recap_rope_write_kv", _INT), (
-            _addr(q), _addr(k), _addr(v), _I64(hq), _I64(hkv), _I64(dh), self._pos,
+            _addr(q), _addr(k), _addr(v), _I64(self.rows), _I64(hq), _I64(hkv), _I64(dh), self._pos,
             None if inv_freq is None else _addr(inv_freq), _I64(0 if inv_freq is None else 2 * inv_freq.numel()),
             _addr(k_cache), _addr(v_cache), _I64(nb * bs), self._kv_slot,
         ), f"layer {layer}: a K/V slot outside the cache")  # fmt: skip
         out = self._buffer(hq * dh)
         scale = a.scale if a.scale is not None else 1.0 / math.sqrt(dh)
         self._op(raw_function(paged_decode_library(), "recap_paged_decode", _I64), (
-            _addr(q), _I64(1), _I64(hq), _I64(hkv), _I64(dh), _addr(k_cache), _addr(v_cache), _I64(nb), _I64(bs),
+            _addr(q), _I64(self.rows), _I64(hq), _I64(hkv), _I64(dh), _addr(k_cache), _addr(v_cache), _I64(nb),
+            _I64(bs),
             self._tables, self._table_stride, self._seq_lens, _I64(0), _F32(scale), _addr(out), self._threads,
         ), f"layer {layer}: a block table entry outside the cache")  # fmt: skip
         self.has_attention = True
@@ -202,26 +218,32 @@ class DecodeGraph:
         i = c.intermediate_size
         if c.fused_gate_up:
             gu = self._linear(m.gate_up_proj, x)
-            gate, up = _P(gu.data_ptr()), _P(gu.data_ptr() + 4 * i)
+            gate, up, stride = _P(gu.data_ptr()), _P(gu.data_ptr() + 4 * i), 2 * i
         else:
             gate, up = (_addr(self._linear(p, x)) for p in (m.gate_proj, m.up_proj))
+            stride = i
         act = self._buffer(i)
-        self._op(raw_function(decode_ops_library(), "recap_silu_mul_f32"), (gate, up, _addr(act), _I64(i)))
+        self._op(raw_function(decode_ops_library(), "recap_silu_mul_f32"),
+                 (gate, up, _addr(act), _I64(self.rows), _I64(i), _I64(stride)))  # fmt: skip
         return self._linear(m.down_proj, act)
 
     # ---------------------------------------------------------------- replay
 
     def takes(self, batch: ForwardBatch, caches: ModelCaches) -> bool:
-        """Whether this step is one the graph replays: one token of one row continuing its slot (a plain
-        decode step), over the caches it was captured with, with no sliding-window paging."""
-        if batch.num_tokens != 1 or id(caches) != self._caches_id or batch.window_attn is not None:
+        """Whether this step is one the graph replays: `rows` rows of one token each, every row continuing its
+        slot (a plain decode step), no padding row, over the caches it was captured with, with no
+        sliding-window paging."""
+        n = self.rows
+        if batch.num_tokens != n or batch.num_seqs != n or id(caches) != self._caches_id:
             return False
-        if self.has_state and (batch.ssm is None or not batch.ssm.plain_decode):
+        if batch.window_attn is not None or (self.has_state and (batch.ssm is None or not batch.ssm.plain_decode)):
             return False
-        return not self.has_attention or (batch.attn is not None and not batch.attn.is_padding[0])
+        attn = batch.attn
+        return not self.has_attention or (attn is not None and attn.is_decode and not any(attn.is_padding))
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """The step's final hidden state [1, D] (a new tensor); the caches are updated as the module path does."""
+        """The step's final hidden states [rows, D] (a new tensor); the caches are updated as the module path
+        does."""
         self._ids.value = batch.input_ids.data_ptr()
         self._pos.value = batch.positions.data_ptr()
         if self.has_state:
@@ -241,10 +263,18 @@ class DecodeGraph:
         return self.hidden.clone()
 
 
-def capture(model: CausalLM, caches: ModelCaches, log: Callable[[str], None]) -> DecodeGraph | None:
-    """The model's decode graph over `caches`, or None (saying why through `log`) where it cannot be captured."""
-    try:
-        return DecodeGraph(model, caches)
-    except GraphUnsupportedError as e:
-        log(f"decode graph not captured, the module path runs: {e}")
-        return None
+def capture(model: CausalLM, caches: ModelCaches, log: Callable[[str], None]) -> dict[int, DecodeGraph | None]:
+    """The model's decode graphs over `caches` for 1 to MAX_ROWS rows, captured together (a bounded set, made
+    once per cache set rather than as batch sizes turn up), None where one cannot be captured; says why through
+    `log`, once."""
+    graphs: dict[int, DecodeGraph | None] = {}
+    missing: dict[str, list[int]] = {}
+    for rows in range(1, MAX_ROWS + 1):
+        try:
+            graphs[rows] = DecodeGraph(model, caches, rows)
+        except GraphUnsupportedError as e:
+            graphs[rows] = None
+            missing.setdefault(str(e), []).append(rows)
+    for why, counts in missing.items():
+        log(f"decode graph not captured for {counts} rows, the module path runs: {why}")
+    return graphs

@@ -102,7 +102,7 @@ def test_a_failed_build_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 @pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
-@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 31, 64])
 def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: int) -> None:
     g = torch.Generator().manual_seed(torch.seed() % 2**31)  # fresh inputs every run
     w = torch.randn(out_f, in_f, generator=g)
@@ -115,7 +115,7 @@ def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: in
     assert y.shape == (rows, out_f) and y.dtype == torch.float32
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-6 * in_f**0.5)
     with pytest.raises(ValueError, match="do not fit"):
-        lr.linear_panels_f32(torch.randn(9, in_f), panels, b, out_f)
+        lr.linear_panels_f32(torch.randn(lr.PANEL_MAX_ROWS + 1, in_f), panels, b, out_f)
 
 
 def test_linear_layer_routes_few_rows_to_the_panels() -> None:

@@ -6,11 +6,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* out[d] = weight[id] for the id at *ids; -1 (nothing written) when the id is outside [0, vocab). */
-int recap_embed_row(const float *weight, int64_t vocab, int64_t d, const int64_t *ids, float *out) {
-    const int64_t id = ids[0];
-    if (id < 0 || id >= vocab) return -1;
-    memcpy(out, weight + id * d, sizeof(float) * (size_t)d);
+/* out[r] = weight[ids[r]] for r < rows; -1 (nothing written) when an id is outside [0, vocab). */
+int recap_embed_rows(const float *weight, int64_t vocab, int64_t d, const int64_t *ids, int64_t rows, float *out) {
+    for (int64_t r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= vocab) return -1;
+    for (int64_t r = 0; r < rows; r++) memcpy(out + r * d, weight + ids[r] * d, sizeof(float) * (size_t)d);
     return 0;
 }
 
@@ -20,42 +20,48 @@ void recap_add_f32(float *h, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] += x[i];
 }
 
-/* out[n] = silu(gate[n]) * up[n], silu(v) = v / (1 + exp(-v)) */
-void recap_silu_mul_f32(const float *gate, const float *up, float *out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+/* out[r, i] = silu(gate[r, i]) * up[r, i] for r < rows, i < n; gate and up rows are `stride` floats apart,
+ * out rows n. silu(v) = v / (1 + exp(-v)). */
+void recap_silu_mul_f32(const float *gate, const float *up, float *out, int64_t rows, int64_t n, int64_t stride) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n; i++) {
+            const float g = gate[r * stride + i];
+            out[r * n + i] = g / (1.0f + expf(-g)) * up[r * stride + i];
+        }
 }
 
-/* RoPE ("rotate half" over the first rot dims of each head, angle = position * inv_freq[i mod rot/2]) applied
- * in place to q [hq, dh] and k [hkv, dh] (rot 0: none), then k and v [hkv, dh] stored at the cache slot
- * *slot of k_cache / v_cache [slots, hkv, dh]. Returns -1 (nothing written) for a slot outside [0, slots). */
-int recap_rope_write_kv(float *q, float *k, const float *v, int64_t hq, int64_t hkv, int64_t dh,
+/* For each row r < rows: RoPE ("rotate half" over the first rot dims of each head, angle = positions[r] *
+ * inv_freq[i mod rot/2]) applied in place to q [rows, hq, dh] and k [rows, hkv, dh] (rot 0: none), then k and v
+ * [rows, hkv, dh] stored at cache slot slots[r] of k_cache / v_cache [num_slots, hkv, dh]. Returns -1 (nothing
+ * written) when a slot is outside [0, num_slots), -2 when rot / 2 exceeds 512. */
+int recap_rope_write_kv(float *q, float *k, const float *v, int64_t rows, int64_t hq, int64_t hkv, int64_t dh,
                         const int64_t *positions, const float *inv_freq, int64_t rot, float *k_cache,
-                        float *v_cache, int64_t slots, const int64_t *slot) {
-    const int64_t s = slot[0];
-    if (s < 0 || s >= slots) return -1;
-    if (rot > 0) {
-        const int64_t half = rot / 2;
-        float c[512], sn[512];
-        if (half > 512) return -2;
-        const float pos = (float)positions[0];
-        for (int64_t i = 0; i < half; i++) {
-            const float f = pos * inv_freq[i];
-            c[i] = cosf(f);
-            sn[i] = sinf(f);
-        }
-        for (int64_t h = 0; h < hq + hkv; h++) {
-            float *x = h < hq ? q + h * dh : k + (h - hq) * dh;
+                        float *v_cache, int64_t num_slots, const int64_t *slots) {
+    const int64_t half = rot / 2;
+    if (half > 512) return -2;
+    for (int64_t r = 0; r < rows; r++)
+        if (slots[r] < 0 || slots[r] >= num_slots) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        float *qr = q + r * hq * dh, *kr = k + r * hkv * dh;
+        if (rot > 0) {
+            float c[512], sn[512];
+            const float pos = (float)positions[r];
             for (int64_t i = 0; i < half; i++) {
-                const float a = x[i], b = x[i + half];
-                x[i] = a * c[i] + (-b) * sn[i];
-                x[i + half] = b * c[i] + a * sn[i];
+                const float f = pos * inv_freq[i];
+                c[i] = cosf(f);
+                sn[i] = sinf(f);
+            }
+            for (int64_t h = 0; h < hq + hkv; h++) {
+                float *x = h < hq ? qr + h * dh : kr + (h - hq) * dh;
+                for (int64_t i = 0; i < half; i++) {
+                    const float a = x[i], b = x[i + half];
+                    x[i] = a * c[i] + (-b) * sn[i];
+                    x[i + half] = b * c[i] + a * sn[i];
+                }
             }
         }
+        memcpy(k_cache + slots[r] * hkv * dh, kr, sizeof(float) * (size_t)(hkv * dh));
+        memcpy(v_cache + slots[r] * hkv * dh, v + r * hkv * dh, sizeof(float) * (size_t)(hkv * dh));
     }
-    memcpy(k_cache + s * hkv * dh, k, sizeof(float) * (size_t)(hkv * dh));
-    memcpy(v_cache + s * hkv * dh, v, sizeof(float) * (size_t)(hkv * dh));
     return 0;
 }

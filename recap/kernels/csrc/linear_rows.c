@@ -237,24 +237,37 @@ static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_ou
 }
 #endif
 
-/* x [n, k] (1 <= n <= 8), wp the panels of w [out, k], b [out] or NULL, y [n, out]. Returns 0, -1 for n out of
+/* x [n, k] (1 <= n <= PANEL_MAX_ROWS), wp the panels of w [out, k], b [out] or NULL, y [n, out]. The rows go
+ * in groups of 8 (the last zero-padded); each thread takes whole panels and runs every group over a panel
+ * while it sits in L2, so the weight is read from memory once whatever n is. Returns 0, or -1 for n out of
  * range or no memory for the transposed input. */
+#define PANEL_MAX_ROWS 64
 int recap_linear_f32_panels(const float *x, int64_t n, const float *wp, int64_t out, int64_t k, const float *b,
                             float *y, int threads) {
-    if (n < 1 || n > PANEL_ROWS) return -1;
-    /* x transposed to [k, 8] (rows past n zero): the 8 inputs of one k are adjacent */
-    float *x8 = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((k * PANEL_ROWS + 15) / 16) * 16));
+    if (n < 1 || n > PANEL_MAX_ROWS) return -1;
+    const int64_t groups = (n + PANEL_ROWS - 1) / PANEL_ROWS;
+    /* x transposed per group to [k, 8] (rows past n zero): the 8 inputs of one k are adjacent */
+    float *x8 = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((groups * k * PANEL_ROWS + 15) / 16) * 16));
     if (!x8) return -1;
-    for (int64_t kk = 0; kk < k; kk++)
-        for (int r = 0; r < PANEL_ROWS; r++) x8[kk * PANEL_ROWS + r] = r < n ? x[r * k + kk] : 0.0f;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int r = 0; r < PANEL_ROWS; r++) {
+                const int64_t row = g * PANEL_ROWS + r;
+                x8[(g * k + kk) * PANEL_ROWS + r] = row < n ? x[row * k + kk] : 0.0f;
+            }
     const int64_t panels = (out + PANEL - 1) / PANEL;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t p = 0; p < panels; p++) {
         float acc[PANEL_ROWS * PANEL];
-        f32_panel(wp + p * k * PANEL, k, x8, acc);
         const int64_t o = p * PANEL, nc = out - o < PANEL ? out - o : PANEL;
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t c = 0; c < nc; c++) y[r * out + o + c] = b ? acc[r * PANEL + c] + b[o + c] : acc[r * PANEL + c];
+        for (int64_t g = 0; g < groups; g++) {
+            f32_panel(wp + p * k * PANEL, k, x8 + g * k * PANEL_ROWS, acc);
+            const int64_t nr = n - g * PANEL_ROWS < PANEL_ROWS ? n - g * PANEL_ROWS : PANEL_ROWS;
+            for (int64_t r = 0; r < nr; r++) {
+                float *yr = y + (g * PANEL_ROWS + r) * out + o;
+                for (int64_t c = 0; c < nc; c++) yr[c] = b ? acc[r * PANEL + c] + b[o + c] : acc[r * PANEL + c];
+            }
+        }
     }
     free(x8);
     return 0;

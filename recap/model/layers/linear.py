@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import PANEL_ROWS, RowKernel, linear_panels_f32, pack_int8, pack_panels
+from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
+PANEL_ROWS = 8  # inputs of 2..PANEL_ROWS rows take the native panel kernel when it is on
 
 
 def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:

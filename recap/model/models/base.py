@@ -16,7 +16,7 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.config import ModelConfig
-from recap.model.decode_graph import DecodeGraph, capture
+from recap.model.decode_graph import MAX_ROWS, DecodeGraph, capture
 from recap.model.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
@@ -94,9 +94,9 @@ class CausalLM(nn.Module):
         self.dtype = dtype
         self._on_huge_pages = False  # set_native_decode moved the weights (model/huge_pages.py)
         self._native_decode = False
-        # The decode graph (model/decode_graph.py) captured for one cache set, or None where it could not be:
-        # (weak reference to those caches, graph). Dropped whenever the kernels are bound anew.
-        self._graph: tuple[weakref.ref[ModelCaches], DecodeGraph | None] | None = None
+        # The decode graphs (model/decode_graph.py) captured for one cache set by row count, None where one
+        # could not be: (weak reference to those caches, graphs). Dropped whenever the kernels are bound anew.
+        self._graph: tuple[weakref.ref[ModelCaches], dict[int, DecodeGraph | None]] | None = None
 
     # Where the parts live (a family's layout decides).
     def embedding(self) -> Embedding:
@@ -126,8 +126,8 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """Run every layer over the packed tokens; updates KV/state caches as the metadata says."""
-        if self._native_decode and batch.num_tokens == 1:
-            graph = self._decode_graph(caches)
+        if self._native_decode and batch.num_tokens == batch.num_seqs <= MAX_ROWS:
+            graph = self._decode_graph(caches, batch.num_seqs)
             if graph is not None and graph.takes(batch, caches):
                 return graph.run(batch)
         h = self.embed(batch.input_ids)
@@ -135,12 +135,12 @@ class CausalLM(nn.Module):
             h = block(h, batch, caches, i)
         return self.final_norm()(h)
 
-    def _decode_graph(self, caches: ModelCaches) -> DecodeGraph | None:
-        """The decode graph over `caches`, captured at its first batch-1 step (None: the model has a part the
-        graph does not capture, logged once per cache set)."""
+    def _decode_graph(self, caches: ModelCaches, rows: int) -> DecodeGraph | None:
+        """The decode graph of `rows` rows over `caches` (every row count captured at the first decode step over
+        them; None: the model has a part the graph does not capture at that row count, logged once)."""
         if self._graph is None or self._graph[0]() is not caches:
             self._graph = (weakref.ref(caches), capture(self, caches, logger.info))
-        return self._graph[1]
+        return self._graph[1][rows]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.embedding()(ids)
