@@ -136,12 +136,12 @@ def test_linear_layer_routes_few_rows_to_the_panels() -> None:
 
     linear_mod.linear_panels_f32, saved = counted, linear_mod.linear_panels_f32  # type: ignore[assignment]
     try:
-        for n in (1, 2, 8, 9, 64):
+        for n in (1, 2, 8, 9, 32, 33, 64):
             x = torch.randn(n, 40)
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4)
     finally:
         linear_mod.linear_panels_f32 = saved  # type: ignore[assignment]
-    assert calls == [2, 8]  # one row takes the one-row kernel, 9 and more oneDNN
+    assert calls == [2, 8, 9, 32]  # one row takes the one-row kernel, 33 and more oneDNN
     layer.set_backend("int8")
     assert layer._panels is None  # int8 weights have no panels
     layer.set_native(True)

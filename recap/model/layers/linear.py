@@ -24,7 +24,9 @@ from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
-PANEL_ROWS = 8  # inputs of 2..PANEL_ROWS rows take the native panel kernel when it is on
+# Inputs of 2..PANEL_ROWS rows take the native panel kernel when it is on: from memory it led oneDNN up to 32
+# rows (16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93) and tied it at 48-64 (docs/performance.md).
+PANEL_ROWS = 32
 
 
 def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -76,7 +78,7 @@ class Linear(nn.Module):
 
     def set_native(self, on: bool) -> None:
         """Send one-row fp32 inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
-        kernels/linear_rows.py, and inputs of 2..8 rows with fp32 weights to its panel kernel (a third copy of
+        kernels/linear_rows.py, and inputs of 2..32 rows with fp32 weights to its panel kernel (a third copy of
         the weight, beside the weight and oneDNN's copy for prefill); the caller checks
         `linear_rows_available()` first. Other inputs, and bf16 weights, keep the backend. Call again when the
         weight moves (it binds the kernel to its address); packed copies are made once and kept while off."""
