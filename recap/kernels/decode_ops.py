@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from recap.kernels.native import NativeUnavailableError, load_library
+from recap.kernels.native import load_library, loads
 
 
 @functools.cache
@@ -21,11 +21,8 @@ def decode_ops_library() -> ctypes.CDLL:
 
 @functools.cache
 def decode_ops_available() -> bool:
-    try:
-        decode_ops_library()
-    except NativeUnavailableError:
-        return False  # linear_rows_available says why, once
-    return True
+    """Whether the library builds and loads here (linear_rows_available says why not, once)."""
+    return loads(decode_ops_library)
 
 
 def _p(t: torch.Tensor) -> ctypes.c_void_p:

@@ -23,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -100,3 +101,13 @@ def raw_function(lib: ctypes.CDLL, name: str, restype: type | None = None) -> ct
     fn = lib[name]
     fn.restype = restype
     return fn
+
+
+def loads(library: Callable[[], object]) -> bool:
+    """Whether `library()` (a cached loader of one csrc library) builds and loads here: about a second, once
+    per machine. The caller says why not, where it should (linear_rows_available does, once)."""
+    try:
+        library()
+    except NativeUnavailableError:
+        return False
+    return True

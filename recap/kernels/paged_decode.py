@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from recap.kernels.native import NativeUnavailableError, load_library
+from recap.kernels.native import load_library, loads
 
 
 @functools.cache
@@ -28,12 +28,8 @@ def _lib() -> ctypes.CDLL:
 
 @functools.cache
 def paged_decode_available() -> bool:
-    """Whether the kernel builds and loads here (about a second, once per machine)."""
-    try:
-        _lib()
-    except NativeUnavailableError:
-        return False  # linear_rows_available says why, once
-    return True
+    """Whether the library builds and loads here (linear_rows_available says why not, once)."""
+    return loads(_lib)
 
 
 def paged_decode(

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from recap.kernels.native import NativeUnavailableError, load_library
+from recap.kernels.native import load_library, loads
 
 MAX_ROWS = 64  # decode steps (a batch of rows, or one row's heads for a q/k norm); prefill keeps torch's ops
 
@@ -27,12 +27,8 @@ def _lib() -> ctypes.CDLL:
 
 @functools.cache
 def rms_norm_available() -> bool:
-    """Whether the kernel builds and loads here (about a second, once per machine)."""
-    try:
-        _lib()
-    except NativeUnavailableError:
-        return False  # linear_rows_available says why, once
-    return True
+    """Whether the library builds and loads here (linear_rows_available says why not, once)."""
+    return loads(_lib)
 
 
 def use_rms_norm_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
