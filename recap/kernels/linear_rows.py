@@ -1,11 +1,14 @@
-"""Few-row linear layers for decode steps (csrc/linear_rows.c): fp32 weights, and int8 weights with per-row
-8-bit activations.
+"""Few-row linear layers for decode steps and short prefills (csrc/linear_rows.c): fp32 weights, and int8
+weights with per-row 8-bit activations.
 
 At 1-8 rows a linear layer is bound by reading its weight, which oneDNN, MKL and torch.compile's mat-vec do at
-well below the memory's rate, and at 8 rows oneDNN reads it at about half that rate (docs/performance.md). The
-C kernel reads each 4-row weight tile once, multiplies it with every input row while it is in L1, and splits
-the tiles over torch's threads. `linear_rows_f32` agrees with F.linear to fp32 rounding (another summation
-order); `linear_rows_int8` computes exactly the integer product of `quant.int8_linear_ref` and the same
+well below the memory's rate, and at 8 rows oneDNN reads it at about half that rate (docs/performance.md).
+- One row (`linear_rows_f32`, `linear_rows_int8`, bound per layer by `RowKernel`): each thread streams its
+  share of the weight rows (fp32 row-major; int8 in `pack_int8`'s tiles of 8 rows).
+- 2-64 rows, fp32 (`linear_panels_f32`): the weight as 32-column panels (`pack_panels`), an 8-row x 32-column
+  outer product per k, every group of 8 rows run over a panel while it sits in L2.
+`linear_rows_f32` and `linear_panels_f32` agree with F.linear to fp32 rounding (other summation orders);
+`linear_rows_int8` computes exactly the integer product of `quant.int8_linear_ref` and the same
 dequantization, so it equals that reference bit for bit.
 
 References: `linear_rows_f32_ref` (F.linear) and `quant.int8_linear_ref`.
@@ -22,7 +25,7 @@ import torch.nn.functional as F
 
 from recap.kernels.native import NativeUnavailableError, load_library, raw_function
 
-# One row only: at 8 rows oneDNN (fp32) and fbgemm (int8, 1 thread) were as fast or faster (docs/performance.md).
+# The one-row kernels' rows (more fp32 rows: the panels; more int8 rows: fbgemm, as fast at 8 rows).
 MAX_ROWS = 1
 
 logger = logging.getLogger(__name__)
