@@ -88,19 +88,22 @@ class Mamba2Step:
             GATE_MODES[gate_norm], group_size, eps,
         )  # fmt: skip
 
+    def _check(self, proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> None:
+        for x in (proj, conv_state, ssm_state):
+            if x.dtype != torch.float32 or not x.is_contiguous():
+                raise ValueError("Mamba2Step takes contiguous fp32 activations and states")
+        if proj.shape[1] != self.d_inner + self.conv_dim + self.h or ssm_state.shape[1] != self.h:
+            raise ValueError(f"Mamba2Step: proj {tuple(proj.shape)} or state {tuple(ssm_state.shape)} do not fit")
+
     def __call__(self, proj: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                  slot_positions: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> torch.Tensor:
         """proj [t, z | xbc | dt] (in_proj's output, multipliers applied) -> y [t, H * P], the gated (and
         normed) input of out_proj; updates conv_state [S, conv_dim, K-1], ssm_state [S, H, P, N] and
         slot_positions at `slots` [t] (int64, distinct)."""
         t = proj.shape[0]
-        for x in (proj, conv_state, ssm_state):
-            if x.dtype != torch.float32 or not x.is_contiguous():
-                raise ValueError("Mamba2Step takes contiguous fp32 activations and states")
+        self._check(proj, conv_state, ssm_state)
         if slots.dtype != torch.int64 or positions.dtype != torch.int64 or slot_positions.dtype != torch.int64:
             raise ValueError("Mamba2Step takes int64 slots and positions")
-        if proj.shape[1] != self.d_inner + self.conv_dim + self.h or ssm_state.shape[1] != self.h:
-            raise ValueError(f"Mamba2Step: proj {tuple(proj.shape)} or state {tuple(ssm_state.shape)} do not fit")
         (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
         scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))  # [t, conv out] | [t, dt] | [t, y]
         work = scratch.data_ptr()
@@ -117,12 +120,8 @@ class Mamba2Step:
         """The step of proj's rows as a decode graph replays it: proj [t, proj_dim] a fixed buffer, slots and
         positions the addresses of that step's int64 [t] tensors (set before each replay). Returns (function,
         arguments, y [t, H * P]: the buffer the call writes, which the caller keeps alive with the graph)."""
-        for x in (proj, conv_state, ssm_state):
-            if x.dtype != torch.float32 or not x.is_contiguous():
-                raise ValueError("Mamba2Step takes contiguous fp32 activations and states")
+        self._check(proj, conv_state, ssm_state)
         t = proj.shape[0]
-        if proj.shape[1] != self.d_inner + self.conv_dim + self.h or ssm_state.shape[1] != self.h:
-            raise ValueError(f"Mamba2Step: proj {tuple(proj.shape)} or state {tuple(ssm_state.shape)} do not fit")
         (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
         scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))
         work = scratch.data_ptr()

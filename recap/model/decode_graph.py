@@ -5,8 +5,8 @@ With the native kernels on, a batch-1 step of a 24-layer hybrid still spent ~4 m
 it Python: nn.Module calls, tensor allocations, ctypes argument conversion, small torch ops (the residual
 adds, the MLP's silu and product, RoPE, the K/V write). That time does not shrink with a second thread, and
 at 2 threads it was a third of the step. A DecodeGraph walks the model once per cache set and records every
-call of a one-row step with its arguments fixed: weights, states, K/V pools and its own activation buffers
-by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (tokens,
+call of a decode step of its row count with its arguments fixed: weights, states, K/V pools and its own
+activation buffers by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (tokens,
 positions, state slots, K/V slots, block tables, sequence lengths) are read from the ForwardBatch's own
 tensors, whose addresses are set into shared argument objects before each replay. A graph is captured per
 row count (1 to MAX_ROWS): batch 1 with fp32 or int8 weights, 2 and more rows with fp32 weights (the panel
@@ -16,9 +16,9 @@ What it captures is exactly the module path's arithmetic with the native kernels
 RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus csrc/decode_ops.c for
 the small ops; the module path stays the reference (tests/model/test_decode_graph.py compares them).
 Supported: fp32 activations; embedding, RMSNorm, Linear (fp32 or int8 weights), Mamba2 mixers (the native
-step), attention (GQA, RoPE or none, no q/k norm, gate or window) and gated silu MLPs, in MixerBlock and
-HybridBlock layouts. Any other part (another mixer, a multiplier, a model that overrides its forward) raises
-GraphUnsupportedError at capture and the model keeps its module path.
+step), attention (GQA, RoPE or none; no q/k norm, head gate or sliding window) and gated silu MLPs, in
+MixerBlock and HybridBlock layouts. Any other part (another mixer, a multiplier, a model that overrides its
+forward) raises GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ class DecodeGraph:
             raise GraphUnsupportedError("activations other than fp32, or an embedding multiplier")
         if not 1 <= rows <= MAX_ROWS:
             raise GraphUnsupportedError(f"{rows} rows (captured: 1 to {MAX_ROWS})")
-        self.rows = rows
-        self._caches_id = id(caches)
+        self.rows = rows  # captured over `caches`: CausalLM keeps a graph with the cache set it was made for
         self._keep: list[torch.Tensor] = []  # the activation buffers the calls write and read
         self._ops: list[tuple[ctypes._CFuncPtr, tuple, str | None]] = []
         # The step's inputs: addresses of the ForwardBatch's tensors, set before each replay.
@@ -229,12 +228,11 @@ class DecodeGraph:
 
     # ---------------------------------------------------------------- replay
 
-    def takes(self, batch: ForwardBatch, caches: ModelCaches) -> bool:
+    def takes(self, batch: ForwardBatch) -> bool:
         """Whether this step is one the graph replays: `rows` rows of one token each, every row continuing its
-        slot (a plain decode step), no padding row, over the caches it was captured with, with no
-        sliding-window paging."""
+        slot (a plain decode step), no padding row, with no sliding-window paging."""
         n = self.rows
-        if batch.num_tokens != n or batch.num_seqs != n or id(caches) != self._caches_id:
+        if batch.num_tokens != n or batch.num_seqs != n:
             return False
         if batch.window_attn is not None or (self.has_state and (batch.ssm is None or not batch.ssm.plain_decode)):
             return False

@@ -128,7 +128,7 @@ class CausalLM(nn.Module):
         """Run every layer over the packed tokens; updates KV/state caches as the metadata says."""
         if self._native_decode and batch.num_tokens == batch.num_seqs <= MAX_ROWS:
             graph = self._decode_graph(caches, batch.num_seqs)
-            if graph is not None and graph.takes(batch, caches):
+            if graph is not None and graph.takes(batch):
                 return graph.run(batch)
         h = self.embed(batch.input_ids)
         for i, block in enumerate(self.blocks()):
