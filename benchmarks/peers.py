@@ -13,6 +13,7 @@ medians over --reps rounds, the 1-minute load average beside each figure:
 - decode, batch 1: ms/token after a 128-token prompt (llama-bench -d 128); int8 rows compare recap's int8
   weights with llama.cpp's q8_0;
 - decode, batch 8: aggregate generated tokens/s (llama.cpp: llama-batched-bench, 8 parallel sequences);
+- the server's cold prefill as a percentage of the model step's, the two measured back to back each round;
 - multi-turn TTFT through the servers: each turn resends the conversation plus 40 new tokens;
 - tokens re-processed on a shared 1,500-token system prompt followed by different 40-token questions
   (recap: prompt - cached tokens; llama-server: timings.prompt_n).
@@ -176,8 +177,11 @@ def measure(name: str, threads: int, args: argparse.Namespace, llama: LlamaCpp |
     try:
         for r in range(args.reps):
             for s in servers:
-                samples.setdefault(("server prefill tok/s", s.name), []).append(
-                    (cold_prefill_tok_s(s, vocab, PREFILL, seed=1000 * r + 7), load1()))
+                cold = cold_prefill_tok_s(s, vocab, PREFILL, seed=1000 * r + 7)
+                samples.setdefault(("server prefill tok/s", s.name), []).append((cold, load1()))
+                if s.name == "recap":  # the model step right after it: the server's cost, side by side
+                    samples.setdefault(("server/step prefill %", s.name), []).append(
+                        (100 * cold / f32.prefill_tok_s(), load1()))
                 samples.setdefault(("multi-turn TTFT ms", s.name), []).append(
                     (1e3 * multiturn_ttft_s(s, vocab, seed=1000 * r + 11), load1()))
                 samples.setdefault(("re-processed tokens", s.name), []).append(
@@ -202,7 +206,7 @@ def add_fractions(rows: list[dict[str, Any]], limits: dict[int, dict[str, float]
     for r in rows:
         lim, st = limits[r["threads"]], stats[r["model"]]
         m, v = r["metric"], r["median"]
-        if "prefill" in m:
+        if m.endswith("prefill tok/s"):
             r["of_limit"] = 2 * st["linear_params"] * v / 1e9 / lim["gemm_gflops"]
         elif m.startswith("decode ms"):
             nbytes = st["weight_bytes_int8"] if "int8" in m else st["weight_bytes"]

@@ -73,8 +73,9 @@ class SSMMetadata:
     chunk_dest_slots_list: list[int]
     chunk_end_positions_list: list[int]
     is_decode: bool  # every row has exactly one new token
-    # A decode step in its common form: no padding row, every row continues its slot, no checkpoint.
-    # Decode fast paths (layers/mamba2_decode.py) take only these steps.
+    # A decode step in its common form: no padding row, every row continues its slot. Decode fast paths
+    # (layers/mamba2_decode.py, model/decode_graph.py) take only these steps; a row whose token completes a
+    # block (a planned checkpoint) gets its new state copied to the checkpoint slot after the step.
     plain_decode: bool = False
 
 
@@ -189,7 +190,7 @@ def build_forward_batch(
             chunk_dest_slots_list=dest,
             chunk_end_positions_list=end_pos,
             is_decode=is_decode,
-            plain_decode=is_decode and all(has_init) and not planned and PAD_SLOT_ID not in state_idx,
+            plain_decode=is_decode and all(has_init) and PAD_SLOT_ID not in state_idx,
         )
     return ForwardBatch(
         input_ids=t(ids),

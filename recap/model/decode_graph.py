@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,7 @@ class DecodeGraph:
         if not 1 <= rows <= MAX_ROWS:
             raise GraphUnsupportedError(f"{rows} rows (captured: 1 to {MAX_ROWS})")
         self.rows = rows  # captured over `caches`: CausalLM keeps a graph with the cache set it was made for
+        self._caches = weakref.ref(caches)
         self._keep: list[torch.Tensor] = []  # the activation buffers the calls write and read
         self._ops: list[tuple[ctypes._CFuncPtr, tuple, str | None]] = []
         # The step's inputs: addresses of the ForwardBatch's tensors, set before each replay.
@@ -230,18 +232,20 @@ class DecodeGraph:
 
     def takes(self, batch: ForwardBatch) -> bool:
         """Whether this step is one the graph replays: `rows` rows of one token each, every row continuing its
-        slot (a plain decode step), no padding row, with no sliding-window paging."""
+        slot (checkpoints allowed), no padding row, with no sliding-window paging."""
         n = self.rows
         if batch.num_tokens != n or batch.num_seqs != n:
             return False
-        if batch.window_attn is not None or (self.has_state and (batch.ssm is None or not batch.ssm.plain_decode)):
+        plain = batch.ssm is not None and batch.ssm.plain_decode
+        if batch.window_attn is not None or (self.has_state and not plain):
             return False
         attn = batch.attn
         return not self.has_attention or (attn is not None and attn.is_decode and not any(attn.is_padding))
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """The step's final hidden states [rows, D] (a new tensor); the caches are updated as the module path
-        does."""
+    def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """The step's final hidden states [rows, D] (a new tensor); `caches` (the set it was captured over) are
+        updated as the module path does, checkpoints included."""
+        assert caches is self._caches(), "a decode graph runs over the cache set it was captured over"
         self._ids.value = batch.input_ids.data_ptr()
         self._pos.value = batch.positions.data_ptr()
         if self.has_state:
@@ -258,6 +262,12 @@ class DecodeGraph:
         for fn, args, error in self._ops:
             if fn(*args) and error is not None:
                 raise ValueError(f"decode graph: {error}")
+        if batch.planned_checkpoints:  # a row's token completed a block: its new state, every layer's, is one
+            assert batch.ssm is not None
+            for row, position, slot in batch.planned_checkpoints:
+                caches.copy_state(batch.ssm.state_indices_list[row], slot)
+                written = int(caches.slot_positions[slot])
+                assert written == position, f"checkpoint slot {slot} holds position {written}, planned {position}"
         return self.hidden.clone()
 
 

@@ -30,16 +30,19 @@ BLOCK = 16
 
 
 def _caches(model: CausalLM, tokens: int, rows: int = 1) -> tuple[ModelCaches, list[list[int]]]:
-    """Caches for `rows` sequences of up to `tokens` tokens, and each sequence's blocks."""
+    """Caches for `rows` sequences of up to `tokens` tokens (running slots 2.., then a checkpoint slot per row),
+    and each sequence's blocks."""
     per = 1 + tokens // BLOCK
     n = rows * per + 1
-    caches = ModelCaches.allocate(model.config, n, BLOCK, rows + 2, model.dtype, num_window_blocks=n)
+    caches = ModelCaches.allocate(model.config, n, BLOCK, 2 * rows + 2, model.dtype, num_window_blocks=n)
     return caches, [list(range(1 + r * per, 1 + (r + 1) * per)) for r in range(rows)]
 
 
 def _decode_both(model: CausalLM, prompts: list[list[int]], steps: int) -> tuple[list, list, ModelCaches, ModelCaches]:
     """The same greedy decode of len(prompts) rows run twice on fresh caches: through the graph, and with it off
-    (the module path with the same native kernels). Returns the per-step hidden states of both and both caches."""
+    (the module path with the same native kernels). A step whose token completes a block checkpoints that row
+    (its slot rows + 2 + r, overwritten at each boundary), as the scheduler plans it. Returns the per-step hidden
+    states of both and both caches."""
     rows, runs = len(prompts), []
     for graph_on in (True, False):
         caches, blocks = _caches(model, max(map(len, prompts)) + steps, rows)
@@ -50,7 +53,9 @@ def _decode_both(model: CausalLM, prompts: list[list[int]], steps: int) -> tuple
         model._native_decode = graph_on
         try:
             for _ in range(steps):
-                specs = [SeqSpec([nxt[r]], pos[r], blocks[r], state_slot=r + 2) for r in range(rows)]
+                specs = [SeqSpec([nxt[r]], pos[r], blocks[r], state_slot=r + 2,
+                                 checkpoints=[(pos[r] + 1, rows + 2 + r)] if (pos[r] + 1) % BLOCK == 0 else [])
+                         for r in range(rows)]  # fmt: skip
                 h, _ = forward_step(model, caches, specs)
                 outs.append(h)
                 nxt, pos = model.compute_logits(h).argmax(-1).tolist(), [q + 1 for q in pos]
@@ -77,12 +82,12 @@ def test_graph_replays_the_module_path(
     model = load_model(tiny_checkpoint(arch), quantization=quantization).model
     replays: list[int] = []
     real = DecodeGraph.run
-    monkeypatch.setattr(DecodeGraph, "run", lambda self, batch: (replays.append(1), real(self, batch))[1])
+    monkeypatch.setattr(DecodeGraph, "run", lambda self, b, c: (replays.append(1), real(self, b, c))[1])
     seed = torch.randint(0, 2**31, ()).item()
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, model.config.vocab_size, (int(torch.randint(17, 40, (), generator=g)),),
                              generator=g).tolist() for _ in range(rows)]  # fmt: skip
-    steps = 19  # with the prompts, crosses block boundaries of the K/V pages
+    steps = 19  # with the prompts, crosses block boundaries: K/V pages and state checkpoints
     graph_h, module_h, graph_c, module_c = _decode_both(model, prompts, steps)
     captured = quantization is None or rows == 1
     assert len(replays) == (steps if captured else 0), f"the graph replayed {len(replays)} of {steps} (seed {seed})"

@@ -76,19 +76,20 @@ def test_mamba2_decode_matches_reference(arch, overrides, rows, seed, native, va
     g = torch.Generator().manual_seed(100 + seed)
     slots = torch.randperm(rows + 1, generator=g)[:rows].add(1).tolist()  # distinct, shuffled running slots
     contexts = torch.randint(1, 60, (rows,), generator=g).tolist()
-    specs = [
-        SeqSpec([5], ctx, list(range(1 + 4 * r, 5 + 4 * r)), state_slot=s)
+    specs = [  # some rows' token completes a block: checkpoint slots rows + 2 + r
+        SeqSpec([5], ctx, list(range(1 + 4 * r, 5 + 4 * r)), state_slot=s,
+                checkpoints=[(ctx + 1, rows + 2 + r)] if r % 2 == seed % 2 else [])
         for r, (ctx, s) in enumerate(zip(contexts, slots))
-    ]
+    ]  # fmt: skip
     batch = build_forward_batch(
         specs, block_size=BLOCK, chunk_size=lm.config.ssm_chunk_size, with_attention=lm.config.has_attention,
         with_ssm=True,
     )  # fmt: skip
-    assert batch.ssm is not None and batch.ssm.plain_decode
+    assert batch.ssm is not None and batch.ssm.plain_decode and batch.planned_checkpoints
     hidden = torch.randn(rows, lm.config.hidden_size, generator=g)
     outs, states = [], []
     for fast in (True, False):
-        caches = _random_caches(lm.config, rows + 1, seed)
+        caches = _random_caches(lm.config, 2 * rows + 1, seed)
         conv, ssm = caches.state[layer]["conv"], caches.state[layer]["ssm"]
         with torch.inference_mode():
             if fast:
@@ -103,10 +104,14 @@ def test_mamba2_decode_matches_reference(arch, overrides, rows, seed, native, va
     torch.testing.assert_close(states[0][1], states[1][1], rtol=1e-5, atol=1e-5)
     assert torch.equal(states[0][2], states[1][2])
     assert states[0][2][slots].tolist() == [c + 1 for c in contexts]
+    for row, position, dest in batch.planned_checkpoints:  # the new states, copied whole
+        assert states[0][2][dest] == position == contexts[row] + 1
+        assert torch.equal(states[0][0][dest], states[0][0][slots[row]])
+        assert torch.equal(states[0][1][dest], states[0][1][slots[row]])
 
 
 def test_plain_decode_flag() -> None:
-    """Only one-token rows that continue their slot, with no padding row and no checkpoint, are plain."""
+    """Only one-token rows that continue their slot, with no padding row, are plain (checkpoints allowed)."""
 
     def plain(specs: list[SeqSpec]) -> bool:
         b = build_forward_batch(specs, block_size=BLOCK, chunk_size=32, with_attention=False, with_ssm=True)
@@ -116,7 +121,7 @@ def test_plain_decode_flag() -> None:
     assert plain([SeqSpec([1], 4, state_slot=1), SeqSpec([2], 9, state_slot=2)])
     assert not plain([SeqSpec([1, 2], 4, state_slot=1)])  # two tokens
     assert not plain([SeqSpec([1], 0, state_slot=1)])  # a one-token prompt: no initial state
-    assert not plain([SeqSpec([1], 4, state_slot=1, checkpoints=[(5, 3)])])  # a checkpoint
+    assert plain([SeqSpec([1], 4, state_slot=1, checkpoints=[(5, 3)])])  # a checkpoint: copied after the step
     assert not plain([SeqSpec([1], 4, state_slot=1), SeqSpec([0], 0, padding=True)])  # a padding row
 
 

@@ -1,7 +1,8 @@
 """A Mamba2 mixer's decode step in few ops: the fast path of `Mamba2Mixer.forward` on plain decode steps.
 
 A plain decode step (`SSMMetadata.plain_decode`: one token per row, every row continues its own slot, no
-padding row, no checkpoint) needs none of the general path's row bookkeeping. Profiled at batch 1
+padding row) needs none of the general path's row bookkeeping; a row whose token completes a block has its
+new conv and SSM states copied to its checkpoint slot afterwards, as the general path does. Profiled at batch 1
 (Mamba2 115M, 1 thread), the general path ran ~121 ATen ops per layer, most of them tiny, and their
 dispatch cost about as much as reading the layer's weights. This path runs the same arithmetic in ~45:
 
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from recap.kernels.metadata import ForwardBatch
+from recap.kernels.varlen import copy_decode_checkpoints
 
 if TYPE_CHECKING:
     from recap.model.layers.mamba2 import Mamba2Mixer
@@ -73,7 +75,9 @@ def mamba2_decode(
     slots = meta.state_indices
     native = mixer.native_step
     if native is not None and proj.dtype == conv_state.dtype == torch.float32 and conv_state.is_contiguous():
-        out = mixer.out_proj(native(proj.contiguous(), slots, batch.positions, slot_positions, conv_state, ssm_state))
+        y = native(proj.contiguous(), slots, batch.positions, slot_positions, conv_state, ssm_state)
+        _checkpoint(batch, conv_state, ssm_state, slot_positions)
+        out = mixer.out_proj(y)
         return out if c.output_multiplier == 1.0 else out * c.output_multiplier
     z, xbc, dt = proj.split([c.d_inner, c.conv_dim, h], dim=-1)
 
@@ -108,6 +112,17 @@ def mamba2_decode(
             torch.matmul(state.view(g, (h // g) * p, n), cv[r], out=yv[r])
     y.addcmul_(x, _f32(mixer.D).view(h, 1))
     slot_positions.index_copy_(0, slots, batch.positions + 1)
+    _checkpoint(batch, conv_state, ssm_state, slot_positions)
     y = mixer._gate(_as(y, dtype).view(t, c.d_inner), z)
     out = mixer.out_proj(_as(y, dtype))
     return out if c.output_multiplier == 1.0 else out * c.output_multiplier
+
+
+def _checkpoint(
+    batch: ForwardBatch, conv_state: torch.Tensor, ssm_state: torch.Tensor, slot_positions: torch.Tensor
+) -> None:
+    """Rows whose token completed a block: their new states are checkpoints as well."""
+    meta = batch.ssm
+    if batch.planned_checkpoints and meta is not None:
+        copy_decode_checkpoints(conv_state, meta, None)
+        copy_decode_checkpoints(ssm_state, meta, slot_positions)

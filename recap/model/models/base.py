@@ -129,7 +129,7 @@ class CausalLM(nn.Module):
         if self._native_decode and batch.num_tokens == batch.num_seqs <= MAX_ROWS:
             graph = self._decode_graph(caches, batch.num_seqs)
             if graph is not None and graph.takes(batch):
-                return graph.run(batch)
+                return graph.run(batch, caches)
         h = self.embed(batch.input_ids)
         for i, block in enumerate(self.blocks()):
             h = block(h, batch, caches, i)
