@@ -196,15 +196,22 @@ class RowKernel:
             self._fn(x.data_ptr(), 1, *self._pre, y.data_ptr(), torch.get_num_threads())
         return y
 
-    def graph_call(self, x: ctypes.c_void_p, y: ctypes.c_void_p, in_features: int,
-                   threads: ctypes.c_int) -> tuple[ctypes._CFuncPtr, tuple, str | None]:
-        """The call of this kernel on one row at address x [1, in_features] into y [1, out], as a decode graph
-        replays it: (function, arguments, what a nonzero return means or None)."""
+    @property
+    def is_int8(self) -> bool:
+        return bool(self._post)
+
+    def graph_call(self, x: ctypes.c_void_p, y: ctypes.c_void_p, in_features: int, threads: ctypes.c_int,
+                   rows: int = 1) -> tuple[ctypes._CFuncPtr, tuple, str | None]:
+        """The call of this kernel on `rows` rows at address x [rows, in_features] into y [rows, out], as a
+        decode graph replays it: (function, arguments, what a nonzero return means or None). Several rows:
+        int8 weights only (fp32 weights take the panel kernel)."""
         lib = _lib()
         if self._post:
             qscale, zp, qmax = self._post
-            args = (x, _I64(1), *(_P(a) for a in self._int8), _I64(self.out), _I64(in_features), _P(self._bias), y,
-                    _F32(qscale), _INT(zp), _INT(qmax), threads)  # fmt: skip
+            args = (x, _I64(rows), *(_P(a) for a in self._int8), _I64(self.out), _I64(in_features), _P(self._bias),
+                    y, _F32(qscale), _INT(zp), _INT(qmax), threads)  # fmt: skip
             return raw_function(lib, "recap_linear_i8", _INT), args, "linear_rows_int8: no memory for its scratch"
+        if rows != 1:
+            raise ValueError("the fp32 one-row kernel takes one row (several: linear_panels_f32)")
         w, out, k, b = self._pre
         return raw_function(lib, "recap_linear_f32"), (x, _I64(1), _P(w), _I64(out), _I64(k), _P(b), y, threads), None

@@ -9,8 +9,8 @@ call of a decode step of its row count with its arguments fixed: weights, states
 activation buffers by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (tokens,
 positions, state slots, K/V slots, block tables, sequence lengths) are read from the ForwardBatch's own
 tensors, whose addresses are set into shared argument objects before each replay. A graph is captured per
-row count (1 to MAX_ROWS): batch 1 with fp32 or int8 weights, 2 and more rows with fp32 weights (the panel
-kernel; int8 weights at several rows keep fbgemm through the module path).
+row count (1 to MAX_ROWS): fp32 weights through the one-row kernel at batch 1 and the panel kernel at more
+rows, int8 weights through the int8 kernel at every row count.
 
 What it captures is exactly the module path's arithmetic with the native kernels (layers/linear.py's
 RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus csrc/decode_ops.c for
@@ -148,8 +148,8 @@ class DecodeGraph:
         if type(lin) is not Linear or x.shape[1] != lin.in_features:
             raise GraphUnsupportedError(f"linear layer {type(lin).__name__}")
         y = self._buffer(lin.out_features)
-        if self.rows == 1 and lin._rows is not None:
-            self._op(*lin._rows.graph_call(_addr(x), _addr(y), lin.in_features, self._threads))
+        if lin._rows is not None and (self.rows == 1 or lin._rows.is_int8):
+            self._op(*lin._rows.graph_call(_addr(x), _addr(y), lin.in_features, self._threads, self.rows))
         elif self.rows > 1 and lin._panels is not None:
             self._op(*panels_graph_call(_addr(x), _addr(y), self.rows, lin._panels, lin.bias, lin.out_features,
                                         self._threads))  # fmt: skip

@@ -164,6 +164,10 @@ def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
         # rows are independent on both paths (int8: up to fbgemm's rounding of a grid tie, see above)
         tol = 1e-5 if backend == "onednn" else 2e-2
         torch.testing.assert_close(one, many, rtol=tol, atol=tol)
+        if backend == "int8":  # 2-8 rows: the native int8 kernel, each row exactly its reference
+            for n in (2, 5, 8):
+                x = torch.randn(n, 24)
+                assert torch.equal(layer(x), int8_linear_ref(x, layer._int8))
     layer.set_native(False)
     assert layer._rows is None and layer._int8_rows is not None  # the packed copy is kept while off
     layer.set_native(True)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels
+from recap.kernels.linear_rows import RowKernel, linear_panels_f32, linear_rows_int8, pack_int8, pack_panels
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -27,6 +27,11 @@ PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight 
 # Inputs of 2..PANEL_ROWS rows take the native panel kernel when it is on: from memory it led oneDNN up to 32
 # rows (16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93) and tied it at 48-64 (docs/performance.md).
 PANEL_ROWS = 32
+# Inputs of 2..INT8_ROWS rows with int8 weights take the native int8 kernel when it is on: faster than fbgemm
+# there (1.2-1.8x over a decode step's shapes at 1-2 threads, weights from memory), bit-equal to
+# quant.int8_linear_ref, so a row's result does not depend on the rows beside it, and the decode graph
+# replays the same calls. At 16 rows fbgemm led (0.84-0.88x).
+INT8_ROWS = 8
 
 
 def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -78,7 +83,8 @@ class Linear(nn.Module):
 
     def set_native(self, on: bool) -> None:
         """Send one-row fp32 inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
-        kernels/linear_rows.py, and inputs of 2..32 rows with fp32 weights to its panel kernel (a third copy of
+        kernels/linear_rows.py, inputs of 2..8 rows with int8 weights to its int8 kernel, and inputs of 2..32
+        rows with fp32 weights to its panel kernel (a third copy of
         the weight, beside the weight and oneDNN's copy for prefill); the caller checks
         `linear_rows_available()` first. Other inputs, and bf16 weights, keep the backend. Call again when the
         weight moves (it binds the kernel to its address); packed copies are made once and kept while off."""
@@ -99,6 +105,11 @@ class Linear(nn.Module):
         rows = self._rows
         if rows is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous():
             return rows(x)  # the native kernel (batch-1 decode)
+        if rows is not None and rows.is_int8 and x.dim() == 2 and 1 < x.shape[0] <= INT8_ROWS:
+            w = self._int8
+            assert w is not None and self._int8_rows is not None
+            y = linear_rows_int8(x, self._int8_rows, w.row_sums, w.scales, w.bias, w.reduce_range)  # batched decode
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         panels = self._panels
         if (panels is not None and self._native and x.dim() == 2 and 1 < x.shape[0] <= PANEL_ROWS
                 and x.dtype == torch.float32):  # fmt: skip
