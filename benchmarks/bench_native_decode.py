@@ -8,8 +8,8 @@ Wall clock (a 2-thread kernel's second thread is not in the calling thread's CPU
 alternating within each round, the 1-minute load average printed with every row:
 1. one-row linears for these models' shapes, weights cycled through ~400 MB so that every call reads its
    weight from memory as a decode step does: oneDNN vs native fp32, fbgemm vs native int8, with GB/s;
-2. few-row fp32 linears (batched decode, short prefills): oneDNN on its packed copy vs the native panel
-   kernel (linear_panels_f32), GFLOP/s, weights cycled through ~400 MB;
+2. few-row linears (batched decode, short prefills), GFLOP/s, weights cycled through ~400 MB: fp32, oneDNN
+   on its packed copy vs the native panel kernel (linear_panels_f32); int8, fbgemm vs the native int8 kernel;
 3. the greedy batch-1 decode step (benchmarks/profile_decode.py's) with native kernels on (the decode graph)
    and off (fp32 and int8 weights), and how much of the eager step the linear layers take.
 """
@@ -89,34 +89,53 @@ def kernel_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, An
 PANEL_ROWS = (2, 8, 16, 32, 48, 64)
 
 
-def panel_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, Any]:
-    """One shape's few-row linears at several row counts: oneDNN vs the panel kernel, each on its own copies."""
-    k = max(2, int(400e6 // (out_f * in_f * 4)))
-    ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(k)]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in ws]
-    panels = [pack_panels(w) for w in ws]
-    del ws
-    turn = itertools.count()
+def _few_rows(kind: str, out_f: int, in_f: int, rounds: int, threads: int,
+              variants_at: Callable[[torch.Tensor], dict[str, Callable[[], object]]]) -> dict[str, Any]:
+    """One shape's few-row linears at several row counts, the variants alternating within each round."""
     row: dict[str, Any] = {"threads": threads, "shape": f"{out_f}x{in_f}", "load": os.getloadavg()[0], "GF/s": {}}
     cells = []
     with torch.inference_mode():
         for n in PANEL_ROWS:
-            x = torch.randn(n, in_f)
-            variants: dict[str, Callable[[], object]] = {
-                "oneDNN": lambda x=x: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % k], None, "none", [],
-                                                                         ""),
-                "panels": lambda x=x: linear_panels_f32(x, panels[next(turn) % k], None, out_f),
-            }  # fmt: skip
+            variants = variants_at(torch.randn(n, in_f))
             res: dict[str, list[float]] = {v: [] for v in variants}
             for _ in range(rounds):
                 for v, fn in variants.items():
                     res[v].append(wall_ms(fn, 10))
             gf = {v: 2 * n * out_f * in_f / (statistics.median(m) / 1e3) / 1e9 for v, m in res.items()}
             row["GF/s"][n] = gf
-            cells.append(f"{n}: {gf['oneDNN']:.0f}/{gf['panels']:.0f}")
-    print(f"t{threads} {row['shape']:>10} GF/s oneDNN/panels by rows  " + "  ".join(cells)
-          + f"  load {row['load']:.1f}")  # fmt: skip
+            cells.append(f"{n}: " + "/".join(f"{g:.0f}" for g in gf.values()))
+    print(f"t{threads} {row['shape']:>10} GF/s {kind} by rows  " + "  ".join(cells) + f"  load {row['load']:.1f}")
     return row
+
+
+def panel_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, Any]:
+    """fp32: oneDNN on its packed copy vs the panel kernel, each on its own weights cycled from memory."""
+    k = max(2, int(400e6 // (out_f * in_f * 4)))
+    ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(k)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in ws]
+    panels = [pack_panels(w) for w in ws]
+    del ws
+    turn = itertools.count()
+    return _few_rows("oneDNN/panels", out_f, in_f, rounds, threads, lambda x: {
+        "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed[next(turn) % k], None, "none", [], ""),
+        "panels": lambda: linear_panels_f32(x, panels[next(turn) % k], None, out_f),
+    })  # fmt: skip
+
+
+def int8_rows_row(out_f: int, in_f: int, rounds: int, threads: int) -> dict[str, Any]:
+    """int8 weights: fbgemm's dynamic linear vs the native int8 kernel, each on its own weights from memory."""
+    k = max(2, int(400e6 // (out_f * in_f)))
+    qs = [quantize_int8(torch.randn(out_f, in_f) * 0.02, None) for _ in range(k)]
+    tiles = [pack_int8(q.qweight) for q in qs]
+    turn = itertools.count()
+
+    def native(x: torch.Tensor) -> torch.Tensor:
+        i = next(turn) % k
+        return linear_rows_int8(x, tiles[i], qs[i].row_sums, qs[i].scales, None, qs[i].reduce_range)
+
+    return _few_rows("fbgemm/native int8", out_f, in_f, rounds, threads, lambda x: {
+        "fbgemm": lambda: int8_linear(x, qs[next(turn) % k]), "native": lambda: native(x),
+    })  # fmt: skip
 
 
 class LinearClock:
@@ -180,12 +199,13 @@ def main() -> None:
     if not linear_rows_available():
         sys.exit("the native kernels cannot be built here (see the warning above)")
     print(f"native kernels ready in {time.perf_counter() - t:.1f} s")
-    out: dict[str, Any] = {"kernels": [], "panels": [], "steps": []}
+    out: dict[str, Any] = {"kernels": [], "panels": [], "int8_rows": [], "steps": []}
     for threads in args.threads:
         torch.set_num_threads(threads)
         if not args.skip_kernels:
             out["kernels"] += [kernel_row(o, i, args.rounds, threads) for o, i in SHAPES]
             out["panels"] += [panel_row(o, i, args.rounds, threads) for o, i in SHAPES[:-1]]
+            out["int8_rows"] += [int8_rows_row(o, i, args.rounds, threads) for o, i in SHAPES[:-1]]
         for model in args.models:
             out["steps"] += [step_row(model, q, args.rounds, threads, args.cache_dir) for q in (None, "int8")]
     if args.json:
