@@ -163,7 +163,8 @@ def linear_rows_int8(x: torch.Tensor, packed: torch.Tensor, row_sums: torch.Tens
 class RowKernel:
     """One linear layer's weight bound to its native kernel, the addresses and sizes taken once (a decode step
     calls ~50-130 linears; the per-call argument handling of linear_rows_f32 / _int8 cost a few us each).
-    Call it with one contiguous fp32 row x [1, in] -> [1, out]. Build it again when the weight moves."""
+    Call it with contiguous fp32 rows x [n, in] -> [n, out]: one row for an fp32 weight, any number for an
+    int8 one. Build it again when the weight moves."""
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None) -> None:
@@ -187,12 +188,16 @@ class RowKernel:
             self._bias = _ptr(bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.empty(1, self.out)
+        n, k = x.shape
+        if k > self.k or (not self._post and k != self.k):  # int8: self.k is the padded width
+            raise ValueError(f"{k} input features for a weight of {self.k}")
+        y = torch.empty(n, self.out)
         if self._post:
-            k = x.shape[1]
-            self._fn(x.data_ptr(), 1, *self._int8, self.out, k, self._bias, y.data_ptr(), *self._post,
-                     torch.get_num_threads())  # fmt: skip
+            if self._fn(x.data_ptr(), n, *self._int8, self.out, k, self._bias, y.data_ptr(), *self._post,
+                        torch.get_num_threads()):  # fmt: skip
+                raise MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer")
         else:
+            assert n == 1, "the fp32 one-row kernel takes one row (several: linear_panels_f32)"
             self._fn(x.data_ptr(), 1, *self._pre, y.data_ptr(), torch.get_num_threads())
         return y
 

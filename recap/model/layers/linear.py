@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import RowKernel, linear_panels_f32, linear_rows_int8, pack_int8, pack_panels
+from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -103,13 +103,9 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._rows
-        if rows is not None and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32 and x.is_contiguous():
-            return rows(x)  # the native kernel (batch-1 decode)
-        if rows is not None and rows.is_int8 and x.dim() == 2 and 1 < x.shape[0] <= INT8_ROWS:
-            w = self._int8
-            assert w is not None and self._int8_rows is not None
-            y = linear_rows_int8(x, self._int8_rows, w.row_sums, w.scales, w.bias, w.reduce_range)  # batched decode
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if (rows is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
+                and (x.shape[0] == 1 or (rows.is_int8 and x.shape[0] <= INT8_ROWS))):  # fmt: skip
+            return rows(x)  # the native kernel (batch-1 decode; batched decode with int8 weights)
         panels = self._panels
         if (panels is not None and self._native and x.dim() == 2 and 1 < x.shape[0] <= PANEL_ROWS
                 and x.dtype == torch.float32):  # fmt: skip
