@@ -10,6 +10,10 @@ settings.register_profile("recap", deadline=None, derandomize=True, print_blob=T
 settings.load_profile("recap")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+# Without a GPU the Triton kernels (recap/kernels/triton/) run under Triton's interpreter on CPU tensors. Triton
+# reads this when a kernel is decorated, so it is set before any test module imports them.
+if not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     import torch
