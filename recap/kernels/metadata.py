@@ -14,10 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from recap.core.output import PAD_SLOT_ID
+
+if TYPE_CHECKING:
+    from recap.kernels.kernel_set import KernelSet
+
+
+def _torch_kernels() -> KernelSet:
+    from recap.kernels.kernel_set import TORCH_KERNELS  # the kernel modules import this one
+
+    return TORCH_KERNELS
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,8 @@ class ForwardBatch:
     planned_checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
     # The sliding-window layers' paging (their own block pool and tables); None without such layers.
     window_attn: AttentionMetadata | None = None
+    # The ops the layers call this step (kernels/kernel_set.py): the runner's backend chooses them.
+    kernels: KernelSet = field(default_factory=_torch_kernels)
 
 
 def _chunk_bounds(context_len: int, n: int, chunk_size: int, cuts: Sequence[int]) -> list[int]:
@@ -114,6 +126,7 @@ def build_forward_batch(
     with_ssm: bool,
     device: torch.device | str = "cpu",
     with_window: bool = False,
+    kernels: KernelSet | None = None,
 ) -> ForwardBatch:
     """Pack rows into one ForwardBatch. Every row must have at least one token."""
     if not seqs:
@@ -204,6 +217,7 @@ def build_forward_batch(
         num_tokens=len(ids),
         planned_checkpoints=planned,
         window_attn=window_attn,
+        kernels=_torch_kernels() if kernels is None else kernels,
     )
 
 

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.paged_attention import paged_attention
 from recap.kernels.paged_decode import paged_decode_available
 from recap.model.config import AttentionConfig
 from recap.model.layers.linear import Linear
@@ -78,7 +77,8 @@ class Attention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, self.window or None, self.native)
+        window = self.window or None
+        out = batch.kernels.paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, window, self.native)
         if head_gate is not None:
             out = out * head_gate[..., None]
         out = self.o_proj(out.reshape(t, c.num_heads * c.head_dim))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
-from recap.kernels.metadata import SSMMetadata
+from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.layers.activation import activation as activation_fn
 from recap.model.layers.linear import empty_param
@@ -25,15 +24,17 @@ class CausalConv1d(nn.Module):
         self.weight = empty_param(dim, 1, kernel, dtype=dtype)
         self.bias = empty_param(dim, dtype=dtype) if bias else None
 
-    def forward(self, x: torch.Tensor, conv_state: torch.Tensor, meta: SSMMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x [T, D] -> [T, D]; reads and updates conv_state [S, D, K-1] of the rows' slots."""
+        meta = batch.ssm
+        assert meta is not None, "a causal conv needs batch.ssm metadata"
         w = self.weight.squeeze(1)  # (d, k)
         if meta.is_decode:
             # has_initial_state: a one-token prompt (context 0) must not read its slot's old content.
-            y = causal_conv1d_update(
+            y = batch.kernels.causal_conv1d_update(
                 x, conv_state, w, self.bias, meta.state_indices, self.activation, meta.has_initial_state
             )
             copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
         else:
-            y = causal_conv1d_varlen(x, w, self.bias, conv_state, meta, self.activation)
+            y = batch.kernels.causal_conv1d_varlen(x, w, self.bias, conv_state, meta, self.activation)
         return y if self.post_activation is None else self.post_activation(y)

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.paged_attention import paged_attention
 from recap.kernels.paged_decode import paged_decode_available
 from recap.model.config import AttentionConfig
 from recap.model.layers.linear import Linear
@@ -69,8 +68,9 @@ class GatedAttention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        out = paged_attention(q.contiguous(), k.contiguous(), v, k_cache, v_cache, batch.attn, self.scale, None,
-                              self.native)  # fmt: skip
+        out = batch.kernels.paged_attention(
+            q.contiguous(), k.contiguous(), v, k_cache, v_cache, batch.attn, self.scale, None, self.native
+        )
         out = out.reshape(t, c.num_heads * c.head_dim)
         if gate is not None:
             out = out * torch.sigmoid(gate)

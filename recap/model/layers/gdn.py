@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
-from recap.kernels.gdn import gated_delta_rule_varlen, gdn_gates, l2_normalize
-from recap.kernels.metadata import ForwardBatch, SSMMetadata
+from recap.kernels.gdn import gdn_gates, l2_normalize
+from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import StateCache
 from recap.model.config import GatedDeltaNetConfig
@@ -70,17 +69,21 @@ class GatedDeltaNetMixer(nn.Module):
         qkv = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         return qkv, z.reshape(t, -1), b.reshape(t, -1), a.reshape(t, -1)
 
-    def _conv(self, qkv: torch.Tensor, conv_state: torch.Tensor, meta: SSMMetadata) -> torch.Tensor:
+    def _conv(self, qkv: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The causal conv + activation over [q | k | v], rolling the `conv` window of the rows' slots."""
+        meta = batch.ssm
+        assert meta is not None
         if self.cfg.projection != "olmo_hybrid":
-            return self.conv1d(qkv, conv_state, meta)
+            return self.conv1d(qkv, conv_state, batch)
         w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)  # (d, k)
         act = self.cfg.activation
         if meta.is_decode:
-            y = causal_conv1d_update(qkv, conv_state, w, None, meta.state_indices, act, meta.has_initial_state)
+            y = batch.kernels.causal_conv1d_update(
+                qkv, conv_state, w, None, meta.state_indices, act, meta.has_initial_state
+            )
             copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
             return y
-        return causal_conv1d_varlen(qkv, w, None, conv_state, meta, act)
+        return batch.kernels.causal_conv1d_varlen(qkv, w, None, conv_state, meta, act)
 
     def forward(
         self, hidden: torch.Tensor, batch: ForwardBatch, state: StateCache, slot_positions: torch.Tensor
@@ -91,7 +94,7 @@ class GatedDeltaNetMixer(nn.Module):
             raise ValueError("a Gated DeltaNet layer needs batch.ssm metadata")
         c, t = self.cfg, hidden.shape[0]
         qkv, z, b, a = self._project(hidden)
-        qkv = self._conv(qkv.contiguous(), state["conv"], meta)
+        qkv = self._conv(qkv.contiguous(), state["conv"], batch)
         q, k, v = qkv.split([c.key_dim, c.key_dim, c.value_dim], dim=-1)
         q = l2_normalize(q.reshape(t, c.num_k_heads, c.head_k_dim)) * c.head_k_dim**-0.5
         k = l2_normalize(k.reshape(t, c.num_k_heads, c.head_k_dim))
@@ -99,6 +102,7 @@ class GatedDeltaNetMixer(nn.Module):
         if c.beta_scale != 1.0:
             beta = beta * c.beta_scale
         v = v.reshape(t, c.num_v_heads, c.head_v_dim)
-        o = gated_delta_rule_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)  # (t, hv, dv)
+        # (t, hv, dv)
+        o = batch.kernels.gated_delta_rule_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
         o = getattr(self, self._norm_name)(o.reshape(t, c.value_dim), z)
         return getattr(self, self._out_name)(o.to(hidden.dtype))

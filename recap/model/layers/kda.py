@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.kda import kda_varlen
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import StateCache
 from recap.model.config import KDAConfig
@@ -65,7 +64,8 @@ class KDAMixer(nn.Module):
             for x in "qkv"
         )
         g, beta = self._gate(hidden), torch.sigmoid(self.b_proj(hidden).float())
-        o = kda_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)  # decode batches included
+        # decode batches included
+        o = batch.kernels.kda_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
         gate = self.g_b_proj(self.g_a_proj(hidden)).float().view(shape)
         y = rms_normalize(o, c.norm_eps).mul_(self.o_norm.weight.float()).mul_(torch.sigmoid(gate))
         return self.o_proj(y.to(hidden.dtype).reshape(t, c.dim))

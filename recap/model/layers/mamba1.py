@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.selective_scan import selective_scan_varlen, selective_state_update
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import StateCache
 from recap.model.config import Mamba1Config
@@ -64,7 +63,7 @@ class Mamba1Mixer(nn.Module):
             raise ValueError("a Mamba layer needs batch.ssm metadata")
         cfg = self.cfg
         x, z = self.in_proj(hidden).chunk(2, dim=-1)  # (t, i) each
-        x = self.conv1d(x.contiguous(), conv_state, meta)
+        x = self.conv1d(x.contiguous(), conv_state, batch)
         dt, b, c = self.x_proj(x).split([cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
         dt, b, c = self._norm_bcdt(dt, b, c)
         dt = torch.nn.functional.linear(dt, self.dt_proj.weight)  # (t, i); bias added in the kernel
@@ -72,13 +71,13 @@ class Mamba1Mixer(nn.Module):
         d, dt_bias = self.D.float(), self.dt_proj.bias.float()
         z = z.contiguous()
         if meta.is_decode:
-            y = selective_state_update(
+            y = batch.kernels.selective_state_update(
                 ssm_state, x, dt, a, b.contiguous(), c.contiguous(), d, z, dt_bias, True,
                 meta.state_indices, slot_positions, batch.positions, meta.has_initial_state,
             )  # fmt: skip
             copy_decode_checkpoints(ssm_state, meta, slot_positions)
         else:
-            y = selective_scan_varlen(
+            y = batch.kernels.selective_scan_varlen(
                 x, dt, a, b.contiguous(), c.contiguous(), d, z, dt_bias, True, ssm_state, meta,
                 slot_positions=slot_positions,
             )  # fmt: skip

@@ -17,8 +17,6 @@ from torch import nn
 
 from recap.kernels.mamba2_step import Mamba2Step, mamba2_step_available
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.ssd import ssd_varlen
-from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import StateCache
 from recap.model.config import Mamba2Config
@@ -110,7 +108,7 @@ class Mamba2Mixer(nn.Module):
         if self.in_proj_scale is not None:
             proj = proj * self.in_proj_scale
         z, xbc, dt = proj.split([c.d_inner, c.conv_dim, c.num_heads], dim=-1)
-        xbc = self.conv1d(xbc.contiguous(), conv_state, meta)  # (t, conv_dim)
+        xbc = self.conv1d(xbc.contiguous(), conv_state, batch)  # (t, conv_dim)
         gn = c.n_groups * c.d_state
         x, b, cc = xbc.split([c.d_inner, gn, gn], dim=-1)
         x = x.reshape(t, c.num_heads, c.head_dim)  # (t, h, p)
@@ -120,13 +118,13 @@ class Mamba2Mixer(nn.Module):
         a = -torch.exp(self.A_log.float())  # (h,)
         d, dt_bias = self.D.float(), self.dt_bias.float()
         if meta.is_decode:
-            y = ssd_state_update(
+            y = batch.kernels.ssd_state_update(
                 ssm_state, x, dt, a, b, cc, d, dt_bias, True, c.time_step_limit, meta.state_indices,
                 slot_positions, batch.positions, meta.has_initial_state,
             )  # fmt: skip
             copy_decode_checkpoints(ssm_state, meta, slot_positions)
         else:
-            y = ssd_varlen(
+            y = batch.kernels.ssd_varlen(
                 x, dt, a, b, cc, d, dt_bias, True, c.time_step_limit, ssm_state, meta,
                 slot_positions=slot_positions,
             )  # fmt: skip

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.kernels.mla import paged_mla_attention
 from recap.model.cache import KVCache
 from recap.model.config import MLAConfig
 from recap.model.layers.linear import Linear
@@ -42,7 +41,7 @@ class MLAttention(nn.Module):
         t, c = x.shape[0], self.cfg
         q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         latent, kr = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
-        out = paged_mla_attention(
+        out = batch.kernels.paged_mla_attention(
             q.view(t, c.num_heads, c.qk_head_dim), self.kv_a_layernorm(latent), kr, cache.tensors["latent"],
             cache.tensors["rope"], batch.attn, self.kv_b_proj.weight, c.qk_nope_head_dim, self.scale,
         )  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints, record_decode_positions
 from recap.model.cache import StateCache
@@ -44,9 +43,9 @@ class ShortConv(nn.Module):
         w = self.conv.weight.squeeze(1)  # (d, k)
         if meta.is_decode:
             idx, init = meta.state_indices, meta.has_initial_state
-            y = causal_conv1d_update(bx, conv_state, w, self.conv.bias, idx, None, init)
+            y = batch.kernels.causal_conv1d_update(bx, conv_state, w, self.conv.bias, idx, None, init)
             record_decode_positions(slot_positions, meta.state_indices, batch.positions)
             copy_decode_checkpoints(conv_state, meta, slot_positions)
         else:
-            y = causal_conv1d_varlen(bx, w, self.conv.bias, conv_state, meta, None, slot_positions)
+            y = batch.kernels.causal_conv1d_varlen(bx, w, self.conv.bias, conv_state, meta, None, slot_positions)
         return self.out_proj(c * y)

@@ -1,0 +1,59 @@
+"""The kernel set: the ops a model's layers call, chosen per step by the runner (DESIGN invariant 10).
+
+Every backend (the torch reference kernels with their CPU fast paths, the Triton kernels for GPUs) provides
+the same functions with the same signatures and metadata contract (chunk ends, destination slots, positions
+written, PAD_SLOT_ID rows skipped), so layers call `batch.kernels.<op>(...)` and hold no device branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.gdn import gated_delta_rule_varlen
+from recap.kernels.kda import kda_varlen
+from recap.kernels.mla import paged_mla_attention
+from recap.kernels.paged_attention import paged_attention
+from recap.kernels.selective_scan import selective_scan_varlen, selective_state_update
+from recap.kernels.ssd import ssd_varlen
+from recap.kernels.ssd_decode import ssd_state_update
+
+Kernel = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """One implementation of every swappable op; each field has the signature of the torch op of that name."""
+
+    name: str
+    ssd_varlen: Kernel
+    ssd_state_update: Kernel
+    selective_scan_varlen: Kernel
+    selective_state_update: Kernel
+    causal_conv1d_varlen: Kernel
+    causal_conv1d_update: Kernel
+    gated_delta_rule_varlen: Kernel
+    kda_varlen: Kernel
+    paged_attention: Kernel
+    paged_mla_attention: Kernel
+
+    @classmethod
+    def op_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name != "name")
+
+
+TORCH_KERNELS = KernelSet(
+    name="torch",
+    ssd_varlen=ssd_varlen,
+    ssd_state_update=ssd_state_update,
+    selective_scan_varlen=selective_scan_varlen,
+    selective_state_update=selective_state_update,
+    causal_conv1d_varlen=causal_conv1d_varlen,
+    causal_conv1d_update=causal_conv1d_update,
+    gated_delta_rule_varlen=gated_delta_rule_varlen,
+    kda_varlen=kda_varlen,
+    paged_attention=paged_attention,
+    paged_mla_attention=paged_mla_attention,
+)

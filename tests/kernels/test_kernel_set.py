@@ -1,0 +1,43 @@
+"""The kernel set: layers call the step's kernels, so a backend swaps every op without touching the model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
+from recap.kernels.metadata import SeqSpec, build_forward_batch
+from recap.model.cache import ModelCaches
+from recap.model.loader import load_model
+from recap.model.testing import make_tiny_checkpoint
+
+
+def test_every_op_is_callable_and_named() -> None:
+    assert TORCH_KERNELS.name == "torch"
+    for name in KernelSet.op_names():
+        assert callable(getattr(TORCH_KERNELS, name)), name
+
+
+def test_layers_call_the_batch_kernels(tmp_path: Path) -> None:
+    """A kernel set that counts its calls sees every recurrent and attention op of a hybrid's forward."""
+    loaded = load_model(make_tiny_checkpoint("nemotron_h", tmp_path / "m"), linear_backend="torch")
+    model, config = loaded.model, loaded.config
+    caches = ModelCaches.allocate(config, num_kv_blocks=8, block_size=16, num_state_slots=2, dtype=torch.float32)
+    calls: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        fn = getattr(TORCH_KERNELS, name)
+        return lambda *a, **k: (calls.append(name), fn(*a, **k))[1]
+
+    counting = dataclasses.replace(TORCH_KERNELS, name="counting", **{n: counted(n) for n in KernelSet.op_names()})
+    spec = SeqSpec(token_ids=list(range(5, 25)), block_ids=[1, 2], state_slot=0)
+    kw = dict(block_size=16, chunk_size=config.ssm_chunk_size, with_attention=True, with_ssm=True)
+    ref = model(build_forward_batch([spec], **kw), caches)
+    caches2 = ModelCaches.allocate(config, num_kv_blocks=8, block_size=16, num_state_slots=2, dtype=torch.float32)
+    out = model(build_forward_batch([spec], kernels=counting, **kw), caches2)
+    assert torch.equal(ref, out)
+    assert {"ssd_varlen", "causal_conv1d_varlen", "paged_attention"} <= set(calls)
