@@ -60,7 +60,7 @@ class KDAMixer(nn.Module):
         t, c = hidden.shape[0], self.cfg
         shape = (t, c.num_heads, c.head_dim)
         q, k, v = (
-            getattr(self, f"{x}_conv1d")(getattr(self, f"{x}_proj")(hidden), state[f"conv_{x}"], meta).view(shape)
+            getattr(self, f"{x}_conv1d")(getattr(self, f"{x}_proj")(hidden), state[f"conv_{x}"], batch).view(shape)
             for x in "qkv"
         )
         g, beta = self._gate(hidden), torch.sigmoid(self.b_proj(hidden).float())
