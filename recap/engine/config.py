@@ -8,6 +8,7 @@ from recap.config import CacheConfig, SchedulerConfig
 from recap.model.quant import QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
+KERNEL_SETS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,13 @@ class EngineConfig:
     # Batch-1 decode's fp32 and int8 linears through recap's native kernels (recap/kernels/linear_rows.py,
     # built once per machine in about a second); False: torch's kernels only (vLLM's --enforce-eager).
     native_decode: bool = True
+    # Where the model and its pools live: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu", "cuda[:N]".
+    device: str = "auto"
+    # The kernels the layers call (kernels/kernel_set.py): "auto" (Triton on a GPU, torch's on a CPU), "torch",
+    # or "triton" (on a CPU only under Triton's interpreter: the tests' way of running the GPU kernels).
+    kernels: str = "auto"
+    # On a GPU: the share of its memory the process may hold; the pools take what the weights leave of it.
+    gpu_memory_utilization: float = 0.9
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -38,5 +46,9 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
+        if self.kernels not in KERNEL_SETS:
+            raise ValueError(f"kernels must be one of {KERNEL_SETS}, got {self.kernels!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {self.max_n}")

@@ -69,11 +69,15 @@ class LLM:
         quantization: str | None = None,  # None, or "int8": int8 linear weights (recap/model/quant.py)
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
+        device: str = "auto",
+        kernels: str = "auto",
     ) -> None:
-        """`gpu_memory_utilization` has no effect (no GPU: the pools are sized by kv_cache_bytes /
-        state_cache_bytes); `enforce_eager` keeps torch's kernels only (no native decode kernels, as vLLM's flag
-        turns off CUDA graphs); `trust_remote_code` has no effect (recap runs only its own implementations of
-        the architectures it supports, never code from a checkpoint)."""
+        """`device`: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda[:N]"; `kernels`: "auto"
+        (Triton on a GPU, torch's on a CPU), "torch" or "triton". `gpu_memory_utilization`: on a GPU, the share
+        of its memory the process may hold (the pools take what the weights leave; kv_cache_bytes /
+        state_cache_bytes fix them instead); `enforce_eager` keeps torch's kernels only (no native decode
+        kernels, as vLLM's flag turns off CUDA graphs); `trust_remote_code` has no effect (recap runs only its
+        own implementations of the architectures it supports, never code from a checkpoint)."""
         _check_hardware(tensor_parallel_size, pipeline_parallel_size, quantization, tokenizer_mode,
                         gpu_memory_utilization)
         del trust_remote_code, disable_log_stats  # no effect on CPU, see above
@@ -82,9 +86,12 @@ class LLM:
             EngineConfig(
                 model=model,
                 tokenizer=tokenizer,
-                dtype=resolve_dtype(dtype),
+                dtype=resolve_dtype(dtype, device),
                 quantization=quantization,
                 native_decode=not enforce_eager,
+                device=device,
+                kernels=kernels,
+                gpu_memory_utilization=gpu_memory_utilization,
                 seed=0 if seed is None else seed,
                 cache=CacheConfig(
                     block_size=block_size,

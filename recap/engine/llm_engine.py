@@ -21,7 +21,9 @@ from recap.engine.model_defaults import derived_max_model_len, generation_defaul
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.engine.processor import InputProcessor, PreparedRequest
+from recap.kernels.kernel_set import kernel_set
 from recap.model.loader import load_model, load_tokenizer
+from recap.runner.device import resolve_device
 from recap.runner.grammar import GrammarBackend
 from recap.runner.model_runner import ModelRunner, RunnerConfig
 from recap.sampling_params import SamplingParams
@@ -51,10 +53,15 @@ class LLMEngine:
             from recap.model.default_model import ensure_default_model
 
             model_path = str(ensure_default_model())
+        device = resolve_device(config.device)
+        if device.type != "cpu" and config.quantization is not None:
+            raise ValueError(f"quantization {config.quantization!r} runs on the CPU only (fbgemm); got device {device}")
+        kernels = kernel_set(config.kernels, device)
         dtype = getattr(torch, config.dtype)
         loaded = load_model(
-            model_path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode
-        )
+            model_path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
+            device=device,
+        )  # fmt: skip
         if config.derive_max_model_len:
             length = derived_max_model_len(loaded.config.max_position_embeddings)
             config = self.config = replace(config, scheduler=replace(config.scheduler, max_model_len=length))
@@ -69,8 +76,11 @@ class LLMEngine:
         self.default_sampling = generation_defaults(loaded.path, config.generation_config)
         SamplingParams(**self.default_sampling)  # a bad file fails here, naming the field
         self.runner = ModelRunner(
-            loaded, config.cache, config.scheduler, RunnerConfig(dtype=dtype, seed=config.seed), self.eos_token_ids
-        )
+            loaded, config.cache, config.scheduler,
+            RunnerConfig(dtype=dtype, device=str(device), seed=config.seed, kernels=kernels,
+                         gpu_memory_utilization=config.gpu_memory_utilization),
+            self.eos_token_ids,
+        )  # fmt: skip
         self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout)
         self.processor = InputProcessor(

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from recap.config import CHECKPOINT_POLICIES, CacheConfig
 from recap.engine.config import DTYPES
+from recap.runner.device import resolve_device
 
 MAMBA_CACHE_MODES = ("none", "align", "all")
-# dtype "auto": recap's CPU kernels run the model in float32 whatever the checkpoint stores.
+# dtype "auto": recap's CPU kernels run the model in float32 whatever the checkpoint stores; on a GPU, bfloat16
+# (the recurrent states stay float32 either way: model/state_spec.py).
 AUTO_DTYPE = "float32"
-_DTYPE_ALIASES = {"auto": AUTO_DTYPE, "float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
+AUTO_GPU_DTYPE = "bfloat16"
+_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
-def resolve_dtype(dtype: str) -> str:
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
+    """vLLM's dtype names -> recap's; "auto" depends on the device ("auto", "cpu", "cuda[:N]")."""
+    if dtype == "auto":
+        return AUTO_GPU_DTYPE if resolve_device(device).type == "cuda" else AUTO_DTYPE
     name = _DTYPE_ALIASES.get(dtype, dtype)
     if name not in DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {DTYPES}, got {dtype!r}")

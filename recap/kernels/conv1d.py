@@ -48,7 +48,7 @@ def causal_conv1d_varlen(
     # position r sits at qsl[b] + (b+1)(K-1) + r, so all taps are plain slices of one tensor.
     rows = token_rows(qsl, t)  # (t,)
     tok_at = torch.arange(t, device=x.device) + (rows + 1) * (k - 1)  # (t,)
-    init_at = (qsl[:-1] + torch.arange(nb, device=x.device) * (k - 1))[:, None] + torch.arange(k - 1)  # (b, k-1)
+    init_at = (qsl[:-1] + torch.arange(nb, device=x.device) * (k - 1))[:, None] + torch.arange(k - 1, device=x.device)
     buf = torch.empty(t + nb * (k - 1), d, dtype=torch.float32, device=x.device)
     if nb == 1:  # one row: [initial inputs, tokens] are two plain slices
         buf[k - 1 :] = x

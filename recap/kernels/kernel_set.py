@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
+
 from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
 from recap.kernels.gdn import gated_delta_rule_varlen
 from recap.kernels.kda import kda_varlen
@@ -57,3 +59,22 @@ TORCH_KERNELS = KernelSet(
     paged_attention=paged_attention,
     paged_mla_attention=paged_mla_attention,
 )
+
+
+class KernelsUnavailableError(ValueError):
+    """The kernel set asked for cannot run here (no triton, or Triton kernels on a CPU without its interpreter)."""
+
+
+def kernel_set(name: str, device: torch.device) -> KernelSet:
+    """The kernels for `device`: "auto" (Triton on a GPU, torch's elsewhere), "torch" or "triton"."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TORCH_KERNELS
+    if name != "triton":
+        raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {name!r}")
+    try:
+        from recap.kernels.triton.kernel_set import TRITON_KERNELS
+    except ImportError as e:
+        raise KernelsUnavailableError(f"the Triton kernels need the triton package ({e}); pip install triton") from e
+    return TRITON_KERNELS

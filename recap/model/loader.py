@@ -116,9 +116,12 @@ def load_weights(model: CausalLM, path: Path) -> dict[str, int]:
     return dict(ignored)
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
-    """An unloaded model (uninitialized weights) for `config`."""
-    return MODEL_CLASSES[config.architecture](config, dtype).eval()
+def build_model(
+    config: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> CausalLM:
+    """An unloaded model (uninitialized weights) for `config`, its tensors allocated on `device`."""
+    with torch.device(device):
+        return MODEL_CLASSES[config.architecture](config, dtype).eval()
 
 
 def load_model(
@@ -127,6 +130,7 @@ def load_model(
     linear_backend: str = "auto",
     quantization: str | None = None,
     native_decode: bool = True,
+    device: str | torch.device = "cpu",
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly.
 
@@ -137,6 +141,7 @@ def load_model(
     native_decode: one-row inputs of every fp32 or int8 linear (batch-1 decode) take recap's native kernels
     (kernels/linear_rows.py), built once per machine with the C compiler (about a second). Where they cannot
     be built the model keeps its backend, with a warning. False: torch's kernels only (vLLM's --enforce-eager).
+    device: where the weights live; off the CPU the linears are torch's (the CPU backends do not apply).
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
@@ -146,15 +151,18 @@ def load_model(
     hf = read_hf_config(path)
     architecture_of(hf)  # raises UnsupportedArchitectureError before touching weights
     config = translate_config(hf)
-    net = build_model(config, dtype)
+    net = build_model(config, dtype, device)
     ignored = load_weights(net, path)
+    on_cpu = torch.device(device).type == "cpu"
     if quantization is not None:
         linear_backend = quantization
+    elif not on_cpu:
+        linear_backend = "torch"
     elif linear_backend == "auto":
         fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
         linear_backend = "onednn" if fast else "torch"
     net.set_linear_backend(linear_backend)
-    if native_decode and linear_backend != "torch" and linear_rows_available():
+    if on_cpu and native_decode and linear_backend != "torch" and linear_rows_available():
         net.set_native_decode(True)
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from recap.config import CacheConfig, SchedulerConfig
 
@@ -31,6 +31,24 @@ class PoolSizes:
     num_window_blocks: int = 0  # the window group's pool, including its null block
 
 
+def _split_device_budget(
+    cache: CacheConfig, sched: SchedulerConfig, attn_bytes_per_token: int, state_bytes_per_slot: int, budget: int
+) -> CacheConfig:
+    """The cache config with byte budgets for the pools that have none, out of a GPU's `budget`."""
+    state = cache.state_cache_bytes
+    if state is None and state_bytes_per_slot:
+        state = min(_state_want(sched, state_bytes_per_slot), budget // 2)
+    kv = cache.kv_cache_bytes
+    if kv is None and attn_bytes_per_token:
+        kv = max(budget - (state or 0), 0)
+    return replace(cache, kv_cache_bytes=kv, state_cache_bytes=state)
+
+
+def _state_want(sched: SchedulerConfig, state_bytes_per_slot: int) -> int:
+    """Running slots for every sequence plus room for checkpoints."""
+    return (4 * sched.max_num_seqs + 64) * state_bytes_per_slot
+
+
 def size_pools(
     cache: CacheConfig,
     sched: SchedulerConfig,
@@ -38,12 +56,18 @@ def size_pools(
     state_bytes_per_slot: int,
     available: int | None = None,
     window_bytes_per_token: int = 0,
+    device_budget: int | None = None,
 ) -> PoolSizes:
     """Blocks and slots that fit the budgets; errors if the budgets cannot run one full-length request.
 
     With sliding-window layers the KV budget is split so both attention groups get the same number of
     blocks (the window group never runs out first; it frees blocks out of the window as requests run).
+    device_budget: the bytes a GPU leaves the pools (runner/device.py); a pool without its own byte budget
+    then takes what it wants up to half of it, the KV pool also what the state pool leaves.
     """
+    if device_budget is not None:
+        cache = _split_device_budget(cache, sched, kv_bytes_per_token + window_bytes_per_token,
+                                     state_bytes_per_slot, device_budget)  # fmt: skip
     avail = available_memory_bytes() if available is None else available
     num_blocks = 0
     attn_bytes_per_token = kv_bytes_per_token + window_bytes_per_token
@@ -61,8 +85,7 @@ def size_pools(
             )
     num_slots = 0
     if state_bytes_per_slot:
-        # Running slots for every sequence plus room for checkpoints.
-        want = (4 * sched.max_num_seqs + 64) * state_bytes_per_slot
+        want = _state_want(sched, state_bytes_per_slot)
         budget = cache.state_cache_bytes or min(want, int(avail * DEFAULT_MEMORY_FRACTION))
         num_slots = budget // state_bytes_per_slot
         if num_slots < 2:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
 from recap.model.loader import LoadedModel
+from recap.runner.device import device_pool_budget
 from recap.runner.grammar import GrammarBackend
 from recap.runner.memory import PoolSizes, size_pools
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
@@ -22,8 +24,10 @@ _GREEDY = SamplingParams(temperature=0.0)
 @dataclass(frozen=True)
 class RunnerConfig:
     dtype: torch.dtype = torch.float32
-    device: str = "cpu"
+    device: str = "cpu"  # where the model's weights are; the pools and each step's metadata go there too
     seed: int | None = 0
+    kernels: KernelSet = field(default=TORCH_KERNELS)  # the ops the layers call (kernels/kernel_set.py)
+    gpu_memory_utilization: float = 0.9  # on a GPU: the share of its memory the process may hold
 
 
 class ModelRunner:
@@ -44,6 +48,7 @@ class ModelRunner:
         self.runner_config = runner_config
         self.eos_token_ids = eos_token_ids
         dtype = runner_config.dtype
+        self.device = torch.device(runner_config.device)
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
         self.window_bytes_per_token = self.config.window_bytes_per_token(dtype)
         self.state_bytes_per_slot = self.config.state_bytes_per_slot(dtype)
@@ -53,6 +58,7 @@ class ModelRunner:
             self.kv_bytes_per_token,
             self.state_bytes_per_slot,
             window_bytes_per_token=self.window_bytes_per_token,
+            device_budget=device_pool_budget(self.device, runner_config.gpu_memory_utilization),
         )
         self.caches = ModelCaches.allocate(
             self.config,
@@ -60,6 +66,7 @@ class ModelRunner:
             block_size=cache_config.block_size,
             num_state_slots=self.pools.num_state_slots,
             dtype=dtype,
+            device=self.device,
             num_window_blocks=self.pools.num_window_blocks,
             huge_pages=self.model.on_huge_pages,  # native decode streams them as it streams the weights
         )
@@ -105,8 +112,9 @@ class ModelRunner:
             chunk_size=self.config.ssm_chunk_size,
             with_attention=self.has_kv,
             with_ssm=self.has_state,
-            device=self.runner_config.device,
+            device=self.device,
             with_window=self.has_window,
+            kernels=self.runner_config.kernels,
         )
 
     @torch.inference_mode()
@@ -125,7 +133,8 @@ class ModelRunner:
         hidden = self.model(batch, self.caches)
         result = ModelRunnerOutput()
         if batch.sample_rows:
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            # The sampler works on the host (per-row settings, seeded generators): one copy of the rows' logits.
+            logits = self.model.compute_logits(hidden[batch.logits_indices]).cpu()
             rows = [out.scheduled[r] for r in batch.sample_rows]
             sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
             self._collect_samples(rows, sampled, result)
@@ -167,7 +176,7 @@ class ModelRunner:
             if not s.prompt_logprobs or stop <= start:
                 continue
             k = (s.sampling_params.prompt_logprobs or 0) if s.sampling_params is not None else 0
-            lp = torch.log_softmax(self.model.compute_logits(hidden[qsl[row]:qsl[row] + stop - start]).float(), -1)
+            lp = torch.log_softmax(self.model.compute_logits(hidden[qsl[row]:qsl[row] + stop - start]).cpu(), -1)
             found[s.request_id] = (start, [row_logprobs(lp[j], prompt[start + 1 + j], k) for j in range(stop - start)])
         return found
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
-from recap.engine.config import DTYPES, EngineConfig
+from recap.engine.config import DTYPES, KERNEL_SETS, EngineConfig
 from recap.engine.vllm_compat import MAMBA_CACHE_MODES, checkpoint_policy_for, resolve_dtype
 from recap.model.quant import QUANTIZATIONS
 from recap.units import positive_bytes
@@ -28,7 +28,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="tokenizer folder or hub id (default: the model's)")
     p.add_argument("--served-model-name", help="the model name clients send (default: MODEL)")
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
-                   help="auto: float32 (recap's CPU kernels run the model in float32 whatever the checkpoint stores)")
+                   help="auto: float32 on a CPU (recap's CPU kernels run the model in float32 whatever the checkpoint "
+                        "stores), bfloat16 on a GPU")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N")
+    p.add_argument("--kernels", choices=KERNEL_SETS, default="auto",
+                   help="the layers' kernels: auto (triton on a GPU, torch's on a CPU), torch, triton")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="on a GPU: the share of its memory recap may hold; the KV and state pools take what the "
+                        "weights leave (--kv-cache-bytes / --state-cache-bytes fix them instead)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
     p.add_argument("--enforce-eager", action="store_true",
                    help="torch's kernels only: batch-1 decode does not take recap's native kernels "
@@ -79,9 +87,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         tokenizer=args.tokenizer,
         served_model_name=args.served_model_name,
-        dtype=resolve_dtype(args.dtype),
+        dtype=resolve_dtype(args.dtype, args.device),
         quantization=args.quantization,
         native_decode=not args.enforce_eager,
+        device=args.device,
+        kernels=args.kernels,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,
