@@ -1,0 +1,313 @@
+"""The prepared device check of recap on a GPU (issue 32): one command, a table and a JSON file.
+
+    python benchmarks/gpu_check.py --out gpu_check.json            # on the GPU machine (< 8 minutes)
+    python benchmarks/gpu_check.py --device cpu --smoke              # here: the same code on tiny shapes
+
+Sections, each timed and isolated (a failure is recorded and the next section runs):
+1. kernels: the Triton kernel tests (tests/kernels/triton) compiled on the device in fp32, then each kernel
+   at a realistic shape in bf16 against its torch reference in fp32 (max error relative to the output's scale);
+2. backends: end-to-end greedy tokens of the Triton and torch kernel sets on tiny hybrids (Mamba2, GDN and
+   short-conv), and cached = uncached (a repeated prompt hits its checkpoint and gives the same tokens);
+3. speed: ~1.3B Nemotron-H-like and ~1.5B Qwen3.5-like shapes with random bf16 weights: prefill tok/s at
+   8k tokens, decode tok/s at batch 1/32/128, time to first token on a cached 8k prefix (+64 new tokens)
+   against the cold 8k prefill; transformers on the same shape side by side (prefill 8k, decode batch 1);
+   each figure as a fraction of the card's limits (HBM bytes/s for decode, dense bf16 FLOP/s for prefill).
+
+Imports stay light (torch, triton, transformers, tokenizers, safetensors, xxhash): the GPU machine has no
+network. The card's limits are the H100 SXM's datasheet figures unless --hbm-bytes-s / --bf16-flops say else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recap.config import CacheConfig, SchedulerConfig  # noqa: E402
+from recap.engine.config import EngineConfig  # noqa: E402
+from recap.engine.llm_engine import LLMEngine  # noqa: E402
+from recap.model.default_model import ensure_default_model  # noqa: E402
+from recap.model.testing import make_tiny_checkpoint, tiny_hf_config  # noqa: E402
+from recap.sampling_params import SamplingParams  # noqa: E402
+
+H100_HBM_BYTES_S = 3.35e12
+H100_BF16_FLOPS = 989e12
+
+# ~1.3B Nemotron-H-like: 24 layers (12 Mamba2, 10 MLP, 2 attention), hidden 2048, 64 SSM heads x 64, state 128.
+NEMOTRON_1B = {
+    "vocab_size": 131072, "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 64, "mamba_head_dim": 64, "n_groups": 8,
+    "ssm_state_size": 128, "chunk_size": 128, "max_position_embeddings": 16384,
+    "layers_block_type": (["mamba", "mlp"] * 3 + ["mamba", "attention"]) * 3,
+}  # fmt: skip
+# ~1.5B Qwen3.5-like: 24 layers (18 GDN, 6 attention), hidden 2048, GDN 16 k-heads / 32 v-heads x 128.
+QWEN35_1B = {
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "max_position_embeddings": 16384,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+}  # fmt: skip
+QWEN35_1B["layer_types"] = QWEN35_1B["layer_types"] * 6  # type: ignore[operator]
+_SMOKE = {"hidden_size": 128, "intermediate_size": 256, "vocab_size": 4096, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 32}  # fmt: skip
+SMOKE_NEMOTRON = {**_SMOKE, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16}
+SMOKE_QWEN35 = {**_SMOKE, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32}  # fmt: skip
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+    """Run one section, keeping its result or its error; print a line either way."""
+    t0 = time.perf_counter()
+    try:
+        results[name] = {"ok": True, "result": fn()}
+    except Exception as e:  # noqa: BLE001 - a check records every failure and goes on
+        results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    results[name]["seconds"] = round(time.perf_counter() - t0, 1)
+    status = "ok" if results[name]["ok"] else "FAILED: " + results[name]["error"][:300]
+    print(f"[{name}] {results[name]['seconds']} s {status}", flush=True)
+
+
+# 1. kernels ---------------------------------------------------------------------------------------------------
+
+
+def kernel_tests(timeout: int) -> dict[str, Any]:
+    """The Triton kernel tests, compiled on this machine's device (the interpreter only where there is none)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/triton"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    return {"returncode": proc.returncode, "summary": lines[-1] if lines else "", "failed": failed[:40]}
+
+
+def kernel_bf16(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
+    """Each Triton kernel on bf16 inputs at a model's shape against its torch reference on fp32 copies."""
+    from benchmarks.gpu_kernel_cases import bf16_cases
+
+    rows = []
+    for name, run in bf16_cases(device, smoke):
+        err = run()
+        rows.append({"kernel": name, **err})
+        print(f"  {name:<28} rel err {err['rel_err']:.2e}", flush=True)
+    return rows
+
+
+# 2. backends --------------------------------------------------------------------------------------------------
+
+
+def _engine(model: str, tokenizer: str, device: str, kernels: str, dtype: str, **cache: Any) -> LLMEngine:
+    return LLMEngine(EngineConfig(
+        model=model, tokenizer=tokenizer, device=device, kernels=kernels, dtype=dtype, seed=0, generation_config="vllm",
+        cache=CacheConfig(block_size=16, **cache), scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=1024,
+                                                                              max_num_batched_tokens=96),
+    ))  # fmt: skip
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    done: dict[str, Any] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [list(done[i].outputs[0].token_ids) for i in ids], [done[i].num_cached_tokens for i in ids]
+
+
+def backend_equality(device: str, tmp: Path) -> list[dict[str, Any]]:
+    """Greedy tokens of the Triton and torch kernel sets agree; a repeated prompt hits and agrees."""
+    tok = str(ensure_default_model(tmp / "default"))
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(3, 500, (70,), generator=g).tolist()
+    prompts = [shared + torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 23, 41)]
+    rows = []
+    for arch in ("nemotron_h", "qwen3_5", "lfm2", "mamba"):
+        path = str(make_tiny_checkpoint(arch, tmp / arch))
+        got: dict[str, Any] = {}
+        for kernels in ("torch", "triton"):
+            eng = _engine(path, tok, device, kernels, "float32")
+            cold, _ = _run(eng, prompts, 12)
+            warm, cached = _run(eng, prompts, 12)  # the same prompts again: hits on their prompt-end checkpoints
+            got[kernels] = (cold, warm, cached)
+        row = {
+            "arch": arch,
+            "triton_equals_torch": got["triton"][0] == got["torch"][0],
+            "cached_equals_uncached": got["triton"][1] == got["triton"][0],
+            "cached_tokens": got["triton"][2],
+        }
+        rows.append(row)
+        print(f"  {arch:<12} {row}", flush=True)
+    return rows
+
+
+# 3. speed -----------------------------------------------------------------------------------------------------
+
+
+def _save_random(arch: str, overrides: dict[str, Any], path: Path) -> tuple[Path, int]:
+    """A random-weight checkpoint of `arch` with `overrides`, saved in bf16; (path, parameter count)."""
+    import transformers as tf
+
+    from recap.model.testing import TINY_ARCHS
+
+    config = tiny_hf_config(arch, **overrides)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = getattr(tf, TINY_ARCHS.get(arch, arch))(config).to(torch.bfloat16).eval()
+    n = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path)
+    return path, n
+
+
+def _timed_request(engine: LLMEngine, prompt: list[int], max_tokens: int, device: torch.device) -> tuple[float, int]:
+    """Seconds to the first token of one request (its whole prefill), and its cached tokens."""
+    _sync(device)
+    t0 = time.perf_counter()
+    rid = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    first, cached = None, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == rid and first is None and out.outputs[0].token_ids:
+                _sync(device)
+                first, cached = time.perf_counter() - t0, out.num_cached_tokens
+    assert first is not None
+    return first, cached
+
+
+def _decode_rate(engine: LLMEngine, batch: int, steps: int, device: torch.device, vocab: int) -> float:
+    """Generated tokens per second once `batch` requests are all decoding."""
+    g = torch.Generator().manual_seed(batch)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(torch.randint(3, vocab, (16,), generator=g).tolist(), params)
+    engine.step()  # every prompt's prefill (one step: 16 tokens each)
+    engine.step()
+    _sync(device)
+    t0, made = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        made += len(engine.step())  # one output per request that got a token this step
+    _sync(device)
+    return made / (time.perf_counter() - t0)
+
+
+def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.device, tmp: Path, smoke: bool,
+                limits: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+    hbm, flops = limits
+    path, n_params = _save_random(arch, overrides, tmp / name)
+    tok = str(ensure_default_model(tmp / "default"))
+    vocab = int(overrides["vocab_size"])
+    prefill_len = 512 if smoke else 8192
+    res: dict[str, Any] = {"shape": name, "params": n_params, "weight_bytes": 2 * n_params}
+    eng = LLMEngine(EngineConfig(
+        model=str(path), tokenizer=tok, device=str(device), dtype="bfloat16", seed=0, generation_config="vllm",
+        cache=CacheConfig(block_size=16),
+        scheduler=SchedulerConfig(max_num_seqs=128, max_model_len=prefill_len + 128,
+                                  max_num_batched_tokens=prefill_len + 64),
+    ))  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, vocab, (prefill_len,), generator=g).tolist()
+    _timed_request(eng, torch.randint(3, vocab, (prefill_len,), generator=g).tolist(), 1, device)  # warm-up
+    cold, _ = _timed_request(eng, prompt, 1, device)
+    res["prefill_tok_s"] = prefill_len / cold
+    res["prefill_flops_fraction"] = 2 * n_params * prefill_len / cold / flops
+    suffix = torch.randint(3, vocab, (64,), generator=g).tolist()
+    warm, cached = _timed_request(eng, prompt + suffix, 1, device)
+    res.update(ttft_cold_s=cold, ttft_cached_prefix_s=warm, cached_tokens=cached)
+    for batch in (1, 32, 128):
+        rate = _decode_rate(eng, batch, 8 if smoke else 32, device, vocab)
+        res[f"decode_b{batch}_tok_s"] = rate
+        if batch == 1:
+            res["decode_b1_hbm_fraction"] = 2 * n_params * rate / hbm
+    res["transformers"] = _transformers_speed(arch, overrides, path, device, prompt, smoke)
+    print(f"  {name}: {json.dumps(res)}", flush=True)
+    return res
+
+
+def _transformers_speed(arch: str, overrides: dict[str, Any], path: Path, device: torch.device, prompt: list[int],
+                        smoke: bool) -> dict[str, Any]:  # fmt: skip
+    import transformers as tf
+
+    from recap.model.testing import TINY_ARCHS
+
+    model = getattr(tf, TINY_ARCHS.get(arch, arch)).from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    ids = torch.tensor([prompt], device=device)
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        model(ids[:, :256])  # warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        model(ids)
+        _sync(device)
+        out["prefill_tok_s"] = len(prompt) / (time.perf_counter() - t0)
+        new = 8 if smoke else 32
+        short = ids[:, :16]
+        model.generate(short, max_new_tokens=2, do_sample=False)
+        _sync(device)
+        t0 = time.perf_counter()
+        model.generate(short, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        _sync(device)
+        out["decode_b1_tok_s"] = new / (time.perf_counter() - t0)
+    del model
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (a run of the script's code on a CPU)")
+    p.add_argument("--sections", default="kernels,bf16,backends,speed")
+    p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    p.add_argument("--hbm-bytes-s", type=float, default=H100_HBM_BYTES_S)
+    p.add_argument("--bf16-flops", type=float, default=H100_BF16_FLOPS)
+    args = p.parse_args(argv)
+    torch.set_num_threads(min(8, torch.get_num_threads()))
+    device = torch.device(args.device)
+    wanted = set(args.sections.split(","))
+    results: dict[str, Any] = {"env": {
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }}  # fmt: skip
+    try:
+        import triton
+
+        results["env"]["triton"] = triton.__version__
+    except ImportError:
+        results["env"]["triton"] = None
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        if "kernels" in wanted:
+            section(results, "kernels", lambda: kernel_tests(240))
+        if "bf16" in wanted:
+            section(results, "bf16", lambda: kernel_bf16(device, args.smoke))
+        if "backends" in wanted:
+            section(results, "backends", lambda: backend_equality(str(device), tmp))
+        if "speed" in wanted:
+            limits = (args.hbm_bytes_s, args.bf16_flops)
+            for name, arch, shape, small in (("nemotron-h-1.3b", "nemotron_h", NEMOTRON_1B, SMOKE_NEMOTRON),
+                                             ("qwen3.5-1.5b", "qwen3_5", QWEN35_1B, SMOKE_QWEN35)):  # fmt: skip
+                over = {**shape, **small} if args.smoke else shape
+                section(results, f"speed:{name}", lambda a=arch, o=over, n=name: speed_shape(
+                    n, a, o, device, tmp, args.smoke, limits))  # fmt: skip
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {args.out}")
+    return 0 if all(v.get("ok", True) for k, v in results.items() if k != "env") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
