@@ -2,8 +2,8 @@
 
 A long prefill (one row, bf16 activations, fp32 states) without checkpoints and with one at every 16-token
 block, then decode steps of 1, 32 and 128 rows. Prints a table (and JSON with --json): milliseconds, tokens/s,
-the Triton kernels' share of the card's bf16 TFLOP/s (prefill) or HBM bytes/s (decode), and the largest
-difference from the torch kernel. Needs a GPU:
+the Triton kernels' share of the card's bf16 TFLOP/s (prefill) or HBM bytes/s (decode; Triton timed as
+CUDA graph replays, as decode steps run), and the largest difference from the torch kernel. Needs a GPU:
     python benchmarks/bench_triton_ssd.py --tokens 8192 --heads 64 --head-dim 64 --state 128 --groups 8
 """
 
@@ -89,7 +89,10 @@ def _decode(rows: int, h: int, p: int, n: int, g: int) -> dict:
 
     y, y_ref = run(triton_update, cache), run(torch_update, ref)
     err = ((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()).item()
-    ms = _time_ms(lambda: run(triton_update, cache))
+    graph = torch.cuda.CUDAGraph()  # as a decode step runs: replayed, no launch overhead
+    with torch.cuda.graph(graph):
+        run(triton_update, cache)
+    ms = _time_ms(graph.replay)
     ms_torch = _time_ms(lambda: run(torch_update, ref), reps=3)
     state_bytes = 2 * rows * h * p * n * 4  # read and write of each row's fp32 state
     return {
@@ -98,17 +101,20 @@ def _decode(rows: int, h: int, p: int, n: int, g: int) -> dict:
     }  # fmt: skip
 
 
-def _profile(t: int, h: int, p: int, n: int, g: int) -> None:
-    """CUDA time per kernel of one Triton prefill with a checkpoint at every block."""
+def _profile(t: int, h: int, p: int, n: int, g: int, every_block: bool) -> None:
+    """CUDA time per kernel of one Triton prefill."""
     args = _inputs(t, h, p, n, g, torch.Generator().manual_seed(0))
-    meta = _meta([SeqSpec([0] * t, state_slot=0, checkpoints=[(q, 1 + q // 16) for q in range(16, t + 1, 16)])])
+    cps = [(q, 1 + q // 16) for q in range(16, t + 1, 16)] if every_block else []
+    meta = _meta([SeqSpec([0] * t, state_slot=0, checkpoints=cps)])
     cache = torch.zeros(2 + t // 16, h, p, n, device="cuda")
     triton_ssd(*args, cache, meta)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         triton_ssd(*args, cache, meta)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8))
+    times = [(e.key, getattr(e, "device_time_total", 0.0) / 1e3) for e in prof.key_averages()]
+    times = [(k, ms) for k, ms in times if ms > 0]
+    print("kernels" + (" (ckpt/16)" if every_block else ""), ", ".join(f"{k} {ms:.3f} ms" for k, ms in times))
 
 
 def main() -> None:
@@ -130,7 +136,8 @@ def main() -> None:
         print(f"{r['case']:<22}{r['triton_ms']:>11.3f}{r['torch_ms']:>11.3f}{r['tok_s']:>13.0f}"
               f"{r['frac_peak']:>9.1%}{r['rel_err']:>10.1e}")  # fmt: skip
     if a.profile:
-        _profile(a.tokens, *shape)
+        _profile(a.tokens, *shape, every_block=False)
+        _profile(a.tokens, *shape, every_block=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "shape": shape, "rows": rows}, f, indent=1)

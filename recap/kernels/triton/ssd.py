@@ -31,6 +31,9 @@ from recap.kernels.metadata import SSMMetadata
 from recap.kernels.ssd import SUB_CHUNK, _plan
 from recap.kernels.triton.ssd_decode import block_p, d_args, dt_args, masked_by, step_size, update_rows
 
+PASS_TILE = 32  # [32, 32] state tiles in the state passing
+PASS_K = 4  # segments whose contributions the state passing loads at once
+
 
 @triton.jit
 def _load_steps(dt, bias, A, tok0, L, hd, dt_t, dt_h, lo, hi, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
@@ -81,7 +84,7 @@ def _segment_kernel(
 def _passing_kernel(
     state, contrib, seg_decay, idx, init, slot_pos, row_seg0, row_nseg, row_pos, seg_first, seg_dest, seg_pos,
     s_s, s_h, s_p, s_n, P, N, NH,
-    WRITE_POS: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    WRITE_POS: tl.constexpr, K: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     hd = tl.program_id(1)
@@ -89,27 +92,38 @@ def _passing_kernel(
     n_pt = tl.cdiv(P, BP)
     p = (tile % n_pt) * BP + tl.arange(0, BP)
     n = (tile // n_pt) * BN + tl.arange(0, BN)
-    m = (p[:, None] < P) & (n[None, :] < N)
     slot = tl.load(idx + r)
     valid = slot != -1
-    m = masked_by(m, valid)  # a PAD row reads and writes nothing
+    m = masked_by((p[:, None] < P) & (n[None, :] < N), valid)  # a PAD row reads and writes nothing
     s_off = hd * s_h + p[:, None] * s_p + n[None, :] * s_n
     start = valid & (tl.load(init + r) != 0)
     h = tl.load(state + tl.maximum(slot, 0) * s_s + s_off, mask=masked_by(m, start), other=0.0).to(tl.float32)
     s0 = tl.load(row_seg0 + r)
     ns = tl.where(valid, tl.load(row_nseg + r), 0)
     first_tile = (hd == 0) & (tile == 0)
-    for i in range(ns):
-        s = s0 + i
-        off = ((s * NH + hd) * P + p[:, None]) * N + n[None, :]
-        c = tl.load(contrib + off, mask=m, other=0.0)
-        tl.store(contrib + off, h, mask=masked_by(m, tl.load(seg_first + s) != 0))  # h at the chunk start
-        h = tl.exp(tl.load(seg_decay + s * NH + hd)) * h + c
-        dest = tl.load(seg_dest + s)
-        tl.store(state + tl.maximum(dest, 0) * s_s + s_off, h.to(state.dtype.element_ty), mask=masked_by(m, dest != -1))
+    kr = tl.arange(0, K)
+    c_off = (hd * P + p[:, None]) * N + n[None, :]  # a segment's tile in contrib, past its segment offset
+    for i0 in range(0, ns, K):  # K segments a round: their loads issued together, then K updates in order
+        seg = s0 + i0 + kr  # (K,)
+        live = (i0 + kr) < ns
+        c3 = tl.load(contrib + seg[:, None, None] * NH * P * N + c_off[None, :, :],
+                     mask=live[:, None, None] & m[None, :, :], other=0.0)  # (K, BP, BN)  # fmt: skip
+        decay = tl.exp(tl.load(seg_decay + seg * NH + hd, mask=live, other=0.0))  # 1 past the row's end
+        first = tl.load(seg_first + seg, mask=live, other=0)
+        dest = tl.load(seg_dest + seg, mask=live, other=-1)
         if WRITE_POS:
-            pos = tl.load(seg_pos + s).to(slot_pos.dtype.element_ty)
-            tl.store(slot_pos + tl.maximum(dest, 0), pos, mask=first_tile & (dest != -1))
+            ckpt = live & (dest != -1)
+            pos = tl.load(seg_pos + seg, mask=ckpt, other=0).to(slot_pos.dtype.element_ty)
+            tl.store(slot_pos + tl.maximum(dest, 0), pos, mask=masked_by(ckpt, first_tile))
+        for j in tl.static_range(K):
+            sel = kr == j
+            s = s0 + i0 + j
+            first_j = tl.sum(tl.where(sel, first, 0), axis=0)
+            tl.store(contrib + s * NH * P * N + c_off, h, mask=masked_by(m, first_j != 0))  # h at the chunk start
+            h = tl.sum(tl.where(sel, decay, 0.0), axis=0) * h + tl.sum(tl.where(sel[:, None, None], c3, 0.0), axis=0)
+            dest_j = tl.sum(tl.where(sel, dest, 0), axis=0)  # the checkpoint slot, or -1
+            tl.store(state + tl.maximum(dest_j, 0) * s_s + s_off, h.to(state.dtype.element_ty),
+                     mask=masked_by(m, dest_j != -1))  # fmt: skip
     tl.store(state + tl.maximum(slot, 0) * s_s + s_off, h.to(state.dtype.element_ty), mask=m)
     if WRITE_POS:
         pos = tl.load(row_pos + r).to(slot_pos.dtype.element_ty)
@@ -177,6 +191,7 @@ class _Index:
     chunk_seg0: torch.Tensor  # the chunk's first segment (its contribution slot holds h at the chunk start)
     chunk_valid: torch.Tensor  # 0 for chunks of PAD rows
     max_len: int  # the longest chunk
+    max_seg: int  # the longest segment
 
 
 def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
@@ -213,7 +228,7 @@ def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
     flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64)
     if device.type == "cuda":  # pinned: an asynchronous copy
         flat = flat.pin_memory().to(device, non_blocking=True)
-    return _Index(*flat.split([len(part) for part in parts]), max_len=max(chunk_len))
+    return _Index(*flat.split([len(part) for part in parts]), max_len=max(chunk_len), max_seg=max(parts[1]))
 
 
 def ssd_varlen(
@@ -246,27 +261,29 @@ def ssd_varlen(
     bias, has_bias, soft, has_limit, lo, hi = dt_args(dt_bias, dt_softplus, dt_limit, A)
     dt_kw = {"HAS_BIAS": has_bias, "SOFTPLUS": soft, "HAS_LIMIT": has_limit}
     prec = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 inputs: exact fp32 products
-    bq, bp, bn = max(16, triton.next_power_of_2(ix.max_len)), block_p(p), max(16, triton.next_power_of_2(n))
-    bnt = min(bn, 64)  # state tile [bp, bnt] of the segment and passing kernels
-    tiles = triton.cdiv(p, bp) * triton.cdiv(n, bnt)
+    bp, bn = block_p(p), max(16, triton.next_power_of_2(n))
+    bnt = min(bn, 64)  # state tile [bp, bnt] of the segment kernel
     contrib = torch.empty(ns, nh, p, n, dtype=torch.float32, device=x.device)  # then h at chunk starts
     seg_decay = torch.empty(ns, nh, dtype=torch.float32, device=x.device)
-    _segment_kernel[(ns, nh, tiles)](
+    _segment_kernel[(ns, nh, triton.cdiv(p, bp) * triton.cdiv(n, bnt))](
         x, dt, A, B, bias, contrib, seg_decay, ix.seg_tok0, ix.seg_len,
         *x.stride(), *dt.stride(), *B.stride(), p, n, nh, nh // g, lo, hi,
-        **dt_kw, BQ=bq, BP=bp, BN=bnt, PREC=prec,
+        **dt_kw, BQ=max(16, triton.next_power_of_2(ix.max_seg)), BP=bp, BN=bnt, PREC=prec,
     )  # fmt: skip
+    # the walk is latency-bound: small tiles (more programs in flight), PASS_K segments loaded a round
+    pp, pn = min(bp, PASS_TILE), min(bn, PASS_TILE)
     sp = slot_positions if slot_positions is not None else ix.seg_pos  # a placeholder pointer when None
-    _passing_kernel[(nb, nh, tiles)](
+    _passing_kernel[(nb, nh, triton.cdiv(p, pp) * triton.cdiv(n, pn))](
         ssm_state, contrib, seg_decay, meta.state_indices, meta.has_initial_state, sp, ix.row_seg0, ix.row_nseg,
         ix.row_pos, ix.seg_first, ix.seg_dest, ix.seg_pos, *ssm_state.stride(), p, n, nh,
-        WRITE_POS=slot_positions is not None, BP=bp, BN=bnt,
+        WRITE_POS=slot_positions is not None, K=PASS_K, BP=pp, BN=pn,
     )  # fmt: skip
     y = torch.empty(t, nh, p, dtype=x.dtype, device=x.device)
     d, has_d, d_h, d_p = d_args(D, nh, A)
     _output_kernel[(nc, nh, triton.cdiv(p, bp))](
         x, dt, A, B, C, d, bias, y, contrib, ix.chunk_tok0, ix.chunk_len, ix.chunk_seg0, ix.chunk_valid,
         *x.stride(), y.stride(0), y.stride(1), *dt.stride(), *B.stride(), *C.stride(), d_h, d_p,
-        p, n, nh, nh // g, lo, hi, **dt_kw, HAS_D=has_d, BQ=bq, BP=bp, BN=bn, BK=min(bn, 64), PREC=prec,
+        p, n, nh, nh // g, lo, hi, **dt_kw, HAS_D=has_d, BQ=max(16, triton.next_power_of_2(ix.max_len)), BP=bp,
+        BN=bn, BK=min(bn, 64), PREC=prec,
     )  # fmt: skip
     return y
