@@ -10,7 +10,8 @@ segment end. Three kernels:
 2. _passing_kernel, one program per (row, head, state tile): from the slot state (or zeros), walks the row's
    segments in order, h = exp(decay) h + contribution; writes each checkpoint's state into its slot, the
    state at each chunk start over that chunk's first contribution (read by 3), the final state into the
-   running slot, and the positions into slot_positions.
+   running slot, and the positions into slot_positions. The walk is sequential and latency-bound: small
+   tiles, and PASS_K segments' loads issued together each round.
 3. _output_kernel, one program per (chunk, head, p-tile): Y = (L * C B^T) (Delta x) + exp(cs) C h_start
    + D x, L[i, j] = exp(dA_{j+1} + .. + dA_i).
 Decay sums are taken directly over their own tokens (masked [Q, Q] sums), never as differences of cumsums,
@@ -32,7 +33,7 @@ from recap.kernels.ssd import SUB_CHUNK, _plan
 from recap.kernels.triton.ssd_decode import block_p, d_args, dt_args, masked_by, step_size, update_rows
 
 PASS_TILE = 32  # [32, 32] state tiles in the state passing
-PASS_K = 4  # segments whose contributions the state passing loads at once
+PASS_K = 2  # segments whose contributions the state passing loads at once (H100: 2 beat 1, 4 and 8)
 
 
 @triton.jit
