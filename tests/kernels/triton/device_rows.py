@@ -1,5 +1,6 @@
-"""Device side of the Triton kernel tests: run a kernel on the GPU where there is one (else on CPU tensors
-under the interpreter), its torch reference on CPU tensors, and check which slots were written."""
+"""Helpers of the Triton conv/scan tests: packed rows, their metadata on the test device (the GPU where there
+is one, else the CPU under the interpreter; tests/kernels/triton/conftest.py makes it the default device),
+and the slots a step may write."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = 2e-5 if DEVICE.type == "cpu" else 1e-4
 
 
-def ssm_meta(rows: list[Row], chunk_size: int, device: torch.device | str = "cpu") -> SSMMetadata:
-    """The SSM metadata of one packed step of `rows`, built on `device` (no host copy of its tensors)."""
+def ssm_meta(rows: list[Row], chunk_size: int) -> SSMMetadata:
+    """The SSM metadata of one packed step of `rows`, its tensors on DEVICE."""
     specs = [
         SeqSpec(
             token_ids=[0] * r.n,
@@ -28,7 +29,7 @@ def ssm_meta(rows: list[Row], chunk_size: int, device: torch.device | str = "cpu
         for r in rows
     ]
     fb = build_forward_batch(
-        specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True, device=device
+        specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True, device=DEVICE
     )
     assert fb.ssm is not None
     return fb.ssm
@@ -37,10 +38,6 @@ def ssm_meta(rows: list[Row], chunk_size: int, device: torch.device | str = "cpu
 def packed(rows: list[Row], key: str) -> torch.Tensor:
     """The per-token input `key` of every row, packed in row order."""
     return torch.cat([r.inputs[key] for r in rows])
-
-
-def on_device(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    return [None if t is None else t.to(DEVICE) for t in tensors]
 
 
 def written_slots(meta: SSMMetadata) -> set[int]:
@@ -53,4 +50,4 @@ def assert_untouched(before: torch.Tensor, after: torch.Tensor, written: set[int
     """Every slot outside `written` is bit for bit what it was."""
     for slot in range(before.shape[0]):
         if slot not in written:
-            assert torch.equal(before[slot], after[slot].cpu()), f"slot {slot} changed"
+            assert torch.equal(before[slot], after[slot]), f"slot {slot} changed"

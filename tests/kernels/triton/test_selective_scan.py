@@ -19,7 +19,7 @@ from recap.kernels.selective_scan import selective_scan_ref, selective_state_upd
 from recap.kernels.triton.selective_scan import selective_scan_varlen, selective_state_update
 
 from ..cases import Row, assert_close, random_rows
-from .device_rows import DEVICE, TOL, assert_untouched, on_device, packed, ssm_meta, written_slots
+from .device_rows import DEVICE, TOL, assert_untouched, packed, ssm_meta, written_slots
 
 SLOTS = 20
 SEEDS = [11, 22, 33]
@@ -31,8 +31,8 @@ def _token_inputs(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def _params(gen: torch.Generator, decay: float = 4.0) -> dict[str, torch.Tensor]:
-    return {"A": -torch.rand(I, N, generator=gen) * decay, "D": torch.randn(I, generator=gen),
-            "bias": torch.randn(I, generator=gen)}  # fmt: skip
+    D, bias = torch.randn(2, I, generator=gen)
+    return {"A": -torch.rand(I, N, generator=gen) * decay, "D": D, "bias": bias}
 
 
 def _check_step(rows: list[Row], chunk: int, gen: torch.Generator, options: str = "all", block: int = 16,
@@ -48,32 +48,31 @@ def _check_step(rows: list[Row], chunk: int, gen: torch.Generator, options: str 
     cache, sp = before.clone(), sp_before.clone()
     meta = ssm_meta(rows, chunk)
     y_ref = selective_scan_ref(*args, not bare, cache, meta, sp)
-    dcache, dsp = on_device(before, sp_before)
-    dmeta = ssm_meta(rows, chunk, DEVICE)
-    y = selective_scan_varlen(*on_device(*args), not bare, dcache, dmeta, dsp, block=block)
-    assert_close(y.cpu(), y_ref, TOL)
-    assert_close(dcache.cpu(), cache, TOL)
-    assert torch.equal(dsp.cpu(), sp)
-    assert_untouched(before, dcache, written_slots(meta))
+    tcache, tsp = before.clone(), sp_before.clone()
+    y = selective_scan_varlen(*args, not bare, tcache, meta, tsp, block=block)
+    assert_close(y, y_ref, TOL)
+    assert_close(tcache, cache, TOL)
+    assert torch.equal(tsp, sp)
+    assert_untouched(before, tcache, written_slots(meta))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("block", [16, 5])
 def test_varlen_matches_reference(seed: int, block: int) -> None:
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     rows = random_rows(SimpleNamespace(token_inputs=_token_inputs), rng, gen, SLOTS, max_len=36)
     _check_step(rows, rng.choice([4, 8, 16]), gen, block=block)
 
 
 def test_bare_options_long_row_strong_decay() -> None:
     """No D, z or dt bias, no softplus; a row over many chunks and groups; decays of exp(-80 dt)."""
-    gen = torch.Generator().manual_seed(4)
+    gen = torch.Generator(DEVICE).manual_seed(4)
     rows = [Row(_token_inputs(75, gen), 6, 1, [(23, 2), (40, 3), (81, 4)]), Row(_token_inputs(3, gen), 0, 5)]
     _check_step(rows, 16, gen, options="bare", decay=80.0)
 
 
 def test_checkpoint_after_first_token_and_padding_rows() -> None:
-    gen = torch.Generator().manual_seed(8)
+    gen = torch.Generator(DEVICE).manual_seed(8)
     rows = [
         Row(_token_inputs(4, gen), 0, PAD_SLOT_ID, padding=True),
         Row(_token_inputs(17, gen), 3, 0, [(4, 1)]),
@@ -86,7 +85,7 @@ def test_checkpoint_after_first_token_and_padding_rows() -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_decode_batch_through_varlen(seed: int) -> None:
     """One token per row, with checkpoints, padding rows and fresh rows (the torch kernel's decode route)."""
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     slots = rng.sample(range(SLOTS), 12)
     rows = []
     for r in range(6):
@@ -102,7 +101,7 @@ def test_decode_batch_through_varlen(seed: int) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("options", ["all", "bare"])
 def test_update_matches_reference(seed: int, options: str) -> None:
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     b = rng.randint(1, 9)
     slots = [PAD_SLOT_ID if rng.random() < 0.25 else s for s in rng.sample(range(SLOTS), b)]
     bare = options == "bare"
@@ -116,16 +115,16 @@ def test_update_matches_reference(seed: int, options: str) -> None:
     args = [inp["u"], inp["dt"].abs() if bare else inp["dt"], p["A"], inp["B"], inp["C"],
             None if bare else p["D"], None if bare else inp["z"], None if bare else p["bias"]]  # fmt: skip
     y_ref = selective_state_update_ref(cache, *args, not bare, idx, sp, pos, init)
-    dcache, dsp, didx, dpos, dinit = on_device(before, sp_before, idx, pos, init)
-    y = selective_state_update(dcache, *on_device(*args), not bare, didx, dsp, dpos, dinit)
-    assert_close(y.cpu(), y_ref, TOL)
-    assert_close(dcache.cpu(), cache, TOL)
-    assert torch.equal(dsp.cpu(), sp)
-    assert_untouched(before, dcache, {s for s in slots if s != PAD_SLOT_ID})
+    tcache, tsp = before.clone(), sp_before.clone()
+    y = selective_state_update(tcache, *args, not bare, idx, tsp, pos, init)
+    assert_close(y, y_ref, TOL)
+    assert_close(tcache, cache, TOL)
+    assert torch.equal(tsp, sp)
+    assert_untouched(before, tcache, {s for s in slots if s != PAD_SLOT_ID})
 
 
 def test_update_needs_positions_with_slot_positions() -> None:
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(DEVICE).manual_seed(1)
     inp, p = _token_inputs(2, gen), _params(gen)
     args = (inp["u"], inp["dt"], p["A"], inp["B"], inp["C"], None, None, None, True, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="positions"):
@@ -135,17 +134,17 @@ def test_update_needs_positions_with_slot_positions() -> None:
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="bf16 kernels are checked on a GPU")
 def test_bf16_inputs_on_gpu() -> None:
     """bf16 activations, fp32 state: outputs within bf16 rounding, states close to the reference's."""
-    gen = torch.Generator().manual_seed(9)
+    gen = torch.Generator(DEVICE).manual_seed(9)
     rows = [Row(_token_inputs(45, gen), 2, 0, [(30, 1)]), Row(_token_inputs(7, gen), 0, 2)]
     p = _params(gen)
     keys = ("u", "dt", "B", "C")
     u, dt, B, C = (packed(rows, k).bfloat16() for k in keys)
     z = packed(rows, "z").bfloat16()
     cache = torch.randn(4, I, N, generator=gen)
-    dcache = cache.to(DEVICE)
+    tcache = cache.clone()
     args = [u, dt, p["A"], B, C, p["D"], z, p["bias"], True]
     y_ref = selective_scan_ref(*args, cache, ssm_meta(rows, 16))
-    y = selective_scan_varlen(*on_device(*args[:-1]), True, dcache, ssm_meta(rows, 16, DEVICE))
+    y = selective_scan_varlen(*args, tcache, ssm_meta(rows, 16))
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float().cpu(), y_ref.float(), rtol=2e-2, atol=2e-2)
-    assert_close(dcache.cpu(), cache, 1e-4)
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
+    assert_close(tcache, cache, 1e-4)
