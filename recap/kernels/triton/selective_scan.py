@@ -46,12 +46,51 @@ def _store_state(s_ptr, pos_ptr, slot, h, off, mask, first_lane, pos, HAS_POS: t
 
 
 @triton.jit
+def _scan_group(h, t0, end, i, n, A, Dv, bias, valid, u_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, y_ptr,
+                stride_ut, stride_dtt, stride_bt, stride_ct, stride_zt, stride_yt, I, N,
+                HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, T_PAD: tl.constexpr):  # fmt: skip
+    """BLOCK_T steps from token t0 (steps past `end` leave h as it is); returns h. The group's outputs are
+    stored together after its last step: a store between the unrolled steps would hold every later load
+    behind it (the compiler cannot tell that y does not alias the inputs), one memory latency per token."""
+    mi, mn = i < I, n < N
+    steps = tl.arange(0, T_PAD)  # BLOCK_T rounded up to a power of two
+    y_all = tl.zeros((T_PAD, BLOCK_I), dtype=tl.float32)
+    for k in tl.static_range(BLOCK_T):
+        t = t0 + k
+        mt = tl.where(t < end, mi, False)  # (bi,): past the chunk end: Delta = 0, the state unchanged
+        mtn = tl.where(t < end, mn, False)
+        u = tl.load(u_ptr + t * stride_ut + i, mask=mt, other=0.0).to(tl.float32)
+        dt = tl.load(dt_ptr + t * stride_dtt + i, mask=mt, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            dt += bias
+        if SOFTPLUS:
+            dt = _softplus(dt)
+        dt = tl.where(mt, dt, 0.0)
+        Bt = tl.load(B_ptr + t * stride_bt + n, mask=mtn, other=0.0).to(tl.float32)
+        Ct = tl.load(C_ptr + t * stride_ct + n, mask=mtn, other=0.0).to(tl.float32)
+        h = tl.exp(dt[:, None] * A) * h + (dt * u)[:, None] * Bt[None, :]
+        y = tl.sum(h * Ct[None, :], axis=1)  # (bi,)
+        if HAS_D:
+            y += Dv * u
+        y_all = tl.where((steps == k)[:, None], y[None, :], y_all)
+    tok = t0 + steps  # (bt,)
+    m2 = ((tok < end) & (steps < BLOCK_T))[:, None] & mi[None, :]
+    if HAS_Z:
+        z = tl.load(z_ptr + tok[:, None] * stride_zt + i[None, :], mask=m2, other=0.0).to(tl.float32)
+        y_all *= z * tl.sigmoid(z)
+    y_all = tl.where(valid, y_all, 0.0)
+    tl.store(y_ptr + tok[:, None] * stride_yt + i[None, :], y_all.to(y_ptr.dtype.element_ty), mask=m2)
+    return h
+
+
+@triton.jit
 def _scan_kernel(
     u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, s_ptr, y_ptr, pos_ptr,
     slots_ptr, init_ptr, last_ptr, cu_ptr, dest_ptr, end_pos_ptr,
     I, N, stride_ut, stride_dtt, stride_ai, stride_bt, stride_ct, stride_zt, stride_ss, stride_si, stride_yt,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    HAS_POS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_POS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_N: tl.constexpr, T_PAD: tl.constexpr,
 ):  # fmt: skip
     """One row, BLOCK_I channels: the scan over the row's chunks (last dims of u, dt, A, B, C, z, state unit-stride)."""
     row = tl.program_id(0)
@@ -66,6 +105,8 @@ def _scan_kernel(
     h = tl.load(s_ptr + slot * stride_ss + s_off, mask=tl.where(tl.load(init_ptr + row) != 0, mask_s, False), other=0.0)
     h = h.to(tl.float32)
     A = tl.load(A_ptr + i[:, None] * stride_ai + n[None, :], mask=mi[:, None] & mn[None, :], other=0.0).to(tl.float32)
+    Dv = tl.zeros((BLOCK_I,), dtype=tl.float32)
+    bias = tl.zeros((BLOCK_I,), dtype=tl.float32)
     if HAS_D:
         Dv = tl.load(D_ptr + i, mask=mi, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -75,28 +116,9 @@ def _scan_kernel(
     for c in range(first, last + 1):
         end = tl.load(cu_ptr + c + 1)
         for t0 in range(tl.load(cu_ptr + c), end, BLOCK_T):
-            for k in tl.static_range(BLOCK_T):
-                t = t0 + k
-                mt = tl.where(t < end, mi, False)  # (bi,): past the chunk end: Delta = 0, the state unchanged
-                mtn = tl.where(t < end, mn, False)
-                u = tl.load(u_ptr + t * stride_ut + i, mask=mt, other=0.0).to(tl.float32)
-                dt = tl.load(dt_ptr + t * stride_dtt + i, mask=mt, other=0.0).to(tl.float32)
-                if HAS_BIAS:
-                    dt += bias
-                if SOFTPLUS:
-                    dt = _softplus(dt)
-                dt = tl.where(mt, dt, 0.0)
-                Bt = tl.load(B_ptr + t * stride_bt + n, mask=mtn, other=0.0).to(tl.float32)
-                Ct = tl.load(C_ptr + t * stride_ct + n, mask=mtn, other=0.0).to(tl.float32)
-                h = tl.exp(dt[:, None] * A) * h + (dt * u)[:, None] * Bt[None, :]
-                y = tl.sum(h * Ct[None, :], axis=1)  # (bi,)
-                if HAS_D:
-                    y += Dv * u
-                if HAS_Z:
-                    z = tl.load(z_ptr + t * stride_zt + i, mask=mt, other=0.0).to(tl.float32)
-                    y *= z * tl.sigmoid(z)
-                y = tl.where(valid, y, 0.0)
-                tl.store(y_ptr + t * stride_yt + i, y.to(y_ptr.dtype.element_ty), mask=mt)
+            h = _scan_group(h, t0, end, i, n, A, Dv, bias, valid, u_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, y_ptr,
+                            stride_ut, stride_dtt, stride_bt, stride_ct, stride_zt, stride_yt, I, N,
+                            HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS, BLOCK_T, BLOCK_I, T_PAD)  # fmt: skip
         dest = tl.load(dest_ptr + c)
         m = tl.where(dest != PAD, mask_s, False)
         pos = tl.load(end_pos_ptr + c)
@@ -150,6 +172,7 @@ def _scan(
             0 if z is None else z.stride(0), ssm_state.stride(0), ssm_state.stride(1), y.stride(0),
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=delta_softplus,
             HAS_POS=slot_positions is not None, BLOCK_T=block, BLOCK_I=block_i, BLOCK_N=block_n,
+            T_PAD=triton.next_power_of_2(block),
             num_warps=1 if block_i * block_n <= 256 else 2 if block_i * block_n <= 512 else 4,
         )  # fmt: skip
     return y

@@ -28,9 +28,12 @@ def ssm_meta(rows: list[Row], chunk_size: int) -> SSMMetadata:
         )
         for r in rows
     ]
-    fb = build_forward_batch(
-        specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True, device=DEVICE
-    )
+    # build_forward_batch makes its host tensors with the default device (the conftest's DEVICE): on a GPU
+    # they would land there and pin_memory() would refuse them, so the host side is pinned to the CPU here.
+    with torch.device("cpu"):
+        fb = build_forward_batch(
+            specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True, device=DEVICE
+        )
     assert fb.ssm is not None
     return fb.ssm
 
