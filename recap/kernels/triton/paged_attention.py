@@ -93,18 +93,42 @@ def _row_of_tile(qsl_ptr, j, num_rows, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(ptr, rows, ok, DIM: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+    """[len(rows), BLOCK] tile of vectors of DIM contiguous elements at element offsets `rows` (0 where not ok)."""
+    d = tl.arange(0, BLOCK)
+    x = tl.load(ptr + rows[:, None] + d[None, :], mask=ok[:, None] & (d < DIM)[None, :], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _online_softmax(s, vt, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """Fold one key tile into the running max m_i, sum l_i and output acc (scores s in log2 units)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, ctx_ptr, seq_ptr, qsl_ptr,
+    q_ptr, q2_ptr, k_ptr, v_ptr, r_ptr, o_ptr, tables_ptr, ctx_ptr, qsl_ptr,
     num_rows, block_size, window, qk_scale,
-    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
-    stride_kb, stride_ks, stride_kh, stride_kd, stride_tb,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DECODE: tl.constexpr, USE_WINDOW: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    stride_qt, stride_qh, stride_q2t, stride_q2h, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_rb, stride_rs, stride_tb,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROPE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DECODE: tl.constexpr, USE_WINDOW: tl.constexpr, V_IS_K: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Program (tile j, kv head): attention of one row's BLOCK_Q queries x GROUP heads over its keys."""
+    """Program (tile j, kv head x head block): one row's BLOCK_Q queries x HEADS of the kv head's GROUP
+    query heads, over the row's keys. MLA (ROPE_DIM > 0, V_IS_K): the score adds q2 . rope key, and the
+    value is the key tile itself (the latent)."""
     j = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // tl.cdiv(GROUP, HEADS)
+    g = tl.program_id(1) % tl.cdiv(GROUP, HEADS) * HEADS + tl.arange(0, BLOCK_M) % HEADS  # (m,) in the group
     if DECODE:
         r = j
         t0 = 0
@@ -117,25 +141,20 @@ def _attention_kernel(
         return
     ctx = tl.load(ctx_ptr + r)
     table = tables_ptr + r * stride_tb
-    padding = tl.load(table) < 0
-
-    m = tl.arange(0, BLOCK_M)
-    tok = m // GROUP_PAD
-    head = kvh * GROUP + m % GROUP_PAD
-    row_ok = (tok < BLOCK_Q) & (t0 + tok < n) & (m % GROUP_PAD < GROUP)
+    tok = tl.arange(0, BLOCK_M) // HEADS
+    row_ok = (tok < BLOCK_Q) & (t0 + tok < n) & (g < GROUP)
     qpos = ctx + t0 + tok  # (m,) absolute positions
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q_off = (q_begin + t0 + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd
-    qv = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (m, d)
-    if UPCAST:
-        qv = qv.to(tl.float32)
+    head = kvh * GROUP + g
+    qv = _load_rows(q_ptr, (q_begin + t0 + tok) * stride_qt + head * stride_qh, row_ok, HEAD_DIM, BLOCK_D, UPCAST)
+    if ROPE_DIM > 0:
+        q2 = _load_rows(q2_ptr, (q_begin + t0 + tok) * stride_q2t + head * stride_q2h, row_ok, ROPE_DIM, BLOCK_R,
+                        UPCAST)  # fmt: skip
 
     hi = ctx + tl.minimum(t0 + BLOCK_Q, n)  # one past the last query's position (<= seq_len)
     lo = hi * 0
     if USE_WINDOW:
         lo = tl.maximum(lo, ctx + t0 - window + 1)  # the first query's first visible key
-    hi = tl.where(padding, lo, hi)  # a padding row reads nothing (and outputs zeros)
+    hi = tl.where(tl.load(table) < 0, lo, hi)  # a padding row (no block) reads nothing, outputs zeros
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked key tile leaves rows unchanged
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -143,38 +162,79 @@ def _attention_kernel(
         kpos = start + tl.arange(0, BLOCK_N)
         k_ok = (kpos >= lo) & (kpos < hi)
         blk = tl.load(table + kpos // block_size, mask=k_ok, other=0)
-        kv_off = blk * stride_kb + (kpos % block_size) * stride_ks + kvh * stride_kh  # (n,)
-        kv_off = kv_off[:, None] + d[None, :] * stride_kd  # (n, d)
-        kv_mask = k_ok[:, None] & d_ok[None, :]
-        kt = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-        vt = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-            vt = vt.to(tl.float32)
-        s = tl.dot(qv, tl.trans(kt), input_precision=PRECISION) * qk_scale  # (m, n), log2 units
+        kt = _load_rows(k_ptr, blk * stride_kb + kpos % block_size * stride_ks + kvh * stride_kh, k_ok, HEAD_DIM,
+                        BLOCK_D, UPCAST)  # fmt: skip
+        s = tl.dot(qv, tl.trans(kt), input_precision=PRECISION)  # (m, n)
+        if ROPE_DIM > 0:
+            rt = _load_rows(r_ptr, blk * stride_rb + kpos % block_size * stride_rs, k_ok, ROPE_DIM, BLOCK_R, UPCAST)
+            s += tl.dot(q2, tl.trans(rt), input_precision=PRECISION)
+        if V_IS_K:
+            vt = kt
+        else:
+            vt = _load_rows(v_ptr, blk * stride_kb + kpos % block_size * stride_ks + kvh * stride_kh, k_ok,
+                            HEAD_DIM, BLOCK_D, UPCAST)  # fmt: skip
         seen = k_ok[None, :] & (kpos[None, :] <= qpos[:, None])
         if USE_WINDOW:
             seen = seen & (kpos[None, :] > qpos[:, None] - window)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-        m_i = m_new
+        s = tl.where(seen, s * qk_scale, float("-inf"))  # log2 units
+        m_i, l_i, acc = _online_softmax(s, vt, m_i, l_i, acc, PRECISION)
+    d = tl.arange(0, BLOCK_D)
+    o_ptrs = o_ptr + ((q_begin + t0 + tok) * stride_ot + head * stride_oh)[:, None] + d[None, :]
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_off = (q_begin + t0 + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
-    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
 
 
-def _tiles(group: int, decode: bool) -> tuple[int, int, int]:
-    """(BLOCK_Q, BLOCK_M, BLOCK_N): queries per tile, tile rows (queries x padded group, >= 16 for tl.dot),
-    keys per step."""
-    group_pad = triton.next_power_of_2(group)
+def _tiles(group: int, block_d: int, decode: bool) -> tuple[int, int, int, int, int]:
+    """(HEADS, BLOCK_Q, BLOCK_M, BLOCK_N, num_warps): query heads per program (the GQA group, padded, up to
+    16), queries per tile, tile rows (queries x heads, >= 16 for tl.dot), keys per step; smaller tiles and
+    more warps for wide heads (MLA latents)."""
+    heads = min(triton.next_power_of_2(group), 16)
+    wide = block_d > 128
     if decode:
-        return 1, max(16, group_pad), 64
-    block_m = max(64, group_pad)
-    return block_m // group_pad, block_m, 64
+        block_m = max(16, heads)
+        return heads, 1, block_m, 32 if wide else 64, 8 if wide else 4
+    block_m = max(32 if wide else 64, heads)
+    return heads, block_m // heads, block_m, 32 if wide else 64, 8 if wide else 4
+
+
+def attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """out[T, Hq, D] = causal attention of q [T, Hq, D] over the cached keys/values of every row (nothing
+    is written to the caches). rope = (q2 [T, Hq, P], rope_cache [NB, bs, 1, P]): MLA's latent form, where
+    the score adds q2 . rope key and v_cache is k_cache (the latents)."""
+    t, hq, dh = q.shape
+    hkv = k_cache.shape[2]
+    assert hq % hkv == 0 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.shape[3] == dh and out.shape == q.shape and (sliding_window is None or sliding_window > 0)
+    assert rope is None or (v_cache is k_cache and hkv == 1 and rope[1].shape[:3] == k_cache.shape[:3])
+    q2, r_cache = rope if rope is not None else (q, k_cache)
+    q, q2 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q2))
+    assert k_cache.stride(-1) == r_cache.stride(-1) == out.stride(-1) == 1
+    num_rows, group = len(meta.seq_lens_list), hq // hkv
+    block_d = max(16, triton.next_power_of_2(dh))
+    heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode)
+    grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv * triton.cdiv(group, heads))
+    upcast = q.dtype != k_cache.dtype or q2.dtype != r_cache.dtype
+    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"
+    _attention_kernel[grid](
+        q, q2, k_cache, v_cache, r_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc,
+        num_rows, meta.block_size, sliding_window or 0, scale * LOG2E,
+        q.stride(0), q.stride(1), q2.stride(0), q2.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), r_cache.stride(0), r_cache.stride(1),
+        meta.block_tables.stride(0),
+        GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=0 if rope is None else q2.shape[2],
+        BLOCK_R=max(16, triton.next_power_of_2(q2.shape[2])), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+        DECODE=meta.is_decode, USE_WINDOW=sliding_window is not None, V_IS_K=v_cache is k_cache,
+        UPCAST=upcast, PRECISION=precision, num_warps=warps,
+    )  # fmt: skip
 
 
 def paged_attention(
@@ -196,24 +256,6 @@ def paged_attention(
     """
     del native
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    t, hq, dh = q.shape
-    hkv = k_cache.shape[2]
-    assert hq % hkv == 0 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
-    assert k_cache.shape[3] == dh and (sliding_window is None or sliding_window > 0)
-    out = torch.empty((t, hq, dh), dtype=q.dtype, device=q.device)  # every token is some row's: all written
-    num_rows = len(meta.seq_lens_list)
-    group = hq // hkv
-    block_q, block_m, block_n = _tiles(group, meta.is_decode)
-    grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv)
-    upcast = q.dtype != k_cache.dtype
-    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"
-    _attention_kernel[grid](
-        q, k_cache, v_cache, out, meta.block_tables, meta.context_lens, meta.seq_lens, meta.query_start_loc,
-        num_rows, meta.block_size, sliding_window or 0, scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3), meta.block_tables.stride(0),
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=dh,
-        BLOCK_D=max(16, triton.next_power_of_2(dh)), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-        DECODE=meta.is_decode, USE_WINDOW=sliding_window is not None, UPCAST=upcast, PRECISION=precision,
-    )  # fmt: skip
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every token is some row's: all written
+    attend(q, k_cache, v_cache, out, meta, scale, sliding_window)
     return out

@@ -79,7 +79,7 @@ def test_mixed_batches_match_the_reference(seed: int) -> None:
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     block = rng.choice([4, 16])
     dh = rng.choice([8, 20, 32])
-    hq = HKV * rng.choice([1, 2, 3, 4])
+    hq = HKV * rng.choice([1, 2, 3, 4, 20])  # 20: two head blocks per kv head
     window = rng.choice([None, None, 1, 3, 6, 17, 100])
     specs, kc, vc = _random_batch(rng, gen, block, dh, hq, window)
     meta = _meta(specs, block)
