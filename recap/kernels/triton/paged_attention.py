@@ -117,15 +117,16 @@ def _attention_kernel(
     q_ptr, q2_ptr, k_ptr, v_ptr, r_ptr, o_ptr, tables_ptr, ctx_ptr, qsl_ptr,
     num_rows, block_size, window, qk_scale,
     stride_qt, stride_qh, stride_q2t, stride_q2h, stride_ot, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_rb, stride_rs, stride_tb,
+    stride_kb, stride_ks, stride_kh, stride_rb, stride_rs, stride_tb, part_ptr, ml_ptr, num_heads,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ROPE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE: tl.constexpr, USE_WINDOW: tl.constexpr, V_IS_K: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
-    """Program (tile j, kv head x head block): one row's BLOCK_Q queries x HEADS of the kv head's GROUP
-    query heads, over the row's keys. MLA (ROPE_DIM > 0, V_IS_K): the score adds q2 . rope key, and the
-    value is the key tile itself (the latent)."""
+    """Program (tile j, kv head x head block, split): one row's BLOCK_Q queries x HEADS of the kv head's
+    GROUP query heads, over the row's keys (SPLITS > 1: over the split's share of them, whole key tiles;
+    the unnormalized partial goes to part_ptr / ml_ptr for _merge_splits_kernel). MLA (ROPE_DIM > 0,
+    V_IS_K): the score adds q2 . rope key, and the value is the key tile itself (the latent)."""
     j = tl.program_id(0)
     kvh = tl.program_id(1) // tl.cdiv(GROUP, HEADS)
     g = tl.program_id(1) % tl.cdiv(GROUP, HEADS) * HEADS + tl.arange(0, BLOCK_M) % HEADS  # (m,) in the group
@@ -158,7 +159,10 @@ def _attention_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked key tile leaves rows unchanged
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo // BLOCK_N * BLOCK_N, hi, BLOCK_N):
+    aligned = lo // BLOCK_N * BLOCK_N
+    share = tl.cdiv(tl.cdiv(hi - aligned, SPLITS), BLOCK_N) * BLOCK_N  # keys per split, whole tiles
+    first = aligned + tl.program_id(2) * share
+    for start in range(first, tl.minimum(first + share, hi), BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         k_ok = (kpos >= lo) & (kpos < hi)
         blk = tl.load(table + kpos // block_size, mask=k_ok, other=0)
@@ -179,9 +183,33 @@ def _attention_kernel(
         s = tl.where(seen, s * qk_scale, float("-inf"))  # log2 units
         m_i, l_i, acc = _online_softmax(s, vt, m_i, l_i, acc, PRECISION)
     d = tl.arange(0, BLOCK_D)
-    o_ptrs = o_ptr + ((q_begin + t0 + tok) * stride_ot + head * stride_oh)[:, None] + d[None, :]
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
+    if SPLITS > 1:
+        part = ((q_begin + t0 + tok) * num_heads + head) * SPLITS + tl.program_id(2)  # (m,)
+        tl.store(part_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+    else:
+        o_ptrs = o_ptr + ((q_begin + t0 + tok) * stride_ot + head * stride_oh)[:, None] + d[None, :]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_ptr, ml_ptr, o_ptr, stride_ot, stride_oh, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    """Program (token, head): combine the SPLITS partial softmaxes (max m, sum l, unnormalized acc)."""
+    part = (tl.program_id(0) * num_heads + tl.program_id(1)) * SPLITS + tl.arange(0, SPLITS)
+    m = tl.load(ml_ptr + part * 2)
+    l_sum = tl.load(ml_ptr + part * 2 + 1)
+    w = tl.exp2(m - tl.max(m, 0))  # an empty split (m = -1e30, l = 0) weighs 0 beside a non-empty one
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.sum(tl.load(part_ptr + part[:, None] * BLOCK_D + d[None, :]) * w[:, None], 0)
+    total = tl.sum(w * l_sum, 0)
+    out = acc / tl.where(total > 0, total, 1.0)
+    o_ptrs = o_ptr + tl.program_id(0) * stride_ot + tl.program_id(1) * stride_oh + d
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def _tiles(group: int, block_d: int, decode: bool) -> tuple[int, int, int, int, int]:
@@ -197,6 +225,15 @@ def _tiles(group: int, block_d: int, decode: bool) -> tuple[int, int, int, int, 
     return heads, block_m // heads, block_m, 32 if wide else 64, 8 if wide else 4
 
 
+def _splits(meta: AttentionMetadata, programs: int) -> int:
+    """Key splits per decode program (a power of two): enough programs for ~2 waves on an H100 (132 SMs),
+    at least 256 keys per split. Any count gives the same result up to rounding."""
+    if not meta.is_decode:
+        return 1
+    by_work = triton.next_power_of_2(triton.cdiv(max(meta.seq_lens_list), 256))
+    return min(by_work, triton.next_power_of_2(triton.cdiv(264, programs)), 32)
+
+
 def attend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -206,10 +243,12 @@ def attend(
     scale: float,
     sliding_window: int | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    splits: int | None = None,
 ) -> None:
     """out[T, Hq, D] = causal attention of q [T, Hq, D] over the cached keys/values of every row (nothing
     is written to the caches). rope = (q2 [T, Hq, P], rope_cache [NB, bs, 1, P]): MLA's latent form, where
-    the score adds q2 . rope key and v_cache is k_cache (the latents)."""
+    the score adds q2 . rope key and v_cache is k_cache (the latents). splits: key splits per program of a
+    decode batch (a power of two; None: chosen from the shapes)."""
     t, hq, dh = q.shape
     hkv = k_cache.shape[2]
     assert hq % hkv == 0 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
@@ -222,19 +261,27 @@ def attend(
     block_d = max(16, triton.next_power_of_2(dh))
     heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode)
     grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv * triton.cdiv(group, heads))
+    splits = _splits(meta, grid[0] * grid[1]) if splits is None else splits
+    assert splits == 1 or (meta.is_decode and splits == triton.next_power_of_2(splits))
+    part = torch.empty((t, hq, splits, block_d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    ml = torch.empty((t, hq, splits, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     upcast = q.dtype != k_cache.dtype or q2.dtype != r_cache.dtype
     precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"
-    _attention_kernel[grid](
+    _attention_kernel[(*grid, splits)](
         q, q2, k_cache, v_cache, r_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc,
         num_rows, meta.block_size, sliding_window or 0, scale * LOG2E,
         q.stride(0), q.stride(1), q2.stride(0), q2.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), r_cache.stride(0), r_cache.stride(1),
-        meta.block_tables.stride(0),
+        meta.block_tables.stride(0), part, ml, hq,
         GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=0 if rope is None else q2.shape[2],
         BLOCK_R=max(16, triton.next_power_of_2(q2.shape[2])), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         DECODE=meta.is_decode, USE_WINDOW=sliding_window is not None, V_IS_K=v_cache is k_cache,
-        UPCAST=upcast, PRECISION=precision, num_warps=warps,
+        UPCAST=upcast, PRECISION=precision, SPLITS=splits, num_warps=warps,
     )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(t, hq)](
+            part, ml, out, out.stride(0), out.stride(1), hq, HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=splits
+        )
 
 
 def paged_attention(

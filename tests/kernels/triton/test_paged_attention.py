@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
 from recap.kernels.paged_attention import paged_attention_ref
-from recap.kernels.triton.paged_attention import paged_attention, write_kv
+from recap.kernels.triton.paged_attention import attend, paged_attention, write_kv
 
 HKV, NUM_BLOCKS = 2, 48
 
@@ -136,15 +136,17 @@ def test_steps_equal_whole_sequence_attention(seed: int) -> None:
         torch.testing.assert_close(torch.cat(o), _oracle(q, k, v, 0.3, window), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [None, 3, 40])
-def test_decode_batch_with_gqa_and_a_padding_row(window: int | None) -> None:
-    """An all-decode batch (one program per row and kv head) with a non-power-of-two group and head dim."""
+@pytest.mark.parametrize("splits", [None, 1, 4])
+@pytest.mark.parametrize("window", [None, 3, 100])
+def test_decode_batch_with_gqa_and_a_padding_row(window: int | None, splits: int | None) -> None:
+    """An all-decode batch (one program per row, kv head and key split) with a non-power-of-two group and
+    head dim; 4 splits of the longest row leave one split empty (and, windowed, two or three)."""
     gen = torch.Generator().manual_seed(7)
-    block, dh, hq = 4, 20, HKV * 3
-    lengths = [1, 5, 17, 33]
+    block, dh, hq, num_blocks = 16, 20, HKV * 3, 128
+    lengths = [1, 5, 17, 33, 300]
     seqs = [[torch.randn(n, h, dh, generator=gen) for h in (hq, HKV, HKV)] for n in lengths]
-    tables = [[1 + 10 * r + b for b in reversed(range(-(-n // block)))] for r, n in enumerate(lengths)]
-    kc, vc = torch.zeros(NUM_BLOCKS, block, HKV, dh), torch.zeros(NUM_BLOCKS, block, HKV, dh)
+    tables = [[1 + 20 * r + b for b in reversed(range(-(-n // block)))] for r, n in enumerate(lengths)]
+    kc, vc = torch.full((num_blocks, block, HKV, dh), torch.nan), torch.full((num_blocks, block, HKV, dh), torch.nan)
     for (_, k, v), table, n in zip(seqs, tables, lengths):  # the prefixes are already cached
         slots = torch.tensor([table[p // block] * block + p % block for p in range(n - 1)], dtype=torch.long)
         write_kv(k[: n - 1], v[: n - 1], kc, vc, slots)
@@ -155,9 +157,14 @@ def test_decode_batch_with_gqa_and_a_padding_row(window: int | None) -> None:
     last = [[x[-1:] for x in s] for s in seqs]
     last.insert(2, [torch.full_like(x, torch.nan) for x in last[0]])  # the padding row's token: never read
     q, k, v = (torch.cat([row[i] for row in last]) for i in range(3))
-    out = paged_attention(q, k, v, kc, vc, meta, 0.25, window)
+    if splits is None:
+        out = paged_attention(q, k, v, kc, vc, meta, 0.25, window)
+    else:
+        write_kv(k, v, kc, vc, meta.slot_mapping)
+        out = torch.full_like(q, torch.nan)
+        attend(q, kc, vc, out, meta, 0.25, window, splits=splits)
     expected = torch.stack([_oracle(*s, 0.25, window)[-1] for s in seqs])
-    torch.testing.assert_close(out[[0, 1, 3, 4]], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[[0, 1, 3, 4, 5]], expected, rtol=1e-5, atol=1e-5)
     assert not out[2].any()
 
 
