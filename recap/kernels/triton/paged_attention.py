@@ -1,0 +1,308 @@
+"""Triton causal attention over a paged KV cache: the GPU twin of recap/kernels/paged_attention.py.
+
+Glossary (as in the reference)
+- q [T, Hq, Dh], k / v [T, Hkv, Dh]: the new tokens' projections; Hq = Hkv * group (GQA).
+- k_cache / v_cache [NB, block_size, Hkv, Dh]: the block pool; token slot = block_id * block_size + offset.
+- row b: its new queries sit at absolute positions [context_len, seq_len) and attend every key at a
+  position <= their own (and > position - sliding_window), read through block_tables[b].
+- padding row: its table is all PAD_SLOT_ID (a real row owns at least one block); it outputs zeros and
+  reads nothing.
+
+Kernel layout. One program per (q tile, kv head): its BLOCK_M rows are BLOCK_Q consecutive queries of one
+row times the GROUP_PAD query heads that share the kv head (row m = query m // GROUP_PAD, head
+m % GROUP_PAD), so a K/V tile read through the block table serves the whole GQA group in one tl.dot.
+Flash-attention online softmax over key tiles of BLOCK_N positions, fp32 accumulation. Prefill and mixed
+batches: tiles never cross rows; tile j belongs to the row r with qsl[r] // BLOCK_Q + r <= j, found by a
+binary search over query_start_loc (the grid is T // BLOCK_Q + B tiles, known without a host sync; the
+tiles past a row's queries exit). Decode batches (every row one query): BLOCK_Q = 1 and one program per
+(row, kv head). Key tiles start at the tile's first visible key (its first query's window), so blocks
+out of the window (the null block in the window group's tables) and positions past seq_len are never
+loaded: every load is masked to [first visible key, last query's position].
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from recap.kernels.metadata import AttentionMetadata
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _store_rows_kernel(
+    x_ptr, cache_ptr, slot_ptr,
+    stride_xt, stride_xh, stride_xd, stride_cs, stride_ch, stride_cd,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Program t: store token t's [H, D] at its slot (cache viewed as [slots, H, D]); PAD slots skipped."""
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot < 0:
+        return
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < H) & (d < D)
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d * stride_xd, mask=mask)
+    dst = cache_ptr + slot * stride_cs + h * stride_ch + d * stride_cd
+    tl.store(dst, x, mask=mask)
+
+
+def _store_rows(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """x [T, H, D] into cache [NB, block_size, H, D] at slot_mapping (PAD_SLOT_ID skipped)."""
+    t, h, d = x.shape
+    assert cache.shape[2:] == (h, d), f"token shape {tuple(x.shape[1:])} vs cache {tuple(cache.shape)}"
+    assert cache.stride(0) == cache.shape[1] * cache.stride(1), "the cache's blocks must be slot-contiguous"
+    assert slot_mapping.shape == (t,)
+    if t == 0:
+        return
+    x = x.to(cache.dtype)  # on the host, as the reference rounds (the interpreter's bf16 cast truncates)
+    _store_rows_kernel[(t,)](
+        x, cache, slot_mapping,
+        x.stride(0), x.stride(1), x.stride(2), cache.stride(1), cache.stride(2), cache.stride(3),
+        H=h, D=d, BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d),
+    )  # fmt: skip
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store each token's K/V at its slot; tokens with slot PAD_SLOT_ID are skipped."""
+    _store_rows(k, k_cache, slot_mapping)
+    _store_rows(v, v_cache, slot_mapping)
+
+
+@triton.jit
+def _row_of_tile(qsl_ptr, j, num_rows, BLOCK_Q: tl.constexpr):
+    """The row r whose tiles hold tile j: the largest r with qsl[r] // BLOCK_Q + r <= j (binary search)."""
+    lo = 0
+    hi = num_rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        go_right = first <= j
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
+    return lo - 1
+
+
+@triton.jit
+def _load_rows(ptr, rows, ok, DIM: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
+    """[len(rows), BLOCK] tile of vectors of DIM contiguous elements at element offsets `rows` (0 where not ok)."""
+    d = tl.arange(0, BLOCK)
+    x = tl.load(ptr + rows[:, None] + d[None, :], mask=ok[:, None] & (d < DIM)[None, :], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _online_softmax(s, vt, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """Fold one key tile into the running max m_i, sum l_i and output acc (scores s in log2 units)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, q2_ptr, k_ptr, v_ptr, r_ptr, o_ptr, tables_ptr, ctx_ptr, qsl_ptr,
+    num_rows, block_size, window, qk_scale,
+    stride_qt, stride_qh, stride_q2t, stride_q2h, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_rb, stride_rs, stride_tb, part_ptr, ml_ptr, num_heads,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROPE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DECODE: tl.constexpr, USE_WINDOW: tl.constexpr, V_IS_K: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    """Program (tile j, kv head x head block, split): one row's BLOCK_Q queries x HEADS of the kv head's
+    GROUP query heads, over the row's keys (SPLITS > 1: over the split's share of them, whole key tiles;
+    the unnormalized partial goes to part_ptr / ml_ptr for _merge_splits_kernel). MLA (ROPE_DIM > 0,
+    V_IS_K): the score adds q2 . rope key, and the value is the key tile itself (the latent)."""
+    j = tl.program_id(0)
+    kvh = tl.program_id(1) // tl.cdiv(GROUP, HEADS)
+    g = tl.program_id(1) % tl.cdiv(GROUP, HEADS) * HEADS + tl.arange(0, BLOCK_M) % HEADS  # (m,) in the group
+    if DECODE:
+        r = j
+        t0 = 0
+    else:
+        r = _row_of_tile(qsl_ptr, j, num_rows, BLOCK_Q)
+        t0 = (j - (tl.load(qsl_ptr + r) // BLOCK_Q + r)) * BLOCK_Q  # the tile's first query, row-relative
+    q_begin = tl.load(qsl_ptr + r)
+    n = tl.load(qsl_ptr + r + 1) - q_begin
+    if t0 >= n:
+        return
+    ctx = tl.load(ctx_ptr + r)
+    table = tables_ptr + r * stride_tb
+    tok = tl.arange(0, BLOCK_M) // HEADS
+    row_ok = (tok < BLOCK_Q) & (t0 + tok < n) & (g < GROUP)
+    qpos = ctx + t0 + tok  # (m,) absolute positions
+    head = kvh * GROUP + g
+    qv = _load_rows(q_ptr, (q_begin + t0 + tok) * stride_qt + head * stride_qh, row_ok, HEAD_DIM, BLOCK_D, UPCAST)
+    if ROPE_DIM > 0:
+        q2 = _load_rows(q2_ptr, (q_begin + t0 + tok) * stride_q2t + head * stride_q2h, row_ok, ROPE_DIM, BLOCK_R,
+                        UPCAST)  # fmt: skip
+
+    hi = ctx + tl.minimum(t0 + BLOCK_Q, n)  # one past the last query's position (<= seq_len)
+    lo = hi * 0
+    if USE_WINDOW:
+        lo = tl.maximum(lo, ctx + t0 - window + 1)  # the first query's first visible key
+    hi = tl.where(tl.load(table) < 0, lo, hi)  # a padding row (no block) reads nothing, outputs zeros
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked key tile leaves rows unchanged
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    aligned = lo // BLOCK_N * BLOCK_N
+    share = tl.cdiv(tl.cdiv(hi - aligned, SPLITS), BLOCK_N) * BLOCK_N  # keys per split, whole tiles
+    first = aligned + tl.program_id(2) * share
+    for start in range(first, tl.minimum(first + share, hi), BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        k_ok = (kpos >= lo) & (kpos < hi)
+        blk = tl.load(table + kpos // block_size, mask=k_ok, other=0)
+        kt = _load_rows(k_ptr, blk * stride_kb + kpos % block_size * stride_ks + kvh * stride_kh, k_ok, HEAD_DIM,
+                        BLOCK_D, UPCAST)  # fmt: skip
+        s = tl.dot(qv, tl.trans(kt), input_precision=PRECISION)  # (m, n)
+        if ROPE_DIM > 0:
+            rt = _load_rows(r_ptr, blk * stride_rb + kpos % block_size * stride_rs, k_ok, ROPE_DIM, BLOCK_R, UPCAST)
+            s += tl.dot(q2, tl.trans(rt), input_precision=PRECISION)
+        if V_IS_K:
+            vt = kt
+        else:
+            vt = _load_rows(v_ptr, blk * stride_kb + kpos % block_size * stride_ks + kvh * stride_kh, k_ok,
+                            HEAD_DIM, BLOCK_D, UPCAST)  # fmt: skip
+        seen = k_ok[None, :] & (kpos[None, :] <= qpos[:, None])
+        if USE_WINDOW:
+            seen = seen & (kpos[None, :] > qpos[:, None] - window)
+        s = tl.where(seen, s * qk_scale, float("-inf"))  # log2 units
+        m_i, l_i, acc = _online_softmax(s, vt, m_i, l_i, acc, PRECISION)
+    d = tl.arange(0, BLOCK_D)
+    if SPLITS > 1:
+        part = ((q_begin + t0 + tok) * num_heads + head) * SPLITS + tl.program_id(2)  # (m,)
+        tl.store(part_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+    else:
+        o_ptrs = o_ptr + ((q_begin + t0 + tok) * stride_ot + head * stride_oh)[:, None] + d[None, :]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_ptr, ml_ptr, o_ptr, stride_ot, stride_oh, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    """Program (token, head): combine the SPLITS partial softmaxes (max m, sum l, unnormalized acc)."""
+    part = (tl.program_id(0) * num_heads + tl.program_id(1)) * SPLITS + tl.arange(0, SPLITS)
+    m = tl.load(ml_ptr + part * 2)
+    l_sum = tl.load(ml_ptr + part * 2 + 1)
+    w = tl.exp2(m - tl.max(m, 0))  # an empty split (m = -1e30, l = 0) weighs 0 beside a non-empty one
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.sum(tl.load(part_ptr + part[:, None] * BLOCK_D + d[None, :]) * w[:, None], 0)
+    total = tl.sum(w * l_sum, 0)
+    out = acc / tl.where(total > 0, total, 1.0)
+    o_ptrs = o_ptr + tl.program_id(0) * stride_ot + tl.program_id(1) * stride_oh + d
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def _tiles(group: int, block_d: int, decode: bool) -> tuple[int, int, int, int, int]:
+    """(HEADS, BLOCK_Q, BLOCK_M, BLOCK_N, num_warps): query heads per program (the GQA group, padded, up to
+    16), queries per tile, tile rows (queries x heads, >= 16 for tl.dot), keys per step; smaller tiles and
+    more warps for wide heads (MLA latents)."""
+    heads = min(triton.next_power_of_2(group), 16)
+    wide = block_d > 128
+    if decode:
+        block_m = max(16, heads)
+        return heads, 1, block_m, 32 if wide else 64, 8 if wide else 4
+    block_m = max(32 if wide else 64, heads)
+    return heads, block_m // heads, block_m, 32 if wide else 64, 8 if wide else 4
+
+
+def _splits(meta: AttentionMetadata, programs: int) -> int:
+    """Key splits per decode program (a power of two): enough programs for ~2 waves on an H100 (132 SMs),
+    at least 256 keys per split. Any count gives the same result up to rounding."""
+    if not meta.is_decode:
+        return 1
+    by_work = triton.next_power_of_2(triton.cdiv(max(meta.seq_lens_list), 256))
+    return min(by_work, triton.next_power_of_2(triton.cdiv(264, programs)), 32)
+
+
+def attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    splits: int | None = None,
+) -> None:
+    """out[T, Hq, D] = causal attention of q [T, Hq, D] over the cached keys/values of every row (nothing
+    is written to the caches). rope = (q2 [T, Hq, P], rope_cache [NB, bs, 1, P]): MLA's latent form, where
+    the score adds q2 . rope key and v_cache is k_cache (the latents). splits: key splits per program of a
+    decode batch (a power of two; None: chosen from the shapes)."""
+    t, hq, dh = q.shape
+    hkv = k_cache.shape[2]
+    assert hq % hkv == 0 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.shape[3] == dh and out.shape == q.shape and (sliding_window is None or sliding_window > 0)
+    assert rope is None or (v_cache is k_cache and hkv == 1 and rope[1].shape[:3] == k_cache.shape[:3])
+    q2, r_cache = rope if rope is not None else (q, k_cache)
+    q, q2 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q2))
+    assert k_cache.stride(-1) == r_cache.stride(-1) == out.stride(-1) == 1
+    num_rows, group = len(meta.seq_lens_list), hq // hkv
+    block_d = max(16, triton.next_power_of_2(dh))
+    heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode)
+    grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv * triton.cdiv(group, heads))
+    splits = _splits(meta, grid[0] * grid[1]) if splits is None else splits
+    assert splits == 1 or (meta.is_decode and splits == triton.next_power_of_2(splits))
+    part = torch.empty((t, hq, splits, block_d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    ml = torch.empty((t, hq, splits, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    upcast = q.dtype != k_cache.dtype or q2.dtype != r_cache.dtype
+    precision = "ieee" if upcast or q.dtype == torch.float32 else "tf32"
+    _attention_kernel[(*grid, splits)](
+        q, q2, k_cache, v_cache, r_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc,
+        num_rows, meta.block_size, sliding_window or 0, scale * LOG2E,
+        q.stride(0), q.stride(1), q2.stride(0), q2.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), r_cache.stride(0), r_cache.stride(1),
+        meta.block_tables.stride(0), part, ml, hq,
+        GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=0 if rope is None else q2.shape[2],
+        BLOCK_R=max(16, triton.next_power_of_2(q2.shape[2])), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+        DECODE=meta.is_decode, USE_WINDOW=sliding_window is not None, V_IS_K=v_cache is k_cache,
+        UPCAST=upcast, PRECISION=precision, SPLITS=splits, num_warps=warps,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(t, hq)](
+            part, ml, out, out.stride(0), out.stride(1), hq, HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=splits
+        )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    native: bool = False,
+) -> torch.Tensor:
+    """Write the new K/V, then causal attention of every row's new queries over its whole sequence
+    (over the last `sliding_window` positions of each query, if given).
+
+    Padding rows output zeros and read nothing. `native` (the CPU reference's C decode switch) is accepted
+    for the signature and ignored.
+    """
+    del native
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every token is some row's: all written
+    attend(q, k_cache, v_cache, out, meta, scale, sliding_window)
+    return out

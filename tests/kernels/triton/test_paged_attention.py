@@ -1,0 +1,213 @@
+"""Triton paged attention against the torch reference: mixed batches (prefill from scratch, over a cached
+prefix, decode, padding rows), chunked prefill and decode steps against a whole-sequence oracle, GQA, head
+dims that are not powers of two, sliding windows narrower and wider than the rows, shuffled non-contiguous
+blocks and window tables whose out-of-window entries are the null block. Every position no row may read
+holds NaN, so a stray read shows as a non-finite output; the caches must match the reference's bit for bit
+and block 0 must stay untouched."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
+from recap.kernels.paged_attention import paged_attention_ref
+from recap.kernels.triton.paged_attention import attend, paged_attention, write_kv
+
+HKV, NUM_BLOCKS = 2, 48
+
+
+def _meta(specs: list[SeqSpec], block: int, device: str = "cpu") -> AttentionMetadata:
+    fb = build_forward_batch(specs, block_size=block, chunk_size=16, with_attention=True, with_ssm=False, device=device)
+    assert fb.attn is not None
+    return fb.attn
+
+
+def _nan_caches(block: int, dh: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (NUM_BLOCKS, block, HKV, dh)
+    return torch.full(shape, torch.nan, device=device), torch.full(shape, torch.nan, device=device)
+
+
+def _oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
+    """[L, Hq, Dh] attention of a whole sequence: position p sees p - window + 1 .. p (0 .. p without one)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    pos = torch.arange(q.shape[0], device=q.device)
+    mask = pos[None, :] <= pos[:, None]
+    if window is not None:
+        mask &= pos[None, :] > pos[:, None] - window
+    q, k, v = (x.transpose(0, 1) for x in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+
+
+def _visible_from(ctx: int, window: int | None) -> int:
+    """The first key position a row at `ctx` computed tokens may read (its first query's window)."""
+    return 0 if window is None else max(0, ctx - window + 1)
+
+
+def _random_batch(
+    rng: random.Random, gen: torch.Generator, block: int, dh: int, hq: int, window: int | None
+) -> tuple[list[SeqSpec], torch.Tensor, torch.Tensor]:
+    """Rows of every kind on shuffled blocks, and caches holding finite values only where a row may read
+    (its cached prefix inside the window); out-of-window table entries are the null block 0."""
+    free = list(range(1, NUM_BLOCKS))
+    rng.shuffle(free)
+    kc, vc = _nan_caches(block, dh)
+    specs = []
+    for _ in range(rng.randint(1, 5)):
+        kind = rng.choice(["scratch", "prefix", "decode", "decode", "padding"])
+        n = 1 if kind == "decode" else rng.randint(1, 40)
+        if kind == "padding":
+            specs.append(SeqSpec(token_ids=[0] * n, padding=True))
+            continue
+        ctx = 0 if kind == "scratch" else rng.randint(1, 45)
+        table = [free.pop() for _ in range(-(-(ctx + n) // block))]
+        lo = _visible_from(ctx, window)
+        for p in range(lo, ctx):
+            for c in (kc, vc):
+                c[table[p // block], p % block] = torch.randn(HKV, dh, generator=gen)
+        table = [0] * (lo // block) + table[lo // block :]
+        specs.append(SeqSpec(token_ids=[0] * n, context_len=ctx, block_ids=table))
+    return specs, kc, vc
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_mixed_batches_match_the_reference(seed: int) -> None:
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    block = rng.choice([4, 16])
+    dh = rng.choice([8, 20, 32])
+    hq = HKV * rng.choice([1, 2, 3, 4, 20])  # 20: two head blocks per kv head
+    window = rng.choice([None, None, 1, 3, 6, 17, 100])
+    specs, kc, vc = _random_batch(rng, gen, block, dh, hq, window)
+    meta = _meta(specs, block)
+    t = meta.query_start_loc_list[-1]
+    q, k, v = (torch.randn(t, h, dh, generator=gen) for h in (hq, HKV, HKV))
+    kr, vr = kc.clone(), vc.clone()
+    out = paged_attention(q, k, v, kc, vc, meta, 0.35, window)
+    ref = paged_attention_ref(q, k, v, kr, vr, meta, 0.35, window)
+    assert out.isfinite().all(), "a position no row may read (NaN) was read"
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for c, c_ref in ((kc, kr), (vc, vr)):  # the same writes, bit for bit; the null block untouched
+        assert torch.equal(c.nan_to_num(7.0), c_ref.nan_to_num(7.0))
+        assert c[0].isnan().all()
+    for r, s in enumerate(specs):
+        if s.padding:
+            assert not out[meta.query_start_loc_list[r] : meta.query_start_loc_list[r + 1]].any()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_steps_equal_whole_sequence_attention(seed: int) -> None:
+    """Sequences advance together in random steps (prefill chunks over their cached prefix, decodes); the
+    window group's tables null what left the window, and what left it is poisoned before the next step."""
+    rng, gen = random.Random(100 + seed), torch.Generator().manual_seed(seed)
+    block, dh = rng.choice([4, 16]), rng.choice([16, 24])
+    hq = HKV * rng.choice([1, 2, 4])
+    window = rng.choice([None, 2, 5, 9, 64])
+    lengths = [rng.randint(1, 50) for _ in range(rng.randint(1, 3))]
+    blocks = rng.sample(range(1, NUM_BLOCKS), sum(-(-n // block) for n in lengths))
+    tables = []
+    for n in lengths:
+        tables.append(blocks[: -(-n // block)])
+        blocks = blocks[-(-n // block) :]
+    seqs = [[torch.randn(n, h, dh, generator=gen) for h in (hq, HKV, HKV)] for n in lengths]
+    kc, vc = _nan_caches(block, dh)
+    done, outs = [0] * len(lengths), [[] for _ in lengths]
+    while any(d < n for d, n in zip(done, lengths)):
+        rows = [i for i, n in enumerate(lengths) if done[i] < n]
+        steps = [min(lengths[i] - done[i], rng.choice([1, 1, rng.randint(1, 20)])) for i in rows]
+        specs = []
+        for i, n in zip(rows, steps):
+            lo = _visible_from(done[i], window) // block
+            specs.append(SeqSpec(token_ids=[0] * n, context_len=done[i], block_ids=[0] * lo + tables[i][lo:]))
+        meta = _meta(specs, block)
+        q, k, v = (torch.cat([seqs[i][x][done[i] : done[i] + n] for i, n in zip(rows, steps)]) for x in range(3))
+        out = paged_attention(q, k, v, kc, vc, meta, 0.3, window)
+        assert out.isfinite().all()
+        for r, (i, n) in enumerate(zip(rows, steps)):
+            outs[i].append(out[meta.query_start_loc_list[r] : meta.query_start_loc_list[r + 1]])
+            done[i] += n
+            for b in tables[i][: _visible_from(done[i], window) // block]:  # out of the window from now on
+                kc[b], vc[b] = torch.nan, torch.nan
+    assert kc[0].isnan().all() and vc[0].isnan().all()
+    for (q, k, v), o in zip(seqs, outs):
+        torch.testing.assert_close(torch.cat(o), _oracle(q, k, v, 0.3, window), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [None, 1, 4])
+@pytest.mark.parametrize("window", [None, 3, 100])
+def test_decode_batch_with_gqa_and_a_padding_row(window: int | None, splits: int | None) -> None:
+    """An all-decode batch (one program per row, kv head and key split) with a non-power-of-two group and
+    head dim; 4 splits of the longest row leave one split empty (and, windowed, two or three)."""
+    gen = torch.Generator().manual_seed(7)
+    block, dh, hq, num_blocks = 16, 20, HKV * 3, 128
+    lengths = [1, 5, 17, 33, 300]
+    seqs = [[torch.randn(n, h, dh, generator=gen) for h in (hq, HKV, HKV)] for n in lengths]
+    tables = [[1 + 20 * r + b for b in reversed(range(-(-n // block)))] for r, n in enumerate(lengths)]
+    kc, vc = torch.full((num_blocks, block, HKV, dh), torch.nan), torch.full((num_blocks, block, HKV, dh), torch.nan)
+    for (_, k, v), table, n in zip(seqs, tables, lengths):  # the prefixes are already cached
+        slots = torch.tensor([table[p // block] * block + p % block for p in range(n - 1)], dtype=torch.long)
+        write_kv(k[: n - 1], v[: n - 1], kc, vc, slots)
+    specs = [SeqSpec(token_ids=[0], context_len=n - 1, block_ids=t) for n, t in zip(lengths, tables)]
+    specs.insert(2, SeqSpec(token_ids=[0], padding=True))
+    meta = _meta(specs, block)
+    assert meta.is_decode
+    last = [[x[-1:] for x in s] for s in seqs]
+    last.insert(2, [torch.full_like(x, torch.nan) for x in last[0]])  # the padding row's token: never read
+    q, k, v = (torch.cat([row[i] for row in last]) for i in range(3))
+    if splits is None:
+        out = paged_attention(q, k, v, kc, vc, meta, 0.25, window)
+    else:
+        write_kv(k, v, kc, vc, meta.slot_mapping)
+        out = torch.full_like(q, torch.nan)
+        attend(q, kc, vc, out, meta, 0.25, window, splits=splits)
+    expected = torch.stack([_oracle(*s, 0.25, window)[-1] for s in seqs])
+    torch.testing.assert_close(out[[0, 1, 3, 4, 5]], expected, rtol=1e-5, atol=1e-5)
+    assert not out[2].any()
+
+
+def test_write_kv_skips_padding_slots_and_casts() -> None:
+    gen = torch.Generator().manual_seed(1)
+    kc, vc = torch.randn(8, 4, HKV, 20, generator=gen), torch.randn(8, 4, HKV, 20, generator=gen)
+    kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    kc0, vc0 = kc.clone(), vc.clone()
+    k = torch.randn(3, 2 * HKV, 20, generator=gen)[:, ::2]  # a strided view
+    v = torch.randn(3, HKV, 20, generator=gen)
+    write_kv(k, v, kc, vc, torch.tensor([9, -1, 4 * 4 + 2]))
+    assert torch.equal(kc[2, 1], k[0].bfloat16()) and torch.equal(vc[4, 2], v[2].bfloat16())
+    kc[2, 1], vc[2, 1], kc[4, 2], vc[4, 2] = kc0[2, 1], vc0[2, 1], kc0[4, 2], vc0[4, 2]
+    assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+
+
+def test_fp32_queries_over_a_bf16_cache() -> None:
+    """Queries in fp32 over a bf16 cache: both read as fp32, as the reference does."""
+    gen = torch.Generator().manual_seed(3)
+    specs = [SeqSpec(token_ids=[0] * 7, context_len=5, block_ids=[9, 2, 30]), SeqSpec(token_ids=[0], block_ids=[7])]
+    meta = _meta(specs, 4)
+    q, k, v = (torch.randn(8, h, 24, generator=gen) for h in (4, HKV, HKV))
+    kc = torch.randn(NUM_BLOCKS, 4, HKV, 24, generator=gen).bfloat16()
+    vc = torch.randn(NUM_BLOCKS, 4, HKV, 24, generator=gen).bfloat16()
+    kr, vr = kc.clone(), vc.clone()
+    out = paged_attention(q, k, v, kc, vc, meta, 0.3)
+    ref = paged_attention_ref(q, k, v, kr, vr, meta, 0.3)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_the_gpu(dtype: torch.dtype) -> None:
+    """Every tensor on the GPU by construction (metadata included), in fp32 and bf16."""
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    specs, kc, vc = _random_batch(rng, gen, 16, 80, HKV * 4, None)
+    meta, meta_gpu = _meta(specs, 16), _meta(specs, 16, "cuda")
+    t = meta.query_start_loc_list[-1]
+    q, k, v = (torch.randn(t, h, 80, generator=gen) for h in (HKV * 4, HKV, HKV))
+    kc, vc = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
+    ref = paged_attention_ref(q, k, v, kc.clone(), vc.clone(), meta, 0.1)
+    args = (x.cuda().to(dtype) for x in (q, k, v, kc, vc))
+    out = paged_attention(*args, meta_gpu, 0.1)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=tol, atol=tol)
