@@ -9,7 +9,8 @@ from recap.kernels.triton.kda import kda_varlen
 from recap.kernels.triton.mla import paged_mla_attention
 from recap.kernels.triton.paged_attention import paged_attention
 from recap.kernels.triton.selective_scan import selective_scan_varlen, selective_state_update
-from recap.kernels.triton.ssd import ssd_state_update, ssd_varlen
+from recap.kernels.triton.ssd import ssd_varlen
+from recap.kernels.triton.ssd_decode import ssd_state_update
 
 TRITON_KERNELS = KernelSet(
     name="triton",
