@@ -73,6 +73,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _free() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """Run one section, keeping its result or its error; print a line either way."""
     t0 = time.perf_counter()
@@ -115,7 +123,7 @@ def kernel_bf16(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
 def _engine(model: str, tokenizer: str, device: str, kernels: str, dtype: str, **cache: Any) -> LLMEngine:
     return LLMEngine(EngineConfig(
         model=model, tokenizer=tokenizer, device=device, kernels=kernels, dtype=dtype, seed=0, generation_config="vllm",
-        cache=CacheConfig(block_size=16, **cache), scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=1024,
+        cache=CacheConfig(block_size=16, kv_cache_bytes=256 << 20, state_cache_bytes=256 << 20, **cache), scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=1024,
                                                                               max_num_batched_tokens=96),
     ))  # fmt: skip
 
@@ -146,6 +154,8 @@ def backend_equality(device: str, tmp: Path) -> list[dict[str, Any]]:
             cold, _ = _run(eng, prompts, 12)
             warm, cached = _run(eng, prompts, 12)  # the same prompts again: hits on their prompt-end checkpoints
             got[kernels] = (cold, warm, cached)
+            del eng
+            _free()
         row = {
             "arch": arch,
             "triton_equals_torch": got["triton"][0] == got["torch"][0],
@@ -216,7 +226,7 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
     res: dict[str, Any] = {"shape": name, "params": n_params, "weight_bytes": 2 * n_params}
     eng = LLMEngine(EngineConfig(
         model=str(path), tokenizer=tok, device=str(device), dtype="bfloat16", seed=0, generation_config="vllm",
-        cache=CacheConfig(block_size=16),
+        cache=CacheConfig(block_size=16, kv_cache_bytes=8 << 30, state_cache_bytes=8 << 30),
         scheduler=SchedulerConfig(max_num_seqs=128, max_model_len=prefill_len + 128,
                                   max_num_batched_tokens=prefill_len + 64),
     ))  # fmt: skip
@@ -234,6 +244,8 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
         res[f"decode_b{batch}_tok_s"] = rate
         if batch == 1:
             res["decode_b1_hbm_fraction"] = 2 * n_params * rate / hbm
+    del eng
+    _free()
     res["transformers"] = _transformers_speed(arch, overrides, path, device, prompt, smoke)
     print(f"  {name}: {json.dumps(res)}", flush=True)
     return res

@@ -124,11 +124,12 @@ def build_forward_batch(
     chunk_size: int,
     with_attention: bool,
     with_ssm: bool,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     with_window: bool = False,
     kernels: KernelSet | None = None,
 ) -> ForwardBatch:
-    """Pack rows into one ForwardBatch. Every row must have at least one token."""
+    """Pack rows into one ForwardBatch (its tensors on `device`; None: torch's default device). Every row must
+    have at least one token."""
     if not seqs:
         raise ValueError("a batch needs at least one row")
     ids: list[int] = []
@@ -148,7 +149,7 @@ def build_forward_batch(
             sample_rows.append(row)
 
     def t(x: list[int] | list[bool], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(x, dtype=dtype)  # on the host; moved to `device` in one copy at the end
+        return torch.tensor(x, dtype=dtype, device="cpu")  # moved to `device` in one copy at the end
 
     is_decode = all(len(s.token_ids) == 1 for s in seqs)
     attn = _attention_metadata(seqs, [s.block_ids for s in seqs], qsl, block_size, t) if with_attention else None
@@ -219,7 +220,8 @@ def build_forward_batch(
         window_attn=window_attn,
         kernels=_torch_kernels() if kernels is None else kernels,
     )
-    return batch if torch.device(device).type == "cpu" else batch_to_device(batch, torch.device(device))
+    target = torch.get_default_device() if device is None else torch.device(device)
+    return batch if target.type == "cpu" else batch_to_device(batch, target)
 
 
 _PARTS = ("attn", "window_attn", "ssm")  # the ForwardBatch fields that hold metadata dataclasses
