@@ -120,11 +120,11 @@ def kernel_bf16(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
 # 2. backends --------------------------------------------------------------------------------------------------
 
 
-def _engine(model: str, tokenizer: str, device: str, kernels: str, dtype: str, **cache: Any) -> LLMEngine:
+def _engine(model: str, tokenizer: str, device: str, kernels: str, dtype: str) -> LLMEngine:
     return LLMEngine(EngineConfig(
         model=model, tokenizer=tokenizer, device=device, kernels=kernels, dtype=dtype, seed=0, generation_config="vllm",
-        cache=CacheConfig(block_size=16, kv_cache_bytes=256 << 20, state_cache_bytes=256 << 20, **cache), scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=1024,
-                                                                              max_num_batched_tokens=96),
+        cache=CacheConfig(block_size=16, kv_cache_bytes=256 << 20, state_cache_bytes=256 << 20),
+        scheduler=SchedulerConfig(max_num_seqs=8, max_model_len=1024, max_num_batched_tokens=96),
     ))  # fmt: skip
 
 
