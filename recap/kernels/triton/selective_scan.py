@@ -172,7 +172,7 @@ def _scan(
             0 if z is None else z.stride(0), ssm_state.stride(0), ssm_state.stride(1), y.stride(0),
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None, SOFTPLUS=delta_softplus,
             HAS_POS=slot_positions is not None, BLOCK_T=block, BLOCK_I=block_i, BLOCK_N=block_n,
-            T_PAD=triton.next_power_of_2(block),
+            T_PAD=max(2, triton.next_power_of_2(block)),  # tl.arange needs a power of two; 1 is avoided
             num_warps=1 if block_i * block_n <= 256 else 2 if block_i * block_n <= 512 else 4,
         )  # fmt: skip
     return y
