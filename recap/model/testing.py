@@ -1,4 +1,6 @@
-"""Tiny random HF checkpoints for tests anywhere (built with transformers' own classes, saved to disk)."""
+"""Tiny random HF checkpoints for tests anywhere (built with transformers' own classes, saved to disk).
+
+Each family names its tiny checkpoint in model/families.py (`TINY_ARCHS`: short name -> architecture)."""
 
 from __future__ import annotations
 
@@ -10,30 +12,9 @@ import torch
 
 from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
-from recap.model.models import CausalLM
+from recap.model.families import TINY_ARCHS
+from recap.model.models.base import CausalLM
 
-# Short names -> HF architecture; the full architecture names are accepted too.
-TINY_ARCHS = {
-    "mamba": "MambaForCausalLM",
-    "falcon_mamba": "FalconMambaForCausalLM",
-    "mamba2": "Mamba2ForCausalLM",
-    "bamba": "BambaForCausalLM",
-    "jamba": "JambaForCausalLM",
-    "nemotron_h": "NemotronHForCausalLM",
-    "granite_hybrid": "GraniteMoeHybridForCausalLM",
-    "falcon_h1": "FalconH1ForCausalLM",
-    "qwen3_5": "Qwen3_5ForCausalLM",
-    "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
-    "qwen3_next": "Qwen3NextForCausalLM",
-    "qwen3_5_vl": "Qwen3_5ForConditionalGeneration",
-    "qwen3_5_moe_vl": "Qwen3_5MoeForConditionalGeneration",
-    "olmo_hybrid": "OlmoHybridForCausalLM",
-    "zamba2": "Zamba2ForCausalLM",
-    "lfm2": "Lfm2ForCausalLM",
-    "lfm2_moe": "Lfm2MoeForCausalLM",
-    "lfm3": "Lfm3ForCausalLM",
-    "kimi_linear": "KimiLinearForCausalLM",
-}
 # Families whose tiny checkpoints get their constant-initialized weights (norms, D, dt_bias, biases) jittered,
 # so that parity tests exercise them (transformers initializes them to 0 or 1).
 PERTURBED = ("NemotronHForCausalLM", "GraniteMoeHybridForCausalLM", "FalconH1ForCausalLM", "Zamba2ForCausalLM")
