@@ -19,7 +19,7 @@ def test_every_family_resolves(entry: Family) -> None:
     assert callable(entry.translator)
     cls = entry.model_class()
     assert issubclass(cls, CausalLM)  # (an alias for another family's class where the layouts agree)
-    hf = tiny_hf_config(entry.tiny).to_dict()
+    hf = tiny_hf_config(entry.tiny.name).to_dict()
     hf["architectures"] = [entry.architecture]
     cfg = translate_config(hf)
     assert cfg.architecture == entry.architecture and cfg.num_layers >= 2

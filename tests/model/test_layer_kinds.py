@@ -26,7 +26,7 @@ def _configs_by_kind() -> dict[str, tuple[ModelConfig, int]]:
 
     found: dict[str, tuple[ModelConfig, int]] = {}
     for f in FAMILIES:
-        hf = tiny_hf_config(f.tiny).to_dict()
+        hf = tiny_hf_config(f.tiny.name).to_dict()
         hf["architectures"] = [f.architecture]
         cfg = translate_config(hf)
         for i, kind in enumerate(cfg.layer_types):
