@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recap.model.config import ModelConfig
 from recap.model.huge_pages import huge_page_zeros
+from recap.model.model_config import ModelConfig
 
 UNWRITTEN = -1  # slot_positions value of a slot no kernel has written
 

@@ -1,4 +1,4 @@
-"""HF `config.json` -> `ModelConfig`: find the architecture's translator (recap/model/translators/) and run it."""
+"""HF `config.json` -> `ModelConfig`: find the architecture's family (families.py) and run its translator."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from recap.model.config import ModelConfig, UnsupportedArchitectureError
-from recap.model.translators import MODEL_TYPES, TRANSLATORS
+from recap.model.families import MODEL_TYPES, TRANSLATORS, family
+from recap.model.model_config import ModelConfig
 
 __all__ = ["MODEL_TYPES", "TRANSLATORS", "architecture_of", "load_config", "read_hf_config", "translate_config"]
 
@@ -21,17 +21,13 @@ def architecture_of(cfg: Mapping[str, Any]) -> str:
         arch = MODEL_TYPES[cfg["model_type"]]
     else:
         arch = f"model_type={cfg.get('model_type')!r}"
-    if arch not in TRANSLATORS:
-        raise UnsupportedArchitectureError(
-            f"unsupported architecture {arch}; supported: {', '.join(sorted(TRANSLATORS))}"
-        )
-    return arch
+    return family(arch).architecture
 
 
 def translate_config(cfg: Mapping[str, Any]) -> ModelConfig:
     """Translate an HF config dict (as read from config.json) into a ModelConfig."""
     arch = architecture_of(cfg)
-    return TRANSLATORS[arch](cfg, arch)
+    return family(arch).translator(cfg, arch)
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:

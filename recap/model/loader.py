@@ -19,9 +19,11 @@ import torch
 from safetensors import safe_open
 
 from recap.kernels.linear_rows import linear_rows_available
-from recap.model.config import ModelConfig, architecture_of, read_hf_config, translate_config
+from recap.model.families import family
+from recap.model.hf_config import architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import onednn_available
-from recap.model.models import MODEL_CLASSES, CausalLM
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import CausalLM
 from recap.model.quant import QUANTIZATIONS
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ def build_model(
 ) -> CausalLM:
     """An unloaded model (uninitialized weights) for `config`, its tensors allocated on `device`."""
     with torch.device(device):
-        return MODEL_CLASSES[config.architecture](config, dtype).eval()
+        return family(config.architecture).model_class()(config, dtype).eval()
 
 
 def load_model(

@@ -4,17 +4,18 @@ multipliers from config, optional per-head q/k RMSNorm, optional sigmoid gate pe
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.paged_decode import paged_decode_available
-from recap.model.config import AttentionConfig
+from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
+from recap.model.mixer_configs import AttentionConfig
 
 
-class Attention(nn.Module):
+class Attention(Mixer):
     """q/k/v/o projections; K/V are written to the cache by the kernel through the slot mapping."""
 
     def __init__(self, hidden_size: int, cfg: AttentionConfig, dtype: torch.dtype, window: int = 0) -> None:
@@ -23,6 +24,7 @@ class Attention(nn.Module):
             raise ValueError("qk_norm 'all' and a q_proj output gate are GatedAttention's (layers/gated_attention.py)")
         self.cfg = cfg
         self.window = window  # sliding window in tokens (0: full attention); reads batch.window_attn
+        self.cache_group = "window" if window else "kv"
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         d_in = cfg.input_size or hidden_size
         self.q_proj = Linear(d_in, q_dim, cfg.bias, dtype)
@@ -42,11 +44,10 @@ class Attention(nn.Module):
     def set_native(self, on: bool) -> None:
         self.native = on and paged_decode_available()
 
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         gate = torch.sigmoid(self.g_proj(x)) if self.cfg.head_gate else None
-        return self.attend(self.project(x), batch, k_cache, v_cache, gate)
+        kv = self.layer_cache(caches, layer)
+        return self.attend(self.project(x), batch, kv.k_cache, kv.v_cache, gate)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, Hq x Dh], k and v [T, Hkv x Dh], before RoPE (Zamba2 adds its per-use adapters to them)."""

@@ -9,19 +9,22 @@ The norm class is the family's (`norm_cls`); the rest follows `AttentionConfig.q
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.paged_decode import paged_decode_available
-from recap.model.config import AttentionConfig
+from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
+from recap.model.mixer_configs import AttentionConfig
 
 QK_NORMS = ("none", "head", "all")
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(Mixer):
+    cache_group = "kv"
+
     def __init__(
         self, hidden_size: int, cfg: AttentionConfig, eps: float, dtype: torch.dtype, norm_cls: type[RMSNorm] = RMSNorm
     ) -> None:
@@ -45,9 +48,7 @@ class GatedAttention(nn.Module):
     def set_native(self, on: bool) -> None:
         self.native = on and paged_decode_available()
 
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         if batch.attn is None:
             raise ValueError("an attention layer needs batch.attn metadata")
         t, c = x.shape[0], self.cfg
@@ -68,8 +69,9 @@ class GatedAttention(nn.Module):
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        kv = self.layer_cache(caches, layer)
         out = batch.kernels.paged_attention(
-            q.contiguous(), k.contiguous(), v, k_cache, v_cache, batch.attn, self.scale, None, self.native
+            q.contiguous(), k.contiguous(), v, kv.k_cache, kv.v_cache, batch.attn, self.scale, None, self.native
         )
         out = out.reshape(t, c.num_heads * c.head_dim)
         if gate is not None:

@@ -12,19 +12,21 @@ The three families differ only in how the projections sit on disk (`GatedDeltaNe
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.gdn import gdn_gates, l2_normalize
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
-from recap.model.cache import StateCache
-from recap.model.config import GatedDeltaNetConfig
+from recap.model.cache import ModelCaches
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import HeadGatedRMSNorm
+from recap.model.mixer_configs import GatedDeltaNetConfig
 
 
-class GatedDeltaNetMixer(nn.Module):
+class GatedDeltaNetMixer(Mixer):
+    cache_group = "state"
+
     def __init__(self, hidden_size: int, cfg: GatedDeltaNetConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
@@ -85,10 +87,9 @@ class GatedDeltaNetMixer(nn.Module):
             return y
         return batch.kernels.causal_conv1d_varlen(qkv, w, None, conv_state, meta, act)
 
-    def forward(
-        self, hidden: torch.Tensor, batch: ForwardBatch, state: StateCache, slot_positions: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `recurrent` state tensors."""
+        state, slot_positions = self.layer_cache(caches, layer), caches.slot_positions
         meta = batch.ssm
         if meta is None:
             raise ValueError("a Gated DeltaNet layer needs batch.ssm metadata")

@@ -14,16 +14,19 @@ import torch
 from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.model.cache import StateCache
-from recap.model.config import KDAConfig
+from recap.model.cache import ModelCaches
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import rms_normalize
+from recap.model.mixer_configs import KDAConfig
 
 
-class KDAMixer(nn.Module):
+class KDAMixer(Mixer):
     """Weights as on disk: q/k/v/o_proj, {q,k,v}_conv1d, f_a/f_b_proj, dt_bias, A_log [1, 1, H, 1], b_proj,
     g_a/g_b_proj, o_norm [Dk]."""
+
+    cache_group = "state"
 
     def __init__(self, hidden_size: int, cfg: KDAConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -50,10 +53,9 @@ class KDAMixer(nn.Module):
         f = f.view(hidden.shape[0], self.cfg.num_heads, self.cfg.head_dim)
         return -torch.exp(self.A_log.float().view(-1, 1)) * f
 
-    def forward(
-        self, hidden: torch.Tensor, batch: ForwardBatch, state: StateCache, slot_positions: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates conv_q/k/v and recurrent of the rows' slots."""
+        state, slot_positions = self.layer_cache(caches, layer), caches.slot_positions
         meta = batch.ssm
         if meta is None:
             raise ValueError("a KDA layer needs batch.ssm metadata")

@@ -11,18 +11,20 @@ FalconMamba RMS-normalizes dt, B and C (no weights); Jamba does too, with weight
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
-from recap.model.cache import StateCache
-from recap.model.config import Mamba1Config
+from recap.model.cache import ModelCaches
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm, rms_normalize
+from recap.model.mixer_configs import Mamba1Config
 
 
-class Mamba1Mixer(nn.Module):
+class Mamba1Mixer(Mixer):
+    cache_group = "state"
+
     def __init__(self, hidden_size: int, cfg: Mamba1Config, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
@@ -49,14 +51,9 @@ class Mamba1Mixer(nn.Module):
             return tuple(rms_normalize(v, eps).to(v.dtype) for v in (dt, b, c))
         return dt, b, c
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        batch: ForwardBatch,
-        state: StateCache,
-        slot_positions: torch.Tensor,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `ssm` state tensors."""
+        state, slot_positions = self.layer_cache(caches, layer), caches.slot_positions
         conv_state, ssm_state = state["conv"], state["ssm"]
         meta = batch.ssm
         if meta is None:

@@ -13,17 +13,17 @@ on each part of in_proj's output (its "mup vector") and on the output.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.mamba2_step import Mamba2Step, mamba2_step_available
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
-from recap.model.cache import StateCache
-from recap.model.config import Mamba2Config
+from recap.model.cache import ModelCaches
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mamba2_decode import decode_supported, mamba2_decode
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import GatedRMSNorm
+from recap.model.mixer_configs import Mamba2Config
 
 
 def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
@@ -35,7 +35,9 @@ def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
     return torch.cat([torch.full((n,), float(m)) for n, m in zip(sizes, cfg.in_proj_multipliers)])
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(Mixer):
+    cache_group = "state"
+
     def __init__(self, hidden_size: int, cfg: Mamba2Config, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
@@ -75,14 +77,9 @@ class Mamba2Mixer(nn.Module):
             return (y.float() * torch.nn.functional.silu(z.float())).to(z.dtype)
         return self.norm(y, z)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        batch: ForwardBatch,
-        state: StateCache,
-        slot_positions: torch.Tensor,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `ssm` state tensors."""
+        state, slot_positions = self.layer_cache(caches, layer), caches.slot_positions
         conv_state, ssm_state = state["conv"], state["ssm"]
         meta = batch.ssm
         fast = self.fast_decode and meta is not None and meta.plain_decode

@@ -9,18 +9,22 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
-from recap.model.cache import KVCache
-from recap.model.config import MLAConfig
+from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm
+from recap.model.mixer_configs import MLAConfig
 
 
-class MLAttention(nn.Module):
-    def __init__(self, hidden_size: int, cfg: MLAConfig, dtype: torch.dtype) -> None:
+class MLAttention(Mixer):
+    cache_group = "kv"
+
+    def __init__(self, hidden_size: int, cfg: MLAConfig, dtype: torch.dtype, window: int = 0) -> None:
         super().__init__()
+        if window:
+            raise ValueError("MLA layers have no sliding window")
         self.cfg = cfg
         h = cfg.num_heads
         if cfg.q_lora_rank is None:
@@ -35,11 +39,12 @@ class MLAttention(nn.Module):
         self.o_proj = Linear(h * cfg.v_head_dim, hidden_size, cfg.bias, dtype)
         self.scale = cfg.qk_head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         if batch.attn is None:
             raise ValueError("an MLA layer needs batch.attn metadata")
         t, c = x.shape[0], self.cfg
         q = self.q_proj(x) if c.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        cache = self.layer_cache(caches, layer)
         latent, kr = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         out = batch.kernels.paged_mla_attention(
             q.view(t, c.num_heads, c.qk_head_dim), self.kv_a_layernorm(latent), kr, cache.tensors["latent"],

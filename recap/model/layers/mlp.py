@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
-from recap.model.config import MLPConfig
+import torch
+
+from recap.model.feed_forward_configs import MLPConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear
+from recap.model.layers.mixer import Mixer
+
+if TYPE_CHECKING:
+    from recap.kernels.metadata import ForwardBatch
+    from recap.model.cache import ModelCaches
 
 
-class MLP(nn.Module):
+class MLP(Mixer):
     """Weights as on disk: `gate_proj`, `up_proj`, `down_proj`; `gate_up_proj` when fused; no gate if not gated."""
 
     def __init__(self, hidden_size: int, cfg: MLPConfig, dtype: torch.dtype) -> None:
@@ -43,7 +49,14 @@ class MLP(nn.Module):
         gm = self.cfg.gate_multiplier
         return self.act(gate if gm == 1.0 else gate * gm)  # a fresh tensor either way
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch | None = None,
+        caches: ModelCaches | None = None,
+        layer: int | None = None,
+    ) -> torch.Tensor:
+        """x [T, D] -> [T, D]. As a layer's mixer it is called like any mixer (layers/mixer.py) and reads no cache."""
         c = self.cfg
         if not c.gated:
             return self.down_proj(self.act(self.up_proj(x)))

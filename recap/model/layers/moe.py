@@ -9,14 +9,21 @@ The routing kinds of the families recap loads are fields of `MoEConfig` (see its
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.model.config import MLPConfig, MoEConfig
+from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear, empty_param
+from recap.model.layers.mixer import Mixer
 from recap.model.layers.mlp import MLP
+
+if TYPE_CHECKING:
+    from recap.kernels.metadata import ForwardBatch
+    from recap.model.cache import ModelCaches
 
 
 def route(
@@ -108,7 +115,7 @@ class StackedExperts(nn.Module):
         return out
 
 
-class SparseMoE(nn.Module):
+class SparseMoE(Mixer):
     """routed(x) (+ shared(x), gated by sigmoid(shared_expert_gate(x)) when configured).
 
     The router, shared-expert and shared-gate attribute names follow the family's checkpoint
@@ -140,7 +147,14 @@ class SparseMoE(nn.Module):
         if cfg.shared_gate:
             setattr(self, shared_gate_name, Linear(hidden_size, 1, False, dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch | None = None,
+        caches: ModelCaches | None = None,
+        layer: int | None = None,
+    ) -> torch.Tensor:
+        """x [T, D] -> [T, D]. As a layer's mixer it is called like any mixer (layers/mixer.py) and reads no cache."""
         cfg = self.cfg
         router_name, shared_name, gate_name = self._names
         weights, experts = getattr(self, router_name).route(x, cfg)

@@ -10,30 +10,33 @@ The conv kernel records the slot positions it writes (provenance), as an SSM ker
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints, record_decode_positions
-from recap.model.cache import StateCache
-from recap.model.config import ShortConvConfig
+from recap.model.cache import ModelCaches
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear
+from recap.model.layers.mixer import Mixer
+from recap.model.mixer_configs import ShortConvConfig
 
 
-class ShortConv(nn.Module):
+class ShortConv(Mixer):
     """Weights as on disk: `in_proj` [3D, D], `conv` [D, 1, K], `out_proj` [D, D] (biases if `bias`)."""
 
-    def __init__(self, cfg: ShortConvConfig, dtype: torch.dtype) -> None:
+    cache_group = "state"
+
+    def __init__(self, hidden_size: int, cfg: ShortConvConfig, dtype: torch.dtype) -> None:
         super().__init__()
+        if hidden_size != cfg.dim:
+            raise ValueError(f"a short conv runs over the hidden size ({hidden_size}), not {cfg.dim} channels")
         self.cfg = cfg
         self.in_proj = Linear(cfg.dim, 3 * cfg.dim, cfg.bias, dtype)
         self.conv = CausalConv1d(cfg.dim, cfg.kernel, cfg.bias, "none", dtype)
         self.out_proj = Linear(cfg.dim, cfg.dim, cfg.bias, dtype)
 
-    def forward(
-        self, hidden: torch.Tensor, batch: ForwardBatch, state: StateCache, slot_positions: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` state tensor."""
+        state, slot_positions = self.layer_cache(caches, layer), caches.slot_positions
         meta = batch.ssm
         if meta is None:
             raise ValueError("a short-conv layer needs batch.ssm metadata")

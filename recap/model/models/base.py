@@ -15,45 +15,16 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
 from recap.model.decode_graph import MAX_ROWS, DecodeGraph, capture
 from recap.model.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
-from recap.model.layers.attention import Attention
 from recap.model.layers.embedding import Embedding
-from recap.model.layers.gated_attention import GatedAttention
-from recap.model.layers.gdn import GatedDeltaNetMixer
-from recap.model.layers.kda import KDAMixer
 from recap.model.layers.linear import Linear, tied_linear
-from recap.model.layers.mamba1 import Mamba1Mixer
-from recap.model.layers.mamba2 import Mamba2Mixer
-from recap.model.layers.mla import MLAttention
 from recap.model.layers.mlp import MLP
 from recap.model.layers.moe import SparseMoE
 from recap.model.layers.norm import RMSNorm
-from recap.model.layers.short_conv import ShortConv
+from recap.model.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
-
-
-def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Module:
-    """The token mixer of a single-mixer layer ("mamba1", "mamba2", "attention" (or MLA), "gdn", "kda",
-    "short_conv")."""
-    kind = config.layer_types[layer]
-    if kind == "mamba1" and config.mamba1 is not None:
-        return Mamba1Mixer(config.hidden_size, config.mamba1, dtype)
-    if kind == "mamba2" and config.mamba2 is not None:
-        return Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
-    if kind == "attention" and config.mla is not None:
-        return MLAttention(config.hidden_size, config.mla, dtype)
-    if kind == "kda" and config.kda is not None:
-        return KDAMixer(config.hidden_size, config.kda, dtype)
-    if kind == "attention":
-        return Attention(config.hidden_size, config.attention_for(layer), dtype, config.window_of(layer))
-    if kind == "gdn" and config.gdn is not None:
-        return GatedDeltaNetMixer(config.hidden_size, config.gdn, dtype)
-    if kind == "short_conv" and config.short_conv is not None:
-        return ShortConv(config.short_conv, dtype)
-    raise ValueError(f"layer {layer}: layer type {kind!r} has no single mixer")
 
 
 def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: str) -> nn.Module | None:
@@ -64,21 +35,6 @@ def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: 
     if kind == "dense" and config.mlp is not None:
         return MLP(config.hidden_size, config.mlp, dtype)
     return None
-
-
-def run_mixer(mixer: nn.Module, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-    """Call a mixer with its own cache tensors: its paged KV tensors (the window group's for a sliding-window
-    layer), or the state tensors its kind declares (an MLP or MoE standing as a layer's mixer takes none)."""
-    if isinstance(mixer, MLAttention):
-        return mixer(x, batch, caches.kv[layer])
-    if isinstance(mixer, (Attention, GatedAttention)):
-        kv = caches.window[layer] if getattr(mixer, "window", 0) else caches.kv[layer]
-        return mixer(x, batch, kv.k_cache, kv.v_cache)
-    if isinstance(mixer, (Mamba1Mixer, Mamba2Mixer, GatedDeltaNetMixer, KDAMixer, ShortConv)):
-        return mixer(x, batch, caches.state[layer], caches.slot_positions)
-    if isinstance(mixer, (MLP, SparseMoE)):
-        return mixer(x)
-    raise TypeError(f"layer {layer}: no cache dispatch for mixer {type(mixer).__name__}")
 
 
 class CausalLM(nn.Module):

@@ -15,12 +15,11 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
 from recap.model.layers.attention import Attention
 from recap.model.layers.mamba2 import Mamba2Mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import run_mixer
+from recap.model.model_config import ModelConfig
 from recap.model.models.hybrid import HybridForCausalLM
 
 
@@ -40,7 +39,7 @@ class FalconH1Block(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         x = self.input_layernorm(h)
-        mixed = run_mixer(self.mamba, x, batch, caches, layer) + run_mixer(self.self_attn, x, batch, caches, layer)
+        mixed = self.mamba(x, batch, caches, layer) + self.self_attn(x, batch, caches, layer)
         h = h + mixed
         return h + self.feed_forward(self.pre_ff_layernorm(h))
 

@@ -15,10 +15,11 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
 
 _RENAMES = (
@@ -48,7 +49,7 @@ class GraniteBlock(nn.Module):
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.mamba
         r = self.residual_multiplier
-        h = h + run_mixer(mixer, self.input_layernorm(h), batch, caches, layer) * r
+        h = h + mixer(self.input_layernorm(h), batch, caches, layer) * r
         x = self.post_attention_layernorm(h)
         ff = self.shared_mlp(x)
         if self.block_sparse_moe is not None:

@@ -11,11 +11,12 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import CausalLM, build_mlp
 
 
 class HybridBlock(nn.Module):
@@ -35,7 +36,7 @@ class HybridBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.mamba
-        h = h + run_mixer(mixer, self.input_layernorm(h), batch, caches, layer)
+        h = h + mixer(self.input_layernorm(h), batch, caches, layer)
         if hasattr(self, "feed_forward"):
             h = h + self.feed_forward(self.pre_ff_layernorm(h))
         return h

@@ -15,9 +15,10 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
 
 _EXPERT_NAMES = re.compile(r"(\.experts\.\d+\.)w([123])\.")
@@ -36,7 +37,7 @@ class KimiBlock(nn.Module):
         self.block_sparse_moe = ff
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        h = h + run_mixer(self.self_attn, self.input_layernorm(h), batch, caches, layer)
+        h = h + self.self_attn(self.input_layernorm(h), batch, caches, layer)
         return h + self.block_sparse_moe(self.post_attention_layernorm(h))
 
 

@@ -14,9 +14,10 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
 
 # On-disk names -> the shared layers' names (the MLP's and each expert's w1/w3/w2, LFM2's attention output and
@@ -57,7 +58,7 @@ class LfmBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.conv
-        out = run_mixer(mixer, self.operator_norm(h), batch, caches, layer)
+        out = mixer(self.operator_norm(h), batch, caches, layer)
         h = h + (self.post_operator_norm(out) if self.sandwich else out)
         out = self.feed_forward(self.ffn_norm(h))
         return h + (self.post_ffn_norm(out) if self.sandwich else out)

@@ -12,11 +12,12 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import CausalLM, build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import CausalLM, build_mlp
 
 
 class MixerBlock(nn.Module):
@@ -39,7 +40,7 @@ class MixerBlock(nn.Module):
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         residual = h.float() if self.residual_in_fp32 and h.dtype != torch.float32 else h
         x = h if h.dtype == self.dtype else h.to(self.dtype)
-        return residual + run_mixer(self.mixer, self.norm(x), batch, caches, layer)
+        return residual + self.mixer(self.norm(x), batch, caches, layer)
 
 
 class MambaForCausalLM(CausalLM):

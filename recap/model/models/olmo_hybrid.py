@@ -15,10 +15,11 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.gated_attention import GatedAttention
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
 
 
@@ -38,9 +39,9 @@ class OlmoHybridBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         if self.is_attention:
-            h = h + self.post_attention_layernorm(run_mixer(self.self_attn, h, batch, caches, layer))
+            h = h + self.post_attention_layernorm(self.self_attn(h, batch, caches, layer))
             return h + self.post_feedforward_layernorm(self.mlp(h))
-        h = h + run_mixer(self.linear_attn, self.input_layernorm(h), batch, caches, layer)
+        h = h + self.linear_attn(self.input_layernorm(h), batch, caches, layer)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

@@ -17,10 +17,11 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig
+from recap.model.layer_kinds import build_mixer
 from recap.model.layers.gated_attention import GatedAttention
 from recap.model.layers.norm import OffsetRMSNorm
-from recap.model.models.base import build_mixer, build_mlp, run_mixer
+from recap.model.model_config import ModelConfig
+from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
 
 # Weights of the checkpoint that the text-only language model does not use (skipped, counted, logged).
@@ -41,7 +42,7 @@ class Qwen3_5Block(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.linear_attn
-        h = h + run_mixer(mixer, self.input_layernorm(h), batch, caches, layer)
+        h = h + mixer(self.input_layernorm(h), batch, caches, layer)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

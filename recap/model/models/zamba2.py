@@ -18,13 +18,12 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.config import ModelConfig, SharedBlocksConfig
 from recap.model.layers.attention import Attention
 from recap.model.layers.linear import Linear
 from recap.model.layers.mamba2 import Mamba2Mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
-from recap.model.models.base import run_mixer
+from recap.model.model_config import ModelConfig, SharedBlocksConfig
 from recap.model.models.hybrid import HybridForCausalLM
 
 
@@ -66,7 +65,7 @@ class SharedTransformer(nn.Module):
             q = q + attn.linear_q_adapter_list[use](x)
             k = k + attn.linear_k_adapter_list[use](x)
             v = v + attn.linear_v_adapter_list[use](x)
-        kv = caches.kv[layer]
+        kv = attn.layer_cache(caches, layer)
         y = self.pre_ff_layernorm(attn.attend((q, k, v), batch, kv.k_cache, kv.v_cache))
         ff = self.feed_forward
         return ff.down(ff.gate_up(y) + ff.gate_up_proj_adapter_list[use](y))
@@ -86,7 +85,7 @@ class MambaLayer(nn.Module):
         self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int, extra: torch.Tensor | None = None
     ) -> torch.Tensor:
         x = self.input_layernorm(h if extra is None else h + extra)
-        return h + run_mixer(self.mamba, x, batch, caches, layer)
+        return h + self.mamba(x, batch, caches, layer)
 
 
 class HybridLayer(nn.Module):

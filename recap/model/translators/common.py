@@ -6,11 +6,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from recap.model.config import (
-    AttentionConfig,
-    Mamba2Config,
-    UnsupportedArchitectureError,
-)
+from recap.model.mixer_configs import AttentionConfig, Mamba2Config
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The checkpoint's architecture has no translator (the message lists the supported ones), or uses a variant
+    that its translator refuses."""
+
 
 LINEAR_CHUNK = 64  # chunk grid of the short-conv and KDA kernels (the KDA chunk; conv cuts are free)
 

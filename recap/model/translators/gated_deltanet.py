@@ -6,12 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from recap.model.config import (
-    GatedDeltaNetConfig,
-    MLPConfig,
-    ModelConfig,
-    MoEConfig,
-)
+from recap.model.feed_forward_configs import MLPConfig, MoEConfig
+from recap.model.mixer_configs import GatedDeltaNetConfig
+from recap.model.model_config import ModelConfig
 from recap.model.translators.common import (
     GDN_CHUNK,
     _attention,

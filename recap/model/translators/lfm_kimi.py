@@ -5,18 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from recap.model.config import (
-    AttentionConfig,
-    KDAConfig,
-    MLAConfig,
-    MLPConfig,
-    ModelConfig,
-    MoEConfig,
-    ShortConvConfig,
-    UnsupportedArchitectureError,
-)
+from recap.model.feed_forward_configs import MLPConfig, MoEConfig
+from recap.model.mixer_configs import AttentionConfig, KDAConfig, MLAConfig, ShortConvConfig
+from recap.model.model_config import ModelConfig
 from recap.model.translators.common import (
     LINEAR_CHUNK,
+    UnsupportedArchitectureError,
     _common,
 )
 

@@ -5,14 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from recap.model.config import (
-    DEFAULT_MAMBA1_CHUNK,
-    Mamba1Config,
-    Mamba2Config,
-    MLPConfig,
-    ModelConfig,
-    MoEConfig,
-)
+from recap.model.feed_forward_configs import MLPConfig, MoEConfig
+from recap.model.mixer_configs import DEFAULT_MAMBA1_CHUNK, Mamba1Config, Mamba2Config
+from recap.model.model_config import ModelConfig
 from recap.model.translators.common import (
     _attention,
     _common,

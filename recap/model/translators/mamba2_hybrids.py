@@ -7,16 +7,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from recap.model.config import (
-    AttentionConfig,
-    Mamba2Config,
-    MLPConfig,
-    ModelConfig,
-    MoEConfig,
-    SharedBlocksConfig,
-    UnsupportedArchitectureError,
-)
+from recap.model.feed_forward_configs import MLPConfig, MoEConfig
+from recap.model.mixer_configs import AttentionConfig, Mamba2Config
+from recap.model.model_config import ModelConfig, SharedBlocksConfig
 from recap.model.translators.common import (
+    UnsupportedArchitectureError,
     _attention,
     _common,
     _mamba2_prefixed,

@@ -1,0 +1,161 @@
+"""The model families recap runs, one entry per HF architecture name: its translator, its model class, the
+`model_type`s that name it and its tiny test checkpoint's config.
+
+`TRANSLATORS`, `MODEL_TYPES`, `MODEL_CLASSES` (models/__init__.py) and `TINY_ARCHS` (testing.py) are views of
+`FAMILIES`. Model classes are imported only when asked for (`Family.model_class`), so reading a config imports
+no layer. A family on existing layer kinds = a translator (translators/), one model file (models/) and one
+entry here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from recap.model.model_config import ModelConfig
+from recap.model.translators.common import UnsupportedArchitectureError
+from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
+from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
+from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
+from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba2
+
+if TYPE_CHECKING:
+    from recap.model.models.base import CausalLM
+
+Translator = Callable[[Mapping[str, Any], str], ModelConfig]
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """The family's tiny random checkpoint for tests (recap.model.testing): transformers' config class
+    `hf_config` with hidden 64, vocab 512, init range 0.1 and `kwargs` (the text config's, with a tiny vision
+    tower, where `vision`); `jitter`: its constant-initialized weights (norms, D, dt_bias, biases) get noise,
+    so that parity tests exercise them (transformers initializes them to 0 or 1)."""
+
+    name: str  # the short name tests use
+    hf_config: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    jitter: bool = False
+    vision: bool = False
+
+
+@dataclass(frozen=True)
+class Family:
+    architecture: str  # config.json `architectures[0]`, and the name of the model class
+    translator: Translator  # (HF config dict, architecture) -> ModelConfig
+    module: str  # the module under recap.model.models defining the class `architecture`
+    model_types: tuple[str, ...]  # config.json `model_type`s naming this architecture (configs without one)
+    tiny: TinyConfig
+
+    def model_class(self) -> type[CausalLM]:
+        return getattr(importlib.import_module(f"recap.model.models.{self.module}"), self.architecture)
+
+
+# Tiny shapes shared by several families. Mamba2 as the hybrids use it (HF_NOTES' layouts: in_proj 328, conv 192).
+_M2 = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_chunk_size": 32}
+_ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2}
+_MAMBA1 = {"num_hidden_layers": 2, "state_size": 16, "expand": 2, "conv_kernel": 4, "time_step_rank": 4}
+# Gated DeltaNet hybrids: 2 key heads x 16, 4 value heads x 8 (GQA of k vs v), attention at layers 1 and 3.
+_GDN = {"num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "max_position_embeddings": 1024,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]}  # fmt: skip
+_QWEN_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+             "shared_expert_intermediate_size": 48}  # fmt: skip
+_LFM = {"num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "conv_L_cache": 3, "max_position_embeddings": 1024,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+
+_TINY_MAMBA2 = {"num_hidden_layers": 2, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16, "expand": 2,
+                "conv_kernel": 4, "chunk_size": 32, "tie_word_embeddings": False}  # fmt: skip
+_TINY_BAMBA = {"num_hidden_layers": 4, "attn_layer_indices": [1], "intermediate_size": 128,
+               "max_position_embeddings": 1024, **_M2, **_ATTN}  # fmt: skip
+_TINY_JAMBA = {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+               "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128,
+               "mamba_d_state": 16, "mamba_dt_rank": 4, **_ATTN}  # fmt: skip
+_TINY_NEMOTRON_H = {"layers_block_type": ["mamba", "moe", "attention", "mlp", "mamba", "moe"],
+                    "intermediate_size": 128, "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2,
+                    "ssm_state_size": 16, "chunk_size": 32, "head_dim": 16, "n_routed_experts": 8,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48,
+                    "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5, "max_position_embeddings": 1024,
+                    **_ATTN}  # fmt: skip
+_TINY_GRANITE = {"num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"],
+                 "intermediate_size": 32, "shared_intermediate_size": 64, "num_local_experts": 4,
+                 "num_experts_per_tok": 2, "position_embedding_type": "nope", "embedding_multiplier": 3.0,
+                 "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 2.0,
+                 "max_position_embeddings": 1024, **_M2, **_ATTN}  # fmt: skip
+_TINY_FALCON_H1 = {"num_hidden_layers": 3, "intermediate_size": 128, "mamba_d_ssm": 128, "mamba_rms_norm": True,
+                   "embedding_multiplier": 1.5, "lm_head_multiplier": 0.7, "mlp_multipliers": [1.3, 0.8],
+                   "key_multiplier": 0.9, "attention_in_multiplier": 1.1, "attention_out_multiplier": 0.9,
+                   "ssm_in_multiplier": 1.2, "ssm_out_multiplier": 0.85, "ssm_multipliers": [0.9, 1.1, 1.2, 0.8, 1.05],
+                   "max_position_embeddings": 1024, **_M2, **_ATTN}  # fmt: skip
+_TINY_OLMO = {**{k: v for k, v in _GDN.items() if k != "head_dim"},  # OLMo derives it: hidden / heads
+              "linear_a_log_min": 0.0, "linear_a_log_max": 2.0, "pad_token_id": None, "eos_token_id": 2}  # fmt: skip
+_TINY_ZAMBA2 = {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+                "mamba_d_state": 16, "n_mamba_heads": 8, "mamba_ngroups": 2, "chunk_size": 32, "intermediate_size": 96,
+                "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8, "use_mem_rope": True,
+                "max_position_embeddings": 1024, "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
+_TINY_LFM3 = {**_LFM, "layer_types": ["conv", "full_attention", "conv", "sliding_attention"], "head_dim": 16,
+              "sliding_window": 12, "conv_L_cache": 5}  # fmt: skip
+_TINY_KIMI = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+              "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None,
+              "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "linear_num_heads": 4,
+              "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_shared_experts": 1, "pad_token_id": 0, "bos_token_id": 1,
+              "eos_token_id": 2}  # fmt: skip
+
+FAMILIES: tuple[Family, ...] = (
+    Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
+    Family("FalconMambaForCausalLM", _mamba, "mamba", ("falcon_mamba",),
+           TinyConfig("falcon_mamba", "FalconMambaConfig", _MAMBA1)),
+    Family("Mamba2ForCausalLM", _mamba2, "mamba", ("mamba2",), TinyConfig("mamba2", "Mamba2Config", _TINY_MAMBA2)),
+    Family("BambaForCausalLM", _bamba, "bamba", ("bamba",), TinyConfig("bamba", "BambaConfig", _TINY_BAMBA)),
+    Family("JambaForCausalLM", _jamba, "jamba", ("jamba",), TinyConfig("jamba", "JambaConfig", _TINY_JAMBA)),
+    Family("NemotronHForCausalLM", _nemotron_h, "nemotron_h", ("nemotron_h",),
+           TinyConfig("nemotron_h", "NemotronHConfig", _TINY_NEMOTRON_H, jitter=True)),
+    Family("GraniteMoeHybridForCausalLM", _granite_moe_hybrid, "granite_moe_hybrid", ("granitemoehybrid",),
+           TinyConfig("granite_hybrid", "GraniteMoeHybridConfig", _TINY_GRANITE, jitter=True)),
+    Family("FalconH1ForCausalLM", _falcon_h1, "falcon_h1", ("falcon_h1",),
+           TinyConfig("falcon_h1", "FalconH1Config", _TINY_FALCON_H1, jitter=True)),
+    Family("Qwen3_5ForCausalLM", _qwen_gdn, "qwen3_5", ("qwen3_5_text",),
+           TinyConfig("qwen3_5", "Qwen3_5TextConfig", _GDN)),
+    Family("Qwen3_5MoeForCausalLM", _qwen_gdn, "qwen3_5", ("qwen3_5_moe_text",),
+           TinyConfig("qwen3_5_moe", "Qwen3_5MoeTextConfig", {**_GDN, **_QWEN_MOE})),
+    Family("Qwen3NextForCausalLM", _qwen_gdn, "qwen3_5", ("qwen3_next",),  # layer 2 dense: mlp_only_layers
+           TinyConfig("qwen3_next", "Qwen3NextConfig",
+                      {**_GDN, **_QWEN_MOE, "mlp_only_layers": [2], "norm_topk_prob": False})),
+    Family("Qwen3_5ForConditionalGeneration", _qwen3_5_vl, "qwen3_5", ("qwen3_5",),
+           TinyConfig("qwen3_5_vl", "Qwen3_5Config", _GDN, vision=True)),
+    Family("Qwen3_5MoeForConditionalGeneration", _qwen3_5_vl, "qwen3_5", ("qwen3_5_moe",),
+           TinyConfig("qwen3_5_moe_vl", "Qwen3_5MoeConfig", {**_GDN, **_QWEN_MOE}, vision=True)),
+    Family("OlmoHybridForCausalLM", _olmo_hybrid, "olmo_hybrid", ("olmo_hybrid",),
+           TinyConfig("olmo_hybrid", "OlmoHybridConfig", _TINY_OLMO)),
+    Family("Zamba2ForCausalLM", _zamba2, "zamba2", ("zamba2",),
+           TinyConfig("zamba2", "Zamba2Config", _TINY_ZAMBA2, jitter=True)),
+    Family("Lfm2ForCausalLM", _lfm, "lfm2", ("lfm2",), TinyConfig("lfm2", "Lfm2Config", _LFM)),
+    Family("Lfm2MoeForCausalLM", _lfm, "lfm2_moe", ("lfm2_moe",),
+           TinyConfig("lfm2_moe", "Lfm2MoeConfig", {**_LFM, "num_experts": 4, "num_experts_per_tok": 2,
+                                                    "moe_intermediate_size": 32, "num_dense_layers": 1})),
+    Family("Lfm3ForCausalLM", _lfm, "lfm3", ("lfm3",), TinyConfig("lfm3", "Lfm3Config", _TINY_LFM3)),
+    Family("KimiLinearForCausalLM", _kimi_linear, "kimi_linear", ("kimi_linear",),
+           TinyConfig("kimi_linear", "KimiLinearConfig", _TINY_KIMI)),
+)  # fmt: skip
+BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
+
+# The views the rest of recap reads.
+TRANSLATORS: dict[str, Translator] = {f.architecture: f.translator for f in FAMILIES}
+MODEL_TYPES: dict[str, str] = {t: f.architecture for f in FAMILIES for t in f.model_types}  # configs naming none
+TINY_ARCHS: dict[str, str] = {f.tiny.name: f.architecture for f in FAMILIES}  # short test name -> architecture
+
+
+def family(architecture: str) -> Family:
+    """The family of `architecture`; UnsupportedArchitectureError (listing the supported ones) if recap has none."""
+    found = BY_ARCHITECTURE.get(architecture)
+    if found is None:
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {architecture}; supported: {', '.join(sorted(BY_ARCHITECTURE))}"
+        )
+    return found
