@@ -219,18 +219,12 @@ class StatePool:
         already registered keeps its slot; the new one is freed. Reports nobody planned are refused.
         Returns, per plan, whether it was registered. One call per chunk, loop inlined (policy `all`).
         """
-        reports: Sequence[CheckpointWrite | None]
-        if len(written) == len(plans) and all(map(eq, written, map(itemgetter(0), plans))):
-            reports = written  # the usual report, the plan itself in order: no map by slot to build
-        else:
-            reported = {w.slot: w for w in written}
-            self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
-            reports = [reported.get(p.write.slot) for p in plans]
+        reports = self._reports(plans, written)
         bs, by_hash, kind, num_hashes = self.block_size, self._by_hash, self.kind, len(request_block_hashes)
         slot_hash, slot_position, slot_value = self.slot_hash, self.slot_position, self.slot_value_tokens
         slot_proven, slot_hits, slot_source = self.slot_proven, self.slot_hits, self.slot_source
         pending, checkpoint = SlotKind.PENDING, SlotKind.CHECKPOINT
-        per_token, num_created = self._value_per_token, 0
+        per_token = self._value_per_token
         pushed: list[int] = []
         utilities: list[float] = []
         out: list[bool] = []
@@ -264,14 +258,23 @@ class StatePool:
             slot_hits[slot] = 0
             slot_source[slot] = source
             by_hash[block_hash] = slot
-            num_created += 1
             pushed.append(slot)
             utilities.append(value * per_token * (1 + proven))  # utility(value, proven): no hits yet
             out.append(True)
         self._queue.push(pushed, utilities)  # L does not move while registering
-        self._num_checkpoints += num_created
-        self.num_created += num_created
+        self._num_checkpoints += len(pushed)
+        self.num_created += len(pushed)
         return out
+
+    def _reports(
+        self, plans: Sequence[PlannedWrite], written: Sequence[CheckpointWrite]
+    ) -> Sequence[CheckpointWrite | None]:
+        """Per plan, the write reported for its slot (None if none); reports nobody planned are refused."""
+        if len(written) == len(plans) and all(map(eq, written, map(itemgetter(0), plans))):
+            return written  # the usual report, the plan itself in order: no map by slot to build
+        reported = {w.slot: w for w in written}
+        self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+        return [reported.get(p.write.slot) for p in plans]
 
     def touch(self, slot: int) -> None:
         """A hit used this checkpoint: refresh its priority (and only its)."""
