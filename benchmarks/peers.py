@@ -51,7 +51,6 @@ from peers_servers import (  # noqa: E402  # noqa: E402
 from profile_decode import PROMPT, decoder  # noqa: E402
 
 from recap.bench.timing import timings  # noqa: E402
-from recap.engine.heap import retain_freed_memory  # noqa: E402
 from recap.kernels.linear_rows import linear_rows_available, linear_rows_f32  # noqa: E402
 from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
@@ -59,6 +58,7 @@ from recap.model.huge_pages import move_to_huge_pages  # noqa: E402
 from recap.model.layers.linear import Linear  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
 from recap.model.testing import forward_step  # noqa: E402
+from recap.process.heap import retain_freed_memory  # noqa: E402
 
 PREFILL = 2048
 BLOCK = 16
@@ -256,7 +256,7 @@ def main() -> None:
     if args.reprint is not None:
         print_table(json.loads(args.reprint.read_text())["rows"])
         return
-    retain_freed_memory()  # as `recap serve` does (recap/engine/heap.py), so the model-step figures match it
+    retain_freed_memory()  # as `recap serve` does (recap/process/heap.py), so the model-step figures match it
     targets = ("llama-bench", "llama-batched-bench") if args.decode_only else TARGETS
     llama = None if args.recap_only else ensure_llama(args.build_dir, targets)
     limits = {t: machine_limits(t) for t in args.threads}

@@ -3,7 +3,7 @@ then check, from the server's own endpoints:
   counts:    /metrics alone adds up: received == success + aborted + rejected (recap.server.request_counts),
              and received == sent, less the aborts whose client gave up before its request reached the server;
   leaks:     /debug/integrity clean, every KV block and state slot back in its pool, nothing running;
-  records:   /debug/memory's per-request records (recap.engine.census) all 0 at the end, bounded ones within
+  records:   /debug/memory's per-request records (recap.process.census) all 0 at the end, bounded ones within
              capacity;
   memory:    resident memory, malloc's bytes in use and Python's allocated blocks, sampled from /debug/memory
              as it runs, flat after warm-up: slope per 1k requests (median pairwise, recap.bench.memory_trend).

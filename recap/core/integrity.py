@@ -22,32 +22,33 @@ def check_scheduler(sched: Scheduler) -> None:
     _check_window(sched)
     _check_state(sched)
     _check_remote(sched)
-    if sched.last_output is not None and sched._in_flight is sched.last_output:
+    if sched.last_output is not None and sched.view.in_flight is sched.last_output:
         _check_plan(sched, sched.last_output)
 
 
 def _check_queues(sched: Scheduler) -> None:
-    running_ids = [r.request_id for r in sched._running]
-    waiting_ids = [r.request_id for r in sched._waiting]
+    view = sched.view
+    running_ids = [r.request_id for r in view.running]
+    waiting_ids = [r.request_id for r in view.waiting]
     remote_ids = [r.request_id for r in sched.remote.queue] + list(sched.remote.receiving)
     assert len(set(running_ids)) == len(running_ids), "a request is running twice"
     assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
     assert len(set(remote_ids)) == len(remote_ids), "a remote request is queued and receiving"
     assert not set(remote_ids) & (set(running_ids) | set(waiting_ids)), "a remote request is also local"
     queued = set(running_ids) | set(waiting_ids) | set(remote_ids)
-    assert queued == set(sched._requests), "queues and request map disagree"
+    assert queued == set(view.requests), "queues and request map disagree"
     assert set(sched.remote.offers) == set(remote_ids), "remote offers and remote requests disagree"
     assert not set(sched.remote.held) & queued, "a held request is still queued"
     num_seats = len(running_ids) + len(sched.remote.receiving)
     assert num_seats <= sched.config.max_num_seqs, "more running (and receiving) requests than max_num_seqs"
-    for r in sched._running:
+    for r in view.running:
         assert r.status == RequestStatus.RUNNING, f"{r.request_id} in running with status {r.status!r}"
         assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{r.request_id} computed past its tokens"
-    for r in sched._waiting:
+    for r in view.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), f"{r.request_id} waiting as {r.status!r}"
         assert r.num_computed_tokens == 0, f"waiting {r.request_id} keeps computed tokens"
     if sched.cache.enable_caching:
-        for r in sched._requests.values():
+        for r in view.requests.values():
             assert len(r.block_hashes) == r.num_tokens // sched.cache.block_size, f"{r.request_id} hashes lag"
 
 
@@ -120,9 +121,10 @@ def _check_state(sched: Scheduler) -> None:
     assert all(pool.kind[s] == SlotKind.PENDING for s in pending), "a planned slot was registered early"
     # A receiving request's checkpoint slots stay PENDING until its data arrives; others live one step.
     stepping = [rid for rid in state.pending if rid not in sched.remote.receiving]
-    assert sched._in_flight is not None or not stepping, "planned checkpoints outlive their step"
+    view = sched.view
+    assert view.in_flight is not None or not stepping, "planned checkpoints outlive their step"
     assert pool.num_in_use == len(slots) + len(pending), "free + checkpoints + in-use != total slots"
-    pins = Counter(sched._pins) + Counter(sched.remote.held_pins())
+    pins = Counter(view.pins) + Counter(sched.remote.held_pins())
     for slot in range(pool.num_slots):
         assert pool.pins[slot] == pins[slot], f"slot {slot} pinned {pool.pins[slot]} times, copies {pins[slot]}"
         if pins[slot]:
@@ -131,15 +133,16 @@ def _check_state(sched: Scheduler) -> None:
 
 def _holders(sched: Scheduler) -> dict[str, Request]:
     """Requests that may hold KV blocks and a running slot: running, receiving and held ones."""
-    out = {r.request_id: r for r in sched._running}
-    out.update((rid, sched._requests[rid]) for rid in sched.remote.receiving)
+    view = sched.view
+    out = {r.request_id: r for r in view.running}
+    out.update((rid, view.requests[rid]) for rid in sched.remote.receiving)
     out.update((rid, h.request) for rid, h in sched.remote.held.items())
     return out
 
 
 def _check_remote(sched: Scheduler) -> None:
     """Queued remote requests hold nothing; receiving ones hold exactly their plan; held ones their offer."""
-    cache, book = sched.cache, sched.remote
+    cache, book, requests = sched.cache, sched.remote, sched.view.requests
     bs = cache.block_size
     for r in book.queue:
         assert r.status == RequestStatus.WAITING_FOR_REMOTE_KV and r.num_computed_tokens == 0, f"{r.request_id}"
@@ -147,7 +150,7 @@ def _check_remote(sched: Scheduler) -> None:
         holds_slot = cache.state is not None and r.request_id in cache.state.running
         assert not (holds_kv or holds_slot), f"queued remote request {r.request_id} holds cache resources"
     for rid, plan in book.receiving.items():
-        r = sched._requests[rid]
+        r = requests[rid]
         assert r.status == RequestStatus.WAITING_FOR_REMOTE_KV and r.num_computed_tokens == 0, f"{rid} receiving"
         if cache.kv is not None:
             table = cache.kv.tables[rid]

@@ -18,7 +18,9 @@ continue decoding (`finish_receive`, or `fail_receive`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.cache_manager import CacheHit, CacheManager
@@ -28,6 +30,17 @@ from recap.core.remote import RemoteScheduling
 from recap.core.request import Request, RequestStatus
 from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats
 from recap.core.transfer import RemoteBook, can_hold, hold
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """A read-only look at the scheduler's queues, for the integrity check and diagnostics."""
+
+    requests: Mapping[str, Request]  # every request the scheduler owns, by id
+    waiting: Sequence[Request]  # in FCFS order
+    running: Sequence[Request]  # in admission order
+    in_flight: SchedulerOutput | None  # the step scheduled and not yet updated
+    pins: Sequence[int]  # checkpoint slots the in-flight step copies from
 
 
 class Scheduler(RemoteScheduling):
@@ -77,6 +90,12 @@ class Scheduler(RemoteScheduling):
     def has_updates(self) -> bool:
         """Finishes or first tokens decided outside a step, reported by the next update_from_output."""
         return bool(self._updates)
+
+    @property
+    def view(self) -> SchedulerView:
+        """The queues, read-only (copies of the sequences: O(requests), not for the hot path)."""
+        requests = MappingProxyType(self._requests)
+        return SchedulerView(requests, tuple(self._waiting), tuple(self._running), self._in_flight, tuple(self._pins))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._updates)

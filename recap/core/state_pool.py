@@ -34,14 +34,12 @@ document's tail, first shared ~500 requests later, cannot survive a small probat
 from __future__ import annotations
 
 import enum
-import heapq
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from heapq import heappush
 from operator import eq, itemgetter
 from typing import NamedTuple
 
+from recap.core.eviction_queue import EvictionOrder, EvictionQueue
 from recap.core.output import CheckpointWrite
 
 
@@ -71,7 +69,14 @@ class StatePool:
     CHECKPOINT or frees it; `touch` refreshes a checkpoint's utility; `pin` protects it from eviction.
     """
 
-    def __init__(self, num_slots: int, block_size: int, bytes_per_slot: int = 0, flops_per_token: float = 1.0) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        block_size: int,
+        bytes_per_slot: int = 0,
+        flops_per_token: float = 1.0,
+        queue: Callable[[int, list[int]], EvictionOrder] = EvictionQueue,
+    ) -> None:
         if num_slots < 1:
             raise ValueError("the state pool needs at least one slot")
         # Told (source, hit) once per checkpoint: at its first hit, or when it leaves unhit.
@@ -92,18 +97,8 @@ class StatePool:
         self.slot_hits = [0] * num_slots  # hits since registration
         self._num_pinned = 0
         self._num_checkpoints = 0
-        # Eviction order: the lowest (priority, push sequence) first. An entry is an int, sequence * num_slots
-        # + slot, queued in push order in its priority's bucket (never empty); the bucketed priorities form a
-        # heap of floats (as FrequencyQueue does for KV blocks). Under policy `all` a chunk's checkpoints share
-        # one priority, so a push or an eviction is a deque operation, not a heap operation on tuples.
-        # An entry is live while it is its slot's latest (`_latest`) and the slot is a checkpoint; stale
-        # entries are dropped when met at the front of the lowest bucket, and by `_compact`.
-        self._priorities: list[float] = []
-        self._buckets: dict[float, deque[int]] = {}
-        self._num_entries = 0
-        self._latest = [-1] * num_slots
-        self._seq = 0
-        self._inflation = 0.0
+        # Eviction order: the lowest (priority, push sequence) unpinned checkpoint first (eviction_queue.py).
+        self._queue: EvictionOrder = queue(num_slots, self.pins)
         self.num_created = 0
         self.num_evicted = 0
         self.num_refused = 0  # registrations refused for provenance
@@ -174,97 +169,43 @@ class StatePool:
         value = position if value_tokens is None else value_tokens
         return self.allocate_checkpoints([(None, value, proven)])[0]
 
-    def allocate_checkpoints(self, asks: Iterable[tuple[int | None, int, bool]]) -> list[int | None]:
+    def allocate_checkpoints(self, asks: Iterable[tuple[int | None, float, bool]]) -> list[int | None]:
         """PENDING slots for a chunk's checkpoints, asked as (block_hash, value_tokens, proven) in position order.
 
         None where the hash is registered already (nothing to write) or no slot is worth taking: with no
         free slot, the lowest-priority evictable checkpoint is displaced only if the new one would rank
         above it; otherwise the write is declined (and L rises to the new one's priority).
-        One call per chunk, loop inlined: policy `all` asks for millions of slots in a trace replay.
         """
-        free, by_hash, kind, pins, num_slots = self._free, self._by_hash, self.kind, self.pins, self.num_slots
-        priorities, buckets, latest = self._priorities, self._buckets, self._latest
-        slot_hash, slot_hits = self.slot_hash, self.slot_hits
-        pending, checkpoint, heappop = SlotKind.PENDING, SlotKind.CHECKPOINT, heapq.heappop
-        per_token, on_outcome = self._value_per_token, self.on_outcome
-        inflation, num_evicted = self._inflation, 0  # stored back once: nothing called in the loop reads them
-        out: list[int | None] = []
-        for block_hash, value, proven in asks:
-            if block_hash in by_hash:
-                self.num_already_registered += 1
-                out.append(None)
-                continue
-            if free:
-                slot = free.pop()
-            else:
-                bucket = buckets[priorities[0]] if priorities else None
-                entry = bucket[0] if bucket else -1  # the lowest (priority, sequence)
-                slot = entry % num_slots
-                if entry >= 0 and latest[slot] == entry and kind[slot] == checkpoint and not pins[slot]:
-                    top_priority = priorities[0]
-                else:
-                    top = self._top_evictable()  # stale or pinned entries at the front: the slow path
-                    if top is None:
-                        self.num_declined += 1
-                        out.append(None)
-                        continue
-                    top_priority, entry = top
-                    slot = entry % num_slots
-                    bucket = buckets[priorities[0]]
-                priority = inflation + value * per_token * (1 + proven)  # utility(), inlined
-                if priority < top_priority:
-                    inflation = max(inflation, priority)
-                    self.num_declined += 1
-                    out.append(None)
-                    continue
-                if bucket[0] == entry:  # evict it; an entry found past a pinned one just goes stale
-                    bucket.popleft()
-                    self._num_entries -= 1
-                    if not bucket:
-                        del buckets[heappop(priorities)]
-                if top_priority > inflation:
-                    inflation = top_priority
-                # _unregister(slot), inlined (one per eviction); the slot goes straight to PENDING
-                owner = by_hash.pop(slot_hash[slot], None)  # None if unmapped (or no hash: never a key)
-                assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
-                if on_outcome is not None and slot_hits[slot] == 0:
-                    on_outcome(self.slot_source[slot], False)
-                slot_hash[slot] = None
-                num_evicted += 1
-            kind[slot] = pending
-            out.append(slot)
-        self._inflation = inflation
-        self._num_checkpoints -= num_evicted
-        self.num_evicted += num_evicted
-        return out
+        return [self._allocate(block_hash, value, proven) for block_hash, value, proven in asks]
+
+    def _allocate(self, block_hash: int | None, value: float, proven: bool) -> int | None:
+        if block_hash in self._by_hash:
+            self.num_already_registered += 1
+            return None
+        if self._free:
+            slot = self._free.pop()
+        else:
+            top = self._queue.top()
+            if top is None:
+                self.num_declined += 1
+                return None
+            top_priority, slot = top
+            priority = self._queue.inflation + self.utility(value, proven)
+            if priority < top_priority:
+                self._queue.decline(priority)
+                self.num_declined += 1
+                return None
+            self._queue.evict(slot, top_priority)
+            self._unregister(slot, discard=False)
+            self.num_evicted += 1
+        self.kind[slot] = SlotKind.PENDING
+        return slot
 
     def free(self, slot: int) -> None:
         """Return a RUNNING or PENDING slot."""
         assert self.kind[slot] in (SlotKind.RUNNING, SlotKind.PENDING), f"slot {slot} is {self.kind[slot]!r}"
         self.kind[slot] = SlotKind.FREE
         self._free.append(slot)
-
-    def _live(self, entry: int) -> bool:
-        slot = entry % self.num_slots
-        return entry == self._latest[slot] and self.kind[slot] == SlotKind.CHECKPOINT
-
-    def _top_evictable(self) -> tuple[float, int] | None:
-        """(priority, entry) of the lowest-priority unpinned checkpoint; None if there is none."""
-        priorities, buckets, pins, n = self._priorities, self._buckets, self.pins, self.num_slots
-        while priorities:
-            bucket = buckets[priorities[0]]
-            entry = bucket[0]
-            if not self._live(entry):
-                bucket.popleft()  # stale
-                self._num_entries -= 1
-                if not bucket:
-                    del buckets[heapq.heappop(priorities)]
-            elif not pins[entry % n]:
-                return priorities[0], entry
-            else:  # pinned at the front (rare: a hit refreshes what it pins): look past it
-                live = [(p, e) for p, q in buckets.items() for e in q if self._live(e) and not pins[e % n]]
-                return min(live) if live else None
-        return None
 
     # -- checkpoints ----------------------------------------------------------------------------
     def register(
@@ -278,19 +219,14 @@ class StatePool:
         already registered keeps its slot; the new one is freed. Reports nobody planned are refused.
         Returns, per plan, whether it was registered. One call per chunk, loop inlined (policy `all`).
         """
-        reports: Sequence[CheckpointWrite | None]
-        if len(written) == len(plans) and all(map(eq, written, map(itemgetter(0), plans))):
-            reports = written  # the usual report, the plan itself in order: no map by slot to build
-        else:
-            reported = {w.slot: w for w in written}
-            self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
-            reports = [reported.get(p.write.slot) for p in plans]
+        reports = self._reports(plans, written)
         bs, by_hash, kind, num_hashes = self.block_size, self._by_hash, self.kind, len(request_block_hashes)
         slot_hash, slot_position, slot_value = self.slot_hash, self.slot_position, self.slot_value_tokens
         slot_proven, slot_hits, slot_source = self.slot_proven, self.slot_hits, self.slot_source
         pending, checkpoint = SlotKind.PENDING, SlotKind.CHECKPOINT
-        priorities, buckets, latest, num_slots = self._priorities, self._buckets, self._latest, self.num_slots
-        inflation, per_token, seq, num_created = self._inflation, self._value_per_token, self._seq, 0
+        per_token = self._value_per_token
+        pushed: list[int] = []
+        utilities: list[float] = []
         out: list[bool] = []
         for (planned, block_hash, _, proven, source, value), report in zip(plans, reports):
             position, slot = planned
@@ -322,25 +258,23 @@ class StatePool:
             slot_hits[slot] = 0
             slot_source[slot] = source
             by_hash[block_hash] = slot
-            num_created += 1
-            # _push(slot), inlined (no hits yet: the evidence is `proven`); L does not move while registering
-            seq += 1
-            latest[slot] = entry = seq * num_slots + slot
-            priority = inflation + value * per_token * (1 + proven)
-            bucket = buckets.get(priority)
-            if bucket is None:
-                bucket = buckets[priority] = deque()
-                heappush(priorities, priority)
-            bucket.append(entry)
+            pushed.append(slot)
+            utilities.append(value * per_token * (1 + proven))  # utility(value, proven): no hits yet
             out.append(True)
-        self._seq = seq
-        self._num_checkpoints += num_created
-        self.num_created += num_created
-        self._num_entries += num_created
-        # _push's bound on stale entries, checked once: registering adds live entries only
-        if self._num_entries > 4 * self._num_checkpoints + 64:
-            self._compact()
+        self._queue.push(pushed, utilities)  # L does not move while registering
+        self._num_checkpoints += len(pushed)
+        self.num_created += len(pushed)
         return out
+
+    def _reports(
+        self, plans: Sequence[PlannedWrite], written: Sequence[CheckpointWrite]
+    ) -> Sequence[CheckpointWrite | None]:
+        """Per plan, the write reported for its slot (None if none); reports nobody planned are refused."""
+        if len(written) == len(plans) and all(map(eq, written, map(itemgetter(0), plans))):
+            return written  # the usual report, the plan itself in order: no map by slot to build
+        reported = {w.slot: w for w in written}
+        self.num_refused += len(reported.keys() - {p.write.slot for p in plans})
+        return [reported.get(p.write.slot) for p in plans]
 
     def touch(self, slot: int) -> None:
         """A hit used this checkpoint: refresh its priority (and only its)."""
@@ -351,45 +285,30 @@ class StatePool:
         self._push(slot)
 
     def _push(self, slot: int) -> None:
-        self._seq += 1
-        self._latest[slot] = entry = self._seq * self.num_slots + slot  # the slot's older entries go stale
         evidence = self.slot_hits[slot] + self.slot_proven[slot]
-        priority = self._inflation + self.utility(self.slot_value_tokens[slot], evidence)
-        bucket = self._buckets.get(priority)
-        if bucket is None:
-            bucket = self._buckets[priority] = deque()
-            heapq.heappush(self._priorities, priority)
-        bucket.append(entry)
-        self._num_entries += 1
-        if self._num_entries > 4 * self._num_checkpoints + 64:
-            self._compact()
-
-    def _compact(self) -> None:
-        """Drop every stale entry, and the buckets left empty."""
-        for priority, bucket in list(self._buckets.items()):
-            live = [e for e in bucket if self._live(e)]
-            if live:
-                bucket.clear()  # in place, order kept: hot loops hold the containers
-                bucket.extend(live)
-            else:
-                del self._buckets[priority]
-        self._priorities[:] = self._buckets
-        heapq.heapify(self._priorities)
-        self._num_entries = sum(map(len, self._buckets.values()))
+        self._queue.push((slot,), (self.utility(self.slot_value_tokens[slot], evidence),))
 
     def priority(self, slot: int) -> float:
         """The current eviction priority of checkpoint `slot` (for tests and debugging)."""
         assert self.kind[slot] == SlotKind.CHECKPOINT
-        return max(p for p, q in self._buckets.items() for e in q if e % self.num_slots == slot and self._live(e))
+        return self._queue.priority(slot)
 
-    def _unregister(self, slot: int, report: bool = True) -> None:
+    @property
+    def inflation(self) -> float:
+        """GreedyDual's L: the priority of the last eviction or refusal."""
+        return self._queue.inflation
+
+    def _unregister(self, slot: int, report: bool = True, discard: bool = True) -> None:
+        """Unmap checkpoint `slot` and make it FREE (`discard`: also take it out of the eviction order)."""
         block_hash = self.slot_hash[slot]
         assert block_hash is not None and self._by_hash.get(block_hash) == slot
         if report and self.slot_hits[slot] == 0 and self.on_outcome is not None:
             self.on_outcome(self.slot_source[slot], False)
         del self._by_hash[block_hash]
         self.slot_hash[slot] = None  # position, value and provenance are meaningful only while registered
-        self._num_checkpoints -= 1  # its queued entries go stale: the slot is no longer a checkpoint
+        self._num_checkpoints -= 1
+        if discard:
+            self._queue.discard(slot)
         self.kind[slot] = SlotKind.FREE
 
     def _release(self, slot: int, report: bool = True) -> None:
@@ -443,7 +362,7 @@ class StatePool:
             if self.is_evictable(slot):
                 self._release(slot)
                 dropped += 1
-        self._compact()
+        self._queue.compact()
         return dropped
 
     # -- integrity -------------------------------------------------------------------------------
@@ -463,10 +382,6 @@ class StatePool:
                 assert self.slot_hash[slot] is None, f"{kind!r} slot {slot} keeps a hash"
                 assert self.pins[slot] == 0, f"{kind!r} slot {slot} is pinned (a pinned checkpoint was evicted)"
         assert counts[SlotKind.CHECKPOINT] == self._num_checkpoints == len(self._by_hash)
-        live = {e % self.num_slots for q in self._buckets.values() for e in q if self._live(e)}
-        checkpoints = {s for s, kind in enumerate(self.kind) if kind == SlotKind.CHECKPOINT}
-        assert live == checkpoints, "a checkpoint is missing from the eviction buckets"
-        assert sorted(self._priorities) == sorted(self._buckets) and all(self._buckets.values()), "a bucket is lost"
-        assert self._num_entries == sum(map(len, self._buckets.values())), "queued entries miscounted"
+        self._queue.check({s for s, kind in enumerate(self.kind) if kind == SlotKind.CHECKPOINT})
         assert sum(1 for p in self.pins if p) == self._num_pinned
         assert counts[SlotKind.FREE] + self._num_checkpoints + self.num_in_use == self.num_slots

@@ -17,8 +17,8 @@ from typing import Any
 
 from recap.disagg.config import RemoteDecode, RemoteHandle
 from recap.disagg.trust import HandleRefused
+from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import RequestOutput
-from recap.engine.processor import PreparedRequest
 from recap.server.errors import APIError
 
 PARAM = "kv_transfer_params"

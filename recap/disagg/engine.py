@@ -34,11 +34,11 @@ from recap.disagg.zmq_transport import ZmqTransport
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError, KVTransferError
+from recap.engine.input_processor import PreparedRequest
 from recap.engine.llm_engine import LLMEngine
-from recap.engine.openmp import leave_threads_to_engine
 from recap.engine.output_processor import child_id
 from recap.engine.outputs import RequestOutput
-from recap.engine.processor import PreparedRequest
+from recap.process.openmp import leave_threads_to_engine
 
 log = logging.getLogger("recap.disagg")
 
@@ -215,7 +215,7 @@ class DisaggLLMEngine(LLMEngine):
 
     def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
         """Runs on a pull thread: bytes in, tensors out, nothing else."""
-        leave_threads_to_engine()  # its tensor copies must not build a second OpenMP pool (engine/openmp.py)
+        leave_threads_to_engine()  # its tensor copies must not build a second OpenMP pool (process/openmp.py)
         header = {"transfer_id": handle.transfer_id, "mac": handle.mac,
                   "blocks": list(plan.block_indices),
                   "checkpoints": [c.write.position for c in plan.checkpoints],

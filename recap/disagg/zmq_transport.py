@@ -26,7 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from recap.disagg.transport import Gather, Outbox, Transport, answer_pull, answer_release
 from recap.engine.errors import KVTransferError
-from recap.engine.openmp import leave_threads_to_engine
+from recap.process.openmp import leave_threads_to_engine
 
 log = logging.getLogger("recap.disagg")
 POLL_MS = 100
@@ -62,7 +62,7 @@ class TransferServer:
         self._ctx.term()
 
     def _run(self) -> None:
-        leave_threads_to_engine()  # it serializes tensors beside the engine thread (engine/openmp.py)
+        leave_threads_to_engine()  # it serializes tensors beside the engine thread (process/openmp.py)
         while not self._stop.is_set():
             if not self._sock.poll(POLL_MS):
                 continue

@@ -4,7 +4,7 @@ Model compute blocks, so it runs on a dedicated thread; the event loop only vali
 enqueues commands and awaits outputs. A consumer that stops iterating (client disconnect)
 aborts its request, which returns its blocks and slots to the pools.
 The engine thread keeps the process's OpenMP threads: the thread that built the engine and the one that
-starts it give up their OpenMP pools and run later parallel regions on one thread (engine/openmp.py: a
+starts it give up their OpenMP pools and run later parallel regions on one thread (process/openmp.py: a
 second pool made every parallel region of the engine thread ~1.4x slower at 2 threads).
 """
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from recap.engine.errors import EngineDeadError
+from recap.engine.input_processor import PreparedRequest
 from recap.engine.llm_engine import LLMEngine
 from recap.engine.metrics import MetricsSnapshot
-from recap.engine.openmp import leave_threads_to_engine
 from recap.engine.outputs import RequestOutput
-from recap.engine.processor import PreparedRequest
+from recap.process.openmp import leave_threads_to_engine
 from recap.sampling_params import SamplingParams
 
 log = logging.getLogger("recap.engine")

@@ -16,11 +16,11 @@ from recap.core.scheduler import Scheduler
 from recap.core.stats import SchedulerStats
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
+from recap.engine.input_processor import InputProcessor, PreparedRequest
 from recap.engine.metrics import EngineMetrics, MetricsSnapshot, request_finish_reason
 from recap.engine.model_defaults import derived_max_model_len, generation_defaults
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
-from recap.engine.processor import InputProcessor, PreparedRequest
 from recap.kernels.kernel_set import kernel_set
 from recap.model.loader import load_model, load_tokenizer
 from recap.runner.device import resolve_device

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from recap.core.stats import SchedulerStats
+from recap.engine.histogram import Histogram
+from recap.engine.request_metrics import RequestHistograms
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
@@ -23,23 +24,6 @@ def request_finish_reason(choice_reasons: list[str | None]) -> str:
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-
-
-@dataclass
-class Histogram:
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)  # per bucket (not cumulative), last is +Inf
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1
-        self.total += v
-        self.n += 1
 
 
 @dataclass
@@ -61,7 +45,7 @@ class MetricsSnapshot:
     step_time_total: float
     ttft: Histogram
     # vLLM's per-request histograms and pool usage (recap.engine.request_metrics); None before any engine ran.
-    requests: Any = None
+    requests: RequestHistograms | None = None
     kv_cache_usage: float = 0.0
     # Finished requests (one per prompt) by reason: stop, length, abort, error (vLLM's finished_reason label).
     finished_by_reason: dict[str, int] = field(default_factory=dict)
@@ -71,8 +55,6 @@ class EngineMetrics:
     """Collected by the engine thread; snapshots are safe to take from any thread."""
 
     def __init__(self, window: int = 4096, max_model_len: int = 4096) -> None:
-        from recap.engine.request_metrics import RequestHistograms
-
         self._lock = threading.Lock()
         self.requests = RequestHistograms(max_model_len)
         self.ttft = Histogram(TTFT_BUCKETS)

@@ -8,8 +8,8 @@ from typing import Any
 
 from recap.core.request import FINISH_REASONS, RequestStatus
 from recap.engine.detokenizer import IncrementalDetokenizer
+from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
-from recap.engine.processor import PreparedRequest
 
 
 def child_id(parent_id: str, index: int) -> str:

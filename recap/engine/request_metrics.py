@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, fields
 
-from recap.engine.metrics import Histogram
+from recap.engine.histogram import Histogram
 
 # vLLM's bucket bounds, so dashboards built on them read the same quantiles.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,

@@ -19,8 +19,8 @@ from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.engine.async_engine import AsyncEngine
-from recap.engine.census import census
 from recap.engine.detokenizer import special_token_ids
+from recap.process.census import census
 from recap.server import process_memory
 from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
@@ -149,7 +149,7 @@ def _add_debug_routes(app: FastAPI, engine: AsyncEngine, trimmer: process_memory
     @app.get("/debug/memory")
     async def memory(trim: bool = False, collect: bool = False) -> dict[str, Any]:
         """The process's memory (recap.server.process_memory) and the engine's live records
-        (recap.engine.census, read on the engine thread), so a soak tells live-object growth from
+        (recap.process.census, read on the engine thread), so a soak tells live-object growth from
         allocator noise. `?trim=true` first returns free malloc memory to the OS (malloc_trim);
         `?collect=true` first runs a full garbage collection."""
         records = await engine.call(census)

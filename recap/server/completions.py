@@ -14,8 +14,8 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from recap.disagg.api import attach_transfer, with_transfer_params
+from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import CompletionOutput, RequestOutput
-from recap.engine.processor import PreparedRequest
 from recap.server.errors import APIError, from_value_error
 from recap.server.logprobs import completion_logprobs, prompt_logprobs_out
 from recap.server.protocol import (

@@ -54,11 +54,11 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from recap.disagg.serving import build_engine
-    from recap.engine.heap import retain_freed_memory
+    from recap.process.heap import retain_freed_memory
     from recap.server.app import build_app
     from recap.server.timeouts import header_timeout_protocol
 
-    retain_freed_memory()  # prefill temporaries reuse heap memory instead of page-faulting (engine/heap.py)
+    retain_freed_memory()  # prefill temporaries reuse heap memory instead of page-faulting (process/heap.py)
     log.info("loading %s", config.model or "the embedded default model")
     try:
         engine, collectors = build_engine(config, transfer)

@@ -15,7 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from recap.engine.async_engine import AsyncEngine
-from recap.engine.metrics import Histogram, MetricsSnapshot
+from recap.engine.histogram import Histogram
+from recap.engine.metrics import MetricsSnapshot
 
 # (name without _total, help, snapshot field)
 _COUNTERS = (

@@ -25,7 +25,7 @@ class ServerOptions:
     allow_credentials: bool = False
     tool_call_parser: str | None = None  # None: detected from the chat template (recap/server/tools.py)
     # Seconds between giving free malloc memory back to the OS (recap.server.process_memory); 0: never (the
-    # default: recap.engine.heap keeps freed memory for the next prefill on purpose).
+    # default: recap.process.heap keeps freed memory for the next prefill on purpose).
     malloc_trim_interval_s: float = 0.0
 
 

@@ -72,7 +72,7 @@ def trim() -> bool:
 class MallocTrimmer:
     """Every `interval_s`, hands free malloc memory back to the OS when more than `min_free_bytes` is free.
 
-    glibc keeps freed memory in its arenas (recap.engine.heap raises its trim threshold on purpose, so a
+    glibc keeps freed memory in its arenas (recap.process.heap raises its trim threshold on purpose, so a
     prefill reuses its predecessor's pages), and fragmentation makes resident memory step up under varied
     load while the bytes in use stay flat: the 10k-request soak ended with 230-400 MiB free, all of it given
     back by malloc_trim. Opt-in (`--malloc-trim-interval`): trimmed pages fault back on the next large

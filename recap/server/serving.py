@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import Request
 
 from recap.engine.async_engine import AsyncEngine
+from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import RequestOutput
-from recap.engine.processor import PreparedRequest
 from recap.sampling_params import SamplingParams
 from recap.server.disconnect import ClientGone, race_disconnect
 from recap.server.errors import APIError, from_exception, from_value_error

@@ -12,7 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from recap.engine.async_engine import AsyncEngine
-from recap.engine.metrics import Histogram, MetricsSnapshot
+from recap.engine.histogram import Histogram
+from recap.engine.metrics import MetricsSnapshot
 from recap.engine.request_metrics import RequestHistograms
 
 # (vLLM name without _total, help, MetricsSnapshot field)

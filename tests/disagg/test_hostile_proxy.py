@@ -190,7 +190,7 @@ def test_an_upstream_bare_500_is_a_json_502() -> None:
 
 def test_no_per_request_record_outlives_a_disaggregated_request(cluster: Cluster) -> None:
     """Through the proxy, plain and streamed (one cut off by its client): once done, neither side keeps a
-    per-request record of them (held requests, offers, handles included: recap.engine.census). Other
+    per-request record of them (held requests, offers, handles included: recap.process.census). Other
     tests' requests held on the prefill side expire on their own: counts there may only go down."""
     def live(url: str) -> dict[str, int]:
         return httpx.get(f"{url}/debug/memory", timeout=30).json()["per_request"]

@@ -1,7 +1,7 @@
 """Memory is steady after warm-up (issue 20): the same mix of requests (completions, chats, streams cut
 off by their client, bad requests) served round after round leaves no per-request record behind,
 keeps the bounded indexes within capacity and grows neither live objects nor the Python heap.
-Counts, not wall clock: /debug/memory's census (recap.engine.census) and allocator counters.
+Counts, not wall clock: /debug/memory's census (recap.process.census) and allocator counters.
 The server's caches are small (256 KV blocks, 33 state slots), so warm-up fills them and evicts from
 them: after it, any growth is a leak, not a cache filling up. Every round sends the same prompts.
 Native memory (malloc's bytes in use) is left to the soak (benchmarks/soak_server.py): torch's and

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recap.engine.openmp import _runtime
+from recap.process.openmp import _runtime
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc"),
@@ -23,7 +23,7 @@ pytestmark = [
 
 CHILD = textwrap.dedent("""
     import os, threading, torch
-    from recap.engine.openmp import leave_threads_to_engine
+    from recap.process.openmp import leave_threads_to_engine
     tasks = lambda: len(os.listdir("/proc/self/task"))
     torch.set_num_threads(2)
     a = torch.randn(384, 512)

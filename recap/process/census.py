@@ -20,12 +20,13 @@ from typing import Any
 def per_request_records(engine: Any) -> dict[str, int]:
     """Counts that must all be 0 when nothing runs (`engine`: an LLMEngine)."""
     sched = engine.scheduler
+    view = sched.view
     cache = sched.cache
     policy = cache.policy
     out = {
-        "scheduler_requests": len(sched._requests),
-        "scheduler_waiting": len(sched._waiting),
-        "scheduler_running": len(sched._running),
+        "scheduler_requests": len(view.requests),
+        "scheduler_waiting": len(view.waiting),
+        "scheduler_running": len(view.running),
         "output_parents": len(engine.outputs.parents),
         "output_children": len(engine.outputs.child_to_parent),
         "policy_plans": len(policy._static),

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-CHILD = "from recap.engine.heap import retain_freed_memory; print(retain_freed_memory())"
+CHILD = "from recap.process.heap import retain_freed_memory; print(retain_freed_memory())"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
