@@ -1,6 +1,6 @@
 """A request body -> a validated pydantic model, under the server's limits, off the event loop when large.
 
-JSON is parsed by hand (recap.server.json_body: depth, NaN, surrogates) and checked against the limits
+JSON is parsed by hand (recap.http.json_body: depth, NaN, surrogates) and checked against the limits
 before pydantic sees it, so every bad input gets the same OpenAI-style 4xx body.
 """
 
@@ -11,9 +11,9 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from recap.http.json_body import parse_json
+from recap.http.limits import ServerLimits, check_body
 from recap.server.errors import from_validation_error
-from recap.server.json_body import parse_json
-from recap.server.limits import ServerLimits, check_body
 from recap.server.serving import ServerState
 
 M = TypeVar("M", bound=BaseModel)
