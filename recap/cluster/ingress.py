@@ -1,11 +1,11 @@
 """The OpenAI-compatible ingress in front of recap replicas on Ray Serve.
 
-It does two things of its own and leaves the API to the replicas (which run the app their ReplicaAPI builds,
-recap.cluster.api): tokenizes the prompt exactly as a replica would (the API's `prompt_tokens`), so the
-router can hash its block chain; and relays
-the request to the replica the router picks. A replica that dies fails the requests it was serving
-with an OpenAI error body (503 before the response started, an error event in a stream after), and
-Serve stops routing to it. `/debug/integrity` asks every replica for its cache core's check.
+It does two things of its own and leaves the API to the replicas (which run the app their ReplicaAPI
+builds, recap.cluster.api): tokenizes the prompt exactly as a replica would (the API's `prompt_tokens`),
+so the router can hash its block chain; and relays the request to the replica the router picks. A
+replica that dies fails the requests it was serving with an OpenAI error body (503 before the response
+started, an error event in a stream after), and Serve stops routing to it. `/debug/integrity` asks every
+replica for its cache core's check.
 """
 
 from __future__ import annotations
