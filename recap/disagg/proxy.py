@@ -43,8 +43,7 @@ from recap.disagg.zmq_transport import send_release
 from recap.http.disconnect import ClientGone, race_disconnect
 from recap.http.errors import APIError, add_error_handlers
 from recap.http.guard import Guard
-from recap.http.json_body import parse_json
-from recap.http.limits import ServerLimits, check_body, server_limits
+from recap.http.limits import ServerLimits, parse_body, server_limits
 from recap.http.sse import SSE_DONE, SSEResponse, sse_event
 from recap.http.wire import GENERATION_ROUTES
 
@@ -94,8 +93,7 @@ class Proxy:
         threading.Thread(target=self.zmq.term, name="recap-proxy-zmq-term", daemon=True).start()
 
     async def route(self, request: Request, path: str) -> Response:
-        body = parse_json(await request.body(), self.limits.max_json_depth)
-        check_body(body, self.limits)
+        body = parse_body(await request.body(), self.limits)
         try:
             return await race_disconnect(request, self._route(body, path))  # cancelling closes the upstream request
         except ClientGone:

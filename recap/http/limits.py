@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recap.http.errors import APIError
-from recap.http.json_body import DEFAULT_MAX_DEPTH
+from recap.http.json_body import DEFAULT_MAX_DEPTH, parse_json
 from recap.units import positive_bytes
 
 MAX_PROMPTS = 256  # prompts in one completions request (the OpenAI request models' cap: recap.server.protocol)
@@ -68,6 +68,13 @@ def check_body(data: dict[str, Any], limits: ServerLimits) -> None:
     bias = data.get("logit_bias")
     if isinstance(bias, dict) and len(bias) > limits.max_logit_bias:
         raise _too_many("logit_bias entries", len(bias), limits.max_logit_bias, "logit_bias", "--max-logit-bias")
+
+
+def parse_body(body: bytes, limits: ServerLimits) -> dict[str, Any]:
+    """A request body as a JSON object within the limits (recap.http.json_body, then `check_body`)."""
+    data = parse_json(body, limits.max_json_depth)
+    check_body(data, limits)
+    return data
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:

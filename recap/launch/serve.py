@@ -8,8 +8,8 @@ import sys
 
 from recap.disagg.config import add_disagg_args, transfer_config
 from recap.http.limits import add_limit_args, server_limits
+from recap.launch.engine_args import add_engine_args, engine_config
 from recap.launch.replicas import add_cluster_args, cluster_mode, serve_replicas
-from recap.server.args import add_engine_args, engine_config
 from recap.server.options import add_http_args, server_options
 
 log = logging.getLogger("recap.server")

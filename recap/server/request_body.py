@@ -11,8 +11,7 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from recap.http.json_body import parse_json
-from recap.http.limits import ServerLimits, check_body
+from recap.http.limits import ServerLimits, parse_body
 from recap.server.errors import from_validation_error
 from recap.server.serving import ServerState
 
@@ -20,8 +19,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def validate_body(body: bytes, model: type[M], limits: ServerLimits) -> M:
-    data = parse_json(body, limits.max_json_depth)
-    check_body(data, limits)
+    data = parse_body(body, limits)
     try:
         return model.model_validate(data)
     except ValidationError as e:
