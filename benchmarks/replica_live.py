@@ -37,6 +37,7 @@ from ray import serve
 
 from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, init_ray, resolve_model
 from recap.engine.config import EngineConfig
+from recap.launch.settings import ServerSettings
 
 ROUTERS = ("checkpoint", "round_robin", "pow2", "single")
 WORKLOADS = ("multi_turn", "shared_system")
@@ -172,8 +173,8 @@ def main() -> None:
                 num = 1 if router == "single" else args.replicas
                 cluster = ClusterConfig(num_replicas=num, policy="checkpoint" if router == "single" else router,
                                         queued_request_tokens=args.queued_request_tokens, stats_period_s=0.5)
-                serve.run(build_cluster_app(dataclasses.replace(config, served_model_name=model), cluster),
-                          name="recap", route_prefix="/")
+                app = build_cluster_app(dataclasses.replace(config, served_model_name=model), cluster, ServerSettings())
+                serve.run(app, name="recap", route_prefix="/")
                 t0 = time.perf_counter()
                 rows = asyncio.run(run_workload(url, w, args.concurrency, model))
                 row = {"workload": name, "router": router, "replicas": num, "wall_s": time.perf_counter() - t0,

@@ -1,6 +1,6 @@
 """Soak the HTTP server: many concurrent requests with random aborts, disconnects and bad requests,
 then check, from the server's own endpoints:
-  counts:    /metrics alone adds up: received == success + aborted + rejected (recap.server.request_counts),
+  counts:    /metrics alone adds up: received == success + aborted + rejected (recap.http.request_counts),
              and received == sent, less the aborts whose client gave up before its request reached the server;
   leaks:     /debug/integrity clean, every KV block and state slot back in its pool, nothing running;
   records:   /debug/memory's per-request records (recap.process.census) all 0 at the end, bounded ones within

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from recap.disagg.config import add_proxy_args
-from recap.server.launch import add_serve_args, serve
+from recap.launch.serve import add_serve_args, serve
 
 
 def _generate(args: argparse.Namespace) -> int:

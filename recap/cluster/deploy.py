@@ -18,10 +18,11 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application
 
+from recap.cluster.api import ReplicaAPI
 from recap.cluster.ingress import REPLICA_DEPLOYMENT, IngressConfig, RecapIngress
 from recap.cluster.pd_ingress import DECODE_DEPLOYMENT, PREFILL_DEPLOYMENT, PDIngressConfig, RecapPDIngress
 from recap.cluster.ray_transport import deployment_peer
-from recap.cluster.replica import RecapReplica, ServerSettings
+from recap.cluster.replica import RecapReplica
 from recap.cluster.router import POLICIES
 from recap.cluster.stats import StatsLimits
 from recap.disagg.config import KVTransferConfig
@@ -67,7 +68,7 @@ def resolve_model(config: EngineConfig) -> EngineConfig:
 
 
 def replica_deployment(
-    config: EngineConfig, cluster: ClusterConfig, http: ServerSettings | None = None, *,
+    config: EngineConfig, cluster: ClusterConfig, http: ReplicaAPI, *,
     name: str = REPLICA_DEPLOYMENT, num_replicas: int | None = None, transfer: KVTransferConfig | None = None,
 ) -> Application:
     config = resolve_model(config)
@@ -90,19 +91,19 @@ def replica_deployment(
     return deployment.bind(config, cluster.limits, http, transfer)
 
 
-def build_cluster_app(config: EngineConfig, cluster: ClusterConfig, http: ServerSettings | None = None) -> Application:
-    """The replicas and their ingress, as one Serve application."""
+def build_cluster_app(config: EngineConfig, cluster: ClusterConfig, http: ReplicaAPI) -> Application:
+    """The replicas (serving `http`'s app) and their ingress, as one Serve application."""
     config = resolve_model(config)
     policy = "load" if cluster.policy == POW2 else cluster.policy  # (Serve's router ignores it)
     ingress = IngressConfig(tokenizer=config.tokenizer or str(config.model), policy=policy,
-                            replica_app=cluster.app_name, enable_debug=http is not None and http.limits.enable_debug)
+                            replica_app=cluster.app_name, enable_debug=http.limits.enable_debug)
     ingress_deployment = serve.deployment(RecapIngress, name="RecapIngress", ray_actor_options={"num_cpus": 0},
                                           max_ongoing_requests=cluster.ingress_max_ongoing_requests)
-    return ingress_deployment.bind(replica_deployment(config, cluster, http), ingress)
+    return ingress_deployment.bind(replica_deployment(config, cluster, http), ingress, http)
 
 
 def build_pd_app(config: EngineConfig, cluster: ClusterConfig, prefill_replicas: int, decode_replicas: int,
-                 http: ServerSettings | None = None, transfer: KVTransferConfig | None = None) -> Application:
+                 http: ReplicaAPI, transfer: KVTransferConfig | None = None) -> Application:
     """Prefill and decode replicas (their KV moved by recap.cluster.ray_transport) behind the P/D ingress.
     `transfer` gives the timeouts (its role, secret and peers are set here): the handles are signed with a
     fresh random secret that both deployments receive in their arguments (held by the Serve controller)."""
@@ -117,7 +118,7 @@ def build_pd_app(config: EngineConfig, cluster: ClusterConfig, prefill_replicas:
     decode = dataclasses.replace(base, role="decode", secret=secret,
                                  peers=(deployment_peer(cluster.app_name, PREFILL_DEPLOYMENT),))
     ingress = PDIngressConfig(tokenizer=config.tokenizer or str(config.model), app=cluster.app_name,
-                              enable_debug=http is not None and http.limits.enable_debug)
+                              enable_debug=http.limits.enable_debug)
     deployment = serve.deployment(RecapPDIngress, name="RecapPDIngress", ray_actor_options={"num_cpus": 0},
                                   max_ongoing_requests=cluster.ingress_max_ongoing_requests)
     return deployment.bind(
@@ -125,14 +126,15 @@ def build_pd_app(config: EngineConfig, cluster: ClusterConfig, prefill_replicas:
                            transfer=prefill),
         replica_deployment(config, cluster, http, name=DECODE_DEPLOYMENT, num_replicas=decode_replicas,
                            transfer=decode),
-        ingress)
+        ingress, http)
 
 
-def ingress_app(tokenizer: str, policy: str, replica_app: str, max_ongoing_requests: int = 1024) -> Application:
-    """A further entry point over the replicas of app `replica_app`, routing by `policy`."""
+def ingress_app(tokenizer: str, policy: str, replica_app: str, api: ReplicaAPI, max_ongoing_requests: int = 1024
+                ) -> Application:
+    """A further entry point over the replicas of app `replica_app` (serving `api`), routing by `policy`."""
     deployment = serve.deployment(RecapIngress, name=f"RecapIngress-{policy}", ray_actor_options={"num_cpus": 0},
                                   max_ongoing_requests=max_ongoing_requests)
-    return deployment.bind(None, IngressConfig(tokenizer=tokenizer, policy=policy, replica_app=replica_app))
+    return deployment.bind(None, IngressConfig(tokenizer=tokenizer, policy=policy, replica_app=replica_app), api)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """The OpenAI-compatible ingress in front of recap replicas on Ray Serve.
 
-It does two things of its own and leaves the API to the replicas (which run recap.server.app as is):
-tokenizes the prompt exactly as a replica would, so the router can hash its block chain; and relays
-the request to the replica the router picks. A replica that dies fails the requests it was serving
-with an OpenAI error body (503 before the response started, an error event in a stream after), and
-Serve stops routing to it. `/debug/integrity` asks every replica for its cache core's check.
+It does two things of its own and leaves the API to the replicas (which run the app their ReplicaAPI
+builds, recap.cluster.api): tokenizes the prompt exactly as a replica would (the API's `prompt_tokens`),
+so the router can hash its block chain; and relays the request to the replica the router picks. A
+replica that dies fails the requests it was serving with an OpenAI error body (503 before the response
+started, an error event in a stream after), and Serve stops routing to it. `/debug/integrity` asks every
+replica for its cache core's check.
 """
 
 from __future__ import annotations
@@ -15,23 +16,20 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from recap.cluster.api import ReplicaAPI
 from recap.cluster.asgi import REPLICA_HEADER, HTTPRequest, ResponseStart
 from recap.cluster.board import replicas_of
 from recap.cluster.ray_router import ROUTE_KWARG
 from recap.cluster.router import POLICIES
+from recap.http.errors import APIError
+from recap.http.sse import SSE_DONE, sse_event
 from recap.model.loader import load_tokenizer
-from recap.server.chat_prompt import build_chat_input
-from recap.server.errors import APIError
-from recap.server.json_body import parse_json
-from recap.server.protocol import ChatCompletionRequest
-from recap.server.sse import SSE_DONE, sse
 
 log = logging.getLogger("recap.cluster")
 REPLICA_DEPLOYMENT = "RecapReplica"
@@ -49,31 +47,6 @@ class IngressConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"routing policy must be one of {POLICIES}, got {self.policy!r}")
-
-
-def prompt_tokens(tokenizer: Any, path: str, body: bytes) -> tuple[list[int], str | None]:
-    """The first prompt's token ids and the cache salt, as the replica will see them; ([], None) when the
-    body is not a request this can read (the replica then answers with the proper 4xx)."""
-    try:
-        data = parse_json(body)  # depth, NaN and surrogates refused as the replica refuses them
-    except APIError:
-        return [], None
-    if not isinstance(data, dict):
-        return [], None
-    salt = data.get("cache_salt") if isinstance(data.get("cache_salt"), str) else None
-    if path == "/v1/chat/completions":
-        try:
-            return build_chat_input(tokenizer, ChatCompletionRequest.model_validate(data).messages).token_ids, salt
-        except (ValidationError, APIError):
-            return [], None
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        prompt = prompt[0]  # a batch: routed by its first prompt
-    if isinstance(prompt, str) and prompt:
-        return list(tokenizer.encode(prompt, add_special_tokens=False)), salt
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt), salt
-    return [], None
 
 
 def replica_gone(err: BaseException) -> APIError:
@@ -108,37 +81,45 @@ async def relay(stream: Any, path: str) -> Response:
 
 
 async def collect(handle: DeploymentHandle, request: HTTPRequest, route: dict[str, Any], timeout_s: float
-                  ) -> tuple[str, int, Any]:
-    """(the answering replica's id, status, JSON answer) of a small request."""
-    async def run() -> tuple[str, int, Any]:
-        replica, status, chunks = "", 0, []
+                  ) -> tuple[ResponseStart, bytes]:
+    """The response start and the whole body of a small request."""
+    async def run() -> tuple[ResponseStart, bytes]:
+        start, chunks = ResponseStart(0, ()), []
         async for c in call_replica(handle, request, route):
             if isinstance(c, ResponseStart):
-                replica, status = (c.header(REPLICA_HEADER) or b"").decode(), c.status
+                start = c
             else:
                 chunks.append(c)
-        return replica, status, json.loads(b"".join(chunks))
+        return start, b"".join(chunks)
 
     return await asyncio.wait_for(run(), timeout_s)
+
+
+def replica_of(start: ResponseStart) -> str:
+    """The id of the replica that answered."""
+    return (start.header(REPLICA_HEADER) or b"").decode()
 
 
 async def integrity_of(handle: DeploymentHandle, app: str, deployment: str, timeout_s: float) -> dict[str, Any]:
     """Each known replica's /debug/integrity by replica id (a call pinned to each). A replica that left
     between listing and asking is left out (its pinned call fell back to another replica, or failed)."""
+    async def report(rid: str) -> tuple[str, Any]:
+        start, content = await collect(handle, HTTPRequest("GET", "/debug/integrity"), {"pin": rid}, timeout_s)
+        return replica_of(start), json.loads(content)
+
     ids = replicas_of(app, deployment)
     if not ids:  # the handle's router is built on first use
         await collect(handle, HTTPRequest("GET", "/health"), {"policy": "load"}, timeout_s)
         ids = replicas_of(app, deployment)
-    reports = await asyncio.gather(*(collect(handle, HTTPRequest("GET", "/debug/integrity"), {"pin": rid}, timeout_s)
-                                     for rid in ids), return_exceptions=True)
+    reports = await asyncio.gather(*(report(rid) for rid in ids), return_exceptions=True)
     out: dict[str, Any] = {}
-    for rid, report in zip(ids, reports):
-        if isinstance(report, RayActorError):
+    for rid, answer in zip(ids, reports):
+        if isinstance(answer, RayActorError):
             continue  # it died while answering
-        if not isinstance(report, tuple):
-            out[rid] = {"ok": False, "error": repr(report)}
-        elif report[0] == rid:
-            out[rid] = report[2]
+        if not isinstance(answer, tuple):
+            out[rid] = {"ok": False, "error": repr(answer)}
+        elif answer[0] == rid:
+            out[rid] = answer[1]
     return out
 
 
@@ -151,14 +132,15 @@ def forwarded(request: Request, body: bytes) -> tuple[str, HTTPRequest]:
                              tuple((k.lower(), v) for k, v in request.headers.raw))
 
 
-async def read_request(request: Request, tokenizer: Any) -> tuple[str, HTTPRequest, list[int], str | None]:
+async def read_request(request: Request, tokenizer: Any, api: ReplicaAPI
+                       ) -> tuple[str, HTTPRequest, list[int], str | None]:
     """The path, the request to forward, and (for a POST) the first prompt's tokens and cache salt, which
     are rendered and tokenized off the event loop: a long chat takes long enough to stall other requests."""
     body = await request.body()
     path, forward = forwarded(request, body)
     if request.method != "POST":
         return path, forward, [], None
-    tokens, salt = await asyncio.to_thread(prompt_tokens, tokenizer, path, body)
+    tokens, salt = await asyncio.to_thread(api.prompt_tokens, tokenizer, path, body)
     return path, forward, tokens, salt
 
 
@@ -169,13 +151,14 @@ def debug_off() -> Response:
 class RecapIngress:
     """Serve deployment body (the app's HTTP entry point)."""
 
-    def __init__(self, replicas: DeploymentHandle | None, config: IngressConfig) -> None:
+    def __init__(self, replicas: DeploymentHandle | None, config: IngressConfig, api: ReplicaAPI) -> None:
         self.config = config
+        self.api = api
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.replicas = replicas or serve.get_deployment_handle(REPLICA_DEPLOYMENT, config.replica_app)
 
     async def __call__(self, request: Request) -> Response:
-        path, forward, tokens, salt = await read_request(request, self.tokenizer)
+        path, forward, tokens, salt = await read_request(request, self.tokenizer, self.api)
         if path == "/debug/integrity" and request.method == "GET":
             return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
         stream = call_replica(self.replicas, forward, {"tokens": tokens, "cache_salt": salt,
@@ -195,5 +178,5 @@ async def _relay_events(stream: Any) -> Any:
             yield chunk
     except RayActorError as e:  # the 200 is out: report in-stream, as the replicas do
         log.warning("replica died mid-stream: %r", e)
-        yield sse(json.dumps(replica_gone(e).body())).encode()
+        yield sse_event(replica_gone(e)).encode()
         yield SSE_DONE.encode()

@@ -7,10 +7,11 @@ then to a decode replica with the handle it returned; the decode replica pulls t
 the KV blocks it lacks from that prefill replica (recap.cluster.ray_transport) and answers like a single
 instance. Both calls are routed by recap's checkpoint-aware router on the prompt's hash chain: prefill
 replicas by what they can resume, decode replicas by what they hold (a decode replica registers what it
-receives, so a session's next turn finds its prefix there and asks for fewer blocks). Errors: a 4xx from
-either side passes through; a replica that dies answers 503 (or, mid-stream, an error event), as in
-recap.cluster.ingress. When the decode side did not answer 200 the held KV is released at once. Every
-other request goes to a decode replica. `/debug/integrity` reports every replica of both deployments.
+receives, so a session's next turn finds its prefix there and asks for fewer blocks). The flow and its
+errors are recap.disagg.flow's (the proxy runs the same, over HTTP): an error from either side passes
+through; a replica that dies answers 503 (or, mid-stream, an error event), as in recap.cluster.ingress.
+When the decode side did not answer 200 the held KV is released at once. Every other request goes to a
+decode replica. `/debug/integrity` reports every replica of both deployments.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from recap.cluster.api import ReplicaAPI
 from recap.cluster.asgi import HTTPRequest
 from recap.cluster.ingress import (
     call_replica,
@@ -35,20 +37,20 @@ from recap.cluster.ingress import (
     read_request,
     relay,
     replica_gone,
+    replica_of,
 )
 from recap.cluster.ray_router import ROUTE_KWARG
 from recap.cluster.ray_transport import parse_address
-from recap.disagg.api import PARAM
+from recap.disagg.flow import Answer, prefill_then_decode, refuse_client_params, upstream_timeout
 from recap.engine.errors import KVTransferError
+from recap.http.errors import APIError
+from recap.http.json_body import parse_json
+from recap.http.wire import GENERATION_ROUTES
 from recap.model.loader import load_tokenizer
-from recap.server.errors import APIError
-from recap.server.json_body import parse_json
 
 log = logging.getLogger("recap.cluster")
 PREFILL_DEPLOYMENT = "RecapPrefill"
 DECODE_DEPLOYMENT = "RecapDecode"
-ROUTES = ("/v1/completions", "/v1/chat/completions")
-PREFILL_HEADER = "x-recap-prefill-replica"
 
 
 @dataclass(frozen=True)
@@ -64,18 +66,19 @@ class RecapPDIngress:
     """Serve deployment body (the disaggregated app's HTTP entry point)."""
 
     def __init__(self, prefill: DeploymentHandle | None, decode: DeploymentHandle | None,
-                 config: PDIngressConfig) -> None:
+                 config: PDIngressConfig, api: ReplicaAPI) -> None:
         self.config = config
+        self.api = api
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.prefill = prefill or serve.get_deployment_handle(PREFILL_DEPLOYMENT, config.app)
         self.decode = decode or serve.get_deployment_handle(DECODE_DEPLOYMENT, config.app)
 
     async def __call__(self, request: Request) -> Response:
-        path, forward, tokens, salt = await read_request(request, self.tokenizer)
+        path, forward, tokens, salt = await read_request(request, self.tokenizer, self.api)
         if path == "/debug/integrity" and request.method == "GET":
             return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
         route = {"tokens": tokens, "cache_salt": salt, "policy": "checkpoint"}
-        if request.method != "POST" or path not in ROUTES:
+        if request.method != "POST" or path not in GENERATION_ROUTES:
             return await relay(call_replica(self.decode, forward, route), path)
         try:
             data = parse_json(forward.body)
@@ -83,52 +86,12 @@ class RecapPDIngress:
             data = None
         if not isinstance(data, dict):  # the decode replica answers it with the single instance's 400
             return await relay(call_replica(self.decode, forward, route), path)
-        if PARAM in data:
-            return APIError(f"{PARAM} is set by the ingress, not by clients", param=PARAM).response()
         try:
-            return await self._disaggregated(forward, data, path, route)
+            refuse_client_params(data, "ingress")
+            prefill = RayUpstream(self.prefill, "prefill", forward, route, self.config.timeout_s)
+            return await prefill_then_decode(data, prefill, RayUpstream(self.decode, "decode", forward, route))
         except APIError as e:
             return e.response()
-
-    async def _disaggregated(self, forward: HTTPRequest, data: dict[str, Any], path: str,
-                             route: dict[str, Any]) -> Response:
-        first = {k: v for k, v in data.items() if k != "stream_options"}
-        first.update(stream=False, **{PARAM: {"do_remote_decode": True}})
-        try:
-            prefill_id, status, answer = await collect(self.prefill, _with_body(forward, first), route,
-                                                       self.config.timeout_s)
-        except RayActorError as e:
-            raise replica_gone(e) from None
-        except TimeoutError:
-            raise APIError("the prefill replica timed out", status=504, type="upstream_error",
-                           code="upstream_timeout") from None
-        if status != 200:
-            return JSONResponse(answer, status_code=status)
-        handle = answer.get(PARAM) if isinstance(answer, dict) else None
-        if not isinstance(handle, dict):
-            raise APIError(f"the prefill replica returned no {PARAM}", status=502, type="upstream_error",
-                           code="upstream_bad_response")
-        second = {**data, PARAM: {**handle, "do_remote_prefill": True}}
-        answered = False
-        try:
-            response = await relay(call_replica(self.decode, _with_body(forward, second), route), path)
-            answered = response.status_code == 200  # a 200 from the decode side comes after its pull
-            response.headers[PREFILL_HEADER] = prefill_id
-            return response
-        finally:
-            if not answered:  # the decode side failed or refused: nobody will pull
-                self._release(handle)
-
-    def _release(self, handle: dict[str, Any]) -> None:
-        """Let the prefill replica free the held KV at once (fire and forget)."""
-        address, tid, mac = handle.get("remote_address"), handle.get("transfer_id"), handle.get("mac")
-        if not (isinstance(address, str) and isinstance(tid, str) and isinstance(mac, str)):
-            return
-        try:
-            _, _, replica = parse_address(address)
-        except KVTransferError:
-            return
-        self.prefill.options(method_name="kv_release").remote(tid, mac, **{ROUTE_KWARG: {"pin": replica}})
 
     async def integrity(self) -> dict[str, Any]:
         """Every prefill and decode replica's /debug/integrity, by role and replica id; ok when all are."""
@@ -139,6 +102,42 @@ class RecapPDIngress:
             out.update({f"{role}/{rid}": report for rid, report in reports.items()})
         roles = {key.split("/", 1)[0] for key in out}
         return {"ok": roles == {"prefill", "decode"} and all(r.get("ok") for r in out.values()), "replicas": out}
+
+
+class RayUpstream:
+    """The prefill or decode deployment, for one request (recap.disagg.flow.Upstream)."""
+
+    hint = ""
+
+    def __init__(self, handle: DeploymentHandle, side: str, request: HTTPRequest, route: dict[str, Any],
+                 timeout_s: float | None = None) -> None:
+        self.handle, self.side, self.request, self.route, self.timeout_s = handle, side, request, route, timeout_s
+        self.name = f"the {side} replica"
+
+    async def post(self, body: dict[str, Any]) -> Answer:
+        try:
+            start, content = await collect(self.handle, _with_body(self.request, body), self.route, self.timeout_s)
+        except RayActorError as e:
+            raise replica_gone(e) from None
+        except TimeoutError:
+            raise upstream_timeout(self.name) from None
+        media_type = (start.header(b"content-type") or b"application/json").decode("latin-1")
+        origin = (f"x-recap-{self.side}-replica", replica_of(start))  # x-recap-prefill-replica on the response
+        return Answer(start.status, content, media_type, (origin,))
+
+    async def respond(self, body: dict[str, Any]) -> Response:
+        return await relay(call_replica(self.handle, _with_body(self.request, body), self.route), self.request.path)
+
+    def release(self, handle: dict[str, Any]) -> None:
+        """Let the prefill replica free the held KV at once (fire and forget)."""
+        address, tid, mac = handle.get("remote_address"), handle.get("transfer_id"), handle.get("mac")
+        if not (isinstance(address, str) and isinstance(tid, str) and isinstance(mac, str)):
+            return
+        try:
+            _, _, replica = parse_address(address)
+        except KVTransferError:
+            return
+        self.handle.options(method_name="kv_release").remote(tid, mac, **{ROUTE_KWARG: {"pin": replica}})
 
 
 def _with_body(request: HTTPRequest, data: dict[str, Any]) -> HTTPRequest:

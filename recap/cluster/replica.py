@@ -1,4 +1,5 @@
-"""One recap replica on Ray Serve: an engine, the single-instance OpenAI app over it, and its routing stats."""
+"""One recap replica on Ray Serve: an engine, the single-instance app over it (built by its ReplicaAPI,
+recap.cluster.api: the OpenAI app), and its routing stats."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
 
+from recap.cluster.api import ReplicaAPI
 from recap.cluster.asgi import REPLICA_HEADER, HTTPRequest, ResponseStart, call_asgi
 from recap.cluster.ray_transport import RayTransport
 from recap.cluster.stats import StatsLimits, collect_stats
@@ -18,20 +19,8 @@ from recap.disagg.config import KVTransferConfig
 from recap.disagg.serving import build_engine
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
-from recap.server.app import build_app
-from recap.server.limits import ServerLimits
-from recap.server.options import ServerOptions
 
 log = logging.getLogger("recap.cluster")
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """What `recap serve` applies to its HTTP app (limits, --api-key, CORS), carried to every replica."""
-
-    limits: ServerLimits = field(default_factory=ServerLimits)
-    api_key: str | None = None
-    options: ServerOptions = field(default_factory=ServerOptions)
 
 
 class RecapReplica:
@@ -40,19 +29,18 @@ class RecapReplica:
     is a prefill or decode instance of a disaggregated deployment (recap.cluster.pd_ingress), its KV moved
     between replicas by recap.cluster.ray_transport; a prefill replica answers `kv_pull` / `kv_release`."""
 
-    def __init__(self, config: EngineConfig, limits: StatsLimits, http: ServerSettings | None = None,
+    def __init__(self, config: EngineConfig, limits: StatsLimits, http: ReplicaAPI,
                  transfer: KVTransferConfig | None = None) -> None:
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.limits = limits
         self.transport = RayTransport(context.app_name, context.deployment, self.replica_id)
-        engine, collectors = build_engine(config, transfer or KVTransferConfig(), self.transport)
+        transfer = transfer or KVTransferConfig()
+        engine, collectors = build_engine(config, transfer, self.transport)
         self.engine = engine
         self.engine.start()
-        http = http or ServerSettings()
         # Its lifespan never runs here (we own the engine); auth, limits and CORS are the single instance's.
-        self.app = build_app(self.engine, shutdown_engine=False, collectors=collectors, options=http.options,
-                             limits=http.limits, api_key=http.api_key)
+        self.app = http.build(self.engine, collectors, transfer)
         log.info("replica %s serving %s", self.replica_id, self.engine.engine.served_model_name)
 
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -3,40 +3,36 @@
 A prefill instance takes `{"do_remote_decode": true}`: it computes the prompt, samples one token, holds
 the KV for a pull and answers with the handle under `kv_transfer_params`. A decode instance takes
 that handle plus `"do_remote_prefill": true` and answers like a single instance (plain or streamed).
-A single instance (role both) refuses the field. The decode side trusts only handles its prefill peers signed
-for this very prompt, unexpired and unused (recap.disagg.trust): any other is a 403, before anything is
-queued or any connection made. Disaggregated requests have one prompt and n = 1, and
-no logprobs (the first token's logprob stays on the prefill side): anything else is a 400.
+A single instance (role both) refuses the field (recap.server.transfer_params: `attach_transfer` here is
+the hook of the other roles). The decode side trusts only handles its prefill peers signed for this very
+prompt, unexpired and unused (recap.disagg.trust): any other is a 403, before anything is queued or any
+connection made. Disaggregated requests have one prompt and n = 1, and no logprobs (the first token's
+logprob stays on the prefill side): anything else is a 400.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from recap.disagg.config import RemoteDecode, RemoteHandle
 from recap.disagg.trust import HandleRefused
 from recap.engine.input_processor import PreparedRequest
-from recap.engine.outputs import RequestOutput
-from recap.server.errors import APIError
-
-PARAM = "kv_transfer_params"
+from recap.http.errors import APIError
+from recap.http.wire import KV_TRANSFER_PARAMS
 
 
 def _refuse(message: str) -> APIError:
-    return APIError(f"{PARAM}: {message}", param=PARAM)
+    return APIError(f"{KV_TRANSFER_PARAMS}: {message}", param=KV_TRANSFER_PARAMS)
 
 
 def attach_transfer(
-    engine: Any, params: dict[str, Any] | None, prepared: list[PreparedRequest], *, stream: bool, n: int
+    engine: Any, params: dict[str, Any], prepared: list[PreparedRequest], *, stream: bool, n: int
 ) -> list[PreparedRequest]:
-    """Validate `kv_transfer_params` for this server's role and mark the prepared request; 400 otherwise."""
-    if params is None:
-        return prepared
-    role = getattr(engine, "kv_role", "both")
-    if role == "both":
-        raise _refuse("this server is a single instance (start it with `recap serve --role prefill|decode`)")
+    """The OpenAI app's transfer hook for a prefill or decode instance (recap.server.transfer_params):
+    validate `kv_transfer_params` for this server's role and mark the prepared request; 400 otherwise."""
+    role = engine.kv_role
+    assert role in ("prefill", "decode"), f"the transfer hook serves a prefill or decode engine, not {role!r}"
     if len(prepared) != 1 or n != 1:
         raise _refuse("a disaggregated request has exactly one prompt and n = 1")
     p = prepared[0]
@@ -58,14 +54,6 @@ def attach_transfer(
     try:  # last: a handle that passes is marked used
         engine.verifier.verify(handle.signed_fields(), handle.mac, p.prompt_token_ids, p.cache_salt)
     except HandleRefused as e:
-        raise APIError(f"{PARAM}: {e}", status=403, type="permission_error", param=PARAM,
+        raise APIError(f"{KV_TRANSFER_PARAMS}: {e}", status=403, type="permission_error", param=KV_TRANSFER_PARAMS,
                        code="kv_transfer_refused") from None
     return [dataclasses.replace(p, kv_transfer=handle)]
-
-
-def with_transfer_params(body: dict[str, Any], finals: Sequence[RequestOutput]) -> dict[str, Any]:
-    """Add the prefill side's handle to a response body (unchanged for every other request)."""
-    params = finals[0].kv_transfer_params if len(finals) == 1 else None
-    if params is not None:
-        body[PARAM] = params
-    return body

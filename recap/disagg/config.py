@@ -177,6 +177,6 @@ def add_proxy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per upstream request")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    from recap.server.limits import add_limit_args  # here: recap.server imports this module
+    from recap.http.limits import add_limit_args  # here: the rest of this module needs no HTTP stack
 
     add_limit_args(p)

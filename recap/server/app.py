@@ -16,28 +16,29 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import ProcessCollector
 from prometheus_client.registry import Collector
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.detokenizer import special_token_ids
+from recap.http.errors import APIError, add_error_handlers
+from recap.http.guard import Guard
+from recap.http.limits import ServerLimits
+from recap.http.request_counts import RequestCounts, RequestCountsCollector
+from recap.http.wire import GENERATION_ROUTES
 from recap.process.census import census
 from recap.server import process_memory
 from recap.server.chat import create_chat_completion
 from recap.server.completions import create_completion
-from recap.server.errors import APIError
-from recap.server.guard import Guard
-from recap.server.limits import ServerLimits
+from recap.server.errors import from_exception
 from recap.server.metrics import make_registry, render
 from recap.server.options import ServerOptions, install
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from recap.server.request_body import parse_request
-from recap.server.request_counts import RequestCounts, RequestCountsCollector
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
 from recap.server.tools import detect_parser, special_marker_ids
+from recap.server.transfer_params import TransferHook
 
 log = logging.getLogger("recap.server")
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # admission (--max-queued) counts these
 
 
 def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
@@ -55,15 +56,17 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
 def build_app(
     engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = (),
     options: ServerOptions | None = None, limits: ServerLimits | None = None, api_key: str | None = None,
+    kv_transfer: TransferHook | None = None,
 ) -> FastAPI:
     """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit.
 
     `collectors`: extra Prometheus series for /metrics (e.g. recap.disagg's transfer counters).
     `options`: CORS and the request-id echo (recap.server.options).
-    `limits`, `api_key`: request limits, admission and auth (recap.server.guard); /debug only if enabled.
+    `limits`, `api_key`: request limits, admission and auth (recap.http.guard); /debug only if enabled.
+    `kv_transfer`: a prefill or decode instance's kv_transfer_params hook (recap.server.transfer_params).
     """
     llm = engine.engine
-    state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len)
+    state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len, kv_transfer=kv_transfer)
     registry = make_registry(engine, state.model_name, _cache_labels(engine))
     for collector in collectors:
         registry.register(collector)
@@ -90,24 +93,16 @@ def build_app(
     limits = limits or ServerLimits()
     app.state.limits = limits
     ProcessCollector(registry=registry)  # process_resident_memory_bytes etc. (the soak watches it)
-    counts = RequestCounts()  # recap.server.request_counts: what became of each generation request
+    counts = RequestCounts()  # recap.http.request_counts: what became of each generation request
     registry.register(RequestCountsCollector(counts, state.model_name))
-    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts)
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts,
+                       to_error=from_exception)
     state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
     state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        log.info("rejected (%d): %s", exc.status, exc.message)
-        return exc.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err = APIError(str(exc.detail), status=exc.status_code, type="invalid_request_error",
-                       code="not_found" if exc.status_code == 404 else None)
-        return err.response()
+    add_error_handlers(app, log, logging.INFO, "rejected")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

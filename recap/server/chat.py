@@ -10,10 +10,11 @@ from dataclasses import replace
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from recap.disagg.api import attach_transfer, with_transfer_params
 from recap.engine.outputs import RequestOutput
+from recap.http.errors import APIError
+from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.server.chat_prompt import build_chat_input
-from recap.server.errors import APIError, from_value_error
+from recap.server.errors import from_value_error, sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import (
     ChatChoice,
@@ -36,9 +37,9 @@ from recap.server.serving import (
     response_size,
     usage,
 )
-from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
 from recap.server.tool_stream import ToolCallStream
 from recap.server.tools import forced_calls, parse_tool_calls
+from recap.server.transfer_params import attach_transfer, with_transfer_params
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
@@ -62,7 +63,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
-    prepared = attach_transfer(state.engine.engine, req.kv_transfer_params, prepared, stream=req.stream, n=params.n)
+    prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
+                               stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)

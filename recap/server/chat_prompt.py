@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recap.engine.chat import ChatPrompt, render_chat
-from recap.server.errors import APIError
+from recap.http.errors import APIError
 from recap.server.protocol import ChatMessage
 
 

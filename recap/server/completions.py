@@ -13,10 +13,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from recap.disagg.api import attach_transfer, with_transfer_params
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import CompletionOutput, RequestOutput
-from recap.server.errors import APIError, from_value_error
+from recap.http.errors import APIError
+from recap.http.sse import SSE_DONE, SSEResponse, sse
+from recap.server.errors import from_value_error, sse_error
 from recap.server.logprobs import completion_logprobs, prompt_logprobs_out
 from recap.server.protocol import (
     CompletionChoice,
@@ -37,7 +38,7 @@ from recap.server.serving import (
     response_size,
     usage,
 )
-from recap.server.sse import SSE_DONE, SSEResponse, sse, sse_error
+from recap.server.transfer_params import attach_transfer, with_transfer_params
 
 
 def _check_checkpoints(req: CompletionRequest, prepared: list[PreparedRequest]) -> None:
@@ -60,7 +61,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     prepared = await state.offload.run(prompt_size(prompts), prepare_all, state, prompts, params, request_id=rid,
                                        boundaries=[req.checkpoints or ()] * len(prompts), cache_salt=req.cache_salt)
     _check_checkpoints(req, prepared)
-    prepared = attach_transfer(state.engine.engine, req.kv_transfer_params, prepared, stream=req.stream, n=params.n)
+    prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
+                               stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)

@@ -1,14 +1,15 @@
-"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`, and what maps to them."""
+"""The OpenAI app's error mapping: pydantic and engine validation errors -> a 400 naming the request field
+(the error body and the generic mapping: recap.http.errors)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from recap.engine.errors import EngineDeadError, InvalidRequestError, KVTransferError
+from recap.http import errors as http_errors
+from recap.http.errors import APIError
+from recap.http.sse import sse_event
 from recap.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 # Union members pydantic appends to an error location ('str', 'list[int]', ...): not field names.
@@ -17,28 +18,6 @@ _FIELDS = (
     set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | set(ChatMessage.model_fields)
     | {"top_k", "top_p"}
 )
-
-
-class APIError(Exception):
-    """A request the server refuses; rendered as an OpenAI error body with `status`."""
-
-    def __init__(
-        self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-        param: str | None = None, code: str | None = None,
-    ) -> None:
-        message = message.encode("utf-8", "backslashreplace").decode()  # echoed input may hold lone surrogates
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = None if param is None else param.encode("utf-8", "backslashreplace").decode()
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
 
 
 # Engine messages that do not start with the field they are about.
@@ -92,13 +71,10 @@ def from_value_error(err: ValueError) -> APIError:
 
 
 def from_exception(err: BaseException) -> APIError:
-    if isinstance(err, APIError):
-        return err
-    if isinstance(err, EngineDeadError):
-        return APIError(str(err), status=503, type="service_unavailable", code="engine_dead")
-    if isinstance(err, KVTransferError):
-        code = "kv_transfer_timeout" if err.status == 504 else "kv_transfer_failed"
-        return APIError(str(err), status=err.status, type="upstream_error", code=code)
-    if isinstance(err, (InvalidRequestError, ValueError)):
-        return from_value_error(err)
-    return APIError(f"internal error: {type(err).__name__}: {err}", status=500, type="internal_error")
+    """recap.http.errors.from_exception, naming the request field of a validation error."""
+    return http_errors.from_exception(err, from_value_error)
+
+
+def sse_error(err: Exception) -> str:
+    """An error after the 200 went out: an OpenAI error body as one event (the stream then ends)."""
+    return sse_event(from_exception(err))

@@ -15,13 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from recap.http.limits import MAX_PROMPTS, MAX_STOP
 from recap.sampling_params import SamplingParams
 from recap.server.structured import ResponseFormat, StructuredOutputsField, structured_output
 from recap.server.tools import AssistantToolCall, NamedToolChoice, ToolCall, ToolSpec, tool_constraint
 
-MAX_PROMPTS = 256  # prompts in one completions request
 MAX_CHECKPOINTS = 256  # explicit checkpoint offsets per request
-MAX_STOP = 16
 MAX_CACHE_SALT_CHARS = 1024
 
 PromptInput = str | list[int] | list[str] | list[list[int]]

@@ -1,6 +1,6 @@
 """A request body -> a validated pydantic model, under the server's limits, off the event loop when large.
 
-JSON is parsed by hand (recap.server.json_body: depth, NaN, surrogates) and checked against the limits
+JSON is parsed by hand (recap.http.json_body: depth, NaN, surrogates) and checked against the limits
 before pydantic sees it, so every bad input gets the same OpenAI-style 4xx body.
 """
 
@@ -11,17 +11,15 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from recap.http.limits import ServerLimits, parse_body
 from recap.server.errors import from_validation_error
-from recap.server.json_body import parse_json
-from recap.server.limits import ServerLimits, check_body
 from recap.server.serving import ServerState
 
 M = TypeVar("M", bound=BaseModel)
 
 
 def validate_body(body: bytes, model: type[M], limits: ServerLimits) -> M:
-    data = parse_json(body, limits.max_json_depth)
-    check_body(data, limits)
+    data = parse_body(body, limits)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -22,11 +22,13 @@ from fastapi import Request
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import RequestOutput
+from recap.http.disconnect import ClientGone, race_disconnect
+from recap.http.errors import APIError
+from recap.http.offload import Offloader
 from recap.sampling_params import SamplingParams
-from recap.server.disconnect import ClientGone, race_disconnect
-from recap.server.errors import APIError, from_exception, from_value_error
-from recap.server.offload import Offloader
+from recap.server.errors import from_exception, from_value_error
 from recap.server.protocol import PromptTokensDetails, Usage
+from recap.server.transfer_params import TransferHook
 
 log = logging.getLogger("recap.server")
 
@@ -43,6 +45,7 @@ class ServerState:
     tool_parser: str | None = None
     # The parser's markers that are special tokens: kept in the text of requests with tools.
     tool_marker_ids: tuple[int, ...] = ()
+    kv_transfer: TransferHook | None = None  # a prefill or decode instance's (recap.server.transfer_params)
 
     @property
     def tokenizer(self) -> Any:

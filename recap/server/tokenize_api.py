@@ -9,8 +9,8 @@ from fastapi import FastAPI, Request
 from pydantic import Field, model_validator
 
 import recap
+from recap.http.errors import APIError
 from recap.server.chat_prompt import build_chat_input
-from recap.server.errors import APIError
 from recap.server.protocol import ChatMessage, ModelCard, _Strict
 from recap.server.request_body import parse_request
 from recap.server.serving import ServerState

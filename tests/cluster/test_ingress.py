@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("ray")
 
-from recap.cluster.ingress import prompt_tokens  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.sampling_params import SamplingParams  # noqa: E402
 from recap.server.chat_prompt import build_chat_input  # noqa: E402
 from recap.server.protocol import ChatMessage  # noqa: E402
+from recap.server.routing_prompt import prompt_tokens  # noqa: E402
 from tests.server.conftest import engine_config, tiny_model  # noqa: E402, F401
 
 

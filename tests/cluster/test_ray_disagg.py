@@ -22,11 +22,11 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from recap.cluster.deploy import ClusterConfig, build_pd_app  # noqa: E402
-from recap.cluster.replica import ServerSettings  # noqa: E402
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
+from recap.http.limits import ServerLimits  # noqa: E402
+from recap.launch.settings import ServerSettings  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
-from recap.server.limits import ServerLimits  # noqa: E402
 from tests.cluster.streams import replica_actor, start_streams  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 

@@ -20,11 +20,11 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from recap.cluster.deploy import ClusterConfig, build_cluster_app, ingress_app  # noqa: E402
-from recap.cluster.replica import ServerSettings  # noqa: E402
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
+from recap.http.limits import ServerLimits  # noqa: E402
+from recap.launch.settings import ServerSettings  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
-from recap.server.limits import ServerLimits  # noqa: E402
 from tests.cluster.streams import replica_actor, start_streams  # noqa: E402
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, tiny_model  # noqa: E402, F401
 
@@ -43,7 +43,7 @@ def cluster(model: Path, serve_url: str) -> Iterator[str]:
         debug = ServerSettings(limits=ServerLimits(enable_debug=True))  # /debug/integrity on every replica
         serve.run(build_cluster_app(config, ClusterConfig(num_replicas=2, stats_period_s=0.2), debug), name="recap",
                   route_prefix="/")
-        serve.run(ingress_app(str(model), "round_robin", "recap"), name="recap-rr", route_prefix="/rr")
+        serve.run(ingress_app(str(model), "round_robin", "recap", debug), name="recap-rr", route_prefix="/rr")
         yield serve_url
     finally:
         serve.delete("recap-rr")

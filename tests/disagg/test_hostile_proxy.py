@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from recap.disagg.proxy import ProxyConfig, build_proxy_app
-from recap.server.limits import ServerLimits
+from recap.http.limits import ServerLimits
 from tests.disagg.conftest import SERVE_FLAGS, START_TIMEOUT_S, Cluster, Instance, free_port, launch, metric, wait_idle
 from tests.server.conftest import ServerThread
 from tests.server.hostile import MODEL, Case, corpus, well_formed

@@ -18,8 +18,8 @@ from recap.config import CacheConfig, SchedulerConfig
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
+from recap.http.limits import ServerLimits
 from recap.server.app import build_app
-from recap.server.limits import ServerLimits
 
 MODEL_NAME = "tiny-bamba"
 MAX_MODEL_LEN = 1024
@@ -30,7 +30,7 @@ class ServerThread:
     """uvicorn serving `app` on 127.0.0.1:<free port> in a daemon thread."""
 
     def __init__(self, app: Any, **config: Any) -> None:
-        """`config`: more uvicorn.Config arguments (e.g. `http=` for recap.server.timeouts)."""
+        """`config`: more uvicorn.Config arguments (e.g. `http=` for recap.http.timeouts)."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from recap import cli
-from recap.server.args import engine_config
+from recap.launch.engine_args import engine_config
 from recap.units import positive_bytes
 from tests.server.serve_process import recap_serve
 

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 import recap
 from recap import cli
 from recap.engine.async_engine import AsyncEngine
+from recap.launch.engine_args import engine_config, read_chat_template
 from recap.server.app import build_app
-from recap.server.args import engine_config, read_chat_template
 from recap.server.options import ServerOptions, server_options
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME

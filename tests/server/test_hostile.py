@@ -21,9 +21,9 @@ import pytest
 
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.llm_engine import LLMEngine
+from recap.http.limits import ServerLimits
+from recap.http.timeouts import header_timeout_protocol
 from recap.server.app import build_app
-from recap.server.limits import ServerLimits
-from recap.server.timeouts import header_timeout_protocol
 from tests.server.conftest import ServerThread, engine_config
 from tests.server.hostile import MODEL, Case, corpus, well_formed
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recap import cli
-from recap.server.args import engine_config
+from recap.launch.engine_args import engine_config
 
 
 def test_quantization_flag() -> None:

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from recap.server.errors import APIError
+from recap.http.errors import APIError
 
 DEFAULT_MAX_DEPTH = 64
 

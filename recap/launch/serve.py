@@ -1,4 +1,4 @@
-"""`recap serve`: build the engine from flags, then run the app under uvicorn."""
+"""`recap serve`: build the engine from flags, then run the OpenAI app under uvicorn (or replicas on Ray)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
-from recap.cluster.launch import add_cluster_args, cluster_mode, serve_replicas
 from recap.disagg.config import add_disagg_args, transfer_config
-from recap.server.args import add_engine_args, engine_config
-from recap.server.limits import add_limit_args, server_limits
+from recap.http.limits import add_limit_args, server_limits
+from recap.launch.engine_args import add_engine_args, engine_config
+from recap.launch.replicas import add_cluster_args, cluster_mode, serve_replicas
 from recap.server.options import add_http_args, server_options
 
 log = logging.getLogger("recap.server")
@@ -51,12 +51,10 @@ def serve(args: argparse.Namespace) -> int:
     if mode is not None:
         return serve_replicas(args, config, transfer)
 
-    import uvicorn
-
     from recap.disagg.serving import build_engine
+    from recap.http.timeouts import run_server
+    from recap.launch.settings import ServerSettings
     from recap.process.heap import retain_freed_memory
-    from recap.server.app import build_app
-    from recap.server.timeouts import header_timeout_protocol
 
     retain_freed_memory()  # prefill temporaries reuse heap memory instead of page-faulting (process/heap.py)
     log.info("loading %s", config.model or "the embedded default model")
@@ -66,10 +64,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: cannot load the model: {e}", file=sys.stderr)
         return 1
     llm = engine.engine
-    app = build_app(engine, collectors=collectors, options=server_options(args), limits=limits, api_key=args.api_key)
+    app = ServerSettings(limits, args.api_key, server_options(args)).build(engine, collectors, transfer,
+                                                                          shutdown_engine=True)
     log.info("serving %s on http://%s:%d (OpenAI API under /v1, role %s)", llm.served_model_name, args.host,
              args.port, transfer.role)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
-                access_log=False, http=header_timeout_protocol(limits.header_timeout_s),
-                timeout_keep_alive=limits.idle_timeout_s)
+    run_server(app, args.host, args.port, args.uvicorn_log_level or args.log_level, limits)
     return 0

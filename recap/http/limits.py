@@ -1,8 +1,8 @@
 """What one request may ask of the server, and how long a client may take: `ServerLimits` and its flags.
 
-Checked before a body reaches the engine (recap.server.guard, recap.server.json_body and `check_body`):
+Checked before a body reaches the engine (recap.http.guard, recap.http.json_body and `check_body`):
 each excess is a 4xx naming the limit and the flag that sets it. Time limits: a connection must finish
-its request headers within `header_timeout_s` (recap.server.timeouts), its body within `body_timeout_s`,
+its request headers within `header_timeout_s` (recap.http.timeouts), its body within `body_timeout_s`,
 and an idle keep-alive connection is closed after `idle_timeout_s`. Admission: at most `max_queued`
 generation requests in the server at once; past that a 429 with Retry-After.
 """
@@ -13,11 +13,12 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from recap.server.errors import APIError
-from recap.server.json_body import DEFAULT_MAX_DEPTH
-from recap.server.protocol import MAX_PROMPTS, MAX_STOP
+from recap.http.errors import APIError
+from recap.http.json_body import DEFAULT_MAX_DEPTH, parse_json
 from recap.units import positive_bytes
 
+MAX_PROMPTS = 256  # prompts in one completions request (the OpenAI request models' cap: recap.server.protocol)
+MAX_STOP = 16  # stop strings (likewise)
 # The request models' own caps: a flag may lower them (its check then runs first), never raise them.
 CAPS = {"max_prompts": MAX_PROMPTS, "max_stop": MAX_STOP}
 
@@ -67,6 +68,13 @@ def check_body(data: dict[str, Any], limits: ServerLimits) -> None:
     bias = data.get("logit_bias")
     if isinstance(bias, dict) and len(bias) > limits.max_logit_bias:
         raise _too_many("logit_bias entries", len(bias), limits.max_logit_bias, "logit_bias", "--max-logit-bias")
+
+
+def parse_body(body: bytes, limits: ServerLimits) -> dict[str, Any]:
+    """A request body as a JSON object within the limits (recap.http.json_body, then `check_body`)."""
+    data = parse_json(body, limits.max_json_depth)
+    check_body(data, limits)
+    return data
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hmac
 
-from recap.server.errors import APIError
+from recap.http.errors import APIError
 
 PROTECTED = ("/v1/", "/debug/")
 

@@ -1,4 +1,4 @@
-"""Server-sent events: the streaming response that always closes its body generator."""
+"""Server-sent events: the streaming response that always closes its body generator, and errors as events."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from recap.server.errors import from_exception
+from recap.http.errors import APIError
 
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -16,9 +16,9 @@ def sse(data: str) -> str:
     return f"data: {data}\n\n"
 
 
-def sse_error(err: Exception) -> str:
-    """An error after the 200 went out: an OpenAI error body as one event (the stream then ends)."""
-    return sse(json.dumps(from_exception(err).body()))
+def sse_event(err: APIError) -> str:
+    """An error after the 200 went out: its OpenAI error body as one event (the stream then ends)."""
+    return sse(json.dumps(err.body()))
 
 
 class SSEResponse(StreamingResponse):

@@ -3,7 +3,7 @@
 uvicorn times out only idle keep-alive connections (between requests); a connection that opens and sends
 nothing, or drips its headers a byte at a time, is held forever, so a few hundred of them take every
 file descriptor. The protocol below arms a timer when a connection opens and whenever a new request
-begins, and disarms it when the headers are complete (the body has its own deadline: recap.server.guard).
+begins, and disarms it when the headers are complete (the body has its own deadline: recap.http.guard).
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from recap.http.limits import ServerLimits
 
 
 def header_timeout_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
@@ -51,3 +54,11 @@ def header_timeout_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
             super().connection_lost(exc)
 
     return HeaderTimeoutProtocol
+
+
+def run_server(app: ASGIApp, host: str, port: int, log_level: str, limits: ServerLimits) -> None:
+    """Serve `app` under uvicorn with the limits' connection timeouts (header deadline, keep-alive)."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                http=header_timeout_protocol(limits.header_timeout_s), timeout_keep_alive=limits.idle_timeout_s)

@@ -57,8 +57,8 @@ def serve_replicas(args: argparse.Namespace, config: EngineConfig, transfer: KVT
     from ray import serve
 
     from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, build_pd_app, init_ray
-    from recap.cluster.replica import ServerSettings
-    from recap.server.limits import server_limits
+    from recap.http.limits import server_limits
+    from recap.launch.settings import ServerSettings
     from recap.server.options import server_options
 
     try:

@@ -1,6 +1,6 @@
 """The ASGI middleware in front of every route of the server and the proxy (issue 20):
 
-- `--api-key` (recap.server.auth): a 401 before anything else;
+- `--api-key` (recap.http.auth): a 401 before anything else;
 - admission: at most `max_queued` generation requests at once (counted from the moment their body is in),
   past that a 429; every 429 and 503 carries Retry-After;
 - the body: a Content-Length over `max_body_bytes` is a 413 before a byte is read, a chunked body is
@@ -15,14 +15,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from recap.server.auth import check_key, needs_key
-from recap.server.errors import APIError, from_exception
-from recap.server.limits import ServerLimits
-from recap.server.request_counts import RequestCounts
+from recap.http.auth import check_key, needs_key
+from recap.http.errors import APIError, from_exception
+from recap.http.limits import ServerLimits
+from recap.http.request_counts import RequestCounts
 
 log = logging.getLogger("recap.server")
 
@@ -44,13 +44,14 @@ async def _send_error(send: Send, err: APIError) -> None:
 class Guard:
     def __init__(
         self, app: ASGIApp, limits: ServerLimits, api_key: str | None, admitted: Iterable[str],
-        counts: RequestCounts | None = None,
+        counts: RequestCounts | None = None, to_error: Callable[[BaseException], APIError] = from_exception,
     ) -> None:
         self.app = app
         self.limits = limits
         self.api_key = api_key
         self.admitted = frozenset(admitted)  # POST paths that count against max_queued (and in `counts`)
         self.counts = counts or RequestCounts()
+        self.to_error = to_error  # the catch-all's mapping (the OpenAI app's names the request field)
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,7 +81,7 @@ class Guard:
             self._check_headers(scope)
             await self.app(scope, self._limited(receive, admission), send_tracked)
         except Exception as e:  # noqa: BLE001 - the last resort: fail this request only, keep the connection
-            err = from_exception(e)
+            err = self.to_error(e)
             if err.status >= 500:
                 log.error("request %s %s failed: %s", scope["method"], scope["path"], err.message, exc_info=e)
             if not started:

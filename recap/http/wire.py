@@ -1,0 +1,7 @@
+"""Names every side of the wire agrees on: the OpenAI app serves them, the P/D proxy and the Ray ingresses
+route by them."""
+
+from __future__ import annotations
+
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # what generates (admission counts these)
+KV_TRANSFER_PARAMS = "kv_transfer_params"  # vLLM's request and response field for prefill/decode handles
