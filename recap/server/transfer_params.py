@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from recap.engine.outputs import RequestOutput
 from recap.engine.input_processor import PreparedRequest
+from recap.engine.outputs import RequestOutput
 from recap.http.errors import APIError
 from recap.http.wire import KV_TRANSFER_PARAMS
 
