@@ -256,6 +256,8 @@ def launch(
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}: value heads {hv} not a multiple of key heads")
     if piece != 1 and (piece < 16 or piece & (piece - 1)):
         raise ValueError(f"piece {piece}: 1 (per token) or a power of two >= 16")
+    if slot_positions is not None and slot_positions.stride(0) != 1:
+        raise ValueError("slot_positions must have a unit stride (the kernel writes slot_positions[slot])")
     per_channel = g.dim() == 3
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     if per_channel and g.stride(-1) != 1:
