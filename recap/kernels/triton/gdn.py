@@ -32,7 +32,6 @@ from recap.kernels.metadata import SSMMetadata
 
 PIECE = 16  # tokens per chunked piece (tl.dot needs >= 16)
 BLOCK_V = 32  # Dv tile: Hv * Dv / 32 programs per row keeps an H100 busy on one long row
-L2_EPS = 1e-6  # recap.kernels.gdn.l2_normalize's eps (KDA normalises q and k in the kernel)
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,14 @@ class RowChunks:
 
 
 @triton.jit
-def _l2norm(x, NORM: tl.constexpr):
-    """x / sqrt(sum x^2 + eps) over the last axis when NORM (KDA's q and k), else x."""
+def _l2norm(x, NORM: tl.constexpr, BT: tl.constexpr):
+    """x / sqrt(sum x^2 + 1e-6) over the channels (recap.kernels.gdn.l2_normalize) when NORM (KDA's q and k);
+    x is [BT, BK] (a piece) or [BK] (one token, BT 1)."""
     if NORM:
-        x = x * tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + 1e-6)
+        if BT > 1:
+            x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+        if BT == 1:
+            x = x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
     return x
 
 
@@ -172,8 +175,8 @@ def _advance(
         tt, tm, tc = start, start < end, start
         kmask, vmask = km, vm
     q = tl.load(q_ptr + tc * sq_t + kh * sq_h + ck, mask=kmask, other=0.0).to(tl.float32)
-    q = _l2norm(q, NORM_QK) * q_scale
-    k = _l2norm(tl.load(k_ptr + tc * sk_t + kh * sk_h + ck, mask=kmask, other=0.0).to(tl.float32), NORM_QK)
+    q = _l2norm(q, NORM_QK, BT) * q_scale
+    k = _l2norm(tl.load(k_ptr + tc * sk_t + kh * sk_h + ck, mask=kmask, other=0.0).to(tl.float32), NORM_QK, BT)
     v = tl.load(v_ptr + tc * sv_t + h * sv_h + cv, mask=vmask, other=0.0).to(tl.float32)
     beta = tl.load(b_ptr + tt * sb_t + h * sb_h, mask=tm, other=0.0).to(tl.float32)
     if PER_CHANNEL:
@@ -253,6 +256,8 @@ def launch(
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}: value heads {hv} not a multiple of key heads")
     if piece != 1 and (piece < 16 or piece & (piece - 1)):
         raise ValueError(f"piece {piece}: 1 (per token) or a power of two >= 16")
+    if slot_positions is not None and slot_positions.stride(0) != 1:
+        raise ValueError("slot_positions must have a unit stride (the kernel writes slot_positions[slot])")
     per_channel = g.dim() == 3
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     if per_channel and g.stride(-1) != 1:

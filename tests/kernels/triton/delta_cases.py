@@ -97,10 +97,11 @@ def check_step(
     gen: torch.Generator,
     dtype: torch.dtype = torch.float32,
     tol: float = 5e-5,
+    layout: Callable[[Tensors], Tensors] = dict,
 ) -> None:
-    """fast = reference on one packed step of rows (inputs in dtype; states fp32)."""
+    """fast = reference on one packed step of rows (inputs in dtype, then laid out by `layout`; states fp32)."""
     meta = meta_to(build_meta(rows, chunk_size), DEVICE)
-    inputs = {k: torch.cat([r.inputs[k] for r in rows]).to(DEVICE, dtype) for k in rows[0].inputs}
+    inputs = layout({k: torch.cat([r.inputs[k] for r in rows]).to(DEVICE, dtype) for k in rows[0].inputs})
     before = torch.randn(num_slots, *delta.cache_shape, generator=gen).to(DEVICE)
     ys, caches, sps = [], [], []
     for fn in (delta.varlen, delta.varlen_ref):

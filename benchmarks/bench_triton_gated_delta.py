@@ -1,0 +1,122 @@
+"""The Triton gated delta rule kernels (recap/kernels/triton/gdn.py, kda.py) on a GPU: prefill and decode
+speed at ~1-3B hybrid shapes, and the prefill's distance from the torch fast path (fp32 math).
+
+    python benchmarks/bench_triton_gated_delta.py [--tokens 8192] [--reps 10] [--pieces 16 32 64 1]
+        [--out bench_out/bench_triton_gated_delta.json]
+
+Shapes (bf16 q/k/v, fp32 g/beta and states, seeded):
+- gdn: a Qwen3.5-like GDN layer (16 key heads, 32 value heads, dims 128, one decay per head);
+- kda: a Kimi-Linear-like KDA layer (32 heads, dims 128, one decay per key channel; q, k normalised inside).
+Prefill: one --tokens row from a zero state, chunk grid 64, a checkpoint every 1024 tokens; GDN at each
+--pieces size (1: the per-token form). Decode: gated_delta_rule_update at batch 1, 32 and 128 (state traffic
+in GB/s: read + write of every fp32 state). Medians of CUDA-event times. Needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recap.kernels.gdn import gated_delta_rule_varlen as torch_varlen
+from recap.kernels.gdn import l2_normalize
+from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+
+HK, HV, D = 16, 32, 128
+CKPT_EVERY, SLOTS = 1024, 16
+
+
+def _ms(fn: Callable[[], Any], reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _meta(t: int) -> SSMMetadata:
+    cps = [(p, 1 + i) for i, p in enumerate(range(CKPT_EVERY, t + 1, CKPT_EVERY))][: SLOTS - 1]
+    fb = build_forward_batch([SeqSpec([0] * t, 0, state_slot=0, checkpoints=cps)], block_size=16,
+                             chunk_size=64, with_attention=False, with_ssm=True, device="cuda")  # fmt: skip
+    assert fb.ssm is not None
+    return fb.ssm
+
+
+def _inputs(t: int, hk: int, per_channel: bool) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = (l2_normalize(torch.randn(t, hk, D, device="cuda", generator=gen)) * D**-0.5).bfloat16()
+    k = l2_normalize(torch.randn(t, hk, D, device="cuda", generator=gen)).bfloat16()
+    v = torch.randn(t, HV, D, device="cuda", generator=gen).bfloat16()
+    g = -torch.rand(t, HV, *((D,) if per_channel else ()), device="cuda", generator=gen) * 0.1
+    return q, k, v, g, torch.rand(t, HV, device="cuda", generator=gen)
+
+
+def prefill(t: int, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
+    from recap.kernels.triton.gdn import gated_delta_rule_varlen
+    from recap.kernels.triton.kda import kda_varlen
+
+    meta, rows = _meta(t), []
+    args = _inputs(t, HK, False)
+    ref_state = torch.zeros(SLOTS, HV, D, D, device="cuda")
+    ref_ms = _ms(lambda: torch_varlen(*(x.float() for x in args), ref_state, meta), 1)
+    y_ref = torch_varlen(*(x.float() for x in args), ref_state, meta)
+    rows.append({"op": "gdn prefill", "impl": "torch fast path (fp32)", "tokens": t, "ms": ref_ms})
+    for piece in pieces:
+        state = torch.zeros_like(ref_state)
+        ms = _ms(partial(gated_delta_rule_varlen, *args, state, meta, piece=piece), reps)
+        y = gated_delta_rule_varlen(*args, state, meta, piece=piece).float()
+        err = {"out_rel_err": ((y - y_ref).abs().max() / y_ref.abs().max()).item(),
+               "state_rel_err": ((state - ref_state).abs().max() / ref_state.abs().max()).item()}  # fmt: skip
+        rows.append({"op": "gdn prefill", "impl": f"triton piece {piece}", "tokens": t, "ms": ms, **err})
+    state = torch.zeros_like(ref_state)
+    kargs = _inputs(t, HV, True)
+    ms = _ms(lambda: kda_varlen(*kargs, state, meta), reps)
+    rows.append({"op": "kda prefill", "impl": "triton piece 16", "tokens": t, "ms": ms})
+    for r in rows:
+        r["ktok_per_s"] = r["tokens"] / r["ms"]
+    return rows
+
+
+def decode(reps: int) -> list[dict[str, Any]]:
+    from recap.kernels.triton.gdn import gated_delta_rule_update
+
+    rows = []
+    for b in (1, 32, 128):
+        q, k, v, g, beta = _inputs(b, HK, False)
+        state, idx = torch.randn(b, HV, D, D, device="cuda"), torch.arange(b, device="cuda")
+        ms = _ms(partial(gated_delta_rule_update, state, q, k, v, g, beta, idx), reps)
+        gbs = b * HV * D * D * 4 * 2 / (ms * 1e-3) / 1e9
+        rows.append({"op": "gdn decode", "batch": b, "us": ms * 1e3, "state_GB_per_s": gbs})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--pieces", type=int, nargs="+", default=[16, 32, 64, 1])
+    ap.add_argument("--out", type=Path, default=Path("bench_out/bench_triton_gated_delta.json"))
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_triton_gated_delta needs a CUDA device")
+    rows = prefill(a.tokens, a.reps, a.pieces) + decode(a.reps)
+    for r in rows:
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
