@@ -8,16 +8,20 @@ Glossary (as in the reference)
 - padding row: its table is all PAD_SLOT_ID (a real row owns at least one block); it outputs zeros and
   reads nothing.
 
-Kernel layout. One program per (q tile, kv head): its BLOCK_M rows are BLOCK_Q consecutive queries of one
-row times the GROUP_PAD query heads that share the kv head (row m = query m // GROUP_PAD, head
-m % GROUP_PAD), so a K/V tile read through the block table serves the whole GQA group in one tl.dot.
-Flash-attention online softmax over key tiles of BLOCK_N positions, fp32 accumulation. Prefill and mixed
-batches: tiles never cross rows; tile j belongs to the row r with qsl[r] // BLOCK_Q + r <= j, found by a
-binary search over query_start_loc (the grid is T // BLOCK_Q + B tiles, known without a host sync; the
-tiles past a row's queries exit). Decode batches (every row one query): BLOCK_Q = 1 and one program per
-(row, kv head). Key tiles start at the tile's first visible key (its first query's window), so blocks
-out of the window (the null block in the window group's tables) and positions past seq_len are never
-loaded: every load is masked to [first visible key, last query's position].
+Kernel layout. One program per (q tile, kv head x head block, key split): its BLOCK_M rows are BLOCK_Q
+consecutive queries of one row times HEADS of the query heads that share the kv head (row m = query
+m // HEADS, head m % HEADS; HEADS is the GQA group padded to a power of two, at most 16), so a K/V tile read
+through the block table serves the group in one tl.dot. Flash-attention online softmax over key tiles of
+BLOCK_N positions, fp32 accumulation. Prefill and mixed batches: tiles never cross rows; tile j belongs to
+the row r with qsl[r] // BLOCK_Q + r <= j, found by a binary search over query_start_loc (the grid is
+T // BLOCK_Q + B tiles, known without a host sync; the tiles past a row's queries exit). Decode batches
+(every row one query): BLOCK_Q = 1, one program per (row, kv head x head block) and split-K: each split
+attends to its share of the row's key tiles and a second kernel merges the partial softmaxes. Key tiles
+start at the tile's first visible key (its first query's window), so blocks out of the window (the null
+block in the window group's tables) and positions past seq_len are never loaded: every load is masked to
+[first visible key, last query's position].
+MLA (triton/mla.py) runs the same kernel in its latent form: one kv head, the score adds a rope part, and
+the value is the key tile itself.
 """
 
 from __future__ import annotations
