@@ -8,16 +8,20 @@ Glossary (as in the reference)
 - padding row: its table is all PAD_SLOT_ID (a real row owns at least one block); it outputs zeros and
   reads nothing.
 
-Kernel layout. One program per (q tile, kv head): its BLOCK_M rows are BLOCK_Q consecutive queries of one
-row times the GROUP_PAD query heads that share the kv head (row m = query m // GROUP_PAD, head
-m % GROUP_PAD), so a K/V tile read through the block table serves the whole GQA group in one tl.dot.
-Flash-attention online softmax over key tiles of BLOCK_N positions, fp32 accumulation. Prefill and mixed
-batches: tiles never cross rows; tile j belongs to the row r with qsl[r] // BLOCK_Q + r <= j, found by a
-binary search over query_start_loc (the grid is T // BLOCK_Q + B tiles, known without a host sync; the
-tiles past a row's queries exit). Decode batches (every row one query): BLOCK_Q = 1 and one program per
-(row, kv head). Key tiles start at the tile's first visible key (its first query's window), so blocks
-out of the window (the null block in the window group's tables) and positions past seq_len are never
-loaded: every load is masked to [first visible key, last query's position].
+Kernel layout. One program per (q tile, kv head x head block, key split): its BLOCK_M rows are BLOCK_Q
+consecutive queries of one row times HEADS of the query heads that share the kv head (row m = query
+m // HEADS, head m % HEADS; HEADS is the GQA group padded to a power of two, at most 16), so a K/V tile read
+through the block table serves the group in one tl.dot. Flash-attention online softmax over key tiles of
+BLOCK_N positions, fp32 accumulation. Prefill and mixed batches: tiles never cross rows; tile j belongs to
+the row r with qsl[r] // BLOCK_Q + r <= j, found by a binary search over query_start_loc (the grid is
+T // BLOCK_Q + B tiles, known without a host sync; the tiles past a row's queries exit). Decode batches
+(every row one query): BLOCK_Q = 1, one program per (row, kv head x head block) and split-K: each split
+attends to its share of the row's key tiles and a second kernel merges the partial softmaxes. Key tiles
+start at the tile's first visible key (its first query's window), so blocks out of the window (the null
+block in the window group's tables) and positions past seq_len are never loaded: every load is masked to
+[first visible key, last query's position].
+MLA (triton/mla.py) runs the same kernel in its latent form: one kv head, the score adds a rope part, and
+the value is the key tile itself.
 """
 
 from __future__ import annotations
@@ -32,38 +36,40 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _store_rows_kernel(
-    x_ptr, cache_ptr, slot_ptr,
-    stride_xt, stride_xh, stride_xd, stride_cs, stride_ch, stride_cd,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+def _store_token(x_ptr, cache_ptr, t, slot, stride_xt, stride_xh, stride_cs, stride_ch,
+                 H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Copy token t's [H, D] (last dim contiguous) to the cache's slot `slot` (viewed as [slots, H, D])."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < H) & (d < D)
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d, mask=mask)
+    tl.store(cache_ptr + slot * stride_cs + h * stride_ch + d, x, mask=mask)
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_kcs, stride_kch, stride_vcs, stride_vch,
+    HK: tl.constexpr, DK: tl.constexpr, HV: tl.constexpr, DV: tl.constexpr,
+    BLOCK_HK: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_HV: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    """Program t: store token t's [H, D] at its slot (cache viewed as [slots, H, D]); PAD slots skipped."""
+    """Program t: store token t's K and V at its slot; PAD_SLOT_ID slots are skipped."""
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     if slot < 0:
         return
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < H) & (d < D)
-    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d * stride_xd, mask=mask)
-    dst = cache_ptr + slot * stride_cs + h * stride_ch + d * stride_cd
-    tl.store(dst, x, mask=mask)
+    _store_token(k_ptr, kc_ptr, t, slot, stride_kt, stride_kh, stride_kcs, stride_kch,
+                 HK, DK, BLOCK_HK, BLOCK_DK)  # fmt: skip
+    _store_token(v_ptr, vc_ptr, t, slot, stride_vt, stride_vh, stride_vcs, stride_vch,
+                 HV, DV, BLOCK_HV, BLOCK_DV)  # fmt: skip
 
 
-def _store_rows(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """x [T, H, D] into cache [NB, block_size, H, D] at slot_mapping (PAD_SLOT_ID skipped)."""
-    t, h, d = x.shape
-    assert cache.shape[2:] == (h, d), f"token shape {tuple(x.shape[1:])} vs cache {tuple(cache.shape)}"
-    assert cache.stride(0) == cache.shape[1] * cache.stride(1), "the cache's blocks must be slot-contiguous"
-    assert slot_mapping.shape == (t,)
-    if t == 0:
-        return
+def _token_major(x: torch.Tensor, cache: torch.Tensor, t: int) -> torch.Tensor:
+    """x [T, H, D] in the cache's dtype with a contiguous last dim, checked against the cache [NB, bs, H, D]."""
+    assert x.shape == (t, *cache.shape[2:]), f"tokens {tuple(x.shape)} vs cache {tuple(cache.shape)}"
+    assert cache.stride(0) == cache.shape[1] * cache.stride(1) and cache.stride(3) == 1, "slot-contiguous cache"
     x = x.to(cache.dtype)  # on the host, as the reference rounds (the interpreter's bf16 cast truncates)
-    _store_rows_kernel[(t,)](
-        x, cache, slot_mapping,
-        x.stride(0), x.stride(1), x.stride(2), cache.stride(1), cache.stride(2), cache.stride(3),
-        H=h, D=d, BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d),
-    )  # fmt: skip
+    return x if x.stride(2) == 1 else x.contiguous()
 
 
 def write_kv(
@@ -74,8 +80,18 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store each token's K/V at its slot; tokens with slot PAD_SLOT_ID are skipped."""
-    _store_rows(k, k_cache, slot_mapping)
-    _store_rows(v, v_cache, slot_mapping)
+    t = slot_mapping.shape[0]
+    k, v = _token_major(k, k_cache, t), _token_major(v, v_cache, t)
+    if t == 0:
+        return
+    _store_kv_kernel[(t,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+        HK=k.shape[1], DK=k.shape[2], HV=v.shape[1], DV=v.shape[2],
+        BLOCK_HK=triton.next_power_of_2(k.shape[1]), BLOCK_DK=triton.next_power_of_2(k.shape[2]),
+        BLOCK_HV=triton.next_power_of_2(v.shape[1]), BLOCK_DV=triton.next_power_of_2(v.shape[2]),
+    )  # fmt: skip
 
 
 @triton.jit
@@ -113,85 +129,102 @@ def _online_softmax(s, vt, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _tile_origin(qsl_ptr, num_rows, BLOCK_Q: tl.constexpr, DECODE: tl.constexpr):
+    """(row, first query of the tile relative to the row) of this program's tile."""
+    j = tl.program_id(0)
+    if DECODE:
+        r = j
+        t0 = j * 0
+    else:
+        r = _row_of_tile(qsl_ptr, j, num_rows, BLOCK_Q)
+        t0 = (j - (tl.load(qsl_ptr + r) // BLOCK_Q + r)) * BLOCK_Q
+    return r, t0
+
+
+@triton.jit
+def _key_range(table, ctx, t0, n, window, BLOCK_Q: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """[lo, hi): the key positions the tile's queries see. hi: one past the last query's position (<= seq_len);
+    lo: the first query's first visible key. Empty for a padding row (its table starts with PAD_SLOT_ID)."""
+    hi = ctx + tl.minimum(t0 + BLOCK_Q, n)
+    lo = hi * 0
+    if USE_WINDOW:
+        lo = tl.maximum(lo, ctx + t0 - window + 1)
+    return lo, tl.where(tl.load(table) < 0, lo, hi)
+
+
+@triton.jit
+def _store_result(o_ptr, part_ptr, ml_ptr, tokens, head, ok, acc, m_i, l_i, stride_ot, stride_oh, num_heads,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """The normalized output of rows (tokens, head), or with SPLITS > 1 this split's partial softmax."""
+    d = tl.arange(0, BLOCK_D)
+    if SPLITS > 1:
+        part = (tokens * num_heads + head) * SPLITS + tl.program_id(2)  # (m,)
+        tl.store(part_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=ok[:, None])
+        tl.store(ml_ptr + part * 2, m_i, mask=ok)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=ok)
+    else:
+        o_ptrs = o_ptr + (tokens * stride_ot + head * stride_oh)[:, None] + d[None, :]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=ok[:, None] & (d < HEAD_DIM)[None, :])
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr, q2_ptr, k_ptr, v_ptr, r_ptr, o_ptr, tables_ptr, ctx_ptr, qsl_ptr,
     num_rows, block_size, window, qk_scale,
     stride_qt, stride_qh, stride_q2t, stride_q2h, stride_ot, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_rb, stride_rs, stride_tb, part_ptr, ml_ptr, num_heads,
+    stride_ks, stride_kh, stride_rs, stride_tb, part_ptr, ml_ptr, num_heads,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ROPE_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, DECODE: tl.constexpr, USE_WINDOW: tl.constexpr, V_IS_K: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
-    """Program (tile j, kv head x head block, split): one row's BLOCK_Q queries x HEADS of the kv head's
+    """Program (tile, kv head x head block, split): one row's BLOCK_Q queries x HEADS of the kv head's
     GROUP query heads, over the row's keys (SPLITS > 1: over the split's share of them, whole key tiles;
     the unnormalized partial goes to part_ptr / ml_ptr for _merge_splits_kernel). MLA (ROPE_DIM > 0,
     V_IS_K): the score adds q2 . rope key, and the value is the key tile itself (the latent)."""
-    j = tl.program_id(0)
-    kvh = tl.program_id(1) // tl.cdiv(GROUP, HEADS)
-    g = tl.program_id(1) % tl.cdiv(GROUP, HEADS) * HEADS + tl.arange(0, BLOCK_M) % HEADS  # (m,) in the group
-    if DECODE:
-        r = j
-        t0 = 0
-    else:
-        r = _row_of_tile(qsl_ptr, j, num_rows, BLOCK_Q)
-        t0 = (j - (tl.load(qsl_ptr + r) // BLOCK_Q + r)) * BLOCK_Q  # the tile's first query, row-relative
+    r, t0 = _tile_origin(qsl_ptr, num_rows, BLOCK_Q, DECODE)
     q_begin = tl.load(qsl_ptr + r)
     n = tl.load(qsl_ptr + r + 1) - q_begin
     if t0 >= n:
         return
-    ctx = tl.load(ctx_ptr + r)
-    table = tables_ptr + r * stride_tb
+    kvh = tl.program_id(1) // tl.cdiv(GROUP, HEADS)
+    g = tl.program_id(1) % tl.cdiv(GROUP, HEADS) * HEADS + tl.arange(0, BLOCK_M) % HEADS  # (m,) in the group
     tok = tl.arange(0, BLOCK_M) // HEADS
     row_ok = (tok < BLOCK_Q) & (t0 + tok < n) & (g < GROUP)
+    ctx = tl.load(ctx_ptr + r)
     qpos = ctx + t0 + tok  # (m,) absolute positions
-    head = kvh * GROUP + g
-    qv = _load_rows(q_ptr, (q_begin + t0 + tok) * stride_qt + head * stride_qh, row_ok, HEAD_DIM, BLOCK_D, UPCAST)
+    tokens, head = q_begin + t0 + tok, kvh * GROUP + g
+    qv = _load_rows(q_ptr, tokens * stride_qt + head * stride_qh, row_ok, HEAD_DIM, BLOCK_D, UPCAST)
     if ROPE_DIM > 0:
-        q2 = _load_rows(q2_ptr, (q_begin + t0 + tok) * stride_q2t + head * stride_q2h, row_ok, ROPE_DIM, BLOCK_R,
-                        UPCAST)  # fmt: skip
-
-    hi = ctx + tl.minimum(t0 + BLOCK_Q, n)  # one past the last query's position (<= seq_len)
-    lo = hi * 0
-    if USE_WINDOW:
-        lo = tl.maximum(lo, ctx + t0 - window + 1)  # the first query's first visible key
-    hi = tl.where(tl.load(table) < 0, lo, hi)  # a padding row (no block) reads nothing, outputs zeros
+        q2 = _load_rows(q2_ptr, tokens * stride_q2t + head * stride_q2h, row_ok, ROPE_DIM, BLOCK_R, UPCAST)
+    table = tables_ptr + r * stride_tb
+    lo, hi = _key_range(table, ctx, t0, n, window, BLOCK_Q, USE_WINDOW)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: a fully masked key tile leaves rows unchanged
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    aligned = lo // BLOCK_N * BLOCK_N
-    share = tl.cdiv(tl.cdiv(hi - aligned, SPLITS), BLOCK_N) * BLOCK_N  # keys per split, whole tiles
-    first = aligned + tl.program_id(2) * share
+    share = tl.cdiv(tl.cdiv(hi - lo // BLOCK_N * BLOCK_N, SPLITS), BLOCK_N) * BLOCK_N  # keys per split
+    first = lo // BLOCK_N * BLOCK_N + tl.program_id(2) * share
     for start in range(first, tl.minimum(first + share, hi), BLOCK_N):
         kpos = start + tl.arange(0, BLOCK_N)
         k_ok = (kpos >= lo) & (kpos < hi)
-        blk = tl.load(table + kpos // block_size, mask=k_ok, other=0)
-        kt = _load_rows(k_ptr, blk * stride_kb + kpos % block_size * stride_ks + kvh * stride_kh, k_ok, HEAD_DIM,
-                        BLOCK_D, UPCAST)  # fmt: skip
+        slot = tl.load(table + kpos // block_size, mask=k_ok, other=0) * block_size + kpos % block_size  # (n,)
+        kt = _load_rows(k_ptr, slot * stride_ks + kvh * stride_kh, k_ok, HEAD_DIM, BLOCK_D, UPCAST)
         s = tl.dot(qv, tl.trans(kt), input_precision=PRECISION)  # (m, n)
         if ROPE_DIM > 0:
-            rt = _load_rows(r_ptr, blk * stride_rb + kpos % block_size * stride_rs, k_ok, ROPE_DIM, BLOCK_R, UPCAST)
+            rt = _load_rows(r_ptr, slot * stride_rs, k_ok, ROPE_DIM, BLOCK_R, UPCAST)
             s += tl.dot(q2, tl.trans(rt), input_precision=PRECISION)
-        if V_IS_K:
+        if V_IS_K:  # noqa: SIM108 (a constexpr branch: one side is never compiled)
             vt = kt
         else:
-            vt = _load_rows(v_ptr, blk * stride_kb + kpos % block_size * stride_ks + kvh * stride_kh, k_ok,
-                            HEAD_DIM, BLOCK_D, UPCAST)  # fmt: skip
+            vt = _load_rows(v_ptr, slot * stride_ks + kvh * stride_kh, k_ok, HEAD_DIM, BLOCK_D, UPCAST)
         seen = k_ok[None, :] & (kpos[None, :] <= qpos[:, None])
         if USE_WINDOW:
             seen = seen & (kpos[None, :] > qpos[:, None] - window)
         s = tl.where(seen, s * qk_scale, float("-inf"))  # log2 units
         m_i, l_i, acc = _online_softmax(s, vt, m_i, l_i, acc, PRECISION)
-    d = tl.arange(0, BLOCK_D)
-    if SPLITS > 1:
-        part = ((q_begin + t0 + tok) * num_heads + head) * SPLITS + tl.program_id(2)  # (m,)
-        tl.store(part_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
-        tl.store(ml_ptr + part * 2, m_i, mask=row_ok)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=row_ok)
-    else:
-        o_ptrs = o_ptr + ((q_begin + t0 + tok) * stride_ot + head * stride_oh)[:, None] + d[None, :]
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
+    _store_result(o_ptr, part_ptr, ml_ptr, tokens, head, row_ok, acc, m_i, l_i, stride_ot, stride_oh, num_heads,
+                  HEAD_DIM, BLOCK_D, SPLITS)  # fmt: skip
 
 
 @triton.jit
@@ -257,6 +290,8 @@ def attend(
     q2, r_cache = rope if rope is not None else (q, k_cache)
     q, q2 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q2))
     assert k_cache.stride(-1) == r_cache.stride(-1) == out.stride(-1) == 1
+    for cache in (k_cache, r_cache):  # slots are read as block_id * block_size + offset
+        assert cache.stride(0) == cache.shape[1] * cache.stride(1) and cache.shape[1] == meta.block_size
     num_rows, group = len(meta.seq_lens_list), hq // hkv
     block_d = max(16, triton.next_power_of_2(dh))
     heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode)
@@ -271,8 +306,7 @@ def attend(
         q, q2, k_cache, v_cache, r_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc,
         num_rows, meta.block_size, sliding_window or 0, scale * LOG2E,
         q.stride(0), q.stride(1), q2.stride(0), q2.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), r_cache.stride(0), r_cache.stride(1),
-        meta.block_tables.stride(0), part, ml, hq,
+        k_cache.stride(1), k_cache.stride(2), r_cache.stride(1), meta.block_tables.stride(0), part, ml, hq,
         GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=0 if rope is None else q2.shape[2],
         BLOCK_R=max(16, triton.next_power_of_2(q2.shape[2])), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         DECODE=meta.is_decode, USE_WINDOW=sliding_window is not None, V_IS_K=v_cache is k_cache,

@@ -7,14 +7,21 @@ and block 0 must stay untouched."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
 from recap.kernels.paged_attention import paged_attention_ref
+from recap.kernels.triton import paged_attention as pa
 from recap.kernels.triton.paged_attention import attend, paged_attention, write_kv
 
 HKV, NUM_BLOCKS = 2, 48
@@ -211,3 +218,51 @@ def test_on_the_gpu(dtype: torch.dtype) -> None:
     out = paged_attention(*args, meta_gpu, 0.1)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out.float().cpu(), ref, rtol=tol, atol=tol)
+
+
+def _compile_for_hopper(fn: triton.JITFunction, pointers: dict[str, str], consts: dict, num_warps: int = 4) -> str:
+    """Compile `fn` for sm_90 through ptxas, with no GPU: catches what only the compiler refuses (the
+    interpreter runs any Python). Integer arguments are i32, strides specialized as divisible by 16 the way
+    a launch with such strides specializes them. Returns the PTX."""
+    names = fn.arg_names
+    signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
+    signature |= {"qk_scale": "fp32"} if "qk_scale" in names else {}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.startswith("stride") or n in pointers}
+    compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps})  # fmt: skip
+    return compiled.asm["ptx"]
+
+
+def compile_case(case: str) -> None:
+    """Compile the kernels as the host launches them for `case` (bf16, tiles from _tiles) and check that
+    the attention kernel's K/V loads are pipelined (cp.async) and its prefill dots (not MLA's) use wgmma. Needs triton
+    imported with TRITON_INTERPRET=0 (its own jit helpers are decorated at import)."""
+    mla, decode = case.startswith("mla"), case.startswith("decode")
+    group, dh = (16, 512) if mla else (4, 80)
+    block_d = triton.next_power_of_2(dh)
+    heads, block_q, block_m, block_n, warps = pa._tiles(group, block_d, decode)
+    pointers = {n: "*bf16" for n in ("q_ptr", "q2_ptr", "k_ptr", "v_ptr", "r_ptr", "o_ptr")}
+    pointers |= {"tables_ptr": "*i64", "ctx_ptr": "*i64", "qsl_ptr": "*i64", "part_ptr": "*fp32", "ml_ptr": "*fp32"}
+    consts = dict(GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=64 if mla else 0, BLOCK_R=64,
+                  BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, DECODE=decode,
+                  USE_WINDOW=case.endswith("window"), V_IS_K=mla, UPCAST=False, PRECISION="tf32",
+                  SPLITS=8 if decode else 1)  # fmt: skip
+    ptx = _compile_for_hopper(pa._attention_kernel, pointers, consts, warps)
+    assert "cp.async" in ptx and (decode or mla or "wgmma" in ptx), case  # MLA's 32-row tiles: mma.sync
+    if decode:
+        merge = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16"}
+        _compile_for_hopper(pa._merge_splits_kernel, merge, dict(HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=8))
+    else:
+        store = {"k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "slot_ptr": "*i64"}
+        dims = dict(HK=1, DK=dh, HV=1, DV=64, BLOCK_HK=1, BLOCK_DK=block_d, BLOCK_HV=1, BLOCK_DV=64)
+        _compile_for_hopper(pa._store_kv_kernel, store, dims)
+
+
+def test_kernels_compile_for_hopper() -> None:
+    """What only the compiler refuses (the interpreter runs any Python) fails here, without a GPU: the
+    kernels compile for sm_90 through ptxas, in a fresh process with the interpreter off."""
+    cases = ["prefill_window", "decode_splits", "mla_prefill"]
+    code = f"from tests.kernels.triton.test_paged_attention import compile_case\nfor c in {cases}: compile_case(c)"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
