@@ -9,8 +9,8 @@ Glossary (code name: paper symbol)
 - S [Hv, Dk, Dv]: the matrix state; state [S_slots, Hv, Dk, Dv] holds one per slot (fp32).
 - recurrence: S_t = Diag(alpha_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = S_t^T q_t.
 - piece: the kernel's unit of work, a metadata chunk (rows are cut at the chunk grid and at every checkpoint
-  position) cut again into pieces of at most PIECE tokens, padded to Q (the longest piece of the step);
-  padded positions get g = 0, beta = 0, k = v = 0 (no effect).
+  position) cut again into pieces of at most PIECE tokens (kernels/tiling.py), padded to Q (the longest piece
+  of the step); padded positions get g = 0, beta = 0, k = v = 0 (no effect).
 
 Chunk form (the WY / UT-transform form of the GDN paper, section 3.3, in the layout of fla's
 chunk_gated_delta_rule), per piece and value head, with cum = cumsum(g) inside the piece (per channel for
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.gdn_decode import decay_factor, expand_heads, gated_delta_rule_update
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.tiling import cut_pieces
 from recap.kernels.varlen import chunk_view, copy_decode_checkpoints, read_initial
 
 PIECE = 16  # tokens; benchmarks/bench_gated_delta.py measures 16, 32 and 64
@@ -66,7 +67,9 @@ def gated_delta_rule_varlen(
         copy_decode_checkpoints(state, meta, slot_positions)
         return y
     t, hv, dv = v.shape
-    cu, piece_chunk, piece_row = _pieces(meta, piece)
+    pieces = cut_pieces(meta.chunks, piece)
+    cu = [p.start for p in pieces] + [meta.cu_chunk_seqlens_list[-1]]
+    piece_chunk, piece_row = [p.chunk for p in pieces], [p.row for p in pieces]
     lens = [b - a for a, b in zip(cu, cu[1:])]
     qlen, n = max(lens), len(lens)
     full = all(x == qlen for x in lens)  # every piece full: the layout is a view of the packed tokens
@@ -104,20 +107,6 @@ def gated_delta_rule_varlen(
     if not full:
         y = y.index_select(0, _token_index(torch.tensor(cu, device=v.device), qlen, t))  # (t, h, dv)
     return y.to(v.dtype)
-
-
-def _pieces(meta: SSMMetadata, piece: int) -> tuple[list[int], list[int], list[int]]:
-    """Each metadata chunk cut into pieces of at most `piece` tokens: (offsets [P+1], the chunk each piece ends
-    or -1, the row of each piece)."""
-    cu, rows = meta.cu_chunk_seqlens_list, meta.chunk_seq_idx_list
-    starts, ends, piece_rows = [], [], []
-    for c in range(len(rows)):
-        a, b = cu[c], cu[c + 1]
-        for s in range(a, b, piece):
-            starts.append(s)
-            ends.append(c if s + piece >= b else -1)
-            piece_rows.append(rows[c])
-    return [*starts, cu[-1]], ends, piece_rows
 
 
 def _intra(
