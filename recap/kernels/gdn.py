@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.gdn_decode import decay_factor, expand_heads, gated_delta_rule_update
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.tiling import cut_pieces
+from recap.kernels.tiling import Piece, cut_pieces
 from recap.kernels.varlen import chunk_view, copy_decode_checkpoints, read_initial
 
 PIECE = 16  # tokens; benchmarks/bench_gated_delta.py measures 16, 32 and 64
@@ -68,8 +68,7 @@ def gated_delta_rule_varlen(
         return y
     t, hv, dv = v.shape
     pieces = cut_pieces(meta.chunks, piece)
-    cu = [p.start for p in pieces] + [meta.cu_chunk_seqlens_list[-1]]
-    piece_chunk, piece_row = [p.chunk for p in pieces], [p.row for p in pieces]
+    cu = [p.start for p in pieces] + [t]
     lens = [b - a for a, b in zip(cu, cu[1:])]
     qlen, n = max(lens), len(lens)
     full = all(x == qlen for x in lens)  # every piece full: the layout is a view of the packed tokens
@@ -102,7 +101,7 @@ def gated_delta_rule_varlen(
     out = (torch.zeros if PAD_SLOT_ID in meta.state_indices_list else torch.empty)(
         n, hv, qlen, dv, dtype=torch.float32, device=v.device
     )
-    _carry(state, slot_positions, meta, h0, (u, w, q_dec, attn, k_dec, piece_decay), out, piece_chunk, piece_row)
+    _carry(state, slot_positions, meta, h0, (u, w, q_dec, attn, k_dec, piece_decay), out, pieces)
     y = out.transpose(1, 2).reshape(n * qlen, hv, dv)
     if not full:
         y = y.index_select(0, _token_index(torch.tensor(cu, device=v.device), qlen, t))  # (t, h, dv)
@@ -139,8 +138,7 @@ def _carry(
     h0: torch.Tensor,
     parts: tuple[torch.Tensor, ...],
     out: torch.Tensor,
-    piece_chunk: list[int],
-    piece_row: list[int],
+    pieces: list[Piece],
 ) -> None:
     """Step 2, sequential over each row's pieces: outputs into out, piece-end states into their slots."""
     u, w, q_dec, attn, k_dec, piece_decay = parts
@@ -148,14 +146,13 @@ def _carry(
     spare = torch.empty(2, *h0.shape[1:], device=h0.device)  # ping-pong for states that go to no slot
     ends = set(meta.last_chunk_indices.tolist())
     prev = h0[0]
-    for i, row in enumerate(piece_row):
+    for i, (row, _, _, c) in enumerate(pieces):
         run = meta.state_indices_list[row]
         if run == PAD_SLOT_ID:
             continue
-        s0 = h0[row] if i == 0 or piece_row[i - 1] != row else prev
+        s0 = h0[row] if i == 0 or pieces[i - 1].row != row else prev
         v_new = torch.baddbmm(u[i], w[i], s0, alpha=-1.0)  # (h, Q, dv): U - W S0
         torch.bmm(q_dec[i], s0, out=out[i]).baddbmm_(attn[i], v_new)
-        c = piece_chunk[i]
         slots = [] if c < 0 else [d for d in (meta.chunk_dest_slots_list[c], run if c in ends else -1) if d >= 0]
         target = state[slots[0]] if in_place and slots else spare[i % 2]
         torch.mul(s0, piece_decay[i], out=target).baddbmm_(k_dec[i].transpose(-1, -2), v_new)

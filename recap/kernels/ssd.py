@@ -98,8 +98,7 @@ def ssd_varlen(
     t, nh, p = x.shape
     g, n = B.shape[1:]
     plan = plan_segments(meta.chunks, meta.state_indices_list, meta.chunk_size, sub_chunk)
-    dev = meta.cu_chunk_seqlens.device
-    cu, first, counts = (torch.tensor(v, dtype=torch.int64, device=dev) for v in (plan.cu, plan.first, plan.counts))
+    cu, first, counts = (torch.tensor(v, device=meta.state_indices.device) for v in (plan.cu, plan.first, plan.counts))
     lens = cu.diff().tolist()
     q = max(lens)
     full = all(ln == q for ln in lens)  # every chunk exactly q long: the (c, q) layout is a view of the tokens
