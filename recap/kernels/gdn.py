@@ -83,8 +83,7 @@ def gated_delta_rule_varlen(
             y = y.unsqueeze(3).expand(*y.shape[:3], heads // x.shape[1], *y.shape[3:]).flatten(2, 3)
         return y.transpose(1, 2).contiguous()
 
-    qc, kc, vc, bc = pieced(q), pieced(k), pieced(v), pieced(beta)  # (n, h, Q, dk), .., (n, h, Q, dv), (n, h, Q)
-    gc = pieced(g)
+    qc, kc, vc, bc, gc = (pieced(x) for x in (q, k, v, beta, g))  # (n, h, Q, dk), .., (n, h, Q, dv), (n, h, Q), ..
     cum = (gc if g.dim() == 3 else gc.unsqueeze(-1)).cumsum(2)  # (n, h, Q, dk or 1)
     kb = kc * bc[..., None]
     system, attn = _intra(qc, kc, kb, cum)  # (n, h, Q, Q) each: M and A
@@ -98,9 +97,8 @@ def gated_delta_rule_varlen(
     piece_decay = last.clamp(min=EXP_FLOOR).exp_().transpose(-1, -2)  # (n, h, dk or 1, 1)
 
     h0 = read_initial(state, meta.state_indices, meta.has_initial_state)  # (b, h, dk, dv) copies
-    out = (torch.zeros if PAD_SLOT_ID in meta.state_indices_list else torch.empty)(
-        n, hv, qlen, dv, dtype=torch.float32, device=v.device
-    )
+    alloc = torch.zeros if PAD_SLOT_ID in meta.state_indices_list else torch.empty  # PAD rows output zeros
+    out = alloc(n, hv, qlen, dv, dtype=torch.float32, device=v.device)
     _carry(state, slot_positions, meta, h0, (u, w, q_dec, attn, k_dec, piece_decay), out, pieces)
     y = out.transpose(1, 2).reshape(n * qlen, hv, dv)
     if not full:
