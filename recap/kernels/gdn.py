@@ -9,8 +9,8 @@ Glossary (code name: paper symbol)
 - S [Hv, Dk, Dv]: the matrix state; state [S_slots, Hv, Dk, Dv] holds one per slot (fp32).
 - recurrence: S_t = Diag(alpha_t) S_{t-1};  S_t += beta_t k_t (v_t - S_t^T k_t)^T;  o_t = S_t^T q_t.
 - piece: the kernel's unit of work, a metadata chunk (rows are cut at the chunk grid and at every checkpoint
-  position) cut again into pieces of at most PIECE tokens, padded to Q (the longest piece of the step);
-  padded positions get g = 0, beta = 0, k = v = 0 (no effect).
+  position) cut again into pieces of at most PIECE tokens (kernels/tiling.py), padded to Q (the longest piece
+  of the step); padded positions get g = 0, beta = 0, k = v = 0 (no effect).
 
 Chunk form (the WY / UT-transform form of the GDN paper, section 3.3, in the layout of fla's
 chunk_gated_delta_rule), per piece and value head, with cum = cumsum(g) inside the piece (per channel for
@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.gdn_decode import decay_factor, expand_heads, gated_delta_rule_update
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.tiling import Piece, cut_pieces
 from recap.kernels.varlen import chunk_view, copy_decode_checkpoints, read_initial
 
 PIECE = 16  # tokens; benchmarks/bench_gated_delta.py measures 16, 32 and 64
@@ -66,7 +67,8 @@ def gated_delta_rule_varlen(
         copy_decode_checkpoints(state, meta, slot_positions)
         return y
     t, hv, dv = v.shape
-    cu, piece_chunk, piece_row = _pieces(meta, piece)
+    pieces = cut_pieces(meta.chunks, piece)
+    cu = [p.start for p in pieces] + [t]
     lens = [b - a for a, b in zip(cu, cu[1:])]
     qlen, n = max(lens), len(lens)
     full = all(x == qlen for x in lens)  # every piece full: the layout is a view of the packed tokens
@@ -81,8 +83,7 @@ def gated_delta_rule_varlen(
             y = y.unsqueeze(3).expand(*y.shape[:3], heads // x.shape[1], *y.shape[3:]).flatten(2, 3)
         return y.transpose(1, 2).contiguous()
 
-    qc, kc, vc, bc = pieced(q), pieced(k), pieced(v), pieced(beta)  # (n, h, Q, dk), .., (n, h, Q, dv), (n, h, Q)
-    gc = pieced(g)
+    qc, kc, vc, bc, gc = (pieced(x) for x in (q, k, v, beta, g))  # (n, h, Q, dk), .., (n, h, Q, dv), (n, h, Q), ..
     cum = (gc if g.dim() == 3 else gc.unsqueeze(-1)).cumsum(2)  # (n, h, Q, dk or 1)
     kb = kc * bc[..., None]
     system, attn = _intra(qc, kc, kb, cum)  # (n, h, Q, Q) each: M and A
@@ -96,28 +97,13 @@ def gated_delta_rule_varlen(
     piece_decay = last.clamp(min=EXP_FLOOR).exp_().transpose(-1, -2)  # (n, h, dk or 1, 1)
 
     h0 = read_initial(state, meta.state_indices, meta.has_initial_state)  # (b, h, dk, dv) copies
-    out = (torch.zeros if PAD_SLOT_ID in meta.state_indices_list else torch.empty)(
-        n, hv, qlen, dv, dtype=torch.float32, device=v.device
-    )
-    _carry(state, slot_positions, meta, h0, (u, w, q_dec, attn, k_dec, piece_decay), out, piece_chunk, piece_row)
+    alloc = torch.zeros if PAD_SLOT_ID in meta.state_indices_list else torch.empty  # PAD rows output zeros
+    out = alloc(n, hv, qlen, dv, dtype=torch.float32, device=v.device)
+    _carry(state, slot_positions, meta, h0, (u, w, q_dec, attn, k_dec, piece_decay), out, pieces)
     y = out.transpose(1, 2).reshape(n * qlen, hv, dv)
     if not full:
         y = y.index_select(0, _token_index(torch.tensor(cu, device=v.device), qlen, t))  # (t, h, dv)
     return y.to(v.dtype)
-
-
-def _pieces(meta: SSMMetadata, piece: int) -> tuple[list[int], list[int], list[int]]:
-    """Each metadata chunk cut into pieces of at most `piece` tokens: (offsets [P+1], the chunk each piece ends
-    or -1, the row of each piece)."""
-    cu, rows = meta.cu_chunk_seqlens_list, meta.chunk_seq_idx_list
-    starts, ends, piece_rows = [], [], []
-    for c in range(len(rows)):
-        a, b = cu[c], cu[c + 1]
-        for s in range(a, b, piece):
-            starts.append(s)
-            ends.append(c if s + piece >= b else -1)
-            piece_rows.append(rows[c])
-    return [*starts, cu[-1]], ends, piece_rows
 
 
 def _intra(
@@ -150,8 +136,7 @@ def _carry(
     h0: torch.Tensor,
     parts: tuple[torch.Tensor, ...],
     out: torch.Tensor,
-    piece_chunk: list[int],
-    piece_row: list[int],
+    pieces: list[Piece],
 ) -> None:
     """Step 2, sequential over each row's pieces: outputs into out, piece-end states into their slots."""
     u, w, q_dec, attn, k_dec, piece_decay = parts
@@ -159,14 +144,13 @@ def _carry(
     spare = torch.empty(2, *h0.shape[1:], device=h0.device)  # ping-pong for states that go to no slot
     ends = set(meta.last_chunk_indices.tolist())
     prev = h0[0]
-    for i, row in enumerate(piece_row):
+    for i, (row, _, _, c) in enumerate(pieces):
         run = meta.state_indices_list[row]
         if run == PAD_SLOT_ID:
             continue
-        s0 = h0[row] if i == 0 or piece_row[i - 1] != row else prev
+        s0 = h0[row] if i == 0 or pieces[i - 1].row != row else prev
         v_new = torch.baddbmm(u[i], w[i], s0, alpha=-1.0)  # (h, Q, dv): U - W S0
         torch.bmm(q_dec[i], s0, out=out[i]).baddbmm_(attn[i], v_new)
-        c = piece_chunk[i]
         slots = [] if c < 0 else [d for d in (meta.chunk_dest_slots_list[c], run if c in ends else -1) if d >= 0]
         target = state[slots[0]] if in_place and slots else spare[i % 2]
         torch.mul(s0, piece_decay[i], out=target).baddbmm_(k_dec[i].transpose(-1, -2), v_new)

@@ -6,19 +6,21 @@ Glossary
 - chunk: a run of one row's tokens that the SSM kernels process as a unit. Rows are cut at
   absolute multiples of `chunk_size` (so the first chunk completes the current chunk-grid cell and
   chunked prefill matches one-shot prefill) and at every requested checkpoint position, so that the
-  state at each checkpoint is the state at some chunk end (DESIGN invariant 3).
+  state at each checkpoint is the state at some chunk end (DESIGN invariant 3). kernels/tiling.py
+  makes these cuts and the kernels' own finer ones.
 - PAD_SLOT_ID (-1): a padding row's state slot and a padding token's KV slot; kernels skip it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from recap.core.output import PAD_SLOT_ID
+from recap.kernels.tiling import Chunks, RowTokens, chunk_rows
 
 if TYPE_CHECKING:
     from recap.kernels.kernel_set import KernelSet
@@ -88,6 +90,14 @@ class SSMMetadata:
     # block (a planned checkpoint) gets its new state copied to the checkpoint slot after the step.
     plain_decode: bool = False
 
+    @property
+    def chunks(self) -> Chunks:
+        """The chunks in plain integers, which the kernels cut further (kernels/tiling.py)."""
+        return Chunks(
+            self.cu_chunk_seqlens_list, self.chunk_seq_idx_list, self.chunk_end_positions_list,
+            self.chunk_dest_slots_list,
+        )  # fmt: skip
+
 
 @dataclass
 class ForwardBatch:
@@ -108,13 +118,34 @@ class ForwardBatch:
     kernels: KernelSet = field(default_factory=_torch_kernels)
 
 
-def _chunk_bounds(context_len: int, n: int, chunk_size: int, cuts: Sequence[int]) -> list[int]:
-    """Relative end offsets of a row's chunks: chunk-grid cuts, checkpoint cuts and the row end."""
-    ends = {n}
-    first_grid = (context_len // chunk_size + 1) * chunk_size
-    ends.update(range(first_grid - context_len, n, chunk_size))
-    ends.update(p - context_len for p in cuts)
-    return sorted(e for e in ends if 0 < e <= n)
+def _host(x: list[int] | list[bool] | list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor(x, dtype=dtype, device="cpu")  # moved to the batch's device in one copy at the end
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """The rows' tokens packed in order, and the rows sampled this step."""
+
+    ids: list[int]
+    positions: list[int]
+    qsl: list[int]  # [B+1] query_start_loc
+    logits_indices: list[int]
+    sample_rows: list[int]
+
+
+def _pack_tokens(seqs: Sequence[SeqSpec]) -> _Tokens:
+    packed = _Tokens([], [], [0], [], [])
+    for row, s in enumerate(seqs):
+        n = len(s.token_ids)
+        if n == 0:
+            raise ValueError(f"row {row} has no tokens")
+        packed.ids.extend(int(t) for t in s.token_ids)
+        packed.positions.extend(range(s.context_len, s.context_len + n))
+        packed.qsl.append(packed.qsl[-1] + n)
+        if s.sample and not s.padding:
+            packed.logits_indices.append(packed.qsl[-1] - 1)
+            packed.sample_rows.append(row)
+    return packed
 
 
 def build_forward_batch(
@@ -132,96 +163,69 @@ def build_forward_batch(
     have at least one token."""
     if not seqs:
         raise ValueError("a batch needs at least one row")
-    ids: list[int] = []
-    positions: list[int] = []
-    qsl = [0]
-    logits_indices: list[int] = []
-    sample_rows: list[int] = []
-    for row, s in enumerate(seqs):
-        n = len(s.token_ids)
-        if n == 0:
-            raise ValueError(f"row {row} has no tokens")
-        ids.extend(int(t) for t in s.token_ids)
-        positions.extend(range(s.context_len, s.context_len + n))
-        qsl.append(qsl[-1] + n)
-        if s.sample and not s.padding:
-            logits_indices.append(qsl[-1] - 1)
-            sample_rows.append(row)
-
-    def t(x: list[int] | list[bool], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.tensor(x, dtype=dtype, device="cpu")  # moved to `device` in one copy at the end
-
-    is_decode = all(len(s.token_ids) == 1 for s in seqs)
-    attn = _attention_metadata(seqs, [s.block_ids for s in seqs], qsl, block_size, t) if with_attention else None
+    tok = _pack_tokens(seqs)
+    attn = _attention_metadata(seqs, [s.block_ids for s in seqs], tok.qsl, block_size) if with_attention else None
     window_attn = None
     if with_window:
         tables = [s.block_ids if s.window_block_ids is None else s.window_block_ids for s in seqs]
-        window_attn = _attention_metadata(seqs, tables, qsl, block_size, t, window=True)
-    ssm = None
-    planned: list[tuple[int, int, int]] = []
-    if with_ssm:
-        cu = [0]
-        chunk_row: list[int] = []
-        dest: list[int] = []
-        end_pos: list[int] = []
-        last: list[int] = []
-        for row, s in enumerate(seqs):
-            n = len(s.token_ids)
-            cps = dict(s.checkpoints)
-            for p, slot in cps.items():
-                if not s.context_len < p <= s.context_len + n:
-                    raise ValueError(f"row {row}: checkpoint at {p} outside ({s.context_len}, {s.context_len + n}]")
-                if slot < 0 or s.padding:
-                    raise ValueError(f"row {row}: checkpoint slot {slot} is a pad id or the row is padding")
-            start = qsl[row]
-            for e in _chunk_bounds(s.context_len, n, chunk_size, list(cps)):
-                cu.append(start + e)
-                chunk_row.append(row)
-                p = s.context_len + e
-                d = cps.get(p, PAD_SLOT_ID)
-                dest.append(d)
-                end_pos.append(p)
-                if d != PAD_SLOT_ID:
-                    planned.append((row, p, d))
-            last.append(len(chunk_row) - 1)
-        state_idx = [PAD_SLOT_ID if s.padding else s.state_slot for s in seqs]
-        has_init = [s.context_len > 0 and not s.padding for s in seqs]
-        ssm = SSMMetadata(
-            chunk_size=chunk_size,
-            state_indices=t(state_idx),
-            has_initial_state=t(has_init, torch.bool),
-            query_start_loc=t(qsl),
-            cu_chunk_seqlens=t(cu),
-            chunk_seq_idx=t(chunk_row),
-            last_chunk_indices=t(last),
-            chunk_dest_slots=t(dest),
-            chunk_end_positions=t(end_pos),
-            state_indices_list=state_idx,
-            has_initial_state_list=has_init,
-            query_start_loc_list=qsl,
-            cu_chunk_seqlens_list=cu,
-            chunk_seq_idx_list=chunk_row,
-            chunk_dest_slots_list=dest,
-            chunk_end_positions_list=end_pos,
-            is_decode=is_decode,
-            plain_decode=is_decode and all(has_init) and PAD_SLOT_ID not in state_idx,
-        )
+        window_attn = _attention_metadata(seqs, tables, tok.qsl, block_size, window=True)
+    ssm = _ssm_metadata(seqs, tok.qsl, chunk_size) if with_ssm else None
     batch = ForwardBatch(
-        input_ids=t(ids),
-        positions=t(positions),
-        query_start_loc=t(qsl),
-        logits_indices=t(logits_indices),
-        sample_rows=sample_rows,
+        input_ids=_host(tok.ids),
+        positions=_host(tok.positions),
+        query_start_loc=_host(tok.qsl),
+        logits_indices=_host(tok.logits_indices),
+        sample_rows=tok.sample_rows,
         attn=attn,
         ssm=ssm,
         num_seqs=len(seqs),
-        num_tokens=len(ids),
-        planned_checkpoints=planned,
+        num_tokens=len(tok.ids),
+        planned_checkpoints=[] if ssm is None else ssm.chunks.checkpoints(),
         window_attn=window_attn,
         kernels=_torch_kernels() if kernels is None else kernels,
     )
     target = torch.get_default_device() if device is None else torch.device(device)
     return batch if target.type == "cpu" else batch_to_device(batch, target)
+
+
+def _row_tokens(row: int, s: SeqSpec) -> RowTokens:
+    """The row as the tiling sees it, its checkpoints checked (inside its new tokens, real slots)."""
+    n = len(s.token_ids)
+    cps = dict(s.checkpoints)
+    for p, slot in cps.items():
+        if not s.context_len < p <= s.context_len + n:
+            raise ValueError(f"row {row}: checkpoint at {p} outside ({s.context_len}, {s.context_len + n}]")
+        if slot < 0 or s.padding:
+            raise ValueError(f"row {row}: checkpoint slot {slot} is a pad id or the row is padding")
+    return RowTokens(s.context_len, n, cps)
+
+
+def _ssm_metadata(seqs: Sequence[SeqSpec], qsl: list[int], chunk_size: int) -> SSMMetadata:
+    """The rows' chunks (kernels/tiling.py) and state slots."""
+    chunks = chunk_rows([_row_tokens(row, s) for row, s in enumerate(seqs)], chunk_size)
+    state_idx = [PAD_SLOT_ID if s.padding else s.state_slot for s in seqs]
+    has_init = [s.context_len > 0 and not s.padding for s in seqs]
+    is_decode = all(len(s.token_ids) == 1 for s in seqs)
+    return SSMMetadata(
+        chunk_size=chunk_size,
+        state_indices=_host(state_idx),
+        has_initial_state=_host(has_init, torch.bool),
+        query_start_loc=_host(qsl),
+        cu_chunk_seqlens=_host(chunks.cu),
+        chunk_seq_idx=_host(chunks.rows),
+        last_chunk_indices=_host(chunks.row_last(len(seqs))),
+        chunk_dest_slots=_host(chunks.dest_slots),
+        chunk_end_positions=_host(chunks.end_positions),
+        state_indices_list=state_idx,
+        has_initial_state_list=has_init,
+        query_start_loc_list=qsl,
+        cu_chunk_seqlens_list=chunks.cu,
+        chunk_seq_idx_list=chunks.rows,
+        chunk_dest_slots_list=chunks.dest_slots,
+        chunk_end_positions_list=chunks.end_positions,
+        is_decode=is_decode,
+        plain_decode=is_decode and all(has_init) and PAD_SLOT_ID not in state_idx,
+    )
 
 
 _PARTS = ("attn", "window_attn", "ssm")  # the ForwardBatch fields that hold metadata dataclasses
@@ -252,19 +256,10 @@ def batch_to_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
     return replace(new[0], **parts)
 
 
-def _attention_metadata(
-    seqs: Sequence[SeqSpec],
-    tables: Sequence[Sequence[int]],
-    qsl: list[int],
-    block_size: int,
-    t: Callable[..., torch.Tensor],
-    window: bool = False,
-) -> AttentionMetadata:
-    """Paging of one attention group: slot mapping of the new tokens and padded block tables.
-
-    `window`: the table belongs to the window group, whose leading entries may be the null block 0 (blocks
-    out of the window); the new tokens must never map there.
-    """
+def _slot_mapping(
+    seqs: Sequence[SeqSpec], tables: Sequence[Sequence[int]], block_size: int, window: bool
+) -> list[int]:
+    """[T] the KV slot of every new token (PAD_SLOT_ID for padding rows)."""
     slot_mapping: list[int] = []
     for row, (s, table) in enumerate(zip(seqs, tables)):
         n = len(s.token_ids)
@@ -279,17 +274,33 @@ def _attention_metadata(
             if window and block == 0:
                 raise ValueError(f"row {row}: position {p} maps to the null block")
             slot_mapping.append(block * block_size + p % block_size)
+    return slot_mapping
+
+
+def _attention_metadata(
+    seqs: Sequence[SeqSpec],
+    tables: Sequence[Sequence[int]],
+    qsl: list[int],
+    block_size: int,
+    window: bool = False,
+) -> AttentionMetadata:
+    """Paging of one attention group: slot mapping of the new tokens and padded block tables.
+
+    `window`: the table belongs to the window group, whose leading entries may be the null block 0 (blocks
+    out of the window); the new tokens must never map there.
+    """
+    slot_mapping = _slot_mapping(seqs, tables, block_size, window)
     context_lens = [s.context_len for s in seqs]
     seq_lens = [s.context_len + len(s.token_ids) for s in seqs]
     max_blocks = max(1, max(len(b) for b in tables))
     padded = [list(map(int, b)) + [PAD_SLOT_ID] * (max_blocks - len(b)) for b in tables]
     return AttentionMetadata(
         block_size=block_size,
-        slot_mapping=t(slot_mapping),
-        block_tables=t(padded),
-        context_lens=t(context_lens),
-        seq_lens=t(seq_lens),
-        query_start_loc=t(qsl),
+        slot_mapping=_host(slot_mapping),
+        block_tables=_host(padded),
+        context_lens=_host(context_lens),
+        seq_lens=_host(seq_lens),
+        query_start_loc=_host(qsl),
         context_lens_list=context_lens,
         seq_lens_list=seq_lens,
         query_start_loc_list=qsl,

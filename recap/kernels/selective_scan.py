@@ -5,7 +5,8 @@ Glossary (code name: paper symbol)
 - A [I, N]: A (diagonal, negative); B, C [T, N]: B_t, C_t, shared by all channels; D [I]: the skip.
 - h [.., I, N]: the hidden state; ssm_state [S, I, N] holds one per slot.
 - recurrence: h_t = exp(Delta_t A) * h_{t-1} + Delta_t B_t u_t;  y_t = C_t . h_t + D u_t, times silu(z_t).
-- block: a run of <= BLOCK tokens of one row inside one metadata chunk; the parallel scan works per block.
+- block: a run of <= BLOCK tokens of one row inside one metadata chunk (a piece, kernels/tiling.py); the
+  parallel scan works per block.
 
 Parallel form: inside a block, with the log-space cumulative sum c_t = A (Delta_1 + .. + Delta_t),
     h_t = exp(c_t) * (h_0 + sum_{s<=t} exp(-c_s) Delta_s B_s u_s),
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.tiling import Piece, cut_pieces
 from recap.kernels.varlen import (
     copy_decode_checkpoints,
     decode_rows,
@@ -88,21 +90,17 @@ def scan_block(dl: torch.Tensor, A: torch.Tensor, bx: torch.Tensor, h0: torch.Te
     return torch.cat([first, second], dim=1)
 
 
-def _block_steps(meta: SSMMetadata, block: int) -> list[list[tuple[int, int, int, int]]]:
-    """Per step, blocks (row, start, end, chunk id if the block ends its chunk else -1) to scan together.
+def _block_steps(meta: SSMMetadata, block: int) -> list[list[Piece]]:
+    """Per step, the blocks (tiling pieces of `block` tokens; chunk -1 unless the block ends its chunk) to scan
+    together.
 
     Step j holds the j-th block of every valid row (cut in groups of at most STEP_TOKENS tokens); a row's
     blocks come in order, so its state is carried from one step to the next.
     """
-    per_row: dict[int, list[tuple[int, int, int, int]]] = {}
-    cu = meta.cu_chunk_seqlens_list
-    for c, row in enumerate(meta.chunk_seq_idx_list):
-        if meta.state_indices_list[row] == PAD_SLOT_ID:
-            continue
-        blocks = per_row.setdefault(row, [])
-        for s in range(cu[c], cu[c + 1], block):
-            e = min(s + block, cu[c + 1])
-            blocks.append((row, s, e, c if e == cu[c + 1] else -1))
+    per_row: dict[int, list[Piece]] = {}
+    for b in cut_pieces(meta.chunks, block):
+        if meta.state_indices_list[b.row] != PAD_SLOT_ID:
+            per_row.setdefault(b.row, []).append(b)
     depth = max((len(b) for b in per_row.values()), default=0)
     group = max(1, STEP_TOKENS // block)
     steps = [[b[j] for b in per_row.values() if j < len(b)] for j in range(depth)]
@@ -110,7 +108,7 @@ def _block_steps(meta: SSMMetadata, block: int) -> list[list[tuple[int, int, int
 
 
 def _step_view(
-    step: list[tuple[int, int, int, int]], dev: torch.device
+    step: list[Piece], dev: torch.device
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor, torch.Tensor], None]]:
     """take: per-token [T, ...] -> (r, l, ...) with zeros past each block's end; put: write (r, l, ...) back."""
     if len(step) == 1:  # one block: plain slices, no gather

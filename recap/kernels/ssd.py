@@ -7,7 +7,8 @@ Glossary (code name: paper symbol)
 - h [.., H, P, N]: the state; ssm_state [S, H, P, N] holds one per slot.
 - recurrence: h_t = exp(dA_t) h_{t-1} + Delta_t x_t B_t^T;  y_t = h_t C_t + D x_t.
 - chunk: a run of one row's tokens inside one cell of the chunk grid, at most SUB_CHUNK long; padded here
-  to Q, the longest chunk of the step. Checkpoint positions do not cut chunks here (see _plan).
+  to Q, the longest chunk of the step. Checkpoint positions do not cut chunks here (see
+  kernels/tiling.py: these are its SSD chunks).
 - segment: a chunk cut further at the checkpoint positions inside it; steps 2-3 work per segment, so
   every checkpoint state is a segment end state (DESIGN invariant 3). Without checkpoints, segment = chunk.
 - segsum[i, j] = dA_{j+1} + .. + dA_i (i >= j), -inf above the diagonal; L = exp(segsum).
@@ -36,14 +37,13 @@ Decode batches (one token per row) go to ssd_decode.ssd_state_update.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.ssd_decode import d_skip, ssd_state_update
+from recap.kernels.tiling import SegmentPlan, plan_segments
 from recap.kernels.varlen import (
     chunk_view,
     copy_decode_checkpoints,
@@ -58,82 +58,6 @@ NO_LIMIT = (0.0, float("inf"))
 # Chunk-grid cells are cut into runs of at most SUB_CHUNK tokens (the math is the same at any
 # cut): the quadratic intra-chunk part costs O(Q) per token, the state passing O(P N / Q) per token.
 SUB_CHUNK = 64
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """How ssd_varlen cuts a step: chunks for steps 1 and 4, segments for steps 2-3, and the slot writes."""
-
-    cu: torch.Tensor  # [R+1] token offsets of the chunks; a row's chunks are contiguous and in order
-    first: torch.Tensor  # [B] each row's first chunk
-    counts: torch.Tensor  # [B] each row's chunk count
-    segments: list[tuple[int, int, int]]  # (chunk, start, end), offsets inside the chunk, in token order
-    seg_rows: list[int]  # the row of each segment
-    chunk_last_seg: list[int]  # [R] the segment that ends each chunk
-    checkpoints: list[tuple[int, int, int]]  # (segment, slot, position): slot <- the state after the segment
-    running: list[tuple[int, int, int]]  # (chunk, slot, position): each valid row's final state
-
-    @property
-    def split(self) -> bool:
-        """Some checkpoint falls inside a chunk: segments are finer than chunks."""
-        return len(self.segments) > len(self.chunk_last_seg)
-
-
-def _plan(meta: SSMMetadata, sub: int) -> _Plan:
-    """Chunks: each row's chunk-grid cells cut into runs of <= sub tokens from the cell start. Segments:
-    the chunks cut again at every checkpoint position inside them.
-
-    The metadata cuts rows at the grid and at checkpoints (the Mamba1 scan and conv1d use those cuts);
-    a metadata chunk that ends neither its row nor at a grid multiple ends at a checkpoint only, so it is
-    merged here: the math does not depend on where chunks are cut, and 64-token chunks are ~3x cheaper
-    than 16-token ones. The grid cuts stay (chunked prefill equals one-shot prefill), and every metadata
-    chunk end stays a segment end.
-    """
-    cu_meta, rows = meta.cu_chunk_seqlens_list, meta.chunk_seq_idx_list
-    nb = len(meta.state_indices_list)
-    cu = [0]
-    segments: list[tuple[int, int, int]] = []
-    seg_rows: list[int] = []
-    first, counts = [0] * nb, [0] * nb
-    chunk_last_seg: list[int] = []
-    seg_at_end: dict[int, int] = {}  # packed token offset -> the segment ending there
-    cuts: list[int] = []  # checkpoint-only cuts inside the current grid cell
-    start = 0
-    for c, row in enumerate(rows):
-        end = cu_meta[c + 1]
-        if c == 0 or rows[c - 1] != row:
-            first[row] = len(cu) - 1
-        if c + 1 < len(rows) and rows[c + 1] == row and meta.chunk_end_positions_list[c] % meta.chunk_size:
-            cuts.append(end)
-            continue
-        for a in range(start, end, sub):  # the grid cell [start, end) in chunks, each in segments
-            b = min(a + sub, end)
-            s0 = a
-            for e in [x for x in cuts if a < x < b] + [b]:
-                seg_at_end[e] = len(segments)
-                segments.append((len(cu) - 1, s0 - a, e - a))
-                seg_rows.append(row)
-                s0 = e
-            cu.append(b)
-            chunk_last_seg.append(len(segments) - 1)
-            counts[row] += 1
-        cuts, start = [], end
-    pos = meta.chunk_end_positions_list
-    checkpoints = [
-        (seg_at_end[cu_meta[c + 1]], d, pos[c]) for c, d in enumerate(meta.chunk_dest_slots_list) if d != PAD_SLOT_ID
-    ]
-    row_last = {row: c for c, row in enumerate(rows)}  # each row's last metadata chunk
-    running = [
-        (first[r] + counts[r] - 1, slot, pos[row_last[r]])
-        for r, slot in enumerate(meta.state_indices_list)
-        if slot != PAD_SLOT_ID
-    ]
-    dev = meta.cu_chunk_seqlens.device
-
-    def t(v: list[int]) -> torch.Tensor:
-        return torch.tensor(v, dtype=torch.int64, device=dev)
-
-    return _Plan(t(cu), t(first), t(counts), segments, seg_rows, chunk_last_seg, checkpoints, running)
 
 
 def segsum(x: torch.Tensor) -> torch.Tensor:
@@ -173,8 +97,8 @@ def ssd_varlen(
         return y
     t, nh, p = x.shape
     g, n = B.shape[1:]
-    plan = _plan(meta, sub_chunk)
-    cu = plan.cu
+    plan = plan_segments(meta.chunks, meta.state_indices_list, meta.chunk_size, sub_chunk)
+    cu, first, counts = (torch.tensor(v, device=meta.state_indices.device) for v in (plan.cu, plan.first, plan.counts))
     lens = cu.diff().tolist()
     q = max(lens)
     full = all(ln == q for ln in lens)  # every chunk exactly q long: the (c, q) layout is a view of the tokens
@@ -206,12 +130,12 @@ def ssd_varlen(
         wx = dx.mul_(decay_to_end.transpose(1, 2)[..., None])  # (c, q, h, p), in place: dx is not needed again
         states = _outer_sum(wx, bc)  # (c, h, p, n)
         chunk_decay = _exp(cs[..., -1].float())[..., None, None]  # (c, h, 1, 1)
-        _carry_states(h0, chunk_decay, states, plan.first, plan.counts)  # (c, h, p, n)
+        _carry_states(h0, chunk_decay, states, first, counts)  # (c, h, p, n)
         copy_rows_to_slots(ssm_state, states, plan.checkpoints, slot_positions)  # segment = chunk here
     copy_rows_to_slots(ssm_state, states, plan.running, slot_positions)  # after the checkpoints, as in ssd_ref
 
     # 4. state -> output: Y_off[i] = exp(dA_1 + .. + dA_i) C_i . h_start, token-major, plus Y_diag
-    y_tok = _state_readout(cc, states, h0, plan.first)  # (c, q, h, p)
+    y_tok = _state_readout(cc, states, h0, first)  # (c, q, h, p)
     y_tok.mul_(_exp(cs.float()).transpose(1, 2)[..., None]).add_(y)
     y_tok = y_tok.view(nc * q, nh, p)
     out = y_tok if full else y_tok.index_select(0, _token_slots(cu, q, t))  # (t, h, p)
@@ -290,7 +214,7 @@ def _segment_states(
     h0: torch.Tensor,
     has_initial: list[bool],
     ssm_state: torch.Tensor,
-    plan: _Plan,
+    plan: SegmentPlan,
     slot_positions: torch.Tensor | None,
 ) -> torch.Tensor:
     """Steps 2-3 per segment when checkpoints fall inside chunks; writes every checkpoint slot, returns the

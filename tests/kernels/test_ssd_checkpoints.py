@@ -11,7 +11,8 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.ssd import _plan, ssd_ref, ssd_varlen
+from recap.kernels.ssd import ssd_ref, ssd_varlen
+from recap.kernels.tiling import SegmentPlan, plan_segments
 
 from .cases import Row, assert_close, build_meta
 
@@ -109,6 +110,10 @@ def test_ssd_checkpoints_inside_sub_chunks_match_reference(seed: int, groups: in
             assert not y[qsl[i] : qsl[i + 1]].any()
 
 
+def _plan(meta: SSMMetadata) -> SegmentPlan:
+    return plan_segments(meta.chunks, meta.state_indices_list, meta.chunk_size, 64)
+
+
 def _long_row_meta(ctx: int, n: int, every: int) -> SSMMetadata:
     cps = [(p, 1 + k) for k, p in enumerate(range((ctx // every + 1) * every, ctx + n + 1, every))]
     return build_meta([Row({"x": torch.zeros(n)}, ctx, 0, cps)], 256)
@@ -120,10 +125,10 @@ def test_checkpoints_do_not_cut_sub_chunks() -> None:
     for ctx, n in [(0, 2048), (100, 901)]:
         with_cps, without = _long_row_meta(ctx, n, 16), _long_row_meta(ctx, n, 10**9)
         assert len(with_cps.chunk_seq_idx_list) > len(without.chunk_seq_idx_list)  # the metadata cuts
-        plan, bare = _plan(with_cps, 64), _plan(without, 64)
-        assert torch.equal(plan.cu, bare.cu)  # the SSD chunks do not
+        plan, bare = _plan(with_cps), _plan(without)
+        assert plan.cu == bare.cu  # the SSD chunks do not
         assert not bare.split and plan.split
-        cu = plan.cu.tolist()
+        cu = plan.cu
         for seg, slot, pos in plan.checkpoints:
             c, _, end = plan.segments[seg]
             assert cu[c] + end == pos - ctx
@@ -160,7 +165,7 @@ def test_other_cache_dtype_stages_inner_checkpoints(dtype: torch.dtype) -> None:
     meta = build_meta(rows, chunk)
     before = torch.randn(slots, H, P, N, generator=torch.Generator().manual_seed(7)).to(dtype)
     y, y_ref, cache, cache_ref, sps = _run_both(inp, meta, before, 64)
-    assert _plan(meta, 64).split
+    assert _plan(meta).split
     assert_close(y, y_ref, tol=5e-5)
     tol = 5e-5 if dtype == torch.float64 else 1e-2
     torch.testing.assert_close(cache.double(), cache_ref.double(), rtol=tol, atol=tol)

@@ -1,9 +1,9 @@
 """Triton Mamba2 SSD over packed variable-length rows (glossary and algorithm: recap/kernels/ssd.py).
 
 ssd_varlen has the signature and side effects of recap.kernels.ssd.ssd_varlen. The step is cut as the CPU
-kernel's _plan cuts it: chunks of <= sub_chunk tokens inside each chunk-grid cell (steps 1 and 4), and
-segments, the chunks cut again at every checkpoint inside them (steps 2-3), so every checkpoint is a
-segment end. Three kernels:
+kernel cuts it (tiling.plan_segments): chunks of <= sub_chunk tokens inside each chunk-grid cell (steps 1
+and 4), and segments, the chunks cut again at every checkpoint inside them (steps 2-3), so every checkpoint
+is a segment end. Three kernels:
 1. _segment_kernel, one program per (segment, head, [BP, BN] state tile): the state the segment adds,
    sum_j exp(dA_{j+1} + .. + dA_end) Delta_j x_j B_j^T (one tl.dot over the segment's tokens), and the
    segment's total decay.
@@ -29,7 +29,8 @@ import triton.language as tl
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.ssd import SUB_CHUNK, _plan
+from recap.kernels.ssd import SUB_CHUNK
+from recap.kernels.tiling import plan_segments
 from recap.kernels.triton.ssd_decode import block_p, d_args, dt_args, masked_by, step_size, update_rows
 
 PASS_TILE = 32  # [32, 32] state tiles in the state passing
@@ -196,12 +197,9 @@ class _Index:
 
 
 def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
-    """Cut the step as the CPU kernel does (_plan) and ship the cut to the device in one copy.
-
-    _plan makes its few index tensors on meta.cu_chunk_seqlens's device; it gets a CPU stand-in here, since
-    only its Python lists are read (a blocking host-to-GPU copy per layer would stall the stream).
-    """
-    plan = _plan(dataclasses.replace(meta, cu_chunk_seqlens=torch.empty(0, dtype=torch.int64)), sub_chunk)
+    """Cut the step as the CPU kernel does (tiling.plan_segments, in Python lists) and ship the cut to the
+    device in one copy (a blocking host-to-GPU copy per index tensor would stall the stream)."""
+    plan = plan_segments(meta.chunks, meta.state_indices_list, meta.chunk_size, sub_chunk)
     nb, ns, nc = len(meta.state_indices_list), len(plan.segments), len(plan.chunk_last_seg)
     chunk_len = [plan.segments[s][2] for s in plan.chunk_last_seg]
     chunk_tok0 = [0] * nc
