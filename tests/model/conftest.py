@@ -1,4 +1,4 @@
-"""Tiny random checkpoints, built once per test session (transformers' own classes, saved to disk)."""
+"""Tiny random models, loaded once per test session (their checkpoints: tests/conftest.py's tiny_checkpoint)."""
 
 from __future__ import annotations
 
@@ -7,31 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from recap.backends import prepare
 from recap.model.loader import LoadedModel, load_model
-from recap.model.testing import make_tiny_checkpoint
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """arch -> folder of its tiny checkpoint (built on first use)."""
-    built: dict[str, Path] = {}
-
-    def get(arch: str) -> Path:
-        if arch not in built:
-            built[arch] = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch))
-        return built[arch]
-
-    return get
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_checkpoint: Callable[[str], Path]) -> Callable[[str], LoadedModel]:
-    """arch -> the recap model loaded from its tiny checkpoint (fp32, loaded once)."""
+    """arch -> the recap model loaded from its tiny checkpoint (fp32, loaded once), prepared for the backend its
+    default flags ask for, as a runner would run it."""
     loaded: dict[str, LoadedModel] = {}
 
     def get(arch: str) -> LoadedModel:
         if arch not in loaded:
             loaded[arch] = load_model(tiny_checkpoint(arch))
+            prepare(loaded[arch])
         return loaded[arch]
 
     return get

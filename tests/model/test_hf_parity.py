@@ -82,11 +82,13 @@ VARIANTS: list[tuple[str, dict]] = [
 
 @pytest.mark.parametrize(("arch", "overrides"), VARIANTS)
 def test_config_variants_match_transformers(arch, overrides, tmp_path) -> None:  # noqa: ANN001
+    from recap.backends import prepare
     from recap.model.loader import load_model
     from recap.model.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(arch, tmp_path, seed=3, **overrides)
     lm = load_model(path)
+    prepare(lm)
     ids = _prompt(lm.config.vocab_size, PROMPT_LEN, seed=2)
     hf = _hf_model(path)
     with torch.no_grad():
