@@ -6,6 +6,9 @@ their mixers and MLPs, norms and linear layers each record the calls of their ow
 `DecodeCapture` builder and return the buffer their output lands in. A part without the method, or with an
 option the native calls do not implement, raises GraphUnsupportedError naming it, and the model keeps its
 module path. Each capturing part accepts its exact class only: a subclass may compute something else.
+Signatures: the model `capture_decode(builder, caches) -> hidden`; a block, mixer or MLP
+`capture_decode(builder, x, caches, layer) -> out` (`capture_part` calls it); an embedding
+`capture_decode(builder) -> h`; a norm or linear layer `capture_decode(builder, x) -> y`.
 
 The builder's operations are fixed-size native calls over fp32 row buffers [rows, n]; the step's inputs
 (token ids, positions, state slots, K/V slots, block tables, sequence lengths) are set by the builder before
@@ -72,13 +75,6 @@ class DecodeCapture(Protocol):
     ) -> torch.Tensor:  # fmt: skip
         """RoPE (inv_freq; None: none) on q and k, k and v written at the step's K/V slots, then paged decode
         attention of q over the step's block tables -> [rows, Hq * Dh]. The caches fix the head counts."""
-        ...
-
-
-class CaptureDecode(Protocol):
-    """A block, mixer or MLP that records its decode step: `h` or `x` [rows, D] -> its output buffer."""
-
-    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
         ...
 
 
