@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from recap.backends import Backend, CpuBackend, TorchBackend
+from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
@@ -179,43 +181,49 @@ def _ids(vocab: int, batch: int, n: int, seed: int = 0) -> torch.Tensor:
 
 
 class RecapEngine:
-    """recap with one linear backend; decode state is prepared once per batch size."""
+    """recap with one linear backend, on the CPU backend (native decode kernels, decode graphs) where the native
+    kernels build, as the engine runs by default; decode state is prepared once per batch size."""
 
     def __init__(self, model: CausalLM, backend: str) -> None:
-        self.model, self.backend = model, backend
+        self.model = model
+        self.backend: Backend = CpuBackend(backend) if linear_rows_available() else TorchBackend(backend)
         self.name = f"recap[{backend}]"
+
+    def _model(self) -> CausalLM:
+        """The model, prepared for this engine's backend (again when another engine prepared it since)."""
+        if not self.backend.serves(self.model):
+            self.backend.prepare(self.model)
+        return self.model
 
     def prefill(self, every_block: bool = False) -> float:
         """Seconds for one PREFILL_LEN-token prompt (+ its last-token logits); with `every_block`, the state is
         also checkpointed at every block boundary inside it (one slot each)."""
-        self.model.set_linear_backend(self.backend)
-        model = self.model
+        model = self._model()
         ids = _ids(model.config.vocab_size, 1, PREFILL_LEN)[0].tolist()
         blocks = list(range(1, 1 + PREFILL_LEN // BLOCK))
         cps = [(p, 1 + i) for i, p in enumerate(range(BLOCK, PREFILL_LEN + 1, BLOCK))] if every_block else []
         caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2 + len(cps), model.dtype)
         spec = SeqSpec(ids, 0, blocks, state_slot=len(cps) + 1, checkpoints=cps)
         t = _now()
-        hidden, batch = forward_step(model, caches, [spec])
+        hidden, batch = forward_step(model, caches, [spec], self.backend)
         model.compute_logits(hidden[batch.logits_indices]).argmax(-1)
         return _now() - t
 
     def decode(self, batch: int, steps: int) -> float:
         """Median seconds per decode step of `batch` rows after a PROMPT_LEN prefill each."""
-        self.model.set_linear_backend(self.backend)
-        model = self.model
+        model = self._model()
         per_seq = (PROMPT_LEN + steps + 2) // BLOCK + 1
         caches = ModelCaches.allocate(model.config, 1 + batch * per_seq, BLOCK, batch + 1, model.dtype)
         prompts = _ids(model.config.vocab_size, batch, PROMPT_LEN)
         tables = [list(range(1 + r * per_seq, 1 + (r + 1) * per_seq)) for r in range(batch)]
         specs = [SeqSpec(prompts[r].tolist(), 0, tables[r], state_slot=r + 1) for r in range(batch)]
-        hidden, fb = forward_step(model, caches, specs)
+        hidden, fb = forward_step(model, caches, specs, self.backend)
         nxt = model.compute_logits(hidden[fb.logits_indices]).argmax(-1).tolist()
         times = []
         for step in range(steps):
             specs = [SeqSpec([nxt[r]], PROMPT_LEN + step, tables[r], state_slot=r + 1) for r in range(batch)]
             t = _now()
-            hidden, fb = forward_step(model, caches, specs)
+            hidden, fb = forward_step(model, caches, specs, self.backend)
             nxt = model.compute_logits(hidden[fb.logits_indices]).argmax(-1).tolist()
             times.append(_now() - t)
         return statistics.median(times[1:])

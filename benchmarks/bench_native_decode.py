@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from profile_decode import decoder  # noqa: E402
 
+from recap.backends import Backend, CpuBackend, TorchBackend  # noqa: E402
 from recap.bench.timing import timings  # noqa: E402
 from recap.kernels.linear_rows import (  # noqa: E402
     linear_panels_f32,
@@ -42,8 +43,11 @@ from recap.kernels.linear_rows import (  # noqa: E402
     pack_int8,
     pack_panels,
 )
+from recap.kernels.metadata import ForwardBatch  # noqa: E402
+from recap.model.cache import ModelCaches, TensorAllocator  # noqa: E402
 from recap.model.layers import linear as linear_mod  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
+from recap.model.models import CausalLM  # noqa: E402
 from recap.model.quant import int8_linear, quantize_int8  # noqa: E402
 
 SHAPES = ((3352, 768), (768, 1536), (1024, 768), (768, 1024), (4096, 1024), (32000, 768))
@@ -161,16 +165,39 @@ class LinearClock:
         linear_mod.Linear.forward = self._forward  # type: ignore[method-assign]
 
 
+class Switch:
+    """The backend a decoder closure runs through, switched between rounds (each prepares the model anew)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.kernels = backend.kernels
+
+    def use(self, backend: Backend, model: CausalLM) -> None:
+        if not backend.serves(model):
+            backend.prepare(model)
+        self.backend, self.kernels = backend, backend.kernels
+
+    def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        return self.backend.forward(model, batch, caches)
+
+    def cache_zeros(self) -> TensorAllocator | None:
+        return self.backend.cache_zeros()
+
+
 def step_row(name: str, quant: str | None, rounds: int, threads: int, cache: Path) -> dict[str, Any]:
     """The batch-1 decode step with native kernels off and on, alternating; the linears' share of each."""
-    model = load_model(build_checkpoint(name, cache / name), quantization=quant).model
-    step = decoder(model, 1, rounds * 2 * 25 + 10)
+    lm = load_model(build_checkpoint(name, cache / name), quantization=quant)
+    backends = {"torch": TorchBackend(lm.linear_backend), "native": CpuBackend(lm.linear_backend)}
+    backends["native"].prepare(lm.model)  # the weights on huge pages for both (the torch backend leaves them)
+    model = lm.model
+    switch = Switch(backends["native"])
+    step = decoder(model, switch, 1, rounds * 2 * 25 + 10)
     res: dict[str, list[float]] = {"torch": [], "native": []}
     share: dict[str, list[float]] = {"torch": [], "native": []}
     with LinearClock() as clock:
         for _ in range(rounds):
             for v in res:
-                model.set_native_decode(v == "native")
+                switch.use(backends[v], model)
                 clock.seconds = 0.0
                 ts = timings(step, 20, clock=time.perf_counter)
                 res[v].append(1e3 * statistics.median(ts))

@@ -50,11 +50,12 @@ from peers_servers import (  # noqa: E402  # noqa: E402
 )
 from profile_decode import PROMPT, decoder  # noqa: E402
 
+from recap.backends import prepare  # noqa: E402
+from recap.backends.huge_pages import move_to_huge_pages  # noqa: E402
 from recap.bench.timing import timings  # noqa: E402
 from recap.kernels.linear_rows import linear_rows_available, linear_rows_f32  # noqa: E402
 from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
-from recap.model.huge_pages import move_to_huge_pages  # noqa: E402
 from recap.model.layers.linear import Linear  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
 from recap.model.testing import forward_step  # noqa: E402
@@ -104,7 +105,9 @@ class RecapModel:
     """recap's model step (no server): ForwardBatch build + forward + logits + greedy argmax."""
 
     def __init__(self, path: Path, quant: str | None, native_decode: bool) -> None:
-        self.model = load_model(path, quantization=quant, native_decode=native_decode).model
+        lm = load_model(path, quantization=quant, native_decode=native_decode)
+        self.backend = prepare(lm)  # as the engine's runner does
+        self.model = lm.model
 
     def prefill_tok_s(self) -> float:
         model = self.model
@@ -112,12 +115,12 @@ class RecapModel:
         blocks = list(range(1, 1 + PREFILL // BLOCK))
         caches = ModelCaches.allocate(model.config, len(blocks) + 1, BLOCK, 2, model.dtype)
         t = time.perf_counter()
-        hidden, batch = forward_step(model, caches, [SeqSpec(ids.tolist(), 0, blocks, state_slot=1)])
+        hidden, batch = forward_step(model, caches, [SeqSpec(ids.tolist(), 0, blocks, state_slot=1)], self.backend)
         model.compute_logits(hidden[batch.logits_indices]).argmax(-1)
         return PREFILL / (time.perf_counter() - t)
 
     def _step_s(self, batch: int) -> float:
-        step = decoder(self.model, batch, STEPS + 2)
+        step = decoder(self.model, self.backend, batch, STEPS + 2)
         times = []
         for _ in range(STEPS):
             t = time.perf_counter()

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 
+from recap.backends import prepare  # noqa: E402
 from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
@@ -45,11 +46,13 @@ def main() -> None:
     for name in args.models:
         path = build_checkpoint(name, args.cache_dir / name)
         ref_lm = load_model(path)
+        prepare(ref_lm)  # as the engine's runner runs it
         vocab = ref_lm.config.vocab_size
         prompts = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPTS]
         refs = [logits(ref_lm, p) for p in prompts]
         for label, kw in PRECISIONS.items():
             lm = load_model(path, **kw)
+            prepare(lm)
             got = [logits(lm, p) for p in prompts]
             ref, new = torch.cat(refs), torch.cat(got)
             rel_max = ((new - ref).abs().max() / ref.abs().max()).item()

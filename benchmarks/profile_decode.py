@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 
+from recap.backends import Backend, prepare  # noqa: E402
 from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
@@ -31,20 +32,21 @@ from recap.model.testing import forward_step  # noqa: E402
 BLOCK, PROMPT = 16, 128
 
 
-def decoder(model, batch: int, steps: int):  # type: ignore[no-untyped-def]
-    """A closure running one greedy decode step of `batch` rows per call (the prompts prefilled first)."""
+def decoder(model, backend: Backend, batch: int, steps: int):  # type: ignore[no-untyped-def]
+    """A closure running one greedy decode step of `batch` rows per call through `backend` (the prompts
+    prefilled first)."""
     per_seq = (PROMPT + steps + 2) // BLOCK + 1
     caches = ModelCaches.allocate(model.config, 1 + batch * per_seq, BLOCK, batch + 1, model.dtype,
-                                  huge_pages=model.on_huge_pages)  # as the engine's runner does
+                                  zeros=backend.cache_zeros())  # as the engine's runner does
     prompts = torch.randint(0, model.config.vocab_size, (batch, PROMPT), generator=torch.Generator().manual_seed(0))
     tables = [list(range(1 + r * per_seq, 1 + (r + 1) * per_seq)) for r in range(batch)]
     specs = [SeqSpec(prompts[r].tolist(), 0, tables[r], state_slot=r + 1) for r in range(batch)]
-    hidden, fb = forward_step(model, caches, specs)
+    hidden, fb = forward_step(model, caches, specs, backend)
     state = {"nxt": model.compute_logits(hidden[fb.logits_indices]).argmax(-1).tolist(), "pos": PROMPT}
 
     def step() -> None:
         specs = [SeqSpec([state["nxt"][r]], state["pos"], tables[r], state_slot=r + 1) for r in range(batch)]
-        hidden, fb = forward_step(model, caches, specs)
+        hidden, fb = forward_step(model, caches, specs, backend)
         state["nxt"] = model.compute_logits(hidden[fb.logits_indices]).argmax(-1).tolist()
         state["pos"] += 1
 
@@ -59,7 +61,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quant", default=None, help="weight quantization (see recap.model.quant)")
     ap.add_argument("--enforce-eager", action="store_true", help="torch's kernels only (no native decode kernels)")
-    ap.add_argument("--backend", default=None, help="linear backend (torch, onednn, int8); default: the loader's")
+    ap.add_argument("--backend", default=None, help="linear backend (torch, onednn); default: the loader's")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
@@ -67,10 +69,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kw = {"quantization": args.quant} if args.quant else {}
     kw |= {"native_decode": False} if args.enforce_eager else {}
+    kw |= {"linear_backend": args.backend} if args.backend else {}
     lm = load_model(build_checkpoint(args.model, args.cache_dir / args.model), getattr(torch, args.dtype), **kw)
-    if args.backend:
-        lm.model.set_linear_backend(args.backend)
-    step = decoder(lm.model, args.batch, args.steps + 12)
+    backend = prepare(lm)  # as the engine's runner does
+    print(f"backend {backend.name}, linear backend {lm.linear_backend}")
+    step = decoder(lm.model, backend, args.batch, args.steps + 12)
     for _ in range(5):
         step()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

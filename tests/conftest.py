@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("recap", deadline=None, derandomize=True, print_blob=True)
@@ -21,3 +24,18 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # the core tests run without torch
     pass
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """arch -> folder of its tiny random checkpoint (recap.model.testing's TINY_ARCHS), built on first use."""
+    from recap.model.testing import make_tiny_checkpoint  # torch: only for the tests that ask for a checkpoint
+
+    built: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in built:
+            built[arch] = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch))
+        return built[arch]
+
+    return get

@@ -1,5 +1,5 @@
 """The small operations of a captured decode step (csrc/decode_ops.c): embedding rows, residual add,
-silu(gate) * up, and RoPE with the K/V write. model/decode_graph.py replays them by address; the wrappers
+silu(gate) * up, and RoPE with the K/V write. backends/decode_graph.py replays them by address; the wrappers
 here call them on tensors, for tests against their torch references (F.embedding, +, F.silu(g) * u,
 RotaryEmbedding.apply with paged_attention.write_kv)."""
 
@@ -15,7 +15,7 @@ from recap.kernels.native import load_library, loads
 
 @functools.cache
 def decode_ops_library() -> ctypes.CDLL:
-    """The library (raises NativeUnavailableError); model/decode_graph.py takes raw handles of its functions."""
+    """The library (raises NativeUnavailableError); backends/decode_graph.py takes raw handles of its functions."""
     return load_library("decode_ops")
 
 

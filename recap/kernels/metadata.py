@@ -86,7 +86,7 @@ class SSMMetadata:
     chunk_end_positions_list: list[int]
     is_decode: bool  # every row has exactly one new token
     # A decode step in its common form: no padding row, every row continues its slot. Decode fast paths
-    # (layers/mamba2_decode.py, model/decode_graph.py) take only these steps; a row whose token completes a
+    # (layers/mamba2_decode.py, backends/decode_graph.py) take only these steps; a row whose token completes a
     # block (a planned checkpoint) gets its new state copied to the checkpoint slot after the step.
     plain_decode: bool = False
 

@@ -97,7 +97,7 @@ def load_library(name: str) -> ctypes.CDLL:
 
 def raw_function(lib: ctypes.CDLL, name: str, restype: type | None = None) -> ctypes._CFuncPtr:
     """A fresh handle of one library function with no argtypes: calls pass ctypes values as they are, skipping
-    the per-argument conversion (~0.1-0.2 us each). For prebuilt argument lists (model/decode_graph.py)."""
+    the per-argument conversion (~0.1-0.2 us each). For prebuilt argument lists (backends/decode_graph.py)."""
     fn = lib[name]
     fn.restype = restype
     return fn

@@ -11,14 +11,17 @@ into slot s; the runner reads it to report checkpoint provenance (DESIGN invaria
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from recap.model.huge_pages import huge_page_zeros
 from recap.model.model_config import ModelConfig
 
 UNWRITTEN = -1  # slot_positions value of a slot no kernel has written
+# Zero-filled tensors of these (shape, dtype)s, or None to leave them to torch.zeros: a backend's placement of
+# the pools (recap/backends/huge_pages.py puts them in one mapping on transparent huge pages).
+TensorAllocator = Callable[[Sequence[tuple[tuple[int, ...], torch.dtype]]], list[torch.Tensor] | None]
 
 
 @dataclass
@@ -78,13 +81,14 @@ class ModelCaches:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         num_window_blocks: int | None = None,
-        huge_pages: bool = False,
+        zeros: TensorAllocator | None = None,
     ) -> ModelCaches:
         """Zero-filled caches for `config` (K/V in `dtype`; each state tensor in its spec's dtype or `dtype`).
 
         num_window_blocks: the window group's pool (None: as many blocks as the KV pool).
-        huge_pages: the pools in one mapping on transparent huge pages (model/huge_pages.py; CPU only), where
-        the platform allows: decode steps stream the states and K/V they read."""
+        zeros: the backend's allocator of the pools on `device` (the CPU backend's puts them on transparent huge
+        pages where the platform allows: decode steps stream the states and K/V they read); None, or its None:
+        torch.zeros."""
         if num_window_blocks is None:
             num_window_blocks = num_kv_blocks if config.window_layers else 0
         kv_specs = [
@@ -102,9 +106,7 @@ class ModelCaches:
             for spec in config.state_specs(i)
         ]
         specs = kv_specs + state_specs
-        tensors = None
-        if huge_pages and torch.device(device).type == "cpu":
-            tensors = huge_page_zeros([(shape, dt) for _, _, _, shape, dt in specs])
+        tensors = None if zeros is None else zeros([(shape, dt) for _, _, _, shape, dt in specs])
         if tensors is None:
             tensors = [torch.zeros(shape, dtype=dt, device=device) for _, _, _, shape, dt in specs]
         groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {"kv": {}, "window": {}, "state": {}}

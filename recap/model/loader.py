@@ -18,10 +18,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from recap.kernels.linear_rows import linear_rows_available
 from recap.model.families import family
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
-from recap.model.layers.linear import onednn_available
+from recap.model.layers.linear import LINEAR_BACKENDS, onednn_available
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM
 from recap.model.quant import QUANTIZATIONS
@@ -42,6 +41,10 @@ class LoadedModel:
     config: ModelConfig
     path: Path
     ignored_weights: dict[str, int] = field(default_factory=dict)  # skipped checkpoint tensors per prefix
+    # How the caller asked the model to run, acted on by the runner's backend (recap/backends/): the linear
+    # layers' backend ("torch", "onednn" or "int8") and whether decode takes the native fast path.
+    linear_backend: str = "torch"
+    native_decode: bool = False
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -134,19 +137,24 @@ def load_model(
     native_decode: bool = True,
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
-    """Translate config.json, build the family's model and load its weights strictly.
+    """Translate config.json, build the family's model and load its weights strictly (the modules on their
+    reference paths); the flags below are checked and recorded in the result, and the backend the runner
+    builds from it (recap.backends.backend_for / prepare) acts on them.
 
     linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 and bf16 when
     available; measured fastest here for every row count, see layers/linear.py).
     quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
     rest of the model stays in `dtype`). It takes the place of the linear backend.
-    native_decode: one-row inputs of every fp32 or int8 linear (batch-1 decode) take recap's native kernels
-    (kernels/linear_rows.py), built once per machine with the C compiler (about a second). Where they cannot
-    be built the model keeps its backend, with a warning. False: torch's kernels only (vLLM's --enforce-eager).
-    device: where the weights live; off the CPU the linears are torch's (the CPU backends do not apply).
+    native_decode: decode takes recap's CPU fast path (recap/backends/cpu.py: native kernels, weights on huge
+    pages, decode graphs), built once per machine with the C compiler (about a second). Where it cannot be
+    built, or with the "torch" linear backend, the model keeps torch's kernels (a warning says why). False:
+    torch's kernels only (vLLM's --enforce-eager).
+    device: where the weights live; off the CPU the linears are torch's and the CPU fast path does not apply.
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
+    if linear_backend not in ("auto", *LINEAR_BACKENDS):
+        raise ValueError(f"unknown linear backend {linear_backend!r}; choose one of {LINEAR_BACKENDS} or 'auto'")
     if quantization is not None and linear_backend not in ("auto", quantization):
         raise ValueError(f"quantization {quantization!r} replaces the linear backend; got {linear_backend!r}")
     path = resolve_model_path(model)
@@ -163,10 +171,8 @@ def load_model(
     elif linear_backend == "auto":
         fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
         linear_backend = "onednn" if fast else "torch"
-    net.set_linear_backend(linear_backend)
-    if on_cpu and native_decode and linear_backend != "torch" and linear_rows_available():
-        net.set_native_decode(True)
-    return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored)
+    return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored, linear_backend=linear_backend,
+                       native_decode=native_decode and on_cpu)  # fmt: skip
 
 
 def load_tokenizer(path: str | Path) -> Any:

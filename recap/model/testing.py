@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from recap.kernels.kernel_set import KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
 from recap.model.families import TINY_ARCHS, family
@@ -65,8 +66,19 @@ def _jitter_constants(model: torch.nn.Module, seed: int) -> None:
                 t.add_(torch.randn(t.shape, generator=g) * 0.1)
 
 
-def forward_step(model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec]) -> tuple[torch.Tensor, ForwardBatch]:
-    """Pack `seqs` into a ForwardBatch for `model` and run it: (final hidden [T, D], batch)."""
+class StepBackend(Protocol):
+    """What a test step needs of a runner's backend (recap/backends/base.py's Backend)."""
+
+    kernels: KernelSet
+
+    def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor: ...
+
+
+def forward_step(
+    model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec], backend: StepBackend | None = None
+) -> tuple[torch.Tensor, ForwardBatch]:
+    """Pack `seqs` into a ForwardBatch for `model` and run it (through `backend` as a runner does; None: the
+    model's forward with the reference kernels): (final hidden [T, D], batch)."""
     cfg = model.config
     batch = build_forward_batch(
         seqs,
@@ -75,14 +87,17 @@ def forward_step(model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec]) 
         with_attention=bool(cfg.full_attention_layers),
         with_ssm=cfg.has_ssm,
         with_window=bool(cfg.window_layers),
+        kernels=None if backend is None else backend.kernels,
     )
-    return model(batch, caches), batch
+    return (model(batch, caches) if backend is None else backend.forward(model, batch, caches)), batch
 
 
 def greedy_generate(
-    model: CausalLM, prompt: Sequence[int], max_new_tokens: int, block_size: int = 16, slot: int = 1
-) -> list[int]:
-    """Greedy tokens for one sequence: one prefill step, then one decode step per token (update kernels)."""
+    model: CausalLM, prompt: Sequence[int], max_new_tokens: int, block_size: int = 16, slot: int = 1,
+    backend: StepBackend | None = None,
+) -> list[int]:  # fmt: skip
+    """Greedy tokens for one sequence: one prefill step, then one decode step per token (update kernels); through
+    `backend` as a runner does, or the model's forward."""
     total = len(prompt) + max_new_tokens
     blocks = list(range(1, 2 + total // block_size))  # block 0 is the null block
     caches = ModelCaches.allocate(
@@ -92,7 +107,7 @@ def greedy_generate(
     while len(out) < max_new_tokens:
         new = tokens[context:]
         spec = SeqSpec(new, context_len=context, block_ids=blocks, state_slot=slot)
-        hidden, batch = forward_step(model, caches, [spec])
+        hidden, batch = forward_step(model, caches, [spec], backend)
         logits = model.compute_logits(hidden[batch.logits_indices])
         context += len(new)
         out.append(int(logits[0].argmax()))

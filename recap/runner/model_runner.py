@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recap.backends import Backend, backend_for
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
@@ -31,8 +32,9 @@ class RunnerConfig:
 
 
 class ModelRunner:
-    """Owns the model, its KV/state tensors and the sampler. Stateless across steps otherwise,
-    except per-request seeded generators (dropped when the scheduler reports a request gone)."""
+    """Owns the model, the backend that runs it (recap/backends/: built from the loaded model's flags and
+    the device), its KV/state tensors and the sampler. Stateless across steps otherwise, except per-request
+    seeded generators (dropped when the scheduler reports a request gone)."""
 
     def __init__(
         self,
@@ -44,6 +46,8 @@ class ModelRunner:
     ) -> None:
         self.model = loaded.model
         self.config = loaded.config
+        self.backend: Backend = backend_for(loaded, runner_config.device, runner_config.kernels)
+        self.backend.prepare(self.model)
         self.cache_config = cache_config
         self.runner_config = runner_config
         self.eos_token_ids = eos_token_ids
@@ -68,7 +72,7 @@ class ModelRunner:
             dtype=dtype,
             device=self.device,
             num_window_blocks=self.pools.num_window_blocks,
-            huge_pages=self.model.on_huge_pages,  # native decode streams them as it streams the weights
+            zeros=self.backend.cache_zeros(),  # the CPU fast path streams them as it streams the weights
         )
         self.has_kv = self.kv_bytes_per_token > 0
         self.has_window = self.window_bytes_per_token > 0
@@ -114,7 +118,7 @@ class ModelRunner:
             with_ssm=self.has_state,
             device=self.device,
             with_window=self.has_window,
-            kernels=self.runner_config.kernels,
+            kernels=self.backend.kernels,
         )
 
     @torch.inference_mode()
@@ -130,7 +134,7 @@ class ModelRunner:
         batch = self.build_batch(out)
         if self.has_state:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
-        hidden = self.model(batch, self.caches)
+        hidden = self.backend.forward(self.model, batch, self.caches)
         result = ModelRunnerOutput()
         if batch.sample_rows:
             # The sampler works on the host (per-row settings, seeded generators): one copy of the rows' logits.

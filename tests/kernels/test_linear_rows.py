@@ -15,7 +15,7 @@ from recap.kernels import linear_rows as lr
 from recap.kernels import native
 from recap.kernels.linear_rows import activation_grid
 from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, rms_norm_rows_ref, use_rms_norm_rows
-from recap.model.layers.linear import Linear
+from recap.model.layers.linear import DenseLinear, Int8Linear, Linear
 from recap.model.quant import int8_linear, int8_linear_ref, quantize_int8
 
 SHAPES = [(1, 1), (7, 15), (8, 16), (9, 17), (33, 63), (5, 64), (17, 65), (40, 100), (12, 129), (300, 768)]
@@ -127,7 +127,7 @@ def test_linear_layer_routes_few_rows_to_the_panels() -> None:
     torch.nn.init.normal_(layer.bias)
     layer.set_backend("onednn")
     layer.set_native(True)
-    assert layer._panels is not None
+    assert len(layer.impl.tensors()) == 1  # the panels
     calls: list[int] = []
     real = lr.linear_panels_f32
 
@@ -146,9 +146,7 @@ def test_linear_layer_routes_few_rows_to_the_panels() -> None:
         linear_mod.linear_panels_f32 = saved  # type: ignore[assignment]
     assert calls == [2, 8, 9, 32]  # one row takes the one-row kernel, 33 and more oneDNN
     layer.set_backend("int8")
-    assert layer._panels is None  # int8 weights have no panels
-    layer.set_native(True)
-    assert layer._panels is None
+    assert layer.impl.native and layer.impl.tensors()[0].dtype == torch.int8  # int8 weights: tiles, no panels
 
 
 def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
@@ -167,17 +165,45 @@ def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
         if backend == "int8":  # 2-8 rows: the native int8 kernel, each row exactly its reference
             for n in (2, 5, 8):
                 x = torch.randn(n, 24)
-                assert torch.equal(layer(x), int8_linear_ref(x, layer._int8))
+                assert torch.equal(layer(x), int8_linear_ref(x, layer.impl.quantized))
+    impl = layer.impl
+    assert isinstance(impl, Int8Linear)
+    (tiles,) = impl.tensors()
     layer.set_native(False)
-    assert layer._rows is None and layer._int8_rows is not None  # the packed copy is kept while off
-    layer.set_native(True)
-    assert layer._rows is not None
+    assert impl.tensors()[0] is tiles  # the packed copy is kept while off
     x = torch.randn(1, 24)
-    torch.testing.assert_close(layer._rows(x), lr.linear_rows_int8(
-        x, layer._int8_rows, layer._int8.row_sums, layer._int8.scales, layer.bias, layer._int8.reduce_range))
+    assert torch.equal(layer(x), int8_linear(x, impl.quantized))  # fbgemm again
+    layer.set_native(True)
+    w = impl.quantized
+    torch.testing.assert_close(layer(x), lr.linear_rows_int8(x, tiles, w.row_sums, w.scales, layer.bias,
+                                                              w.reduce_range))  # fmt: skip
     layer.set_backend("onednn")  # the bound kernel follows the backend: fp32 again
     torch.testing.assert_close(layer(x), x @ layer.weight.T + layer.bias, rtol=1e-5, atol=1e-5)
-    assert layer._rows is not None and not layer._rows._post
+    assert isinstance(layer.impl, DenseLinear) and layer.impl.native
+
+
+@pytest.mark.parametrize("backend", ["onednn", "int8"])
+def test_rebind_moves_the_native_copies_and_binds_the_kernels_to_them(backend: str) -> None:
+    """A backend moving a layer's weight and packed copies (onto huge pages) hands them back through rebind:
+    the kernels then read the new memory (the old copies zeroed: a kernel still bound to them would say so)."""
+    layer = Linear(48, 20, bias=True, dtype=torch.float32)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    layer.set_backend(backend)
+    layer.set_native(True)
+    x = torch.randn(1, 48)
+    before = layer(x)
+    old = layer.impl.tensors()
+    new = [t.clone() for t in old]
+    weight = layer.weight.data
+    layer.weight.data = weight.clone()
+    layer.impl.rebind(new)
+    for t in (*old, weight):
+        t.zero_()
+    assert all(a is b for a, b in zip(layer.impl.tensors(), new, strict=True))
+    assert torch.equal(layer(x), before)
+    with pytest.raises(ValueError, match="shapes"):
+        layer.impl.rebind([t.flatten() for t in new])
 
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 1), (1, 768), (3, 17), (8, 100), (64, 33), (5, 1024)])

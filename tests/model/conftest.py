@@ -1,4 +1,4 @@
-"""Tiny random checkpoints, built once per test session (transformers' own classes, saved to disk)."""
+"""Tiny random models, loaded once per test session (their checkpoints: tests/conftest.py's tiny_checkpoint)."""
 
 from __future__ import annotations
 
@@ -7,31 +7,32 @@ from pathlib import Path
 
 import pytest
 
+from recap.backends import Backend, prepare
 from recap.model.loader import LoadedModel, load_model
-from recap.model.testing import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """arch -> folder of its tiny checkpoint (built on first use)."""
-    built: dict[str, Path] = {}
+def tiny_prepared(tiny_checkpoint: Callable[[str], Path]) -> Callable[[str], tuple[LoadedModel, Backend]]:
+    """arch -> (the recap model loaded from its tiny checkpoint (fp32, loaded once), the backend its default flags
+    ask for, which prepared it): tests step it through that backend, as a runner does."""
+    loaded: dict[str, tuple[LoadedModel, Backend]] = {}
 
-    def get(arch: str) -> Path:
-        if arch not in built:
-            built[arch] = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch))
-        return built[arch]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tiny_checkpoint: Callable[[str], Path]) -> Callable[[str], LoadedModel]:
-    """arch -> the recap model loaded from its tiny checkpoint (fp32, loaded once)."""
-    loaded: dict[str, LoadedModel] = {}
-
-    def get(arch: str) -> LoadedModel:
+    def get(arch: str) -> tuple[LoadedModel, Backend]:
         if arch not in loaded:
-            loaded[arch] = load_model(tiny_checkpoint(arch))
+            lm = load_model(tiny_checkpoint(arch))
+            loaded[arch] = (lm, prepare(lm))
         return loaded[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_prepared: Callable[[str], tuple[LoadedModel, Backend]]) -> Callable[[str], LoadedModel]:
+    """arch -> tiny_prepared's loaded model."""
+    return lambda arch: tiny_prepared(arch)[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_backend(tiny_prepared: Callable[[str], tuple[LoadedModel, Backend]]) -> Callable[[str], Backend]:
+    """arch -> the backend that prepared tiny_model(arch)."""
+    return lambda arch: tiny_prepared(arch)[1]

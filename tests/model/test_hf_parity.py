@@ -27,14 +27,14 @@ def _prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_full_sequence_logits_match_transformers(arch, tiny_checkpoint, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_full_sequence_logits_match_transformers(arch, tiny_checkpoint, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     cfg = lm.config
     ids = _prompt(cfg.vocab_size, PROMPT_LEN)
     with torch.no_grad():
         ref = _hf_model(tiny_checkpoint(arch))(torch.tensor([ids])).logits[0].float()
     caches = ModelCaches.allocate(cfg, 8, 16, 2, torch.float32)
-    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)])
+    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)], backend)
     logits = lm.model.compute_logits(hidden)
     assert logits.dtype == torch.float32 and logits.shape == ref.shape
     scale = ref.abs().max()
@@ -43,8 +43,8 @@ def test_full_sequence_logits_match_transformers(arch, tiny_checkpoint, tiny_mod
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_continuation_matches_transformers_generate(arch, tiny_checkpoint, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_greedy_continuation_matches_transformers_generate(arch, tiny_checkpoint, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     ids = _prompt(lm.config.vocab_size, PROMPT_LEN, seed=1)
     hf = _hf_model(tiny_checkpoint(arch))
     with torch.no_grad():
@@ -53,7 +53,7 @@ def test_greedy_continuation_matches_transformers_generate(arch, tiny_checkpoint
             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
         )  # fmt: skip
     expected = out[0, len(ids) :].tolist()
-    assert greedy_generate(lm.model, ids, NEW_TOKENS) == expected
+    assert greedy_generate(lm.model, ids, NEW_TOKENS, backend=backend) == expected
 
 
 # Config variants a hub checkpoint of each family may have (each its own tiny checkpoint).
@@ -82,17 +82,19 @@ VARIANTS: list[tuple[str, dict]] = [
 
 @pytest.mark.parametrize(("arch", "overrides"), VARIANTS)
 def test_config_variants_match_transformers(arch, overrides, tmp_path) -> None:  # noqa: ANN001
+    from recap.backends import prepare
     from recap.model.loader import load_model
     from recap.model.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(arch, tmp_path, seed=3, **overrides)
     lm = load_model(path)
+    backend = prepare(lm)
     ids = _prompt(lm.config.vocab_size, PROMPT_LEN, seed=2)
     hf = _hf_model(path)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].float()
     caches = ModelCaches.allocate(lm.config, 8, 16, 2, torch.float32)
-    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)])
+    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)], backend)
     logits = lm.model.compute_logits(hidden)
     scale = ref.abs().max()
     assert scale > 1.0
@@ -103,4 +105,4 @@ def test_config_variants_match_transformers(arch, overrides, tmp_path) -> None: 
             torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
             max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, use_cache=False,
         )  # fmt: skip
-    assert greedy_generate(lm.model, ids, 6) == out[0, len(ids) :].tolist()
+    assert greedy_generate(lm.model, ids, 6, backend=backend) == out[0, len(ids) :].tolist()

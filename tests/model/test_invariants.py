@@ -51,29 +51,30 @@ def _logits(lm, hidden: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_decode_equals_full_forward(arch, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_decode_equals_full_forward(arch, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     ids = _tokens(lm.config.vocab_size, 45, seed=2)
     prompt = 20
-    full, _ = forward_step(lm.model, _caches(lm.config), [SeqSpec(ids, 0, _blocks(0), state_slot=1)])
+    full, _ = forward_step(lm.model, _caches(lm.config), [SeqSpec(ids, 0, _blocks(0), state_slot=1)], backend)
     ref = _logits(lm, full)
     caches = _caches(lm.config)
-    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids[:prompt], 0, _blocks(0), state_slot=1)])
+    hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids[:prompt], 0, _blocks(0), state_slot=1)], backend)
     got = [_logits(lm, hidden[-1:])]
     for pos in range(prompt, len(ids)):
-        hidden, batch = forward_step(lm.model, caches, [SeqSpec(ids[pos : pos + 1], pos, _blocks(0), state_slot=1)])
+        spec = SeqSpec(ids[pos : pos + 1], pos, _blocks(0), state_slot=1)
+        hidden, batch = forward_step(lm.model, caches, [spec], backend)
         assert batch.ssm is None or batch.ssm.is_decode
         got.append(_logits(lm, hidden))
     _assert_close(torch.cat(got), ref[prompt - 1 :], ref.abs().max().item())
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_chunked_prefill_equals_one_shot(arch, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_chunked_prefill_equals_one_shot(arch, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     n = 75  # crosses the 32-token SSD chunk grid and several KV blocks
     ids = _tokens(lm.config.vocab_size, n, seed=3)
     one = _caches(lm.config)
-    ref_hidden, _ = forward_step(lm.model, one, [SeqSpec(ids, 0, _blocks(0), state_slot=1)])
+    ref_hidden, _ = forward_step(lm.model, one, [SeqSpec(ids, 0, _blocks(0), state_slot=1)], backend)
     ref = _logits(lm, ref_hidden)
     rng = random.Random(arch)
     # [31]: a first chunk of one token (it completes the 32-grid cell); [5, 6]: a one-token (decode) step.
@@ -81,7 +82,7 @@ def test_chunked_prefill_equals_one_shot(arch, tiny_model) -> None:  # noqa: ANN
         caches = _caches(lm.config)
         parts = []
         for lo, hi in zip([0, *cuts], [*cuts, n]):
-            hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids[lo:hi], lo, _blocks(0), state_slot=1)])
+            hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids[lo:hi], lo, _blocks(0), state_slot=1)], backend)
             parts.append(hidden)
         _assert_close(_logits(lm, torch.cat(parts)), ref, ref.abs().max().item())
         _assert_states_close(_slot_state(caches, 1), _slot_state(one, 1))
@@ -89,8 +90,8 @@ def test_chunked_prefill_equals_one_shot(arch, tiny_model) -> None:  # noqa: ANN
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_packed_batch_equals_each_alone(arch, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_packed_batch_equals_each_alone(arch, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     v = lm.config.vocab_size
     a, b, c_prefix, c_new = _tokens(v, 37, 4), _tokens(v, 5, 5), _tokens(v, 20, 6), _tokens(v, 13, 7)
     specs = [
@@ -99,34 +100,35 @@ def test_packed_batch_equals_each_alone(arch, tiny_model) -> None:  # noqa: ANN0
         SeqSpec(c_new, 20, _blocks(2), state_slot=3),
     ]
     packed = _caches(lm.config)
-    forward_step(lm.model, packed, [SeqSpec(c_prefix, 0, _blocks(2), state_slot=3)])
-    hidden, batch = forward_step(lm.model, packed, specs)
+    forward_step(lm.model, packed, [SeqSpec(c_prefix, 0, _blocks(2), state_slot=3)], backend)
+    hidden, batch = forward_step(lm.model, packed, specs, backend)
     qsl = batch.query_start_loc.tolist()
     for row, spec in enumerate(specs):
         alone = _caches(lm.config)
         if spec.context_len:
-            forward_step(lm.model, alone, [SeqSpec(c_prefix, 0, spec.block_ids, state_slot=spec.state_slot)])
-        h, _ = forward_step(lm.model, alone, [spec])
+            forward_step(lm.model, alone, [SeqSpec(c_prefix, 0, spec.block_ids, state_slot=spec.state_slot)], backend)
+        h, _ = forward_step(lm.model, alone, [spec], backend)
         ref = _logits(lm, h)
         _assert_close(_logits(lm, hidden[qsl[row] : qsl[row + 1]]), ref, ref.abs().max().item())
         _assert_states_close(_slot_state(packed, spec.state_slot), _slot_state(alone, spec.state_slot))
 
 
 @pytest.mark.parametrize("arch", ["mamba", "jamba", "mamba2", "bamba"])
-def test_checkpoint_state_equals_prefix_state(arch, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_checkpoint_state_equals_prefix_state(arch, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     ids = _tokens(lm.config.vocab_size, 50, seed=8)
     caches = _caches(lm.config)
     spec = SeqSpec(ids, 0, _blocks(0), state_slot=1, checkpoints=[(16, 4), (40, 5)])
-    _, batch = forward_step(lm.model, caches, [spec])
+    _, batch = forward_step(lm.model, caches, [spec], backend)
     assert batch.planned_checkpoints == [(0, 16, 4), (0, 40, 5)]
     for pos, slot in ((16, 4), (40, 5)):
         assert caches.slot_positions[slot].item() == pos
         prefix = _caches(lm.config)
-        forward_step(lm.model, prefix, [SeqSpec(ids[:pos], 0, _blocks(0), state_slot=2)])
+        forward_step(lm.model, prefix, [SeqSpec(ids[:pos], 0, _blocks(0), state_slot=2)], backend)
         _assert_states_close(_slot_state(caches, slot), _slot_state(prefix, 2))
     # A checkpoint planned on a decode step is the running state after that token, bit for bit.
-    _, batch = forward_step(lm.model, caches, [SeqSpec(ids[:1], 50, _blocks(0), state_slot=1, checkpoints=[(51, 6)])])
+    spec = SeqSpec(ids[:1], 50, _blocks(0), state_slot=1, checkpoints=[(51, 6)])
+    _, batch = forward_step(lm.model, caches, [spec], backend)
     assert batch.ssm is not None and batch.ssm.is_decode
     assert caches.slot_positions[6].item() == 51 and caches.slot_positions[1].item() == 51
     for x, y in zip(_slot_state(caches, 6), _slot_state(caches, 1), strict=True):
@@ -152,8 +154,8 @@ def _snapshot(caches: ModelCaches) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("arch", ["jamba", "bamba"])
 @pytest.mark.parametrize("decode", [False, True])
-def test_padding_rows_are_inert(arch, decode, tiny_model) -> None:  # noqa: ANN001
-    lm = tiny_model(arch)
+def test_padding_rows_are_inert(arch, decode, tiny_model, tiny_backend) -> None:  # noqa: ANN001
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     v = lm.config.vocab_size
     n = 1 if decode else 9
     real = [SeqSpec(_tokens(v, n, 9), 20, _blocks(0), state_slot=1),
@@ -162,7 +164,7 @@ def test_padding_rows_are_inert(arch, decode, tiny_model) -> None:  # noqa: ANN0
     caches = _caches(lm.config)
     _randomize(caches)
     before = _snapshot(caches)
-    hidden, batch = forward_step(lm.model, caches, [real[0], pad, real[1]])
+    hidden, batch = forward_step(lm.model, caches, [real[0], pad, real[1]], backend)
     after = _snapshot(caches)
     untouched_slots = [s for s in range(caches.num_state_slots) if s not in (1, 2)]
     for key in before:
@@ -174,7 +176,7 @@ def test_padding_rows_are_inert(arch, decode, tiny_model) -> None:  # noqa: ANN0
     # The real rows compute what they compute without the padding row.
     alone = _caches(lm.config)
     _randomize(alone)
-    ref, ref_batch = forward_step(lm.model, alone, real)
+    ref, ref_batch = forward_step(lm.model, alone, real, backend)
     qsl, rqsl = batch.query_start_loc.tolist(), ref_batch.query_start_loc.tolist()
     for row, rrow in ((0, 0), (2, 1)):
         _assert_close(hidden[qsl[row] : qsl[row + 1]], ref[rqsl[rrow] : rqsl[rrow + 1]], ref.abs().max().item())
@@ -182,15 +184,15 @@ def test_padding_rows_are_inert(arch, decode, tiny_model) -> None:  # noqa: ANN0
 
 
 @pytest.mark.parametrize("arch", ["mamba", "bamba"])
-def test_one_token_prompt_ignores_stale_slot(arch, tiny_model) -> None:  # noqa: ANN001
+def test_one_token_prompt_ignores_stale_slot(arch, tiny_model, tiny_backend) -> None:  # noqa: ANN001
     """A one-token prompt is a decode-shaped step with no context: it must not read its slot's old state."""
-    lm = tiny_model(arch)
+    lm, backend = tiny_model(arch), tiny_backend(arch)
     spec = SeqSpec([5], 0, _blocks(0), state_slot=1)
     fresh = _caches(lm.config)
-    ref, _ = forward_step(lm.model, fresh, [spec])
+    ref, _ = forward_step(lm.model, fresh, [spec], backend)
     stale = _caches(lm.config)
     _randomize(stale)
-    got, batch = forward_step(lm.model, stale, [spec])
+    got, batch = forward_step(lm.model, stale, [spec], backend)
     assert batch.ssm is not None and batch.ssm.is_decode
     assert torch.equal(got, ref)
     _assert_states_close(_slot_state(stale, 1), _slot_state(fresh, 1))

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from recap.backends import prepare
 from recap.model.cache import UNWRITTEN, ModelCaches
 from recap.model.layers.linear import Linear, onednn_available
 from recap.model.layers.norm import GatedRMSNorm, RMSNorm
@@ -40,6 +41,7 @@ def test_model_backends_agree(tiny_checkpoint) -> None:  # noqa: ANN001
     outs = []
     for backend in ("torch", "onednn"):
         lm = load_model(tiny_checkpoint("bamba"), linear_backend=backend)
+        prepare(lm)
         caches = ModelCaches.allocate(lm.config, 4, 16, 2, torch.float32)
         hidden, _ = forward_step(lm.model, caches, [SeqSpec(list(range(30)), 0, [1, 2], state_slot=1)])
         outs.append(lm.model.compute_logits(hidden))

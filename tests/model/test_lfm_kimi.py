@@ -79,12 +79,14 @@ def test_kimi_variants_match_transformers(overrides: dict, tmp_path) -> None:  #
     """The low-rank query path and grouped routing, against transformers' no-cache forward."""
     from transformers import AutoModelForCausalLM
 
+    from recap.backends import prepare
     from recap.kernels.metadata import SeqSpec
     from recap.model.loader import load_model
     from recap.model.testing import forward_step, make_tiny_checkpoint
 
     path = make_tiny_checkpoint("kimi_linear", tmp_path, **overrides)
     lm = load_model(path)
+    prepare(lm)
     ids = torch.randint(0, 512, (37,), generator=torch.Generator().manual_seed(3)).tolist()
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(path).eval()(torch.tensor([ids])).logits[0].float()

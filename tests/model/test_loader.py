@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recap.model.config import UnsupportedArchitectureError
+from recap.model.layers.linear import Linear, onednn_available
 from recap.model.loader import WeightLoadError, load_model
 
 
@@ -149,3 +150,15 @@ def test_nemotron_h_mtp_weights_are_skipped_by_name(tiny_checkpoint, tiny_model,
     lm = load_model(path)
     ref = tiny_model("nemotron_h").model.state_dict()
     assert all(torch.equal(v, ref[k]) for k, v in lm.model.state_dict().items())
+
+
+def test_the_execution_flags_are_checked_and_recorded_for_the_backend(tiny_checkpoint) -> None:  # noqa: ANN001
+    """load_model leaves the modules on their reference paths and records how they should run."""
+    path = tiny_checkpoint("mamba2")
+    lm = load_model(path)
+    assert lm.linear_backend == ("onednn" if onednn_available() else "torch") and lm.native_decode
+    assert all(m.backend == "torch" and not m.impl.native for m in lm.model.modules() if isinstance(m, Linear))
+    lm = load_model(path, quantization="int8", native_decode=False)
+    assert (lm.linear_backend, lm.native_decode) == ("int8", False)
+    with pytest.raises(ValueError, match="linear backend"):
+        load_model(path, linear_backend="int4")

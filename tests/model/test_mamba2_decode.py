@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recap.backends import prepare
 from recap.kernels.mamba2_step import mamba2_step_available
 from recap.kernels.metadata import SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
@@ -47,6 +48,7 @@ def variant_model(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         if key not in loaded:
             path = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), seed=3, **dict(overrides))
             loaded[key] = load_model(path)
+            prepare(loaded[key])  # the linear layers of the backend its flags ask for, as a runner runs them
         return loaded[key]
 
     return get

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.kernels.linear_rows import RowKernel, linear_rows_available
 from recap.model.layers.linear import Linear
 from recap.model.loader import load_model
@@ -22,8 +23,10 @@ def test_decode_with_native_kernels_matches_torch_kernels(
     if not linear_rows_available():
         pytest.skip("the native kernels cannot be built here (no C compiler)")
     path = tiny_checkpoint(arch)
-    eager = load_model(path, quantization=quantization, native_decode=False).model
-    fast = load_model(path, quantization=quantization).model
+    eager_lm = load_model(path, quantization=quantization, native_decode=False)
+    fast_lm = load_model(path, quantization=quantization)
+    eager_backend, fast_backend = prepare(eager_lm), prepare(fast_lm)
+    eager, fast = eager_lm.model, fast_lm.model
     calls: list[int] = []
     real = RowKernel.__call__
 
@@ -32,15 +35,17 @@ def test_decode_with_native_kernels_matches_torch_kernels(
         return real(self, x)
 
     monkeypatch.setattr(RowKernel, "__call__", counted)
-    assert all((m._rows is not None) for m in fast.modules() if isinstance(m, Linear))
-    assert all(m._rows is None for m in eager.modules() if isinstance(m, Linear))
-    assert quantization is None or all(m._rows._post for m in fast.modules() if isinstance(m, Linear))
+    assert isinstance(fast_backend, CpuBackend) and type(eager_backend) is TorchBackend
+    assert all(m.impl.native for m in fast.modules() if isinstance(m, Linear))
+    assert not any(m.impl.native for m in eager.modules() if isinstance(m, Linear))
+    assert all(m.backend == (quantization or "onednn") for m in fast.modules() if isinstance(m, Linear))
     prompt = torch.randint(0, eager.config.vocab_size, (21,), generator=torch.Generator().manual_seed(3)).tolist()
-    out = greedy_generate(fast, prompt, 12)
+    out = greedy_generate(fast, prompt, 12, backend=fast_backend)
     assert calls and set(calls) == {1}  # the decode steps' linears took the native path
     calls.clear()
-    assert greedy_generate(eager, prompt, 12) == out
+    assert greedy_generate(eager, prompt, 12, backend=eager_backend) == out
     assert not calls  # the eager model never does
+    assert greedy_generate(fast, prompt, 12) == out  # the module path with the same native kernels
     hidden = torch.randn(1, eager.config.hidden_size, generator=torch.Generator().manual_seed(4))
     tol = 1e-5 if quantization is None else 2e-2  # int8: fbgemm may round an activation tie the other way
     with torch.inference_mode():
@@ -49,7 +54,10 @@ def test_decode_with_native_kernels_matches_torch_kernels(
 
 def test_enforce_eager_and_the_torch_backend_keep_torch_kernels(tiny_checkpoint: Callable[[str], Path]) -> None:
     path = tiny_checkpoint("mamba2")
-    for model in (load_model(path, native_decode=False).model, load_model(path, linear_backend="torch").model):
-        assert not any(m._native for m in model.modules() if isinstance(m, Linear))
+    for lm in (load_model(path, native_decode=False), load_model(path, linear_backend="torch")):
+        assert type(prepare(lm)) is TorchBackend
+        assert not any(m.impl.native for m in lm.model.modules() if isinstance(m, Linear))
     if linear_rows_available():
-        assert all(m._native for m in load_model(path).model.modules() if isinstance(m, Linear))
+        lm = load_model(path)
+        assert isinstance(prepare(lm), CpuBackend)
+        assert all(m.impl.native for m in lm.model.modules() if isinstance(m, Linear))

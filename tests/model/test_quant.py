@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recap.backends import prepare
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
-from recap.model.loader import load_model
+from recap.model.loader import LoadedModel, load_model
 from recap.model.quant import int8_linear, int8_linear_ref, quantize_int8
 from recap.model.testing import forward_step
 
@@ -64,6 +65,11 @@ def test_linear_int8_backend() -> None:
     assert lin.backend == "torch"
 
 
+def _prepared(lm: LoadedModel) -> LoadedModel:
+    prepare(lm)  # the linear backend and kernels its flags ask for, as a runner runs it
+    return lm
+
+
 def _logits(lm, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
     caches = ModelCaches.allocate(lm.config, 1 + len(ids) // 16 + 1, 16, 2, lm.model.dtype)
     hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, list(range(1, 2 + len(ids) // 16)), state_slot=1)])
@@ -76,17 +82,17 @@ def test_reduced_precision_models_stay_close_to_fp32(arch, tiny_checkpoint) -> N
     bf16 0.006-0.016 on these three)."""
     path = tiny_checkpoint(arch)
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(5)).tolist()
-    ref = _logits(load_model(path), ids)
+    ref = _logits(_prepared(load_model(path)), ids)
 
     def dist(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a - b).norm() / b.norm()).item()
 
-    int8 = load_model(path, quantization="int8")
+    int8 = _prepared(load_model(path, quantization="int8"))
     assert all(m.backend == "int8" for m in int8.model.modules() if isinstance(m, Linear))
     assert dist(_logits(int8, ids), ref) <= 0.08
-    bf16 = load_model(path, dtype=torch.bfloat16)
+    bf16 = _prepared(load_model(path, dtype=torch.bfloat16))
     assert dist(_logits(bf16, ids), ref) <= 0.04
-    bf16_ref = load_model(path, dtype=torch.bfloat16, linear_backend="torch")  # the reference bf16 linears
+    bf16_ref = _prepared(load_model(path, dtype=torch.bfloat16, linear_backend="torch"))  # the reference bf16 linears
     assert dist(_logits(bf16, ids), _logits(bf16_ref, ids)) <= 0.04
 
 

@@ -3,16 +3,23 @@ multipliers from config, optional per-head q/k RMSNorm, optional sigmoid gate pe
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import torch
 
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.paged_decode import paged_decode_available
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous, require_type
 from recap.model.layers.linear import Linear
 from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.mixer_configs import AttentionConfig
+
+if TYPE_CHECKING:
+    from recap.model.cache import ModelCaches
 
 
 class Attention(Mixer):
@@ -84,3 +91,24 @@ class Attention(Mixer):
             out = out * head_gate[..., None]
         out = self.o_proj(out.reshape(t, c.num_heads * c.head_dim))
         return out if c.output_multiplier == 1.0 else out * c.output_multiplier
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record a decode step of plain attention (GQA, RoPE or none; no q/k norm, head gate, multiplier or
+        window): projections, RoPE and the K/V write, paged decode attention, o_proj (model/capture.py)."""
+        require_type(self, Attention, f"layer {layer}: mixer")
+        c = self.cfg
+        plain = c.qk_norm == "none" and not c.head_gate and c.input_multiplier == 1.0 and c.output_multiplier == 1.0
+        if not (plain and self.native and self.window == 0
+                and (self.rotary is None or type(self.rotary) is RotaryEmbedding)):  # fmt: skip
+            raise GraphUnsupportedError(f"layer {layer}: attention with q/k norms, a gate, multipliers or a window")
+        kv = caches.kv[layer]
+        k_cache, v_cache = (f32_contiguous(t, f"layer {layer}'s K/V") for t in (kv.k_cache, kv.v_cache))
+        if tuple(k_cache.shape[2:]) != (c.num_kv_heads, c.head_dim):
+            raise GraphUnsupportedError(f"layer {layer}: K/V cache {tuple(k_cache.shape)} does not fit the layer")
+        q, k, v = (p.capture_decode(builder, x) for p in (self.q_proj, self.k_proj, self.v_proj))
+        inv_freq = None if self.rotary is None else f32_contiguous(self.rotary.inv_freq, "inv_freq")
+        if inv_freq is not None and inv_freq.numel() > 512:
+            raise GraphUnsupportedError(f"layer {layer}: rotary dim {2 * inv_freq.numel()} above 1024")
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(c.head_dim)
+        out = builder.paged_attention(q, k, v, inv_freq, k_cache, v_cache, scale, layer)
+        return self.o_proj.capture_decode(builder, out)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recap.model.capture import DecodeCapture, f32_contiguous, require_type
 from recap.model.layers.linear import empty_param
 
 
@@ -16,3 +17,8 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
+
+    def capture_decode(self, builder: DecodeCapture) -> torch.Tensor:
+        """Record the lookup of the step's token ids -> [rows, D] (model/capture.py)."""
+        require_type(self, Embedding, "embedding")
+        return builder.embed(f32_contiguous(self.weight, "the embedding"))

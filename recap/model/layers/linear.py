@@ -11,15 +11,23 @@ A bf16 weight is packed the same way (oneDNN's bf16 kernels): at 1 and 8 rows it
 ran ~2x faster than fp32 (AVX-512 EPYC, 768 -> 32000: 4.2 vs 10.3 ms at 1 row); plain F.linear in bf16
 was no faster than fp32.
 The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8, fbgemm's dynamic linear).
+A Linear holds one implementation object (`impl`: DenseLinear for "torch" and "onednn", Int8Linear for "int8"),
+which also routes few-row inputs to the native kernels when they are on; a backend reaches its packed copies
+and native calls only through LinearImpl's public methods.
 """
 
 from __future__ import annotations
+
+import ctypes
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels
+from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels, panels_graph_call
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
@@ -51,71 +59,192 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return weight.to_mkldnn()
 
 
+class LinearImpl(ABC):
+    """How one Linear computes y = x W^T + b, with the copies of the weight that way needs (Linear.impl).
+
+    The weight and bias are the layer's parameters (the same objects: a backend that moves them with
+    `param.data = ...` calls `rebind` afterwards). `tensors()` are the plain copies this implementation made
+    for its native kernels (panels, int8 tiles), which a backend may move too (onto huge pages) and hand back
+    through `rebind`; `graph_call` is one native call of this layer as a decode graph replays it.
+    """
+
+    name: str  # the linear backend it implements: one of LINEAR_BACKENDS
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.native = False  # few-row inputs take recap's native kernels (kernels/linear_rows.py); set_native
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def set_native(self, on: bool) -> None:
+        """Route few-row fp32 inputs to the native kernels (bound to the weight's address: call again when it
+        moves); their packed copies are made once and kept while off."""
+
+    @abstractmethod
+    def tensors(self) -> list[torch.Tensor]:
+        """The plain contiguous copies of the weight this implementation made (none: [])."""
+
+    def rebind(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Take `tensors` (same shapes and values as `tensors()`, new storage) in their place, and bind the native
+        kernels again (to them and to the parameters, which may have moved too)."""
+        old = self.tensors()
+        fits = len(old) == len(tensors) and all(
+            a.shape == b.shape and a.dtype == b.dtype and b.is_contiguous() for a, b in zip(old, tensors)
+        )
+        if not fits:
+            raise ValueError("rebind takes contiguous tensors of the shapes and dtypes of tensors()")
+        self._replace(list(tensors))
+        self.set_native(self.native)
+
+    @abstractmethod
+    def _replace(self, tensors: list[torch.Tensor]) -> None: ...
+
+    @abstractmethod
+    def graph_call(self, x: torch.Tensor, y: torch.Tensor, rows: int, threads: ctypes.c_int) -> NativeCall | None:
+        """The native call computing y [rows, out] from x [rows, in] (fixed buffers) as a decode graph replays
+        it, or None where no native kernel is bound for `rows` rows."""
+
+
+class DenseLinear(LinearImpl):
+    """fp32 or bf16 weights: F.linear ("torch"), or oneDNN over a copy packed for PACK_ROWS rows ("onednn").
+    With the native kernels on, one fp32 row takes the one-row kernel and 2..PANEL_ROWS fp32 rows the panel
+    kernel (over a third copy of the weight, beside the weight and oneDNN's copy for prefill)."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, onednn: bool) -> None:
+        super().__init__(weight, bias)
+        use = onednn and onednn_available() and weight.device.type == "cpu"
+        self._packed = _pack(weight.detach()) if use else None  # oneDNN's copy of the weight
+        self.name = "onednn" if self._packed is not None else "torch"
+        self._rows: RowKernel | None = None  # the one-row kernel bound to this weight
+        self._panels: torch.Tensor | None = None  # the fp32 weight in the few-row kernel's panels
+
+    def set_native(self, on: bool) -> None:
+        self.native = on
+        w = self.weight
+        if on and w.dtype == torch.float32 and w.device.type == "cpu" and self._panels is None:
+            self._panels = pack_panels(w)
+        self._rows = RowKernel(w, self.bias) if on and w.dtype == torch.float32 and w.is_contiguous() else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self._rows
+        if rows is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.shape[0] == 1:
+            return rows(x)  # the native kernel (batch-1 decode)
+        panels = self._panels
+        if (panels is not None and self.native and x.dim() == 2 and 1 < x.shape[0] <= PANEL_ROWS
+                and x.dtype == torch.float32):  # fmt: skip
+            return linear_panels_f32(x, panels, self.bias, self.weight.shape[0])  # batched decode
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [] if self._panels is None else [self._panels]
+
+    def _replace(self, tensors: list[torch.Tensor]) -> None:
+        if tensors:
+            (self._panels,) = tensors
+
+    def graph_call(self, x: torch.Tensor, y: torch.Tensor, rows: int, threads: ctypes.c_int) -> NativeCall | None:
+        if self._rows is not None and rows == 1:
+            return self._rows.graph_call(_addr(x), _addr(y), x.shape[1], threads, 1)
+        if rows > 1 and self.native and self._panels is not None:
+            return panels_graph_call(_addr(x), _addr(y), rows, self._panels, self.bias, self.weight.shape[0], threads)
+        return None
+
+
+class Int8Linear(LinearImpl):
+    """Per-channel int8 weights (model/quant.py, fbgemm's dynamic linear); with the native kernels on, inputs of
+    1..INT8_ROWS fp32 rows take the native int8 kernel over the weight in its tiles."""
+
+    name = "int8"
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+        super().__init__(weight, bias)
+        self.quantized: Int8Weight = quantize_int8(weight, bias)  # QuantizationUnavailableError without fbgemm
+        self._rows: RowKernel | None = None  # the native kernel bound to the tiles
+        self._tiles: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
+
+    def set_native(self, on: bool) -> None:
+        self.native = on
+        if on and self._tiles is None:
+            self._tiles = pack_int8(self.quantized.qweight)
+        w = self.quantized
+        self._rows = RowKernel(None, w.bias, (self._tiles, w.row_sums, w.scales, w.reduce_range)) if on else None  # type: ignore[arg-type]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self._rows
+        if (rows is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
+                and x.shape[0] <= INT8_ROWS):  # fmt: skip
+            return rows(x)  # the native kernel (batch-1 and batched decode)
+        y = int8_linear(x, self.quantized)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [] if self._tiles is None else [self._tiles]
+
+    def _replace(self, tensors: list[torch.Tensor]) -> None:
+        if tensors:
+            (self._tiles,) = tensors
+
+    def graph_call(self, x: torch.Tensor, y: torch.Tensor, rows: int, threads: ctypes.c_int) -> NativeCall | None:
+        if self._rows is None or rows > INT8_ROWS:
+            return None
+        return self._rows.graph_call(_addr(x), _addr(y), x.shape[1], threads, rows)
+
+
+def _addr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
 class Linear(nn.Module):
-    """y = x W^T + b, weight [out, in] as stored on disk."""
+    """y = x W^T + b, weight [out, in] as stored on disk; computed by one implementation object (`impl`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = empty_param(out_features, in_features, dtype=dtype)
         self.bias = empty_param(out_features, dtype=dtype) if bias else None
-        self._packed: torch.Tensor | None = None  # oneDNN copy of the weight when that backend is on
-        self._int8: Int8Weight | None = None  # int8 copy of the weight when that backend is on
-        self._native = False  # one-row inputs take recap's native kernels (kernels/linear_rows.py)
-        self._rows: RowKernel | None = None  # that kernel, bound to this weight (set_native)
-        self._int8_rows: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
-        self._panels: torch.Tensor | None = None  # the fp32 weight in the few-row native kernel's panels
+        self.impl: LinearImpl = DenseLinear(self.weight, self.bias, onednn=False)
 
     @property
     def backend(self) -> str:
-        return "int8" if self._int8 is not None else "onednn" if self._packed is not None else "torch"
+        return self.impl.name
 
     def set_backend(self, backend: str) -> None:
         """ "torch" (reference), "onednn" or "int8": the last two pack a copy of the weight (call again after
-        reloading weights). "int8" raises QuantizationUnavailableError on a torch without fbgemm."""
+        reloading weights). "int8" raises QuantizationUnavailableError on a torch without fbgemm. The native
+        kernels stay on or off."""
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
-        self._int8 = quantize_int8(self.weight, self.bias) if backend == "int8" else None
-        self._int8_rows = self._panels = None  # packed again by set_native for the new weight
-        use = backend == "onednn" and onednn_available() and self.weight.device.type == "cpu"
-        self._packed = _pack(self.weight.detach()) if use else None
-        self.set_native(self._native)  # the native kernel follows the new weight format
+        native = self.impl.native
+        if backend == "int8":
+            self.impl = Int8Linear(self.weight, self.bias)
+        else:
+            self.impl = DenseLinear(self.weight, self.bias, onednn=backend == "onednn")
+        self.impl.set_native(native)  # the native kernel follows the new weight format
 
     def set_native(self, on: bool) -> None:
         """Send one-row fp32 inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
-        kernels/linear_rows.py, inputs of 2..8 rows with int8 weights to its int8 kernel, and inputs of 2..32
-        rows with fp32 weights to its panel kernel (a third copy of
-        the weight, beside the weight and oneDNN's copy for prefill); the caller checks
-        `linear_rows_available()` first. Other inputs, and bf16 weights, keep the backend. Call again when the
-        weight moves (it binds the kernel to its address); packed copies are made once and kept while off."""
-        self._native = on
-        if on and self._int8 is not None and self._int8_rows is None:
-            self._int8_rows = pack_int8(self._int8.qweight)
-        fp32 = self._int8 is None and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
-        if on and fp32 and self._panels is None:
-            self._panels = pack_panels(self.weight)
-        self._rows = None
-        if on and self._int8 is not None and self._int8_rows is not None:
-            w = self._int8
-            self._rows = RowKernel(None, w.bias, (self._int8_rows, w.row_sums, w.scales, w.reduce_range))
-        elif on and self.weight.dtype == torch.float32 and self.weight.is_contiguous():
-            self._rows = RowKernel(self.weight, self.bias)
+        kernels/linear_rows.py, inputs of 2..INT8_ROWS rows with int8 weights to its int8 kernel, and inputs of
+        2..PANEL_ROWS rows with fp32 weights to its panel kernel; the caller checks `linear_rows_available()`
+        first. Other inputs, and bf16 weights, keep the backend. Call again when the weight moves."""
+        self.impl.set_native(on)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self._rows
-        if (rows is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
-                and (x.shape[0] == 1 or (rows.is_int8 and x.shape[0] <= INT8_ROWS))):  # fmt: skip
-            return rows(x)  # the native kernel (batch-1 decode; batched decode with int8 weights)
-        panels = self._panels
-        if (panels is not None and self._native and x.dim() == 2 and 1 < x.shape[0] <= PANEL_ROWS
-                and x.dtype == torch.float32):  # fmt: skip
-            return linear_panels_f32(x, panels, self.bias, self.out_features)  # batched decode
-        if self._int8 is not None:
-            y = int8_linear(x, self._int8)
-            return y if x.dtype == torch.float32 else y.to(x.dtype)
-        if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return self.impl(x)
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor) -> torch.Tensor:
+        """Record this layer on x [rows, in] through its native kernel -> y [rows, out] (model/capture.py)."""
+        if type(self) is not Linear or x.shape[1] != self.in_features:
+            raise GraphUnsupportedError(f"linear layer {type(self).__name__}")
+        y = builder.buffer(self.out_features)
+        call = self.impl.graph_call(x, y, builder.rows, builder.threads)
+        if call is None:
+            raise GraphUnsupportedError(f"a linear layer without a native kernel for {builder.rows} rows")
+        builder.record(call)
+        return y
 
 
 def tied_linear(weight: nn.Parameter) -> Linear:
@@ -125,10 +254,5 @@ def tied_linear(weight: nn.Parameter) -> Linear:
     head.in_features, head.out_features = weight.shape[1], weight.shape[0]
     head.weight = weight
     head.bias = None
-    head._packed = None
-    head._int8 = None
-    head._native = False
-    head._rows = None
-    head._int8_rows = None
-    head._panels = None
+    head.impl = DenseLinear(weight, None, onednn=False)
     return head

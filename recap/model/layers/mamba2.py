@@ -18,6 +18,7 @@ from recap.kernels.mamba2_step import Mamba2Step, mamba2_step_available
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous, require_type
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mamba2_decode import decode_supported, mamba2_decode
@@ -71,6 +72,19 @@ class Mamba2Mixer(Mixer):
             self.A_log, self.D, c.time_step_limit, None if norm is None else norm.weight, c.gate_norm,
             0 if norm is None else norm.group_size, c.norm_eps,
         )  # fmt: skip
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record a plain decode step through the native step, in place on the step's slots (model/capture.py)."""
+        require_type(self, Mamba2Mixer, f"layer {layer}: mixer")
+        c = self.cfg
+        multipliers = c.input_multiplier != 1.0 or self.in_proj_scale is not None or c.output_multiplier != 1.0
+        if self.native_step is None or multipliers:
+            raise GraphUnsupportedError(f"layer {layer}: a Mamba2 mixer without its native step, or with multipliers")
+        state = caches.state[layer]
+        conv, ssm = (f32_contiguous(state[n], f"layer {layer}'s {n} state") for n in ("conv", "ssm"))
+        proj = self.in_proj.capture_decode(builder, x)
+        y = builder.mamba2_step(self.native_step, proj, conv, ssm, caches.slot_positions)
+        return self.out_proj.capture_decode(builder, y)
 
     def _gate(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.cfg.gate_norm == "gate":

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, require_type
 from recap.model.feed_forward_configs import MLPConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear
@@ -13,6 +14,9 @@ from recap.model.layers.mixer import Mixer
 
 if TYPE_CHECKING:
     from recap.kernels.metadata import ForwardBatch
+    from recap.model.cache import ModelCaches
+
+if TYPE_CHECKING:
     from recap.model.cache import ModelCaches
 
 
@@ -64,3 +68,17 @@ class MLP(Mixer):
             return self.down(self.gate_up_proj(x))
         out = self.down_proj(self._act(self.gate_proj(x)).mul_(self.up_proj(x)))
         return out if c.down_multiplier == 1.0 else out * c.down_multiplier
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record a gated silu MLP without multipliers on x [rows, D] (model/capture.py)."""
+        require_type(self, MLP, f"layer {layer}: mixer")
+        c = self.cfg
+        if not c.gated or c.activation not in ("silu", "swish") or c.gate_multiplier != 1.0 or c.down_multiplier != 1.0:
+            raise GraphUnsupportedError("an MLP other than gated silu without multipliers")
+        i = c.intermediate_size
+        if c.fused_gate_up:
+            gate_up = self.gate_up_proj.capture_decode(builder, x)
+            gate, up = gate_up[:, :i], gate_up[:, i:]
+        else:
+            gate, up = (p.capture_decode(builder, x) for p in (self.gate_proj, self.up_proj))
+        return self.down_proj.capture_decode(builder, builder.silu_mul(gate, up))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, use_rms_norm_rows
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous
 from recap.model.layers.linear import empty_param
 
 
@@ -44,6 +45,12 @@ class RMSNorm(nn.Module):
             return rms_norm_rows(x, self.weight, self.eps)
         y = rms_normalize(x, self.eps)
         return y.mul_(self.weight) if x.dtype == torch.float32 else self.weight * y.to(x.dtype)
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor) -> torch.Tensor:
+        """Record this norm on x [rows, D] through its native kernel (model/capture.py)."""
+        if type(self) is not RMSNorm or not self.native:
+            raise GraphUnsupportedError(f"norm {type(self).__name__} (native: {self.native})")
+        return builder.rms_norm(x, f32_contiguous(self.weight, "a norm weight"), self.eps)
 
 
 class GatedRMSNorm(nn.Module):

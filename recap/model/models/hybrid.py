@@ -11,6 +11,7 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, capture_residual, require_type
 from recap.model.layer_kinds import build_mixer
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
@@ -39,6 +40,15 @@ class HybridBlock(nn.Module):
         h = h + mixer(self.input_layernorm(h), batch, caches, layer)
         if hasattr(self, "feed_forward"):
             h = h + self.feed_forward(self.pre_ff_layernorm(h))
+        return h
+
+    def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record the mixer's and the feed-forward's residual steps on the residual buffer h (model/capture.py)."""
+        require_type(self, HybridBlock, f"layer {layer}: block")
+        mixer = self.self_attn if self.is_attention else self.mamba
+        capture_residual(builder, h, self.input_layernorm, mixer, caches, layer)
+        if hasattr(self, "feed_forward"):
+            capture_residual(builder, h, self.pre_ff_layernorm, self.feed_forward, caches, layer)
         return h
 
 

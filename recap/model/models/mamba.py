@@ -12,6 +12,7 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, capture_residual, require_type
 from recap.model.layer_kinds import build_mixer
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
@@ -41,6 +42,12 @@ class MixerBlock(nn.Module):
         residual = h.float() if self.residual_in_fp32 and h.dtype != torch.float32 else h
         x = h if h.dtype == self.dtype else h.to(self.dtype)
         return residual + self.mixer(self.norm(x), batch, caches, layer)
+
+    def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record h += mixer(norm(h)) on the residual buffer h (model/capture.py); returns h."""
+        require_type(self, MixerBlock, f"layer {layer}: block")
+        capture_residual(builder, h, self.norm, self.mixer, caches, layer)
+        return h
 
 
 class MambaForCausalLM(CausalLM):

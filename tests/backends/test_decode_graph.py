@@ -1,5 +1,5 @@
-"""The captured batch-1 decode step (model/decode_graph.py) against the module path it replays, and its ops
-(kernels/decode_ops.py) against their torch references."""
+"""The captured decode step (backends/decode_graph.py) against the module path it replays, the CPU backend's
+keeping of its graphs, and the graph's ops (kernels/decode_ops.py) against their torch references."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from recap.backends import CpuBackend, TorchBackend, prepare
+from recap.backends.decode_graph import MAX_ROWS, DecodeGraph
 from recap.kernels import decode_ops
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import SeqSpec
 from recap.kernels.paged_attention import write_kv
 from recap.model.cache import ModelCaches
-from recap.model.decode_graph import DecodeGraph
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.loader import load_model
 from recap.model.models.base import CausalLM
@@ -38,29 +39,35 @@ def _caches(model: CausalLM, tokens: int, rows: int = 1) -> tuple[ModelCaches, l
     return caches, [list(range(1 + r * per, 1 + (r + 1) * per)) for r in range(rows)]
 
 
-def _decode_both(model: CausalLM, prompts: list[list[int]], steps: int) -> tuple[list, list, ModelCaches, ModelCaches]:
-    """The same greedy decode of len(prompts) rows run twice on fresh caches: through the graph, and with it off
-    (the module path with the same native kernels). A step whose token completes a block checkpoints that row
-    (its slot rows + 2 + r, overwritten at each boundary), as the scheduler plans it. Returns the per-step hidden
-    states of both and both caches."""
+def _prepared(path: Path, **flags: str | None) -> tuple[CausalLM, CpuBackend]:
+    """The model of a checkpoint and the CPU backend that prepared it."""
+    lm = load_model(path, **flags)  # type: ignore[arg-type]
+    backend = prepare(lm)
+    assert isinstance(backend, CpuBackend)
+    return lm.model, backend
+
+
+def _decode_both(
+    model: CausalLM, backend: CpuBackend, prompts: list[list[int]], steps: int
+) -> tuple[list, list, ModelCaches, ModelCaches]:
+    """The same greedy decode of len(prompts) rows run twice on fresh caches: through the backend (the graph),
+    and through the model's forward (the module path with the same native kernels). A step whose token completes
+    a block checkpoints that row (its slot rows + 2 + r, overwritten at each boundary), as the scheduler plans
+    it. Returns the per-step hidden states of both and both caches."""
     rows, runs = len(prompts), []
-    for graph_on in (True, False):
+    for through in (backend, None):
         caches, blocks = _caches(model, max(map(len, prompts)) + steps, rows)
         specs = [SeqSpec(p, 0, blocks[r], state_slot=r + 2) for r, p in enumerate(prompts)]
-        hidden, batch = forward_step(model, caches, specs)
+        hidden, batch = forward_step(model, caches, specs, through)
         nxt = model.compute_logits(hidden[batch.logits_indices]).argmax(-1).tolist()
         pos, outs = [len(p) for p in prompts], []
-        model._native_decode = graph_on
-        try:
-            for _ in range(steps):
-                specs = [SeqSpec([nxt[r]], pos[r], blocks[r], state_slot=r + 2,
-                                 checkpoints=[(pos[r] + 1, rows + 2 + r)] if (pos[r] + 1) % BLOCK == 0 else [])
-                         for r in range(rows)]  # fmt: skip
-                h, _ = forward_step(model, caches, specs)
-                outs.append(h)
-                nxt, pos = model.compute_logits(h).argmax(-1).tolist(), [q + 1 for q in pos]
-        finally:
-            model._native_decode = True
+        for _ in range(steps):
+            specs = [SeqSpec([nxt[r]], pos[r], blocks[r], state_slot=r + 2,
+                             checkpoints=[(pos[r] + 1, rows + 2 + r)] if (pos[r] + 1) % BLOCK == 0 else [])
+                     for r in range(rows)]  # fmt: skip
+            h, _ = forward_step(model, caches, specs, through)
+            outs.append(h)
+            nxt, pos = model.compute_logits(h).argmax(-1).tolist(), [q + 1 for q in pos]
         runs.append((outs, caches))
     return runs[0][0], runs[1][0], runs[0][1], runs[1][1]
 
@@ -79,7 +86,7 @@ def test_graph_replays_the_module_path(
     """Every step's hidden states and every cache after the run equal the module path's: bit for bit where the
     graph runs the same kernels (Mamba2), to fp32 rounding where it has its own silu and RoPE (Bamba); int8
     weights at every row count."""
-    model = load_model(tiny_checkpoint(arch), quantization=quantization).model
+    model, backend = _prepared(tiny_checkpoint(arch), quantization=quantization)
     replays: list[int] = []
     real = DecodeGraph.run
     monkeypatch.setattr(DecodeGraph, "run", lambda self, b, c: (replays.append(1), real(self, b, c))[1])
@@ -88,7 +95,7 @@ def test_graph_replays_the_module_path(
     prompts = [torch.randint(0, model.config.vocab_size, (int(torch.randint(17, 40, (), generator=g)),),
                              generator=g).tolist() for _ in range(rows)]  # fmt: skip
     steps = 19  # with the prompts, crosses block boundaries: K/V pages and state checkpoints
-    graph_h, module_h, graph_c, module_c = _decode_both(model, prompts, steps)
+    graph_h, module_h, graph_c, module_c = _decode_both(model, backend, prompts, steps)
     assert len(replays) == steps, f"the graph replayed {len(replays)} of {steps} (seed {seed})"
     tol = {"rtol": 0.0, "atol": 0.0} if exact else {"rtol": 1e-5, "atol": 1e-5}
     for a, b in zip(graph_h, module_h):
@@ -103,50 +110,57 @@ def test_graph_replays_the_module_path(
 
 
 def test_a_model_with_parts_it_does_not_capture_keeps_the_module_path(
-    tiny_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+    tiny_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nemotron-H's relu2 MLP is not captured: the model logs why once and decodes through its modules."""
-    model = load_model(tiny_checkpoint("nemotron_h")).model
+    """Nemotron-H's MoE and relu2 MLP are not captured: the backend logs why once and decodes through the
+    modules."""
+    model, backend = _prepared(tiny_checkpoint("nemotron_h"))
     caches, (blocks,) = _caches(model, 40)
-    with caplog.at_level(logging.INFO, logger="recap.model.models.base"):
-        forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)])
+    replays: list[int] = []
+    monkeypatch.setattr(DecodeGraph, "run", lambda *a: replays.append(1))
+    with caplog.at_level(logging.INFO, logger="recap.backends.cpu"):
+        forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)], backend)
         for pos in range(20, 23):
-            forward_step(model, caches, [SeqSpec([7], pos, blocks, state_slot=1)])
-    assert model._graph is not None and set(model._graph[1].values()) == {None}
+            forward_step(model, caches, [SeqSpec([7], pos, blocks, state_slot=1)], backend)
+    assert not replays and {backend.decode_graph(model, caches, r) for r in range(1, MAX_ROWS + 1)} == {None}
     assert sum("decode graph not captured" in r.message for r in caplog.records) == 1
 
 
-def test_the_graph_is_dropped_when_kernels_are_bound_anew(tiny_checkpoint: Callable[[str], Path]) -> None:
-    model = load_model(tiny_checkpoint("mamba2")).model
+def test_graphs_are_kept_per_model_and_cache_set_and_dropped_when_kernels_are_bound_anew(
+    tiny_checkpoint: Callable[[str], Path],
+) -> None:
+    model, backend = _prepared(tiny_checkpoint("mamba2"))
     caches, (blocks,) = _caches(model, 40)
-    forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)])
-    forward_step(model, caches, [SeqSpec([7], 20, blocks, state_slot=1)])
-    assert model._graph is not None and isinstance(model._graph[1][1], DecodeGraph)
-    model.set_linear_backend("int8")
-    assert model._graph is None
-    model.set_native_decode(True)
-    forward_step(model, caches, [SeqSpec([7], 21, blocks, state_slot=1)])
-    assert model._graph is not None and isinstance(model._graph[1][1], DecodeGraph)
-    model.set_native_decode(False)
-    forward_step(model, caches, [SeqSpec([7], 22, blocks, state_slot=1)])
-    assert model._graph is None
+    forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)], backend)
+    forward_step(model, caches, [SeqSpec([7], 20, blocks, state_slot=1)], backend)
+    first = backend.decode_graph(model, caches, 1)
+    assert isinstance(first, DecodeGraph) and backend.decode_graph(model, caches, 1) is first  # kept
     other, _ = _caches(model, 40)  # a new cache set: captured anew
-    model.set_native_decode(True)
-    forward_step(model, caches, [SeqSpec([7], 23, blocks, state_slot=1)])
-    first = model._graph
-    forward_step(model, other, [SeqSpec([7], 0, blocks, state_slot=1)])
-    assert model._graph is not first
+    assert backend.decode_graph(model, other, 1) is not first
+    backend.prepare(model)  # the kernels bound anew (the weights moved again): the old graphs are gone
+    assert backend.decode_graph(model, caches, 1) is not first
+    int8 = CpuBackend("int8")
+    int8.prepare(model)
+    forward_step(model, caches, [SeqSpec([7], 21, blocks, state_slot=1)], int8)
+    assert isinstance(int8.decode_graph(model, caches, 1), DecodeGraph)
+    with pytest.raises(RuntimeError, match="prepared last"):  # its graphs would call the int8 kernels' old memory
+        forward_step(model, caches, [SeqSpec([7], 22, blocks, state_slot=1)], backend)
+    eager = TorchBackend("int8")
+    eager.prepare(model)  # the native kernels off: the module path, and no CPU backend's graph runs
+    forward_step(model, caches, [SeqSpec([7], 22, blocks, state_slot=1)], eager)
+    with pytest.raises(RuntimeError, match="prepared last"):
+        forward_step(model, caches, [SeqSpec([7], 23, blocks, state_slot=1)], int8)
 
 
 def test_bad_inputs_are_errors_not_reads_out_of_bounds(tiny_checkpoint: Callable[[str], Path]) -> None:
-    model = load_model(tiny_checkpoint("bamba")).model
+    model, backend = _prepared(tiny_checkpoint("bamba"))
     caches, (blocks,) = _caches(model, 40)
-    forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)])
+    forward_step(model, caches, [SeqSpec(list(range(5, 25)), 0, blocks, state_slot=1)], backend)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        forward_step(model, caches, [SeqSpec([model.config.vocab_size], 20, blocks, state_slot=1)])
+        forward_step(model, caches, [SeqSpec([model.config.vocab_size], 20, blocks, state_slot=1)], backend)
     bad = [blocks[0], 10_000] + blocks[2:]  # the block the step reads is not in the cache
     with pytest.raises(ValueError, match="outside the cache"):
-        forward_step(model, caches, [SeqSpec([7], 20, bad, state_slot=1)])
+        forward_step(model, caches, [SeqSpec([7], 20, bad, state_slot=1)], backend)
 
 
 @pytest.mark.parametrize(("rot", "dh", "angles", "rows"), [(8, 8, None, 1), (6, 10, None, 3), (16, 24, 3, 2),

@@ -1,0 +1,40 @@
+"""Backends: how the runner executes a model on a device (base.py: the seam). The model package imports
+nothing from here; the runner owns the backend it runs.
+
+- TorchBackend (eager.py): the module path every step with one kernel set: torch's (vLLM's --enforce-eager), or
+  the Triton kernels (a GPU, or a CPU under Triton's interpreter).
+- CpuBackend (cpu.py): the CPU decode fast path: native kernels, weights and pools on huge pages, decode graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from recap.backends.base import Backend
+from recap.backends.cpu import CpuBackend
+from recap.backends.eager import TorchBackend
+from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
+from recap.kernels.linear_rows import linear_rows_available
+from recap.model.loader import LoadedModel
+
+
+def backend_for(loaded: LoadedModel, device: str = "cpu", kernels: KernelSet = TORCH_KERNELS) -> Backend:
+    """The backend a loaded model's flags, the device and the kernel set ask for (not yet prepared): on a CPU
+    with torch's kernels, the CPU fast path when `native_decode` is on, the linear backend is not the torch
+    reference and the native kernels build here (else a warning said why, once); otherwise the module path
+    every step with `kernels` (on a GPU: the Triton kernels, recap/kernels/triton/)."""
+    on_cpu = torch.device(device).type == "cpu"
+    if on_cpu and kernels is TORCH_KERNELS and loaded.native_decode and loaded.linear_backend != "torch" \
+            and linear_rows_available():  # fmt: skip
+        return CpuBackend(loaded.linear_backend)
+    return TorchBackend(loaded.linear_backend, kernels)
+
+
+def prepare(loaded: LoadedModel, device: str = "cpu", kernels: KernelSet = TORCH_KERNELS) -> Backend:
+    """backend_for(loaded, device, kernels), with the loaded model prepared for it."""
+    backend = backend_for(loaded, device, kernels)
+    backend.prepare(loaded.model)
+    return backend
+
+
+__all__ = ["Backend", "CpuBackend", "TorchBackend", "backend_for", "prepare"]

@@ -1,0 +1,88 @@
+"""The backend seam: how the runner executes a model on one device.
+
+A backend prepares a loaded model (the linear layers' implementation, native kernels on or off, where the
+weights live), places the KV/state pools (`cache_zeros`, ModelCaches.allocate's allocator), names the kernel
+set the step's ForwardBatch carries (every layer calls `batch.kernels.<op>`), and runs a step
+(`forward`: the model's forward, or a replay of a captured step). The model holds no device branch: a
+backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`)
+and the decode-capture protocol (recap/model/capture.py). The runner owns one backend and runs every step
+through it; a device is one more Backend subclass.
+"""
+
+from __future__ import annotations
+
+import weakref
+from abc import ABC, abstractmethod
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from recap.kernels.kernel_set import KernelSet
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.layers.linear import Linear
+from recap.model.models import CausalLM
+
+
+@runtime_checkable
+class NativeSwitch(Protocol):
+    """A part with native decode kernels (linear layers, RMS norms, attention, Mamba2 mixers)."""
+
+    def set_native(self, on: bool) -> None: ...
+
+
+def model_parts(model: CausalLM) -> list[nn.Module]:
+    """Every module of the model, and its tied head (a view of the embedding's weight, not a submodule)."""
+    parts = list(model.modules())
+    if model.config.tie_word_embeddings:
+        parts.append(model.head())
+    return parts
+
+
+def set_linear_backend(parts: list[nn.Module], backend: str) -> None:
+    """Every Linear of `parts` to `backend`: "torch" (reference), "onednn" or "int8" (layers/linear.py)."""
+    for m in parts:
+        if isinstance(m, Linear):
+            m.set_backend(backend)
+
+
+def switch_native(parts: list[nn.Module], on: bool) -> None:
+    """Every part with native decode kernels on or off (bound again to the weights' current addresses)."""
+    for m in parts:
+        if isinstance(m, NativeSwitch):
+            m.set_native(on)
+
+
+# Which backend prepared each live model last: a backend's captured state (decode graphs bound to kernel and
+# weight addresses) is stale once another backend has prepared the model again.
+_PREPARED_BY: weakref.WeakKeyDictionary[nn.Module, Backend] = weakref.WeakKeyDictionary()
+
+
+class Backend(ABC):
+    """How one model runs on one device; the runner builds one, prepares its model, then runs every step
+    through `forward` with batches built for `kernels`."""
+
+    name: ClassVar[str]
+    kernels: KernelSet  # the step's kernel set (build_forward_batch(kernels=...))
+
+    def prepare(self, model: CausalLM) -> None:
+        """Make `model` run this backend's way (call after loading its weights, again after reloading them).
+        The model is then this backend's to run (`serves`) until another backend prepares it."""
+        self._prepare(model)
+        _PREPARED_BY[model] = self
+
+    def serves(self, model: CausalLM) -> bool:
+        """Whether this backend prepared `model` last."""
+        return _PREPARED_BY.get(model) is self
+
+    @abstractmethod
+    def _prepare(self, model: CausalLM) -> None: ...
+
+    def cache_zeros(self) -> TensorAllocator | None:
+        """The allocator of the KV/state pools (ModelCaches.allocate's `zeros`); None: torch.zeros."""
+        return None
+
+    def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """The step's final hidden states [T, D]; updates `caches` as the model's forward does."""
+        return model(batch, caches)

@@ -1,0 +1,106 @@
+"""The CPU backend: recap's decode fast path on top of the torch backend.
+
+- Linear layers keep the torch backend's implementation for prefill (oneDNN over a packed weight, or int8),
+  and few-row inputs take recap's native kernels (kernels/linear_rows.py: one fp32 row, 2-32 fp32 rows over
+  panel-packed weights, 1-8 rows of int8 weights); RMS norms, attention's decode rows and Mamba2's plain decode
+  steps take theirs (kernels/rms_norm.py, paged_decode.py, mamba2_step.py).
+- The weights, the native kernels' packed copies and the KV/state pools move to transparent huge pages
+  (huge_pages.py): a decode step streams them all.
+- Decode steps of 1 to MAX_ROWS rows replay a captured decode graph (decode_graph.py) where the model's parts
+  can be captured, and run the module path otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from recap.backends.base import model_parts, set_linear_backend, switch_native
+from recap.backends.decode_graph import MAX_ROWS, DecodeGraph, capture
+from recap.backends.eager import TorchBackend
+from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
+from recap.kernels.linear_rows import linear_rows_available
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.layers.linear import Linear
+from recap.model.models import CausalLM
+
+logger = logging.getLogger(__name__)
+
+
+class NativeKernelsUnavailableError(RuntimeError):
+    """The native kernels do not build here (no C compiler): the torch backend is what runs."""
+
+
+class CpuBackend(TorchBackend):
+    """Native decode kernels, weights and pools on huge pages, decode graphs (see the module docstring)."""
+
+    name: ClassVar[str] = "cpu"
+
+    def __init__(self, linear_backend: str = "onednn") -> None:
+        if not linear_rows_available():
+            raise NativeKernelsUnavailableError("the native decode kernels do not build here; use TorchBackend")
+        super().__init__(linear_backend)
+        self.on_huge_pages = False  # whether prepare moved the weights (the pools then follow: cache_zeros)
+        # The decode graphs captured for one model and cache set, by row count (None where one could not be):
+        # (weak references to that model and those caches, graphs). Dropped whenever the kernels are bound anew.
+        self._graphs: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches], dict[int, DecodeGraph | None]] | None
+        self._graphs = None
+
+    def _prepare(self, model: CausalLM) -> None:
+        """Every linear layer on `linear_backend`, the native kernels on, then the weights moved to huge pages
+        and the kernels bound again to them (a Mamba2 step bound before the move would read freed memory)."""
+        parts = model_parts(model)
+        set_linear_backend(parts, self.linear_backend)
+        switch_native(parts, True)
+        self._graphs = None  # they hold the old kernels' addresses
+        self.on_huge_pages = _move_weights_to_huge_pages(model, parts)
+        if self.on_huge_pages:
+            switch_native(parts, True)
+
+    def cache_zeros(self) -> TensorAllocator | None:
+        """The pools on huge pages with the weights (where those moved)."""
+        return huge_page_zeros if self.on_huge_pages else None
+
+    @torch.inference_mode()
+    def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """A decode step the graph of its row count takes is replayed; any other step runs the modules."""
+        if batch.num_tokens == batch.num_seqs <= MAX_ROWS:
+            graph = self.decode_graph(model, caches, batch.num_seqs)
+            if graph is not None and graph.takes(batch):
+                return graph.run(batch, caches)
+        return model(batch, caches)
+
+    def decode_graph(self, model: CausalLM, caches: ModelCaches, rows: int) -> DecodeGraph | None:
+        """The decode graph of `rows` rows over `caches` (every row count captured at the first decode step over
+        them; None: the model has a part the graph does not capture at that row count, logged once)."""
+        if not self.serves(model):  # its graphs would call kernels bound to another preparation's memory
+            raise RuntimeError(f"the {self.name} backend runs the model it prepared last; prepare this one again")
+        g = self._graphs
+        if g is None or g[0]() is not model or g[1]() is not caches:
+            g = self._graphs = (weakref.ref(model), weakref.ref(caches), capture(model, caches, logger.info))
+        return g[2][rows]
+
+
+def _move_weights_to_huge_pages(model: CausalLM, parts: list[nn.Module]) -> bool:
+    """Every parameter of HUGE_PAGE_MIN_BYTES or more, and the linear layers' packed copies, into one huge-page
+    mapping; False where there is nothing to move or the platform cannot."""
+    params = [p for p in model.parameters() if p.nbytes >= HUGE_PAGE_MIN_BYTES and p.is_contiguous()]
+    impls = [m.impl for m in parts if isinstance(m, Linear) and m.impl.tensors()]
+    olds = [p.data for p in params] + [t for impl in impls for t in impl.tensors()]
+    news = huge_page_zeros([(tuple(t.shape), t.dtype) for t in olds])
+    del olds
+    if news is None:
+        return False
+    # one tensor at a time, each old copy freed as its new one is in place: the peak is the model plus its
+    # largest tensor, not twice the model
+    for p, t in zip(params, news):
+        p.data = t.copy_(p.data)
+    rest = iter(news[len(params) :])
+    for impl in impls:
+        impl.rebind([next(rest).copy_(t) for t in impl.tensors()])
+    return True

@@ -1,0 +1,205 @@
+"""A decode step of a fixed number of rows captured as a flat list of native calls: the CPU counterpart of a
+CUDA graph.
+
+With the native kernels on, a batch-1 step of a 24-layer hybrid still spent ~4 ms outside its kernels, most of
+it Python: nn.Module calls, tensor allocations, ctypes argument conversion, small torch ops (the residual
+adds, the MLP's silu and product, RoPE, the K/V write). That time does not shrink with a second thread, and
+at 2 threads it was a third of the step. A DecodeGraph walks the model once per cache set and records every
+call of a decode step of its row count with its arguments fixed: weights, states, K/V pools and its own
+activation buffers by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (tokens,
+positions, state slots, K/V slots, block tables, sequence lengths) are read from the ForwardBatch's own
+tensors, whose addresses are set into shared argument objects before each replay. A graph is captured per
+row count (1 to MAX_ROWS): fp32 weights through the one-row kernel at batch 1 and the panel kernel at more
+rows, int8 weights through the int8 kernel at every row count.
+
+The walk goes through the model's `capture_decode` protocol (recap/model/capture.py): the model, its blocks,
+mixers, MLPs, norms and linear layers each record their own arithmetic on this builder's operations, so this
+module knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
+(layers/linear.py's RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus
+csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
+compares them). Supported today: fp32 activations; embedding, RMSNorm, Linear (fp32 or int8 weights), Mamba2
+mixers (the native step), attention (GQA, RoPE or none; no q/k norm, head gate or sliding window) and gated
+silu MLPs, in MixerBlock and HybridBlock layouts. Any other part (another mixer, a multiplier, a model that
+overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from recap.kernels.decode_ops import decode_ops_available, decode_ops_library
+from recap.kernels.mamba2_step import Mamba2Step
+from recap.kernels.metadata import ForwardBatch
+from recap.kernels.native import raw_function
+from recap.kernels.paged_decode import _lib as paged_decode_library
+from recap.kernels.rms_norm import _lib as rms_norm_library
+from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
+
+_P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+MAX_ROWS = 8  # the largest decode batch captured (the panel kernel's one group of rows)
+
+
+class CapturableModel(Protocol):
+    """A model that records its decode step (CausalLM.capture_decode)."""
+
+    def capture_decode(self, builder: DecodeCapture, caches: ModelCaches) -> torch.Tensor: ...
+
+
+def _addr(t: torch.Tensor) -> ctypes.c_void_p:
+    return _P(t.data_ptr())
+
+
+class DecodeGraph:
+    """One model's decode step of `rows` rows over one cache set, captured (see the module docstring); the
+    builder the model's parts record on (model/capture.py's DecodeCapture)."""
+
+    def __init__(self, model: CapturableModel, caches: ModelCaches, rows: int = 1) -> None:
+        """Capture; raises GraphUnsupportedError naming the first part it cannot capture."""
+        if not decode_ops_available():
+            raise GraphUnsupportedError("the native decode ops do not build here")
+        if not 1 <= rows <= MAX_ROWS:
+            raise GraphUnsupportedError(f"{rows} rows (captured: 1 to {MAX_ROWS})")
+        self.rows = rows  # captured over `caches`: a backend keeps a graph with the cache set it was made for
+        self._caches = weakref.ref(caches)
+        self._keep: list[torch.Tensor] = []  # the activation buffers the calls write and read
+        self._ops: list[NativeCall] = []
+        # The step's inputs: addresses of the ForwardBatch's tensors, set before each replay.
+        self._ids, self._pos, self._slot = _P(), _P(), _P()
+        self._kv_slot, self._tables, self._seq_lens = _P(), _P(), _P()
+        self._table_stride = _I64(0)
+        self.threads = _INT(torch.get_num_threads())
+        self.has_state = self.has_attention = False
+        self.hidden = model.capture_decode(self, caches)
+
+    # ---------------------------------------------------------------- the builder's operations
+
+    def buffer(self, n: int) -> torch.Tensor:
+        t = torch.zeros(self.rows, n)
+        self._keep.append(t)
+        return t
+
+    def record(self, call: NativeCall) -> None:
+        self._ops.append(call)
+
+    def embed(self, weight: torch.Tensor) -> torch.Tensor:
+        vocab, d = weight.shape
+        h = self.buffer(d)  # the residual stream
+        self.record((raw_function(decode_ops_library(), "recap_embed_rows", _INT),
+                     (_addr(weight), _I64(vocab), _I64(d), self._ids, _I64(self.rows), _addr(h)),
+                     "a token id outside the vocabulary"))  # fmt: skip
+        return h
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        y = self.buffer(x.shape[1])
+        args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(weight), _F32(eps), _addr(y))
+        self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
+        return y
+
+    def add(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        self.record((raw_function(decode_ops_library(), "recap_add_f32"), (_addr(h), _addr(x), _I64(h.numel())),
+                     None))  # fmt: skip
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        i, stride = gate.shape[1], gate.stride(0)
+        if up.shape[1] != i or up.stride(0) != stride or gate.stride(1) != 1 or up.stride(1) != 1:
+            raise GraphUnsupportedError("silu(gate) * up over columns of different strides")
+        act = self.buffer(i)
+        self.record((raw_function(decode_ops_library(), "recap_silu_mul_f32"),
+                     (_addr(gate), _addr(up), _addr(act), _I64(self.rows), _I64(i), _I64(stride)), None))  # fmt: skip
+        return act
+
+    def mamba2_step(
+        self, step: Mamba2Step, proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, slot_positions: torch.Tensor
+    ) -> torch.Tensor:
+        fn, args, y = step.graph_call(proj, self._slot, self._pos, slot_positions, conv, ssm, self.threads)
+        self._keep.append(y)
+        self.record((fn, args, None))
+        self.has_state = True
+        return y
+
+    def paged_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor | None,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, layer: int,
+    ) -> torch.Tensor:  # fmt: skip
+        nb, bs, hkv, dh = k_cache.shape
+        hq = q.shape[1] // dh
+        self.record((raw_function(decode_ops_library(), "recap_rope_write_kv", _INT), (
+            _addr(q), _addr(k), _addr(v), _I64(self.rows), _I64(hq), _I64(hkv), _I64(dh), self._pos,
+            None if inv_freq is None else _addr(inv_freq), _I64(0 if inv_freq is None else 2 * inv_freq.numel()),
+            _addr(k_cache), _addr(v_cache), _I64(nb * bs), self._kv_slot,
+        ), f"layer {layer}: a K/V slot outside the cache"))  # fmt: skip
+        out = self.buffer(hq * dh)
+        self.record((raw_function(paged_decode_library(), "recap_paged_decode", _I64), (
+            _addr(q), _I64(self.rows), _I64(hq), _I64(hkv), _I64(dh), _addr(k_cache), _addr(v_cache), _I64(nb),
+            _I64(bs),
+            self._tables, self._table_stride, self._seq_lens, _I64(0), _F32(scale), _addr(out), self.threads,
+        ), f"layer {layer}: a block table entry outside the cache"))  # fmt: skip
+        self.has_attention = True
+        return out
+
+    # ---------------------------------------------------------------- replay
+
+    def takes(self, batch: ForwardBatch) -> bool:
+        """Whether this step is one the graph replays: `rows` rows of one token each, every row continuing its
+        slot (checkpoints allowed), no padding row, with no sliding-window paging."""
+        n = self.rows
+        if batch.num_tokens != n or batch.num_seqs != n:
+            return False
+        plain = batch.ssm is not None and batch.ssm.plain_decode
+        if batch.window_attn is not None or (self.has_state and not plain):
+            return False
+        attn = batch.attn
+        return not self.has_attention or (attn is not None and attn.is_decode and not any(attn.is_padding))
+
+    def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """The step's final hidden states [rows, D] (a new tensor); `caches` (the set it was captured over) are
+        updated as the module path does, checkpoints included."""
+        assert caches is self._caches(), "a decode graph runs over the cache set it was captured over"
+        self._ids.value = batch.input_ids.data_ptr()
+        self._pos.value = batch.positions.data_ptr()
+        if self.has_state:
+            assert batch.ssm is not None
+            self._slot.value = batch.ssm.state_indices.data_ptr()
+        if self.has_attention:
+            attn = batch.attn
+            assert attn is not None and attn.block_tables.stride(1) == 1
+            self._kv_slot.value = attn.slot_mapping.data_ptr()
+            self._tables.value = attn.block_tables.data_ptr()
+            self._table_stride.value = attn.block_tables.stride(0)
+            self._seq_lens.value = attn.seq_lens.data_ptr()
+        self.threads.value = torch.get_num_threads()
+        for fn, args, error in self._ops:
+            if fn(*args) and error is not None:
+                raise ValueError(f"decode graph: {error}")
+        if batch.planned_checkpoints:  # a row's token completed a block: its new state, every layer's, is one
+            assert batch.ssm is not None
+            for row, position, slot in batch.planned_checkpoints:
+                caches.copy_state(batch.ssm.state_indices_list[row], slot)
+                written = int(caches.slot_positions[slot])
+                assert written == position, f"checkpoint slot {slot} holds position {written}, planned {position}"
+        return self.hidden.clone()
+
+
+def capture(
+    model: CapturableModel, caches: ModelCaches, log: Callable[[str], None]
+) -> dict[int, DecodeGraph | None]:
+    """The model's decode graphs over `caches` for 1 to MAX_ROWS rows, captured together (a bounded set, made
+    once per cache set rather than as batch sizes turn up), None where one cannot be captured; says why through
+    `log`, once."""
+    graphs: dict[int, DecodeGraph | None] = {}
+    missing: dict[str, list[int]] = {}
+    for rows in range(1, MAX_ROWS + 1):
+        try:
+            graphs[rows] = DecodeGraph(model, caches, rows)
+        except GraphUnsupportedError as e:
+            graphs[rows] = None
+            missing.setdefault(str(e), []).append(rows)
+    for why, counts in missing.items():
+        log(f"decode graph not captured for {counts} rows, the module path runs: {why}")
+    return graphs

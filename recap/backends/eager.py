@@ -1,0 +1,32 @@
+"""The eager backend: every step runs the model's modules with one kernel set and torch's linear kernels (F.linear,
+oneDNN over a packed weight, or fbgemm's int8); no native decode kernels, no captured steps, the weights where
+the loader put them. With the reference kernel set (TORCH_KERNELS) it is vLLM's --enforce-eager on a CPU; with
+the Triton kernel set it runs a GPU (CUDA graphs for decode are the next step: docs/gpu.md)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from recap.backends.base import Backend, model_parts, set_linear_backend, switch_native
+from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
+from recap.model.layers.linear import LINEAR_BACKENDS
+from recap.model.models import CausalLM
+
+
+class TorchBackend(Backend):
+    """`kernels` for the layers' ops; `linear_backend` is one of LINEAR_BACKENDS ("torch": the F.linear
+    reference, the only one off the CPU)."""
+
+    name: ClassVar[str] = "torch"
+
+    def __init__(self, linear_backend: str = "torch", kernels: KernelSet = TORCH_KERNELS) -> None:
+        if linear_backend not in LINEAR_BACKENDS:
+            raise ValueError(f"unknown linear backend {linear_backend!r}; choose one of {LINEAR_BACKENDS}")
+        self.linear_backend = linear_backend
+        self.kernels = kernels
+
+    def _prepare(self, model: CausalLM) -> None:
+        """The native kernels off, then every linear layer on `linear_backend` (int8: quantized here)."""
+        parts = model_parts(model)
+        switch_native(parts, False)
+        set_linear_backend(parts, self.linear_backend)

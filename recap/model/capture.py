@@ -1,0 +1,117 @@
+"""The decode-capture protocol: how a model's parts describe one decode step to a graph builder.
+
+A backend that replays decode steps as flat lists of native calls (recap/backends/decode_graph.py, the CPU
+counterpart of a CUDA graph) walks the model once through `capture_decode` methods: the model, its blocks,
+their mixers and MLPs, norms and linear layers each record the calls of their own decode arithmetic on a
+`DecodeCapture` builder and return the buffer their output lands in. A part without the method, or with an
+option the native calls do not implement, raises GraphUnsupportedError naming it, and the model keeps its
+module path. Each capturing part accepts its exact class only: a subclass may compute something else.
+Signatures: the model `capture_decode(builder, caches) -> hidden`; a block, mixer or MLP
+`capture_decode(builder, x, caches, layer) -> out` (`capture_part` calls it); an embedding
+`capture_decode(builder) -> h`; a norm or linear layer `capture_decode(builder, x) -> y`.
+
+The builder's operations are fixed-size native calls over fp32 row buffers [rows, n]; the step's inputs
+(token ids, positions, state slots, K/V slots, block tables, sequence lengths) are set by the builder before
+each replay, so parts never see them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from recap.kernels.mamba2_step import Mamba2Step
+    from recap.model.cache import ModelCaches
+
+# (ctypes function, its prepared arguments, what a nonzero return means or None): one call of a replay.
+NativeCall = tuple[Any, tuple, str | None]
+
+
+class GraphUnsupportedError(Exception):
+    """A part of the model the decode graph does not capture; the model keeps its module path."""
+
+
+class DecodeCapture(Protocol):
+    """What a part may record while a decode step of `rows` rows is captured (recap/backends/decode_graph.py)."""
+
+    rows: int
+    threads: Any  # ctypes.c_int: the thread count each replay passes to the kernels that take one
+
+    def buffer(self, n: int) -> torch.Tensor:
+        """A fresh fp32 activation buffer [rows, n] owned by the graph."""
+        ...
+
+    def record(self, call: NativeCall) -> None:
+        """Append a prepared native call (e.g. a linear layer's `graph_call`)."""
+        ...
+
+    def embed(self, weight: torch.Tensor) -> torch.Tensor:
+        """The step's token ids looked up in weight [V, D] -> [rows, D]."""
+        ...
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / rms(x) over x's rows -> a new buffer."""
+        ...
+
+    def add(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        """h += x (the residual stream)."""
+        ...
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up over column views of buffers with one row stride -> [rows, I]."""
+        ...
+
+    def mamba2_step(
+        self, step: Mamba2Step, proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, slot_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """A Mamba2 mixer's native decode step on in_proj's output, in place on the step's state slots -> y."""
+        ...
+
+    def paged_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor | None,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, layer: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """RoPE (inv_freq; None: none) on q and k, k and v written at the step's K/V slots, then paged decode
+        attention of q over the step's block tables -> [rows, Hq * Dh]. The caches fix the head counts."""
+        ...
+
+
+def require_type(part: object, cls: type, what: str) -> None:
+    """Raise GraphUnsupportedError unless `part` is exactly `cls` (a subclass may override its arithmetic)."""
+    if type(part) is not cls:
+        raise GraphUnsupportedError(f"{what} {type(part).__name__}")
+
+
+def f32_contiguous(t: torch.Tensor, what: str) -> torch.Tensor:
+    """`t`, if a contiguous fp32 tensor (what the native calls read by address); else GraphUnsupportedError."""
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        raise GraphUnsupportedError(f"{what} is not a contiguous fp32 tensor")
+    return t
+
+
+def capture_part(
+    part: object, what: str, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int
+) -> torch.Tensor:
+    """`part.capture_decode(...)`, or GraphUnsupportedError naming `what` and the part's class when it has none."""
+    method = getattr(part, "capture_decode", None)
+    if method is None:
+        raise GraphUnsupportedError(f"{what} {type(part).__name__}")
+    return method(builder, x, caches, layer)
+
+
+def capture_norm(norm: object, builder: DecodeCapture, x: torch.Tensor) -> torch.Tensor:
+    """A norm's `capture_decode(builder, x)`, or GraphUnsupportedError naming the norm."""
+    method = getattr(norm, "capture_decode", None)
+    if method is None:
+        raise GraphUnsupportedError(f"norm {type(norm).__name__} (native: {getattr(norm, 'native', False)})")
+    return method(builder, x)
+
+
+def capture_residual(
+    builder: DecodeCapture, h: torch.Tensor, norm: object, part: object, caches: ModelCaches, layer: int
+) -> None:
+    """h += part(norm(h)), the pre-norm residual step of a block."""
+    out = capture_part(part, f"layer {layer}: mixer", builder, capture_norm(norm, builder, h), caches, layer)
+    builder.add(h, out)
