@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from recap.bench.timing import timings
-from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, l2_normalize
+from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
 from recap.kernels.metadata import SeqSpec, build_forward_batch
 
@@ -66,9 +66,9 @@ def prefill_rows(name: str, reps: int, pieces: list[int]) -> list[dict[str, Any]
         y_ref = gated_delta_rule_ref(*args, ref_state, meta)
         t_ref = time.thread_time() - t0
         for piece in pieces:
-            y = gated_delta_rule_varlen(*args, state, meta, piece=piece)
+            y = gated_delta_rule(*args, state, meta, piece=piece)
             err = max(float((y - y_ref).abs().max()), float((state - ref_state).abs().max()))
-            t = _time(lambda: gated_delta_rule_varlen(*args, state, meta, piece=piece), reps)  # noqa: B023
+            t = _time(lambda: gated_delta_rule(*args, state, meta, piece=piece), reps)  # noqa: B023
             rows.append({"kernel": name, "shape": f"prefill {PREFILL}" + (" +ckpt/16" if ckpt else ""),
                          "piece": piece, "ref_ms": 1e3 * t_ref, "fast_ms": 1e3 * t, "max_abs_err": err})  # fmt: skip
     return rows

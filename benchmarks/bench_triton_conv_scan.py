@@ -67,8 +67,8 @@ def _conv_cases(t: int, d: int, batches: list[int]) -> list[dict[str, float | st
     x = torch.randn(t, d, device=DEV).bfloat16()
     meta = _meta([t], 0, 1024)
     out = [_case(f"conv prefill T={t}", 2 * 2 * t * d,
-                 lambda: triton_conv.causal_conv1d_varlen(x, w, b, cache, meta),
-                 lambda: torch_conv.causal_conv1d_varlen(x, w, b, cache, meta), 20)]  # fmt: skip
+                 lambda: triton_conv.causal_conv1d(x, w, b, cache, meta),
+                 lambda: torch_conv.causal_conv1d(x, w, b, cache, meta), 20)]  # fmt: skip
     for nb in batches:
         xb, idx = torch.randn(nb, d, device=DEV).bfloat16(), torch.arange(nb, device=DEV)
         out.append(_case(f"conv decode B={nb}", nb * d * 2 * (2 * (CONV_K - 1) + 2),
@@ -91,8 +91,8 @@ def _scan_cases(t: int, i: int, batches: list[int]) -> list[dict[str, float | st
     meta = _meta([t], 0, 1024)
     args = (u, dt, A, B, C, D, z, bias, True)
     out = [_case(f"scan prefill T={t}", t * i * 2 * 4 + t * STATE_N * 4,
-                 lambda: triton_scan.selective_scan_varlen(*args, cache, meta),
-                 lambda: torch_scan.selective_scan_varlen(*args, cache, meta), 5)]  # fmt: skip
+                 lambda: triton_scan.selective_scan(*args, cache, meta),
+                 lambda: torch_scan.selective_scan(*args, cache, meta), 5)]  # fmt: skip
     for nb in batches:
         ub, dtb, Bb, Cb, zb = _scan_inputs(nb, i)
         idx, pos = torch.arange(nb, device=DEV), torch.full((nb,), 100, device=DEV)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from recap.kernels.gdn import gated_delta_rule_varlen as torch_varlen
+from recap.kernels.gdn import gated_delta_rule as torch_varlen
 from recap.kernels.gdn import l2_normalize
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 
@@ -64,8 +64,8 @@ def _inputs(t: int, hk: int, per_channel: bool) -> tuple[torch.Tensor, ...]:
 
 
 def prefill(t: int, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
-    from recap.kernels.triton.gdn import gated_delta_rule_varlen
-    from recap.kernels.triton.kda import kda_varlen
+    from recap.kernels.triton.gdn import gated_delta_rule
+    from recap.kernels.triton.kda import kda
 
     meta, rows = _meta(t), []
     args = _inputs(t, HK, False)
@@ -75,14 +75,14 @@ def prefill(t: int, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
     rows.append({"op": "gdn prefill", "impl": "torch fast path (fp32)", "tokens": t, "ms": ref_ms})
     for piece in pieces:
         state = torch.zeros_like(ref_state)
-        ms = _ms(partial(gated_delta_rule_varlen, *args, state, meta, piece=piece), reps)
-        y = gated_delta_rule_varlen(*args, state, meta, piece=piece).float()
+        ms = _ms(partial(gated_delta_rule, *args, state, meta, piece=piece), reps)
+        y = gated_delta_rule(*args, state, meta, piece=piece).float()
         err = {"out_rel_err": ((y - y_ref).abs().max() / y_ref.abs().max()).item(),
                "state_rel_err": ((state - ref_state).abs().max() / ref_state.abs().max()).item()}  # fmt: skip
         rows.append({"op": "gdn prefill", "impl": f"triton piece {piece}", "tokens": t, "ms": ms, **err})
     state = torch.zeros_like(ref_state)
     kargs = _inputs(t, HV, True)
-    ms = _ms(lambda: kda_varlen(*kargs, state, meta), reps)
+    ms = _ms(lambda: kda(*kargs, state, meta), reps)
     rows.append({"op": "kda prefill", "impl": "triton piece 16", "tokens": t, "ms": ms})
     for r in rows:
         r["ktok_per_s"] = r["tokens"] / r["ms"]

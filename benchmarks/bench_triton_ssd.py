@@ -15,9 +15,9 @@ import json
 import torch
 
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
-from recap.kernels.ssd import ssd_varlen as torch_ssd
+from recap.kernels.ssd import ssd as torch_ssd
 from recap.kernels.ssd_decode import ssd_state_update as torch_update
-from recap.kernels.triton.ssd import ssd_varlen as triton_ssd
+from recap.kernels.triton.ssd import ssd as triton_ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update as triton_update
 
 HBM_BYTES_S = 3.35e12  # H100 SXM

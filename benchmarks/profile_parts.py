@@ -33,7 +33,7 @@ from recap.model.loader import load_model  # noqa: E402
 
 PARTS: dict[str, list[tuple[Any, str]]] = {
     "linear": [(linear.Linear, "forward")],
-    "gated delta rule": [(gdn, "gated_delta_rule_varlen"), (kda, "kda_varlen")],
+    "gated delta rule": [(gdn, "gated_delta_rule"), (kda, "kda")],
     "attention kernel": [(gated_attention, "paged_attention"), (mla, "paged_mla_attention")],
     "conv": [(conv.CausalConv1d, "forward"), (gdn.GatedDeltaNetMixer, "_conv")],
     "norms": [(norm.RMSNorm, "forward"), (norm.HeadGatedRMSNorm, "forward"), (norm.GatedRMSNorm, "forward")],

@@ -26,7 +26,7 @@ def _activate(y: torch.Tensor, activation: str | None, inplace: bool = False) ->
     raise ValueError(f"unsupported activation {activation!r}")
 
 
-def causal_conv1d_varlen(
+def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -167,7 +167,7 @@ def causal_conv1d_ref(
     activation: str | None = "silu",
     slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain per-row, per-token reference of causal_conv1d_varlen (same signature and side effects)."""
+    """Plain per-row, per-token reference of causal_conv1d (same signature and side effects)."""
     d, k = weight.shape
     w = weight.float()
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

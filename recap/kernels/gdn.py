@@ -43,7 +43,7 @@ EXP_FLOOR = -60.0
 _CHANNEL_GROUP = 1 << 23  # elements of the per-channel [pieces, h, Q, Q, Dk] decay built at once (32 MiB)
 
 
-def gated_delta_rule_varlen(
+def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -179,7 +179,7 @@ def gated_delta_rule_ref(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sequential per-token reference of gated_delta_rule_varlen (same signature and side effects)."""
+    """Sequential per-token reference of gated_delta_rule (same signature and side effects)."""
     t, hv, dv = v.shape
     qf, kf = expand_heads(q, hv).float(), expand_heads(k, hv).float()
     y = torch.zeros(t, hv, dv, dtype=torch.float32, device=v.device)

@@ -3,7 +3,7 @@
     S = Diag(alpha) S;  S += k (beta (v - S^T k))^T;  o = S^T q      (per value head; S is [Dk, Dv])
 
 alpha = exp(g) is one decay per head (GDN, g [B, Hv]) or per key channel (KDA, g [B, Hv, Dk]).
-gated_delta_rule_update is the fast path (called by gated_delta_rule_varlen on decode batches): rows whose
+gated_delta_rule_update is the fast path (called by gated_delta_rule on decode batches): rows whose
 running slots are consecutive are updated as one batch straight in their slice of the state tensor (no
 gather, no scatter). gated_delta_rule_update_ref is its plain per-row twin, same signature and side effects.
 """

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, l2_normalize
+from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
 from recap.kernels.metadata import SSMMetadata
 
@@ -27,7 +27,7 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     return qf * q.shape[-1] ** -0.5, kf, v.float(), g.float(), beta.float()
 
 
-def kda_varlen(
+def kda(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -40,7 +40,7 @@ def kda_varlen(
     """Packed rows: o [T, H, V]; each row starts from its running slot (if it has context) or zeros, its
     state at every chunk end with a destination slot goes there, its final state to the running slot (decode
     batches included). Padding rows output zeros and touch no slot. Reference: kda_ref."""
-    return gated_delta_rule_varlen(*_prepare(q, k, v, g, beta), state, meta, slot_positions).to(v.dtype)
+    return gated_delta_rule(*_prepare(q, k, v, g, beta), state, meta, slot_positions).to(v.dtype)
 
 
 def kda_ref(
@@ -53,7 +53,7 @@ def kda_ref(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sequential per-token reference of kda_varlen (same signature and side effects)."""
+    """Sequential per-token reference of kda (same signature and side effects)."""
     return gated_delta_rule_ref(*_prepare(q, k, v, g, beta), state, meta, slot_positions).to(v.dtype)
 
 

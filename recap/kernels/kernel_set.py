@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from recap.kernels.conv1d import causal_conv1d_update, causal_conv1d_varlen
-from recap.kernels.gdn import gated_delta_rule_varlen
-from recap.kernels.kda import kda_varlen
+from recap.kernels.conv1d import causal_conv1d, causal_conv1d_update
+from recap.kernels.gdn import gated_delta_rule
+from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
 from recap.kernels.paged_attention import paged_attention
-from recap.kernels.selective_scan import selective_scan_varlen, selective_state_update
-from recap.kernels.ssd import ssd_varlen
+from recap.kernels.selective_scan import selective_scan, selective_state_update
+from recap.kernels.ssd import ssd
 from recap.kernels.ssd_decode import ssd_state_update
 
 Kernel = Callable[..., Any]
@@ -30,14 +30,14 @@ class KernelSet:
     """One implementation of every swappable op; each field has the signature of the torch op of that name."""
 
     name: str
-    ssd_varlen: Kernel
+    ssd: Kernel
     ssd_state_update: Kernel
-    selective_scan_varlen: Kernel
+    selective_scan: Kernel
     selective_state_update: Kernel
-    causal_conv1d_varlen: Kernel
+    causal_conv1d: Kernel
     causal_conv1d_update: Kernel
-    gated_delta_rule_varlen: Kernel
-    kda_varlen: Kernel
+    gated_delta_rule: Kernel
+    kda: Kernel
     paged_attention: Kernel
     paged_mla_attention: Kernel
 
@@ -48,14 +48,14 @@ class KernelSet:
 
 TORCH_KERNELS = KernelSet(
     name="torch",
-    ssd_varlen=ssd_varlen,
+    ssd=ssd,
     ssd_state_update=ssd_state_update,
-    selective_scan_varlen=selective_scan_varlen,
+    selective_scan=selective_scan,
     selective_state_update=selective_state_update,
-    causal_conv1d_varlen=causal_conv1d_varlen,
+    causal_conv1d=causal_conv1d,
     causal_conv1d_update=causal_conv1d_update,
-    gated_delta_rule_varlen=gated_delta_rule_varlen,
-    kda_varlen=kda_varlen,
+    gated_delta_rule=gated_delta_rule,
+    kda=kda,
     paged_attention=paged_attention,
     paged_mla_attention=paged_mla_attention,
 )

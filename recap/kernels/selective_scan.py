@@ -139,7 +139,7 @@ def _skip_and_gate(y: torch.Tensor, u: torch.Tensor, D: torch.Tensor | None, z: 
     return y
 
 
-def selective_scan_varlen(
+def selective_scan(
     u: torch.Tensor,
     delta: torch.Tensor,
     A: torch.Tensor,
@@ -313,7 +313,7 @@ def selective_scan_ref(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sequential per-token reference of selective_scan_varlen (same signature and side effects)."""
+    """Sequential per-token reference of selective_scan (same signature and side effects)."""
     t, i = u.shape
     dt = process_dt(delta, delta_bias, delta_softplus)
     Af = A.float()

@@ -72,7 +72,7 @@ def segsum(x: torch.Tensor) -> torch.Tensor:
     return seg.masked_fill(~strict.logical_or(torch.eye(q, dtype=torch.bool, device=x.device)), -torch.inf)
 
 
-def ssd_varlen(
+def ssd(
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -350,7 +350,7 @@ def ssd_ref(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sequential per-token reference of ssd_varlen (same signature and side effects)."""
+    """Sequential per-token reference of ssd (same signature and side effects)."""
     t, nh, p = x.shape
     rep = nh // B.shape[1]
     delta = process_dt(dt, dt_bias, dt_softplus, dt_limit)  # (t, h)

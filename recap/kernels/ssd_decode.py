@@ -3,7 +3,7 @@
     h = exp(Delta A) h + Delta x B^T  (per head: a scalar decay, a rank-1 update of the [P, N] state)
     y = h C + D x
 
-ssd_state_update is the fast path (called by the Mamba2 layer and by ssd_varlen on decode batches);
+ssd_state_update is the fast path (called by the Mamba2 layer and by ssd on decode batches);
 ssd_state_update_ref is its plain per-row twin, with the same signature and side effects.
 """
 

@@ -4,6 +4,7 @@ and runs it."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Callable
@@ -65,8 +66,11 @@ def test_the_loaded_flags_pick_the_backend(tiny_checkpoint: Callable[[str], Path
     assert type(backend_for(load_model(path, native_decode=False))) is TorchBackend
     eager = backend_for(load_model(path, linear_backend="torch"))  # the reference linears take no native kernels
     assert type(eager) is TorchBackend and eager.linear_backend == "torch" and eager.kernels is TORCH_KERNELS
-    with pytest.raises(ValueError, match="device 'cuda'"):
-        backend_for(load_model(path), "cuda")
+    # Off the CPU fast path's ground (a GPU, or another kernel set) the module path runs with the given kernels.
+    triton_set = dataclasses.replace(TORCH_KERNELS, name="triton")
+    for device, kernels in (("cuda", triton_set), ("cpu", triton_set)):
+        other = backend_for(load_model(path), device, kernels)
+        assert type(other) is TorchBackend and other.kernels is kernels
     if linear_rows_available():
         fast = backend_for(load_model(path, quantization="int8"))
         assert isinstance(fast, CpuBackend) and fast.linear_backend == "int8"

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_varlen
-from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, gdn_gates, l2_normalize
+from recap.kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
+from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update
-from recap.kernels.kda import kda_ref, kda_state_update, kda_varlen
+from recap.kernels.kda import kda, kda_ref, kda_state_update
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
-from recap.kernels.selective_scan import selective_scan_ref, selective_scan_varlen, selective_state_update
-from recap.kernels.ssd import ssd_ref, ssd_varlen
+from recap.kernels.selective_scan import selective_scan, selective_scan_ref, selective_state_update
+from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import record_decode_positions
 
@@ -107,7 +107,7 @@ def _conv_case(positions: bool = False) -> Case:
     """positions: the conv records slot positions itself (a layer whose whole state is the conv window)."""
 
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return causal_conv1d_varlen(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
+        return causal_conv1d(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
         return causal_conv1d_ref(inp["x"], p["w"], p["b"], cache, meta, "silu", sp if positions else None)
@@ -139,7 +139,7 @@ def _mamba1_case(block: int) -> Case:
         return inp["u"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], inp["z"], p["dt_bias"], True
 
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return selective_scan_varlen(*args(inp, p), cache, meta, sp, block=block)
+        return selective_scan(*args(inp, p), cache, meta, sp, block=block)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
         return selective_scan_ref(*args(inp, p), cache, meta, sp)
@@ -179,7 +179,7 @@ def _mamba2_case(sub_chunk: int) -> Case:
         return inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], p["dt_bias"], True, DT_LIMIT
 
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return ssd_varlen(*args(inp, p), cache, meta, sp, sub_chunk=sub_chunk)
+        return ssd(*args(inp, p), cache, meta, sp, sub_chunk=sub_chunk)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
         return ssd_ref(*args(inp, p), cache, meta, sp)
@@ -220,7 +220,7 @@ def gdn_args(inp: Tensors, p: Tensors) -> tuple[torch.Tensor, ...]:
 
 def _gdn_case(hk: int, hv: int) -> Case:
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return gated_delta_rule_varlen(*gdn_args(inp, p), cache, meta, sp)
+        return gated_delta_rule(*gdn_args(inp, p), cache, meta, sp)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
         return gated_delta_rule_ref(*gdn_args(inp, p), cache, meta, sp)
@@ -254,7 +254,7 @@ def _kda_case() -> Case:
         return inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"]
 
     def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return kda_varlen(*args(inp), cache, meta, sp)
+        return kda(*args(inp), cache, meta, sp)
 
     def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
         return kda_ref(*args(inp), cache, meta, sp)

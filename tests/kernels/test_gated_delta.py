@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, l2_normalize
+from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref, slot_runs
 
 from .cases import Row, assert_close, build_meta
@@ -48,7 +48,7 @@ def test_chunked_matches_recurrent_reference(per_channel: bool, seed: int) -> No
     y_ref = gated_delta_rule_ref(*x, ref_cache, meta, ref_sp)
     for piece in (16, 32, 64):
         cache, sp = before.clone(), torch.full((slot,), -3)
-        y = gated_delta_rule_varlen(*x, cache, meta, sp, piece=piece)
+        y = gated_delta_rule(*x, cache, meta, sp, piece=piece)
         assert_close(y, y_ref, 5e-5)
         assert_close(cache, ref_cache, 5e-5)
         assert torch.equal(sp, ref_sp)

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from recap.kernels.gdn import gated_delta_rule_ref, gated_delta_rule_varlen, gdn_gates, l2_normalize
+from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gates, l2_normalize
 
 from .cases import Row, assert_close, build_meta
 
@@ -55,7 +55,7 @@ def test_matches_transformers_torch_forms(hk: int, hv: int, t: int) -> None:
     cache = torch.zeros(3, hv, DK, DV)
     cache[1] = h0[0]
     meta = build_meta([Row({"x": torch.zeros(t)}, 5, 1)], 64)
-    y = gated_delta_rule_varlen(*_args(x), cache, meta)
+    y = gated_delta_rule(*_args(x), cache, meta)
     for o, s in ((o_chunk, s_chunk), (o_rec, s_rec)):
         assert_close(y, o[0], 1e-5)
         assert_close(cache[1], s[0], 1e-5)
@@ -78,7 +78,7 @@ def test_long_rows_with_block_checkpoints_match_reference(seed: int) -> None:
     before = torch.randn(slot, hv, DK, DV, generator=gen)
     meta = build_meta(rows, 64)
     outs, caches, sps = [], [], []
-    for fn in (gated_delta_rule_varlen, gated_delta_rule_ref):
+    for fn in (gated_delta_rule, gated_delta_rule_ref):
         cache, sp = before.clone(), torch.full((slot,), -3)
         outs.append(fn(*_args(x), cache, meta, sp))
         caches.append(cache)
@@ -100,13 +100,13 @@ def test_prefill_in_random_pieces_equals_one_shot(seed: int) -> None:
     dest = {p: 2 + i for i, p in enumerate(cps)}
     one = torch.zeros(10, hv, DK, DV)
     meta = build_meta([Row({"x": torch.zeros(n)}, 0, 1, [(p, dest[p]) for p in cps])], 64)
-    y_one = gated_delta_rule_varlen(*_args(x), one, meta)
+    y_one = gated_delta_rule(*_args(x), one, meta)
     cuts = [0, *sorted(rng.sample(range(1, n), 4)), n]
     pieces = torch.zeros(10, hv, DK, DV)
     ys = []
     for a, b in zip(cuts, cuts[1:]):
         mine = [(p, dest[p]) for p in cps if a < p <= b]
         meta = build_meta([Row({"x": torch.zeros(b - a)}, a, 1, mine)], 64)
-        ys.append(gated_delta_rule_varlen(*_args(x, a, b), pieces, meta))
+        ys.append(gated_delta_rule(*_args(x, a, b), pieces, meta))
     assert_close(torch.cat(ys), y_one, 5e-5)
     assert_close(pieces, one, 5e-5)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.kda import kda_ref, kda_state_update, kda_state_update_ref, kda_varlen
+from recap.kernels.kda import kda, kda_ref, kda_state_update, kda_state_update_ref
 
 from .cases import Row, assert_close, build_meta
 
@@ -30,7 +30,7 @@ def _inputs(gen: torch.Generator, t: int) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("length", [1, 17, 64, 130])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_matches_transformers_fallback(length: int, with_state: bool) -> None:
-    """kda_varlen over one row (chunk grid 64, checkpoints at 16 and 48) equals transformers' chunked and
+    """kda over one row (chunk grid 64, checkpoints at 16 and 48) equals transformers' chunked and
     recurrent torch functions: outputs, final state, and the states at the checkpoints."""
     from transformers.models.kimi_linear import modeling_kimi_linear as hf
 
@@ -43,7 +43,7 @@ def test_matches_transformers_fallback(length: int, with_state: bool) -> None:
     ctx = 5 if with_state else 0  # any context: only whether the slot is read matters
     cps = [(ctx + p, 3 + i) for i, p in enumerate((16, 48)) if p <= length]
     meta = build_meta([Row({"x": q}, ctx, 2, cps)], 64)
-    out = kda_varlen(q, k, v, g, beta, cache, meta)
+    out = kda(q, k, v, g, beta, cache, meta)
     for fn in (hf.chunk_kimi_delta_attention, hf.recurrent_kimi_delta_attention):
         o_hf, s_hf = fn(q[None], k[None], v[None], g[None], beta[None], initial_state=None if init is None
                         else init[None], output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
@@ -88,7 +88,7 @@ def test_long_row_strong_decay_stays_finite() -> None:
     g = g * 20  # down to -60 per token
     cache, cache_ref = torch.zeros(SLOTS, H, K, V), torch.zeros(SLOTS, H, K, V)
     meta = build_meta([Row({"x": q}, 0, 1, [(64, 4), (100, 5)])], 64)
-    out = kda_varlen(q, k, v, g, beta, cache, meta)
+    out = kda(q, k, v, g, beta, cache, meta)
     ref = kda_ref(q, k, v, g, beta, cache_ref, meta)
     assert out.isfinite().all()
     assert_close(out, ref, 1e-4)

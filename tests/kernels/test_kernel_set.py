@@ -40,4 +40,4 @@ def test_layers_call_the_batch_kernels(tmp_path: Path) -> None:
     caches2 = ModelCaches.allocate(config, num_kv_blocks=8, block_size=16, num_state_slots=2, dtype=torch.float32)
     out = model(build_forward_batch([spec], kernels=counting, **kw), caches2)
     assert torch.equal(ref, out)
-    assert {"ssd_varlen", "causal_conv1d_varlen", "paged_attention"} <= set(calls)
+    assert {"ssd", "causal_conv1d", "paged_attention"} <= set(calls)

@@ -8,10 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels import selective_scan
-from recap.kernels.conv1d import causal_conv1d_varlen
-from recap.kernels.selective_scan import scan_block, selective_scan_ref, selective_scan_varlen
-from recap.kernels.ssd import segsum, ssd_ref, ssd_varlen
+from recap.kernels.conv1d import causal_conv1d
+from recap.kernels.selective_scan import LOG_RANGE, scan_block, selective_scan, selective_scan_ref
+from recap.kernels.ssd import segsum, ssd, ssd_ref
 
 from .cases import Row, assert_close, build_meta
 
@@ -26,7 +25,7 @@ def test_conv1d_matches_torch_conv1d(activation: str | None) -> None:
     n, d, k = 29, 7, 4
     x, w, b = torch.randn(n, d, generator=gen), torch.randn(d, k, generator=gen), torch.randn(d, generator=gen)
     cache = torch.randn(3, d, k - 1, generator=gen)
-    y = causal_conv1d_varlen(x, w, b, cache, _one_row_meta(n, chunk=8), activation)
+    y = causal_conv1d(x, w, b, cache, _one_row_meta(n, chunk=8), activation)
     expected = F.conv1d(x.T[None], w[:, None, :], b, padding=k - 1, groups=d)[0, :, :n].T
     assert_close(y, expected if activation is None else F.silu(expected))
     assert torch.equal(cache[1], x[-(k - 1) :].T)  # the window is the last K-1 inputs, oldest first
@@ -37,7 +36,7 @@ def test_conv1d_checkpoint_window_reaches_into_initial_state() -> None:
     x = torch.arange(2 * d, dtype=torch.float32).view(2, d) + 100
     cache = torch.arange(4 * d * (k - 1), dtype=torch.float32).view(4, d, k - 1)
     init = cache[1].clone()
-    causal_conv1d_varlen(x, torch.ones(d, k), None, cache, _one_row_meta(2, ctx=10, cps=[(11, 3)]))
+    causal_conv1d(x, torch.ones(d, k), None, cache, _one_row_meta(2, ctx=10, cps=[(11, 3)]))
     assert torch.equal(cache[3], torch.cat([init[:, 1:], x[:1].T], dim=1))  # after 1 token
     assert torch.equal(cache[1], torch.cat([init[:, 2:], x.T], dim=1))  # after 2 tokens
 
@@ -57,7 +56,7 @@ def test_scan_block_paths_match_sequential(decay: float) -> None:
     A = -torch.rand(6, 4, generator=gen) * decay
     bx, h0 = torch.randn(3, 32, 6, 4, generator=gen), torch.randn(3, 6, 4, generator=gen)
     range_ = float(dl.sum(1).max() * A.abs().max())
-    assert (range_ < selective_scan.LOG_RANGE) == (decay < 1)
+    assert (range_ < LOG_RANGE) == (decay < 1)
     expected = _sequential(dl[..., None] * A, bx, h0)
     assert_close(scan_block(dl, A, bx.clone(), h0), expected)
 
@@ -77,7 +76,7 @@ def test_selective_scan_long_row_strong_decay(options: str) -> None:
     meta = build_meta([Row({"x": torch.zeros(t)}, 7, 1, [(40, 2), (171, 3)])], 64)
     cache, cache_ref = torch.randn(4, i, n, generator=gen), None
     cache_ref = cache.clone()
-    y = selective_scan_varlen(*args, not bare, cache, meta)
+    y = selective_scan(*args, not bare, cache, meta)
     y_ref = selective_scan_ref(*args, not bare, cache_ref, meta)
     assert_close(y, y_ref)
     assert_close(cache, cache_ref)
@@ -113,7 +112,7 @@ def test_ssd_long_rows_many_chunks(groups: int, with_d: bool, limit: tuple[float
     cache = torch.randn(10, h, p, n, generator=gen)
     before, cache_ref = cache.clone(), cache.clone()
     args = (x, dt, A, B, C, D if with_d else None, bias, True, limit)
-    y = ssd_varlen(*args, cache, meta, sub_chunk=sub)
+    y = ssd(*args, cache, meta, sub_chunk=sub)
     y_ref = ssd_ref(*args, cache_ref, meta)
     assert_close(y, y_ref, tol=5e-5)
     assert_close(cache, cache_ref, tol=5e-5)
@@ -139,7 +138,7 @@ def test_ssd_equal_chunks_view_path_and_strong_decay(decay: tuple[float, float, 
     cache = torch.randn(4, h, p, n, generator=gen)
     cache_ref = cache.clone()
     args = (x, dt, A, B, C, D, bias, True, (0.0, float("inf")))
-    y = ssd_varlen(*args, cache, meta, sub_chunk=16)
+    y = ssd(*args, cache, meta, sub_chunk=16)
     y_ref = ssd_ref(*args, cache_ref, meta)
     assert y.isfinite().all()
     assert_close(y, y_ref)

@@ -1,4 +1,4 @@
-"""SSD checkpoints inside sub-chunks: ssd_varlen keeps its sub-chunks whole and cuts only the state pass at
+"""SSD checkpoints inside sub-chunks: ssd keeps its sub-chunks whole and cuts only the state pass at
 checkpoint positions (segments). Fast vs the per-token reference on random packed steps, the chunking it
 plans, and the cache paths (in place in an fp32 cache, staged otherwise)."""
 
@@ -11,7 +11,7 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.ssd import ssd_ref, ssd_varlen
+from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.tiling import SegmentPlan, plan_segments
 
 from .cases import Row, assert_close, build_meta
@@ -78,7 +78,7 @@ def _run_both(
     fast, ref = cache.clone(), cache.clone()
     sp = torch.full((cache.shape[0],), UNWRITTEN)
     sp_ref = sp.clone()
-    y = ssd_varlen(*_args(inp), fast, meta, sp, sub_chunk=sub)
+    y = ssd(*_args(inp), fast, meta, sp, sub_chunk=sub)
     y_ref = ssd_ref(*_args(inp), ref, meta, sp_ref)
     return y, y_ref, fast, ref, torch.stack([sp, sp_ref])
 

@@ -146,7 +146,7 @@ def _conv(
     return y
 
 
-def causal_conv1d_varlen(
+def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,

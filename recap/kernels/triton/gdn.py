@@ -314,7 +314,7 @@ def run_update(
     return launch(q, k, v, g, beta, state, rows, slot_positions, 1, norm_qk)
 
 
-def gated_delta_rule_varlen(
+def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

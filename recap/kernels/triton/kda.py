@@ -11,7 +11,7 @@ from recap.kernels.metadata import SSMMetadata
 from recap.kernels.triton.gdn import PIECE, run_update, run_varlen
 
 
-def kda_varlen(
+def kda(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -178,7 +178,7 @@ def _scan(
     return y
 
 
-def selective_scan_varlen(
+def selective_scan(
     u: torch.Tensor,
     delta: torch.Tensor,
     A: torch.Tensor,

@@ -1,6 +1,6 @@
 """Triton Mamba2 SSD over packed variable-length rows (glossary and algorithm: recap/kernels/ssd.py).
 
-ssd_varlen has the signature and side effects of recap.kernels.ssd.ssd_varlen. The step is cut as the CPU
+ssd has the signature and side effects of recap.kernels.ssd.ssd. The step is cut as the CPU
 kernel cuts it (tiling.plan_segments): chunks of <= sub_chunk tokens inside each chunk-grid cell (steps 1
 and 4), and segments, the chunks cut again at every checkpoint inside them (steps 2-3), so every checkpoint
 is a segment end. Three kernels:
@@ -230,7 +230,7 @@ def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
     return _Index(*flat.split([len(part) for part in parts]), max_len=max(chunk_len), max_seg=max(parts[1]))
 
 
-def ssd_varlen(
+def ssd(
     x: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,

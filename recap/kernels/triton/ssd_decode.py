@@ -6,7 +6,7 @@
 ssd_state_update has the signature and side effects of recap.kernels.ssd_decode.ssd_state_update. One
 program per (row, head, p-tile) holds a [BP, N] tile of the state in registers: one read and one write of
 the state, the update and the mat-vec fused. update_rows also copies the new state to a per-row
-checkpoint slot (ssd.ssd_varlen's decode batches: a token that completes a block).
+checkpoint slot (ssd.ssd's decode batches: a token that completes a block).
 """
 
 from __future__ import annotations

@@ -36,5 +36,5 @@ class CausalConv1d(nn.Module):
             )
             copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
         else:
-            y = batch.kernels.causal_conv1d_varlen(x, w, self.bias, conv_state, meta, self.activation)
+            y = batch.kernels.causal_conv1d(x, w, self.bias, conv_state, meta, self.activation)
         return y if self.post_activation is None else self.post_activation(y)

@@ -85,7 +85,7 @@ class GatedDeltaNetMixer(Mixer):
             )
             copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
             return y
-        return batch.kernels.causal_conv1d_varlen(qkv, w, None, conv_state, meta, act)
+        return batch.kernels.causal_conv1d(qkv, w, None, conv_state, meta, act)
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates this layer's `conv` and `recurrent` state tensors."""
@@ -104,6 +104,6 @@ class GatedDeltaNetMixer(Mixer):
             beta = beta * c.beta_scale
         v = v.reshape(t, c.num_v_heads, c.head_v_dim)
         # (t, hv, dv)
-        o = batch.kernels.gated_delta_rule_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
+        o = batch.kernels.gated_delta_rule(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
         o = getattr(self, self._norm_name)(o.reshape(t, c.value_dim), z)
         return getattr(self, self._out_name)(o.to(hidden.dtype))

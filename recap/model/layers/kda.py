@@ -67,7 +67,7 @@ class KDAMixer(Mixer):
         )
         g, beta = self._gate(hidden), torch.sigmoid(self.b_proj(hidden).float())
         # decode batches included
-        o = batch.kernels.kda_varlen(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
+        o = batch.kernels.kda(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
         gate = self.g_b_proj(self.g_a_proj(hidden)).float().view(shape)
         y = rms_normalize(o, c.norm_eps).mul_(self.o_norm.weight.float()).mul_(torch.sigmoid(gate))
         return self.o_proj(y.to(hidden.dtype).reshape(t, c.dim))

@@ -74,7 +74,7 @@ class Mamba1Mixer(Mixer):
             )  # fmt: skip
             copy_decode_checkpoints(ssm_state, meta, slot_positions)
         else:
-            y = batch.kernels.selective_scan_varlen(
+            y = batch.kernels.selective_scan(
                 x, dt, a, b.contiguous(), c.contiguous(), d, z, dt_bias, True, ssm_state, meta,
                 slot_positions=slot_positions,
             )  # fmt: skip

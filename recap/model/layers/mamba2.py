@@ -135,7 +135,7 @@ class Mamba2Mixer(Mixer):
             )  # fmt: skip
             copy_decode_checkpoints(ssm_state, meta, slot_positions)
         else:
-            y = batch.kernels.ssd_varlen(
+            y = batch.kernels.ssd(
                 x, dt, a, b, cc, d, dt_bias, True, c.time_step_limit, ssm_state, meta,
                 slot_positions=slot_positions,
             )  # fmt: skip

@@ -50,5 +50,5 @@ class ShortConv(Mixer):
             record_decode_positions(slot_positions, meta.state_indices, batch.positions)
             copy_decode_checkpoints(conv_state, meta, slot_positions)
         else:
-            y = batch.kernels.causal_conv1d_varlen(bx, w, self.conv.bias, conv_state, meta, None, slot_positions)
+            y = batch.kernels.causal_conv1d(bx, w, self.conv.bias, conv_state, meta, None, slot_positions)
         return self.out_proj(c * y)

@@ -17,8 +17,8 @@ from recap.kernels.gdn import gated_delta_rule_ref, gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update_ref
 from recap.kernels.kda import kda_ref, kda_state_update_ref
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.triton.gdn import gated_delta_rule_update, gated_delta_rule_varlen
-from recap.kernels.triton.kda import kda_state_update, kda_varlen
+from recap.kernels.triton.gdn import gated_delta_rule, gated_delta_rule_update
+from recap.kernels.triton.kda import kda, kda_state_update
 
 from ..cases import Row, Tensors, build_meta
 
@@ -54,7 +54,7 @@ def gdn_delta(hk: int, hv: int, dk: int, dv: int, piece: int = 16) -> Delta:
     return Delta(
         token_inputs=token_inputs,
         cache_shape=(hv, dk, dv),
-        varlen=lambda x, cache, meta, sp: gated_delta_rule_varlen(*_args(x), cache, meta, sp, piece=piece),
+        varlen=lambda x, cache, meta, sp: gated_delta_rule(*_args(x), cache, meta, sp, piece=piece),
         varlen_ref=lambda x, cache, meta, sp: gated_delta_rule_ref(*_args(x), cache, meta, sp),
         update=lambda x, cache, *rest: gated_delta_rule_update(cache, *_args(x), *rest),
         update_ref=lambda x, cache, *rest: gated_delta_rule_update_ref(cache, *_args(x), *rest),
@@ -76,7 +76,7 @@ def kda_delta(h: int, dk: int, dv: int, decay: float = 2.0) -> Delta:
     return Delta(
         token_inputs=token_inputs,
         cache_shape=(h, dk, dv),
-        varlen=lambda x, cache, meta, sp: kda_varlen(*_args(x), cache, meta, sp),
+        varlen=lambda x, cache, meta, sp: kda(*_args(x), cache, meta, sp),
         varlen_ref=lambda x, cache, meta, sp: kda_ref(*_args(x), cache, meta, sp),
         update=lambda x, cache, *rest: kda_state_update(*_args(x), cache, *rest),
         update_ref=lambda x, cache, *rest: kda_state_update_ref(*_args(x), cache, *rest),

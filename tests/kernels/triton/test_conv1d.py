@@ -16,7 +16,7 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update_ref
-from recap.kernels.triton.conv1d import causal_conv1d_update, causal_conv1d_varlen
+from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 
 from ..cases import Row, assert_close, random_rows
 from .device_rows import DEVICE, TOL, assert_untouched, packed, ssm_meta, written_slots
@@ -40,7 +40,7 @@ def _check_step(rows: list[Row], chunk: int, d: int, k: int, gen: torch.Generato
     meta = ssm_meta(rows, chunk)
     y_ref = causal_conv1d_ref(x, w, bias, cache, meta, activation, sp)
     tcache, tsp = before.clone(), sp_before.clone()
-    y = causal_conv1d_varlen(x, w, bias, tcache, meta, activation, tsp)
+    y = causal_conv1d(x, w, bias, tcache, meta, activation, tsp)
     assert_close(y, y_ref, TOL)
     assert torch.equal(tcache, cache)  # windows are copies of inputs: exact
     assert torch.equal(tsp, sp)
@@ -123,7 +123,7 @@ def test_bf16_on_gpu() -> None:
     cache = torch.randn(4, d, k - 1, generator=gen).bfloat16()
     tcache = cache.clone()
     y_ref = causal_conv1d_ref(x, w, bias, cache, ssm_meta(rows, 16))
-    y = causal_conv1d_varlen(x, w, bias, tcache, ssm_meta(rows, 16))
+    y = causal_conv1d(x, w, bias, tcache, ssm_meta(rows, 16))
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(tcache, cache)

@@ -16,7 +16,7 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.selective_scan import selective_scan_ref, selective_state_update_ref
-from recap.kernels.triton.selective_scan import selective_scan_varlen, selective_state_update
+from recap.kernels.triton.selective_scan import selective_scan, selective_state_update
 
 from ..cases import Row, assert_close, random_rows
 from .device_rows import DEVICE, TOL, assert_untouched, packed, ssm_meta, written_slots
@@ -49,7 +49,7 @@ def _check_step(rows: list[Row], chunk: int, gen: torch.Generator, options: str 
     meta = ssm_meta(rows, chunk)
     y_ref = selective_scan_ref(*args, not bare, cache, meta, sp)
     tcache, tsp = before.clone(), sp_before.clone()
-    y = selective_scan_varlen(*args, not bare, tcache, meta, tsp, block=block)
+    y = selective_scan(*args, not bare, tcache, meta, tsp, block=block)
     assert_close(y, y_ref, TOL)
     assert_close(tcache, cache, TOL)
     assert torch.equal(tsp, sp)
@@ -144,7 +144,7 @@ def test_bf16_inputs_on_gpu() -> None:
     tcache = cache.clone()
     args = [u, dt, p["A"], B, C, p["D"], z, p["bias"], True]
     y_ref = selective_scan_ref(*args, cache, ssm_meta(rows, 16))
-    y = selective_scan_varlen(*args, tcache, ssm_meta(rows, 16))
+    y = selective_scan(*args, tcache, ssm_meta(rows, 16))
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
     assert_close(tcache, cache, 1e-4)

@@ -19,7 +19,7 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.ssd import ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update_ref
-from recap.kernels.triton.ssd import ssd_varlen
+from recap.kernels.triton.ssd import ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -87,7 +87,7 @@ def _check_step(step: Step, cache: torch.Tensor, sub_chunk: int | None = None) -
     sp = torch.full((cache.shape[0],), UNWRITTEN, device=DEVICE)
     sp_ref = sp.clone()
     kw = {} if sub_chunk is None else {"sub_chunk": sub_chunk}
-    y = ssd_varlen(*step.args, fast, step.meta, sp, **kw)
+    y = ssd(*step.args, fast, step.meta, sp, **kw)
     y_ref = ssd_ref(*step.args, ref, step.meta, sp_ref)
     torch.testing.assert_close(y, y_ref, rtol=TOL, atol=TOL)
     written = _written(step.meta)
@@ -131,7 +131,7 @@ def test_chunked_prefill_continues_from_the_slot() -> None:
         part = (*(v[lo:hi] for v in args[:2]), args[2], *(v[lo:hi] for v in args[3:5]), *args[5:])
         meta = _meta([SeqSpec([0] * (hi - lo), lo, state_slot=2, checkpoints=[c for c in cps if lo < c[0] <= hi])], 64)
         _check_step(Step(meta, part), split)  # against the reference, from the same cache
-        ys.append(ssd_varlen(*part, split, meta))
+        ys.append(ssd(*part, split, meta))
     torch.testing.assert_close(torch.cat(ys), y_whole, rtol=TOL, atol=TOL)
     torch.testing.assert_close(split, whole, rtol=TOL, atol=TOL)
 
@@ -165,7 +165,7 @@ def test_ssd_state_update_matches_reference(seed: int) -> None:
 
 
 def test_ssd_varlen_decode_batch_copies_block_checkpoints() -> None:
-    """A decode batch (one token per row) through ssd_varlen: a row completing a block checkpoints."""
+    """A decode batch (one token per row) through ssd: a row completing a block checkpoints."""
     args, cache, _, _, _ = _decode_case(3)
     specs = [
         SeqSpec([0], context_len=15, state_slot=6, checkpoints=[(16, 9)]),
@@ -202,7 +202,7 @@ def test_bf16_inputs_on_the_gpu() -> None:
     exact = tuple(v.float() if i in (0, 3, 4) else v for i, v in enumerate(low))
     cache = torch.randn(SLOTS, H, P, N, generator=gen).to(DEVICE)
     fast, ref = cache.clone(), cache.clone()
-    y = ssd_varlen(*low, fast, meta)
+    y = ssd(*low, fast, meta)
     y_ref = ssd_ref(*exact, ref, meta)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), y_ref, rtol=2e-2, atol=2e-2)
