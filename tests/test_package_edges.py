@@ -1,6 +1,7 @@
-"""The serving packages import each other one way only (recap/launch/__init__.py): the HTTP toolkit under
-the OpenAI app and the P/D code, Ray over those, and the launch package (with the CLI) alone over all.
-Every import counts, the lazy ones inside functions too, so an edge cannot hide in a function body."""
+"""recap's packages import each other one way only (docs/architecture.md): the cache core at the bottom, then
+kernels, models, backends, the runner, the engine; over the engine the HTTP toolkit, the OpenAI app and the P/D
+code, Ray over those, and the launch package (with the CLI) alone over all (recap/launch/__init__.py). Every
+import counts, the lazy ones inside functions too, so an edge cannot hide in a function body."""
 
 from __future__ import annotations
 
@@ -17,6 +18,23 @@ ALLOWED = {
     "cluster": {"http", "disagg"},
     "launch": {"http", "server", "disagg", "cluster"},
     "cli": {"launch", "disagg"},
+}
+# Plain data shared by every layer (configs, sampling settings, units): any package may import them.
+SHARED = {"config", "units", "sampling_params", "structured_output"}
+# Every package and the packages it may import (besides SHARED); a package not listed fails the test.
+LAYERS: dict[str, set[str]] = {
+    "core": set(),
+    "kernels": {"core"},
+    "model": {"kernels"},
+    "backends": {"kernels", "model"},
+    "runner": {"backends", "core", "kernels", "model"},
+    "process": set(),
+    "engine": {"core", "kernels", "model", "process", "runner"},
+    "bench": {"core", "engine", "model"},
+    **{pkg: {"core", "engine", "model", "process"} | deps for pkg, deps in ALLOWED.items()},
+    "__init__": {"engine"},
+    "cli": ALLOWED["cli"] | {"__init__"},
+    **{data: set() for data in SHARED},
 }
 ROOT = Path(recap.__file__).parent
 
@@ -61,6 +79,31 @@ def test_nothing_below_serving_imports_it() -> None:
     """The engine, the cache core, the models and the kernels know nothing of HTTP (bench drives servers)."""
     bad = sorted((f, src, dst) for src, dst, f in edges() if src not in (*SERVING, "bench") and dst in SERVING)
     assert not bad, "\n".join(f"{f}: recap.{src} imports recap.{dst}" for f, src, dst in bad)
+
+
+def test_every_package_imports_only_below_it() -> None:
+    """The whole house as one table (LAYERS): the core imports no torch-side package, the model no backend,
+    the engine no server, and a new package must be placed in the table."""
+    root = {"LLM", "SamplingParams"}  # `from recap import LLM`: the package root
+    found = {(src, "__init__" if dst in root else dst, f) for src, dst, f in edges()}
+    bad = sorted((f, src, dst) for src, dst, f in found
+                 if src not in LAYERS or (dst not in SHARED and dst not in LAYERS[src]))
+    unplaced = sorted({dst for _, dst, _ in found} - set(LAYERS))
+    assert not unplaced, f"packages missing from LAYERS: {unplaced}"
+    assert not bad, "\n".join(f"{f}: recap.{src} imports recap.{dst}" for f, src, dst in bad)
+
+
+def test_the_layers_form_no_cycle() -> None:
+    seen: dict[str, int] = {}
+
+    def depth(pkg: str, path: tuple[str, ...] = ()) -> int:
+        assert pkg not in path, f"cycle: {' -> '.join((*path, pkg))}"
+        if pkg not in seen:
+            seen[pkg] = 1 + max((depth(d, (*path, pkg)) for d in LAYERS[pkg]), default=0)
+        return seen[pkg]
+
+    for pkg in LAYERS:
+        depth(pkg)
 
 
 def test_the_walk_sees_the_known_edges() -> None:
