@@ -39,6 +39,14 @@ def _check_hardware(tensor_parallel_size: int, pipeline_parallel_size: int, quan
 
 
 class LLM:
+    """vLLM's offline entry point. `device`: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or
+    "cuda[:N]"; `kernels`: "auto" (Triton on a GPU, torch's on a CPU), "torch" or "triton".
+    `gpu_memory_utilization`: on a GPU, the share of its memory the process may hold (the pools take what the
+    weights leave; kv_cache_bytes / state_cache_bytes fix them instead); `enforce_eager` keeps torch's kernels
+    only (no native decode kernels, as vLLM's flag turns off CUDA graphs); `trust_remote_code` has no effect
+    (recap runs only its own implementations of the architectures it supports, never code from a checkpoint).
+    """
+
     def __init__(
         self,
         model: str | None = None,
@@ -60,59 +68,37 @@ class LLM:
         num_threads: int | None = None,
         max_n: int = 16,
         generation_config: str = "auto",
-        # vLLM's names for what one CPU process has no use for: accepted at their neutral values.
+        device: str = "auto",
+        kernels: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        # vLLM's names for what one recap process has no use for: accepted at their neutral values.
         tensor_parallel_size: int = 1,
         pipeline_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         trust_remote_code: bool = False,
         quantization: str | None = None,  # None, or "int8": int8 linear weights (recap/model/quant.py)
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
-        device: str = "auto",
-        kernels: str = "auto",
     ) -> None:
-        """`device`: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or "cuda[:N]"; `kernels`: "auto"
-        (Triton on a GPU, torch's on a CPU), "torch" or "triton". `gpu_memory_utilization`: on a GPU, the share
-        of its memory the process may hold (the pools take what the weights leave; kv_cache_bytes /
-        state_cache_bytes fix them instead); `enforce_eager` keeps torch's kernels only (no native decode
-        kernels, as vLLM's flag turns off CUDA graphs); `trust_remote_code` has no effect (recap runs only its
-        own implementations of the architectures it supports, never code from a checkpoint)."""
         _check_hardware(tensor_parallel_size, pipeline_parallel_size, quantization, tokenizer_mode,
                         gpu_memory_utilization)
-        del trust_remote_code, disable_log_stats  # no effect on CPU, see above
-        policy = checkpoint_policy_for(checkpoint_policy, mamba_cache_mode)
-        self.engine = LLMEngine(
-            EngineConfig(
-                model=model,
-                tokenizer=tokenizer,
-                dtype=resolve_dtype(dtype, device),
-                quantization=quantization,
-                native_decode=not enforce_eager,
-                device=device,
-                kernels=kernels,
-                gpu_memory_utilization=gpu_memory_utilization,
-                seed=0 if seed is None else seed,
-                cache=CacheConfig(
-                    block_size=block_size,
-                    enable_prefix_caching=enable_prefix_caching,
-                    checkpoint_policy=policy,
-                    checkpoint_interval=checkpoint_interval,
-                    kv_cache_bytes=kv_cache_bytes,
-                    state_cache_bytes=state_cache_bytes,
-                ),
-                scheduler=SchedulerConfig(
-                    max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len or SchedulerConfig().max_model_len,
-                ),
-                check_integrity=check_integrity,
-                num_threads=num_threads,
-                max_n=max_n,
-                generation_config=generation_config,
-                derive_max_model_len=max_model_len is None,
-            )
-        )
+        del trust_remote_code, disable_log_stats  # no effect, see the class docstring
+        cache = CacheConfig(
+            block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+            checkpoint_policy=checkpoint_policy_for(checkpoint_policy, mamba_cache_mode),
+            checkpoint_interval=checkpoint_interval, kv_cache_bytes=kv_cache_bytes, state_cache_bytes=state_cache_bytes,
+        )  # fmt: skip
+        scheduler = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len or SchedulerConfig().max_model_len,
+        )  # fmt: skip
+        self.engine = LLMEngine(EngineConfig(
+            model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,
+            native_decode=not enforce_eager, device=device, kernels=kernels,
+            gpu_memory_utilization=gpu_memory_utilization, seed=0 if seed is None else seed, cache=cache,
+            scheduler=scheduler, check_integrity=check_integrity, num_threads=num_threads, max_n=max_n,
+            generation_config=generation_config, derive_max_model_len=max_model_len is None,
+        ))  # fmt: skip
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
