@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from recap.bench.timing import cuda_median_ms
 from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
 from recap.kernels.mla import paged_mla_attention_ref
 from recap.kernels.paged_attention import paged_attention_ref
@@ -112,18 +112,8 @@ def check_mla(dev: str, cases: int, max_len: int) -> list[dict]:
 
 
 def _time_ms(fn: Callable[[], object], dev: str, reps: int) -> float:
-    fn()
-    if dev != "cuda":
-        return float("nan")
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """CUDA-event median on a GPU; NaN elsewhere (the interpreter's timings mean nothing)."""
+    return cuda_median_ms(fn, reps) if dev == "cuda" else float("nan")
 
 
 def _row_specs(ctx_lens: list[int], new: int) -> list[SeqSpec]:

@@ -16,6 +16,7 @@ from functools import partial
 
 import torch
 
+from recap.bench.timing import cuda_median_ms
 from recap.kernels import conv1d as torch_conv
 from recap.kernels import selective_scan as torch_scan
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
@@ -24,19 +25,6 @@ from recap.kernels.triton import selective_scan as triton_scan
 
 DEV = torch.device("cuda")
 STATE_N, CONV_K, SLOTS = 16, 4, 160
-
-
-def _median_ms(fn: Callable[[], object], iters: int) -> float:
-    fn()  # compile / warm up
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def _meta(lengths: list[int], context: int, every: int) -> SSMMetadata:
@@ -54,7 +42,7 @@ def _case(name: str, nbytes: int, fast: Callable[[], torch.Tensor], base: Callab
     """Each callable owns its state copies: their first calls see the same state and are compared."""
     a, b = fast().float(), base().float()
     diff = float((a - b).abs().max() / b.abs().max())  # relative to the output's scale
-    t_fast, t_base = _median_ms(fast, iters), _median_ms(base, max(2, iters // 4))
+    t_fast, t_base = cuda_median_ms(fast, iters), cuda_median_ms(base, max(2, iters // 4))
     gbps = nbytes / t_fast / 1e6
     row = {"case": name, "triton_ms": t_fast, "torch_ms": t_base, "triton_GBps": gbps, "rel_diff": diff}
     print(f"{name:24s} triton {t_fast:9.3f} ms  torch {t_base:9.3f} ms  {gbps:8.1f} GB/s  rel diff {diff:.2g}")

@@ -16,34 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from recap.bench.timing import cuda_median_ms
 from recap.kernels.gdn import gated_delta_rule as torch_varlen
 from recap.kernels.gdn import l2_normalize
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 
 HK, HV, D = 16, 32, 128
 CKPT_EVERY, SLOTS = 1024, 16
-
-
-def _ms(fn: Callable[[], Any], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _meta(t: int) -> SSMMetadata:
@@ -70,19 +56,19 @@ def prefill(t: int, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
     meta, rows = _meta(t), []
     args = _inputs(t, HK, False)
     ref_state = torch.zeros(SLOTS, HV, D, D, device="cuda")
-    ref_ms = _ms(lambda: torch_varlen(*(x.float() for x in args), ref_state, meta), 1)
+    ref_ms = cuda_median_ms(lambda: torch_varlen(*(x.float() for x in args), ref_state, meta), 1)
     y_ref = torch_varlen(*(x.float() for x in args), ref_state, meta)
     rows.append({"op": "gdn prefill", "impl": "torch fast path (fp32)", "tokens": t, "ms": ref_ms})
     for piece in pieces:
         state = torch.zeros_like(ref_state)
-        ms = _ms(partial(gated_delta_rule, *args, state, meta, piece=piece), reps)
+        ms = cuda_median_ms(partial(gated_delta_rule, *args, state, meta, piece=piece), reps)
         y = gated_delta_rule(*args, state, meta, piece=piece).float()
         err = {"out_rel_err": ((y - y_ref).abs().max() / y_ref.abs().max()).item(),
                "state_rel_err": ((state - ref_state).abs().max() / ref_state.abs().max()).item()}  # fmt: skip
         rows.append({"op": "gdn prefill", "impl": f"triton piece {piece}", "tokens": t, "ms": ms, **err})
     state = torch.zeros_like(ref_state)
     kargs = _inputs(t, HV, True)
-    ms = _ms(lambda: kda(*kargs, state, meta), reps)
+    ms = cuda_median_ms(lambda: kda(*kargs, state, meta), reps)
     rows.append({"op": "kda prefill", "impl": "triton piece 16", "tokens": t, "ms": ms})
     for r in rows:
         r["ktok_per_s"] = r["tokens"] / r["ms"]
@@ -96,7 +82,7 @@ def decode(reps: int) -> list[dict[str, Any]]:
     for b in (1, 32, 128):
         q, k, v, g, beta = _inputs(b, HK, False)
         state, idx = torch.randn(b, HV, D, D, device="cuda"), torch.arange(b, device="cuda")
-        ms = _ms(partial(gated_delta_rule_update, state, q, k, v, g, beta, idx), reps)
+        ms = cuda_median_ms(partial(gated_delta_rule_update, state, q, k, v, g, beta, idx), reps)
         gbs = b * HV * D * D * 4 * 2 / (ms * 1e-3) / 1e9
         rows.append({"op": "gdn decode", "batch": b, "us": ms * 1e3, "state_GB_per_s": gbs})
     return rows

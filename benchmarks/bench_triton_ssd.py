@@ -14,6 +14,7 @@ import json
 
 import torch
 
+from recap.bench.timing import cuda_median_ms
 from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
 from recap.kernels.ssd import ssd as torch_ssd
 from recap.kernels.ssd_decode import ssd_state_update as torch_update
@@ -22,21 +23,6 @@ from recap.kernels.triton.ssd_decode import ssd_state_update as triton_update
 
 HBM_BYTES_S = 3.35e12  # H100 SXM
 BF16_FLOP_S = 989e12  # dense
-
-
-def _time_ms(fn, reps: int = 10) -> float:
-    """Median of reps timed calls after 2 warm-ups (CUDA events)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def _inputs(t: int, h: int, p: int, n: int, g: int, gen: torch.Generator) -> tuple:
@@ -66,8 +52,8 @@ def _prefill(t: int, h: int, p: int, n: int, g: int, every_block: bool) -> dict:
     y, y_ref = triton_ssd(*args, cache, meta), torch_ssd(*args, ref, meta)
     err = ((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()).item()
     state_err = ((cache - ref).abs().max() / ref.abs().max()).item()
-    ms = _time_ms(lambda: triton_ssd(*args, cache, meta))
-    ms_torch = _time_ms(lambda: torch_ssd(*args, ref, meta), reps=3)
+    ms = cuda_median_ms(lambda: triton_ssd(*args, cache, meta), reps=10, warm=2)
+    ms_torch = cuda_median_ms(lambda: torch_ssd(*args, ref, meta), reps=3, warm=2)
     flops = t * h * (2 * 64 * n + 2 * 64 * p + 4 * p * n)  # per token and head: C B^T, L Delta x, C h, x B^T
     return {
         "case": f"prefill T={t}" + (" ckpt/16" if every_block else ""), "triton_ms": ms, "torch_ms": ms_torch,
@@ -92,8 +78,8 @@ def _decode(rows: int, h: int, p: int, n: int, g: int) -> dict:
     graph = torch.cuda.CUDAGraph()  # as a decode step runs: replayed, no launch overhead
     with torch.cuda.graph(graph):
         run(triton_update, cache)
-    ms = _time_ms(graph.replay)
-    ms_torch = _time_ms(lambda: run(torch_update, ref), reps=3)
+    ms = cuda_median_ms(graph.replay, reps=10, warm=2)
+    ms_torch = cuda_median_ms(lambda: run(torch_update, ref), reps=3, warm=2)
     state_bytes = 2 * rows * h * p * n * 4  # read and write of each row's fp32 state
     return {
         "case": f"decode B={rows}", "triton_ms": ms, "torch_ms": ms_torch, "tok_s": rows / ms * 1e3,

@@ -20,3 +20,21 @@ def timings(fn: Callable[[], object], n: int, clock: Callable[[], float] = time.
         fn()
         out.append(clock() - t)
     return out
+
+
+def cuda_median_ms(fn: Callable[[], object], reps: int, warm: int = 1) -> float:
+    """Median milliseconds of `reps` calls of `fn` on the current CUDA stream (CUDA events), after `warm`
+    untimed calls (Triton compiles at the first)."""
+    import torch  # lazy: the replay studies run without torch
+
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end))
+    return sorted(out)[len(out) // 2]
