@@ -12,6 +12,9 @@ from recap.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
+# Temperatures below this act as greedy (vLLM's _SAMPLING_EPS): dividing logits by a subnormal
+# temperature overflows them to inf, and the softmax of that is NaN (the first token would be arbitrary).
+SAMPLING_EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax sampling: temperature 0, or below SAMPLING_EPS (as vLLM)."""
+        return self.temperature < SAMPLING_EPS
 
     @property
     def has_penalties(self) -> bool:

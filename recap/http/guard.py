@@ -1,8 +1,10 @@
 """The ASGI middleware in front of every route of the server and the proxy (issue 20):
 
 - `--api-key` (recap.http.auth): a 401 before anything else;
-- admission: at most `max_queued` generation requests at once (counted from the moment their body is in),
-  past that a 429; every 429 and 503 carries Retry-After;
+- admission: at most `max_queued` generation sequences at once (n x prompts: each sequence costs engine
+  time alike). A request holds one from the moment its body is in; once parsed, the handler reserves its
+  full count (`reserve_sequences`). Past the limit a 429; a request that alone asks for more than the limit
+  can never run, so it is a 400. Every 429 and 503 carries Retry-After;
 - the body: a Content-Length over `max_body_bytes` is a 413 before a byte is read, a chunked body is
   counted as it arrives (413), and the whole body must arrive within `body_timeout_s` (408);
 - the catch-all: an unexpected exception fails only its request (a JSON 500, logged with its cause) and,
@@ -16,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,6 +28,37 @@ from recap.http.limits import ServerLimits
 from recap.http.request_counts import RequestCounts
 
 log = logging.getLogger("recap.server")
+
+TICKET = "recap.admission"  # the scope key of a generation request's `Ticket`
+
+
+@dataclass
+class Ticket:
+    """What one admitted request holds of `Guard.in_flight` (0 until its body is in, then its sequences)."""
+
+    guard: Guard
+    held: int = 0
+
+    def reserve(self, sequences: int) -> None:
+        """Hold `sequences` (the request's n x prompts) in all: a 400 when that alone is over the limit,
+        a 429 when the server has no room for the rest now."""
+        limit = self.guard.limits.max_queued
+        if sequences > limit:
+            raise APIError(f"n x prompts: this request asks for {sequences} sequences, at most {limit} are allowed "
+                           "at once (server flag --max-queued)", param="n", code="limit_exceeded")
+        extra = sequences - self.held
+        if extra > 0 and self.guard.in_flight + extra > limit:
+            raise self.guard.busy()
+        self.guard.in_flight += max(extra, 0)
+        self.held = max(sequences, self.held)
+
+
+def reserve_sequences(scope: Scope, sequences: int) -> None:
+    """A parsed generation request's sequences against --max-queued (raises APIError 400 / 429); no-op for a
+    request the guard does not admit (an app without the guard, in tests)."""
+    ticket = scope.get(TICKET)
+    if ticket is not None:
+        ticket.reserve(sequences)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -74,12 +108,14 @@ class Guard:
                     message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
-        admission = [scope["path"] in self.admitted and scope["method"] == "POST", False]  # [admitted, counted]
-        if admission[0]:
+        admitted = scope["path"] in self.admitted and scope["method"] == "POST"
+        ticket = Ticket(self)
+        if admitted:
             self.counts.receive()
+            scope[TICKET] = ticket
         try:
             self._check_headers(scope)
-            await self.app(scope, self._limited(receive, admission), send_tracked)
+            await self.app(scope, self._limited(receive, ticket if admitted else None), send_tracked)
         except Exception as e:  # noqa: BLE001 - the last resort: fail this request only, keep the connection
             err = self.to_error(e)
             if err.status >= 500:
@@ -87,9 +123,8 @@ class Guard:
             if not started:
                 await _send_error(send_tracked, err)
         finally:
-            if admission[1]:
-                self.in_flight -= 1
-            if admission[0]:
+            self.in_flight -= ticket.held
+            if admitted:
                 self.counts.finish(status, completed)
 
     def _check_headers(self, scope: Scope) -> None:
@@ -99,21 +134,15 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise self._too_large()
 
-    def _admit(self, admission: list[bool]) -> None:
-        """Once the body is in: count the request, or a 429 when max_queued are in already."""
-        if not admission[0] or admission[1]:
-            return
-        if self.in_flight >= self.limits.max_queued:
-            raise APIError(f"the server is busy ({self.in_flight} requests in progress, server flag --max-queued); "
-                           "retry later", status=429, type="rate_limit_error", code="server_busy")
-        self.in_flight += 1
-        admission[1] = True
+    def busy(self) -> APIError:
+        return APIError(f"the server is busy ({self.in_flight} sequences in progress, server flag --max-queued); "
+                        "retry later", status=429, type="rate_limit_error", code="server_busy")
 
     def _too_large(self) -> APIError:
         return APIError(f"the request body is larger than {self.limits.max_body_bytes} bytes (server flag "
                         "--max-body-bytes)", status=413, code="body_too_large")
 
-    def _limited(self, receive: Receive, admission: list[bool]) -> Receive:
+    def _limited(self, receive: Receive, ticket: Ticket | None) -> Receive:
         """`receive` counting body bytes, with a deadline for the whole body, admitting the request once the
         body is complete (a slow body holds no admission slot); after that, unchanged."""
         deadline = time.monotonic() + self.limits.body_timeout_s
@@ -133,8 +162,8 @@ class Guard:
                 if received > self.limits.max_body_bytes:
                     raise self._too_large()
                 complete = not message.get("more_body", False)
-                if complete:
-                    self._admit(admission)
+                if complete and ticket is not None:
+                    ticket.reserve(1)  # once the body is in, the request holds one sequence
             else:
                 complete = True
             return message

@@ -4,7 +4,8 @@ Checked before a body reaches the engine (recap.http.guard, recap.http.json_body
 each excess is a 4xx naming the limit and the flag that sets it. Time limits: a connection must finish
 its request headers within `header_timeout_s` (recap.http.timeouts), its body within `body_timeout_s`,
 and an idle keep-alive connection is closed after `idle_timeout_s`. Admission: at most `max_queued`
-generation requests in the server at once; past that a 429 with Retry-After.
+generation sequences (n x prompts) in the server at once; past that a 429 with Retry-After
+(recap.http.guard).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class ServerLimits:
     max_prompts: int = MAX_PROMPTS  # prompts in one completions request
     max_stop: int = MAX_STOP  # stop strings
     max_logit_bias: int = 1024  # logit_bias entries
-    max_queued: int = 1024  # generation requests in the server at once (running, waiting or being prepared)
+    max_queued: int = 1024  # generation sequences (n x prompts) in the server at once (running, waiting, prepared)
     retry_after_s: int = 1  # the Retry-After of a 429 / 503
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
@@ -88,7 +89,8 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-stop", type=int, default=d.max_stop, help="stop strings per request")
     p.add_argument("--max-logit-bias", type=int, default=d.max_logit_bias, help="logit_bias entries per request")
     p.add_argument("--max-queued", type=int, default=d.max_queued,
-                   help="generation requests in the server at once; more get 429 with Retry-After")
+                   help="generation sequences (n x prompts of each request) in the server at once; more get 429 "
+                   "with Retry-After, and a request asking for more alone a 400")
     p.add_argument("--header-timeout", type=float, default=d.header_timeout_s, help="seconds to send request headers")
     p.add_argument("--body-timeout", type=float, default=d.body_timeout_s, help="seconds to send a request body")
     p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds a keep-alive connection idles")

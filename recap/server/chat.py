@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from recap.engine.outputs import RequestOutput
 from recap.http.errors import APIError
+from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import from_value_error, sse_error
@@ -63,6 +64,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
+    reserve_sequences(request.scope, params.n)  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
                                stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))

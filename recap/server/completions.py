@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import CompletionOutput, RequestOutput
 from recap.http.errors import APIError
+from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.server.errors import from_value_error, sse_error
 from recap.server.logprobs import completion_logprobs, prompt_logprobs_out
@@ -61,6 +62,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     prepared = await state.offload.run(prompt_size(prompts), prepare_all, state, prompts, params, request_id=rid,
                                        boundaries=[req.checkpoints or ()] * len(prompts), cache_salt=req.cache_salt)
     _check_checkpoints(req, prepared)
+    reserve_sequences(request.scope, params.n * len(prepared))  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
                                stream=req.stream, n=params.n)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))

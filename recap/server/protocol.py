@@ -11,6 +11,7 @@ ignore_eos, prompt_logprobs, include_stop_str_in_output, skip_special_tokens, ca
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,6 +23,10 @@ from recap.server.tools import AssistantToolCall, NamedToolChoice, ToolCall, Too
 
 MAX_CHECKPOINTS = 256  # explicit checkpoint offsets per request
 MAX_CACHE_SALT_CHARS = 1024
+
+# A token id as a logit_bias key: ASCII digits, no sign, no leading zero (so one id has one spelling),
+# at most 18 digits (an int64; larger ids are no token anyway).
+_TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,17}")
 
 PromptInput = str | list[int] | list[str] | list[list[int]]
 
@@ -173,14 +178,17 @@ class _SamplingFields(_Strict):
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def _logit_bias(self) -> dict[int, float] | None:
+        """Keys are token ids in canonical decimal ("0", "7", "1234"): `int()` would also take " 7 ", "1_0",
+        "07", "+7" and non-ASCII digits, and two spellings of one id would silently collapse (JSON's own
+        duplicate keys are refused by the body parser, recap.http.json_body)."""
         if not self.logit_bias:
             return None
         out = {}
         for key, bias in self.logit_bias.items():
-            try:
-                out[int(key)] = bias
-            except ValueError:
-                raise ValueError(f"logit_bias: keys must be token ids, got {key!r}") from None
+            if not _TOKEN_ID_KEY.fullmatch(key):
+                raise ValueError(f"logit_bias: key {key!r} is not a token id (a non-negative decimal integer "
+                                 "written without sign, spaces, separators or leading zeros)")
+            out[int(key)] = bias
         return out
 
     def output_constraint(self) -> Any:

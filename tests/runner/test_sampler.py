@@ -75,3 +75,14 @@ def test_invalid_params_raise() -> None:
                dict(logprobs=99), dict(top_k=-2), dict(stop=[""])]:
         with pytest.raises(ValueError):
             SamplingParams(**kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-39, 9e-6])
+def test_a_temperature_below_eps_is_argmax(temperature: float) -> None:
+    """Dividing by a subnormal temperature overflows the logits to inf (a NaN softmax): such rows are greedy."""
+    torch.manual_seed(7)
+    logits = torch.randn(3, 41) * 4
+    rows = [SampleRow(SamplingParams(temperature=temperature, seed=i, logprobs=1), _gen(i)) for i in range(3)]
+    got = Sampler(seed=0)(logits, rows)
+    assert got.token_ids == torch.argmax(logits, -1).tolist()
+    assert got.token_ids == sample_ref(logits, rows, _gen(0)).token_ids

@@ -71,7 +71,7 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
      "presence_penalty"),
     ("repetition-penalty", C, c(repetition_penalty=0), 400, "repetition_penalty must be in (0, 2]",
      "repetition_penalty"),
-    ("logit-bias-key", C, c(logit_bias={"x": 1.0}), 400, "logit_bias: keys must be token ids", "logit_bias"),
+    ("logit-bias-key", C, c(logit_bias={"x": 1.0}), 400, "logit_bias: key 'x' is not a token id", "logit_bias"),
     ("logit-bias-value", C, c(logit_bias={"5": 101}), 400, "logit_bias: the bias of token 5 must be in",
      "logit_bias"),
     ("logit-bias-out-of-vocab", CHAT, chat(logit_bias={"99999": 1}), 400, "logit_bias: token id 99999 is out of",

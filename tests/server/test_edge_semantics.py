@@ -1,0 +1,109 @@
+"""Exact edge semantics over HTTP (issue 36, scope 6): tiny temperatures act as greedy (N8), n x prompts counts
+against --max-queued in sequences (N9), logit_bias keys are canonical token ids (N11)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from recap.engine.async_engine import AsyncEngine
+from recap.engine.llm_engine import LLMEngine
+from recap.http.limits import ServerLimits
+from recap.sampling_params import SAMPLING_EPS, SamplingParams
+from recap.server.app import build_app
+from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, wait_idle
+
+C = "/v1/completions"
+
+
+def _completion(http: httpx.Client, **kw: object) -> httpx.Response:
+    return http.post(C, json={"model": MODEL_NAME, "prompt": "The pump and the valve", "max_tokens": 8, **kw})
+
+
+def test_sampling_eps_is_vllms() -> None:
+    assert SAMPLING_EPS == 1e-5
+    assert SamplingParams(temperature=0.0).greedy and SamplingParams(temperature=9.9e-6).greedy
+    assert not SamplingParams(temperature=SAMPLING_EPS).greedy and not SamplingParams(temperature=0.5).greedy
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-39, 1e-20, 9e-6])
+def test_a_temperature_below_eps_is_greedy(http: httpx.Client, temperature: float) -> None:
+    greedy = _completion(http, temperature=0.0)
+    tiny = _completion(http, temperature=temperature, seed=3)
+    assert greedy.status_code == tiny.status_code == 200, tiny.text
+    g, t = greedy.json()["choices"][0], tiny.json()["choices"][0]
+    assert (t["text"], t["finish_reason"]) == (g["text"], g["finish_reason"])
+    assert tiny.json()["usage"]["completion_tokens"] == greedy.json()["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("key", [" 7 ", "7 ", "\u0665", "1_0", "07", "00", "+7", "-1", "", "0x7", "7.0",
+                                 "1" * 19])
+def test_logit_bias_keys_must_be_canonical_token_ids(http: httpx.Client, key: str) -> None:
+    r = _completion(http, logit_bias={key: 1.0})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "logit_bias" and f"key {key!r} is not a token id" in err["message"], err
+
+
+def test_logit_bias_duplicate_keys_are_refused(http: httpx.Client) -> None:
+    body = json.dumps({"model": MODEL_NAME, "prompt": "a", "max_tokens": 2}).encode()[:-1]
+    r = http.post(C, content=body + b', "logit_bias": {"7": 100, "7": -100}}',
+                  headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "logit_bias" and err["code"] == "duplicate_key" and "'7'" in err["message"], err
+    ok = _completion(http, logit_bias={"7": 100.0, "0": -1.0}, temperature=0.0, max_tokens=2)
+    assert ok.status_code == 200, ok.text
+
+
+# ---- N9: sequences, not requests, against --max-queued ----------------------------------------------
+
+SEQ_LIMIT = 8
+
+
+@pytest.fixture(scope="module")
+def seq_limited(tiny_model: Path) -> Iterator[ServerThread]:
+    engine = AsyncEngine(LLMEngine(dataclasses.replace(engine_config(tiny_model), max_n=16)))
+    srv = ServerThread(build_app(engine, limits=ServerLimits(max_queued=SEQ_LIMIT, enable_debug=True)))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_a_request_over_the_sequence_limit_alone_is_a_400(seq_limited: ServerThread) -> None:
+    with httpx.Client(base_url=seq_limited.url, timeout=60) as http:
+        r = _completion(http, prompt=["a", "b", "c"], n=3)  # 9 sequences
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "n" and err["code"] == "limit_exceeded", err
+        assert "9 sequences" in err["message"] and "--max-queued" in err["message"], err
+        chat = http.post("/v1/chat/completions", json={"model": MODEL_NAME, "n": 9, "max_tokens": 2,
+                                                       "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and "9 sequences" in chat.json()["error"]["message"], chat.text
+        ok = _completion(http, prompt=["a", "b"], n=4, max_tokens=2)  # 8: exactly the limit
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 8, ok.text
+        assert wait_idle(http)["ok"]
+
+
+def test_sequences_in_flight_count_against_the_limit(seq_limited: ServerThread) -> None:
+    long = {"model": MODEL_NAME, "prompt": "count", "max_tokens": 500, "ignore_eos": True, "n": 6, "stream": True}
+    with httpx.Client(base_url=seq_limited.url, timeout=60) as http:
+        with http.stream("POST", C, json=long) as held:
+            assert held.status_code == 200
+            lines = held.iter_lines()  # kept: a dropped iterator closes the stream (and aborts the request)
+            next(lines)  # the 6 sequences are in
+            busy = _completion(http, n=3, max_tokens=2)  # 6 + 3 > 8
+            assert busy.status_code == 429 and busy.headers["retry-after"] == "1", busy.text
+            assert busy.json()["error"]["code"] == "server_busy" and "sequences" in busy.json()["error"]["message"]
+            room = _completion(http, n=2, max_tokens=2)  # 6 + 2 fits
+            assert room.status_code == 200, room.text
+            assert next(ln for ln in lines if ln).startswith("data: {")  # still streaming
+        # the stream closed: its sequences are released
+        assert wait_idle(http)["ok"]
+        again = _completion(http, prompt=["a", "b"], n=4, max_tokens=2)
+        assert again.status_code == 200, again.text
