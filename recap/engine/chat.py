@@ -14,11 +14,28 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 _SENTINEL = re.compile("\ue000(\\d+)\ue001")
+
+# (messages, add_generation_prompt, template variables) -> the rendered text. The default is the tokenizer's
+# own template; a server renders a client's template elsewhere (recap.server.template_sandbox).
+Renderer = Callable[[list[dict[str, Any]], bool, dict[str, Any]], str]
+
+
+class RenderLimitExceeded(ValueError):
+    """A renderer's resource limit (time, memory, output size) was hit: not a verdict on the messages, so the
+    sentinel probe does not fall back on it but fails the render."""
+
+
+def tokenizer_renderer(tokenizer: Any) -> Renderer:
+    def render(messages: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **variables)
+
+    return render
 
 
 @dataclass(frozen=True)
@@ -62,14 +79,16 @@ def _encode_with_ends(tokenizer: Any, text: str) -> tuple[list[int], tuple[int, 
 
 
 def _content_spans(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], text: str, gen: bool, kw: dict[str, Any]
+    render: Renderer, messages: Sequence[dict[str, Any]], text: str, gen: bool, kw: dict[str, Any]
 ) -> list[tuple[int, int] | None]:
     contents = [m.get("content") if isinstance(m.get("content"), str) else None for m in messages]
     marked = [dict(m, content=c + f"\ue000{i}\ue001") if c is not None else m
               for i, (m, c) in enumerate(zip(messages, contents))]
     spans: list[tuple[int, int] | None] = [None] * len(messages)
     try:
-        probe = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=gen, **kw)
+        probe = render(marked, gen, kw)
+    except RenderLimitExceeded:
+        raise
     except Exception:  # noqa: BLE001 - a template that rejects the sentinel: find the contents instead
         probe = None
     if probe is not None and _SENTINEL.sub("", probe) == text:
@@ -96,16 +115,17 @@ def render_chat(
     *,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    render: Renderer | None = None,
 ) -> ChatPrompt:
-    """Render messages with the chat template; boundaries are where each message's content ends."""
+    """Render messages with the chat template (`render`: another renderer than the tokenizer's template);
+    boundaries are where each message's content ends."""
     if not messages:
         raise ValueError("messages must not be empty")
     kw = dict(template_kwargs or {})
-    text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kw
-    )
+    render = render or tokenizer_renderer(tokenizer)
+    text = render(list(messages), add_generation_prompt, kw)
     ids, ends = _encode_with_ends(tokenizer, text)
-    spans = _content_spans(tokenizer, messages, text, add_generation_prompt, kw)
+    spans = _content_spans(render, messages, text, add_generation_prompt, kw)
     bounds: list[int] = []
     for span in spans:
         b = bisect.bisect_right(ends, span[1]) if span is not None else 0

@@ -31,6 +31,10 @@ class Offloader:
         """fn(*args, **kwargs): inline when `size` is small, else on the pool (exceptions propagate)."""
         if size <= self.inline_size:
             return fn(*args, **kwargs)
+        return await self.off_loop(fn, *args, **kwargs)
+
+    async def off_loop(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """fn(*args, **kwargs) on the pool whatever its size (work whose cost the input's size does not bound)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="recap-prepare")
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))

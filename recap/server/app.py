@@ -90,8 +90,7 @@ def build_app(
 
     app = FastAPI(title="recap", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.recap = state
-    limits = limits or ServerLimits()
-    app.state.limits = limits
+    app.state.limits = limits = limits or ServerLimits()
     ProcessCollector(registry=registry)  # process_resident_memory_bytes etc. (the soak watches it)
     counts = RequestCounts()  # recap.http.request_counts: what became of each generation request
     registry.register(RequestCountsCollector(counts, state.model_name))
@@ -99,6 +98,7 @@ def build_app(
                        to_error=from_exception)
     state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
     state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
+    state.template_sandbox = options.template_sandbox()
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
 

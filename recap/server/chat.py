@@ -38,6 +38,7 @@ from recap.server.serving import (
     response_size,
     usage,
 )
+from recap.server.template_sandbox import refuse_untrusted, request_template
 from recap.server.tool_stream import ToolCallStream
 from recap.server.tools import forced_calls, parse_tool_calls
 from recap.server.transfer_params import attach_transfer, with_transfer_params
@@ -56,11 +57,17 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                        "qwen3_xml), or send tool_choice \"required\" or a named function", param="tool_choice")
     if req.tools and choice == "auto" and state.tool_marker_ids and params.skip_special_tokens:
         params = replace(params, keep_special_token_ids=state.tool_marker_ids)
-    kwargs = dict(req.chat_template_kwargs or {})
+    template, kwargs = request_template(req.chat_template, req.chat_template_kwargs)
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]
     size = len(await request.body())  # messages, tools and all: what rendering and tokenizing cost grows with
-    chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages, kwargs)
+    if template is None:
+        chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages, kwargs)
+    elif state.template_sandbox is None:
+        raise refuse_untrusted()
+    else:  # the client's own program: its cost is not bounded by its size, so never on the loop
+        render = state.template_sandbox.renderer(template, state.tokenizer)
+        chat = await state.offload.off_loop(build_chat_input, state.tokenizer, req.messages, kwargs, render)
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recap.engine.chat import ChatPrompt, render_chat
+from recap.engine.chat import ChatPrompt, Renderer, RenderLimitExceeded, render_chat
 from recap.http.errors import APIError
 from recap.server.protocol import ChatMessage
 
@@ -42,14 +42,18 @@ def _marker_offsets(messages: list[ChatMessage], rendered: ChatPrompt) -> list[i
 
 
 def build_chat_input(
-    tokenizer: Any, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None
+    tokenizer: Any, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None,
+    render: Renderer | None = None,
 ) -> ChatInput:
-    """Raises APIError (400) when the chat template rejects the conversation. `template_kwargs`: extra
-    template variables (`tools`, the request's chat_template_kwargs)."""
+    """Raises APIError (400) when the chat template rejects the conversation or a renderer's limit is hit.
+    `template_kwargs`: extra template variables (`tools`, the request's chat_template_kwargs); `render`: the
+    request's own template (recap.server.template_sandbox) instead of the tokenizer's."""
     dicts = [m.template_dict() for m in messages]
     kw = dict(template_kwargs or {})
     try:
-        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True, template_kwargs=kw)
+        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True, template_kwargs=kw, render=render)
+    except RenderLimitExceeded as e:
+        raise APIError(str(e), param="chat_template", code="chat_template_limit") from None
     except Exception as e:  # noqa: BLE001 - jinja raise_exception / missing template: the client's input
         raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
     explicit = _marker_offsets(messages, rendered)

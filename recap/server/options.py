@@ -14,6 +14,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from recap.server.template_sandbox import FLAG as TRUST_TEMPLATE_FLAG
+from recap.server.template_sandbox import TemplateLimits, TemplateSandbox
 from recap.server.tools import PARSERS
 
 
@@ -27,6 +29,14 @@ class ServerOptions:
     # Seconds between giving free malloc memory back to the OS (recap.server.process_memory); 0: never (the
     # default: recap.process.heap keeps freed memory for the next prefill on purpose).
     malloc_trim_interval_s: float = 0.0
+    # vLLM's --trust-request-chat-template: requests may carry their own chat template, rendered in a sandboxed
+    # process under these limits (recap/server/template_sandbox.py); off: such a request is a 400.
+    trust_request_chat_template: bool = False
+    chat_template_limits: TemplateLimits = TemplateLimits()
+
+    def template_sandbox(self) -> TemplateSandbox | None:
+        """Where requests' own chat templates render; None when they are refused."""
+        return TemplateSandbox(self.chat_template_limits) if self.trust_request_chat_template else None
 
 
 def _json_list(text: str) -> list[str]:
@@ -51,6 +61,9 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
                    help="give free malloc memory back to the OS this often when over 64 MiB is free and resident "
                         "memory grew as much since the last trim (glibc; lower RSS, but the next large prefill "
                         "page-faults its memory back; default 0: never)")
+    p.add_argument(TRUST_TEMPLATE_FLAG, action="store_true",
+                   help="let requests carry their own chat template (`chat_template`, or chat_template_kwargs."
+                        "chat_template); it renders in a sandboxed process with time, memory and output limits")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice auto; recap enables it whenever a parser is known")
 
@@ -59,7 +72,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     if args.malloc_trim_interval < 0:
         raise SystemExit(f"--malloc-trim-interval must be >= 0, got {args.malloc_trim_interval}")
     return ServerOptions(tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers),
-                         args.allow_credentials, args.tool_call_parser, args.malloc_trim_interval)
+                         args.allow_credentials, args.tool_call_parser, args.malloc_trim_interval,
+                         trust_request_chat_template=args.trust_request_chat_template)
 
 
 def install(app: FastAPI, options: ServerOptions) -> None:

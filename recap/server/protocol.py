@@ -11,22 +11,18 @@ ignore_eos, prompt_logprobs, include_stop_str_in_output, skip_special_tokens, ca
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from recap.http.limits import MAX_PROMPTS, MAX_STOP
 from recap.sampling_params import SamplingParams
+from recap.server.logit_bias import logit_bias_by_id
 from recap.server.structured import ResponseFormat, StructuredOutputsField, structured_output
 from recap.server.tools import AssistantToolCall, NamedToolChoice, ToolCall, ToolSpec, tool_constraint
 
 MAX_CHECKPOINTS = 256  # explicit checkpoint offsets per request
 MAX_CACHE_SALT_CHARS = 1024
-
-# A token id as a logit_bias key: ASCII digits, no sign, no leading zero (so one id has one spelling),
-# at most 18 digits (an int64; larger ids are no token anyway).
-_TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,17}")
 
 PromptInput = str | list[int] | list[str] | list[list[int]]
 
@@ -177,20 +173,6 @@ class _SamplingFields(_Strict):
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
-    def _logit_bias(self) -> dict[int, float] | None:
-        """Keys are token ids in canonical decimal ("0", "7", "1234"): `int()` would also take " 7 ", "1_0",
-        "07", "+7" and non-ASCII digits, and two spellings of one id would silently collapse (JSON's own
-        duplicate keys are refused by the body parser, recap.http.json_body)."""
-        if not self.logit_bias:
-            return None
-        out = {}
-        for key, bias in self.logit_bias.items():
-            if not _TOKEN_ID_KEY.fullmatch(key):
-                raise ValueError(f"logit_bias: key {key!r} is not a token id (a non-negative decimal integer "
-                                 "written without sign, spaces, separators or leading zeros)")
-            out[int(key)] = bias
-        return out
-
     def output_constraint(self) -> Any:
         """The StructuredOutput the fields ask for, or None (raises ValueError naming the field)."""
         guided = {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
@@ -208,7 +190,7 @@ class _SamplingFields(_Strict):
             seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=stop,
             stop_token_ids=tuple(self.stop_token_ids), ignore_eos=self.ignore_eos, logprobs=logprobs,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, logit_bias=self._logit_bias(),
+            repetition_penalty=self.repetition_penalty, logit_bias=logit_bias_by_id(self.logit_bias),
             prompt_logprobs=self.prompt_logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
         )
@@ -290,6 +272,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # false: a forced call is one call (maxItems 1)
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's: the request's own template (only with --trust-request-chat-template)
     echo: bool = False  # vLLM's: prepend the last message to the answer; only false is accepted
 
     @field_validator("messages", mode="before")

@@ -28,6 +28,7 @@ from recap.http.offload import Offloader
 from recap.sampling_params import SamplingParams
 from recap.server.errors import from_exception, from_value_error
 from recap.server.protocol import PromptTokensDetails, Usage
+from recap.server.template_sandbox import TemplateSandbox
 from recap.server.transfer_params import TransferHook
 
 log = logging.getLogger("recap.server")
@@ -46,6 +47,8 @@ class ServerState:
     # The parser's markers that are special tokens: kept in the text of requests with tools.
     tool_marker_ids: tuple[int, ...] = ()
     kv_transfer: TransferHook | None = None  # a prefill or decode instance's (recap.server.transfer_params)
+    # Where a request's own chat template renders; None: such requests are refused (--trust-request-chat-template).
+    template_sandbox: TemplateSandbox | None = None
 
     @property
     def tokenizer(self) -> Any:
