@@ -17,7 +17,7 @@ from recap.server.tools import (
     ToolCall,
     ToolSpec,
     json_values,
-    new_call,
+    named_call,
     object_call,
     xml_object,
 )
@@ -122,10 +122,11 @@ class ToolCallStream:
                 self._sent = len(text)
                 return "".join(content), calls
             elif self._phase == "named":
-                if final:
-                    call = new_call(self._named, text, 0)  # type: ignore[arg-type]
-                    self.calls.append(call)
-                    calls.append(call)
+                if final:  # arguments cut short (not JSON) are no call: finish() sends the text as content
+                    call = named_call(self._named, text)  # type: ignore[arg-type]
+                    if call is not None:
+                        self.calls.append(call)
+                        calls.append(call)
                     self._phase = "done"
                 return "".join(content), calls
             else:

@@ -9,6 +9,8 @@ Parsers, by the format the chat template teaches (vLLM's `--tool-call-parser` na
   </function></tool_call>`, each value JSON when it parses as JSON, else a string
 A forced call (tool_choice `required` or named) is generated under a JSON grammar instead, so it needs
 no parser: named -> the function's arguments; required -> `[{"name": ..., "parameters": {...}}, ...]`.
+A forced answer cut by max_tokens has one shape for both (README "Structured output and tools"): the calls
+whose arguments are complete JSON, or, when there is none, the raw text as content; finish_reason "length".
 `parse_tool_calls` and `forced_calls` read a whole text (the answer that is not streamed);
 recap.server.tool_stream reads it as it streams and releases each call when it completes.
 """
@@ -235,11 +237,22 @@ def parse_tool_calls(text: str, parser: str, tools: list[ToolSpec]) -> tuple[str
     return text[:first].rstrip() or None, calls
 
 
+def named_call(name: str, text: str) -> ToolCall | None:
+    """A forced named call: `text` is its arguments, or None when they are not JSON (max_tokens cut them)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return new_call(name, text, 0)
+
+
 def forced_calls(text: str, tools: list[ToolSpec], choice: str | NamedToolChoice) -> list[ToolCall]:
-    """The calls a forced generation wrote: named -> its arguments; required -> the array's complete
-    calls (the grammar guarantees the shape; max_tokens may cut the array short)."""
+    """The calls a forced generation wrote, each with arguments that are whole JSON: named -> its arguments
+    when they parse; required -> the array's complete calls (the grammar guarantees the shape; max_tokens may
+    cut it short). None at all (cut before any call was complete): the caller returns the text as content."""
     if isinstance(choice, NamedToolChoice):
-        return [new_call(choice.function.name, text, 0)]
+        call = named_call(choice.function.name, text)
+        return [] if call is None else [call]
     known = {t.function.name for t in tools}
     calls: list[ToolCall] = []
     for obj in json_values(text)[0]:

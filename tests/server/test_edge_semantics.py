@@ -107,3 +107,44 @@ def test_sequences_in_flight_count_against_the_limit(seq_limited: ServerThread) 
         assert wait_idle(http)["ok"]
         again = _completion(http, prompt=["a", "b"], n=4, max_tokens=2)
         assert again.status_code == 200, again.text
+
+
+# ---- N10: a forced tool call cut at max_tokens has one shape -------------------------------------------
+
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _streamed(http: httpx.Client, body: dict) -> tuple[str, list, str | None]:
+    content, calls, finish = "", [], None
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                content += choice["delta"].get("content") or ""
+                calls += choice["delta"].get("tool_calls") or []
+                finish = choice["finish_reason"] or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_a_forced_call_cut_at_max_tokens_is_content_with_length(http: httpx.Client, choice: object) -> None:
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [CITY],
+            "tool_choice": choice, "max_tokens": 3, "temperature": 0.0}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["choices"]
+    text = out["message"]["content"]
+    assert out["finish_reason"] == "length" and out["message"]["tool_calls"] == [], out
+    assert text and text.lstrip().startswith("[" if choice == "required" else "{"), out  # the raw, cut JSON
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    assert _streamed(http, body) == (text, [], "length")
+    whole = http.post("/v1/chat/completions", json={**body, "max_tokens": 200}).json()["choices"][0]
+    (call,) = whole["message"]["tool_calls"][:1]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None, whole
+    assert isinstance(json.loads(call["function"]["arguments"]), dict)

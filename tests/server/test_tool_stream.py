@@ -113,6 +113,13 @@ def test_forced_calls_stream_like_the_whole_text() -> None:
     named = NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_time"}})
     content, got, seen = _feed(ToolCallStream(TOOLS, named, None), '{"tz": "UTC"}', rng)
     assert content == "" and _summary(got) == [(0, "get_time", {"tz": "UTC"})] and seen == [13]
+    for _ in range(100):  # cut by max_tokens: arguments that are not JSON are no call, the text is content
+        whole = json.dumps(_args(rng))
+        text = whole[: rng.randint(0, len(whole))] if rng.random() < 0.5 else whole
+        want = forced_calls(text, TOOLS, named)
+        content, got, _ = _feed(ToolCallStream(TOOLS, named, None), text, rng)
+        assert _summary(got) == _summary(want) and len(want) == (text == whole)
+        assert content == ("" if want else text)
 
 
 @pytest.mark.parametrize(("parser", "text", "content", "names"), [
