@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from recap.engine.chat import Renderer, RenderLimitExceeded
 from recap.http.errors import APIError
 
 WORKER = Path(__file__).with_name("template_worker.py")
+# The one variable an interpreter may need to start (a Python built against shared libraries off the default path).
+_LOADER_ENV = {k: v for k, v in os.environ.items() if k == "LD_LIBRARY_PATH"}
 FLAG = "--trust-request-chat-template"
 # apply_chat_template's own arguments: passed to the template they would change how it is called, not what it sees.
 RESERVED_KWARGS = frozenset({"tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
@@ -86,9 +89,9 @@ class TemplateSandbox:
                "variables": variables, "max_output_chars": lim.max_output_chars, "memory_bytes": lim.memory_bytes,
                "cpu_seconds": math.ceil(lim.timeout_s) + 1}
         try:
-            # -I: no environment variables, user site or script directory; env: nothing of the server's
+            # -I: no PYTHON* variables, user site or script directory; env: nothing of the server's (its keys)
             done = subprocess.run([sys.executable, "-I", str(WORKER)], input=json.dumps(job).encode(),
-                                  capture_output=True, timeout=lim.timeout_s, env={}, check=False)
+                                  capture_output=True, timeout=lim.timeout_s, env=_LOADER_ENV, check=False)
         except subprocess.TimeoutExpired:
             raise RenderLimitExceeded(f"chat_template: rendering took longer than {lim.timeout_s:g}s") from None
         try:

@@ -120,3 +120,22 @@ def test_template_arguments_are_checked(trusted: ServerThread) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
         r = http.post(CHAT, json=_chat(chat_template=PLAIN, chat_template_kwargs={"tokenize": True}))
         assert r.status_code == 400 and "tokenize is not a template variable" in r.json()["error"]["message"], r.text
+
+
+def test_the_sandbox_renders_as_the_tokenizer_does(tiny_model: Path) -> None:
+    """The model's own template, sent as a request's: the same text as apply_chat_template (the same Jinja
+    settings and globals), with and without tools and the generation prompt."""
+    from transformers import AutoTokenizer
+
+    from recap.engine.chat import tokenizer_renderer
+    from recap.server.template_sandbox import TemplateSandbox
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    sandboxed = TemplateSandbox().renderer(tok.chat_template, tok)
+    plain = tokenizer_renderer(tok)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "naïve \"quotes\""},
+                    {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    for messages, gen, variables in [(conversation, True, {}), (conversation[1:2], False, {}),
+                                     (conversation, True, {"tools": [tool]})]:
+        assert sandboxed(messages, gen, variables) == plain(messages, gen, variables)
