@@ -63,6 +63,14 @@ def test_logit_bias_duplicate_keys_are_refused(http: httpx.Client) -> None:
 
 # ---- N9: sequences, not requests, against --max-queued ----------------------------------------------
 
+
+def test_the_reported_request_is_refused_by_default(http: httpx.Client) -> None:
+    """256 prompts x n 16 in one small body: 4,096 sequences, over the default --max-queued (1024)."""
+    r = _completion(http, prompt=["a"] * 256, n=16, max_tokens=2)
+    assert r.status_code == 400, r.text[:300]
+    assert "4096 sequences" in r.json()["error"]["message"] and r.json()["error"]["param"] == "n"
+    assert wait_idle(http)["ok"]
+
 SEQ_LIMIT = 8
 
 
