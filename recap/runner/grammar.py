@@ -58,7 +58,9 @@ class GrammarBackend:
         here, once: the engine then ends the request) when the matcher cannot be built or goes past a limit."""
         try:
             matcher, consumed = self._matcher(request_id, so)
-            if len(output_ids) > consumed:
+            # a stopped matcher (its grammar complete, EOS consumed) keeps allowing EOS and takes no more tokens:
+            # what ignore_eos draws after the end is no error
+            if len(output_ids) > consumed and not matcher.is_stopped():
                 matcher.consume_tokens(list(output_ids[consumed:]))
             self._matchers[request_id] = (matcher, len(output_ids))
             mask = None if matcher.is_error() else matcher.compute_bitmask()
