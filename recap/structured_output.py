@@ -6,7 +6,6 @@ llguidance (recap/runner/grammar.py), which was chosen over xgrammar and outline
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +60,16 @@ class StructuredOutput:
             return LLMatcher.grammar_from_lark(f"start: CHOICE\nCHOICE: {options}")
         return LLMatcher.grammar_from_lark(self.spec)
 
-    @functools.cached_property
     def compiled(self) -> str:
         """The grammar, within recap.grammar_bounds and validated by llguidance (compiled once per request);
-        raises ValueError naming what is wrong. Large inputs take a while: callers run it off the event loop."""
+        raises ValueError naming what is wrong. Large inputs take a while: callers run it off the event loop.
+        Kept on the instance by hand: functools.cached_property would hold one lock for every instance."""
+        done = self.__dict__.get("_compiled")
+        if done is None:
+            done = self.__dict__["_compiled"] = self._compile()
+        return done
+
+    def _compile(self) -> str:
         from llguidance import LLMatcher
 
         try:
@@ -84,4 +89,4 @@ class StructuredOutput:
 
     def check(self) -> None:
         """Raises ValueError when the spec is over a bound or does not compile."""
-        self.compiled  # noqa: B018 - compiled (and cached) for its checks
+        self.compiled()

@@ -43,7 +43,7 @@ class GrammarBackend:
             from llguidance import LLMatcher, LLParserLimits
 
             try:
-                grammar = so.compiled
+                grammar = so.compiled()
             except ValueError as e:
                 raise GrammarFailed(str(e)) from None
             # verbose_errors off: an error names the limit, not the whole grammar and parser state
