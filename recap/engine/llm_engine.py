@@ -153,10 +153,16 @@ class LLMEngine:
             if cid in self.outputs.child_to_parent:
                 self.outputs.on_prompt_logprobs(cid, found)
         stopped: list[str] = []
+        failed, errored = runner_out.extras.get("grammar_failed", {}), []
         new_tokens = 0
         for u in updates:
             parent = self.outputs.parents.get(self.outputs.child_to_parent.get(u.request_id, ""))
             if parent is None:
+                continue
+            if u.request_id in failed:  # its grammar broke: the token was drawn unconstrained, so it is dropped
+                self.outputs.on_error(u.request_id, failed[u.request_id])
+                errored += [u.request_id] if u.finished is None else []
+                self._release_forks(parent)
                 continue
             new_tokens += len(u.new_token_ids)
             had_first = parent.metrics.first_token_time is not None
@@ -172,6 +178,8 @@ class LLMEngine:
             self._release_forks(parent)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if errored:
+            self.scheduler.finish_requests(errored, RequestStatus.FINISHED_ERROR)
         if self.config.check_integrity:
             self.scheduler.check_integrity()
         finishing = [p for p in self.outputs.parents.values() if p.dirty and p.finished]

@@ -35,6 +35,7 @@ class ParentState:
     num_cached_tokens: int = 0
     dirty: bool = False
     prompt_logprobs: PromptLogprobs | None = None
+    error: str | None = None  # why a child ended with finish_reason "error"
 
     @property
     def finished(self) -> bool:
@@ -51,6 +52,7 @@ class ParentState:
             num_cached_tokens=self.num_cached_tokens,
             metrics=self.metrics,
             prompt_logprobs=self.prompt_logprobs,
+            error=self.error,
         )
 
 
@@ -144,6 +146,16 @@ class OutputProcessor:
             if status == RequestStatus.FINISHED_STOPPED and out.token_ids:
                 out.stop_reason = out.token_ids[-1]
             child.detok.flush()
+        parent.dirty = True
+
+    def on_error(self, cid: str, message: str) -> None:
+        """The child cannot go on (its grammar broke): it ends with finish_reason "error"; `message` says why."""
+        parent = self.parents[self.child_to_parent[cid]]
+        child = parent.children[cid]
+        if child.output.finish_reason is None:
+            child.output.finish_reason = "error"
+            child.detok.flush()
+        parent.error = message
         parent.dirty = True
 
     def collect(self) -> list[RequestOutput]:

@@ -9,9 +9,13 @@ from typing import Any
 
 import torch
 
-from recap.structured_output import StructuredOutput
+from recap.structured_output import StructuredOutput, short_error
 
 log = logging.getLogger("recap.runner")
+
+
+class GrammarFailed(Exception):
+    """A request's matcher cannot go on (llguidance's row or lexer limits): the request ends with an error."""
 
 
 class GrammarBackend:
@@ -33,24 +37,41 @@ class GrammarBackend:
     def drop(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
 
-    def allowed(
-        self, request_id: str, so: StructuredOutput, output_ids: Sequence[int], vocab: int
-    ) -> torch.Tensor | None:
-        """Bool mask [vocab] of the tokens the grammar allows after `output_ids`; None (unconstrained, logged)
-        if the matcher broke (it cannot when every token came from its mask: the engine must not die of it)."""
-        from llguidance import LLMatcher
-
+    def _matcher(self, request_id: str, so: StructuredOutput) -> tuple[Any, int]:
         entry = self._matchers.get(request_id)
         if entry is None:
-            entry = (LLMatcher(self._ll_tokenizer(), so.grammar(), log_level=0), 0)
-        matcher, consumed = entry
-        if len(output_ids) > consumed:
-            matcher.consume_tokens(list(output_ids[consumed:]))
-        self._matchers[request_id] = (matcher, len(output_ids))
-        if matcher.is_error():
-            log.warning("structured output of %s left unconstrained: %s", request_id, matcher.get_error())
-            return None
-        return bitmask_to_bool(matcher.compute_bitmask(), vocab)
+            from llguidance import LLMatcher, LLParserLimits
+
+            try:
+                grammar = so.compiled()
+            except ValueError as e:
+                raise GrammarFailed(str(e)) from None
+            # verbose_errors off: an error names the limit, not the whole grammar and parser state
+            entry = (LLMatcher(self._ll_tokenizer(), grammar, log_level=0,
+                               limits=LLParserLimits(verbose_errors=False)), 0)
+        return entry
+
+    def allowed(
+        self, request_id: str, so: StructuredOutput, output_ids: Sequence[int], vocab: int
+    ) -> torch.Tensor:
+        """Bool mask [vocab] of the tokens the grammar allows after `output_ids`. Raises GrammarFailed (logged
+        here, once: the engine then ends the request) when the matcher cannot be built or goes past a limit."""
+        try:
+            matcher, consumed = self._matcher(request_id, so)
+            # a stopped matcher (its grammar complete, EOS consumed) keeps allowing EOS and takes no more tokens:
+            # what ignore_eos draws after the end is no error
+            if len(output_ids) > consumed and not matcher.is_stopped():
+                matcher.consume_tokens(list(output_ids[consumed:]))
+            self._matchers[request_id] = (matcher, len(output_ids))
+            mask = None if matcher.is_error() else matcher.compute_bitmask()
+            if matcher.is_error():
+                raise GrammarFailed(f"structured output failed: {short_error(matcher.get_error())}")
+        except GrammarFailed as e:
+            self._matchers.pop(request_id, None)
+            log.warning("request %s: %s (%s, %d tokens in); it ends with an error", request_id, e, so.kind,
+                        len(output_ids))
+            raise
+        return bitmask_to_bool(mask, vocab)
 
 
 def bitmask_to_bool(bitmask: bytes, vocab: int) -> torch.Tensor:

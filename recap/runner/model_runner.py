@@ -14,7 +14,7 @@ from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
 from recap.model.loader import LoadedModel
 from recap.runner.device import device_pool_budget
-from recap.runner.grammar import GrammarBackend
+from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.memory import PoolSizes, size_pools
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.sampling_params import SamplingParams
@@ -81,6 +81,7 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
         self.grammar: GrammarBackend | None = None
+        self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
 
     @property
     def layout(self) -> CacheLayout:
@@ -142,6 +143,8 @@ class ModelRunner:
             rows = [out.scheduled[r] for r in batch.sample_rows]
             sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
             self._collect_samples(rows, sampled, result)
+            if self._grammar_failed:  # their tokens were drawn unconstrained: the engine drops them
+                result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
@@ -163,7 +166,10 @@ class ModelRunner:
         if params.structured_outputs is not None:
             if self.grammar is None:
                 raise RuntimeError("a structured-output request reached a runner without a grammar backend")
-            allowed = self.grammar.allowed(s.request_id, params.structured_outputs, s.output_token_ids, vocab)
+            try:
+                allowed = self.grammar.allowed(s.request_id, params.structured_outputs, s.output_token_ids, vocab)
+            except GrammarFailed as e:
+                self._grammar_failed[s.request_id] = str(e)
         return SampleRow(params, gen, banned, s.prompt_token_ids, s.output_token_ids, allowed)
 
     def _prompt_logprobs(

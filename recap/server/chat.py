@@ -15,7 +15,7 @@ from recap.http.errors import APIError
 from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.server.chat_prompt import build_chat_input
-from recap.server.errors import from_value_error, sse_error
+from recap.server.errors import sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import (
     ChatChoice,
@@ -36,6 +36,7 @@ from recap.server.serving import (
     open_stream,
     prepare_all,
     response_size,
+    sampling_params,
     usage,
 )
 from recap.server.template_sandbox import refuse_untrusted, request_template
@@ -46,10 +47,8 @@ from recap.server.transfer_params import attach_transfer, with_transfer_params
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
-    try:
-        params = req.sampling_params(state.engine.engine.default_sampling)
-    except ValueError as e:
-        raise from_value_error(e) from None
+    size = len(await request.body())  # messages, tools and all: what rendering, tokenizing and grammars cost
+    params = await sampling_params(state, req, size)
     choice = req.effective_tool_choice
     if choice == "auto" and state.tool_parser is None:
         raise APIError("tool_choice: \"auto\" needs a tool call parser, and this model's chat template teaches no "
@@ -60,7 +59,6 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     template, kwargs = request_template(req.chat_template, req.chat_template_kwargs)
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]
-    size = len(await request.body())  # messages, tools and all: what rendering and tokenizing cost grows with
     if template is None:
         chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages, kwargs)
     elif state.template_sandbox is None:

@@ -18,7 +18,7 @@ from recap.engine.outputs import CompletionOutput, RequestOutput
 from recap.http.errors import APIError
 from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
-from recap.server.errors import from_value_error, sse_error
+from recap.server.errors import sse_error
 from recap.server.logprobs import completion_logprobs, prompt_logprobs_out
 from recap.server.protocol import (
     CompletionChoice,
@@ -37,6 +37,7 @@ from recap.server.serving import (
     prepare_all,
     prompt_size,
     response_size,
+    sampling_params,
     usage,
 )
 from recap.server.transfer_params import attach_transfer, with_transfer_params
@@ -53,10 +54,7 @@ def _check_checkpoints(req: CompletionRequest, prepared: list[PreparedRequest]) 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
-    try:
-        params = req.sampling_params(state.engine.engine.default_sampling)
-    except ValueError as e:
-        raise from_value_error(e) from None
+    params = await sampling_params(state, req, len(await request.body()))
     prompts = req.prompts()
     rid = new_request_id("cmpl")
     prepared = await state.offload.run(prompt_size(prompts), prepare_all, state, prompts, params, request_id=rid,

@@ -94,6 +94,15 @@ def prepare_all(
     return out
 
 
+async def sampling_params(state: ServerState, req: Any, size: int) -> SamplingParams:
+    """The request's SamplingParams (a ValueError is a 400 naming the field). Its output constraint is
+    bounded and compiled here (recap.grammar_bounds), off the event loop when the body is large."""
+    try:
+        return await state.offload.run(size, req.sampling_params, state.engine.engine.default_sampling)
+    except ValueError as e:
+        raise from_value_error(e) from None
+
+
 def prompt_size(prompts: Sequence[str | Sequence[int]]) -> int:
     """Characters or tokens to prepare: decides whether preparing runs off the event loop."""
     return sum(len(p) for p in prompts)

@@ -98,6 +98,19 @@ def _params(spec: ToolSpec) -> dict[str, Any]:
     return spec.function.parameters or {"type": "object", "properties": {}}
 
 
+def _rerooted(schema: Any, root: str) -> Any:
+    """`schema` with every local `$ref` ("#", "#/...") pointing below `root` instead of the document root."""
+    if isinstance(schema, list):
+        return [_rerooted(v, root) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rerooted(v, root) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = root + ref[1:]
+    return out
+
+
 def tool_constraint(
     tools: list[ToolSpec], choice: str | NamedToolChoice, parallel: bool = True
 ) -> StructuredOutput | None:
@@ -107,9 +120,13 @@ def tool_constraint(
         return StructuredOutput.json(_params(spec))
     if choice != "required":
         return None
-    items = [{"type": "object", "properties": {"name": {"const": t.function.name}, "parameters": _params(t)},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
-    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+    # Each tool's parameters sit under the root's $defs, their local $refs re-rooted there: a pydantic
+    # schema's "#/$defs/Model" then resolves inside its own tool, as it does under a named choice.
+    defs = {f"tool{i}": _rerooted(_params(t), f"#/$defs/tool{i}") for i, t in enumerate(tools)}
+    items = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                               "parameters": {"$ref": f"#/$defs/tool{i}"}},
+              "required": ["name", "parameters"], "additionalProperties": False} for i, t in enumerate(tools)]
+    array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}, "$defs": defs}
     if not parallel:
         array["maxItems"] = 1
     return StructuredOutput.json(array)

@@ -76,3 +76,32 @@ def test_bad_specs_are_typed_errors(tiny_models: dict[str, Path], so: Structured
     with pytest.raises(ValueError, match="kind must be one of"):
         StructuredOutput("xml")
     assert torch.is_tensor(bitmask_to_bool(b"\x01\x00\x00\x00", 3))
+
+
+def test_a_matcher_that_fails_mid_generation_ends_the_request_with_an_error(tiny_models: dict[str, Path]) -> None:
+    """Three rules of 900 branches: after the first token llguidance's row holds 2,704 items (its cap: 2,000).
+    The request ends with finish_reason "error" and the reason, keeping only the token drawn under the
+    grammar; the other request of the batch, under a grammar that works, is untouched; nothing leaks."""
+    llm = make_llm(tiny_models["bamba"], caching=True)
+    wide = "start: a | b | c\n" + "\n".join(f"{r}: " + " | ".join(f'"{r}{i}"' for i in range(900)) for r in "abc")
+    broken, fine = llm.generate([rnd(7, 9), rnd(8, 9)], [
+        SamplingParams(temperature=1.0, seed=1, max_tokens=20, structured_outputs=StructuredOutput("grammar", wide)),
+        SamplingParams(temperature=1.0, seed=1, max_tokens=20, structured_outputs=StructuredOutput.choice(["ab"]))])
+    out = broken.outputs[0]
+    assert out.finish_reason == "error" and len(out.token_ids) == 1 and "max is 2000" in (broken.error or "")
+    assert any(f"{r}{i}".startswith(out.text) for r in "abc" for i in range(900)), out.text
+    assert fine.outputs[0].finish_reason == "stop" and fine.outputs[0].text == "ab" and fine.error is None
+    llm.engine.scheduler.check_integrity()
+    assert llm.engine.runner.grammar is not None
+    assert not [rid for rid in llm.engine.runner.grammar._matchers if rid.startswith(broken.request_id)]
+
+
+def test_ignore_eos_past_a_complete_grammar_is_no_error(tiny_models: dict[str, Path]) -> None:
+    """Once the grammar is complete the matcher stops and allows EOS alone: what ignore_eos draws then is EOS,
+    never an error and never unconstrained text."""
+    llm = make_llm(tiny_models["bamba"], caching=True)
+    (out,) = llm.generate([rnd(7, 9)], SamplingParams(temperature=1.0, seed=2, max_tokens=6, ignore_eos=True,
+                                                      structured_outputs=StructuredOutput.choice(["ab"])))
+    eos = llm.engine.eos_token_ids
+    assert out.outputs[0].finish_reason == "length" and out.outputs[0].text.startswith("ab")
+    assert set(out.outputs[0].token_ids[-2:]) <= set(eos), out.outputs[0].token_ids

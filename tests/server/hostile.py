@@ -27,6 +27,11 @@ def _nested(depth: int, inner: str = "1", kind: str = "list") -> str:
     return ("[" * depth + inner + "]" * depth) if kind == "list" else ('{"a":' * depth + inner + "}" * depth)
 
 
+def _ref_chain(n: int) -> dict:
+    defs: dict = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+    return {"$ref": "#/$defs/d0", "$defs": {**defs, f"d{n}": {"type": "integer"}}}
+
+
 def corpus() -> list[Case]:
     c, chat = "/v1/completions", "/v1/chat/completions"
     head = f'{{"model":"{MODEL}","max_tokens":2,'
@@ -63,6 +68,13 @@ def corpus() -> list[Case]:
         Case("messages-empty", chat, _raw(messages=[]), 400, "messages"),
         Case("role-unknown", chat, _raw(messages=[{"role": "wizard", "content": "x"}]), 400, "role"),
         Case("unknown-field", c, _raw(prompt="hi", frobnicate=1), 400, "frobnicate"),
+        # issue 36 (N1, N3): inputs that killed the process in llguidance, or left it unconstrained
+        Case("grammar-ref-chain-1000", c, _raw(prompt="hi", max_tokens=2, guided_json=_ref_chain(1000)), 400,
+             "$ref resolutions"),
+        Case("grammar-lark-3000-rules", c, _raw(prompt="hi", max_tokens=2, guided_grammar="start: r0\n" + "\n".join(
+            f"r{i}: r{i + 1}" for i in range(3000)) + '\nr3000: "x"'), 400, "rules and terminals"),
+        Case("grammar-regex-a-million", chat, _raw(messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                                   guided_regex="a{1000000}"), 400, "repetition bound"),
         Case("unknown-route", "/v1/nope", b"{}", 404, "Not Found"),
         Case("wrong-method", "/v1/completions", b"", 405, "Method Not Allowed", method="GET"),
     ]

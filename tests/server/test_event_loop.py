@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from recap import structured_output
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
@@ -66,9 +67,11 @@ def watched_server(tiny_model: Path) -> Iterator[tuple[ServerThread, list[str]]]
     app = build_app(engine, limits=TEST_LIMITS)
     app.state.recap.offload.inline_size = 0
     srv = ServerThread(app)
-    srv.start()
-    yield srv, on_loop
-    srv.stop()
+    with pytest.MonkeyPatch.context() as mp:  # grammar bounds and compiles (StructuredOutput.compiled) too
+        mp.setattr(structured_output, "check_bounds", _watched(structured_output.check_bounds, "grammar", on_loop))
+        srv.start()
+        yield srv, on_loop
+        srv.stop()
 
 
 def _watched(fn: Callable[..., Any], name: str, on_loop: list[str]) -> Callable[..., Any]:
@@ -92,7 +95,8 @@ def _stream(c: httpx.Client, path: str, body: dict[str, Any]) -> None:
 def test_no_handler_path_tokenizes_or_detokenizes_on_the_event_loop(watched_server: tuple[ServerThread, list[str]]
                                                                     ) -> None:
     """Every route that renders, tokenizes or detokenizes (prompts, chats, echo, logprobs, streams,
-    /tokenize, /detokenize) does it on a worker thread once inputs are large (here: always)."""
+    /tokenize, /detokenize) or bounds and compiles a grammar does it on a worker thread once inputs are large
+    (here: always)."""
     srv, on_loop = watched_server
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there",
                                                          "cache_control": {"type": "ephemeral"}}]
@@ -106,6 +110,11 @@ def test_no_handler_path_tokenizes_or_detokenizes_on_the_event_loop(watched_serv
             ("/tokenize", {"prompt": "some text", "return_token_strs": True}),
             ("/tokenize", {"messages": chat}),
             ("/detokenize", {"tokens": [5, 6, 7]}),
+            ("/v1/completions", {"prompt": "Pick:", "max_tokens": 4, "guided_choice": ["yes", "no"]}),
+            ("/v1/chat/completions", {"messages": chat, "max_tokens": 4, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "v", "schema": {"type": "object"}}}}),
+            ("/v1/chat/completions", {"messages": chat, "max_tokens": 8, "tool_choice": "required", "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}),
         ]
         for path, body in calls:
             r = c.post(path, json={"model": MODEL_NAME, **body})
