@@ -100,9 +100,17 @@ def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
 
 def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "serve", "ARGS=--port 8001 /models/x"], cwd=root,
+    out = subprocess.run(["make", "-n", "-o", ".venv/.serve-installed", "serve", "ARGS=--port 8001 /models/x"], cwd=root,
                          capture_output=True, text=True, check=True).stdout
     assert ".venv/bin/recap serve --port 8001 /models/x" in out
+    # serving installs torch and the runtime set only, with pip's progress shown; the test extras wait for make test
+    serve_set = subprocess.run(["make", "-n", "-B", "serve"], cwd=root, capture_output=True, text=True,
+                               check=True).stdout
+    assert "torch==2.13.0" in serve_set and "-e ." in serve_set
+    assert ".[test]" not in serve_set and " -q" not in serve_set
+    test_set = subprocess.run(["make", "-n", "-B", "test"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+    assert "-e '.[test]'" in test_set and "pytest" in test_set
     readme = (root / "README.md").read_text()
     assert "shared/DESIGN.md" not in readme and "docs/design.md" in readme and (root / "docs/design.md").is_file()
 
