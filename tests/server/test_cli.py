@@ -14,6 +14,7 @@ import pytest
 
 from recap import cli
 from recap.launch.engine_args import engine_config
+from recap.model.default_model import DEFAULT_MAX_NEW_TOKENS
 from recap.units import positive_bytes
 from tests.server.serve_process import recap_serve
 
@@ -94,14 +95,19 @@ def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
         reply = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hello!"}],
                                                max_tokens=4, temperature=0.0)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.role == "assistant"
+        # a bare request (no max_tokens) stops at the default model's generation-config cap, not at 8,192 tokens
+        bare = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hi"}])
+        assert 1 <= bare.usage.completion_tokens <= DEFAULT_MAX_NEW_TOKENS
+        assert bare.choices[0].finish_reason == ("length" if bare.usage.completion_tokens == DEFAULT_MAX_NEW_TOKENS
+                                                 else "stop")
     text = log_path.read_text()
     assert "request chatcmpl-" in text and "completion_tokens=" in text and "finish=" in text, text
 
 
 def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(["make", "-n", "-o", ".venv/.serve-installed", "serve", "ARGS=--port 8001 /models/x"], cwd=root,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["make", "-n", "-o", ".venv/.serve-installed", "serve", "ARGS=--port 8001 /models/x"],
+                         cwd=root, capture_output=True, text=True, check=True).stdout
     assert ".venv/bin/recap serve --port 8001 /models/x" in out
     # serving installs torch and the runtime set only, with pip's progress shown; the test extras wait for make test
     serve_set = subprocess.run(["make", "-n", "-B", "serve"], cwd=root, capture_output=True, text=True,
