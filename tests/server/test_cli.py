@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import types
@@ -102,6 +103,11 @@ def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
                                                  else "stop")
     text = log_path.read_text()
     assert "request chatcmpl-" in text and "completion_tokens=" in text and "finish=" in text, text
+    # the start-up log names the tool-call parser and the memory plan (weights, KV blocks, state slots)
+    assert "tool-call parser: none (the chat template teaches no tool-call format" in text, text
+    assert re.search(r"memory plan: weights [\d.]+ MiB \([\d,]+ B\)", text), text
+    assert re.search(r"KV pool [\d.]+ MiB \([\d,]+ B\) in \d+ blocks of 16 tokens; state pool .* in \d+ slots", text)
+    assert f"{{'max_tokens': {DEFAULT_MAX_NEW_TOKENS}}}" in text, text
 
 
 def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
