@@ -76,6 +76,13 @@ def test_bench_forwards_or_explains(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert "recap.bench.cli is missing" in capsys.readouterr().err
 
 
+def test_replicas_without_ray_say_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import fails as in a `make serve` virtualenv
+    assert cli.main(["serve", "--replicas", "2"]) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+
+
 def test_generate_prints_the_completion(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from recap import LLM, SamplingParams
 
