@@ -144,7 +144,7 @@ def _doc_commands(doc: str, program: str) -> list[list[str]]:
     return [words for words in (shlex.split(line, comments=True) for line in lines) if words and words[0] == program]
 
 
-def test_readme_bench_line_runs_a_real_workload() -> None:
+def test_readme_bench_line_names_a_real_workload_and_flags() -> None:
     from recap.bench.cli import build_parser
 
     (line,) = [c for c in _doc_commands("README.md", ".venv/bin/recap") if c[1] == "bench"]
