@@ -54,7 +54,12 @@ def cluster_mode(args: argparse.Namespace) -> str | None:
 
 
 def serve_replicas(args: argparse.Namespace, config: EngineConfig, transfer: KVTransferConfig) -> int:
-    from ray import serve
+    try:
+        from ray import serve
+    except ImportError:  # the [ray] extra: `make serve` installs the one-process server only
+        print("error: replicas run on Ray Serve, which is not installed: .venv/bin/pip install -e '.[ray]'",
+              file=sys.stderr)
+        return 2
 
     from recap.cluster.deploy import ClusterConfig, LocalClusterConfig, build_cluster_app, build_pd_app, init_ray
     from recap.http.limits import server_limits

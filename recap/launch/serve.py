@@ -64,6 +64,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: cannot load the model: {e}", file=sys.stderr)
         return 1
     llm = engine.engine
+    log.info("memory plan: %s", llm.runner.memory_plan().describe())
+    if llm.default_sampling:
+        log.info("defaults for fields a request leaves unset (generation_config.json): %s", llm.default_sampling)
     app = ServerSettings(limits, args.api_key, server_options(args)).build(engine, collectors, transfer,
                                                                           shutdown_engine=True)
     log.info("serving %s on http://%s:%d (OpenAI API under /v1, role %s)", llm.served_model_name, args.host,

@@ -2,7 +2,10 @@
 
 Built once (seeded, so every machine builds the same files) into a cache folder with an atomic
 rename, so `recap serve` / `recap bench` run on a fresh machine without network. Shape: 14 layers
-(Mamba2 everywhere except attention at layers 4 and 10), d_model 512, vocab 4096.
+(Mamba2 everywhere except attention at layers 4 and 10), d_model 512, vocab 4096. Its
+generation_config.json caps a request that names no `max_tokens` at DEFAULT_MAX_NEW_TOKENS (random
+weights seldom say EOS, and the context is 8,192 tokens): read as vLLM reads it
+(recap/engine/model_defaults.py), so a bare chat request returns in seconds.
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_NAME = "default-hybrid-v1"
+DEFAULT_NAME = "default-hybrid-v2"  # v2: generation_config.json gained max_new_tokens
 SEED = 1234
 VOCAB_SIZE = 4096
+DEFAULT_MAX_NEW_TOKENS = 256
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 
 
 def default_cache_dir() -> Path:
@@ -103,7 +107,9 @@ def _save_model(folder: Path, seed: int) -> None:
         pad_token_id=1,
     )
     torch.manual_seed(seed)
-    BambaForCausalLM(config).eval().save_pretrained(str(folder))
+    model = BambaForCausalLM(config).eval()
+    model.generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+    model.save_pretrained(str(folder))
 
 
 def ensure_default_model(cache_dir: Path | None = None) -> Path:

@@ -31,6 +31,31 @@ class PoolSizes:
     num_window_blocks: int = 0  # the window group's pool, including its null block
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a runner holds, for the start-up log: the weights, the native kernels' packed copies, the pools."""
+
+    weight_bytes: int  # the model's parameters and buffers
+    packed_bytes: int  # the copies of linear weights the native kernels read (panels, int8 tiles)
+    pools: PoolSizes
+    block_size: int
+
+    def describe(self) -> str:
+        p = self.pools
+        kv = "no KV pool (no attention layers)" if not p.num_kv_blocks else (
+            f"KV pool {_mib(p.kv_bytes)} in {p.num_kv_blocks - 1} blocks of {self.block_size} tokens"
+            + (f" (sliding-window group: {p.num_window_blocks - 1} blocks)" if p.num_window_blocks else ""))
+        state = "no state pool (no recurrent layers)" if not p.num_state_slots else (
+            f"state pool {_mib(p.state_bytes)} in {p.num_state_slots} slots of "
+            f"{_mib(p.state_bytes // p.num_state_slots)}")
+        packed = f" + {_mib(self.packed_bytes)} packed for the native kernels" if self.packed_bytes else ""
+        return f"weights {_mib(self.weight_bytes)}{packed}; {kv}; {state}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB ({n:,} B)"
+
+
 def _split_device_budget(
     cache: CacheConfig, sched: SchedulerConfig, attn_bytes_per_token: int, state_bytes_per_slot: int, budget: int
 ) -> CacheConfig:

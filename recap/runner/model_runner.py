@@ -12,10 +12,11 @@ from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledReque
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
 from recap.model.cache import ModelCaches
+from recap.model.layers.linear import Linear
 from recap.model.loader import LoadedModel
 from recap.runner.device import device_pool_budget
 from recap.runner.grammar import GrammarBackend, GrammarFailed
-from recap.runner.memory import PoolSizes, size_pools
+from recap.runner.memory import MemoryPlan, PoolSizes, size_pools
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.sampling_params import SamplingParams
 
@@ -82,6 +83,12 @@ class ModelRunner:
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
+
+    def memory_plan(self) -> MemoryPlan:
+        """The bytes this runner holds: weights, the native kernels' packed copies, and the two pools."""
+        weights = sum(t.nbytes for t in [*self.model.parameters(), *self.model.buffers()])
+        packed = sum(t.nbytes for m in self.model.modules() if isinstance(m, Linear) for t in m.impl.tensors())
+        return MemoryPlan(weights, packed, self.pools, self.cache_config.block_size)
 
     @property
     def layout(self) -> CacheLayout:

@@ -96,7 +96,7 @@ def build_app(
     registry.register(RequestCountsCollector(counts, state.model_name))
     app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts,
                        to_error=from_exception)
-    state.tool_parser = options.tool_call_parser or detect_parser(getattr(llm.tokenizer, "chat_template", None))
+    state.tool_parser = _tool_parser(options.tool_call_parser, llm.tokenizer)
     state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
     state.template_sandbox = options.template_sandbox()
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
@@ -130,6 +130,17 @@ def build_app(
     if limits.enable_debug:
         _add_debug_routes(app, engine, trimmer)
     return app
+
+
+def _tool_parser(flag: str | None, tokenizer: Any) -> str | None:
+    """The tool-call parser (--tool-call-parser, else the one the chat template teaches), named in the log."""
+    parser = flag or detect_parser(getattr(tokenizer, "chat_template", None))
+    if parser is None:
+        log.info("tool-call parser: none (the chat template teaches no tool-call format; tool_choice auto is "
+                 "refused until --tool-call-parser names one)")
+    else:
+        log.info("tool-call parser: %s (%s)", parser, "--tool-call-parser" if flag else "from the chat template")
+    return parser
 
 
 def _add_debug_routes(app: FastAPI, engine: AsyncEngine, trimmer: process_memory.MallocTrimmer | None) -> None:

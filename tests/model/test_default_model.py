@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from recap.engine.model_defaults import generation_defaults
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.default_model import SPECIAL_TOKENS, ensure_default_model
+from recap.model.default_model import DEFAULT_MAX_NEW_TOKENS, SPECIAL_TOKENS, ensure_default_model
 from recap.model.loader import load_model, load_tokenizer
 from recap.model.testing import forward_step
 
@@ -17,6 +18,8 @@ def test_default_model_builds_and_runs(tmp_path) -> None:  # noqa: ANN001
     assert ensure_default_model(tmp_path / "default") == folder  # built once
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == ["default"]  # no temp folder left behind
+    # a request that names no max_tokens stops here (its generation config, as vLLM reads it)
+    assert generation_defaults(folder) == {"max_tokens": DEFAULT_MAX_NEW_TOKENS}
 
     lm = load_model(folder)
     cfg = lm.config

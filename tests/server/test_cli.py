@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import shlex
 import subprocess
 import sys
 import types
@@ -14,6 +17,7 @@ import pytest
 
 from recap import cli
 from recap.launch.engine_args import engine_config
+from recap.model.default_model import DEFAULT_MAX_NEW_TOKENS
 from recap.units import positive_bytes
 from tests.server.serve_process import recap_serve
 
@@ -72,6 +76,13 @@ def test_bench_forwards_or_explains(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert "recap.bench.cli is missing" in capsys.readouterr().err
 
 
+def test_replicas_without_ray_say_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import fails as in a `make serve` virtualenv
+    assert cli.main(["serve", "--replicas", "2"]) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+
+
 def test_generate_prints_the_completion(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from recap import LLM, SamplingParams
 
@@ -94,15 +105,83 @@ def test_recap_serve_without_model_serves_the_default(tmp_path: Path) -> None:
         reply = client.chat.completions.create(model=model.id, messages=[{"role": "user", "content": "Hello!"}],
                                                max_tokens=4, temperature=0.0)
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.role == "assistant"
+        # the README's curl request, bare (no max_tokens): it stops at the default model's generation-config cap
+        (curl,) = _doc_commands("README.md", "curl")
+        target, body = curl[curl.index("-s") + 1], json.loads(curl[curl.index("-d") + 1])
+        assert target.startswith(README_URL) and "max_tokens" not in body
+        bare = httpx.post(target.replace(README_URL, url), json=body, headers={"Authorization": "Bearer sesame"},
+                          timeout=60).json()
+        assert 1 <= bare["usage"]["completion_tokens"] <= DEFAULT_MAX_NEW_TOKENS, bare
+        assert bare["choices"][0]["finish_reason"] == (
+            "length" if bare["usage"]["completion_tokens"] == DEFAULT_MAX_NEW_TOKENS else "stop")
+        # the README's openai-client snippet, pointed at this server
+        (snippet,) = [b for b in _fenced("README.md", "python") if "from openai import OpenAI" in b]
+        for old, new in ((f'"{README_URL}/v1"', f'"{url}/v1"'), ('api_key="unused"', 'api_key="sesame"')):
+            assert snippet.count(old) == 1, old
+            snippet = snippet.replace(old, new)
+        exec(compile(snippet, "README.md", "exec"), {})
     text = log_path.read_text()
     assert "request chatcmpl-" in text and "completion_tokens=" in text and "finish=" in text, text
+    # the start-up log names the tool-call parser and the memory plan (weights, KV blocks, state slots)
+    assert "tool-call parser: none (the chat template teaches no tool-call format" in text, text
+    assert re.search(r"memory plan: weights [\d.]+ MiB \([\d,]+ B\)", text), text
+    assert re.search(r"KV pool [\d.]+ MiB \([\d,]+ B\) in \d+ blocks of 16 tokens; state pool .* in \d+ slots", text)
+    assert f"{{'max_tokens': {DEFAULT_MAX_NEW_TOKENS}}}" in text, text
+
+
+README_URL = "http://127.0.0.1:8000"  # where the README's examples find `make serve`
+
+
+def _fenced(doc: str, lang: str) -> list[str]:
+    """The `lang` code blocks of a doc (under the repository root), each a string."""
+    text = (Path(__file__).resolve().parents[2] / doc).read_text()
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def _doc_commands(doc: str, program: str) -> list[list[str]]:
+    """The shell commands of a doc's bash blocks that run `program`, split as the shell would."""
+    lines = [line for block in _fenced(doc, "bash") for line in block.replace("\\\n", " ").splitlines()]
+    return [words for words in (shlex.split(line, comments=True) for line in lines) if words and words[0] == program]
+
+
+def test_readme_bench_line_names_a_real_workload_and_flags() -> None:
+    from recap.bench.cli import build_parser
+
+    (line,) = [c for c in _doc_commands("README.md", ".venv/bin/recap") if c[1] == "bench"]
+    args = build_parser().parse_args(line[2:])
+    assert args.toy and args.model is None  # smoke sizes on the embedded default model
+
+
+def test_disaggregation_doc_commands_fit_together(tmp_path: Path) -> None:
+    """docs/disaggregation.md's three commands: real flags, and each names the others' ports."""
+    from recap.disagg.config import transfer_config
+
+    runs = _doc_commands("docs/disaggregation.md", ".venv/bin/recap")
+    prefill, decode, proxy = (cli.build_parser().parse_args(c[1:]) for c in runs)
+    assert (prefill.role, decode.role) == ("prefill", "decode")
+    assert decode.kv_peer == [f"tcp://127.0.0.1:{prefill.kv_port}"] and prefill.kv_port != 0
+    assert prefill.kv_secret_file == decode.kv_secret_file
+    assert (proxy.prefill, proxy.decode) == ([f"http://127.0.0.1:{prefill.port}"], [f"http://127.0.0.1:{decode.port}"])
+    (curl,) = _doc_commands("docs/disaggregation.md", "curl")
+    assert curl[curl.index("-s") + 1].startswith(f"http://127.0.0.1:{proxy.port}/v1/")
+    for args in (prefill, decode):  # each starts: the role's checks pass (the secret made under tmp_path here)
+        args.kv_secret_file = tmp_path / "kv.secret"
+        assert transfer_config(args).role == args.role
 
 
 def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "serve", "ARGS=--port 8001 /models/x"], cwd=root,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["make", "-n", "-o", ".venv/.serve-installed", "serve", "ARGS=--port 8001 /models/x"],
+                         cwd=root, capture_output=True, text=True, check=True).stdout
     assert ".venv/bin/recap serve --port 8001 /models/x" in out
+    # serving installs torch and the runtime set only, with pip's progress shown; the test extras wait for make test
+    serve_set = subprocess.run(["make", "-n", "-B", "serve"], cwd=root, capture_output=True, text=True,
+                               check=True).stdout
+    assert "torch==2.13.0" in serve_set and "-e ." in serve_set
+    assert ".[test]" not in serve_set and " -q" not in serve_set
+    test_set = subprocess.run(["make", "-n", "-B", "test"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+    assert "-e '.[test]'" in test_set and "pytest" in test_set
     readme = (root / "README.md").read_text()
     assert "shared/DESIGN.md" not in readme and "docs/design.md" in readme and (root / "docs/design.md").is_file()
 
