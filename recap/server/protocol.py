@@ -312,10 +312,6 @@ class ChatCompletionRequest(_SamplingFields):
         if forced is not None:
             if self.output_constraint() is not None:
                 raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
-            try:
-                forced.check()  # bounded and compiled here (off the event loop for a large request)
-            except ValueError as e:
-                raise ValueError(f"tools: {str(e).removeprefix('structured_outputs: ')}") from None
             extra["structured_outputs"] = forced
         return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None, defaults, **extra)
 

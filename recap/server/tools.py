@@ -114,10 +114,11 @@ def _rerooted(schema: Any, root: str) -> Any:
 def tool_constraint(
     tools: list[ToolSpec], choice: str | NamedToolChoice, parallel: bool = True
 ) -> StructuredOutput | None:
-    """The grammar of a forced call; None when the model chooses (auto, none). `parallel` false: one call."""
+    """The grammar of a forced call, bounded and compiled (a ValueError naming `tools` otherwise; off the event
+    loop for a large request); None when the model chooses (auto, none). `parallel` false: one call."""
     if isinstance(choice, NamedToolChoice):
         spec = next(t for t in tools if t.function.name == choice.function.name)
-        return StructuredOutput.json(_params(spec))
+        return _checked(StructuredOutput.json(_params(spec)))
     if choice != "required":
         return None
     # Each tool's parameters sit under the root's $defs, their local $refs re-rooted there: a pydantic
@@ -129,7 +130,15 @@ def tool_constraint(
     array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}, "$defs": defs}
     if not parallel:
         array["maxItems"] = 1
-    return StructuredOutput.json(array)
+    return _checked(StructuredOutput.json(array))
+
+
+def _checked(forced: StructuredOutput) -> StructuredOutput:
+    try:
+        forced.check()
+    except ValueError as e:
+        raise ValueError(f"tools: {str(e).removeprefix('structured_outputs: ')}") from None
+    return forced
 
 
 def new_call(name: str, arguments: Any, index: int) -> ToolCall:
