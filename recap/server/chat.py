@@ -64,7 +64,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
-                               stream=req.stream, n=params.n)
+                               stream=req.stream, n=params.n, request=request)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)

@@ -62,7 +62,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                                        boundaries=[req.checkpoints or ()] * len(prompts), cache_salt=req.cache_salt)
     _check_checkpoints(req, prepared)
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
-                               stream=req.stream, n=params.n)
+                               stream=req.stream, n=params.n, request=request)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)
