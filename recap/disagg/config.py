@@ -35,8 +35,9 @@ class KVTransferConfig:
     # prefill: a hold no decode side accepted (verified its handle and queued it: it announces that) by then is
     # released; an accepted one waits for its pull up to hold_timeout_s.
     accept_timeout_s: float = 10.0
-    # prefill: holds (published, not yet pulled) allowed at once, from all clients and from one client (its
-    # address); 0: half the engine's max_num_seqs, so held state slots leave room for running requests.
+    # prefill: holds waiting for their pull at which new do_remote_decode requests are refused (429), of all
+    # clients and of one client (its address); 0: half the engine's max_num_seqs, so held state slots leave
+    # room for running requests.
     max_holds: int = 0
     max_holds_per_client: int = 0  # 0: max_holds (lower it when several front ends share one prefill instance)
     fallback_local_prefill: bool = False  # decode: on a failed transfer, prefill locally instead of failing
@@ -162,7 +163,8 @@ def add_disagg_args(p: argparse.ArgumentParser) -> None:
                    help="prefill: seconds held KV waits for a decode instance to accept its handle (then up to "
                         "--kv-hold-timeout for the pull)")
     p.add_argument("--kv-max-holds", type=int, default=d.max_holds,
-                   help="prefill: held requests allowed at once (0: half of --max-num-seqs); more get 429")
+                   help="prefill: held requests waiting for their pull at which new ones get 429 (0: half of "
+                        "--max-num-seqs)")
     p.add_argument("--kv-max-holds-per-client", type=int, default=d.max_holds_per_client,
                    help="prefill: held requests one client address may have at once (0: --kv-max-holds)")
     p.add_argument("--fallback-local-prefill", action="store_true",

@@ -4,8 +4,8 @@ Prefill role: a request marked `RemoteDecode` runs with max_tokens=1 and is held
 (Scheduler.hold_on_finish); its output carries the handle (`kv_transfer_params`); the transfer server
 thread serves pulls from the `Outbox`; acknowledged or expired transfers are released between steps (a
 hold no decode side accepted expires at the accept timeout, an accepted one at the hold timeout). Holds
-are capped, globally and per client (KVTransferConfig.hold_caps): a request past a cap is a 429 (BusyError)
-before it is queued, so held state slots always leave room for running requests.
+waiting for their pull are capped, globally and per client (KVTransferConfig.hold_caps): a request past a
+cap is a 429 (BusyError) before it is queued, so held state slots leave room for running requests.
 
 Decode role: a request carrying a `RemoteHandle` is queued as remote (Scheduler.add_remote_request) and
 its prefill side is told the handle was accepted (it holds the KV for the pull that follows); between
@@ -183,17 +183,18 @@ class DisaggLLMEngine(LLMEngine):
 
     # ---- prefill side ---------------------------------------------------------------------------
     def _check_hold_caps(self, client: str) -> None:
-        """BusyError (429) when the holds, with the requests about to become holds, reach a cap."""
+        """BusyError (429) when the holds waiting for their pull reach a cap. Requests still computing do not
+        count: on a prefill instance every request becomes a hold, and the scheduler bounds those (at most
+        max_num_seqs run); a slow or absent decode side is what piles up holds."""
         assert self.outbox is not None, "only a prefill instance holds"
         for rid in [r for r in self._prefill_ids if r not in self.outputs.parents]:
             del self._prefill_ids[rid]  # failed or aborted before it was held
         held, of_client = self.outbox.holds(client)
         total_cap, client_cap = self.transfer_config.hold_caps(self.config.scheduler.max_num_seqs)
-        pending = list(self._prefill_ids.values())
-        if held + len(pending) >= total_cap:
+        if held >= total_cap:
             raise BusyError(f"this prefill instance holds {total_cap} requests for decode instances already "
                             "(--kv-max-holds); retry later", "kv_holds_full")
-        if of_client + pending.count(client) >= client_cap:
+        if of_client >= client_cap:
             raise BusyError(f"client {client or '?'} has {client_cap} requests held on this prefill instance "
                             "already (--kv-max-holds-per-client); retry later", "kv_holds_full")
 
