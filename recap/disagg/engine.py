@@ -7,12 +7,12 @@ hold no decode side accepted expires at the accept timeout, an accepted one at t
 waiting for their pull are capped, globally and per client (KVTransferConfig.hold_caps): a request past a
 cap is a 429 (BusyError) before it is queued, so held state slots leave room for running requests.
 
-Decode role: a request carrying a `RemoteHandle` is queued as remote (Scheduler.add_remote_request) and
-its prefill side is told the handle was accepted (it holds the KV for the pull that follows); between
-steps the engine starts a pull thread for each plan `start_receives` returns, writes what arrived into
+Decode role: a request carrying a `RemoteHandle` is queued as remote (Scheduler.add_remote_request);
+between steps the engine starts a pull thread for each plan `start_receives` returns, writes what arrived into
 the caches (`worker.scatter`) and calls `finish_receive`, so the request decodes on from the prompt end
-with the prefill side's first token. A failed pull fails only its request (KVTransferError,
-502/504) or, with `fallback_local_prefill`, sends it to local prefill.
+with the prefill side's first token. A request whose pull cannot start yet (no room) tells its prefill
+side it accepted the handle, so the hold waits past the accept timeout. A failed pull fails only its
+request (KVTransferError, 502/504) or, with `fallback_local_prefill`, sends it to local prefill.
 
 All scheduler and cache work happens on the engine thread; the pull and server threads only move bytes.
 """
@@ -86,6 +86,7 @@ class DisaggLLMEngine(LLMEngine):
         self._fail: Callable[[str, BaseException], None] = lambda rid, err: None
         self._inbox: queue.Queue[tuple[str, _Result]] = queue.Queue()
         self._handles: dict[str, RemoteHandle] = {}  # decode: child id -> handle, until its pull starts
+        self._unannounced: list[str] = []  # decode: child ids added since the last step (accept unless pulled)
         self._prefill_ids: dict[str, str] = {}  # prefill: parent ids to hold -> the client that asked
         self._new_remote = False
         self.outbox: Outbox | None = None
@@ -140,7 +141,7 @@ class DisaggLLMEngine(LLMEngine):
             self._release_remote(p.kv_transfer)
         else:
             self._handles[cid] = p.kv_transfer
-            self._tell(self.transport.accept, p.kv_transfer)  # the pull follows when there is room
+            self._unannounced.append(cid)
         self._new_remote = True
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
@@ -240,6 +241,11 @@ class DisaggLLMEngine(LLMEngine):
             handle = self._handles.pop(plan.request_id)
             self._count(blocks_local=plan.num_local_blocks, transfers_in_flight=1)
             threading.Thread(target=self._pull, args=(plan, handle), name="recap-kv-pull", daemon=True).start()
+        # A pull accepts its hold; a request still waiting for room tells its prefill side it will come.
+        for cid in self._unannounced:
+            if cid in self._handles:
+                self._tell(self.transport.accept, self._handles[cid])
+        self._unannounced.clear()
 
     def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
         """Runs on a pull thread: bytes in, tensors out, nothing else."""

@@ -12,10 +12,12 @@ import pytest
 from recap.disagg.config import KVTransferConfig, RemoteDecode, RemoteHandle
 from recap.disagg.engine import DisaggLLMEngine
 from recap.disagg.transport import Outbox, answer_accept
+from recap.disagg.zmq_transport import ZmqTransport
 from recap.engine.config import EngineConfig
 from recap.engine.errors import BusyError
+from recap.engine.outputs import RequestOutput
 from recap.http.errors import from_exception
-from tests.disagg.test_engine_failures import PARAMS, PROMPT, assert_clean, decode, drive, make, prefill
+from tests.disagg.test_engine_failures import PARAMS, PROMPT, SECRET, assert_clean, decode, drive, make, prefill
 
 HELD: Any = object()  # the outbox never looks inside a held request except to send it
 
@@ -92,3 +94,40 @@ def release_acknowledged(pre: DisaggLLMEngine) -> None:
             return
         time.sleep(0.005)
     raise AssertionError("the pulled hold was not released")
+
+
+class RecordingTransport(ZmqTransport):
+    """The decode side's transport, recording the accepts it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accepted: list[str] = []
+
+    def accept(self, address: str, transfer_id: str, mac: str) -> None:
+        super().accept(address, transfer_id, mac)
+        self.accepted.append(transfer_id)
+
+
+def test_a_decode_side_without_room_accepts_the_handle(engines: list, config: EngineConfig) -> None:
+    """A pull that starts at once accepts the hold itself (no accept message); a request that waits for a
+    seat sends one, and is served once the seat frees."""
+    pre = make(engines, config, role="prefill", accept_timeout_s=600.0)
+    one_seat = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, max_num_seqs=1))
+    transport = RecordingTransport()
+    dec = DisaggLLMEngine(one_seat, KVTransferConfig(role="decode", secret=SECRET, peers=(pre.address,)), transport)
+    engines.append(dec)
+    assert isinstance(decode(dec, prefill(pre, "now"), "now"), RequestOutput) and transport.accepted == []
+    dec.add_prepared(dec.prepare(PROMPT, dataclasses.replace(PARAMS, max_tokens=3), request_id="local"))
+    dec.step()  # the local request takes the only seat
+    waiting = prefill(pre, "later")
+    local = decode(dec, waiting, "later")  # the local request finishes first ...
+    assert isinstance(local, RequestOutput) and local.request_id == "local"
+    assert transport.accepted == [waiting.transfer_id]
+    finals: list[RequestOutput] = []
+    deadline = time.monotonic() + 60  # a bound for a broken run, not a timing assertion
+    while not finals and time.monotonic() < deadline:  # ... then the waiting one pulls and decodes
+        finals = [out for out in dec.step() if out.finished]
+        if not dec.has_unfinished_requests():
+            time.sleep(0.005)  # waiting on the network
+    assert finals[0].request_id == "later" and len(finals[0].outputs[0].token_ids) == PARAMS.max_tokens
+    assert_clean(dec)
