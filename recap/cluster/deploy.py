@@ -118,7 +118,7 @@ def build_pd_app(config: EngineConfig, cluster: ClusterConfig, prefill_replicas:
     decode = dataclasses.replace(base, role="decode", secret=secret,
                                  peers=(deployment_peer(cluster.app_name, PREFILL_DEPLOYMENT),))
     ingress = PDIngressConfig(tokenizer=config.tokenizer or str(config.model), app=cluster.app_name,
-                              enable_debug=http.limits.enable_debug)
+                              enable_debug=http.limits.enable_debug, kv_api_key=prefill.kv_api_key)
     deployment = serve.deployment(RecapPDIngress, name="RecapPDIngress", ray_actor_options={"num_cpus": 0},
                                   max_ongoing_requests=cluster.ingress_max_ongoing_requests)
     return deployment.bind(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
@@ -45,7 +45,7 @@ from recap.disagg.flow import Answer, prefill_then_decode, refuse_client_params,
 from recap.engine.errors import KVTransferError
 from recap.http.errors import APIError
 from recap.http.json_body import parse_json
-from recap.http.wire import GENERATION_ROUTES
+from recap.http.wire import GENERATION_ROUTES, KV_API_KEY_HEADER
 from recap.model.loader import load_tokenizer
 
 log = logging.getLogger("recap.cluster")
@@ -60,6 +60,7 @@ class PDIngressConfig:
     enable_debug: bool = False
     timeout_s: float = 600.0  # the prefill call (the decode call streams: no overall limit)
     debug_timeout_s: float = 30.0
+    kv_api_key: str = field(default="", repr=False)  # the prefill replicas' credential (recap.disagg.api)
 
 
 class RecapPDIngress:
@@ -88,7 +89,8 @@ class RecapPDIngress:
             return await relay(call_replica(self.decode, forward, route), path)
         try:
             refuse_client_params(data, "ingress")
-            prefill = RayUpstream(self.prefill, "prefill", forward, route, self.config.timeout_s)
+            prefill = RayUpstream(self.prefill, "prefill", forward, route, self.config.timeout_s,
+                                  ((KV_API_KEY_HEADER.encode(), self.config.kv_api_key.encode()),))
             return await prefill_then_decode(data, prefill, RayUpstream(self.decode, "decode", forward, route))
         except APIError as e:
             return e.response()
@@ -110,13 +112,15 @@ class RayUpstream:
     hint = ""
 
     def __init__(self, handle: DeploymentHandle, side: str, request: HTTPRequest, route: dict[str, Any],
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         self.handle, self.side, self.request, self.route, self.timeout_s = handle, side, request, route, timeout_s
+        self.headers = headers  # replace the client's of the same name
         self.name = f"the {side} replica"
 
     async def post(self, body: dict[str, Any]) -> Answer:
         try:
-            start, content = await collect(self.handle, _with_body(self.request, body), self.route, self.timeout_s)
+            start, content = await collect(self.handle, _with_body(self.request, body, self.headers), self.route,
+                                           self.timeout_s)
         except RayActorError as e:
             raise replica_gone(e) from None
         except TimeoutError:
@@ -126,7 +130,8 @@ class RayUpstream:
         return Answer(start.status, content, media_type, (origin,))
 
     async def respond(self, body: dict[str, Any]) -> Response:
-        return await relay(call_replica(self.handle, _with_body(self.request, body), self.route), self.request.path)
+        request = _with_body(self.request, body, self.headers)
+        return await relay(call_replica(self.handle, request, self.route), self.request.path)
 
     def release(self, handle: dict[str, Any]) -> None:
         """Let the prefill replica free the held KV at once (fire and forget)."""
@@ -140,8 +145,10 @@ class RayUpstream:
         self.handle.options(method_name="kv_release").remote(tid, mac, **{ROUTE_KWARG: {"pin": replica}})
 
 
-def _with_body(request: HTTPRequest, data: dict[str, Any]) -> HTTPRequest:
+def _with_body(request: HTTPRequest, data: dict[str, Any], extra: tuple[tuple[bytes, bytes], ...] = ()
+               ) -> HTTPRequest:
     body = json.dumps(data).encode()
-    headers = tuple((k, v) for k, v in request.headers if k != b"content-length")
+    replaced = {b"content-length", *(k for k, _ in extra)}
+    headers = tuple((k, v) for k, v in request.headers if k not in replaced)
     return HTTPRequest(request.method, request.path, body, request.query,
-                       headers + ((b"content-length", str(len(body)).encode()),))
+                       headers + extra + ((b"content-length", str(len(body)).encode()),))

@@ -1,7 +1,7 @@
 """The KV transfer between prefill and decode replicas on Ray Serve (recap.disagg.transport's protocol).
 
-A prefill replica's address is `ray://app/deployment/replica_id`. Its `kv_pull` and `kv_release` methods
-(recap.cluster.replica) answer with the shared prefill-side code (`answer_pull`, `answer_release`); the
+A prefill replica's address is `ray://app/deployment/replica_id`. Its `kv_pull`, `kv_release` and `kv_accept`
+methods (recap.cluster.replica) answer with the shared prefill-side code (`answer_pull`, `answer_release`); the
 gathered tensors (the state checkpoint and running state, and only the KV blocks the decode side asked
 for, which are the ones it lacks) are put in Ray's object store by the prefill replica, and the reply
 carries the object reference. A decode replica calls those methods from its pull threads over a
@@ -26,7 +26,7 @@ from ray import serve
 from ray.exceptions import GetTimeoutError, RayError
 
 from recap.cluster.ray_router import ROUTE_KWARG
-from recap.disagg.transport import Gather, Outbox, Transport, answer_pull, answer_release
+from recap.disagg.transport import Gather, Outbox, Transport, answer_accept, answer_pull, answer_release
 from recap.engine.errors import KVTransferError
 
 log = logging.getLogger("recap.cluster")
@@ -83,6 +83,10 @@ class RayTransport(Transport):
         outbox, _, on_ack = self._served
         return answer_release(outbox, transfer_id, mac, on_ack)
 
+    def keep(self, transfer_id: str, mac: str) -> bool:
+        """A decode replica accepted the handle (its kv_accept): hold until its pull or the hold timeout."""
+        return self._served is not None and answer_accept(self._served[0], transfer_id, mac)
+
     # -- decode side ---------------------------------------------------------------------------------
     def _handle(self, app: str, deployment: str) -> Any:
         with self._lock:
@@ -111,10 +115,16 @@ class RayTransport(Transport):
         return reply, frames
 
     def release(self, address: str, transfer_id: str, mac: str) -> None:
+        self._tell(address, "kv_release", transfer_id, mac)
+
+    def accept(self, address: str, transfer_id: str, mac: str) -> None:
+        self._tell(address, "kv_accept", transfer_id, mac)
+
+    def _tell(self, address: str, method: str, transfer_id: str, mac: str) -> None:
         try:
-            self._call(address, "kv_release", transfer_id, mac)  # fire and forget
-        except Exception as e:  # noqa: BLE001 - best effort: the hold timeout frees it otherwise
-            log.warning("release of %s at %s failed: %r", transfer_id, address, e)
+            self._call(address, method, transfer_id, mac)  # fire and forget
+        except Exception as e:  # noqa: BLE001 - best effort: the hold (or accept) timeout frees it otherwise
+            log.warning("%s of %s at %s failed: %r", method, transfer_id, address, e)
 
     def close(self) -> None:
         self._served = None

@@ -27,7 +27,8 @@ class RecapReplica:
     """Serve deployment body. `http` streams one forwarded request's response: a ResponseStart (with the
     replica's id in the `x-recap-replica` header), then body chunks. With a `transfer` config the replica
     is a prefill or decode instance of a disaggregated deployment (recap.cluster.pd_ingress), its KV moved
-    between replicas by recap.cluster.ray_transport; a prefill replica answers `kv_pull` / `kv_release`."""
+    between replicas by recap.cluster.ray_transport; a prefill replica answers `kv_pull`, `kv_release` and
+    `kv_accept`."""
 
     def __init__(self, config: EngineConfig, limits: StatsLimits, http: ReplicaAPI,
                  transfer: KVTransferConfig | None = None) -> None:
@@ -66,6 +67,10 @@ class RecapReplica:
     async def kv_release(self, transfer_id: str, mac: str, route: dict[str, Any] | None = None) -> bool:
         """Prefill: the held request may go (its data arrived, or nobody will pull it)."""
         return self.transport.acknowledge(transfer_id, mac)
+
+    async def kv_accept(self, transfer_id: str, mac: str, route: dict[str, Any] | None = None) -> bool:
+        """Prefill: a decode replica took the handle; hold for its pull up to the hold timeout."""
+        return self.transport.keep(transfer_id, mac)
 
     async def check_health(self) -> None:
         if self.engine.dead is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from recap.core.transfer import RemoteOffer
-from recap.disagg.trust import SECRET_MIN_BYTES, load_or_create_secret, parse_secret
+from recap.disagg.trust import SECRET_MIN_BYTES, derive_api_key, load_or_create_secret, parse_secret
 
 ROLES = ("both", "prefill", "decode")
 _ADDRESS = re.compile(r"tcp://[A-Za-z0-9.\-\[\]:]+:\d+")
@@ -32,12 +32,23 @@ class KVTransferConfig:
     kv_port: int = 0  # prefill: the transfer server's port (0: any free port, reported in each handle)
     transfer_timeout_s: float = 30.0  # decode: a pull not complete by then fails its request (504)
     hold_timeout_s: float = 60.0  # prefill: held blocks nobody pulled by then are released
+    # prefill: a hold no decode side accepted (verified its handle and queued it: it announces that) by then is
+    # released; an accepted one waits for its pull up to hold_timeout_s.
+    accept_timeout_s: float = 10.0
+    # prefill: holds waiting for their pull at which new do_remote_decode requests are refused (429), of all
+    # clients and of one client (its address); 0: half the engine's max_num_seqs, so held state slots leave
+    # room for running requests.
+    max_holds: int = 0
+    max_holds_per_client: int = 0  # 0: max_holds (lower it when several front ends share one prefill instance)
     fallback_local_prefill: bool = False  # decode: on a failed transfer, prefill locally instead of failing
     send_delay_s: float = 0.0  # test hook: the prefill side waits this long before sending each transfer
     # Trust (recap.disagg.trust): the deployment's shared secret (prefill and decode), and the transfer server
     # addresses of the prefill peers a decode instance may pull from (it connects to nothing else).
     secret: bytes = field(default=b"", repr=False)
     peers: tuple[str, ...] = ()
+    # prefill: the credential `do_remote_decode` requests must carry (header x-kv-api-key); "": derived from the
+    # secret (recap.disagg.trust.derive_api_key), which `recap proxy --kv-secret-file` derives the same way.
+    api_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -52,16 +63,30 @@ class KVTransferConfig:
                 raise ValueError(f"peers: {peer!r} must look like tcp://host:port (or ray://app/deployment)")
         if not 0 <= self.kv_port < 65536:
             raise ValueError(f"kv_port must be a TCP port (0: any free port), got {self.kv_port}")
-        for name in ("transfer_timeout_s", "hold_timeout_s"):
+        for name in ("transfer_timeout_s", "hold_timeout_s", "accept_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.send_delay_s < 0:
             raise ValueError("send_delay_s must not be negative")
+        if self.max_holds < 0 or self.max_holds_per_client < 0:
+            raise ValueError("max_holds and max_holds_per_client must be >= 0 (0: the default)")
+
+    @property
+    def kv_api_key(self) -> str:
+        """What a prefill instance asks of `do_remote_decode` requests."""
+        return self.api_key or derive_api_key(self.secret)
+
+    def hold_caps(self, max_num_seqs: int) -> tuple[int, int]:
+        """(global, per client) caps on holds, defaults resolved against the engine's max_num_seqs."""
+        total = self.max_holds or max(1, max_num_seqs // 2)
+        return total, min(total, self.max_holds_per_client or total)
 
 
 @dataclass(frozen=True)
 class RemoteDecode:
     """Marks a prepared request for the prefill role: compute the prompt, sample one token, hold for a pull."""
+
+    client: str = ""  # who asked (its address): the per-client cap on holds counts by it
 
 
 @dataclass(frozen=True)
@@ -134,6 +159,14 @@ def add_disagg_args(p: argparse.ArgumentParser) -> None:
                    help="decode: seconds before a KV pull fails its request (504)")
     p.add_argument("--kv-hold-timeout", type=float, default=d.hold_timeout_s,
                    help="prefill: seconds held KV waits for its pull before it is released")
+    p.add_argument("--kv-accept-timeout", type=float, default=d.accept_timeout_s,
+                   help="prefill: seconds held KV waits for a decode instance to accept its handle (then up to "
+                        "--kv-hold-timeout for the pull)")
+    p.add_argument("--kv-max-holds", type=int, default=d.max_holds,
+                   help="prefill: held requests waiting for their pull at which new ones get 429 (0: half of "
+                        "--max-num-seqs)")
+    p.add_argument("--kv-max-holds-per-client", type=int, default=d.max_holds_per_client,
+                   help="prefill: held requests one client address may have at once (0: --kv-max-holds)")
     p.add_argument("--fallback-local-prefill", action="store_true",
                    help="decode: when a KV transfer fails, prefill the request locally instead of failing it")
     p.add_argument("--kv-send-delay", type=float, default=d.send_delay_s, help=argparse.SUPPRESS)  # test hook
@@ -141,6 +174,7 @@ def add_disagg_args(p: argparse.ArgumentParser) -> None:
                    help="prefill/decode: the deployment's shared secret that signs transfer handles; created "
                         "(random, mode 0600) when the file does not exist yet")
     p.add_argument("--kv-secret", default=None, help="prefill/decode: the shared secret itself (prefer the file)")
+    add_kv_api_key_arg(p)
     p.add_argument("--kv-peer", action="append", default=[], metavar="tcp://HOST:PORT",
                    help="decode: a prefill peer's transfer address (its --kv-host/--kv-port); repeat for several. "
                         "Handles naming any other address are refused")
@@ -150,17 +184,24 @@ def transfer_config(args: argparse.Namespace) -> KVTransferConfig:
     """Raises ValueError naming the field when a value is out of range."""
     return KVTransferConfig(
         role=args.role, kv_host=args.kv_host, kv_port=args.kv_port, transfer_timeout_s=args.kv_transfer_timeout,
-        hold_timeout_s=args.kv_hold_timeout, fallback_local_prefill=args.fallback_local_prefill,
-        send_delay_s=args.kv_send_delay, secret=_secret(args), peers=tuple(args.kv_peer),
+        hold_timeout_s=args.kv_hold_timeout, accept_timeout_s=args.kv_accept_timeout, max_holds=args.kv_max_holds,
+        max_holds_per_client=args.kv_max_holds_per_client, fallback_local_prefill=args.fallback_local_prefill,
+        send_delay_s=args.kv_send_delay, secret=_secret(args), peers=tuple(args.kv_peer), api_key=args.kv_api_key or "",
     )
 
 
-def _secret(args: argparse.Namespace) -> bytes:
+def add_kv_api_key_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-api-key", default=None,
+                   help="the credential a prefill instance asks of do_remote_decode requests and the proxy sends "
+                        "(header x-kv-api-key); default: derived from the shared secret")
+
+
+def _secret(args: argparse.Namespace, needed: bool | None = None) -> bytes:
     if args.kv_secret is not None and args.kv_secret_file is not None:
         raise ValueError("secret: give --kv-secret or --kv-secret-file, not both")
     if args.kv_secret is not None:
         return parse_secret(args.kv_secret)
-    if args.kv_secret_file is not None and args.role != "both":
+    if args.kv_secret_file is not None and (args.role != "both" if needed is None else needed):
         try:
             return load_or_create_secret(args.kv_secret_file)
         except OSError as e:
@@ -177,6 +218,22 @@ def add_proxy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per upstream request")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--kv-secret-file", type=Path, default=None, metavar="PATH",
+                   help="the deployment's shared secret (as given to the instances): the proxy derives the "
+                        "credential of its prefill requests from it")
+    p.add_argument("--kv-secret", default=None, help="the shared secret itself (prefer the file)")
+    add_kv_api_key_arg(p)
     from recap.http.limits import add_limit_args  # here: the rest of this module needs no HTTP stack
 
     add_limit_args(p)
+
+
+def proxy_kv_api_key(args: argparse.Namespace) -> str:
+    """The credential `recap proxy` sends with its prefill requests: --kv-api-key, or derived from the secret."""
+    if args.kv_api_key:
+        return str(args.kv_api_key)
+    secret = _secret(args, needed=True)
+    if not secret:
+        raise ValueError("the proxy needs the prefill instances' credential: --kv-secret-file (the deployment's "
+                         "shared secret) or --kv-api-key")
+    return derive_api_key(secret)

@@ -2,13 +2,17 @@
 
 Prefill role: a request marked `RemoteDecode` runs with max_tokens=1 and is held when it finishes
 (Scheduler.hold_on_finish); its output carries the handle (`kv_transfer_params`); the transfer server
-thread serves pulls from the `Outbox`; acknowledged or expired transfers are released between steps.
+thread serves pulls from the `Outbox`; acknowledged or expired transfers are released between steps (a
+hold no decode side accepted expires at the accept timeout, an accepted one at the hold timeout). Holds
+waiting for their pull are capped, globally and per client (KVTransferConfig.hold_caps): a request past a
+cap is a 429 (BusyError) before it is queued, so held state slots leave room for running requests.
 
 Decode role: a request carrying a `RemoteHandle` is queued as remote (Scheduler.add_remote_request);
-between steps the engine starts a pull thread for each plan `start_receives` returns, writes what
-arrived into the caches (`worker.scatter`) and calls `finish_receive`, so the request decodes on from
-the prompt end with the prefill side's first token. A failed pull fails only its request
-(KVTransferError, 502/504) or, with `fallback_local_prefill`, sends it to local prefill.
+between steps the engine starts a pull thread for each plan `start_receives` returns, writes what arrived into
+the caches (`worker.scatter`) and calls `finish_receive`, so the request decodes on from the prompt end
+with the prefill side's first token. A request whose pull cannot start yet (no room) tells its prefill
+side it accepted the handle, so the hold waits past the accept timeout. A failed pull fails only its
+request (KVTransferError, 502/504) or, with `fallback_local_prefill`, sends it to local prefill.
 
 All scheduler and cache work happens on the engine thread; the pull and server threads only move bytes.
 """
@@ -33,7 +37,7 @@ from recap.disagg.worker import TransferDataError, from_frames, gather, num_byte
 from recap.disagg.zmq_transport import ZmqTransport
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.config import EngineConfig
-from recap.engine.errors import InvalidRequestError, KVTransferError
+from recap.engine.errors import BusyError, InvalidRequestError, KVTransferError
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.llm_engine import LLMEngine
 from recap.engine.output_processor import child_id
@@ -82,7 +86,8 @@ class DisaggLLMEngine(LLMEngine):
         self._fail: Callable[[str, BaseException], None] = lambda rid, err: None
         self._inbox: queue.Queue[tuple[str, _Result]] = queue.Queue()
         self._handles: dict[str, RemoteHandle] = {}  # decode: child id -> handle, until its pull starts
-        self._prefill_ids: set[str] = set()  # prefill: parent ids to hold
+        self._unannounced: list[str] = []  # decode: child ids added since the last step (accept unless pulled)
+        self._prefill_ids: dict[str, str] = {}  # prefill: parent ids to hold -> the client that asked
         self._new_remote = False
         self.outbox: Outbox | None = None
         self.address: str | None = None  # prefill: where decode sides pull from (named in every handle)
@@ -108,12 +113,14 @@ class DisaggLLMEngine(LLMEngine):
     # ---- requests -------------------------------------------------------------------------------
     def add_prepared(self, p: PreparedRequest) -> None:
         if isinstance(p.kv_transfer, RemoteDecode):
+            client = p.kv_transfer.client
+            self._check_hold_caps(client)
             p = dataclasses.replace(p, max_tokens=1, kv_transfer=None)
             super().add_prepared(p)
             cid = child_id(p.request_id, 0)
             if self.scheduler.get_request(cid) is not None:
                 self.scheduler.hold_on_finish(cid)
-                self._prefill_ids.add(p.request_id)
+                self._prefill_ids[p.request_id] = client
             return
         if not isinstance(p.kv_transfer, RemoteHandle):
             return super().add_prepared(p)
@@ -134,6 +141,7 @@ class DisaggLLMEngine(LLMEngine):
             self._release_remote(p.kv_transfer)
         else:
             self._handles[cid] = p.kv_transfer
+            self._unannounced.append(cid)
         self._new_remote = True
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
@@ -143,8 +151,13 @@ class DisaggLLMEngine(LLMEngine):
 
     def _release_remote(self, handle: RemoteHandle) -> None:
         """Nobody here will pull `handle`: let its prefill side free the held KV now (off the engine thread)."""
-        threading.Thread(target=self.transport.release, args=(handle.address, handle.transfer_id, handle.mac),
-                         name="recap-kv-release", daemon=True).start()
+        self._tell(self.transport.release, handle)
+
+    @staticmethod
+    def _tell(send: Callable[[str, str, str], None], handle: RemoteHandle) -> None:
+        """A release or accept to `handle`'s prefill side, off the engine thread (it may block briefly)."""
+        threading.Thread(target=send, args=(handle.address, handle.transfer_id, handle.mac),
+                         name="recap-kv-notify", daemon=True).start()
 
     def has_unfinished_requests(self) -> bool:
         if not self._inbox.empty() or self._new_remote:
@@ -170,23 +183,39 @@ class DisaggLLMEngine(LLMEngine):
         return results
 
     # ---- prefill side ---------------------------------------------------------------------------
+    def _check_hold_caps(self, client: str) -> None:
+        """BusyError (429) when the holds waiting for their pull reach a cap. Requests still computing do not
+        count: on a prefill instance every request becomes a hold, and the scheduler bounds those (at most
+        max_num_seqs run); a slow or absent decode side is what piles up holds."""
+        assert self.outbox is not None, "only a prefill instance holds"
+        for rid in [r for r in self._prefill_ids if r not in self.outputs.parents]:
+            del self._prefill_ids[rid]  # failed or aborted before it was held
+        held, of_client = self.outbox.holds(client)
+        total_cap, client_cap = self.transfer_config.hold_caps(self.config.scheduler.max_num_seqs)
+        if held >= total_cap:
+            raise BusyError(f"this prefill instance holds {total_cap} requests for decode instances already "
+                            "(--kv-max-holds); retry later", "kv_holds_full")
+        if of_client >= client_cap:
+            raise BusyError(f"client {client or '?'} has {client_cap} requests held on this prefill instance "
+                            "already (--kv-max-holds-per-client); retry later", "kv_holds_full")
+
     def _publish_held(self, results: list[RequestOutput]) -> None:
         assert self.outbox is not None and self.address is not None
         for out in results:
             if not out.finished or out.request_id not in self._prefill_ids:
                 continue
-            self._prefill_ids.discard(out.request_id)
+            client = self._prefill_ids.pop(out.request_id)
             cid = child_id(out.request_id, 0)
             held = self.scheduler.held(cid)
             if held is None:
                 continue
-            hold_s = self.transfer_config.hold_timeout_s
+            tc = self.transfer_config
             handle = RemoteHandle(self.address, cid, self.config.cache.block_size, held.offer(),
-                                  expires_at=time.time() + hold_s)
+                                  expires_at=time.time() + tc.hold_timeout_s)
             r = held.request
-            mac = sign(self.transfer_config.secret, handle.signed_fields(),
-                       prompt_fingerprint(r.prompt_token_ids, r.cache_salt))
-            self.outbox.publish(cid, held, time.monotonic() + hold_s, mac)
+            mac = sign(tc.secret, handle.signed_fields(), prompt_fingerprint(r.prompt_token_ids, r.cache_salt))
+            now = time.monotonic()
+            self.outbox.publish(cid, held, now + tc.hold_timeout_s, mac, now + tc.accept_timeout_s, client)
             out.kv_transfer_params = dataclasses.replace(handle, mac=mac).to_params()
         self.stats.requests_held = len(self.outbox)
 
@@ -212,6 +241,11 @@ class DisaggLLMEngine(LLMEngine):
             handle = self._handles.pop(plan.request_id)
             self._count(blocks_local=plan.num_local_blocks, transfers_in_flight=1)
             threading.Thread(target=self._pull, args=(plan, handle), name="recap-kv-pull", daemon=True).start()
+        # A pull accepts its hold; a request still waiting for room tells its prefill side it will come.
+        for cid in self._unannounced:
+            if cid in self._handles:
+                self._tell(self.transport.accept, self._handles[cid])
+        self._unannounced.clear()
 
     def _pull(self, plan: ReceivePlan, handle: RemoteHandle) -> None:
         """Runs on a pull thread: bytes in, tensors out, nothing else."""

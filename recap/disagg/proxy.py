@@ -1,16 +1,18 @@
 """`recap proxy --prefill URL --decode URL`: one OpenAI endpoint in front of a prefill and a decode instance.
 
 Each POST /v1/completions or /v1/chat/completions goes first to a prefill instance, unstreamed, with
-`kv_transfer_params: {"do_remote_decode": true}` (it computes the prompt, samples one token and holds
-the KV), then to a decode instance with the handle it returned; the decode side's answer (plain or
-streamed, usage included, cached_tokens = the decode side's hit) goes back to the client unchanged.
-The flow and its errors are recap.disagg.flow's (the Ray P/D ingress runs the same): an error body from
-either side is passed through, except a decode side's refusal of the transfer handle (the proxy's doing,
-not the client's: a 502 `kv_transfer_refused` carrying its reason); an unreachable instance is a 502, a
-timeout a 504 and an upstream error without an OpenAI body a 502, each with an OpenAI-style error body; a
-decode stream that breaks ends with an error event. When the decode side fails, refuses or the client
-leaves before it answered, the proxy tells the prefill side to release the held KV at once (not after its
-hold timeout); a client that leaves cancels the upstream request, streamed or not (which aborts it there).
+`kv_transfer_params: {"do_remote_decode": true}` and the deployment's KV credential (header x-kv-api-key:
+--kv-api-key, or derived from --kv-secret-file; a prefill instance takes do_remote_decode from nobody else)
+(it computes the prompt, samples one token and holds the KV), then to a decode instance with the handle it
+returned; the decode side's answer (plain or streamed, usage included, cached_tokens = the decode side's hit)
+goes back to the client unchanged. The flow and its errors are recap.disagg.flow's (the Ray P/D ingress runs
+the same): an error body from either side is passed through, except a decode side's refusal of the transfer
+handle (the proxy's doing, not the client's: a 502 `kv_transfer_refused` carrying its reason); an unreachable
+instance is a 502, a timeout a 504 and an upstream error without an OpenAI body a 502, each with an OpenAI-
+style error body; a decode stream that breaks ends with an error event. When the decode side fails, refuses or
+the client leaves before it answered, the proxy tells the prefill side to release the held KV at once (not
+after its hold timeout); a client that leaves cancels the upstream request, streamed or not (which aborts it
+there).
 Instances are taken round robin. Torch-free.
 """
 
@@ -23,7 +25,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -31,6 +33,7 @@ import zmq
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from recap.disagg.config import proxy_kv_api_key
 from recap.disagg.flow import (
     Answer,
     error_answer,
@@ -45,7 +48,7 @@ from recap.http.errors import APIError, add_error_handlers
 from recap.http.guard import Guard
 from recap.http.limits import ServerLimits, parse_body, server_limits
 from recap.http.sse import SSE_DONE, SSEResponse, sse_event
-from recap.http.wire import GENERATION_ROUTES
+from recap.http.wire import GENERATION_ROUTES, KV_API_KEY_HEADER
 
 log = logging.getLogger("recap.proxy")
 
@@ -55,6 +58,7 @@ class ProxyConfig:
     prefill_urls: tuple[str, ...]
     decode_urls: tuple[str, ...]
     timeout_s: float = 600.0
+    kv_api_key: str = field(default="", repr=False)  # sent to prefill instances (recap.disagg.api)
 
     def __post_init__(self) -> None:
         if not self.prefill_urls or not self.decode_urls:
@@ -101,7 +105,7 @@ class Proxy:
 
     async def _route(self, body: dict[str, Any], path: str) -> Response:
         refuse_client_params(body, "proxy")
-        prefill = HTTPUpstream(self, "prefill", next(self._prefill), path)
+        prefill = HTTPUpstream(self, "prefill", next(self._prefill), path, {KV_API_KEY_HEADER: self.config.kv_api_key})
         return await prefill_then_decode(body, prefill, HTTPUpstream(self, "decode", next(self._decode), path))
 
 
@@ -110,13 +114,13 @@ class HTTPUpstream:
 
     hint = " (is it --role prefill?)"
 
-    def __init__(self, proxy: Proxy, side: str, url: str, path: str) -> None:
-        self.proxy, self.url, self.path = proxy, url, path
+    def __init__(self, proxy: Proxy, side: str, url: str, path: str, headers: dict[str, str] | None = None) -> None:
+        self.proxy, self.url, self.path, self.headers = proxy, url, path, headers or {}
         self.name = _instance(side, url)
 
     async def post(self, body: dict[str, Any]) -> Answer:
         try:
-            r = await self.proxy.client.post(self.url + self.path, json=body)
+            r = await self.proxy.client.post(self.url + self.path, json=body, headers=self.headers)
         except httpx.HTTPError as e:
             raise _upstream_error(self.name, e) from None
         return _answer(r, r.content)
@@ -218,7 +222,7 @@ def build_proxy_app(config: ProxyConfig, limits: ServerLimits | None = None, api
 def run_proxy(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = ProxyConfig(tuple(args.prefill), tuple(args.decode), args.timeout)
+        config = ProxyConfig(tuple(args.prefill), tuple(args.decode), args.timeout, proxy_kv_api_key(args))
         limits = server_limits(args)
     except ValueError as e:
         print(f"error: {e}")

@@ -8,9 +8,13 @@ Protocol (each message a JSON-able header; data replies add the tensors as raw b
                       or {"ok": false, "error": message}
   decode  -> prefill  release {"transfer_id", "mac"}: the data arrived (or nobody will pull), the held request
                       may go now rather than at its hold timeout.
-`answer_pull` and `answer_release` are the prefill side of it, shared by every transport. Implementations:
-recap.disagg.zmq_transport (pyzmq over TCP, `recap serve --role`) and recap.cluster.ray_transport (Ray actors,
-the frames through Ray's object store, `recap serve --prefill-replicas/--decode-replicas`).
+  decode  -> prefill  accept {"transfer_id", "mac"}: the decode side verified the handle and queued its request
+                      (the pull follows when it has room): the hold waits up to its hold timeout, where one
+                      nobody accepted (or pulled) goes at the shorter accept timeout.
+`answer_pull`, `answer_release` and `answer_accept` are the prefill side of it, shared by every transport.
+Implementations: recap.disagg.zmq_transport (pyzmq over TCP, `recap serve --role`) and
+recap.cluster.ray_transport (Ray actors, the frames through Ray's object store, `recap serve
+--prefill-replicas/--decode-replicas`).
 
 The `Outbox` is the only state a transport shares with the engine thread: held transfers it may read (a
 claimed one is never released under it) and the ones to release (acknowledged or expired).
@@ -37,8 +41,11 @@ class _Entry:
     held: HeldRequest
     deadline: float
     mac: str = ""  # the handle's tag: a pull must carry it (recap.disagg.trust)
+    accept_deadline: float = float("inf")  # released then unless a decode side accepted or pulled it
+    client: str = ""  # who asked for the hold (the per-client cap counts by it)
     busy: bool = False
     acked: bool = False
+    accepted: bool = False
 
 
 class Outbox:
@@ -53,9 +60,25 @@ class Outbox:
         with self._lock:
             return len(self._entries)
 
-    def publish(self, transfer_id: str, held: HeldRequest, deadline: float, mac: str = "") -> None:
+    def publish(self, transfer_id: str, held: HeldRequest, deadline: float, mac: str = "",
+                accept_deadline: float = float("inf"), client: str = "") -> None:
         with self._lock:
-            self._entries[transfer_id] = _Entry(held, deadline, mac)
+            self._entries[transfer_id] = _Entry(held, deadline, mac, min(accept_deadline, deadline), client)
+
+    def holds(self, client: str) -> tuple[int, int]:
+        """(all holds, those of `client`)."""
+        with self._lock:
+            return len(self._entries), sum(e.client == client for e in self._entries.values())
+
+    def accept(self, transfer_id: str, mac: str) -> bool:
+        """A decode side took the handle: wait for its pull up to the hold deadline. False if unknown or `mac`
+        is not the handle's tag."""
+        with self._lock:
+            entry = self._entries.get(transfer_id)
+            if entry is None or not hmac.compare_digest(entry.mac, mac):
+                return False
+            entry.accepted = True
+            return True
 
     def claim(self, transfer_id: str, mac: str = "") -> HeldRequest | None:
         """Reserve a live transfer for sending (it cannot be released until `unclaim`); None if gone, or
@@ -64,7 +87,7 @@ class Outbox:
             entry = self._entries.get(transfer_id)
             if entry is None or entry.busy or entry.acked or not hmac.compare_digest(entry.mac, mac):
                 return None
-            entry.busy = True
+            entry.busy = entry.accepted = True
             return entry.held
 
     def unclaim(self, transfer_id: str) -> None:
@@ -83,7 +106,8 @@ class Outbox:
             return True
 
     def _due(self, entry: _Entry, now: float) -> bool:
-        return not entry.busy and (entry.acked or now >= entry.deadline)
+        expired = now >= entry.deadline or (not entry.accepted and now >= entry.accept_deadline)
+        return not entry.busy and (entry.acked or expired)
 
     def has_due(self, now: float) -> bool:
         with self._lock:
@@ -130,6 +154,11 @@ def answer_release(outbox: Outbox, transfer_id: str, mac: str, on_ack: Callable[
     return False
 
 
+def answer_accept(outbox: Outbox, transfer_id: str, mac: str) -> bool:
+    """The prefill side's handling of an accept; False (and nothing done) unless `mac` is the handle's tag."""
+    return outbox.accept(transfer_id, mac)
+
+
 class Transport(ABC):
     """One instance's end of the KV transfer. The prefill side `serve`s its outbox under an address that its
     handles name; the decode side `pull`s from and `release`s to such addresses (from its own threads, never
@@ -147,6 +176,10 @@ class Transport(ABC):
     @abstractmethod
     def release(self, address: str, transfer_id: str, mac: str) -> None:
         """Tell a prefill side that nobody will pull `transfer_id` (best effort; may block briefly)."""
+
+    @abstractmethod
+    def accept(self, address: str, transfer_id: str, mac: str) -> None:
+        """Tell a prefill side that this decode side will pull `transfer_id` (best effort; may block briefly)."""
 
     @abstractmethod
     def close(self) -> None:

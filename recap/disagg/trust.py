@@ -65,6 +65,13 @@ def load_or_create_secret(path: Path) -> bytes:
     return parse_secret(path.read_text())
 
 
+def derive_api_key(secret: bytes) -> str:
+    """The credential a prefill instance asks of `do_remote_decode` requests when no --kv-api-key is given:
+    derived from the deployment's secret, so a front end holding the secret file holds it too (and a leak
+    of this key reveals nothing that signs handles)."""
+    return hmac.new(secret, b"recap kv api key", hashlib.sha256).hexdigest()
+
+
 def prompt_fingerprint(token_ids: Sequence[int], cache_salt: str | None) -> bytes:
     """SHA-256 of (cache salt, token ids): what the tag binds the handle to."""
     h = hashlib.sha256()

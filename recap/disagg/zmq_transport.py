@@ -24,7 +24,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from recap.disagg.transport import Gather, Outbox, Transport, answer_pull, answer_release
+from recap.disagg.transport import Gather, Outbox, Transport, answer_accept, answer_pull, answer_release
 from recap.engine.errors import KVTransferError
 from recap.process.openmp import leave_threads_to_engine
 
@@ -74,6 +74,8 @@ class TransferServer:
                 elif header.get("op") == "release":
                     answer_release(self.outbox, str(header.get("transfer_id")), str(header.get("mac", "")),
                                    self._on_ack)
+                elif header.get("op") == "accept":
+                    answer_accept(self.outbox, str(header.get("transfer_id")), str(header.get("mac", "")))
             except Exception:  # noqa: BLE001 - one bad message must not stop the server
                 log.exception("KV transfer server: bad message")
 
@@ -132,13 +134,16 @@ def _await_reply(
     raise KVTransferError(f"the KV transfer from {address} timed out after {timeout_s:g}s", 504)
 
 
-def send_release(ctx: zmq.Context, address: str, transfer_id: str, mac: str, linger_ms: int = 1000) -> None:
-    """Tell a prefill side that nobody will pull `transfer_id` (fire and forget; blocks up to `linger_ms`)."""
+def send_release(ctx: zmq.Context, address: str, transfer_id: str, mac: str, linger_ms: int = 1000,
+                 op: str = "release") -> None:
+    """Tell a prefill side that nobody will pull `transfer_id` (fire and forget; blocks up to `linger_ms`);
+    with op "accept", that this side will."""
+    assert op in ("release", "accept"), op
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, linger_ms)
     try:
         sock.connect(address)
-        sock.send(json.dumps({"op": "release", "transfer_id": transfer_id, "mac": mac}).encode())
+        sock.send(json.dumps({"op": op, "transfer_id": transfer_id, "mac": mac}).encode())
     finally:
         sock.close()
 
@@ -161,6 +166,9 @@ class ZmqTransport(Transport):
 
     def release(self, address: str, transfer_id: str, mac: str) -> None:
         send_release(self.ctx, address, transfer_id, mac)
+
+    def accept(self, address: str, transfer_id: str, mac: str) -> None:
+        send_release(self.ctx, address, transfer_id, mac, op="accept")
 
     def close(self) -> None:
         if self.server is not None:

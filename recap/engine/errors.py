@@ -16,3 +16,11 @@ class KVTransferError(RuntimeError):
     def __init__(self, message: str, status: int = 502) -> None:
         super().__init__(message)
         self.status = status
+
+
+class BusyError(RuntimeError):
+    """No room for this request now (a capped resource is in use); the client may retry later (429)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code

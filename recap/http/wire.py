@@ -5,3 +5,4 @@ from __future__ import annotations
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")  # what generates (admission counts these)
 KV_TRANSFER_PARAMS = "kv_transfer_params"  # vLLM's request and response field for prefill/decode handles
+KV_API_KEY_HEADER = "x-kv-api-key"  # the front end's credential for `do_remote_decode` (recap.disagg.api)

@@ -36,7 +36,7 @@ def per_request_records(engine: Any) -> dict[str, int]:
     remote = sched.remote  # disaggregation: empty on a single instance
     out.update(remote_queue=len(remote.queue), remote_offers=len(remote.offers), remote_receiving=len(remote.receiving),
                remote_hold_ids=len(remote.hold_ids), remote_held=len(remote.held))
-    for name in ("_handles", "_prefill_ids"):  # DisaggLLMEngine's own (recap.disagg.engine)
+    for name in ("_handles", "_prefill_ids", "_unannounced"):  # DisaggLLMEngine's own (recap.disagg.engine)
         if hasattr(engine, name):
             out[f"disagg{name}"] = len(getattr(engine, name))
     if cache.kv is not None:

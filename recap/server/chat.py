@@ -71,7 +71,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
     reserve_sequences(request.scope, params.n)  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
-                               stream=req.stream, n=params.n)
+                               stream=req.stream, n=params.n, request=request)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)

@@ -62,7 +62,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     _check_checkpoints(req, prepared)
     reserve_sequences(request.scope, params.n * len(prepared))  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
-                               stream=req.stream, n=params.n)
+                               stream=req.stream, n=params.n, request=request)
     it = merged(state.engine, prepared, RequestLog(prepared, req.user))
     if req.stream:
         first = await open_stream(request, it)

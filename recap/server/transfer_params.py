@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from starlette.requests import Request
+
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import RequestOutput
 from recap.http.errors import APIError
@@ -16,19 +18,21 @@ from recap.http.wire import KV_TRANSFER_PARAMS
 
 class TransferHook(Protocol):
     def __call__(self, engine: Any, params: dict[str, Any], prepared: list[PreparedRequest], *, stream: bool,
-                 n: int) -> list[PreparedRequest]:
-        """Validate `params` for this role and mark the prepared request; APIError (4xx) otherwise."""
+                 n: int, request: Request) -> list[PreparedRequest]:
+        """Validate `params` for this role and mark the prepared request; APIError (4xx) otherwise. `request`
+        (its headers and client address) is who asked."""
         ...
 
 
 def attach_transfer(hook: TransferHook | None, engine: Any, params: dict[str, Any] | None,
-                    prepared: list[PreparedRequest], *, stream: bool, n: int) -> list[PreparedRequest]:
+                    prepared: list[PreparedRequest], *, stream: bool, n: int, request: Request
+                    ) -> list[PreparedRequest]:
     if params is None:
         return prepared
     if hook is None:
         raise APIError(f"{KV_TRANSFER_PARAMS}: this server is a single instance (start it with `recap serve "
                        "--role prefill|decode`)", param=KV_TRANSFER_PARAMS)
-    return hook(engine, params, prepared, stream=stream, n=n)
+    return hook(engine, params, prepared, stream=stream, n=n, request=request)
 
 
 def with_transfer_params(body: dict[str, Any], finals: Sequence[RequestOutput]) -> dict[str, Any]:

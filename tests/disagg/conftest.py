@@ -14,7 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import tiny_bamba_dir
+from recap.disagg.engine import DisaggLLMEngine
+from recap.disagg.trust import derive_api_key, parse_secret
+from recap.engine.config import EngineConfig
+from recap.http.wire import KV_API_KEY_HEADER
+from tests.server.conftest import engine_config, tiny_bamba_dir
 
 MODEL_NAME = "tiny-bamba"
 SERVE_FLAGS = ("--served-model-name", MODEL_NAME, "--max-model-len", "1024", "--max-num-seqs", "16",
@@ -82,10 +86,34 @@ class Cluster:
     trust: list[str]  # the deployment's secret flags, for instances a test adds
     kv_prefill: str  # the prefill instance's transfer address (a decode instance's --kv-peer)
 
+    @property
+    def kv_api_key(self) -> str:
+        """What the proxy sends prefill instances with do_remote_decode (derived from the secret file)."""
+        return derive_api_key(parse_secret(Path(self.trust[1]).read_text()))
+
+    @property
+    def kv_headers(self) -> dict[str, str]:
+        return {KV_API_KEY_HEADER: self.kv_api_key}
+
 
 @pytest.fixture(scope="session")
 def disagg_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_bamba_dir(tmp_path_factory.mktemp("disagg-model"))
+
+
+@pytest.fixture(scope="module")
+def config(disagg_model: Path) -> EngineConfig:
+    """In-process engines over the disaggregation model (tests without HTTP)."""
+    return engine_config(disagg_model)
+
+
+@pytest.fixture()
+def engines(config: EngineConfig) -> Iterator[list[DisaggLLMEngine]]:
+    """Disaggregated engines a test makes (recap.disagg.engine), closed after it."""
+    made: list[DisaggLLMEngine] = []
+    yield made
+    for e in made:
+        e.close()
 
 
 @pytest.fixture(scope="session")
@@ -104,11 +132,11 @@ def cluster(disagg_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                                    "--kv-port", kv_slow.rsplit(":", 1)[1]], logs)
     instances = [single, prefill, decode, slow]
     try:
-        proxy = launch("proxy", ["proxy", "--prefill", prefill.url, "--decode", decode.url, "--log-level", "warning"],
-                       logs)
+        quiet = ["--log-level", "warning"]
+        proxy = launch("proxy", ["proxy", "--prefill", prefill.url, "--decode", decode.url, *trust, *quiet], logs)
         instances.append(proxy)
-        slow_proxy = launch("slow-proxy", ["proxy", "--prefill", slow.url, "--decode", decode.url, "--log-level",
-                                           "warning"], logs)
+        slow_proxy = launch("slow-proxy", ["proxy", "--prefill", slow.url, "--decode", decode.url, *trust, *quiet],
+                            logs)
         instances.append(slow_proxy)
         deadline = time.monotonic() + START_TIMEOUT_S
         for inst in instances:

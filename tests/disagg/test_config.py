@@ -8,7 +8,7 @@ import pytest
 
 from recap import cli
 from recap.core.transfer import RemoteOffer
-from recap.disagg.config import KVTransferConfig, RemoteHandle, transfer_config
+from recap.disagg.config import KVTransferConfig, RemoteHandle, proxy_kv_api_key, transfer_config
 from recap.disagg.proxy import ProxyConfig
 
 HANDLE = RemoteHandle("tcp://127.0.0.1:5555", "cmpl-1-0#0", 16, RemoteOffer(40, 7, (16, 32), "ab" * 16),
@@ -68,6 +68,27 @@ def test_proxy_flags() -> None:
         ProxyConfig(("a:1",), ("http://c:3",))
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["proxy", "--decode", "http://c:3"])
+
+
+def test_hold_flags_and_the_front_end_credential(tmp_path: Path) -> None:
+    """The prefill side's credential is --kv-api-key or derived from the secret; the proxy derives the same
+    from the same secret file, and refuses to start with neither."""
+    path = str(tmp_path / "kv.secret")
+    prefill = transfer_config(cli.build_parser().parse_args([
+        "serve", "--role", "prefill", "--kv-secret-file", path, "--kv-accept-timeout", "3", "--kv-max-holds", "6",
+        "--kv-max-holds-per-client", "2"]))
+    assert (prefill.accept_timeout_s, prefill.max_holds, prefill.max_holds_per_client) == (3.0, 6, 2)
+    assert len(prefill.kv_api_key) == 64 and prefill.kv_api_key.encode() not in prefill.secret
+    proxy = ["proxy", "--prefill", "http://a:1", "--decode", "http://c:3"]
+    assert proxy_kv_api_key(cli.build_parser().parse_args([*proxy, "--kv-secret-file", path])) == prefill.kv_api_key
+    with pytest.raises(ValueError, match="--kv-secret-file"):
+        proxy_kv_api_key(cli.build_parser().parse_args(proxy))
+    keyed = ["--kv-api-key", "front-end-key"]
+    assert transfer_config(cli.build_parser().parse_args([
+        "serve", "--role", "prefill", "--kv-secret-file", path, *keyed])).kv_api_key == "front-end-key"
+    assert proxy_kv_api_key(cli.build_parser().parse_args([*proxy, *keyed])) == "front-end-key"
+    with pytest.raises(ValueError, match="accept_timeout_s"):
+        transfer_config(cli.build_parser().parse_args(["serve", "--kv-accept-timeout", "0"]))
 
 
 def test_prefill_and_decode_roles_need_a_secret_and_decode_needs_its_peers(tmp_path: Path) -> None:

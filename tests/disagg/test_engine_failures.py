@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,6 @@ from tests.server.conftest import engine_config
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPT = list(range(7, 47))  # 40 tokens: two full blocks and a partial one
-
-
-@pytest.fixture(scope="module")
-def config(disagg_model: Path) -> EngineConfig:
-    return engine_config(disagg_model)
-
-
-@pytest.fixture()
-def engines(config: EngineConfig) -> Iterator[list[DisaggLLMEngine]]:
-    made: list[DisaggLLMEngine] = []
-    yield made
-    for e in made:
-        e.close()
 
 
 SECRET = b"engine-failures-test-secret"

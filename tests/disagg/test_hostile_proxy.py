@@ -28,8 +28,9 @@ def test_hostile_corpus_through_the_proxy(cluster: Cluster, case: Case) -> None:
         check_case(c, case, "/v1/chat/completions" if "chat" in case.path else "/v1/completions")
 
 
-def proxy_to(prefill: str, decode: str, **kw: object) -> ServerThread:
-    srv = ServerThread(build_proxy_app(ProxyConfig((prefill,), (decode,), timeout_s=120), **kw))  # type: ignore[arg-type]
+def proxy_to(cluster: Cluster, prefill: str, decode: str, **kw: object) -> ServerThread:
+    config = ProxyConfig((prefill,), (decode,), timeout_s=120, kv_api_key=cluster.kv_api_key)
+    srv = ServerThread(build_proxy_app(config, **kw))  # type: ignore[arg-type]
     srv.start()
     return srv
 
@@ -42,7 +43,7 @@ def bad_gateway(url: str, stream: bool = False) -> dict[str, object]:
 
 
 def test_api_key_guards_the_proxy(cluster: Cluster) -> None:
-    srv = proxy_to(cluster.prefill.url, cluster.decode.url, limits=ServerLimits(), api_key=KEY)
+    srv = proxy_to(cluster, cluster.prefill.url, cluster.decode.url, limits=ServerLimits(), api_key=KEY)
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as c:
             for method, path, body in (("POST", "/v1/completions", well_formed()), ("GET", "/v1/models", None),
@@ -71,7 +72,7 @@ def test_a_client_that_leaves_cancels_the_decode_work(cluster: Cluster) -> None:
 
 
 def test_a_decode_instance_that_is_gone_releases_the_prefill_side_at_once(cluster: Cluster) -> None:
-    srv = proxy_to(cluster.prefill.url, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    srv = proxy_to(cluster, cluster.prefill.url, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     try:
         assert bad_gateway(srv.url)["code"] == "upstream_unreachable"
         deadline = time.monotonic() + 5  # the hold timeout is 60 s
@@ -96,7 +97,7 @@ def doomed_decode(cluster: Cluster, disagg_model: Path, tmp_path: Path) -> Itera
 
 def test_a_decode_that_dies_mid_stream_ends_the_stream_with_an_error_event(cluster: Cluster,
                                                                            doomed_decode: Instance) -> None:
-    srv = proxy_to(cluster.prefill.url, doomed_decode.url)
+    srv = proxy_to(cluster, cluster.prefill.url, doomed_decode.url)
     events: list[dict] = []
     try:
         body = {"model": MODEL, "prompt": "Count with me", "max_tokens": 1000, "ignore_eos": True, "stream": True}
@@ -139,7 +140,7 @@ def test_a_refused_transfer_handle_is_a_502_naming_the_refusal(cluster: Cluster,
     """The decode side refuses the handle the proxy forwarded (not from one of its peers): the client made no
     mistake, so it gets a 502 with an OpenAI error body carrying the decode side's reason, and the prefill
     side is told to release the held request at once."""
-    srv = proxy_to(cluster.prefill.url, foreign_decode.url)
+    srv = proxy_to(cluster, cluster.prefill.url, foreign_decode.url)
     held = metric(cluster.prefill.url, "recap:disagg_requests_held")  # other tests' holds expire on their own
     try:
         error = bad_gateway(srv.url, stream=stream)
@@ -157,7 +158,7 @@ def test_a_refused_transfer_handle_is_a_502_naming_the_refusal(cluster: Cluster,
 def test_a_single_instance_behind_the_proxy_is_a_502_not_a_client_error(cluster: Cluster) -> None:
     """A decode URL that is not a decode instance refuses kv_transfer_params with a 400: a deployment
     mistake, reported as a 502 kv_transfer_refused."""
-    srv = proxy_to(cluster.prefill.url, cluster.single.url)
+    srv = proxy_to(cluster, cluster.prefill.url, cluster.single.url)
     try:
         error = bad_gateway(srv.url)
         assert error["code"] == "kv_transfer_refused" and "single instance" in error["message"], error
@@ -165,7 +166,7 @@ def test_a_single_instance_behind_the_proxy_is_a_502_not_a_client_error(cluster:
         srv.stop()
 
 
-def test_an_upstream_bare_500_is_a_json_502() -> None:
+def test_an_upstream_bare_500_is_a_json_502(cluster: Cluster) -> None:
     """A prefill side answering a plain-text 500 (a crashed worker, a foreign server) gives the client a 502
     with an OpenAI error body naming it, not the bare 500."""
     from fastapi import FastAPI
@@ -179,7 +180,7 @@ def test_an_upstream_bare_500_is_a_json_502() -> None:
 
     fake = ServerThread(upstream)
     fake.start()
-    srv = proxy_to(fake.url, f"http://127.0.0.1:{free_port()}")
+    srv = proxy_to(cluster, fake.url, f"http://127.0.0.1:{free_port()}")
     try:
         error = bad_gateway(srv.url)
         assert error["code"] == "upstream_failed" and "Internal Server Error" in error["message"], error
