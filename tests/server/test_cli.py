@@ -154,19 +154,22 @@ def test_readme_bench_line_names_a_real_workload_and_flags() -> None:
 
 def test_disaggregation_doc_commands_fit_together(tmp_path: Path) -> None:
     """docs/disaggregation.md's three commands: real flags, and each names the others' ports."""
-    from recap.disagg.config import transfer_config
+    from recap.disagg.config import proxy_kv_api_key, transfer_config
 
     runs = _doc_commands("docs/disaggregation.md", ".venv/bin/recap")
     prefill, decode, proxy = (cli.build_parser().parse_args(c[1:]) for c in runs)
     assert (prefill.role, decode.role) == ("prefill", "decode")
     assert decode.kv_peer == [f"tcp://127.0.0.1:{prefill.kv_port}"] and prefill.kv_port != 0
-    assert prefill.kv_secret_file == decode.kv_secret_file
+    assert prefill.kv_secret_file == decode.kv_secret_file == proxy.kv_secret_file
     assert (proxy.prefill, proxy.decode) == ([f"http://127.0.0.1:{prefill.port}"], [f"http://127.0.0.1:{decode.port}"])
     (curl,) = _doc_commands("docs/disaggregation.md", "curl")
     assert curl[curl.index("-s") + 1].startswith(f"http://127.0.0.1:{proxy.port}/v1/")
     for args in (prefill, decode):  # each starts: the role's checks pass (the secret made under tmp_path here)
         args.kv_secret_file = tmp_path / "kv.secret"
         assert transfer_config(args).role == args.role
+    # the proxy holds the credential the prefill instance asks of do_remote_decode (from the same secret)
+    proxy.kv_secret_file = tmp_path / "kv.secret"
+    assert proxy_kv_api_key(proxy) == transfer_config(prefill).kv_api_key
 
 
 def test_make_serve_passes_flags_and_readme_points_inside_the_repo() -> None:
