@@ -9,7 +9,7 @@ import pytest
 from recap import SamplingParams
 from recap.engine.errors import InvalidRequestError
 from tests.engine.test_equivalence import assert_same, make_llm
-from tests.engine.workloads import GREEDY, rnd
+from tests.engine.workloads import GREEDY, drain, rnd
 
 
 def _alone(path: Path, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
@@ -49,10 +49,7 @@ def test_abort_mid_prefill(tiny_models: dict[str, Path], arch: str) -> None:
     b = eng.add_request(other, GREEDY)
     eng.step()
     eng.abort_request(a)
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            outs[o.request_id] = o
+    outs = drain(eng)
     assert outs[a].outputs[0].finish_reason == "abort"
     assert_same([outs[b]], [want], f"{arch}/abort")
     eng.scheduler.check_integrity()

@@ -17,7 +17,7 @@ from recap import LLM
 from recap.engine.outputs import RequestOutput
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same, make_llm
-from tests.engine.workloads import GREEDY, rnd
+from tests.engine.workloads import GREEDY, drain, rnd
 
 ARCH = "qwen3_5"
 POLICIES = ["none", "align", "all", "recap"]
@@ -98,10 +98,7 @@ def test_gdn_abort_mid_prefill_then_same_prompt(gdn_path: Path, policy: str) -> 
     eng.step()
     eng.step()  # a is mid-prefill: 150 tokens at <= 32 per step
     eng.abort_request(a)
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            outs[o.request_id] = o
+    outs = drain(eng)
     assert outs[a].outputs[0].finish_reason == "abort"
     assert_same([outs[b]], [want_other], f"{policy}/abort")
     eng.scheduler.check_integrity()

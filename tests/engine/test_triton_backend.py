@@ -14,7 +14,7 @@ import pytest
 from recap import LLM, SamplingParams
 from recap.engine.outputs import RequestOutput
 from tests.engine.test_equivalence import assert_same
-from tests.engine.workloads import GREEDY, SCRIPTS, rnd
+from tests.engine.workloads import GREEDY, SCRIPTS, drain, rnd
 
 pytest.importorskip("triton")
 
@@ -65,10 +65,7 @@ def test_triton_preemption_and_abort(tiny_models: dict[str, Path]) -> None:
     a, b = eng.add_request(rnd(70, 90), GREEDY), eng.add_request(prompts[0], GREEDY)
     eng.step()
     eng.abort_request(a)
-    outs = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            outs[o.request_id] = o
+    outs = drain(eng)
     assert outs[a].outputs[0].finish_reason == "abort"
     assert outs[b].outputs[0].token_ids == alone.generate([prompts[0]], GREEDY)[0].outputs[0].token_ids
     eng.scheduler.check_integrity()

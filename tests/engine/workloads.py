@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 
 from recap import LLM, SamplingParams
+from recap.engine.llm_engine import LLMEngine
 from recap.engine.outputs import RequestOutput
 
 BS = 16
@@ -19,6 +20,15 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, ignore_eos=Tr
 def rnd(seed: int, n: int, vocab: int = 512) -> list[int]:
     r = random.Random(seed)
     return [r.randrange(3, vocab) for _ in range(n)]
+
+
+def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
+    """Step `engine` until no request is left; each request's last output."""
+    outs: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs[o.request_id] = o
+    return outs
 
 
 def floor_block(n: int) -> int:

@@ -7,35 +7,13 @@ from __future__ import annotations
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.metadata import SSMMetadata
 
 from ..cases import Row
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # fp32 on CPU (the interpreter runs numpy fp32) matches tightly; a GPU's exp/log differ in the last bits.
 TOL = 2e-5 if DEVICE.type == "cpu" else 1e-4
-
-
-def ssm_meta(rows: list[Row], chunk_size: int) -> SSMMetadata:
-    """The SSM metadata of one packed step of `rows`, its tensors on DEVICE."""
-    specs = [
-        SeqSpec(
-            token_ids=[0] * r.n,
-            context_len=r.context_len,
-            state_slot=PAD_SLOT_ID if r.padding else r.slot,
-            checkpoints=r.checkpoints,
-            padding=r.padding,
-        )
-        for r in rows
-    ]
-    # build_forward_batch makes its host tensors with the default device (the conftest's DEVICE): on a GPU
-    # they would land there and pin_memory() would refuse them, so the host side is pinned to the CPU here.
-    with torch.device("cpu"):
-        fb = build_forward_batch(
-            specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True, device=DEVICE
-        )
-    assert fb.ssm is not None
-    return fb.ssm
 
 
 def packed(rows: list[Row], key: str) -> torch.Tensor:

@@ -18,8 +18,8 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update_ref
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 
-from ..cases import Row, assert_close, random_rows
-from .device_rows import DEVICE, TOL, assert_untouched, packed, ssm_meta, written_slots
+from ..cases import Row, assert_close, build_meta, random_rows
+from .device_rows import DEVICE, TOL, assert_untouched, packed, written_slots
 
 SLOTS = 20
 SEEDS = [101, 202, 303]
@@ -37,7 +37,7 @@ def _check_step(rows: list[Row], chunk: int, d: int, k: int, gen: torch.Generato
     before = torch.randn(SLOTS, d, k - 1, generator=gen)
     sp_before = torch.randint(0, 1000, (SLOTS,), generator=gen)
     cache, sp = before.clone(), sp_before.clone()
-    meta = ssm_meta(rows, chunk)
+    meta = build_meta(rows, chunk)
     y_ref = causal_conv1d_ref(x, w, bias, cache, meta, activation, sp)
     tcache, tsp = before.clone(), sp_before.clone()
     y = causal_conv1d(x, w, bias, tcache, meta, activation, tsp)
@@ -122,8 +122,8 @@ def test_bf16_on_gpu() -> None:
     x, w, bias = packed(rows, "x").bfloat16(), torch.randn(d, k, generator=gen).bfloat16(), None
     cache = torch.randn(4, d, k - 1, generator=gen).bfloat16()
     tcache = cache.clone()
-    y_ref = causal_conv1d_ref(x, w, bias, cache, ssm_meta(rows, 16))
-    y = causal_conv1d(x, w, bias, tcache, ssm_meta(rows, 16))
+    y_ref = causal_conv1d_ref(x, w, bias, cache, build_meta(rows, 16))
+    y = causal_conv1d(x, w, bias, tcache, build_meta(rows, 16))
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(tcache, cache)

@@ -18,8 +18,8 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.selective_scan import selective_scan_ref, selective_state_update_ref
 from recap.kernels.triton.selective_scan import selective_scan, selective_state_update
 
-from ..cases import Row, assert_close, random_rows
-from .device_rows import DEVICE, TOL, assert_untouched, packed, ssm_meta, written_slots
+from ..cases import Row, assert_close, build_meta, random_rows
+from .device_rows import DEVICE, TOL, assert_untouched, packed, written_slots
 
 SLOTS = 20
 SEEDS = [11, 22, 33]
@@ -46,7 +46,7 @@ def _check_step(rows: list[Row], chunk: int, gen: torch.Generator, options: str 
     before = torch.randn(SLOTS, I, N, generator=gen)
     sp_before = torch.randint(0, 1000, (SLOTS,), generator=gen)
     cache, sp = before.clone(), sp_before.clone()
-    meta = ssm_meta(rows, chunk)
+    meta = build_meta(rows, chunk)
     y_ref = selective_scan_ref(*args, not bare, cache, meta, sp)
     tcache, tsp = before.clone(), sp_before.clone()
     y = selective_scan(*args, not bare, tcache, meta, tsp, block=block)
@@ -143,8 +143,8 @@ def test_bf16_inputs_on_gpu() -> None:
     cache = torch.randn(4, I, N, generator=gen)
     tcache = cache.clone()
     args = [u, dt, p["A"], B, C, p["D"], z, p["bias"], True]
-    y_ref = selective_scan_ref(*args, cache, ssm_meta(rows, 16))
-    y = selective_scan(*args, tcache, ssm_meta(rows, 16))
+    y_ref = selective_scan_ref(*args, cache, build_meta(rows, 16))
+    y = selective_scan(*args, tcache, build_meta(rows, 16))
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
     assert_close(tcache, cache, 1e-4)
