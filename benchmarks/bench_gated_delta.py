@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from recap.bench.timing import timings
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
-from recap.kernels.metadata import SeqSpec, build_forward_batch
+from recap.kernels.metadata import SeqSpec
 
 SHAPES = {"gdn": (8, 16, 64, 64, False), "kda": (6, 6, 128, 128, True)}  # hk, hv, dk, dv, per-channel decay
 PREFILL, BLOCK = 2048, 16

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from recap.bench.timing import cuda_median_ms
-from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.mla import paged_mla_attention_ref
 from recap.kernels.paged_attention import paged_attention_ref
 from recap.kernels.triton.mla import paged_mla_attention

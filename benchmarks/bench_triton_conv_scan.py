@@ -19,7 +19,8 @@ import torch
 from recap.bench.timing import cuda_median_ms
 from recap.kernels import conv1d as torch_conv
 from recap.kernels import selective_scan as torch_scan
-from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import SeqSpec, SSMMetadata
 from recap.kernels.triton import conv1d as triton_conv
 from recap.kernels.triton import selective_scan as triton_scan
 

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from recap.bench.timing import cuda_median_ms
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.gdn import gated_delta_rule as torch_varlen
 from recap.kernels.gdn import l2_normalize
-from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.metadata import SeqSpec, SSMMetadata
 
 HK, HV, D = 16, 32, 128
 CKPT_EVERY, SLOTS = 1024, 16

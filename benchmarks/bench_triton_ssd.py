@@ -15,7 +15,8 @@ import json
 import torch
 
 from recap.bench.timing import cuda_median_ms
-from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import SeqSpec, SSMMetadata
 from recap.kernels.ssd import ssd as torch_ssd
 from recap.kernels.ssd_decode import ssd_state_update as torch_update
 from recap.kernels.triton.ssd import ssd as triton_ssd

@@ -9,27 +9,24 @@ Glossary
   state at each checkpoint is the state at some chunk end (DESIGN invariant 3). kernels/tiling.py
   makes these cuts and the kernels' own finer ones.
 - PAD_SLOT_ID (-1): a padding row's state slot and a padding token's KV slot; kernels skip it.
+
+The dataclasses only: kernels/batch.py packs rows into a ForwardBatch (the kernel modules import this module,
+the builder imports the kernel set).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.tiling import Chunks, RowTokens, chunk_rows
+from recap.kernels.tiling import Chunks
 
 if TYPE_CHECKING:
     from recap.kernels.kernel_set import KernelSet
-
-
-def _torch_kernels() -> KernelSet:
-    from recap.kernels.kernel_set import TORCH_KERNELS  # the kernel modules import this one
-
-    return TORCH_KERNELS
 
 
 @dataclass(frozen=True)
@@ -110,200 +107,9 @@ class ForwardBatch:
     ssm: SSMMetadata | None
     num_seqs: int
     num_tokens: int
+    # The ops the layers call this step (kernels/kernel_set.py): the runner's backend chooses them.
+    kernels: KernelSet
     # (row, position, slot) of every checkpoint the SSM kernels write this step.
     planned_checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
     # The sliding-window layers' paging (their own block pool and tables); None without such layers.
     window_attn: AttentionMetadata | None = None
-    # The ops the layers call this step (kernels/kernel_set.py): the runner's backend chooses them.
-    kernels: KernelSet = field(default_factory=_torch_kernels)
-
-
-def _host(x: list[int] | list[bool] | list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    return torch.tensor(x, dtype=dtype, device="cpu")  # moved to the batch's device in one copy at the end
-
-
-@dataclass(frozen=True)
-class _Tokens:
-    """The rows' tokens packed in order, and the rows sampled this step."""
-
-    ids: list[int]
-    positions: list[int]
-    qsl: list[int]  # [B+1] query_start_loc
-    logits_indices: list[int]
-    sample_rows: list[int]
-
-
-def _pack_tokens(seqs: Sequence[SeqSpec]) -> _Tokens:
-    packed = _Tokens([], [], [0], [], [])
-    for row, s in enumerate(seqs):
-        n = len(s.token_ids)
-        if n == 0:
-            raise ValueError(f"row {row} has no tokens")
-        packed.ids.extend(int(t) for t in s.token_ids)
-        packed.positions.extend(range(s.context_len, s.context_len + n))
-        packed.qsl.append(packed.qsl[-1] + n)
-        if s.sample and not s.padding:
-            packed.logits_indices.append(packed.qsl[-1] - 1)
-            packed.sample_rows.append(row)
-    return packed
-
-
-def build_forward_batch(
-    seqs: Sequence[SeqSpec],
-    *,
-    block_size: int,
-    chunk_size: int,
-    with_attention: bool,
-    with_ssm: bool,
-    device: torch.device | str | None = None,
-    with_window: bool = False,
-    kernels: KernelSet | None = None,
-) -> ForwardBatch:
-    """Pack rows into one ForwardBatch (its tensors on `device`; None: torch's default device). Every row must
-    have at least one token."""
-    if not seqs:
-        raise ValueError("a batch needs at least one row")
-    tok = _pack_tokens(seqs)
-    attn = _attention_metadata(seqs, [s.block_ids for s in seqs], tok.qsl, block_size) if with_attention else None
-    window_attn = None
-    if with_window:
-        tables = [s.block_ids if s.window_block_ids is None else s.window_block_ids for s in seqs]
-        window_attn = _attention_metadata(seqs, tables, tok.qsl, block_size, window=True)
-    ssm = _ssm_metadata(seqs, tok.qsl, chunk_size) if with_ssm else None
-    batch = ForwardBatch(
-        input_ids=_host(tok.ids),
-        positions=_host(tok.positions),
-        query_start_loc=_host(tok.qsl),
-        logits_indices=_host(tok.logits_indices),
-        sample_rows=tok.sample_rows,
-        attn=attn,
-        ssm=ssm,
-        num_seqs=len(seqs),
-        num_tokens=len(tok.ids),
-        planned_checkpoints=[] if ssm is None else ssm.chunks.checkpoints(),
-        window_attn=window_attn,
-        kernels=_torch_kernels() if kernels is None else kernels,
-    )
-    target = torch.get_default_device() if device is None else torch.device(device)
-    return batch if target.type == "cpu" else batch_to_device(batch, target)
-
-
-def _row_tokens(row: int, s: SeqSpec) -> RowTokens:
-    """The row as the tiling sees it, its checkpoints checked (inside its new tokens, real slots)."""
-    n = len(s.token_ids)
-    cps = dict(s.checkpoints)
-    for p, slot in cps.items():
-        if not s.context_len < p <= s.context_len + n:
-            raise ValueError(f"row {row}: checkpoint at {p} outside ({s.context_len}, {s.context_len + n}]")
-        if slot < 0 or s.padding:
-            raise ValueError(f"row {row}: checkpoint slot {slot} is a pad id or the row is padding")
-    return RowTokens(s.context_len, n, cps)
-
-
-def _ssm_metadata(seqs: Sequence[SeqSpec], qsl: list[int], chunk_size: int) -> SSMMetadata:
-    """The rows' chunks (kernels/tiling.py) and state slots."""
-    chunks = chunk_rows([_row_tokens(row, s) for row, s in enumerate(seqs)], chunk_size)
-    state_idx = [PAD_SLOT_ID if s.padding else s.state_slot for s in seqs]
-    has_init = [s.context_len > 0 and not s.padding for s in seqs]
-    is_decode = all(len(s.token_ids) == 1 for s in seqs)
-    return SSMMetadata(
-        chunk_size=chunk_size,
-        state_indices=_host(state_idx),
-        has_initial_state=_host(has_init, torch.bool),
-        query_start_loc=_host(qsl),
-        cu_chunk_seqlens=_host(chunks.cu),
-        chunk_seq_idx=_host(chunks.rows),
-        last_chunk_indices=_host(chunks.row_last(len(seqs))),
-        chunk_dest_slots=_host(chunks.dest_slots),
-        chunk_end_positions=_host(chunks.end_positions),
-        state_indices_list=state_idx,
-        has_initial_state_list=has_init,
-        query_start_loc_list=qsl,
-        cu_chunk_seqlens_list=chunks.cu,
-        chunk_seq_idx_list=chunks.rows,
-        chunk_dest_slots_list=chunks.dest_slots,
-        chunk_end_positions_list=chunks.end_positions,
-        is_decode=is_decode,
-        plain_decode=is_decode and all(has_init) and PAD_SLOT_ID not in state_idx,
-    )
-
-
-_PARTS = ("attn", "window_attn", "ssm")  # the ForwardBatch fields that hold metadata dataclasses
-
-
-def _tensor_fields(obj: object) -> list[str]:
-    return [f.name for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)]  # type: ignore[arg-type]
-
-
-def batch_to_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
-    """The batch with every metadata tensor on `device`, moved in one host-to-device copy (a GPU step would
-    otherwise pay one transfer per tensor, ~20 per step); the Python lists stay on the host."""
-    objs = [batch] + [getattr(batch, p) for p in _PARTS if getattr(batch, p) is not None]
-    names = [_tensor_fields(o) for o in objs]
-    host = [getattr(o, n) for o, ns in zip(objs, names) for n in ns]
-    flat = torch.cat([x.reshape(-1).to(torch.int64) for x in host])
-    if device.type == "cuda":
-        flat = flat.pin_memory()
-    moved = flat.to(device, non_blocking=True)
-    views, off = [], 0
-    for x in host:
-        v = moved[off : off + x.numel()].view(x.shape)
-        views.append(v.bool() if x.dtype == torch.bool else v)
-        off += x.numel()
-    it = iter(views)
-    new = [replace(o, **{n: next(it) for n in ns}) for o, ns in zip(objs, names)]  # type: ignore[type-var]
-    parts = {p: new[1 + i] for i, p in enumerate(q for q in _PARTS if getattr(batch, q) is not None)}
-    return replace(new[0], **parts)
-
-
-def _slot_mapping(
-    seqs: Sequence[SeqSpec], tables: Sequence[Sequence[int]], block_size: int, window: bool
-) -> list[int]:
-    """[T] the KV slot of every new token (PAD_SLOT_ID for padding rows)."""
-    slot_mapping: list[int] = []
-    for row, (s, table) in enumerate(zip(seqs, tables)):
-        n = len(s.token_ids)
-        if s.padding:
-            slot_mapping.extend([PAD_SLOT_ID] * n)
-            continue
-        need = -(-(s.context_len + n) // block_size)
-        if len(table) < need:
-            raise ValueError(f"row {row}: {len(table)} blocks for {s.context_len + n} tokens")
-        for p in range(s.context_len, s.context_len + n):
-            block = int(table[p // block_size])
-            if window and block == 0:
-                raise ValueError(f"row {row}: position {p} maps to the null block")
-            slot_mapping.append(block * block_size + p % block_size)
-    return slot_mapping
-
-
-def _attention_metadata(
-    seqs: Sequence[SeqSpec],
-    tables: Sequence[Sequence[int]],
-    qsl: list[int],
-    block_size: int,
-    window: bool = False,
-) -> AttentionMetadata:
-    """Paging of one attention group: slot mapping of the new tokens and padded block tables.
-
-    `window`: the table belongs to the window group, whose leading entries may be the null block 0 (blocks
-    out of the window); the new tokens must never map there.
-    """
-    slot_mapping = _slot_mapping(seqs, tables, block_size, window)
-    context_lens = [s.context_len for s in seqs]
-    seq_lens = [s.context_len + len(s.token_ids) for s in seqs]
-    max_blocks = max(1, max(len(b) for b in tables))
-    padded = [list(map(int, b)) + [PAD_SLOT_ID] * (max_blocks - len(b)) for b in tables]
-    return AttentionMetadata(
-        block_size=block_size,
-        slot_mapping=_host(slot_mapping),
-        block_tables=_host(padded),
-        context_lens=_host(context_lens),
-        seq_lens=_host(seq_lens),
-        query_start_loc=_host(qsl),
-        context_lens_list=context_lens,
-        seq_lens_list=seq_lens,
-        query_start_loc_list=qsl,
-        is_padding=[s.padding for s in seqs],
-        is_decode=all(len(s.token_ids) == 1 for s in seqs),
-    )

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 import torch
 
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import KernelSet
-from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
+from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.families import TINY_ARCHS, family
 from recap.model.models.base import CausalLM

@@ -9,8 +9,9 @@ import torch
 from recap.backends import Backend, backend_for
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
-from recap.kernels.metadata import ForwardBatch, SeqSpec, build_forward_batch
+from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
 from recap.model.loader import LoadedModel

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 import torch
 
 from recap.core.output import PAD_SLOT_ID
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.conv1d import causal_conv1d, causal_conv1d_ref, causal_conv1d_update
 from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update
 from recap.kernels.kda import kda, kda_ref, kda_state_update
-from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.metadata import SeqSpec, SSMMetadata
 from recap.kernels.selective_scan import selective_scan, selective_scan_ref, selective_state_update
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update

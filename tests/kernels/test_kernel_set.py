@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
-from recap.kernels.metadata import SeqSpec, build_forward_batch
+from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.loader import load_model
 from recap.model.testing import make_tiny_checkpoint

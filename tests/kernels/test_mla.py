@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.mla import paged_mla_attention, paged_mla_attention_ref
 
 BLOCK, NUM_BLOCKS = 4, 64

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.paged_attention import paged_attention, paged_attention_ref
 
 BLOCK = 4

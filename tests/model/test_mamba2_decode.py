@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from recap.backends import prepare
+from recap.kernels.batch import build_forward_batch
 from recap.kernels.mamba2_step import mamba2_step_available
-from recap.kernels.metadata import SeqSpec, build_forward_batch
+from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.layers.mamba2 import Mamba2Mixer
 from recap.model.layers.mamba2_decode import mamba2_decode

@@ -11,8 +11,9 @@ import torch
 from recap import cli
 from recap.config import CacheConfig, SchedulerConfig
 from recap.engine.vllm_compat import resolve_dtype
+from recap.kernels.batch import batch_to_device, build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, kernel_set
-from recap.kernels.metadata import SeqSpec, batch_to_device, build_forward_batch
+from recap.kernels.metadata import SeqSpec
 from recap.runner.device import DeviceUnavailableError, resolve_device
 from recap.runner.memory import size_pools
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.mla import paged_mla_attention_ref
 from recap.kernels.triton.mla import paged_mla_attention
 

@@ -19,7 +19,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from recap.kernels.metadata import AttentionMetadata, SeqSpec, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.paged_attention import paged_attention_ref
 from recap.kernels.triton import paged_attention as pa
 from recap.kernels.triton.paged_attention import attend, paged_attention, write_kv

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.metadata import SeqSpec, SSMMetadata, build_forward_batch
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.metadata import SeqSpec, SSMMetadata
 from recap.kernels.ssd import ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update_ref
 from recap.kernels.triton.ssd import ssd
