@@ -122,6 +122,9 @@ def test_a_decode_side_without_room_accepts_the_handle(engines: list, config: En
     waiting = prefill(pre, "later")
     local = decode(dec, waiting, "later")  # the local request finishes first ...
     assert isinstance(local, RequestOutput) and local.request_id == "local"
+    sent_by = time.monotonic() + 30  # the accept goes out on a notify thread: wait for it (a bound, not a timing)
+    while not transport.accepted and time.monotonic() < sent_by:
+        time.sleep(0.005)
     assert transport.accepted == [waiting.transfer_id]
     finals: list[RequestOutput] = []
     deadline = time.monotonic() + 60  # a bound for a broken run, not a timing assertion
