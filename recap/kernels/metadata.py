@@ -16,14 +16,16 @@ the builder imports the kernel set).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.tiling import Chunks
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from recap.kernels.kernel_set import KernelSet
@@ -86,6 +88,15 @@ class SSMMetadata:
     # (layers/mamba2_decode.py, backends/decode_graph.py) take only these steps; a row whose token completes a
     # block (a planned checkpoint) gets its new state copied to the checkpoint slot after the step.
     plain_decode: bool = False
+    # What kernels derive from this step's cut (segment plans, index tensors): every layer of the step cuts it
+    # the same way, so it is derived once per step (cached), not once per layer.
+    _derived: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def cached(self, key: Hashable, build: Callable[[], T]) -> T:
+        """`build()` the first time `key` is asked of this step's metadata; the same value after that."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     @property
     def chunks(self) -> Chunks:

@@ -97,7 +97,8 @@ def ssd(
         return y
     t, nh, p = x.shape
     g, n = B.shape[1:]
-    plan = plan_segments(meta.chunks, meta.state_indices_list, meta.chunk_size, sub_chunk)
+    plan = meta.cached(("segments", sub_chunk), lambda: plan_segments(meta.chunks, meta.state_indices_list,
+                                                                       meta.chunk_size, sub_chunk))  # fmt: skip
     cu, first, counts = (torch.tensor(v, device=meta.state_indices.device) for v in (plan.cu, plan.first, plan.counts))
     lens = cu.diff().tolist()
     q = max(lens)

@@ -199,7 +199,8 @@ class _Index:
 def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
     """Cut the step as the CPU kernel does (tiling.plan_segments, in Python lists) and ship the cut to the
     device in one copy (a blocking host-to-GPU copy per index tensor would stall the stream)."""
-    plan = plan_segments(meta.chunks, meta.state_indices_list, meta.chunk_size, sub_chunk)
+    plan = meta.cached(("segments", sub_chunk), lambda: plan_segments(meta.chunks, meta.state_indices_list,
+                                                                       meta.chunk_size, sub_chunk))  # fmt: skip
     nb, ns, nc = len(meta.state_indices_list), len(plan.segments), len(plan.chunk_last_seg)
     chunk_len = [plan.segments[s][2] for s in plan.chunk_last_seg]
     chunk_tok0 = [0] * nc
@@ -255,7 +256,7 @@ def ssd(
     t, nh, p = x.shape
     g, n = B.shape[1:]
     assert nh % g == 0 and ssm_state.shape[1:] == (nh, p, n), "ssm_state must be [S, H, P, N]"
-    ix = _index(meta, sub_chunk, x.device)
+    ix = meta.cached(("triton-ssd-index", sub_chunk, x.device), lambda: _index(meta, sub_chunk, x.device))
     ns, nb, nc = ix.seg_len.numel(), ix.row_nseg.numel(), ix.chunk_len.numel()
     bias, has_bias, soft, has_limit, lo, hi = dt_args(dt_bias, dt_softplus, dt_limit, A)
     dt_kw = {"HAS_BIAS": has_bias, "SOFTPLUS": soft, "HAS_LIMIT": has_limit}

@@ -85,8 +85,8 @@ def kda_delta(h: int, dk: int, dv: int, decay: float = 2.0) -> Delta:
 
 def meta_to(meta: SSMMetadata, device: str) -> SSMMetadata:
     """The metadata with its tensors on device (the runner builds it there)."""
-    moved = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)}
-    return SSMMetadata(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+    tensors = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta) if f.init}
+    return dataclasses.replace(meta, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
 
 
 def check_step(
