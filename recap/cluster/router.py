@@ -8,14 +8,10 @@ larger of what r last published (less what this router saw finish there since) a
 in flight there. A replica with a deeper hit but a longer queue loses once each extra queued request
 costs more than the tokens the hit saves. Ties go to the replica holding the longer KV prefix (not a hit
 for a hybrid, but where the branch point gets learned and checkpointed, so the next request sharing it
-hits), then to the lower load, then to the replica a request was last routed to least recently (new
-sessions spread out, round robin on ties), then to the replica id. Recency counts where requests went
-(`on_routed`), not what `rank` proposed: Serve may call `rank` again for one request (its probe of the
-first rank missed or was refused) and send it to a later rank, and a proposal it did not take must not
-make the replica look recently used (which sent every new session to one replica). Stale stats (older
-than `max_stats_age_s`) count for load only; a replica with no stats is routed by load alone.
-Session affinity follows without a session id: a follow-up turn extends the previous prompt, whose
-checkpoint sits on the replica that served it.
+hits), then to the lower load, then to the replica chosen least recently (new sessions spread out), then
+to the replica id. Stale stats (older than `max_stats_age_s`) count for load only; a replica with no
+stats is routed by load alone. Session affinity follows without a session id: a follow-up turn extends
+the previous prompt, whose checkpoint sits on the replica that served it.
 """
 
 from __future__ import annotations
@@ -90,7 +86,7 @@ class _Prediction:
 class _Replica:
     stats: ReplicaStats | None = None
     in_flight: int = 0
-    last_routed: int = -1  # the routing counter when a request was last routed here
+    last_chosen: int = -1  # decision counter when last chosen
     completions: list[float] = field(default_factory=list)  # this router's completions since `stats.time`
     predictions: dict[str, _Prediction] = field(default_factory=dict)
 
@@ -98,8 +94,8 @@ class _Replica:
 class CheckpointRouter:
     """Keeps each replica's latest stats and this router's own in-flight requests; ranks candidates.
 
-    Not thread-safe (one event loop drives it). `rank` has no side effect on later rankings; `on_routed`
-    and `on_completed` track in-flight requests, recency and predicted cache contents.
+    Not thread-safe (one event loop drives it). Side effects: `rank` counts decisions; `on_routed` and
+    `on_completed` track in-flight requests and predicted cache contents.
     """
 
     def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.time) -> None:
@@ -107,7 +103,7 @@ class CheckpointRouter:
         self.clock = clock
         self._replicas: dict[str, _Replica] = {}
         self._dead: set[str] = set()  # replica ids are never reused: a dead one stays dead
-        self._routed = 0  # requests routed (the recency clock of the tie-break)
+        self._decisions = 0
         self._round_robin = 0
 
     # -- inputs -----------------------------------------------------------------------------------
@@ -145,8 +141,6 @@ class CheckpointRouter:
             return
         entry = self._replicas.setdefault(replica, _Replica())
         entry.in_flight += 1
-        self._routed += 1
-        entry.last_routed = self._routed
         chain = self._chain(request)
         if chain and request.pin is None:
             entry.predictions[request_key] = _Prediction({key: i + 1 for i, key in enumerate(chain)}, self.clock())
@@ -221,7 +215,7 @@ class CheckpointRouter:
             choices.append(Choice(replica, cost, hit * bs, load, kv * bs))
 
         def order(c: Choice) -> tuple[float, int, int, int, str]:
-            return (c.cost, -c.kv_tokens, c.load, self._replicas[c.replica].last_routed, c.replica)
+            return (c.cost, -c.kv_tokens, c.load, self._replicas[c.replica].last_chosen, c.replica)
 
         return sorted(choices, key=order)
 
@@ -235,9 +229,13 @@ class CheckpointRouter:
             request = RouteRequest(request.token_ids, request.cache_salt, "load")
         if not candidates:
             return []
+        self._decisions += 1
         if request.policy == "round_robin":
             ordered = sorted(candidates)
             start = self._round_robin % len(ordered)
             self._round_robin += 1
-            return ordered[start:] + ordered[:start]
-        return [c.replica for c in self.score(candidates, request)]
+            ranked = ordered[start:] + ordered[:start]
+        else:
+            ranked = [c.replica for c in self.score(candidates, request)]
+        self._replicas.setdefault(ranked[0], _Replica()).last_chosen = self._decisions
+        return ranked

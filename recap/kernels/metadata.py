@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from recap.core.output import PAD_SLOT_ID
-from recap.kernels.tiling import Chunks
+from recap.kernels.tiling import Chunks, SegmentPlan, plan_segments
 
 T = TypeVar("T")
 
@@ -97,6 +97,11 @@ class SSMMetadata:
         if key not in self._derived:
             self._derived[key] = build()
         return self._derived[key]
+
+    def segment_plan(self, sub_chunk: int) -> SegmentPlan:
+        """The SSD kernels' chunks and segments of this step (tiling.plan_segments), once per step."""
+        return self.cached(("segments", sub_chunk), lambda: plan_segments(
+            self.chunks, self.state_indices_list, self.chunk_size, sub_chunk))  # fmt: skip
 
     @property
     def chunks(self) -> Chunks:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.ssd_decode import d_skip, ssd_state_update
-from recap.kernels.tiling import SegmentPlan, plan_segments
+from recap.kernels.tiling import SegmentPlan
 from recap.kernels.varlen import (
     chunk_view,
     copy_decode_checkpoints,
@@ -97,8 +97,7 @@ def ssd(
         return y
     t, nh, p = x.shape
     g, n = B.shape[1:]
-    plan = meta.cached(("segments", sub_chunk), lambda: plan_segments(meta.chunks, meta.state_indices_list,
-                                                                       meta.chunk_size, sub_chunk))  # fmt: skip
+    plan = meta.segment_plan(sub_chunk)
     cu, first, counts = (torch.tensor(v, device=meta.state_indices.device) for v in (plan.cu, plan.first, plan.counts))
     lens = cu.diff().tolist()
     q = max(lens)

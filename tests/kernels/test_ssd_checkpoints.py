@@ -206,13 +206,13 @@ def ssd_ref_prefix(inp: dict[str, torch.Tensor], k: int, before: torch.Tensor) -
 def test_every_layer_of_a_step_shares_one_segment_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan is derived once per step's metadata (layers cut the step alike), and a layer that reuses it
     computes what a fresh plan gives: a second layer's inputs on the same metadata equal a fresh metadata's."""
-    import recap.kernels.ssd as ssd_module
+    import recap.kernels.metadata as metadata_module
 
     rows, inp, chunk, slots = _random_step(7, 2, 64)
     g = torch.Generator().manual_seed(8)  # another layer: other activations over the same step
     inp2 = {**inp, "x": torch.randn(inp["x"].shape, generator=g), "B": torch.randn(inp["B"].shape, generator=g)}
     calls: list[int] = []
-    monkeypatch.setattr(ssd_module, "plan_segments", lambda *a: calls.append(1) or plan_segments(*a))
+    monkeypatch.setattr(metadata_module, "plan_segments", lambda *a: calls.append(1) or plan_segments(*a))
     meta, fresh = build_meta(rows, chunk), build_meta(rows, chunk)
     cache = torch.randn(slots, H, P, N, generator=torch.Generator().manual_seed(3))
     y1 = ssd(*_args(inp), cache.clone(), meta, sub_chunk=64)

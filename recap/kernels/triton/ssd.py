@@ -30,7 +30,6 @@ import triton.language as tl
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.ssd import SUB_CHUNK
-from recap.kernels.tiling import plan_segments
 from recap.kernels.triton.ssd_decode import block_p, d_args, dt_args, masked_by, step_size, update_rows
 
 PASS_TILE = 32  # [32, 32] state tiles in the state passing
@@ -199,8 +198,7 @@ class _Index:
 def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
     """Cut the step as the CPU kernel does (tiling.plan_segments, in Python lists) and ship the cut to the
     device in one copy (a blocking host-to-GPU copy per index tensor would stall the stream)."""
-    plan = meta.cached(("segments", sub_chunk), lambda: plan_segments(meta.chunks, meta.state_indices_list,
-                                                                       meta.chunk_size, sub_chunk))  # fmt: skip
+    plan = meta.segment_plan(sub_chunk)
     nb, ns, nc = len(meta.state_indices_list), len(plan.segments), len(plan.chunk_last_seg)
     chunk_len = [plan.segments[s][2] for s in plan.chunk_last_seg]
     chunk_tok0 = [0] * nc
