@@ -74,8 +74,8 @@ class Outbox:
         """A decode side took the handle: wait for its pull up to the hold deadline. False if unknown or `mac`
         is not the handle's tag."""
         with self._lock:
-            entry = self._entries.get(transfer_id)
-            if entry is None or not hmac.compare_digest(entry.mac, mac):
+            entry = self._signed(transfer_id, mac)
+            if entry is None:
                 return False
             entry.accepted = True
             return True
@@ -84,8 +84,8 @@ class Outbox:
         """Reserve a live transfer for sending (it cannot be released until `unclaim`); None if gone, or
         when `mac` is not the tag of its handle."""
         with self._lock:
-            entry = self._entries.get(transfer_id)
-            if entry is None or entry.busy or entry.acked or not hmac.compare_digest(entry.mac, mac):
+            entry = self._signed(transfer_id, mac)
+            if entry is None or entry.busy or entry.acked:
                 return None
             entry.busy = entry.accepted = True
             return entry.held
@@ -99,11 +99,16 @@ class Outbox:
     def ack(self, transfer_id: str, mac: str = "") -> bool:
         """Mark a transfer done (released between steps); False if unknown or `mac` is not its handle's tag."""
         with self._lock:
-            entry = self._entries.get(transfer_id)
-            if entry is None or not hmac.compare_digest(entry.mac, mac):
+            entry = self._signed(transfer_id, mac)
+            if entry is None:
                 return False
             entry.acked = True
             return True
+
+    def _signed(self, transfer_id: str, mac: str) -> _Entry | None:
+        """The live entry of `transfer_id` when `mac` is its handle's tag (call under the lock)."""
+        entry = self._entries.get(transfer_id)
+        return entry if entry is not None and hmac.compare_digest(entry.mac, mac) else None
 
     def _due(self, entry: _Entry, now: float) -> bool:
         expired = now >= entry.deadline or (not entry.accepted and now >= entry.accept_deadline)
