@@ -1,11 +1,13 @@
 """The CPU backend: recap's decode fast path on top of the torch backend.
 
-- Linear layers keep the torch backend's implementation for prefill (oneDNN over a packed weight, or int8),
-  and few-row inputs take recap's native kernels (kernels/linear_rows.py: one fp32 row, 2-32 fp32 rows over
-  panel-packed weights, 1-8 rows of int8 weights); RMS norms, attention's decode rows and Mamba2's plain decode
-  steps take theirs (kernels/rms_norm.py, paged_decode.py, mamba2_step.py).
+- Linear layers hold one copy of each weight (layers/linear.py): fp32 weights in the native panels, which
+  every row count takes (kernels/linear_rows.py); bf16 in oneDNN's packed copy; int8 weights take the native
+  int8 kernel at 1-8 rows and fbgemm beyond. Each layer is laid out and its parameter freed before the next
+  (peak: the model plus one layer). RMS norms, attention's decode rows and Mamba2's plain decode steps take
+  their native kernels (kernels/rms_norm.py, paged_decode.py, mamba2_step.py).
 - The weights, the native kernels' packed copies and the KV/state pools move to transparent huge pages
-  (huge_pages.py): a decode step streams them all.
+  (huge_pages.py): a decode step streams them all. The memory each move or re-layout frees goes back to the
+  OS as it goes (model/heap.py), so that none of it stays resident in glibc's heap.
 - Decode steps of 1 to MAX_ROWS rows replay a captured decode graph (decode_graph.py) where the model's parts
   can be captured, and run the module path otherwise.
 """

@@ -181,7 +181,8 @@ def load_model(
     linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 and bf16 when
     available; measured fastest here for every row count, see layers/linear.py).
     quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
-    rest of the model stays in `dtype`). It takes the place of the linear backend.
+    rest of the model stays in `dtype`). It takes the place of the linear backend. On the CPU each layer is
+    quantized as it is loaded and its fp32 weight freed (the model holds no fp32 copy of it afterwards).
     native_decode: decode takes recap's CPU fast path (recap/backends/cpu.py: native kernels, weights on huge
     pages, decode graphs), built once per machine with the C compiler (about a second). Where it cannot be
     built, or with the "torch" linear backend, the model keeps torch's kernels (a warning says why). False:

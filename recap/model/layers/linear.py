@@ -22,9 +22,10 @@ EPYC, medians of 5 alternating runs, ms; weights cycled from memory; docs/perfor
 | 2048 -> 49152 | 1 / 8 / 32 / 512 | 10.3 / 14.0 / 34.0 / 537 | 10.5 | 10.5 / 16.1 / 35.6 / 474 | 18 / 54 / 105 / 1153 |
 
 - fp32 with the native kernels on ("onednn" on the CPU backend): the panels (kernels/linear_rows.py) for every
-  row count. They lead oneDNN at 1-32 rows (1.05-1.8x) and match the one-row kernel at one row; at 512-2048 rows
+  row count. They lead oneDNN at 1-32 rows (1.02-1.75x) and match the one-row kernel at one row; at 512-2048 rows
   oneDNN's GEMM is 12-19% faster (2048 -> 8192 at 2048 rows: 571 vs 486 ms; at 512 rows the panels led, 101 vs
-  107). Keeping oneDNN's copy for prefill would cost a second fp32 model of memory for that: not kept.
+  107). Keeping oneDNN's copy for prefill would cost a second fp32 model of memory for that: not kept (end to
+  end, a 1024-token prefill of a d_model-768 Mamba2 tied: 1223 ms on the panels, 1247 on oneDNN's copy).
 - fp32 with the native kernels off, and bf16 ("onednn"): oneDNN's copy packed for PACK_ROWS rows, every row
   count. bf16: oneDNN's packed copy led or tied F.linear at every shape and row count (1 row: 2.2x on the 49152
   head, 8 rows 1.4x, 2048 rows 1.0-1.25x), so it is the only copy.
