@@ -26,7 +26,8 @@ class TorchBackend(Backend):
         self.kernels = kernels
 
     def _prepare(self, model: CausalLM) -> None:
-        """The native kernels off, then every linear layer on `linear_backend` (int8: quantized here)."""
+        """Every linear layer on `linear_backend` with the native kernels off (int8: quantized here unless the
+        loader already did), then every other part's native kernels off."""
         parts = model_parts(model)
+        set_linear_backend(parts, self.linear_backend, native=False)
         switch_native(parts, False)
-        set_linear_backend(parts, self.linear_backend)

@@ -5,8 +5,11 @@ At 1-8 rows a linear layer is bound by reading its weight, which oneDNN, MKL and
 well below the memory's rate, and at 8 rows oneDNN reads it at about half that rate (docs/performance.md).
 - One row (`linear_rows_f32`, `linear_rows_int8`, bound per layer by `RowKernel`): each thread streams its
   share of the weight rows (fp32 row-major; int8 in `pack_int8`'s tiles of 8 rows).
-- 2-64 rows, fp32 (`linear_panels_f32`): the weight as 32-column panels (`pack_panels`), an 8-row x 32-column
-  outer product per k, every group of 8 rows run over a panel while it sits in L2.
+- fp32, any row count (`linear_panels_f32`): the weight as 32-column panels (`pack_panels`). One row: a 1 x 32
+  column product per k, bound by reading the panel (as fast as the one-row kernel on the row-major weight).
+  Several: an 8-row x 32-column outer product per k, every group of 8 rows of a 64-row block run over a panel
+  while it sits in L2 (the weight read once per 64 rows). The one layout of a dense fp32 layer served with the
+  native kernels (model/layers/linear.py has the measurements).
 `linear_rows_f32` and `linear_panels_f32` agree with F.linear to fp32 rounding (other summation orders);
 `linear_rows_int8` computes exactly the integer product of `quant.int8_linear_ref` and the same
 dequantization, so it equals that reference bit for bit.
@@ -83,23 +86,35 @@ def linear_rows_f32_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return F.linear(x, weight, bias)
 
 
-PANEL, PANEL_MAX_ROWS = 32, 64  # csrc/linear_rows.c's fp32 panels: 32 output columns; inputs of up to 64 rows
+PANEL = 32  # csrc/linear_rows.c's fp32 panels: 32 output columns (any number of input rows)
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     """weight [out, in] fp32 as the few-row kernel's panels [ceil(out/32), in, 32] (zero columns pad the last):
-    one sequential stream per 32 output columns."""
+    one sequential stream per 32 output columns. Written in place: no other copy of the weight on the way."""
     out, k = weight.shape
-    outp = -(-out // PANEL) * PANEL
-    return F.pad(weight.detach(), (0, 0, 0, outp - out)).view(outp // PANEL, PANEL, k).transpose(1, 2).contiguous()
+    full, rest = divmod(out, PANEL)
+    panels = torch.empty(full + (rest > 0), k, PANEL, dtype=weight.dtype)
+    w = weight.detach()
+    panels[:full].copy_(w[: full * PANEL].view(full, PANEL, k).transpose(1, 2))
+    if rest:
+        panels[full].zero_()
+        panels[full, :, :rest].copy_(w[full * PANEL :].T)
+    return panels
+
+
+def unpack_panels(panels: torch.Tensor, out: int) -> torch.Tensor:
+    """The weight [out, in] that pack_panels packed into `panels`, exactly (a permutation of its values)."""
+    p, k, width = panels.shape
+    return panels.transpose(1, 2).reshape(p * width, k)[:out].contiguous()
 
 
 def linear_panels_f32(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
-    """x [n, in] fp32 with 1 <= n <= 64 times the weight [out, in] packed by pack_panels -> [n, out]; agrees with
-    F.linear to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate."""
+    """x [n, in] fp32 (n >= 1) times the weight [out, in] packed by pack_panels -> [n, out]; agrees with F.linear
+    to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate."""
     x = x.contiguous()
     n, k = x.shape
-    if not 1 <= n <= PANEL_MAX_ROWS or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
+    if n < 1 or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
         raise ValueError(f"panels {tuple(panels.shape)} do not fit x {tuple(x.shape)} and {out} outputs")
     y = torch.empty(n, out, dtype=torch.float32)
     if _lib().recap_linear_f32_panels(x.data_ptr(), n, panels.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
@@ -114,7 +129,7 @@ def panels_graph_call(
 ) -> tuple[ctypes._CFuncPtr, tuple, str]:
     """linear_panels_f32 on `rows` rows at address x [rows, in] into y [rows, out], as a decode graph replays it:
     (function, arguments, what a nonzero return means)."""
-    if not 1 <= rows <= PANEL_MAX_ROWS or panels.dtype != torch.float32 or not panels.is_contiguous():
+    if rows < 1 or panels.dtype != torch.float32 or not panels.is_contiguous():
         raise ValueError(f"panels_graph_call: {rows} rows or panels {tuple(panels.shape)} do not fit the kernel")
     args = (x, _I64(rows), _P(panels.data_ptr()), _I64(out), _I64(panels.shape[1]), _P(_ptr(bias)), y, threads)
     return raw_function(_lib(), "recap_linear_f32_panels", _INT), args, "linear_panels_f32: no memory for its scratch"

@@ -80,7 +80,7 @@ def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight
     w = weight.detach().float()
     scales = w.abs().amax(dim=1) / 127.0
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # one fp32 temporary, not two
     b = None if bias is None else bias.detach().float().contiguous()
     padded = torch.cat((q, q.new_zeros(q.shape[0], 2)), dim=1)  # the range-pin columns multiply zeros
     with warnings.catch_warnings():  # torch 2.13 flags quantized-tensor constructors as deprecated

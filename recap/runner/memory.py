@@ -33,10 +33,10 @@ class PoolSizes:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What a runner holds, for the start-up log: the weights, the native kernels' packed copies, the pools."""
+    """What a runner holds, for the start-up log: the weights, the linear layers' own layouts, the pools."""
 
-    weight_bytes: int  # the model's parameters and buffers
-    packed_bytes: int  # the copies of linear weights the native kernels read (panels, int8 tiles)
+    weight_bytes: int  # the model's parameters and buffers (a linear layer in its own layout released its weight)
+    packed_bytes: int  # the linear layers' own layouts of their weights (panels, oneDNN's copy, int8 forms)
     pools: PoolSizes
     block_size: int
 
@@ -48,7 +48,7 @@ class MemoryPlan:
         state = "no state pool (no recurrent layers)" if not p.num_state_slots else (
             f"state pool {_mib(p.state_bytes)} in {p.num_state_slots} slots of "
             f"{_mib(p.state_bytes // p.num_state_slots)}")
-        packed = f" + {_mib(self.packed_bytes)} packed for the native kernels" if self.packed_bytes else ""
+        packed = f" + {_mib(self.packed_bytes)} in the linear layers' layouts" if self.packed_bytes else ""
         return f"weights {_mib(self.weight_bytes)}{packed}; {kv}; {state}"
 
 

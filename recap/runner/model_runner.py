@@ -86,9 +86,10 @@ class ModelRunner:
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
 
     def memory_plan(self) -> MemoryPlan:
-        """The bytes this runner holds: weights, the native kernels' packed copies, and the two pools."""
+        """The bytes this runner holds: weights (the parameters left: a layer laid out in its own format released
+        its weight), the linear layers' own copies (packed, quantized), and the two pools."""
         weights = sum(t.nbytes for t in [*self.model.parameters(), *self.model.buffers()])
-        packed = sum(t.nbytes for m in self.model.modules() if isinstance(m, Linear) for t in m.impl.tensors())
+        packed = sum(m.impl.nbytes() for m in self.model.modules() if isinstance(m, Linear))
         return MemoryPlan(weights, packed, self.pools, self.cache_config.block_size)
 
     @property

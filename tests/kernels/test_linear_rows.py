@@ -15,7 +15,7 @@ from recap.kernels import linear_rows as lr
 from recap.kernels import native
 from recap.kernels.linear_rows import activation_grid
 from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, rms_norm_rows_ref, use_rms_norm_rows
-from recap.model.layers.linear import DenseLinear, Int8Linear, Linear
+from recap.model.layers.linear import DenseLinear, Int8Linear, Linear, WeightReleasedError
 from recap.model.quant import int8_linear, int8_linear_ref, quantize_int8
 
 SHAPES = [(1, 1), (7, 15), (8, 16), (9, 17), (33, 63), (5, 64), (17, 65), (40, 100), (12, 129), (300, 768)]
@@ -102,7 +102,7 @@ def test_a_failed_build_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 @pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 31, 64])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 31, 64, 65, 131])
 def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: int) -> None:
     g = torch.Generator().manual_seed(torch.seed() % 2**31)  # fresh inputs every run
     w = torch.randn(out_f, in_f, generator=g)
@@ -118,16 +118,18 @@ def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: in
     err = (y.double() - ref).abs()
     assert (err <= bound + 1e-30).all(), f"max error {err.max():.3g} above its bound at {(err / bound).argmax()}"
     with pytest.raises(ValueError, match="do not fit"):
-        lr.linear_panels_f32(torch.randn(lr.PANEL_MAX_ROWS + 1, in_f), panels, b, out_f)
+        lr.linear_panels_f32(torch.randn(rows, in_f + 1), panels, b, out_f)
 
 
-def test_linear_layer_routes_few_rows_to_the_panels() -> None:
+def test_linear_layer_routes_every_row_count_to_the_panels() -> None:
+    """fp32 on "onednn" with the native kernels: the panels are the one layout (every row count, the weight
+    parameter released); on "torch" (the reference keeps its parameter) only 1..PANEL_ROWS rows take them."""
     layer = Linear(40, 70, bias=True, dtype=torch.float32)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
-    layer.set_backend("onednn")
-    layer.set_native(True)
-    assert len(layer.impl.tensors()) == 1  # the panels
+    w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
+    layer.set_backend("onednn", native=True)
+    assert len(layer.impl.tensors()) == 1 and layer.released  # the panels, and nothing else
     calls: list[int] = []
     real = lr.linear_panels_f32
 
@@ -139,12 +141,20 @@ def test_linear_layer_routes_few_rows_to_the_panels() -> None:
 
     linear_mod.linear_panels_f32, saved = counted, linear_mod.linear_panels_f32  # type: ignore[assignment]
     try:
-        for n in (1, 2, 8, 9, 32, 33, 64):
+        for n in (1, 2, 8, 9, 32, 33, 64, 200):
             x = torch.randn(n, 40)
-            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+        assert calls == [1, 2, 8, 9, 32, 33, 64, 200]
+        calls.clear()
+        layer.set_backend("torch", native=False)  # the weight comes back from the panels, exactly
+        assert not layer.released and torch.equal(layer.weight, w) and not layer.impl.tensors()
+        layer.set_native(True)
+        for n in (1, 32, 33):
+            x = torch.randn(n, 40)
+            torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+        assert calls == [1, 32]  # the reference: more rows through F.linear
     finally:
         linear_mod.linear_panels_f32 = saved  # type: ignore[assignment]
-    assert calls == [2, 8, 9, 32]  # one row takes the one-row kernel, 33 and more oneDNN
     layer.set_backend("int8")
     assert layer.impl.native and layer.impl.tensors()[0].dtype == torch.int8  # int8 weights: tiles, no panels
 
@@ -153,6 +163,7 @@ def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
     layer = Linear(24, 10, bias=True, dtype=torch.float32)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
+    w = layer.weight.detach().clone()
     for backend in ("onednn", "int8"):
         layer.set_backend(backend)
         layer.set_native(True)
@@ -174,12 +185,18 @@ def test_linear_layer_routes_one_row_and_keeps_the_backend_for_more() -> None:
     x = torch.randn(1, 24)
     assert torch.equal(layer(x), int8_linear(x, impl.quantized))  # fbgemm again
     layer.set_native(True)
-    w = impl.quantized
-    torch.testing.assert_close(layer(x), lr.linear_rows_int8(x, tiles, w.row_sums, w.scales, layer.bias,
-                                                              w.reduce_range))  # fmt: skip
-    layer.set_backend("onednn")  # the bound kernel follows the backend: fp32 again
-    torch.testing.assert_close(layer(x), x @ layer.weight.T + layer.bias, rtol=1e-5, atol=1e-5)
-    assert isinstance(layer.impl, DenseLinear) and layer.impl.native
+    q = impl.quantized
+    torch.testing.assert_close(layer(x), lr.linear_rows_int8(x, tiles, q.row_sums, q.scales, layer.bias,
+                                                              q.reduce_range))  # fmt: skip
+    with pytest.raises(WeightReleasedError):  # the fp32 weight was freed once quantized
+        layer.set_backend("onednn")
+    fresh = Linear(24, 10, bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        fresh.weight.copy_(w)
+        fresh.bias.copy_(layer.bias)
+    fresh.set_backend("onednn", native=True)
+    torch.testing.assert_close(fresh(x), x @ w.T + fresh.bias, rtol=1e-5, atol=1e-5)
+    assert isinstance(fresh.impl, DenseLinear) and fresh.impl.native
 
 
 @pytest.mark.parametrize("backend", ["onednn", "int8"])
@@ -193,12 +210,11 @@ def test_rebind_moves_the_native_copies_and_binds_the_kernels_to_them(backend: s
     layer.set_native(True)
     x = torch.randn(1, 48)
     before = layer(x)
+    assert layer.released  # the layout is the only copy: rebind moves all there is
     old = layer.impl.tensors()
     new = [t.clone() for t in old]
-    weight = layer.weight.data
-    layer.weight.data = weight.clone()
     layer.impl.rebind(new)
-    for t in (*old, weight):
+    for t in old:
         t.zero_()
     assert all(a is b for a, b in zip(layer.impl.tensors(), new, strict=True))
     assert torch.equal(layer(x), before)

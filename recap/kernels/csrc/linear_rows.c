@@ -196,7 +196,7 @@ void recap_linear_f32(const float *x, int64_t n, const float *w, int64_t out, in
     }
 }
 
-/* ---------------------------------------------------------------- fp32, 2..8 rows, panel layout */
+/* ---------------------------------------------------------------- fp32, panel layout (any row count) */
 
 /* Weight panels: [ceil(out / 32), k, 32], panel p holding output columns 32p..32p+31 (zero columns pad the
  * last), one sequential stream per panel. For each k an 8-row x 32-column outer product: two weight vectors,
@@ -237,35 +237,90 @@ static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_ou
 }
 #endif
 
-/* x [n, k] (1 <= n <= PANEL_MAX_ROWS), wp the panels of w [out, k], b [out] or NULL, y [n, out]. The rows go
- * in groups of 8 (the last zero-padded); each thread takes whole panels and runs every group over a panel
- * while it sits in L2, so the weight is read from memory once whatever n is. Returns 0, or -1 for n out of
- * range or no memory for the transposed input. */
-#define PANEL_MAX_ROWS 64
+#if defined(__AVX512F__)
+/* One input row over a panel: two accumulators per 32 columns, four k at a time so the FMA chains overlap;
+ * bound by reading the panel (the 8-row tile above would spend 8x the FMAs on a padded group). */
+static void f32_panel_1(const float *wp, int64_t k, const float *x, float *acc_out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    int64_t kk = 0;
+    for (; kk + 2 <= k; kk += 2) {
+        const float *w = wp + kk * PANEL;
+        _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + 1088, _MM_HINT_T0);
+        const __m512 x0 = _mm512_set1_ps(x[kk]), x1 = _mm512_set1_ps(x[kk + 1]);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w), x0, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16), x0, a1);
+        b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 32), x1, b0);
+        b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 48), x1, b1);
+    }
+    if (kk < k) {
+        const float *w = wp + kk * PANEL;
+        const __m512 x0 = _mm512_set1_ps(x[kk]);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w), x0, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16), x0, a1);
+    }
+    _mm512_storeu_ps(acc_out, _mm512_add_ps(a0, b0));
+    _mm512_storeu_ps(acc_out + 16, _mm512_add_ps(a1, b1));
+}
+#else
+static void f32_panel_1(const float *wp, int64_t k, const float *x, float *acc_out) {
+    for (int c = 0; c < PANEL; c++) {
+        float s = 0.0f;
+        for (int64_t kk = 0; kk < k; kk++) s += wp[kk * PANEL + c] * x[kk];
+        acc_out[c] = s;
+    }
+}
+#endif
+
+/* x [n, k] (n >= 1), wp the panels of w [out, k], b [out] or NULL, y [n, out]. One row: f32_panel_1 over each
+ * panel. Several: the rows go in groups of 8 (the last zero-padded) and blocks of BLOCK_GROUPS groups; for each
+ * block every thread takes whole panels and runs the block's groups over a panel while it sits in L2, so the
+ * weight is read from memory once per block (64 rows: ~32 FLOP per weight byte, compute-bound) and the block's
+ * transposed input stays in cache. Returns 0, or -1 for n < 1 or no memory for the transposed input. */
+#define BLOCK_GROUPS 8
 int recap_linear_f32_panels(const float *x, int64_t n, const float *wp, int64_t out, int64_t k, const float *b,
                             float *y, int threads) {
-    if (n < 1 || n > PANEL_MAX_ROWS) return -1;
-    const int64_t groups = (n + PANEL_ROWS - 1) / PANEL_ROWS;
-    /* x transposed per group to [k, 8] (rows past n zero): the 8 inputs of one k are adjacent */
-    float *x8 = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((groups * k * PANEL_ROWS + 15) / 16) * 16));
-    if (!x8) return -1;
-    for (int64_t g = 0; g < groups; g++)
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int r = 0; r < PANEL_ROWS; r++) {
-                const int64_t row = g * PANEL_ROWS + r;
-                x8[(g * k + kk) * PANEL_ROWS + r] = row < n ? x[row * k + kk] : 0.0f;
-            }
+    if (n < 1) return -1;
     const int64_t panels = (out + PANEL - 1) / PANEL;
+    if (n == 1) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t p = 0; p < panels; p++) {
-        float acc[PANEL_ROWS * PANEL];
-        const int64_t o = p * PANEL, nc = out - o < PANEL ? out - o : PANEL;
-        for (int64_t g = 0; g < groups; g++) {
-            f32_panel(wp + p * k * PANEL, k, x8 + g * k * PANEL_ROWS, acc);
-            const int64_t nr = n - g * PANEL_ROWS < PANEL_ROWS ? n - g * PANEL_ROWS : PANEL_ROWS;
-            for (int64_t r = 0; r < nr; r++) {
-                float *yr = y + (g * PANEL_ROWS + r) * out + o;
-                for (int64_t c = 0; c < nc; c++) yr[c] = b ? acc[r * PANEL + c] + b[o + c] : acc[r * PANEL + c];
+        for (int64_t p = 0; p < panels; p++) {
+            float acc[PANEL];
+            const int64_t o = p * PANEL, nc = out - o < PANEL ? out - o : PANEL;
+            f32_panel_1(wp + p * k * PANEL, k, x, acc);
+            for (int64_t c = 0; c < nc; c++) y[o + c] = b ? acc[c] + b[o + c] : acc[c];
+        }
+        return 0;
+    }
+    const int64_t groups = (n + PANEL_ROWS - 1) / PANEL_ROWS;
+    const int64_t block = groups < BLOCK_GROUPS ? groups : BLOCK_GROUPS;
+    /* one block of x transposed per group to [k, 8] (rows past n zero): the 8 inputs of one k are adjacent */
+    float *x8 = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((block * k * PANEL_ROWS + 15) / 16) * 16));
+    if (!x8) return -1;
+    for (int64_t g0 = 0; g0 < groups; g0 += block) {
+        const int64_t nb = groups - g0 < block ? groups - g0 : block;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < nb; g++)
+                for (int64_t kk = 0; kk < k; kk++)
+                    for (int r = 0; r < PANEL_ROWS; r++) {
+                        const int64_t row = (g0 + g) * PANEL_ROWS + r;
+                        x8[(g * k + kk) * PANEL_ROWS + r] = row < n ? x[row * k + kk] : 0.0f;
+                    }
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < panels; p++) {
+                float acc[PANEL_ROWS * PANEL];
+                const int64_t o = p * PANEL, nc = out - o < PANEL ? out - o : PANEL;
+                for (int64_t g = 0; g < nb; g++) {
+                    f32_panel(wp + p * k * PANEL, k, x8 + g * k * PANEL_ROWS, acc);
+                    const int64_t first = (g0 + g) * PANEL_ROWS;
+                    const int64_t nr = n - first < PANEL_ROWS ? n - first : PANEL_ROWS;
+                    for (int64_t r = 0; r < nr; r++) {
+                        float *yr = y + (first + r) * out + o;
+                        for (int64_t c = 0; c < nc; c++) yr[c] = b ? acc[r * PANEL + c] + b[o + c] : acc[r * PANEL + c];
+                    }
+                }
             }
         }
     }
