@@ -61,6 +61,7 @@ def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
         raise ValueError(f"unknown shape {name!r}; choose one of {SHAPES}")
     folder = cache / name
     if (folder / "config.json").is_file():
+        save_tokenizer(folder)
         return folder
     cls, cfg = _BUILDERS[name]()
     torch.manual_seed(0)
@@ -76,7 +77,23 @@ def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
     config.rename(tmp / "config.json.tmp")  # the folder counts as built only once it is in place
     tmp.rename(folder)
     (folder / "config.json.tmp").rename(folder / "config.json")
+    save_tokenizer(folder)
     return folder
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer ("t0" .. "t{V-1}") over the checkpoint's vocabulary, beside its weights."""
+    if (folder / "tokenizer.json").is_file():
+        return
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(str(folder))
 
 
 def num_params(folder: Path) -> int:
