@@ -15,7 +15,8 @@ serving format: recap.model.footprint's lower bound, from the config). The issue
 steady <= 1.15 x (own weights + pools) + 0.5 GiB; `ratio` is steady / (own weights + pools).
 
 The parent watches each child's RSS and kills it past --rss-ceiling (default: MemAvailable at its start minus
---margin): a format that does not fit is recorded as such, never pushed into swap or the OOM killer. A child
+--margin) or when the machine's MemAvailable falls under --floor: a format that does not fit is recorded as
+such, not pushed into swap or the OOM killer. A child
 whose plan recap refuses (MemoryPlanError) records the refusal.
 """
 
@@ -118,13 +119,16 @@ def run_one(folder: Path, fmt: str, args: argparse.Namespace) -> dict[str, Any]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watched = 0
     while proc.poll() is None:
-        rss = _status(proc.pid).get("VmRSS", 0)
+        rss, avail = _status(proc.pid).get("VmRSS", 0), _mem_available()
         watched = max(watched, rss)
-        if rss > ceiling:
+        if rss > ceiling or avail < args.floor:  # the floor: other processes' memory grows meanwhile
             proc.kill()
             proc.wait()
-            return {"killed": f"RSS {rss / GIB:.2f} GiB passed the ceiling {ceiling / GIB:.2f} GiB", "peak": rss}
-        time.sleep(0.1)
+            why = (f"RSS {rss / GIB:.2f} GiB passed the ceiling {ceiling / GIB:.2f} GiB" if rss > ceiling else
+                   f"MemAvailable fell to {avail / GIB:.2f} GiB (floor {args.floor / GIB:.2f}) at RSS "
+                   f"{rss / GIB:.2f} GiB")
+            return {"killed": why, "peak": rss}
+        time.sleep(0.05)
     out, err = proc.communicate()
     if proc.returncode != 0:
         return {"failed": err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"}
@@ -179,6 +183,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=8)
     p.add_argument("--rss-ceiling", type=int, default=None, help="bytes; default MemAvailable - --margin")
     p.add_argument("--margin", type=int, default=3 * GIB // 2)
+    p.add_argument("--floor", type=int, default=2 * GIB,
+                   help="bytes: kill the child when the machine's MemAvailable falls below this")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--format", default=None, help=argparse.SUPPRESS)

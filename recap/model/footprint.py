@@ -138,10 +138,10 @@ def held_weight_bytes(model: nn.Module) -> WeightBytes:
 def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None) -> int:
     """At least what `model` (built on the meta device, in the serving dtype) will hold once loaded: every
     parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width plus a
-    scale per row (a tied head's quantized copy and any packed copy come on top)."""
-    if quantization is not None and quantization not in QUANTIZED_BYTES_PER_WEIGHT:
-        raise ValueError(f"no weight width known for quantization {quantization!r}")
-    quantized = {id(m.weight): m.weight for m in model.modules() if isinstance(m, Linear)} if quantization else {}
+    scale per row (a tied head's quantized copy and any packed copy come on top). A quantization whose width is
+    not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower bound."""
+    width = QUANTIZED_BYTES_PER_WEIGHT.get(quantization or "", 0.0)
+    quantized = {id(m.weight) for m in model.modules() if isinstance(m, Linear)} if quantization else set()
     total = 0
     seen: set[int] = set()
     for t in [*model.parameters(), *model.buffers()]:
@@ -149,7 +149,7 @@ def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None)
             continue
         seen.add(id(t))
         if id(t) in quantized and t.dim() == 2:
-            total += int(t.numel() * QUANTIZED_BYTES_PER_WEIGHT[quantization or ""]) + t.shape[0] * SCALE_BYTES_PER_ROW
+            total += int(t.numel() * width) + (t.shape[0] * SCALE_BYTES_PER_ROW if width else 0)
         else:
             total += t.numel() * t.element_size()
     return total

@@ -150,3 +150,24 @@ def test_memory_limit_is_the_smaller_of_available_and_cgroup(tmp_path: Path, mon
     assert process_memory_limit().bytes == (8000000 + 500000) * 1024
     with pytest.raises(ValueError):
         MemoryLimit(0, "nothing")
+
+
+@pytest.mark.parametrize(("dtype", "quant"), [(torch.float32, None), (torch.bfloat16, None), (torch.float32, "int8")])
+def test_the_lower_bound_before_loading_is_below_what_loading_holds(
+    tiny_bamba: Path, dtype: torch.dtype, quant: str | None
+) -> None:
+    from recap.backends import prepare
+    from recap.model.footprint import held_weight_bytes, serving_weight_bytes_lower_bound
+    from recap.model.loader import build_model, load_model
+
+    config = translate_config(read_hf_config(tiny_bamba))
+    bound = serving_weight_bytes_lower_bound(build_model(config, dtype, "meta"), quant)
+    loaded = load_model(tiny_bamba, dtype=dtype, quantization=quant)
+    plain = held_weight_bytes(loaded.model).parameters  # before any backend made copies: the parameters alone
+    prepare(loaded)
+    held = held_weight_bytes(loaded.model)
+    assert bound <= held.total
+    if quant is None:
+        assert bound == plain == held.parameters  # one copy at the serving dtype, exactly
+    else:  # the int8 matrices and their scales, beside the parameters the model still keeps
+        assert bound < plain and held.linear_copies > plain - bound
