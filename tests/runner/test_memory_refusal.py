@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from recap import cli
 from recap.config import CacheConfig, SchedulerConfig
 from recap.engine.errors import MemoryPlanError
 from recap.engine.llm import LLM
+from recap.model.families import TINY_ARCHS
 from recap.model.hf_config import read_hf_config, translate_config
 from recap.runner import host_memory
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
@@ -171,3 +173,19 @@ def test_the_lower_bound_before_loading_is_below_what_loading_holds(
         assert bound == plain == held.parameters  # one copy at the serving dtype, exactly
     else:  # the int8 matrices and their scales, beside the parameters the model still keeps
         assert bound < plain and held.linear_copies > plain - bound
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_every_family_builds_on_meta_and_its_bound_is_its_parameters(
+    tiny_checkpoint: Callable[[str], Path], arch: str
+) -> None:
+    """The pre-load check builds each family on the meta device: it must build, and in the checkpoint's own
+    dtype its bound is exactly what loading holds (the strict loader's parameters and buffers)."""
+    from recap.model.footprint import held_weight_bytes, serving_weight_bytes_lower_bound
+    from recap.model.loader import build_model, load_model
+
+    folder = tiny_checkpoint(arch)
+    bound = serving_weight_bytes_lower_bound(build_model(translate_config(read_hf_config(folder)), torch.float32,
+                                                         "meta"), None)  # fmt: skip
+    loaded = load_model(folder, native_decode=False, linear_backend="torch")
+    assert bound == held_weight_bytes(loaded.model).total
