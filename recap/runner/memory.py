@@ -70,7 +70,8 @@ class MemoryPlan:
         state = "no state pool (no recurrent layers)" if not p.num_state_slots else (
             f"state pool {_mib(p.state_bytes)} in {p.num_state_slots} slots of "
             f"{_mib(p.state_bytes // p.num_state_slots)}")
-        packed = f" + {_mib(self.packed_bytes)} packed for the native kernels" if self.packed_bytes else ""
+        packed = (f" + {_mib(self.packed_bytes)} in the linear layers' own copies (packed, quantized, native)"
+                  if self.packed_bytes else "")
         fmt = f" in {self.weight_format}" if self.weight_format else ""
         text = f"weights {_mib(self.weight_bytes)}{fmt}{packed}; {kv}; {state}"
         if self.overhead_bytes:
