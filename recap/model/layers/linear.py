@@ -10,7 +10,9 @@ Both paths compute the same product; they agree to fp32 rounding, not bitwise.
 A bf16 weight is packed the same way (oneDNN's bf16 kernels): at 1 and 8 rows it reads half the bytes and
 ran ~2x faster than fp32 (AVX-512 EPYC, 768 -> 32000: 4.2 vs 10.3 ms at 1 row); plain F.linear in bf16
 was no faster than fp32.
-The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8, fbgemm's dynamic linear).
+The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8): where the native kernels
+build, kept only in the native int8 kernel's tiles, which take every row count (Int8Linear); elsewhere fbgemm's
+dynamic linear on its packed copy.
 A Linear holds one implementation object (`impl`: DenseLinear for "torch" and "onednn", Int8Linear for "int8"),
 which also routes few-row inputs to the native kernels when they are on; a backend reaches its packed copies
 and native calls only through LinearImpl's public methods.
@@ -26,20 +28,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels, panels_graph_call
+from recap.kernels.linear_rows import (
+    RowKernel,
+    linear_panels_f32,
+    linear_rows_available,
+    pack_panels,
+    panels_graph_call,
+)
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
-from recap.model.quant import Int8Weight, int8_linear, quantize_int8
+from recap.model.quant import Int8Tiles, Int8Weight, int8_linear, quantize_int8, quantize_int8_tiles
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
 # Inputs of 2..PANEL_ROWS rows take the native panel kernel when it is on: from memory it led oneDNN up to 32
 # rows (16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93) and tied it at 48-64 (docs/performance.md).
 PANEL_ROWS = 32
-# Inputs of 2..INT8_ROWS rows with int8 weights take the native int8 kernel when it is on: faster than fbgemm
-# there (1.2-1.8x over a decode step's shapes at 1-2 threads, weights from memory), bit-equal to
-# quant.int8_linear_ref, so a row's result does not depend on the rows beside it, and the decode graph
-# replays the same calls. At 16 rows fbgemm led (0.84-0.88x).
-INT8_ROWS = 8
 
 
 def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -155,41 +158,58 @@ class DenseLinear(LinearImpl):
 
 
 class Int8Linear(LinearImpl):
-    """Per-channel int8 weights (model/quant.py, fbgemm's dynamic linear); with the native kernels on, inputs of
-    1..INT8_ROWS fp32 rows take the native int8 kernel over the weight in its tiles."""
+    """Per-channel int8 weights (model/quant.py).
+
+    Where the native kernels build, the weight is kept once, in the native int8 kernel's tiles with its row
+    sums and scales (`quant.Int8Tiles`), and every row count runs that kernel (kernels/linear_rows.py): 1 row
+    streams the tiles, more rows run its GEMM over them, at or above fbgemm's rate (docs/performance.md), bit
+    for bit `quant.int8_linear_ref` at any batch. No fbgemm copy and no int8 matrix beside the tiles: an int8
+    layer holds its weight's int8 size once. `set_native` then only rebinds the kernel to the tiles (it is the
+    layer's one implementation, on or off). Where they do not build, fbgemm's dynamic linear over its packed
+    copy (`quant.int8_linear`). The constructor quantizes `weight`; nothing reads it afterwards (a loader may
+    free the fp32 weight once the layers are quantized).
+    """
 
     name = "int8"
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
         super().__init__(weight, bias)
-        self.quantized: Int8Weight = quantize_int8(weight, bias)  # QuantizationUnavailableError without fbgemm
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        # native: the tiles only; else fbgemm's (QuantizationUnavailableError without fbgemm)
+        self.tiles: Int8Tiles | None = quantize_int8_tiles(weight, bias) if linear_rows_available() else None
+        self.quantized: Int8Weight | None = None if self.tiles is not None else quantize_int8(weight, bias)
         self._rows: RowKernel | None = None  # the native kernel bound to the tiles
-        self._tiles: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
+        self._bind()
+
+    def _bind(self) -> None:
+        t = self.tiles
+        self._rows = None if t is None else RowKernel(None, t.bias, (t.tiles, t.row_sums, t.scales, t.reduce_range))
 
     def set_native(self, on: bool) -> None:
         self.native = on
-        if on and self._tiles is None:
-            self._tiles = pack_int8(self.quantized.qweight)
-        w = self.quantized
-        self._rows = RowKernel(None, w.bias, (self._tiles, w.row_sums, w.scales, w.reduce_range)) if on else None  # type: ignore[arg-type]
+        self._bind()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._rows
-        if (rows is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
-                and x.shape[0] <= INT8_ROWS):  # fmt: skip
-            return rows(x)  # the native kernel (batch-1 and batched decode)
-        y = int8_linear(x, self.quantized)
+        if rows is None:
+            y = int8_linear(x, self.quantized)  # type: ignore[arg-type]
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{x.shape[-1]} input features for an int8 weight of {self.in_features}")
+        y = rows(x.reshape(-1, self.in_features).float().contiguous())
+        y = y.view(*x.shape[:-1], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [] if self._tiles is None else [self._tiles]
+        return [] if self.tiles is None else [self.tiles.tiles]
 
     def _replace(self, tensors: list[torch.Tensor]) -> None:
         if tensors:
-            (self._tiles,) = tensors
+            assert self.tiles is not None
+            (self.tiles.tiles,) = tensors
 
     def graph_call(self, x: torch.Tensor, y: torch.Tensor, rows: int, threads: ctypes.c_int) -> NativeCall | None:
-        if self._rows is None or rows > INT8_ROWS:
+        if self._rows is None:
             return None
         return self._rows.graph_call(_addr(x), _addr(y), x.shape[1], threads, rows)
 
@@ -226,10 +246,11 @@ class Linear(nn.Module):
         self.impl.set_native(native)  # the native kernel follows the new weight format
 
     def set_native(self, on: bool) -> None:
-        """Send one-row fp32 inputs (batch-1 decode) with fp32 or int8 weights to the native kernels of
-        kernels/linear_rows.py, inputs of 2..INT8_ROWS rows with int8 weights to its int8 kernel, and inputs of
-        2..PANEL_ROWS rows with fp32 weights to its panel kernel; the caller checks `linear_rows_available()`
-        first. Other inputs, and bf16 weights, keep the backend. Call again when the weight moves."""
+        """Send one-row fp32 inputs (batch-1 decode) with fp32 weights to the native kernels of
+        kernels/linear_rows.py and inputs of 2..PANEL_ROWS rows with fp32 weights to its panel kernel; the
+        caller checks `linear_rows_available()` first. Other inputs, and bf16 weights, keep the backend. Int8
+        weights take the native int8 kernel at every row count whether on or off (where it builds: their one
+        copy is its tiles). Call again when the weight moves."""
         self.impl.set_native(on)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
