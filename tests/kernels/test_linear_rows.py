@@ -121,6 +121,7 @@ def test_int8_rows_are_batch_invariant(out_f: int, in_f: int) -> None:
         torch.set_num_threads(2)
         assert torch.equal(_int8(x, q), whole)
         assert torch.equal(_int8(x[5:6], q), whole[5:6])
+        assert _int8(x[:0], q).shape == (0, out_f)  # no rows: nothing to compute
     finally:
         torch.set_num_threads(before)
 
