@@ -8,10 +8,10 @@ well below the memory's rate, and at 8 rows oneDNN reads it at about half that r
 - 2-64 rows, fp32 (`linear_panels_f32`): the weight as 32-column panels (`pack_panels`), an 8-row x 32-column
   outer product per k, every group of 8 rows run over a panel while it sits in L2.
 - int8 (`linear_rows_int8`, any number of rows): the weight in `pack_int8`'s tiles of 8 rows, the one copy an
-  int8 layer keeps (with its row sums and scales). 1-8 rows stream the tiles once (decode); more rows run a
-  GEMM over the same tiles (prefill: a block of quantized rows in L2, a tile's k-block in L1, 3 rows x 8
-  outputs per weight load), at or ahead of fbgemm's rate on its own packed copy (docs/performance.md), so
-  neither fbgemm's copy nor the int8 matrix itself need be kept beside the tiles.
+  int8 layer keeps (with its row sums and scales). One row streams the tiles (decode); two rows and more run
+  a GEMM over the same tiles (batched decode and prefill: a block of quantized rows in L2, a tile's k-block
+  in L1, 3 rows x 8 outputs per weight load), at or ahead of fbgemm's rate on its own packed copy
+  (docs/performance.md), so neither fbgemm's copy nor the int8 matrix itself need be kept beside the tiles.
 `linear_rows_f32` and `linear_panels_f32` agree with F.linear to fp32 rounding (other summation orders);
 `linear_rows_int8` computes exactly the integer product of `quant.int8_linear_ref` and the same
 dequantization, so it equals that reference bit for bit at every row count (and a row's result does not
