@@ -2,14 +2,16 @@
 row count) against fbgemm's dynamic int8 linear on its own packed copy (`quant.int8_linear`) and oneDNN fp32 on
 a packed weight (`mkldnn._linear_pointwise`).
 
-    .venv/bin/python benchmarks/bench_int8_gemm.py [--threads 1 2] [--reps 5] [--quick]
+    .venv/bin/python benchmarks/bench_int8_gemm.py [--threads 1 2] [--reps 5] [--quick] [--clock auto]
         [--json bench_out/int8_gemm.json]
 
-Wall clock, medians of --reps calls per variant, the three variants alternating within every round (one
-process: the machine's load moves them together), torch's and the native kernel's threads both set to each
---threads count. GOP/s counts 2 * rows * in * out. The weights are not cycled: at 1 and 8 rows an int8 weight
-of 2048x2048 (4 MiB) is read from L3 here, the larger ones from memory. --quick: two shapes, rows 1, 64 and
-512, 3 reps.
+Medians of --reps calls per variant, the three variants alternating within every round (one process: the
+machine's load moves them together), torch's and the native kernel's threads both set to each --threads count.
+Clock: `auto` takes the calling thread's CPU time at 1 thread (on a shared machine a call descheduled for a
+4 ms time slice otherwise reads 4 ms longer, which swamped 1-10 ms calls at a load of 5-10) and wall time at
+more threads (the workers' time is not the caller's); `wall` or `cpu` everywhere. GOP/s counts
+2 * rows * in * out. The weights are not cycled: at 1 and 8 rows an int8 weight of 2048x2048 (4 MiB) is read
+from L3 here, the larger ones from memory. --quick: two shapes, rows 1, 64 and 512, 3 reps.
 """
 
 from __future__ import annotations
@@ -48,30 +50,38 @@ def _variants(in_f: int, out_f: int) -> dict[str, Callable[[torch.Tensor], torch
     }
 
 
-def _cell(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, reps: int) -> dict[str, float]:
+def _cell(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, reps: int,
+          clock: Callable[[], float]) -> dict[str, float]:  # fmt: skip
     """Median ms of each variant on x, the variants alternating within every rep."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
         fn(x)  # warm: first-call allocations, oneDNN's primitive cache
     for _ in range(reps):
         for name, fn in fns.items():
-            t = time.perf_counter()
+            t = clock()
             fn(x)
-            times[name].append(time.perf_counter() - t)
+            times[name].append(clock() - t)
     return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 
-def run(threads: list[int], shapes: tuple, rows: tuple, reps: int) -> list[dict[str, Any]]:
+def _clock(name: str, threads: int) -> tuple[str, Callable[[], float]]:
+    name = ("cpu" if threads == 1 else "wall") if name == "auto" else name
+    return name, time.thread_time if name == "cpu" else time.perf_counter
+
+
+def run(threads: list[int], shapes: tuple, rows: tuple, reps: int, clock: str) -> list[dict[str, Any]]:
     out = []
     for in_f, out_f in shapes:
         fns = _variants(in_f, out_f)
         for th in threads:
             torch.set_num_threads(th)  # the native kernel takes torch.get_num_threads() threads too
+            clock_name, clock_fn = _clock(clock, th)
             for n in rows:
                 x = torch.randn(n, in_f)
-                ms = _cell(fns, x, reps)
-                row = {"in": in_f, "out": out_f, "threads": th, "rows": n, "ms": ms, "load": os.getloadavg()[0],
-                       "gops": {k: 2 * n * in_f * out_f / (v * 1e6) for k, v in ms.items()}}  # fmt: skip
+                ms = _cell(fns, x, reps, clock_fn)
+                gops = {k: 2 * n * in_f * out_f / (v * 1e6) for k, v in ms.items()}
+                row = {"in": in_f, "out": out_f, "threads": th, "rows": n, "ms": ms, "gops": gops,
+                       "load": os.getloadavg()[0], "clock": clock_name}  # fmt: skip
                 out.append(row)
                 _print_row(row)
         del fns
@@ -82,7 +92,7 @@ def _print_row(r: dict[str, Any]) -> None:
     ms, gops = r["ms"], r["gops"]
     nat = ms["native int8"]
     cells = " | ".join(f"{ms[v]:.3f} ({gops[v]:.0f})" for v in VARIANTS)
-    print(f"| {r['in']}->{r['out']} | {r['threads']} | {r['rows']} | {cells} | "
+    print(f"| {r['in']}->{r['out']} | {r['threads']} ({r['clock']}) | {r['rows']} | {cells} | "
           f"{ms['fbgemm int8'] / nat:.2f}x | {ms['oneDNN fp32'] / nat:.2f}x | {r['load']:.1f} |", flush=True)
 
 
@@ -91,6 +101,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="two shapes, rows 1 / 64 / 512, 3 reps")
+    ap.add_argument("--clock", choices=("auto", "wall", "cpu"), default="auto")
     ap.add_argument("--json", type=Path, default=Path("bench_out/int8_gemm.json"))
     args = ap.parse_args()
     if not linear_rows_available():
@@ -100,7 +111,7 @@ def main() -> None:
     print("| in->out | thr | rows | " + " | ".join(f"{v} ms (GOP/s)" for v in VARIANTS)
           + " | native vs fbgemm | native vs oneDNN | load |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    results = run(args.threads, shapes, rows, reps)
+    results = run(args.threads, shapes, rows, reps, args.clock)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"reps": reps, "rows": results}, indent=1))
     print(f"wrote {args.json}")

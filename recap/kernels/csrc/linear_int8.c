@@ -344,22 +344,22 @@ int recap_linear_i8(const float *x, int64_t n, const int8_t *wp, const int32_t *
         return -1;
     }
 #if defined(I8_AVX512)
-    const int few = n < GEMM_MIN_ROWS;
+    const int row_path = n < GEMM_MIN_ROWS; /* i8_row_tiles */
 #else
-    const int few = 0;
+    const int row_path = 0;
 #endif
-    if (few) /* one row: quantizing it costs less than waking the threads for it */
+    if (row_path) /* one row: quantizing it costs less than waking the threads for it */
         for (int64_t r = 0; r < n; r++) quantize_row(x + r * k, k, kp, qscale, zp, qmax, xq + r * kp, a + r);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        if (!few) {
+        if (!row_path) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < n; r++) quantize_row(x + r * k, k, kp, qscale, zp, qmax, xq + r * kp, a + r);
         }
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t t0 = tiles * id / nt, t1 = tiles * (id + 1) / nt;
 #if defined(I8_AVX512)
-        if (few)
+        if (row_path)
             i8_row_tiles(wp, t0, t1, kp, xq, a[0], wsum, wscale, out, b, y, (double)qscale, zp);
         else
             i8_gemm(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
