@@ -234,8 +234,8 @@ class Linear(nn.Module):
 
     def set_backend(self, backend: str) -> None:
         """ "torch" (reference), "onednn" or "int8": the last two pack a copy of the weight (call again after
-        reloading weights). "int8" raises QuantizationUnavailableError on a torch without fbgemm. The native
-        kernels stay on or off."""
+        reloading weights). "int8" raises QuantizationUnavailableError where neither the native kernels build
+        nor torch has fbgemm. The native kernels stay on or off."""
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
         native = self.impl.native
