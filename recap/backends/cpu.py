@@ -1,10 +1,11 @@
 """The CPU backend: recap's decode fast path on top of the torch backend.
 
 - Linear layers hold one copy of each weight (layers/linear.py): fp32 weights in the native panels, which
-  every row count takes (kernels/linear_rows.py); bf16 in oneDNN's packed copy; int8 weights take the native
-  int8 kernel at 1-8 rows and fbgemm beyond. Each layer is laid out and its parameter freed before the next
-  (peak: the model plus one layer). RMS norms, attention's decode rows and Mamba2's plain decode steps take
-  their native kernels (kernels/rms_norm.py, paged_decode.py, mamba2_step.py).
+  every row count takes (kernels/linear_rows.py); bf16 in oneDNN's packed copy; int8 weights in the native
+  int8 kernel's tiles, which every row count takes (fbgemm only where the kernels do not build). Each layer is
+  laid out and its parameter freed before the next (peak: the model plus one layer). RMS norms, attention's
+  decode rows and Mamba2's plain decode steps take their native kernels (kernels/rms_norm.py, paged_decode.py,
+  mamba2_step.py).
 - The weights, the native kernels' packed copies and the KV/state pools move to transparent huge pages
   (huge_pages.py): a decode step streams them all. The memory each move or re-layout frees goes back to the
   OS as it goes (model/heap.py), so that none of it stays resident in glibc's heap.

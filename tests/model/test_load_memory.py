@@ -23,8 +23,7 @@ CHILD = """
 import json, sys, torch
 torch.set_num_threads(1)
 from recap.backends import prepare
-from recap.backends.base import model_parts
-from recap.model.layers.linear import Linear
+from recap.model.footprint import held_weight_bytes
 from recap.model.loader import load_model
 
 def status():
@@ -37,8 +36,7 @@ lm = load_model(sys.argv[1], getattr(torch, sys.argv[2]), quantization=None if s
 prepare(lm)
 peak, rss = status()
 model = lm.model
-held = sum(t.nbytes for t in [*model.parameters(), *model.buffers()])
-held += sum(m.impl.nbytes() for m in model_parts(model) if isinstance(m, Linear))
+held = held_weight_bytes(model).total
 print(json.dumps({"base_peak": base_peak, "base_rss": base_rss, "peak": peak, "rss": rss, "held": held}))
 """
 

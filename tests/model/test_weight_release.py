@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.backends.base import model_parts
 from recap.kernels.linear_rows import linear_rows_available
+from recap.model.footprint import held_weight_bytes
 from recap.model.layers.linear import DenseLinear, Int8Linear, Linear, WeightReleasedError, onednn_available
 from recap.model.loader import WeightLoadError, load_model
 from recap.model.quant import int8_available
@@ -66,7 +67,7 @@ def test_a_dense_layout_is_the_only_copy_and_gives_the_weight_back_exactly(dtype
         assert not layer.released and torch.equal(layer.weight, w) and layer.backend == "torch"
     layer.set_backend("onednn", native=False)
     layer.set_backend("torch", native=False)
-    assert layer.impl.nbytes() == 0 and not layer.released  # the reference keeps only its parameter
+    assert held_weight_bytes(layer).linear_copies == 0 and not layer.released  # the reference: its parameter only
 
 
 @needs_onednn
@@ -76,7 +77,7 @@ def test_a_weight_its_owner_reads_is_never_released_nor_copied() -> None:
         layer.weight.normal_()
     for backend in ("onednn", *(("int8",) if int8_available() else ())):
         layer.set_backend(backend, native=linear_rows_available())
-        assert not layer.released and layer.backend == "torch" and layer.impl.nbytes() == 0
+        assert not layer.released and layer.backend == "torch" and held_weight_bytes(layer).linear_copies == 0
 
 
 # Odd shapes (out not a multiple of the 32-column panels), rows across one-row, decode and prefill sizes.

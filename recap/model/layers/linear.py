@@ -34,7 +34,9 @@ EPYC, medians of 5 alternating runs, ms; weights cycled from memory; docs/perfor
 oneDNN's packing for PACK_ROWS-row inputs (`mkldnn._reorder_linear_weight`) was measured on a 2-core Zen 3 against
 the generic `to_mkldnn()`: 8 rows 0.82 vs 1.17 ms (768 -> 3352), 2048 rows ~10% faster, 1 row within noise.
 The paths compute the same product; they agree to fp32 rounding, not bitwise.
-The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8, fbgemm's dynamic linear).
+The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8): where the native kernels
+build, kept only in the native int8 kernel's tiles, which take every row count (Int8Linear); elsewhere fbgemm's
+dynamic linear on its packed copy.
 """
 
 from __future__ import annotations
@@ -50,24 +52,19 @@ from torch import nn
 from recap.kernels.linear_rows import (
     RowKernel,
     linear_panels_f32,
-    pack_int8,
+    linear_rows_available,
     pack_panels,
     panels_graph_call,
     unpack_panels,
 )
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
-from recap.model.quant import Int8Weight, int8_linear, quantize_int8
+from recap.model.quant import Int8Tiles, Int8Weight, int8_linear, quantize_int8, quantize_int8_tiles
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
 # The reference ("torch") with the native kernels on: inputs of 1..PANEL_ROWS fp32 rows take the panel kernel
 # (from memory it led oneDNN up to 32 rows: 16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93).
 PANEL_ROWS = 32
-# Inputs of 2..INT8_ROWS rows with int8 weights take the native int8 kernel when it is on: faster than fbgemm
-# there (1.2-1.8x over a decode step's shapes at 1-2 threads, weights from memory), bit-equal to
-# quant.int8_linear_ref, so a row's result does not depend on the rows beside it, and the decode graph
-# replays the same calls. At 16 rows fbgemm led (0.84-0.88x).
-INT8_ROWS = 8
 
 
 def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -117,10 +114,6 @@ class LinearImpl(ABC):
         if self.weight is None:
             raise WeightReleasedError(f"the {self.name} layer's full-precision weight was released")
         return self.weight.detach()
-
-    def nbytes(self) -> int:
-        """Bytes of the copies of the weight this implementation made (not the parameters)."""
-        return sum(t.nbytes for t in self.tensors())
 
     @abstractmethod
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -210,10 +203,6 @@ class DenseLinear(LinearImpl):
     def tensors(self) -> list[torch.Tensor]:
         return [] if self._panels is None else [self._panels]
 
-    def nbytes(self) -> int:
-        packed = 0 if self._packed is None else self._packed.numel() * self._packed.element_size()
-        return super().nbytes() + packed
-
     def _replace(self, tensors: list[torch.Tensor]) -> None:
         if tensors:
             (self._panels,) = tensors
@@ -225,48 +214,59 @@ class DenseLinear(LinearImpl):
 
 
 class Int8Linear(LinearImpl):
-    """Per-channel int8 weights (model/quant.py, fbgemm's dynamic linear); with the native kernels on, inputs of
-    1..INT8_ROWS fp32 rows take the native int8 kernel over the weight in its tiles."""
+    """Per-channel int8 weights (model/quant.py).
+
+    Where the native kernels build, the weight is kept once, in the native int8 kernel's tiles with its row
+    sums and scales (`quant.Int8Tiles`), and every row count runs that kernel (kernels/linear_rows.py): 1 row
+    streams the tiles, more rows run its GEMM over them, at or above fbgemm's rate (docs/performance.md), bit
+    for bit `quant.int8_linear_ref` at any batch. No fbgemm copy and no int8 matrix beside the tiles: an int8
+    layer holds its weight's int8 size once. `set_native` then only rebinds the kernel to the tiles (it is the
+    layer's one implementation, on or off). Where they do not build, fbgemm's dynamic linear over its packed
+    copy (`quant.int8_linear`). The constructor quantizes `weight`; nothing reads it afterwards (a loader may
+    free the fp32 weight once the layers are quantized).
+    """
 
     name = "int8"
     owns_weight = True  # the Linear frees the fp32 weight once quantized
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
         super().__init__(weight, bias)
-        self.quantized: Int8Weight = quantize_int8(weight, bias)  # QuantizationUnavailableError without fbgemm
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        # native: the tiles only; else fbgemm's (QuantizationUnavailableError without fbgemm)
+        self.tiles: Int8Tiles | None = quantize_int8_tiles(weight, bias) if linear_rows_available() else None
+        self.quantized: Int8Weight | None = None if self.tiles is not None else quantize_int8(weight, bias)
         self._rows: RowKernel | None = None  # the native kernel bound to the tiles
-        self._tiles: torch.Tensor | None = None  # the int8 weight in the native kernel's tiles
+        self._bind()
+
+    def _bind(self) -> None:
+        t = self.tiles
+        self._rows = None if t is None else RowKernel(None, t.bias, (t.tiles, t.row_sums, t.scales, t.reduce_range))
 
     def set_native(self, on: bool) -> None:
         self.native = on
-        if on and self._tiles is None:
-            self._tiles = pack_int8(self.quantized.qweight)
-        w = self.quantized
-        self._rows = RowKernel(None, w.bias, (self._tiles, w.row_sums, w.scales, w.reduce_range)) if on else None  # type: ignore[arg-type]
+        self._bind()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._rows
-        if (rows is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
-                and x.shape[0] <= INT8_ROWS):  # fmt: skip
-            return rows(x)  # the native kernel (batch-1 and batched decode)
-        y = int8_linear(x, self.quantized)
+        if rows is None:
+            y = int8_linear(x, self.quantized)  # type: ignore[arg-type]
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{x.shape[-1]} input features for an int8 weight of {self.in_features}")
+        y = rows(x.reshape(-1, self.in_features).float().contiguous())
+        y = y.view(*x.shape[:-1], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [] if self._tiles is None else [self._tiles]
-
-    def nbytes(self) -> int:
-        q = self.quantized
-        held = [q.qweight, q.scales, q.row_sums, *([] if q.bias is None else [q.bias])]
-        fbgemm = q.qweight.shape[0] * (q.qweight.shape[1] + 2)  # its opaque packed copy: the int8 weight + 2 pins
-        return super().nbytes() + sum(t.nbytes for t in held) + fbgemm
+        return [] if self.tiles is None else [self.tiles.tiles]
 
     def _replace(self, tensors: list[torch.Tensor]) -> None:
         if tensors:
-            (self._tiles,) = tensors
+            assert self.tiles is not None
+            (self.tiles.tiles,) = tensors
 
     def graph_call(self, x: torch.Tensor, y: torch.Tensor, rows: int, threads: ctypes.c_int) -> NativeCall | None:
-        if self._rows is None or rows > INT8_ROWS:
+        if self._rows is None:
             return None
         return self._rows.graph_call(_addr(x), _addr(y), x.shape[1], threads, rows)
 
@@ -307,7 +307,7 @@ class Linear(nn.Module):
         already on `backend` keeps its implementation (an int8 layer is not quantized again); "onednn" and "int8"
         lay the weight out anew and release the parameter (release_weight). A released weight comes back from a
         dense layout for another dense backend; from int8 it cannot: WeightReleasedError. "int8" raises
-        QuantizationUnavailableError on a torch without fbgemm."""
+        QuantizationUnavailableError where neither the native kernels build nor torch has fbgemm."""
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
         on = self.impl.native if native is None else native
@@ -347,9 +347,10 @@ class Linear(nn.Module):
 
     def set_native(self, on: bool) -> None:
         """Send fp32 inputs to the native kernels of kernels/linear_rows.py: with fp32 weights on "onednn", every
-        row count through the panels (the one layout); on "torch", 1..PANEL_ROWS rows; with int8 weights,
-        1..INT8_ROWS rows through the int8 kernel. The caller checks `linear_rows_available()` first. bf16 weights
-        keep the backend. Call again when the weight moves."""
+        row count through the panels (the one layout); on "torch", 1..PANEL_ROWS rows. Int8 weights take the
+        native int8 kernel at every row count whether on or off (where it builds: their one copy is its tiles).
+        The caller checks `linear_rows_available()` first. bf16 weights keep the backend. Call again when the
+        weight moves."""
         if self.reads_weight:  # its owner reads the parameter: no kernel, no copy
             self.impl.native = on
             return
