@@ -256,3 +256,9 @@ def test_metrics_snapshot_reports_acceptance(models: dict[str, Path]) -> None:
     assert snap.spec_num_drafts > 0 and snap.spec_num_accepted_tokens == snap.spec_num_draft_tokens
     assert snap.spec_accepted_per_position[0] == snap.spec_num_drafts
     assert snap.spec_mean_acceptance_length > 2.0
+
+
+def test_bad_speculative_config_is_a_value_error(models: dict[str, Path]) -> None:
+    for bad in ("{oops", {"method": "eagle"}, {"method": "ngram", "num_speculative_tokens": 0}):
+        with pytest.raises(ValueError, match="speculative"):
+            LLM(str(models["mamba2"]), speculative_config=bad)  # type: ignore[arg-type]
