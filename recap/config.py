@@ -102,8 +102,13 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    # recap's: after a verify step that accepts nothing, a request skips drafting for 1, 3, 7, ... decode steps
+    # (up to this many; 0: always draft). Acceptance history lowers the cost of a drafter that keeps missing.
+    max_draft_backoff: int = 16
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_draft_backoff, int) or self.max_draft_backoff < 0:
+            raise ValueError(f"speculative max_draft_backoff must be an integer >= 0, got {self.max_draft_backoff!r}")
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative method {self.method!r} is not supported; one of {SPECULATIVE_METHODS}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):

@@ -55,6 +55,8 @@ class Speculator:
         self.max_model_len = max_model_len
         self.drafter: Drafter = drafter if drafter is not None else make_drafter(config)
         self.counters = SpecCounters(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._misses: dict[str, int] = {}  # request -> verify steps in a row that accepted nothing
+        self._skip: dict[str, int] = {}  # request -> decode steps left without drafts (backoff)
 
     def max_drafts(self, request: Request, budget: int) -> int:
         """How many drafts the request's next decode step may carry (0: a plain decode)."""
@@ -71,6 +73,10 @@ class Speculator:
     def draft(self, request: Request, budget: int) -> list[int]:
         """Drafts for a request whose next step is a decode (its last token is its only uncomputed one)."""
         if not request.speculate:
+            return []
+        rid = request.request_id
+        if self._skip.get(rid, 0) > 0:
+            self._skip[rid] -= 1
             return []
         k = self.max_drafts(request, budget)
         if k <= 0:
@@ -89,6 +95,12 @@ class Speculator:
         c.num_accepted_tokens += a
         for j in range(a):
             c.accepted_per_position[j] += 1
+        rid = request.request_id
+        misses = self._misses[rid] = self._misses.get(rid, 0) + 1 if a == 0 else 0
+        if misses:  # 1, 3, 7, ... decode steps without drafts, at most max_draft_backoff
+            self._skip[rid] = min((1 << min(misses, 16)) - 1, self.config.max_draft_backoff)
 
     def forget(self, request_id: str) -> None:
         self.drafter.forget(request_id)
+        self._misses.pop(request_id, None)
+        self._skip.pop(request_id, None)

@@ -109,6 +109,30 @@ def test_drafts_never_reach_a_block_boundary_past_the_committed_tokens() -> None
     assert spec.max_drafts(r2, budget=64) == 2  # max_model_len 100
 
 
+class Always:
+    def propose(self, request: Request, max_tokens: int) -> list[int]:
+        return [0] * max_tokens
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+def test_backoff_after_verify_steps_that_accept_nothing() -> None:
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=2, max_draft_backoff=5), 16, 1000, Always())
+    r = Request("a", [1, 2, 3], max_tokens=500, speculate=True)
+    pattern = []
+    for _ in range(30):
+        drafts = spec.draft(r, budget=64)
+        pattern.append(len(drafts))
+        if drafts:
+            spec.accept(r, drafts, [7] if len(pattern) < 20 else [0, 7])  # misses, then one accepted draft
+    # misses skip 1, 3, then 5 (the cap) steps; an accepted draft resets the backoff
+    assert pattern == [2, 0, 2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2]
+    spec.forget("a")
+    assert spec.draft(r, budget=64) == [0, 0]
+    assert Speculator(SpeculativeConfig(max_draft_backoff=0), 16, 1000, Always()).draft(r, 64) == [0] * 4
+
+
 def test_ngram_drafter_matches_reference() -> None:
     rng = random.Random(0)
     for trial in range(200):
@@ -137,6 +161,7 @@ def test_ngram_drafter_prefers_the_longest_latest_match() -> None:
     ('{"method": "ngram", "num_speculative_tokens": 0}', ">= 1"), ('{"num_speculative_tokens": 2}', "needs a 'method'"),
     ('{"method": "ngram", "k": 2}', "unknown keys"),
     ('{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "exceeds"),
+    ('{"method": "ngram", "max_draft_backoff": -1}', "max_draft_backoff"),
 ])  # fmt: skip
 def test_speculative_config_errors(bad: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):

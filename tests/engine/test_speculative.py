@@ -21,7 +21,9 @@ from tests.engine.workloads import drain, rnd
 K = 3
 VOCAB = 512
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# Every decode step drafts (no backoff after misses), so every acceptance pattern runs as scripted.
+SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+        "max_draft_backoff": 0}
 # Mamba1, Mamba2, Gated DeltaNet (Qwen3.5) and a short-conv hybrid (LFM2); Bamba adds attention to Mamba2.
 ARCHS = ["mamba", "mamba2", "qwen3_5", "lfm2", "bamba"]
 
