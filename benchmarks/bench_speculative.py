@@ -8,8 +8,9 @@ Model: the embedded default model (random-weight Bamba-style hybrid: 14 layers, 
 drafter (its real acceptance on this model, about 0: what proposing costs) two test drafters bound it:
 - oracle: proposes the target's own greedy continuation (from the plain run): every draft accepted (the bound a
   perfect drafter reaches on the rewrite workload);
-- garbage: proposes tokens that are never the target's: nothing accepted, k drafts verified every step (the
-  worst-case overhead).
+- garbage: proposes tokens that are never the target's: nothing accepted. With the default backoff (a request that
+  keeps missing drafts less often) this is what a useless drafter costs; `garbage-every-step` turns the backoff off
+  (max_draft_backoff 0): k drafts verified at every step, the worst-case overhead of a verify step.
 Decode tokens/s counts the tokens generated after each request's first one over the time of the steps after the
 last prefill. Configurations alternate inside each round; medians over rounds.
 """
@@ -21,6 +22,7 @@ import json
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,7 +33,7 @@ from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.sampling_params import SamplingParams
 
-MODES = ("off", "ngram", "oracle", "garbage")
+MODES = ("off", "ngram", "oracle", "garbage", "garbage-every-step")
 
 
 class OracleDrafter:
@@ -107,7 +109,10 @@ def measure(args: argparse.Namespace) -> dict:
             for mode in MODES:
                 engine = base if mode == "off" else speculating
                 if mode != "off":
-                    engine.scheduler.speculator.drafter = drafters[mode]  # type: ignore[union-attr]
+                    speculator = engine.scheduler.speculator
+                    assert speculator is not None
+                    speculator.drafter = drafters[mode.removesuffix("-every-step")]
+                    speculator.config = replace(spec, max_draft_backoff=0) if mode.endswith("every-step") else spec
                 before = engine.scheduler.stats
                 seconds, generated, outs = run(engine, prompts, params)
                 assert outs == ref, f"{mode} at batch {batch}: output differs from the plain greedy run"
@@ -139,10 +144,12 @@ def main() -> None:
     if args.quick:
         args.doc_len, args.tokens, args.rounds = 128, 32, 2
     res = measure(args)
-    print(f"k={res['k']}  document {res['doc_len']} tokens, {res['tokens']} generated per request, 1 thread, fp32")
-    print(f"{'batch':>5} {'mode':>8} {'decode tok/s':>13} {'vs off':>7} {'mean accepted len':>18} {'verify steps':>13}")
+    print(f"k={res['k']}  document {res['doc_len']} tokens, {res['tokens']} generated per request, 1 thread, "
+          "fp32")
+    print(f"{'batch':>5} {'mode':>18} {'decode tok/s':>13} {'vs off':>7} {'mean accepted len':>18} "
+          f"{'verify steps':>13}")
     for r in res["rows"]:
-        print(f"{r['batch']:>5} {r['mode']:>8} {r['decode_tok_s']:>13.1f} {r['speedup']:>6.2f}x "
+        print(f"{r['batch']:>5} {r['mode']:>18} {r['decode_tok_s']:>13.1f} {r['speedup']:>6.2f}x "
               f"{r['mean_accepted_length']:>18.2f} {r['verify_steps']:>13}")  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -182,6 +182,12 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
     has_kv, has_state = sched.cache.kv is not None, sched.cache.state is not None
     assert out.num_batched_tokens <= sched.config.max_num_batched_tokens, "step over the token budget"
     assert len(out.scheduled) <= sched.config.max_num_seqs, "step over max_num_seqs"
+    spec = sched.speculator
+    drafting = [sr.num_draft_tokens for sr in out.scheduled if sr.num_draft_tokens]
+    assert spec is not None or not drafting, "drafts without a speculator"
+    if spec is not None:
+        assert len(drafting) <= spec.max_rows, "more drafting rows than the runner has scratch slots for"
+        assert all(k <= spec.config.num_speculative_tokens for k in drafting), "more drafts than num_speculative_tokens"
     for src, dst in out.state_copies:
         assert src != PAD_SLOT_ID and dst != PAD_SLOT_ID and src != dst, f"bad state copy {src}->{dst}"
     for sr in out.scheduled:

@@ -182,6 +182,8 @@ class Scheduler(RemoteScheduling):
         self._step += 1
         plan: list[Step] = []
         copies: list[tuple[int, int]] = []
+        if self.speculator is not None:
+            self.speculator.begin_step()
         budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens)
         if not preempted:  # memory is short: let the running requests drain first
             self._schedule_waiting(plan, copies, budget)

@@ -22,6 +22,14 @@ from recap.config import SpeculativeConfig
 from recap.core.drafter import Drafter, NgramDrafter
 from recap.core.request import Request
 
+# The most rows of one step that carry drafts: the runner keeps num_speculative_tokens scratch state slots for each
+# (runner/speculative.py), so this bounds their memory whatever max_num_seqs is.
+MAX_DRAFTING_ROWS = 16
+
+
+def drafting_rows(max_num_seqs: int) -> int:
+    return min(max_num_seqs, MAX_DRAFTING_ROWS)
+
 
 @dataclass
 class SpecCounters:
@@ -49,8 +57,10 @@ class Speculator:
     """The scheduler's speculation: drafts per decode step (capped), and acceptance bookkeeping."""
 
     def __init__(self, config: SpeculativeConfig, block_size: int, max_model_len: int,
-                 drafter: Drafter | None = None) -> None:  # fmt: skip
+                 drafter: Drafter | None = None, max_rows: int = MAX_DRAFTING_ROWS) -> None:  # fmt: skip
         self.config = config
+        self.max_rows = max_rows  # drafting rows per step (the runner's scratch slots)
+        self._rows = 0  # drafting rows in the step being scheduled
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.drafter: Drafter = drafter if drafter is not None else make_drafter(config)
@@ -72,7 +82,7 @@ class Speculator:
 
     def draft(self, request: Request, budget: int) -> list[int]:
         """Drafts for a request whose next step is a decode (its last token is its only uncomputed one)."""
-        if not request.speculate:
+        if not request.speculate or self._rows >= self.max_rows:
             return []
         rid = request.request_id
         if self._skip.get(rid, 0) > 0:
@@ -82,7 +92,11 @@ class Speculator:
         if k <= 0:
             return []
         drafts = [int(t) for t in self.drafter.propose(request, k)[:k]]
+        self._rows += bool(drafts)
         return drafts
+
+    def begin_step(self) -> None:
+        self._rows = 0
 
     def accept(self, request: Request, drafts: Sequence[int], emitted: Sequence[int]) -> None:
         """Check what the runner emitted for a verify step against its drafts; count it."""

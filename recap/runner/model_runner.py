@@ -9,6 +9,7 @@ import torch
 from recap.backends import Backend, backend_for
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.core.speculation import drafting_rows
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
@@ -71,9 +72,8 @@ class ModelRunner:
             device_budget=device_pool_budget(self.device, runner_config.gpu_memory_utilization),
         )
         # Scratch slots past the core's pool: never handed out by it, never registered (runner/speculative.py).
-        self.num_scratch_slots = (
-            runner_config.num_speculative_tokens * scheduler_config.max_num_seqs if self.state_bytes_per_slot else 0
-        )
+        spec_rows = drafting_rows(scheduler_config.max_num_seqs)
+        self.num_scratch_slots = runner_config.num_speculative_tokens * spec_rows if self.state_bytes_per_slot else 0
         self.caches = ModelCaches.allocate(
             self.config,
             num_kv_blocks=self.pools.num_kv_blocks,

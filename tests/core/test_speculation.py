@@ -36,11 +36,11 @@ class MixedDrafter:
         pass
 
 
-def _speculating(kind: str, policy: str, k: int, **kw: object) -> Harness:
+def _speculating(kind: str, policy: str, k: int, max_rows: int = 16, **kw: object) -> Harness:
     sched = make_scheduler(kind, policy, **kw)  # type: ignore[arg-type]
     h = Harness(sched)
     sched.speculator = Speculator(SpeculativeConfig(num_speculative_tokens=k), sched.cache.block_size,
-                                  sched.config.max_model_len)  # fmt: skip
+                                  sched.config.max_model_len, max_rows=max_rows)  # fmt: skip
     return h
 
 
@@ -67,7 +67,8 @@ def test_random_schedules_with_speculation(kind: str, policy: str) -> None:
     for seed, (k, p_good) in enumerate([(2, 0.0), (3, 0.6), (5, 0.85), (7, 1.0)]):
         rng = random.Random(seed)
         # A small KV pool and a small budget: preemption and chunked prefill happen alongside verify steps.
-        h = _speculating(kind, policy, k=k, block_size=8, num_kv_blocks=14, max_num_batched_tokens=12)
+        h = _speculating(kind, policy, k=k, max_rows=1 + seed, block_size=8, num_kv_blocks=14,
+                         max_num_batched_tokens=12)  # fmt: skip
         assert h.sched.speculator is not None
         h.sched.speculator.drafter = MixedDrafter(h.executor, rng, p_good=p_good)
         _workload(h, rng, 14, speculate=True)

@@ -158,6 +158,21 @@ def test_rolled_back_state_equals_plain_state(models: dict[str, Path], arch: str
     assert compared >= len(PATTERN) and spec.engine.scheduler.stats.spec_num_accepted_tokens > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mamba2", "qwen3_5", "lfm2"])
+def test_speculation_on_the_triton_kernels(models: dict[str, Path], arch: str) -> None:
+    """The GPU kernel set (here under Triton's interpreter) writes the per-position states from the same metadata."""
+    pytest.importorskip("triton")
+    path = models[arch]
+    prompts = _prompts()
+    want = reference(path, prompts)
+    ref = {tuple(p): w for p, w in zip(prompts, want)}
+    llm = with_drafter(make(path, spec=True, device="cpu", kernels="triton", max_num_batched_tokens=24),
+                       ScriptedDrafter(ref, _mixed))  # fmt: skip
+    assert tokens(llm.generate(prompts, GREEDY)) == want
+    assert llm.engine.scheduler.stats.spec_num_accepted_tokens > 0
+
+
 @pytest.mark.parametrize("arch", ["mamba2", "qwen3_5", "bamba"])
 def test_checkpoint_written_while_speculating_is_exact(models: dict[str, Path], arch: str) -> None:
     """A step accepting >= 2 drafts, then one accepting none, ...; the request's decode-end checkpoint is then hit
@@ -232,6 +247,23 @@ def test_stops_inside_accepted_drafts(models: dict[str, Path]) -> None:
     llm = with_drafter(make(path, spec=True), ScriptedDrafter({tuple(prompt): full}, ALL))
     assert tokens(llm.generate([prompt], params)) == want
     assert want[0][-1] == stop
+
+
+def test_stop_string_inside_accepted_drafts(models: dict[str, Path]) -> None:
+    """A stop string completed by an accepted draft ends the text and the tokens where the plain run ends them."""
+    path = models["mamba2"]
+    prompt = rnd(81, 26)
+    base = make(path, spec=False, caching=False)
+    (full,) = base.generate([prompt], GREEDY)
+    text = full.outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
+    (want,) = base.generate([prompt], params)
+    assert want.outputs[0].finish_reason == "stop" and len(want.outputs[0].token_ids) < 24
+    llm = with_drafter(make(path, spec=True), ScriptedDrafter({tuple(prompt): full.outputs[0].token_ids}, ALL))
+    (got,) = llm.generate([prompt], params)
+    assert (got.outputs[0].token_ids, got.outputs[0].text) == (want.outputs[0].token_ids, want.outputs[0].text)
+    assert got.outputs[0].finish_reason == "stop"
 
 
 def test_ineligible_requests_decode_plainly(models: dict[str, Path]) -> None:
