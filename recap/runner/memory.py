@@ -39,6 +39,8 @@ class MemoryPlan:
     packed_bytes: int  # the copies of linear weights the native kernels read (panels, int8 tiles)
     pools: PoolSizes
     block_size: int
+    # Speculative decoding's scratch state slots beside the pool (runner/speculative.py); 0 without speculation.
+    num_scratch_slots: int = 0
 
     def describe(self) -> str:
         p = self.pools
@@ -49,6 +51,9 @@ class MemoryPlan:
             f"state pool {_mib(p.state_bytes)} in {p.num_state_slots} slots of "
             f"{_mib(p.state_bytes // p.num_state_slots)}")
         packed = f" + {_mib(self.packed_bytes)} packed for the native kernels" if self.packed_bytes else ""
+        if self.num_scratch_slots and p.num_state_slots:
+            scratch = self.num_scratch_slots * (p.state_bytes // p.num_state_slots)
+            state += f" + {self.num_scratch_slots} scratch slots for speculation ({_mib(scratch)})"
         return f"weights {_mib(self.weight_bytes)}{packed}; {kv}; {state}"
 
 

@@ -97,7 +97,7 @@ class ModelRunner:
         """The bytes this runner holds: weights, the native kernels' packed copies, and the two pools."""
         weights = sum(t.nbytes for t in [*self.model.parameters(), *self.model.buffers()])
         packed = sum(t.nbytes for m in self.model.modules() if isinstance(m, Linear) for t in m.impl.tensors())
-        return MemoryPlan(weights, packed, self.pools, self.cache_config.block_size)
+        return MemoryPlan(weights, packed, self.pools, self.cache_config.block_size, self.num_scratch_slots)
 
     @property
     def layout(self) -> CacheLayout:

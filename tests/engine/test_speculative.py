@@ -297,3 +297,10 @@ def test_bad_speculative_config_is_a_value_error(models: dict[str, Path]) -> Non
     for bad in ("{oops", {"method": "eagle"}, {"method": "ngram", "num_speculative_tokens": 0}):
         with pytest.raises(ValueError, match="speculative"):
             LLM(str(models["mamba2"]), speculative_config=bad)  # type: ignore[arg-type]
+
+
+def test_memory_plan_names_the_scratch_slots(models: dict[str, Path]) -> None:
+    runner = make(models["mamba2"], spec=True, max_num_seqs=4).engine.runner
+    assert runner.num_scratch_slots == K * 4
+    assert runner.caches.num_state_slots == runner.pools.num_state_slots + K * 4
+    assert f"{K * 4} scratch slots for speculation" in runner.memory_plan().describe()
