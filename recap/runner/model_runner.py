@@ -33,8 +33,8 @@ class RunnerConfig:
     seed: int | None = 0
     kernels: KernelSet = field(default=TORCH_KERNELS)  # the ops the layers call (kernels/kernel_set.py)
     gpu_memory_utilization: float = 0.9  # on a GPU: the share of its memory the process may hold
-    # Speculative decoding: the most drafts per verify row; the state pool gets this many scratch slots per
-    # sequence for the states inside a verify row (runner/speculative.py). 0: no speculation.
+    # Speculative decoding: the most drafts per verify row; this many scratch state slots per drafting row of a
+    # step (core/speculation.drafting_rows) hold the states inside verify rows (runner/speculative.py). 0: none.
     num_speculative_tokens: int = 0
 
 
