@@ -33,9 +33,21 @@ class _Index:
         self.upto = 0  # n-grams ending at or before this end are indexed
 
 
+def continuation(tokens: list[int], end: int, max_tokens: int) -> list[int]:
+    """The tokens after position `end`, copied as LZ77 copies: where they run into the end of `tokens` the copy goes
+    on from its own start, so a match close to the end proposes its repeating pattern (a run of one token
+    proposes max_tokens of it, not 1)."""
+    out: list[int] = []
+    n = len(tokens)
+    for j in range(end, end + max_tokens):
+        out.append(tokens[j] if j < n else out[j - n])
+    return out
+
+
 class NgramDrafter:
     """Prompt lookup (vLLM's `ngram` method): find the longest n-gram (n from max down to min) that ends the
-    request's tokens and occurred before; propose the tokens that followed its latest earlier occurrence.
+    request's tokens and occurred before; propose the tokens that followed its latest earlier occurrence
+    (`continuation`).
 
     The index grows incrementally from the request's committed tokens: O(max_n - min_n + 1) dict updates per
     new token, one lookup per n per step.
@@ -59,7 +71,7 @@ class NgramDrafter:
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
             end = index.ends.get(tuple(tokens[-n:]))
             if end is not None:
-                return tokens[end : end + max_tokens]
+                return continuation(tokens, end, max_tokens)
         return []
 
     def _extend(self, index: _Index, upto: int) -> None:
@@ -79,5 +91,7 @@ def ngram_propose_ref(tokens: list[int], min_n: int, max_n: int, max_tokens: int
         suffix = tokens[-n:]
         for end in range(len(tokens) - 1, n - 1, -1):
             if tokens[end - n : end] == suffix:
-                return tokens[end : end + max_tokens]
+                period = tokens[end:]  # what followed the match; repeated where it runs out (periodic extension)
+                return (period * (max_tokens // len(period) + 1))[:max_tokens]
     return []
+

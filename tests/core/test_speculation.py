@@ -155,6 +155,9 @@ def test_ngram_drafter_prefers_the_longest_latest_match() -> None:
     r = Request("x", [1, 2, 3, 9, 2, 3, 7, 1, 2, 3], max_tokens=10)
     assert drafter.propose(r, 2) == [9, 2]  # "1 2 3" occurred at 0..2 (the longest n); "2 3" later is shorter
     assert NgramDrafter(1, 2).propose(Request("y", r.prompt_token_ids, max_tokens=10), 3) == [7, 1, 2]
+    # A match near the end continues its own pattern: a run proposes more of the run, a cycle more of the cycle.
+    assert NgramDrafter(1, 3).propose(Request("z", [5, 8, 8, 8], max_tokens=10), 4) == [8, 8, 8, 8]
+    assert NgramDrafter(2, 2).propose(Request("w", [4, 1, 2, 1, 2], max_tokens=10), 5) == [1, 2, 1, 2, 1]
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -36,7 +36,9 @@ OVERRIDES: dict[str, dict[str, object]] = {"mamba": {"initializer_range": 0.3}}
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("spec")
-    return {a: tiny_model_dir(root, a, **OVERRIDES.get(a, {})) for a in ARCHS}
+    paths = {a: tiny_model_dir(root, a, **OVERRIDES.get(a, {})) for a in ARCHS}
+    paths["repeats"] = tiny_model_dir(root / "repeats", "mamba")  # the default tiny Mamba1: one token, repeated
+    return paths
 
 
 def make(path: Path, spec: bool, caching: bool = True, **kw: object) -> LLM:
@@ -157,6 +159,18 @@ def test_rolled_back_state_equals_plain_state(models: dict[str, Path], arch: str
             torch.testing.assert_close(x[slot], y[mine[1]], rtol=1e-4, atol=1e-5)
         compared += 1
     assert compared >= len(PATTERN) and spec.engine.scheduler.stats.spec_num_accepted_tokens > 0
+
+
+def test_ngram_drafts_are_accepted_where_the_output_repeats(models: dict[str, Path]) -> None:
+    """A model whose greedy output repeats itself: the n-gram drafter's proposals are accepted, output unchanged."""
+    path = models["repeats"]
+    prompts = _prompts()
+    want = reference(path, prompts)
+    assert all(len(set(w)) == 1 for w in want), "the tiny model was meant to repeat one token"
+    llm = make(path, spec=True)
+    assert tokens(llm.generate(prompts, GREEDY)) == want
+    stats = llm.engine.scheduler.stats
+    assert stats.spec_num_accepted_tokens > 0 and stats.spec_mean_acceptance_length > 2.0
 
 
 @pytest.mark.slow
