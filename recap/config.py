@@ -5,7 +5,8 @@ Torch-free so that `recap.core` can import it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, fields
 
 CHECKPOINT_POLICIES = ("none", "align", "all", "recap")
 
@@ -84,3 +85,58 @@ class CacheLayout:
             raise ValueError("need at least one window block besides the null block")
         if self.has_state and self.num_state_slots < 1:
             raise ValueError("need at least one state slot")
+
+
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's --speculative-config): a drafter proposes up to `num_speculative_tokens`
+    tokens per decode step and one forward pass verifies them (docs/speculative.md).
+
+    method "ngram" (prompt lookup): the longest n-gram, n from `prompt_lookup_max` down to `prompt_lookup_min`,
+    ending the request's tokens that occurred earlier in them proposes the tokens that followed it."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    # recap's: after a verify step that accepts nothing, a request skips drafting for 1, 3, 7, ... decode steps
+    # (up to this many; 0: always draft). Acceptance history lowers the cost of a drafter that keeps missing.
+    max_draft_backoff: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_draft_backoff, int) or self.max_draft_backoff < 0:
+            raise ValueError(f"speculative max_draft_backoff must be an integer >= 0, got {self.max_draft_backoff!r}")
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method {self.method!r} is not supported; one of {SPECULATIVE_METHODS}")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"speculative {name} must be an integer >= 1, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative prompt_lookup_min ({self.prompt_lookup_min}) exceeds prompt_lookup_max "
+                f"({self.prompt_lookup_max})"
+            )
+
+    @classmethod
+    def parse(cls, value: str | dict[str, object] | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """From vLLM's JSON object (a string or a dict); None stays None. Raises ValueError naming the problem."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative config must be a JSON object, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative config: unknown keys {unknown}; known: {sorted(known)}")
+        if "method" not in value:
+            raise ValueError(f"speculative config needs a 'method' (one of {SPECULATIVE_METHODS})")
+        return cls(**value)  # type: ignore[arg-type]

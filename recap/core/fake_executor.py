@@ -11,6 +11,11 @@ exactly `num_computed_tokens` tokens and every block-table entry below that hold
 window group's table: every position inside the window of the chunk's first token, in its own memory);
 it writes the chunk's KV, the running state, and the state at each checkpoint position. A checkpoint
 published early, a wrong copy, or a block shared across different prefixes fails loudly.
+
+A verify step (ScheduledRequest.num_draft_tokens, speculative decoding) accepts the drafts that equal the tokens it
+would sample and emits one of its own; in validate mode its KV holds the drafted sequence's prefixes (a rejected
+draft's KV is wrong for the real sequence: read before it is overwritten, it fails the next check) and the running
+slot the state after the accepted tokens, as the runner's rollback leaves it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import xxhash
 
-from recap.core.output import PAD_SLOT_ID, CheckpointWrite, ModelRunnerOutput, SchedulerOutput
+from recap.core.output import PAD_SLOT_ID, CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
@@ -74,17 +79,30 @@ class FakeExecutor:
                 self._slot_state[dst] = self._slot_state[src]
         for sr in sched_out.scheduled:
             self.num_tokens += len(sr.token_ids)
+            accepted = self._verify(sr, out) if sr.num_draft_tokens else 0
             if self.validate:
-                self._simulate(
-                    sr.request_id, sr.token_ids, sr.num_computed_tokens, sr.block_ids, sr.state_slot, sr.checkpoints
-                )
+                polys = self._simulate(
+                    sr.request_id, sr.token_ids, sr.num_computed_tokens, sr.block_ids, sr.state_slot, sr.checkpoints,
+                    sr.num_draft_tokens, accepted,
+                )  # fmt: skip
                 if self.sliding_window:
-                    self._simulate_window(sr.request_id, sr.num_computed_tokens, len(sr.token_ids), sr.window_block_ids)
+                    self._simulate_window(sr.request_id, sr.num_computed_tokens, len(sr.token_ids), sr.window_block_ids,
+                                          polys)  # fmt: skip
             if sr.checkpoints:
                 out.written_checkpoints[sr.request_id] = list(sr.checkpoints)
-            if sr.sample:
+            if sr.sample and not sr.num_draft_tokens:
                 out.sampled_token_ids[sr.request_id] = self.sample(sr.request_id, sr.num_output_tokens)
         return out
+
+    def _verify(self, sr: ScheduledRequest, out: ModelRunnerOutput) -> int:
+        """Greedy verification against this executor's own samples; returns the number of drafts accepted."""
+        drafts = sr.token_ids[len(sr.token_ids) - sr.num_draft_tokens :]
+        rid, done = sr.request_id, sr.num_output_tokens
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == self.sample(rid, done + accepted):
+            accepted += 1
+        out.spec_token_ids[rid] = [*drafts[:accepted], self.sample(rid, done + accepted)]
+        return accepted
 
     # -- validation -------------------------------------------------------------------------------
     def _prefix_polys(self, request_id: str, upto: int) -> list[int]:
@@ -108,11 +126,18 @@ class FakeExecutor:
         block_ids: Sequence[int],
         state_slot: int,
         checkpoints: Sequence[CheckpointWrite],
-    ) -> None:
+        num_drafts: int = 0,
+        accepted: int = 0,
+    ) -> list[int]:
+        """Simulate a chunk; returns the prefix hashes it computed with (drafts included)."""
         end = start + len(token_ids)
-        polys = self._prefix_polys(rid, end)
+        known = end - num_drafts
+        polys = self._prefix_polys(rid, known)
         tokens = self.token_lookup(rid) if self.token_lookup else None
-        assert tokens is not None and list(tokens[start:end]) == list(token_ids), f"{rid}: chunk tokens differ"
+        assert tokens is not None and list(tokens[start:known]) == list(token_ids[: known - start]), (
+            f"{rid}: chunk tokens differ")
+        if num_drafts:  # the drafted sequence's prefixes, never cached (the committed ones stay right)
+            polys = _extend(polys[: known + 1], token_ids[known - start :])
         bs = self.block_size
         if block_ids:
             for pos in range(start):  # attention reads every earlier position
@@ -125,12 +150,15 @@ class FakeExecutor:
                 got_state = self._slot_state.get(state_slot)
                 assert got_state == (start, polys[start]), f"{rid}: running slot holds {got_state}, not state@{start}"
             for cp in checkpoints:
+                assert cp.position <= known, f"{rid}: checkpoint at {cp.position} inside the drafts"
                 self._slot_state[cp.slot] = (cp.position, polys[cp.position])
-            self._slot_state[state_slot] = (end, polys[end])
+            done = known + accepted if num_drafts else end  # the runner rolls back to the accepted tokens
+            self._slot_state[state_slot] = (done, polys[done])
+        return polys
 
-    def _simulate_window(self, rid: str, start: int, n: int, block_ids: Sequence[int]) -> None:
+    def _simulate_window(self, rid: str, start: int, n: int, block_ids: Sequence[int], polys: list[int]) -> None:
         """The chunk's first query sees positions start - window + 1 ..; later ones see less of the past."""
-        polys, bs = self._prefix_polys(rid, start + n), self.block_size
+        bs = self.block_size
         assert block_ids, f"{rid}: no window block table"
         for pos in range(max(0, start - self.sliding_window + 1), start):
             got = self._window_kv.get(block_ids[pos // bs] * bs + pos % bs)
@@ -139,3 +167,14 @@ class FakeExecutor:
         for pos in range(start, start + n):
             assert block_ids[pos // bs] != 0, f"{rid}: writes window position {pos} into the null block"
             self._window_kv[block_ids[pos // bs] * bs + pos % bs] = polys[pos + 1]
+
+
+def _extend(polys: list[int], tokens: Sequence[int]) -> list[int]:
+    """polys (P(0)..P(n)) extended by the prefix hashes over `tokens`."""
+    out = list(polys)
+    acc, power = out[-1], pow(_BASE, len(out) - 1, _MOD)
+    for t in tokens:
+        acc = (acc + (t + 1) * power) % _MOD
+        power = power * _BASE % _MOD
+        out.append(acc)
+    return out

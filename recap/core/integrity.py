@@ -70,6 +70,10 @@ def _check_kv(sched: Scheduler) -> None:
             block_hash = pool.blocks[block_id].block_hash
             # Salt isolation: a shared block carries this request's own chain hash, salt included.
             assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} block {i} from another chain"
+            # A block is hashed only once computed: one past the computed tokens holds a draft's KV at most.
+            running_req = r.status == RequestStatus.RUNNING
+            assert block_hash is None or not running_req or (i + 1) * kv.block_size <= r.num_computed_tokens, (
+                f"{rid} block {i} registered past its {r.num_computed_tokens} computed tokens")
     _check_refs(pool, holders, "")
 
 
@@ -178,6 +182,12 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
     has_kv, has_state = sched.cache.kv is not None, sched.cache.state is not None
     assert out.num_batched_tokens <= sched.config.max_num_batched_tokens, "step over the token budget"
     assert len(out.scheduled) <= sched.config.max_num_seqs, "step over max_num_seqs"
+    spec = sched.speculator
+    drafting = [sr.num_draft_tokens for sr in out.scheduled if sr.num_draft_tokens]
+    assert spec is not None or not drafting, "drafts without a speculator"
+    if spec is not None:
+        assert len(drafting) <= spec.max_rows, "more drafting rows than the runner has scratch slots for"
+        assert all(k <= spec.config.num_speculative_tokens for k in drafting), "more drafts than num_speculative_tokens"
     for src, dst in out.state_copies:
         assert src != PAD_SLOT_ID and dst != PAD_SLOT_ID and src != dst, f"bad state copy {src}->{dst}"
     for sr in out.scheduled:
@@ -194,6 +204,11 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
             num_null = window.num_out_of_window(start)
             assert all(b != NULL_BLOCK_ID for b in table[num_null:]), f"{sr.request_id} window reads the null block"
             assert all(b == NULL_BLOCK_ID for b in table[:num_null]), f"{sr.request_id} holds blocks out of its window"
+        if sr.num_draft_tokens:  # speculation: drafts follow one decode token; no checkpoint inside them
+            assert 0 < sr.num_draft_tokens < sr.num_new_tokens and sr.sample, f"{sr.request_id} drafts without a decode"
+            known = end - sr.num_draft_tokens
+            assert all(c.position <= known for c in sr.checkpoints), f"{sr.request_id} checkpoint inside drafts"
+            assert known // bs == end // bs, f"{sr.request_id} drafts reach a block boundary"
         positions = [c.position for c in sr.checkpoints]
         assert positions == sorted(set(positions)), f"{sr.request_id} checkpoint positions not sorted/unique"
         for c in sr.checkpoints:

@@ -51,6 +51,9 @@ class ScheduledRequest:
     # The window group's block table (sliding-window layers; [] without them): entries of blocks out of the
     # window are the null block 0 and are never read.
     window_block_ids: list[int] = field(default_factory=list)
+    # Speculative decoding: the last this many of token_ids are drafts for the runner to verify (its decode
+    # token comes first); 0: a plain step. Such a step never plans a checkpoint past its first token.
+    num_draft_tokens: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -83,6 +86,9 @@ class ModelRunnerOutput:
 
     # Sampled token per request that had sample=True.
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    # Verify steps (num_draft_tokens > 0): the tokens emitted per request, the accepted drafts then the
+    # verifier's own token; the runner has already restored the state after the accepted ones.
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Checkpoints actually written, per request: the kernels' reported (position, slot) pairs.
     # The core registers a checkpoint only if it matches its plan (provenance, DESIGN invariant 2).
     written_checkpoints: dict[str, list[CheckpointWrite]] = field(default_factory=dict)

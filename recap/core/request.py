@@ -53,6 +53,9 @@ class Request:
     # The runner reports the logprob of every prompt token: the whole prompt is computed, so no prefix
     # hit is read for it (as vLLM does); its blocks and checkpoints are still registered for others.
     prompt_logprobs: bool = False
+    # Its decode steps may carry drafts (speculative decoding): greedy sampling of the raw logits, so a draft is
+    # accepted exactly when it is the argmax (the engine decides from the sampling settings).
+    speculate: bool = False
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_token_ids: list[int] = field(default_factory=list)

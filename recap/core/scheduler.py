@@ -28,8 +28,11 @@ from recap.core.integrity import check_scheduler
 from recap.core.output import PAD_SLOT_ID, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.core.remote import RemoteScheduling
 from recap.core.request import Request, RequestStatus
-from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats
+from recap.core.speculation import Speculator
+from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats, scheduler_stats
 from recap.core.transfer import RemoteBook, can_hold, hold
+
+Step = tuple[Request, int, list[int]]  # a request's share of a step: tokens, and the drafts among them
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,13 @@ class Scheduler(RemoteScheduling):
     requests, appends sampled tokens, registers blocks and checkpoints, and frees finished requests.
     """
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, layout: CacheLayout) -> None:
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, layout: CacheLayout,
+        speculator: Speculator | None = None,
+    ) -> None:  # fmt: skip
         self.config = scheduler_config
+        # Speculative decoding (core/speculation.py): decode steps carry drafts; None: plain decodes.
+        self.speculator = speculator
         self.cache_config = cache_config
         self.layout = layout
         self.cache = CacheManager(cache_config, layout)
@@ -145,6 +153,8 @@ class Scheduler(RemoteScheduling):
         else:
             self.cache.free(request)
         self.remote.hold_ids.discard(rid)
+        if self.speculator is not None:
+            self.speculator.forget(rid)
         request.status = status
         del self._requests[rid]
         self._finished_ids.add(rid)
@@ -170,12 +180,14 @@ class Scheduler(RemoteScheduling):
         if self._in_flight is not None:
             raise RuntimeError(f"step {self._in_flight.step} was scheduled but never updated")
         self._step += 1
-        plan: list[tuple[Request, int]] = []
+        plan: list[Step] = []
         copies: list[tuple[int, int]] = []
+        if self.speculator is not None:
+            self.speculator.begin_step()
         budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens)
         if not preempted:  # memory is short: let the running requests drain first
             self._schedule_waiting(plan, copies, budget)
-        scheduled = [self._to_scheduled(request, n) for request, n in plan]
+        scheduled = [self._to_scheduled(request, n, drafts) for request, n, drafts in plan]
         out = SchedulerOutput(self._step, scheduled, copies, self._finished_ids)
         self._finished_ids = set()
         self._pins = [src for src, _ in copies]
@@ -184,7 +196,7 @@ class Scheduler(RemoteScheduling):
         self.counters.num_steps += 1
         return out
 
-    def _schedule_running(self, plan: list[tuple[Request, int]], budget: int) -> tuple[int, bool]:
+    def _schedule_running(self, plan: list[Step], budget: int) -> tuple[int, bool]:
         preempted = False
         running, cache = self._running, self.cache
         i = 0
@@ -192,6 +204,8 @@ class Scheduler(RemoteScheduling):
             request = running[i]
             computed = request.num_computed_tokens
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            drafts = self._drafts(request, budget) if n == 1 and self.speculator is not None else []
+            n += len(drafts)
             if n > budget:
                 n = budget
             if not cache.try_grow(request.request_id, computed + n, computed):  # hot path: one check, usually no-op
@@ -200,10 +214,19 @@ class Scheduler(RemoteScheduling):
                     if request.is_finished:
                         continue  # finished at its memory length; the next request now sits at index i
                     break  # it preempted itself: everything after it is gone too
-            plan.append((request, n))
+            plan.append((request, n, drafts))
             budget -= n
             i += 1
         return budget, preempted
+
+    def _drafts(self, request: Request, budget: int) -> list[int]:
+        """A decode's drafts (within the budget); none where their KV blocks are not free: drafts never preempt."""
+        assert self.speculator is not None
+        drafts = self.speculator.draft(request, budget)
+        computed = request.num_computed_tokens
+        if drafts and not self.cache.try_grow(request.request_id, computed + 1 + len(drafts), computed):
+            return []
+        return drafts
 
     def _make_room(self, request: Request, n: int) -> bool:
         """Preempt from the tail until `request` can grow by n tokens; False if it left the running set."""
@@ -225,7 +248,7 @@ class Scheduler(RemoteScheduling):
         else:
             self._finish_early(request, RequestStatus.FINISHED_LENGTH)
 
-    def _schedule_waiting(self, plan: list[tuple[Request, int]], copies: list[tuple[int, int]], budget: int) -> None:
+    def _schedule_waiting(self, plan: list[Step], copies: list[tuple[int, int]], budget: int) -> None:
         max_running = self.config.max_num_seqs - len(self.remote.receiving)
         while self._waiting and budget > 0 and len(self._running) < max_running:
             request = self._waiting[0]
@@ -241,7 +264,7 @@ class Scheduler(RemoteScheduling):
             request.num_computed_tokens = hit.num_tokens
             request.status = RequestStatus.RUNNING
             self._running.append(request)
-            plan.append((request, n))
+            plan.append((request, n, []))
             budget -= n
 
     def _record_hit(self, request: Request, hit: CacheHit) -> None:
@@ -255,17 +278,18 @@ class Scheduler(RemoteScheduling):
         counters.prefix_cache_hits += hit.num_tokens
         counters.checkpoint_miss_tokens += hit.checkpoint_miss_tokens
 
-    def _to_scheduled(self, request: Request, n: int) -> ScheduledRequest:
+    def _to_scheduled(self, request: Request, n: int, drafts: list[int]) -> ScheduledRequest:
         start = request.num_computed_tokens
-        end = start + n
+        end = start + n - len(drafts)  # the committed tokens' end: no checkpoint is planned inside drafts
         rid = request.request_id
         cache = self.cache
         bs = cache.block_size
         # Only chunks that cross a block boundary can carry a checkpoint.
         checkpoints = cache.plan_checkpoints(request, start, end) if end // bs > start // bs else []
+        tokens = request.token_slice(start, end)
         return ScheduledRequest(
             rid,
-            request.token_slice(start, end),
+            tokens + drafts if drafts else tokens,
             start,
             list(cache.kv.tables[rid]) if cache.kv is not None else [],
             cache.state.running[rid] if cache.state is not None else PAD_SLOT_ID,
@@ -277,6 +301,7 @@ class Scheduler(RemoteScheduling):
             request.output_token_ids,
             request.prompt_logprobs,
             list(cache.window.tables[rid]) if cache.window is not None else [],
+            len(drafts),
         )
 
     # -- after the step ---------------------------------------------------------------------------
@@ -297,6 +322,9 @@ class Scheduler(RemoteScheduling):
             request = requests.get(rid)
             if request is None or request.status != running_status:
                 continue  # aborted or finished while the step ran: already freed
+            if sr.num_draft_tokens:
+                updates.append(self._apply_verified(request, sr, runner_out))
+                continue
             start = sr.num_computed_tokens
             end = request.num_computed_tokens = start + len(sr.token_ids)
             # Blocks become full, and checkpoints get written, only in chunks that cross a boundary.
@@ -315,6 +343,31 @@ class Scheduler(RemoteScheduling):
                 self._finish(request, status)
             updates.append(RequestUpdate(rid, [token], status, request.num_cached_tokens))
         return updates
+
+    def _apply_verified(self, request: Request, sr: ScheduledRequest, runner_out: ModelRunnerOutput) -> RequestUpdate:
+        """A verify step's emitted tokens (accepted drafts, then the verifier's) up to a stop: the request then has
+        its decode token and every kept token but the last computed. Rejected drafts go nowhere (speculation.py)."""
+        assert self.speculator is not None
+        rid, start, cache = request.request_id, sr.num_computed_tokens, self.cache
+        emitted = runner_out.spec_token_ids[rid]
+        self.speculator.accept(request, sr.token_ids[len(sr.token_ids) - sr.num_draft_tokens :], emitted)
+        kept: list[int] = []
+        status = None
+        for token in emitted:  # tokens past a stop are dropped, as a plain decode never samples them
+            request.output_token_ids.append(token)
+            kept.append(token)
+            status = self._check_stop(request, token, request.num_tokens)
+            if status is not None:
+                break
+        end = request.num_computed_tokens = start + len(kept)
+        assert end == request.num_tokens - 1, f"{rid}: {end} computed of {request.num_tokens} tokens"
+        cache.update_hashes(request)
+        written = runner_out.written_checkpoints.get(rid, ())
+        if end // cache.block_size > start // cache.block_size or written:
+            cache.commit(request, written, bool(sr.checkpoints))
+        if status is not None:
+            self._finish(request, status)
+        return RequestUpdate(rid, kept, status, request.num_cached_tokens)
 
     def _check_stop(self, request: Request, token: int, num_tokens: int) -> RequestStatus | None:
         num_output = len(request.output_token_ids)
@@ -342,31 +395,5 @@ class Scheduler(RemoteScheduling):
 
     @property
     def stats(self) -> SchedulerStats:
-        c, cache = self.counters, self.cache
-        kv_pool = cache.kv.pool if cache.kv else None
-        state = cache.state
-        pool = state.pool if state else None
-        return SchedulerStats(
-            num_steps=c.num_steps,
-            num_running=len(self._running),
-            num_waiting=len(self._waiting),
-            prefix_cache_requests=c.prefix_cache_requests,
-            prefix_cache_queries=c.prefix_cache_queries,
-            prefix_cache_hits=c.prefix_cache_hits,
-            checkpoint_miss_tokens=c.checkpoint_miss_tokens,
-            preemptions=c.num_preemptions,
-            num_resumed_hit_tokens=c.num_resumed_hit_tokens,
-            checkpoints=pool.num_checkpoints if pool else 0,
-            checkpoint_bytes=pool.num_checkpoints * pool.bytes_per_slot if pool else 0,
-            checkpoints_created=pool.num_created if pool else 0,
-            checkpoints_evicted=pool.num_evicted if pool else 0,
-            checkpoints_stranded=pool.num_stranded if pool else 0,
-            checkpoints_refused=pool.num_refused if pool else 0,
-            checkpoint_writes_planned=state.num_planned if state else 0,
-            checkpoint_writes_skipped=pool.num_declined if pool else 0,
-            num_branch_points=cache.policy.num_branch_points,
-            kv_blocks_free=kv_pool.num_free if kv_pool else 0,
-            kv_blocks_cached=kv_pool.num_cached if kv_pool else 0,
-            kv_blocks_evicted=kv_pool.num_evicted if kv_pool else 0,
-            state_slots_free=pool.num_free if pool else 0,
-        )
+        spec = self.speculator.counters if self.speculator is not None else None
+        return scheduler_stats(self.counters, self.cache, len(self._running), len(self._waiting), spec)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from recap.core.request import RequestStatus
+
+if TYPE_CHECKING:
+    from recap.core.cache_manager import CacheManager
+    from recap.core.speculation import SpecCounters
 
 
 @dataclass
@@ -56,7 +61,55 @@ class SchedulerStats:
     kv_blocks_cached: int
     kv_blocks_evicted: int
     state_slots_free: int
+    # Speculative decoding (vLLM's spec-decode counters): verify steps, draft and accepted tokens, and accepted
+    # drafts by position; zeros without speculation.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        """Tokens per verify step: 1 + accepted drafts per step (0.0 before any)."""
+        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+def scheduler_stats(
+    c: SchedulerCounters, cache: CacheManager, num_running: int, num_waiting: int, spec: SpecCounters | None
+) -> SchedulerStats:
+    """A snapshot of the scheduler's counters, its cache's pools and its speculation counters."""
+    kv_pool = cache.kv.pool if cache.kv else None
+    state = cache.state
+    pool = state.pool if state else None
+    return SchedulerStats(
+        num_steps=c.num_steps,
+        num_running=num_running,
+        num_waiting=num_waiting,
+        prefix_cache_requests=c.prefix_cache_requests,
+        prefix_cache_queries=c.prefix_cache_queries,
+        prefix_cache_hits=c.prefix_cache_hits,
+        checkpoint_miss_tokens=c.checkpoint_miss_tokens,
+        preemptions=c.num_preemptions,
+        num_resumed_hit_tokens=c.num_resumed_hit_tokens,
+        checkpoints=pool.num_checkpoints if pool else 0,
+        checkpoint_bytes=pool.num_checkpoints * pool.bytes_per_slot if pool else 0,
+        checkpoints_created=pool.num_created if pool else 0,
+        checkpoints_evicted=pool.num_evicted if pool else 0,
+        checkpoints_stranded=pool.num_stranded if pool else 0,
+        checkpoints_refused=pool.num_refused if pool else 0,
+        checkpoint_writes_planned=state.num_planned if state else 0,
+        checkpoint_writes_skipped=pool.num_declined if pool else 0,
+        num_branch_points=cache.policy.num_branch_points,
+        kv_blocks_free=kv_pool.num_free if kv_pool else 0,
+        kv_blocks_cached=kv_pool.num_cached if kv_pool else 0,
+        kv_blocks_evicted=kv_pool.num_evicted if kv_pool else 0,
+        state_slots_free=pool.num_free if pool else 0,
+        spec_num_drafts=spec.num_drafts if spec else 0,
+        spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+        spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+        spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recap.config import CacheConfig, SchedulerConfig
+from recap.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from recap.model.quant import QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -44,6 +44,8 @@ class EngineConfig:
     # vLLM's max_model_len=None: the context length the model's config states replaces scheduler.max_model_len.
     derive_max_model_len: bool = False
     chat_template: str | None = None  # replaces the tokenizer's chat template (a Jinja string)
+    # Speculative decoding (vLLM's --speculative-config; docs/speculative.md); None: off.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

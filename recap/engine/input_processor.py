@@ -27,6 +27,14 @@ class PreparedRequest:
     kv_transfer: Any = None
 
 
+def exact_under_greedy_verification(params: SamplingParams) -> bool:
+    """Whether greedy verification of drafts reproduces this request's sampler exactly: argmax of the raw logits,
+    with nothing that depends on the tokens sampled so far (penalties, a grammar, min_tokens bans) and no logprobs
+    to report. Other requests decode without drafts (rejection sampling is a later slice)."""
+    return (params.greedy and not params.has_penalties and params.structured_outputs is None
+            and params.logprobs is None and params.min_tokens == 0)  # fmt: skip
+
+
 def _fork_seed(seed: int, index: int) -> int:
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
@@ -131,4 +139,5 @@ class InputProcessor:
             sampling_params=params,
             arrival_time=p.arrival_time,
             prompt_logprobs=p.params.prompt_logprobs is not None and index == 0,
+            speculate=exact_under_greedy_verification(p.params),
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from recap.config import CacheConfig, SchedulerConfig
+from recap.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from recap.engine.chat import render_chat
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
@@ -75,6 +75,7 @@ class LLM:
         kernels: str = "auto",
         gpu_memory_utilization: float = 0.9,
         memory_limit_bytes: int | None = None,
+        speculative_config: dict[str, Any] | str | None = None,  # vLLM's: {"method": "ngram", ...}
         # vLLM's names for what one recap process has no use for: accepted at their neutral values.
         tensor_parallel_size: int = 1,
         pipeline_parallel_size: int = 1,
@@ -103,6 +104,7 @@ class LLM:
             seed=0 if seed is None else seed, cache=cache,
             scheduler=scheduler, check_integrity=check_integrity, num_threads=num_threads, max_n=max_n,
             generation_config=generation_config, derive_max_model_len=max_model_len is None,
+            speculative=SpeculativeConfig.parse(speculative_config),
         ))  # fmt: skip
 
     def get_tokenizer(self) -> Any:

@@ -13,6 +13,7 @@ import torch
 from recap.core.output import SchedulerOutput
 from recap.core.request import RequestStatus
 from recap.core.scheduler import Scheduler
+from recap.core.speculation import Speculator, drafting_rows
 from recap.core.stats import SchedulerStats
 from recap.engine.config import EngineConfig
 from recap.engine.errors import InvalidRequestError
@@ -101,11 +102,16 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded, config.cache, config.scheduler,
             RunnerConfig(dtype=dtype, device=str(device), seed=config.seed, kernels=kernels,
-                         gpu_memory_utilization=config.gpu_memory_utilization, memory_limit=limit),
+                         gpu_memory_utilization=config.gpu_memory_utilization, memory_limit=limit,
+                         num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative else 0),
             self.eos_token_ids,
         )  # fmt: skip
         self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout)
+        speculator = None
+        if config.speculative is not None:
+            speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,
+                                    max_rows=drafting_rows(config.scheduler.max_num_seqs))
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout, speculator)
         self.processor = InputProcessor(
             self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )

@@ -110,13 +110,16 @@ class OutputProcessor:
             if child.last_token_time is not None:
                 self._inter_token_gaps.append(now - child.last_token_time)
             child.last_token_time = now
+        before = len(child.detok.token_ids)
+        stopped = child.detok.add(new_ids)
+        if stopped:  # a stop string ended the text inside a multi-token update (speculation): keep what it read
+            new_ids = new_ids[: len(child.detok.token_ids) - before]
         out.token_ids.extend(new_ids)
         out.token_ids_delta.extend(new_ids)
         if lp is not None and out.logprobs is not None:
             d = self.logprob_dict(new_ids[-1], lp)
             out.logprobs.append(d)
             out.logprobs_delta.append(d)
-        stopped = child.detok.add(new_ids)
         if stopped:
             out.finish_reason = "stop"
             out.stop_reason = child.detok.stop_str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig
+from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig, SpeculativeConfig
 from recap.engine.config import DTYPES, KERNEL_SETS, EngineConfig
 from recap.engine.vllm_compat import MAMBA_CACHE_MODES, checkpoint_policy_for, resolve_dtype
 from recap.model.quant import QUANTIZATIONS
@@ -20,6 +20,13 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _speculative_config(text: str) -> SpeculativeConfig | None:
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -67,6 +74,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--checkpoint-interval", type=_positive, default=None, help="recap policy: also checkpoint every N blocks"
     )
     _add_memory_args(p)
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   help='speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 1, "prompt_lookup_max": 4}\' (docs/speculative.md)')
     p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
     p.add_argument(
         "--check-integrity",
@@ -123,6 +133,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         generation_config=args.generation_config,
         derive_max_model_len=args.max_model_len is None,
         chat_template=read_chat_template(args.chat_template),
+        speculative=args.speculative_config,
     )
 
 

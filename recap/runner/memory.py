@@ -52,11 +52,19 @@ class MemoryPlan:
     limit: MemoryLimit | None = None  # the memory this process may hold (None: not checked)
     weight_format: str = ""  # e.g. "float32", "bfloat16 + int8 linear weights"
     before_load: bool = False  # weight_bytes is a lower bound from the config (nothing loaded yet)
+    # Speculative decoding's scratch state slots beside the pool (runner/speculative.py); 0 without speculation.
+    num_scratch_slots: int = 0
+
+    @property
+    def scratch_bytes(self) -> int:
+        p = self.pools
+        return self.num_scratch_slots * (p.state_bytes // p.num_state_slots) if p.num_state_slots else 0
 
     @property
     def total_bytes(self) -> int:
         p = self.pools
-        return self.weight_bytes + self.packed_bytes + p.kv_bytes + p.state_bytes + self.overhead_bytes
+        return (self.weight_bytes + self.packed_bytes + p.kv_bytes + p.state_bytes + self.scratch_bytes
+                + self.overhead_bytes)
 
     @property
     def fits(self) -> bool:
@@ -73,6 +81,8 @@ class MemoryPlan:
         packed = (f" + {_mib(self.packed_bytes)} in the linear layers' own copies (packed, quantized, native)"
                   if self.packed_bytes else "")
         fmt = f" in {self.weight_format}" if self.weight_format else ""
+        if self.scratch_bytes:
+            state += f" + {self.num_scratch_slots} scratch slots for speculation ({_mib(self.scratch_bytes)})"
         text = f"weights {_mib(self.weight_bytes)}{fmt}{packed}; {kv}; {state}"
         if self.overhead_bytes:
             text += f"; runtime overhead {_mib(self.overhead_bytes)}"
@@ -94,8 +104,8 @@ class MemoryPlan:
         raise MemoryPlanError(
             f"not enough memory to serve this model{' (refused before loading it)' if self.before_load else ''}: "
             f"it needs {gib(self.total_bytes)} ({weights} + KV pool {gib(p.kv_bytes)} + state pool "
-            f"{gib(p.state_bytes)} + runtime overhead {gib(self.overhead_bytes)}) but this process may hold "
-            f"{gib(self.limit.bytes)} ({self.limit.source}). "
+            f"{gib(p.state_bytes + self.scratch_bytes)} + runtime overhead {gib(self.overhead_bytes)}) but this "
+            f"process may hold {gib(self.limit.bytes)} ({self.limit.source}). "
             + (remedies or "Lower the pools (kv_cache_bytes, state_cache_bytes) or the weights (dtype, quantization).")
         )
 

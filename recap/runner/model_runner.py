@@ -9,6 +9,7 @@ import torch
 from recap.backends import Backend, backend_for
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.core.speculation import drafting_rows
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
@@ -30,6 +31,7 @@ from recap.runner.memory import (
     weight_format,
 )
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
+from recap.runner.speculative import VerifyRow, greedy_emit, verify_rows
 from recap.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -45,6 +47,9 @@ class RunnerConfig:
     # On the CPU: the memory the process may hold in all; the plan (weights + pools + runtime) is refused with
     # MemoryPlanError before the pools are allocated when it does not fit. None: measured (host_memory.py).
     memory_limit: MemoryLimit | None = None
+    # Speculative decoding: the most drafts per verify row; this many scratch state slots per drafting row of a
+    # step (core/speculation.drafting_rows) hold the states inside verify rows (runner/speculative.py). 0: none.
+    num_speculative_tokens: int = 0
 
 
 class ModelRunner:
@@ -88,6 +93,9 @@ class ModelRunner:
             window_bytes_per_token=self.window_bytes_per_token,
             device_budget=device_pool_budget(self.device, runner_config.gpu_memory_utilization),
         )
+        # Scratch slots past the core's pool: never handed out by it, never registered (runner/speculative.py).
+        spec_rows = drafting_rows(scheduler_config.max_num_seqs)
+        self.num_scratch_slots = runner_config.num_speculative_tokens * spec_rows if self.state_bytes_per_slot else 0
         self.quantization = loaded.linear_backend if loaded.linear_backend in QUANTIZATIONS else None
         plan = self.memory_plan()
         plan.check(remedies(dtype, self.quantization, self.pools))  # before a byte of the pools is allocated
@@ -95,7 +103,7 @@ class ModelRunner:
             self.config,
             num_kv_blocks=self.pools.num_kv_blocks,
             block_size=cache_config.block_size,
-            num_state_slots=self.pools.num_state_slots,
+            num_state_slots=self.pools.num_state_slots + self.num_scratch_slots,
             dtype=dtype,
             device=self.device,
             num_window_blocks=self.pools.num_window_blocks,
@@ -112,11 +120,13 @@ class ModelRunner:
 
     def memory_plan(self) -> MemoryPlan:
         """The bytes this runner holds: the weights as measured at start (parameters, buffers, and what the linear
-        layers keep beside them), the two pools, the runtime overhead, against the memory limit (CPU)."""
+        layers keep beside them), the two pools and speculation's scratch slots, the runtime overhead, against the
+        memory limit (CPU)."""
         w = self.weights
         return MemoryPlan(w.parameters, w.linear_copies, self.pools, self.cache_config.block_size,
                           self.overhead_bytes, self.memory_limit,
-                          weight_format(self.runner_config.dtype, self.quantization))  # fmt: skip
+                          weight_format(self.runner_config.dtype, self.quantization),
+                          num_scratch_slots=self.num_scratch_slots)  # fmt: skip
 
     @property
     def layout(self) -> CacheLayout:
@@ -134,20 +144,22 @@ class ModelRunner:
             window_bytes_per_token=self.window_bytes_per_token,
         )
 
-    def _spec(self, s: ScheduledRequest) -> SeqSpec:
+    def _spec(self, s: ScheduledRequest, verify: VerifyRow | None = None) -> SeqSpec:
+        writes = [(c.position, c.slot) for c in s.checkpoints]
         return SeqSpec(
             token_ids=s.token_ids,
             context_len=s.num_computed_tokens,
             block_ids=s.block_ids,
             state_slot=s.state_slot,
-            checkpoints=[(c.position, c.slot) for c in s.checkpoints],
-            sample=s.sample,
+            checkpoints=writes if verify is None else verify.extra_writes(writes),
+            sample=s.sample and verify is None,  # a verify row's logits are read at every position (_verify)
             window_block_ids=s.window_block_ids,
         )
 
-    def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
+    def build_batch(self, out: SchedulerOutput, verify: list[VerifyRow] | None = None) -> ForwardBatch:
+        by_row = {v.row: v for v in verify or ()}
         return build_forward_batch(
-            [self._spec(s) for s in out.scheduled],
+            [self._spec(s, by_row.get(row)) for row, s in enumerate(out.scheduled)],
             block_size=self.cache_config.block_size,
             chunk_size=self.config.ssm_chunk_size,
             with_attention=self.has_kv,
@@ -167,7 +179,8 @@ class ModelRunner:
             self.caches.copy_state(src, dst)
         if out.is_empty:
             return ModelRunnerOutput()
-        batch = self.build_batch(out)
+        verify = self._verify_rows(out)
+        batch = self.build_batch(out, verify)
         if self.has_state:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
         hidden = self.backend.forward(self.model, batch, self.caches)
@@ -180,11 +193,45 @@ class ModelRunner:
             self._collect_samples(rows, sampled, result)
             if self._grammar_failed:  # their tokens were drawn unconstrained: the engine drops them
                 result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
+        if verify:
+            self._verify(batch, hidden, verify, result)
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
             self._report_checkpoints(out, batch, result)
         return result
+
+    def _verify_rows(self, out: SchedulerOutput) -> list[VerifyRow]:
+        if not any(s.num_draft_tokens for s in out.scheduled):
+            return []
+        base = self.pools.num_state_slots
+        return verify_rows(out.scheduled, iter(range(base, base + self.num_scratch_slots)), self.has_state)
+
+    def _verify(self, batch: ForwardBatch, hidden: torch.Tensor, verify: list[VerifyRow],
+                result: ModelRunnerOutput) -> None:  # fmt: skip
+        """Greedy verification of every verify row from one logits computation; the state after the accepted
+        tokens becomes the running state (runner/speculative.py)."""
+        qsl = batch.query_start_loc.tolist()
+        index = torch.cat([torch.arange(qsl[v.row], qsl[v.row + 1]) for v in verify]).to(hidden.device)
+        targets = torch.argmax(self.model.compute_logits(hidden[index]).float(), dim=-1).tolist()
+        off = 0
+        for v in verify:
+            n = len(v.drafts) + 1
+            emitted = greedy_emit(v.drafts, targets[off : off + n])
+            off += n
+            accepted = len(emitted) - 1
+            if v.state_slots and accepted < len(v.drafts):
+                self._restore_state(v, accepted)
+            result.spec_token_ids[v.request_id] = emitted
+
+    def _restore_state(self, v: VerifyRow, accepted: int) -> None:
+        """Copy the state after first + accepted tokens into the running slot, checking the position the kernels
+        wrote there (provenance, as for a checkpoint)."""
+        src = v.state_slots[accepted]
+        written = int(self.caches.slot_positions[src])
+        if written != v.first + accepted:
+            raise RuntimeError(f"{v.request_id}: slot {src} holds the state at {written}, not {v.first + accepted}")
+        self.caches.copy_state(src, v.running_slot)
 
     def _sample_row(self, s: ScheduledRequest, vocab: int) -> SampleRow:
         params: SamplingParams = s.sampling_params or _GREEDY
@@ -239,6 +286,9 @@ class ModelRunner:
         if not batch.planned_checkpoints:
             return
         written = self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]].tolist()
+        scratch = self.pools.num_state_slots  # scratch slots (verify rows' states) are no checkpoints
         for (row, _pos, slot), pos in zip(batch.planned_checkpoints, written):
+            if slot >= scratch:
+                continue
             rid = out.scheduled[row].request_id
             result.written_checkpoints.setdefault(rid, []).append(CheckpointWrite(position=int(pos), slot=slot))

@@ -24,6 +24,9 @@ _COUNTERS = (
     ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", "preemptions"),
     ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
     ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
+    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "spec_num_drafts"),
+    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "spec_num_draft_tokens"),
+    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "spec_num_accepted_tokens"),
 )
 _GAUGES = (
     ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
@@ -49,7 +52,8 @@ _REQUEST_HISTOGRAMS = (
 )
 VLLM_METRIC_NAMES = (
     tuple(n for n, _, _ in _COUNTERS) + tuple(n for n, _, _ in _GAUGES) + tuple(n for n, _, _ in _REQUEST_HISTOGRAMS)
-    + ("vllm:request_success", "vllm:time_to_first_token_seconds", "vllm:cache_config_info")
+    + ("vllm:request_success", "vllm:time_to_first_token_seconds", "vllm:cache_config_info",
+       "vllm:spec_decode_num_accepted_tokens_per_pos")
 )
 
 
@@ -92,6 +96,11 @@ class VllmCollector(Collector):
         for reason in ("stop", "length", "abort", "error", *sorted(set(s.finished_by_reason) - FINISH_REASONS)):
             done.add_metric([*self.values, reason], float(s.finished_by_reason.get(reason, 0)))
         yield done
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=[*self.labels, "position"])
+        for pos, count in enumerate(s.spec_accepted_per_position):
+            per_pos.add_metric([*self.values, str(pos)], float(count))
+        yield per_pos
         yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                               s.ttft)
         req: RequestHistograms | None = s.requests

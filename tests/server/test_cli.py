@@ -55,10 +55,17 @@ def test_serve_flags_build_the_engine_config() -> None:
     assert (c.kv_cache_bytes, c.state_cache_bytes) == (512 * 2**20, 2 * 10**9)
     default = engine_config(_serve_args())
     assert default.model is None and default.cache.enable_prefix_caching and default.cache.checkpoint_policy == "recap"
+    assert default.speculative is None
+    spec = engine_config(_serve_args("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
+                                     '"prompt_lookup_min": 2, "prompt_lookup_max": 5}')).speculative
+    assert spec is not None and (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min,
+                                 spec.prompt_lookup_max) == ("ngram", 3, 2, 5)
 
 
 @pytest.mark.parametrize("argv", [["--kv-cache-bytes", "lots"], ["--checkpoint-policy", "sometimes"],
-                                  ["--max-num-seqs", "0"], ["--dtype", "int3"], ["--unknown-flag"]])
+                                  ["--max-num-seqs", "0"], ["--dtype", "int3"], ["--unknown-flag"],
+                                  ["--speculative-config", "{bad"], ["--speculative-config", '{"method": "medusa"}'],
+                                  ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}']])
 def test_bad_serve_flags_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         _serve_args(*argv)

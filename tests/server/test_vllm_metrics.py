@@ -20,7 +20,8 @@ VLLM_NAMES = {
     "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
     "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds", "vllm:cache_config_info", "vllm:gpu_cache_usage_perc",
-    "vllm:time_per_prefill_token_request_seconds",
+    "vllm:time_per_prefill_token_request_seconds", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos",
 }
 # What recap measures and must export under those names.
 REQUIRED = {

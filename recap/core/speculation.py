@@ -1,0 +1,120 @@
+"""Speculative decoding in the scheduler: how many drafts a decode step may carry, and what a verified step
+leaves behind (docs/speculative.md). Torch-free.
+
+A decode step with drafts is a decode of 1 + k tokens: [last token, d1..dk] at positions N-1..N-1+k, where N is
+the request's committed token count. The runner verifies them in the same forward pass and reports the tokens it
+emits: the accepted drafts d1..da and one token of its own. The request then has N + a computed tokens, so a
+rejected draft's KV (positions N+a..N-1+k) lies past the computed tokens, is never hashed or registered, and is
+overwritten by the next steps; its state never reaches the running slot (the runner restores the state after
+N + a tokens).
+
+Drafts never cross a block boundary past N: the hash of a block that ends inside the drafts would need tokens
+that are not committed yet, so no checkpoint (and no full KV block) can depend on a draft token. A boundary at N
+itself is the last committed token's, planned as in a plain decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from recap.config import SpeculativeConfig
+from recap.core.drafter import Drafter, NgramDrafter
+from recap.core.request import Request
+
+# The most rows of one step that carry drafts: the runner keeps num_speculative_tokens scratch state slots for each
+# (runner/speculative.py), so this bounds their memory whatever max_num_seqs is.
+MAX_DRAFTING_ROWS = 16
+
+
+def drafting_rows(max_num_seqs: int) -> int:
+    return min(max_num_seqs, MAX_DRAFTING_ROWS)
+
+
+@dataclass
+class SpecCounters:
+    """vLLM's spec-decode counters: steps that carried drafts, draft and accepted tokens, and accepted drafts by
+    position (entry j counts steps that accepted draft j + 1)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verify step (accepted drafts + the verifier's own): vLLM's mean acceptance length."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+def make_drafter(config: SpeculativeConfig) -> Drafter:
+    if config.method == "ngram":
+        return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+    raise ValueError(f"no drafter for speculative method {config.method!r}")
+
+
+class Speculator:
+    """The scheduler's speculation: drafts per decode step (capped), and acceptance bookkeeping."""
+
+    def __init__(self, config: SpeculativeConfig, block_size: int, max_model_len: int,
+                 drafter: Drafter | None = None, max_rows: int = MAX_DRAFTING_ROWS) -> None:  # fmt: skip
+        self.config = config
+        self.max_rows = max_rows  # drafting rows per step (the runner's scratch slots)
+        self._rows = 0  # drafting rows in the step being scheduled
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.drafter: Drafter = drafter if drafter is not None else make_drafter(config)
+        self.counters = SpecCounters(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._misses: dict[str, int] = {}  # request -> verify steps in a row that accepted nothing
+        self._skip: dict[str, int] = {}  # request -> decode steps left without drafts (backoff)
+
+    def max_drafts(self, request: Request, budget: int) -> int:
+        """How many drafts the request's next decode step may carry (0: a plain decode)."""
+        n = request.num_tokens
+        bs = self.block_size
+        return max(0, min(
+            self.config.num_speculative_tokens,
+            budget - 1,  # the step's last token counts too
+            request.max_tokens - len(request.output_token_ids) - 1,  # accepted drafts + 1 token <= max_tokens
+            self.max_model_len - n - 1,
+            (n // bs + 1) * bs - n - 1,  # no block boundary past N inside the drafts (module docstring)
+        ))  # fmt: skip
+
+    def draft(self, request: Request, budget: int) -> list[int]:
+        """Drafts for a request whose next step is a decode (its last token is its only uncomputed one)."""
+        if not request.speculate or self._rows >= self.max_rows:
+            return []
+        rid = request.request_id
+        if self._skip.get(rid, 0) > 0:
+            self._skip[rid] -= 1
+            return []
+        k = self.max_drafts(request, budget)
+        if k <= 0:
+            return []
+        drafts = [int(t) for t in self.drafter.propose(request, k)[:k]]
+        self._rows += bool(drafts)
+        return drafts
+
+    def begin_step(self) -> None:
+        self._rows = 0
+
+    def accept(self, request: Request, drafts: Sequence[int], emitted: Sequence[int]) -> None:
+        """Check what the runner emitted for a verify step against its drafts; count it."""
+        a = len(emitted) - 1
+        if not 0 <= a <= len(drafts) or list(emitted[:a]) != list(drafts[:a]):
+            raise RuntimeError(f"{request.request_id}: verifier emitted {list(emitted)} for drafts {list(drafts)}")
+        c = self.counters
+        c.num_drafts += 1
+        c.num_draft_tokens += len(drafts)
+        c.num_accepted_tokens += a
+        for j in range(a):
+            c.accepted_per_position[j] += 1
+        rid = request.request_id
+        misses = self._misses[rid] = self._misses.get(rid, 0) + 1 if a == 0 else 0
+        if misses:  # 1, 3, 7, ... decode steps without drafts, at most max_draft_backoff
+            self._skip[rid] = min((1 << min(misses, 16)) - 1, self.config.max_draft_backoff)
+
+    def forget(self, request_id: str) -> None:
+        self.drafter.forget(request_id)
+        self._misses.pop(request_id, None)
+        self._skip.pop(request_id, None)

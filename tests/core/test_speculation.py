@@ -1,0 +1,178 @@
+"""Speculation in the cache core: drafts' caps, the n-gram drafter against its reference, and random schedules
+(hits, preemption, aborts, every policy and group kind) whose verify steps accept random numbers of drafts, run
+against the validating FakeExecutor: a rejected draft's KV read before it is overwritten, a running slot not rolled
+back to the accepted tokens, or a checkpoint or block hash that depends on a draft fails there or in the integrity
+check around every step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from recap.config import SpeculativeConfig
+from recap.core.drafter import NgramDrafter, ngram_propose_ref
+from recap.core.fake_executor import FakeExecutor
+from recap.core.request import Request
+from recap.core.speculation import Speculator
+from tests.core.helpers import Harness, make_scheduler, req
+
+
+class MixedDrafter:
+    """Proposes the executor's own next samples, each kept with probability `p_good` (else a wrong token)."""
+
+    def __init__(self, executor: FakeExecutor, rng: random.Random, p_good: float) -> None:
+        self.executor, self.rng, self.p_good = executor, rng, p_good
+
+    def propose(self, request: Request, max_tokens: int) -> list[int]:
+        done = len(request.output_token_ids)
+        out = []
+        for j in range(self.rng.randint(0, max_tokens)):
+            right = self.executor.sample(request.request_id, done + j)
+            out.append(right if self.rng.random() < self.p_good else (right + 1) % self.executor.vocab_size)
+        return out
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+def _speculating(kind: str, policy: str, k: int, max_rows: int = 16, **kw: object) -> Harness:
+    sched = make_scheduler(kind, policy, **kw)  # type: ignore[arg-type]
+    h = Harness(sched)
+    sched.speculator = Speculator(SpeculativeConfig(num_speculative_tokens=k), sched.cache.block_size,
+                                  sched.config.max_model_len, max_rows=max_rows)  # fmt: skip
+    return h
+
+
+def _workload(h: Harness, rng: random.Random, n: int, speculate: bool) -> None:
+    """Requests sharing prefixes (hits, decode-region continuations), a few aborted mid-flight."""
+    base = [rng.randrange(3, 200) for _ in range(40)]
+    step = 0
+    for i in range(n):
+        cut = rng.randint(1, 40)
+        prompt = base[:cut] + [rng.randrange(3, 200) for _ in range(rng.randint(1, 9))]
+        h.add(req(f"r{i}", prompt, max_tokens=rng.randint(1, 20), speculate=speculate))
+        for _ in range(rng.randint(0, 4)):
+            if h.sched.has_unfinished_requests():
+                h.step()
+                step += 1
+                if step % 11 == 0 and h.sched.view.running:
+                    h.sched.abort_requests([h.sched.view.running[-1].request_id])
+    h.run()
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "ssm", "attention", "hybrid+window"])
+@pytest.mark.parametrize("policy", ["recap", "all"])
+def test_random_schedules_with_speculation(kind: str, policy: str) -> None:
+    for seed, (k, p_good) in enumerate([(2, 0.0), (3, 0.6), (5, 0.85), (7, 1.0)]):
+        rng = random.Random(seed)
+        # A small KV pool and a small budget: preemption and chunked prefill happen alongside verify steps.
+        h = _speculating(kind, policy, k=k, max_rows=1 + seed, block_size=8, num_kv_blocks=14,
+                         max_num_batched_tokens=12)  # fmt: skip
+        assert h.sched.speculator is not None
+        h.sched.speculator.drafter = MixedDrafter(h.executor, rng, p_good=p_good)
+        _workload(h, rng, 14, speculate=True)
+        c = h.sched.speculator.counters
+        assert c.num_drafts > 0, "no verify step ran"
+        assert sum(c.accepted_per_position) == c.num_accepted_tokens <= c.num_draft_tokens
+        assert h.sched.stats.checkpoints_refused == 0
+
+
+def test_outputs_equal_the_plain_schedule() -> None:
+    """The fake samples a function of (request, index): with drafts, every request still gets exactly those."""
+    outputs = []
+    for speculate in (False, True):
+        rng = random.Random(7)
+        h = _speculating("hybrid", "recap", k=4)
+        assert h.sched.speculator is not None
+        h.sched.speculator.drafter = MixedDrafter(h.executor, random.Random(1), p_good=0.7)
+        requests = [h.add(req(f"q{i}", [rng.randrange(3, 200) for _ in range(rng.randint(2, 30))], max_tokens=17,
+                              speculate=speculate)) for i in range(6)]  # fmt: skip
+        h.run()
+        outputs.append([r.output_token_ids for r in requests])
+        assert (h.sched.speculator.counters.num_drafts > 0) == speculate
+    assert outputs[0] == outputs[1]
+
+
+def test_drafts_never_reach_a_block_boundary_past_the_committed_tokens() -> None:
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=8), block_size=16, max_model_len=100)
+    r = Request("a", list(range(20)), max_tokens=50)
+    assert spec.max_drafts(r, budget=64) == 8  # N = 20: the next boundary 32 leaves 11
+    r.output_token_ids = [1] * 7  # N = 27: boundary 32 -> positions up to 31 may hold drafts' states
+    assert spec.max_drafts(r, budget=64) == 4
+    r.output_token_ids = [1] * 11  # N = 31: the next token completes a block
+    assert spec.max_drafts(r, budget=64) == 0
+    r.output_token_ids = [1] * 12  # N = 32: the boundary is the committed token's
+    assert spec.max_drafts(r, budget=3) == 2  # the budget counts the decode token
+    r.output_token_ids = [1] * 47  # max_tokens 50: 3 more tokens, so 2 drafts and the verifier's
+    assert spec.max_drafts(r, budget=64) == 2
+    r2 = Request("b", list(range(97)), max_tokens=50)
+    assert spec.max_drafts(r2, budget=64) == 2  # max_model_len 100
+
+
+class Always:
+    def propose(self, request: Request, max_tokens: int) -> list[int]:
+        return [0] * max_tokens
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+def test_backoff_after_verify_steps_that_accept_nothing() -> None:
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=2, max_draft_backoff=5), 16, 1000, Always())
+    r = Request("a", [1, 2, 3], max_tokens=500, speculate=True)
+    pattern = []
+    for _ in range(30):
+        drafts = spec.draft(r, budget=64)
+        pattern.append(len(drafts))
+        if drafts:
+            spec.accept(r, drafts, [7] if len(pattern) < 20 else [0, 7])  # misses, then one accepted draft
+    # misses skip 1, 3, then 5 (the cap) steps; an accepted draft resets the backoff
+    assert pattern == [2, 0, 2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2]
+    spec.forget("a")
+    assert spec.draft(r, budget=64) == [0, 0]
+    assert Speculator(SpeculativeConfig(max_draft_backoff=0), 16, 1000, Always()).draft(r, 64) == [0] * 4
+
+
+def test_ngram_drafter_matches_reference() -> None:
+    rng = random.Random(0)
+    for trial in range(200):
+        lo = rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        drafter = NgramDrafter(lo, hi)
+        tokens = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        r = Request(f"t{trial}", tokens[:], max_tokens=100)
+        for _ in range(rng.randint(1, 25)):  # the index grows with the committed tokens
+            k = rng.randint(1, 6)
+            assert drafter.propose(r, k) == ngram_propose_ref(r.all_token_ids, lo, hi, k)
+            r.output_token_ids.extend(rng.randrange(4) for _ in range(rng.randint(1, 3)))
+        drafter.forget(r.request_id)
+        assert not drafter._indexes
+
+
+def test_ngram_drafter_prefers_the_longest_latest_match() -> None:
+    drafter = NgramDrafter(1, 3)
+    r = Request("x", [1, 2, 3, 9, 2, 3, 7, 1, 2, 3], max_tokens=10)
+    assert drafter.propose(r, 2) == [9, 2]  # "1 2 3" occurred at 0..2 (the longest n); "2 3" later is shorter
+    assert NgramDrafter(1, 2).propose(Request("y", r.prompt_token_ids, max_tokens=10), 3) == [7, 1, 2]
+    # A match near the end continues its own pattern: a run proposes more of the run, a cycle more of the cycle.
+    assert NgramDrafter(1, 3).propose(Request("z", [5, 8, 8, 8], max_tokens=10), 4) == [8, 8, 8, 8]
+    assert NgramDrafter(2, 2).propose(Request("w", [4, 1, 2, 1, 2], max_tokens=10), 5) == [1, 2, 1, 2, 1]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("{", "not valid JSON"), ("[1]", "JSON object"), ('{"method": "eagle"}', "not supported"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', ">= 1"), ('{"num_speculative_tokens": 2}', "needs a 'method'"),
+    ('{"method": "ngram", "k": 2}', "unknown keys"),
+    ('{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "exceeds"),
+    ('{"method": "ngram", "max_draft_backoff": -1}', "max_draft_backoff"),
+])  # fmt: skip
+def test_speculative_config_errors(bad: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SpeculativeConfig.parse(bad)
+
+
+def test_speculative_config_parses_vllm_json() -> None:
+    cfg = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}')
+    assert cfg == SpeculativeConfig("ngram", 5, 1, 3)
+    assert SpeculativeConfig.parse(None) is None and SpeculativeConfig.parse({"method": "ngram"}) == SpeculativeConfig()
