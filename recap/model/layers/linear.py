@@ -10,8 +10,10 @@ Both paths compute the same product; they agree to fp32 rounding, not bitwise.
 A bf16 weight is packed the same way (oneDNN's bf16 kernels): at 1 and 8 rows it reads half the bytes and
 ran ~2x faster than fp32 (AVX-512 EPYC, 768 -> 32000: 4.2 vs 10.3 ms at 1 row); plain F.linear in bf16
 was no faster than fp32.
-The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8, fbgemm's dynamic linear).
-A Linear holds one implementation object (`impl`: DenseLinear for "torch" and "onednn", Int8Linear for "int8"),
+The "int8" backend quantizes the weight (recap/model/quant.py: per-channel int8, fbgemm's dynamic linear), the
+"int4" one to group-wise 4-bit codes (recap/kernels/linear_int4.py: native kernels at every row count).
+A Linear holds one implementation object (`impl`: DenseLinear for "torch" and "onednn", Int8Linear for "int8",
+Int4Linear for "int4"),
 which also routes few-row inputs to the native kernels when they are on; a backend reaches its packed copies
 and native calls only through LinearImpl's public methods.
 """
@@ -26,11 +28,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recap.kernels.linear_int4 import (
+    Int4Weight,
+    int4_graph_call,
+    int4_linear,
+    int4_linear_ref,
+    int4_native_available,
+    quantize_int4,
+)
 from recap.kernels.linear_rows import RowKernel, linear_panels_f32, pack_int8, pack_panels, panels_graph_call
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
 from recap.model.quant import Int8Weight, int8_linear, quantize_int8
 
-LINEAR_BACKENDS = ("torch", "onednn", "int8")
+LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4")
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
 # Inputs of 2..PANEL_ROWS rows take the native panel kernel when it is on: from memory it led oneDNN up to 32
 # rows (16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93) and tied it at 48-64 (docs/performance.md).
@@ -40,6 +50,8 @@ PANEL_ROWS = 32
 # quant.int8_linear_ref, so a row's result does not depend on the rows beside it, and the decode graph
 # replays the same calls. At 16 rows fbgemm led (0.84-0.88x).
 INT8_ROWS = 8
+# Int4Linear's format (benchmarks/bench_int4.py, docs/performance.md): symmetric codes in groups of 32 inputs.
+INT4_GROUP, INT4_ASYM = 32, False
 
 
 def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -194,6 +206,38 @@ class Int8Linear(LinearImpl):
         return self._rows.graph_call(_addr(x), _addr(y), x.shape[1], threads, rows)
 
 
+class Int4Linear(LinearImpl):
+    """Group-wise 4-bit weights (kernels/linear_int4.py): the native kernel at every row count where it builds,
+    its torch reference elsewhere (equal results). Only the packed form is kept: the parameters are not read
+    after construction."""
+
+    name = "int4"
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+        super().__init__(weight, bias)
+        self.quantized: Int4Weight = quantize_int4(weight, INT4_GROUP, INT4_ASYM, bias)
+        self._fast = int4_native_available()
+
+    def set_native(self, on: bool) -> None:
+        self.native = on  # the int4 kernel is this backend's kernel: it runs with the flag on or off
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        y = int4_linear(x2, self.quantized) if self._fast else int4_linear_ref(x2, self.quantized)
+        y = y.view(*lead, y.shape[-1])
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.quantized.packed]
+
+    def _replace(self, tensors: list[torch.Tensor]) -> None:
+        (self.quantized.packed,) = tensors
+
+    def graph_call(self, x: torch.Tensor, y: torch.Tensor, rows: int, threads: ctypes.c_int) -> NativeCall | None:
+        return int4_graph_call(self.quantized, _addr(x), _addr(y), rows, threads) if self._fast else None
+
+
 def _addr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
@@ -213,14 +257,16 @@ class Linear(nn.Module):
         return self.impl.name
 
     def set_backend(self, backend: str) -> None:
-        """ "torch" (reference), "onednn" or "int8": the last two pack a copy of the weight (call again after
-        reloading weights). "int8" raises QuantizationUnavailableError on a torch without fbgemm. The native
+        """ "torch" (reference), "onednn", "int8" or "int4": the last three pack a copy of the weight (call again
+        after reloading weights). "int8" raises QuantizationUnavailableError on a torch without fbgemm. The native
         kernels stay on or off."""
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
         native = self.impl.native
         if backend == "int8":
             self.impl = Int8Linear(self.weight, self.bias)
+        elif backend == "int4":
+            self.impl = Int4Linear(self.weight, self.bias)
         else:
             self.impl = DenseLinear(self.weight, self.bias, onednn=backend == "onednn")
         self.impl.set_native(native)  # the native kernel follows the new weight format
