@@ -1,5 +1,6 @@
 """DESIGN invariant 1 within each weight precision: caching on equals caching off with bf16 weights and with
-int8 linear weights (int8 rows are quantized independently, so batching cannot change a row's result)."""
+int8 or int4 linear weights (their activation rows are quantized independently, so batching cannot change a row's
+result)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.workloads import SCRIPTS
 
-PRECISIONS = {"bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}
+PRECISIONS = {"bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba"])
