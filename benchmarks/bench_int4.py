@@ -2,10 +2,14 @@
 fbgemm above) and fp32 oneDNN on a packed weight, at 1B-model shapes; and the output error of each format.
 
     .venv/bin/python benchmarks/bench_int4.py [--quick] [--threads 1 2] [--rounds 7] [--json bench_out/int4.json]
+        [--models lfm2-1.2b]
 
 Speed: wall clock, medians, the variants alternating within each round, each variant's weights cycled through
 >= 128 MB (4x this CPU's L3) so that a call reads its weight from memory as a decode step does. All int4 formats
 (symmetric / asymmetric, groups of 32 / 64) at 1 and 8 rows; the default one (Int4Linear's) at every row count.
+Models (--models): the greedy batch-1 decode step of a checkpoint with int8 and int4 linears, alternating in one
+process: one model whose linear layers swap between the two prepared implementations, run through the module path
+(native kernels on; the decode graph binds one implementation, so it is not used here).
 Error: relative Frobenius error of the output against the fp64 product with the fp32 weight, random normal weights
 (std 0.02) and inputs (normal, and normal with 1% outlier channels 30x larger, as LLM activations have).
 """
@@ -17,6 +21,7 @@ import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,10 +29,16 @@ from typing import Any
 
 import torch
 
-from recap.kernels.linear_int4 import int4_linear, quantize_int4
-from recap.kernels.linear_rows import linear_rows_int8, pack_int8
-from recap.model.layers.linear import INT4_ASYM, INT4_GROUP
-from recap.model.quant import int8_linear, quantize_int8
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
+from profile_decode import decoder  # noqa: E402
+
+from recap.backends import CpuBackend  # noqa: E402
+from recap.kernels.linear_int4 import int4_linear, quantize_int4  # noqa: E402
+from recap.kernels.linear_rows import linear_rows_int8, pack_int8  # noqa: E402
+from recap.model.layers.linear import INT4_ASYM, INT4_GROUP, Linear  # noqa: E402
+from recap.model.loader import load_model  # noqa: E402
+from recap.model.quant import int8_linear, quantize_int8  # noqa: E402
 
 SHAPES = ((2048, 2048), (8192, 2048), (2048, 8192), (49152, 2048))  # (out, in): attention, MLP up, down, head
 FORMATS = ((False, 32), (True, 32), (False, 64), (True, 64))  # (asym, group)
@@ -110,6 +121,48 @@ def error_rows(out_f: int = 2048, in_f: int = 2048, rows: int = 16) -> list[dict
     return out
 
 
+class ModulePath:
+    """A decoder's backend: the model's forward (module path), native kernels on, pools as `cpu` allocates them."""
+
+    def __init__(self, cpu: CpuBackend) -> None:
+        self.kernels, self.cpu = cpu.kernels, cpu
+
+    def forward(self, model, batch, caches) -> torch.Tensor:  # noqa: ANN001
+        return model(batch, caches)
+
+    def cache_zeros(self):  # noqa: ANN201
+        return self.cpu.cache_zeros()
+
+
+def model_row(name: str, threads: int, rounds: int, cache: Path) -> dict[str, Any]:
+    """The batch-1 decode step with int8 and with int4 linears, alternating."""
+    lm = load_model(build_checkpoint(name, cache / name), quantization="int8")
+    impls: dict[str, dict[Linear, Any]] = {}
+    for q in ("int8", "int4"):
+        cpu = CpuBackend(q)
+        cpu.prepare(lm.model)
+        impls[q] = {m: m.impl for m in lm.model.modules() if isinstance(m, Linear)}
+    step = decoder(lm.model, ModulePath(cpu), 1, rounds * 2 * 25 + 10)
+    res: dict[str, list[float]] = {q: [] for q in impls}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for q, chosen in impls.items():
+                for m, impl in chosen.items():
+                    m.impl = impl
+                step()
+                ts = []
+                for _ in range(20):
+                    t = time.perf_counter()
+                    step()
+                    ts.append(time.perf_counter() - t)
+                res[q].append(1e3 * statistics.median(ts))
+    med = {q: statistics.median(v) for q, v in res.items()}
+    row = {"model": name, "threads": threads, "ms": med, "load": os.getloadavg()[0]}
+    print(f"t{threads} {name} decode step (module path): int8 {med['int8']:.2f} ms, int4 {med['int4']:.2f} ms: "
+          f"{med['int8'] / med['int4']:.2f}x | load {row['load']:.1f}", flush=True)  # fmt: skip
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="rows 1 and 8, 1 thread, 3 rounds")
@@ -117,12 +170,15 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 8, 512])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--models", nargs="*", default=[], help="checkpoints (benchmarks/checkpoints.py) to decode")
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = ap.parse_args()
     if args.quick:
         args.threads, args.rows, args.rounds = [1], [1, 8], 3
-    out: dict[str, Any] = {"errors": error_rows(), "speed": []}
+    out: dict[str, Any] = {"errors": error_rows(), "speed": [], "models": []}
     for threads in args.threads:
         torch.set_num_threads(threads)
+        out["models"] += [model_row(m, threads, args.rounds, args.cache_dir) for m in args.models]
         for rows in args.rows:
             out["speed"] += [speed_row(o, i, rows, threads, args.rounds) for o, i in SHAPES]
     if args.json:

@@ -138,8 +138,10 @@ def test_zero_weights_and_rows_give_the_bias() -> None:
     assert torch.equal(L.dequantize_int4(q), torch.zeros(20, 45))
     x = torch.randn(3, 45)
     assert torch.equal(L.int4_linear_ref(x, q), b.expand(3, 20))
+    assert L.int4_linear_ref(x[:0], q).shape == (0, 20)
     if L.int4_native_available():
         assert torch.equal(L.int4_linear(x, q), b.expand(3, 20))
+        assert L.int4_linear(x[:0], q).shape == (0, 20)
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -343,6 +343,7 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
                       const float *b, float *y, int threads, int isa) {
     if (group != 32 && group != 64) return -2;
     if (isa < 0 || isa > recap_int4_best_isa()) return -3;
+    if (n <= 0 || out <= 0) return 0;
     const int64_t ng = (k + group - 1) / group, kp = ng * group, tiles = (out + TILE - 1) / TILE;
     int8_t *xs = (int8_t *)aligned_alloc(64, (size_t)((n * kp + 63) / 64 * 64));
     float *dx = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
