@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,14 @@ def variants(out_f: int, in_f: int, rows: int) -> dict[str, Callable[[], object]
     n32 = max(1, int(POOL // (out_f * in_f * 4)))
     ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(min(n32, 2))]  # distinct sources, reused below
     onednn = [torch.ops.mkldnn._reorder_linear_weight(ws[i % len(ws)], 8) for i in range(n32)]
-    q8 = [quantize_int8(ws[i % len(ws)], None) for i in range(max(1, int(POOL // (out_f * in_f))))]
-    t8 = [pack_int8(q.qweight) for q in q8]
+    q8 = quantize_int8(ws[0], None)  # copies of its tiles (1-8 rows: the native kernel); fbgemm above: compute-bound
+    t8 = [pack_int8(q8.qweight)]
+    t8 += [t8[0].clone() for _ in range(max(0, int(POOL // t8[0].nbytes) - 1) if rows <= 8 else 0)]
 
     def int8(j: int) -> torch.Tensor:
-        q = q8[j % len(q8)]
         if rows <= 8:
-            return linear_rows_int8(x, t8[j % len(q8)], q.row_sums, q.scales, None, q.reduce_range)
-        return int8_linear(x, q)
+            return linear_rows_int8(x, t8[j % len(t8)], q8.row_sums, q8.scales, None, q8.reduce_range)
+        return int8_linear(x, q8)
 
     out: dict[str, Callable[[], object]] = {
         "fp32 oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn[next(turn) % n32], None, "none", [], ""),
@@ -71,7 +72,7 @@ def variants(out_f: int, in_f: int, rows: int) -> dict[str, Callable[[], object]
     }
     for asym, group in FORMATS if rows in (1, 8) else ((INT4_ASYM, INT4_GROUP),):
         q4 = quantize_int4(ws[0], group, asym)
-        qs = [q4] + [quantize_int4(ws[i % len(ws)], group, asym) for i in range(1, int(POOL // q4.packed.nbytes))]
+        qs = [q4] + [replace(q4, packed=q4.packed.clone()) for _ in range(1, int(POOL // q4.packed.nbytes))]
         out[_fmt(asym, group)] = lambda qs=qs: int4_linear(x, qs[next(turn) % len(qs)])
     return out
 

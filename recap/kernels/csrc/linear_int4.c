@@ -244,6 +244,65 @@ typedef void (*TileFn)(const uint8_t *, const W4 *, const Acts *, int64_t, int64
 static const TileFn TILES512[9] = {0, tile512_1, tile512_2, tile512_3, tile512_4,
                                    tile512_5, tile512_6, tile512_7, tile512_8};
 
+/* The group epilogue of one tile's accumulators (NR rows), as tile512's. */
+INLINE TGT512 void group_end512(const uint8_t *scales, const W4 *W, const Acts *A, int64_t r0, int64_t g,
+                                const int NR, const __m512i *acc, __m512 *facc) {
+    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)scales));
+    const __m512 wm = W->asym ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32))) : ws;
+    for (int r = 0; r < NR; r++) {
+        const int64_t gi = (r0 + r) * A->ng + g;
+        const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
+        if (!W->asym) {
+            const __m512i s = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * A->xsum[gi]));
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), c));
+        } else {
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), c));
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(wm, _mm512_set1_ps(A->e[gi])));
+        }
+    }
+}
+
+/* Prefill: 4 input rows x two tiles at once, each broadcast activation word used by both tiles (half the
+ * broadcasts per product of tile512; the same operations per output). */
+TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
+    enum { NR = 4 };
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int64_t G = (int64_t)W->cpg * 8, stride = W->ng * W->block;
+    __m512 f0[NR], f1[NR];
+    for (int r = 0; r < NR; r++) f0[r] = f1[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < W->ng; g++) {
+        const uint8_t *b0 = tw + g * W->block, *b1 = b0 + stride;
+        const int8_t *xg = A->xs + r0 * A->kp + g * G;
+        __m512i a0[NR], a1[NR];
+        for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+        for (int c = 0; c < W->cpg; c++) {
+            const __m512i v0 = _mm512_loadu_si512((const void *)(b0 + 64 * c));
+            const __m512i v1 = _mm512_loadu_si512((const void *)(b1 + 64 * c));
+            const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+            const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+            for (int r = 0; r < NR; r++) {
+                int32_t x0, x1;
+                memcpy(&x0, xg + r * A->kp + 8 * c, 4);
+                memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
+                const __m512i s0 = _mm512_set1_epi32(x0), s1 = _mm512_set1_epi32(x1);
+                a0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0[r], lo0, s0), hi0, s1);
+                a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
+            }
+        }
+        group_end512(b0 + 64 * W->cpg, W, A, r0, g, NR, a0, f0);
+        group_end512(b1 + 64 * W->cpg, W, A, r0, g, NR, a1, f1);
+    }
+    for (int h = 0; h < 2; h++) {
+        const int64_t oh = o + h * TILE;
+        const __mmask16 m = W->out - oh >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - oh)) - 1u);
+        const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + oh) : _mm512_setzero_ps();
+        for (int r = 0; r < NR; r++) {
+            const __m512 f = h ? f1[r] : f0[r];
+            _mm512_mask_storeu_ps(y + (r0 + r) * W->out + oh, m, W->b ? _mm512_add_ps(f, bv) : f);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- AVX2 (8 lanes: a tile as two halves) */
 
 INLINE TGT256 __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
@@ -362,7 +421,20 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
         const int64_t t0 = tiles * id / nt, t1 = tiles * (id + 1) / nt;
         for (int64_t rb = 0; rb < n; rb += ROW_BLOCK) {
             const int64_t re = rb + ROW_BLOCK < n ? rb + ROW_BLOCK : n;
-            for (int64_t t = t0; t < t1; t++)
+            int64_t t = t0;
+#if defined(X86)
+            if (isa == ISA_AVX512_VNNI && n > 8) /* prefill: two tiles per pass, 4 rows at a time */
+                for (; t + 2 <= t1; t += 2) {
+                    int64_t r = rb;
+                    for (; r + 4 <= re; r += 4) tile512_pair4(W.w + t * W.ng * W.block, &W, &A, r, t * TILE, y);
+                    for (; r < re; r += 4) {
+                        const int nr = re - r < 4 ? (int)(re - r) : 4;
+                        run_tile(isa, t, &W, &A, r, nr, y);
+                        run_tile(isa, t + 1, &W, &A, r, nr, y);
+                    }
+                }
+#endif
+            for (; t < t1; t++)
                 for (int64_t r = rb; r < re; r += 8) run_tile(isa, t, &W, &A, r, re - r < 8 ? (int)(re - r) : 8, y);
         }
     }
