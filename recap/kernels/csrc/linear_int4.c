@@ -423,7 +423,7 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
             const int64_t re = rb + ROW_BLOCK < n ? rb + ROW_BLOCK : n;
             int64_t t = t0;
 #if defined(X86)
-            if (isa == ISA_AVX512_VNNI && n > 8) /* prefill: two tiles per pass, 4 rows at a time */
+            if (isa == ISA_AVX512_VNNI && n >= 8) /* 8+ rows: two tiles per pass, 4 rows at a time */
                 for (; t + 2 <= t1; t += 2) {
                     int64_t r = rb;
                     for (; r + 4 <= re; r += 4) tile512_pair4(W.w + t * W.ng * W.block, &W, &A, r, t * TILE, y);
