@@ -395,7 +395,8 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
 
 /* x [n, k] fp32 times the packed weight w (out outputs, groups of `group` inputs, asym: with mins), b [out] or
  * NULL -> y [n, out] fp32. Threads split the tiles; rows go in blocks of ROW_BLOCK (their codes stay in L2
- * while the thread's tiles stream by), each block 8 rows per pass over a tile (read from L1 for the others).
+ * while the thread's tiles stream by), each block 8 rows per pass over a tile (read from L1 for the others),
+ * or with AVX-512 from 8 rows on, 4 rows per pass over two tiles (tile512_pair4).
  * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64; -3 for a path
  * this CPU lacks. */
 int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int asym,
