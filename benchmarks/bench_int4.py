@@ -4,8 +4,10 @@ fbgemm above) and fp32 oneDNN on a packed weight, at 1B-model shapes; and the ou
     .venv/bin/python benchmarks/bench_int4.py [--quick] [--threads 1 2] [--rounds 7] [--json bench_out/int4.json]
         [--models lfm2-1.2b]
 
-Speed: wall clock, medians, the variants alternating within each round, each variant's weights cycled through
->= 128 MB (4x this CPU's L3) so that a call reads its weight from memory as a decode step does. All int4 formats
+Speed: the calling thread's CPU time at 1 thread (a shared machine's other processes do not count; their memory
+traffic does), wall clock at 2 threads (the second thread's time is not the caller's), medians, the variants
+alternating within each round, each variant's weights cycled through >= 128 MB (4x this CPU's L3) so that a call
+reads its weight from memory as a decode step does. All int4 formats
 (symmetric / asymmetric, groups of 32 / 64) at 1 and 8 rows; the default one (Int4Linear's) at every row count.
 Models (--models): the greedy batch-1 decode step of a checkpoint with int8 and int4 linears, alternating in one
 process: one model whose linear layers swap between the two prepared implementations, run through the module path
@@ -81,14 +83,15 @@ def speed_row(out_f: int, in_f: int, rows: int, threads: int, rounds: int) -> di
     fns = variants(out_f, in_f, rows)
     reps = max(3, min(50, int(2e9 // (out_f * in_f * max(rows, 16)))))
     res: dict[str, list[float]] = {v: [] for v in fns}
+    clock = time.thread_time if threads == 1 else time.perf_counter
     for fn in fns.values():
         fn()
     for _ in range(rounds):
         for v, fn in fns.items():
-            t = time.perf_counter()
+            t = clock()
             for _ in range(reps):
                 fn()
-            res[v].append((time.perf_counter() - t) / reps * 1e3)
+            res[v].append((clock() - t) / reps * 1e3)
     med = {v: statistics.median(ts) for v, ts in res.items()}
     row = {"out": out_f, "in": in_f, "rows": rows, "threads": threads, "ms": med, "load": os.getloadavg()[0]}
     base = med[_fmt(INT4_ASYM, INT4_GROUP)]
@@ -145,6 +148,7 @@ def model_row(name: str, threads: int, rounds: int, cache: Path) -> dict[str, An
         impls[q] = {m: m.impl for m in lm.model.modules() if isinstance(m, Linear)}
     step = decoder(lm.model, ModulePath(cpu), 1, rounds * 2 * 25 + 10)
     res: dict[str, list[float]] = {q: [] for q in impls}
+    clock = time.thread_time if threads == 1 else time.perf_counter
     with torch.inference_mode():
         for _ in range(rounds):
             for q, chosen in impls.items():
@@ -153,9 +157,9 @@ def model_row(name: str, threads: int, rounds: int, cache: Path) -> dict[str, An
                 step()
                 ts = []
                 for _ in range(20):
-                    t = time.perf_counter()
+                    t = clock()
                     step()
-                    ts.append(time.perf_counter() - t)
+                    ts.append(clock() - t)
                 res[q].append(1e3 * statistics.median(ts))
     med = {q: statistics.median(v) for q, v in res.items()}
     row = {"model": name, "threads": threads, "ms": med, "load": os.getloadavg()[0]}
