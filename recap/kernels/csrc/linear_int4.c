@@ -128,6 +128,51 @@ static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int i
         }
 }
 
+/* ---------------------------------------------------------------- symmetric scales */
+
+/* Squared error of w [G] on the grid d (q - 8, q in 0..15). */
+static float grid_error(const float *w, int64_t G, float d) {
+    float e = 0.0f;
+    for (int64_t i = 0; i < G; i++) {
+        float q = rintf(w[i] / d) + 8.0f;
+        q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
+        const float r = w[i] - (q - 8.0f) * d;
+        e += r * r;
+    }
+    return e;
+}
+
+/* Per group of w [groups, G]: the scale of least squared error among the largest-magnitude value m over
+ * -8.5 .. -7 in quarters (m / -8 makes m exact and clips the other side at 7/8 of it; larger divisors trade
+ * that for a finer grid), the best then refit by least squares on its codes. 0 for an all-zero group. */
+void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *scales, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        const float *x = w + g * G;
+        float m = 0.0f;
+        for (int64_t i = 0; i < G; i++)
+            if (fabsf(x[i]) > fabsf(m)) m = x[i];
+        if (m == 0.0f) {
+            scales[g] = 0.0f;
+            continue;
+        }
+        float best = m / -8.0f, best_e = grid_error(x, G, best);
+        for (int j = 0; j < 7; j++) {
+            const float d = m / (-8.5f + 0.25f * (float)j), e = grid_error(x, G, d);
+            if (e < best_e) best = d, best_e = e;
+        }
+        float qw = 0.0f, qq = 0.0f;
+        for (int64_t i = 0; i < G; i++) {
+            float q = rintf(x[i] / best) + 8.0f;
+            q = (q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q)) - 8.0f;
+            qw += q * x[i];
+            qq += q * q;
+        }
+        const float d = qq > 0.0f ? qw / qq : 0.0f;
+        scales[g] = d != 0.0f && grid_error(x, G, d) < best_e ? d : best;
+    }
+}
+
 /* ---------------------------------------------------------------- scalar */
 
 static inline float half_to_float(uint16_t h) {
