@@ -10,8 +10,7 @@ alternating within each round, each variant's weights cycled through >= 128 MB (
 reads its weight from memory as a decode step does. All int4 formats
 (symmetric / asymmetric, groups of 32 / 64) at 1 and 8 rows; the default one (Int4Linear's) at every row count.
 Models (--models): the greedy batch-1 decode step of a checkpoint with int8 and int4 linears, alternating in one
-process: one model whose linear layers swap between the two prepared implementations, run through the module path
-(native kernels on; the decode graph binds one implementation, so it is not used here).
+process (two copies of the model, each prepared by its own CPU backend: native kernels, decode graphs).
 Error: relative Frobenius error of the output against the fp64 product with the fp32 weight, random normal weights
 (std 0.02) and inputs (normal, and normal with 1% outlier channels 30x larger, as LLM activations have).
 """
@@ -39,7 +38,7 @@ from profile_decode import decoder  # noqa: E402
 from recap.backends import CpuBackend  # noqa: E402
 from recap.kernels.linear_int4 import int4_linear, quantize_int4  # noqa: E402
 from recap.kernels.linear_rows import linear_rows_int8, pack_int8  # noqa: E402
-from recap.model.layers.linear import INT4_ASYM, INT4_GROUP, Linear  # noqa: E402
+from recap.model.layers.linear import INT4_ASYM, INT4_GROUP  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
 from recap.model.quant import int8_linear, quantize_int8  # noqa: E402
 
@@ -125,35 +124,21 @@ def error_rows(out_f: int = 2048, in_f: int = 2048, rows: int = 16) -> list[dict
     return out
 
 
-class ModulePath:
-    """A decoder's backend: the model's forward (module path), native kernels on, pools as `cpu` allocates them."""
-
-    def __init__(self, cpu: CpuBackend) -> None:
-        self.kernels, self.cpu = cpu.kernels, cpu
-
-    def forward(self, model, batch, caches) -> torch.Tensor:  # noqa: ANN001
-        return model(batch, caches)
-
-    def cache_zeros(self):  # noqa: ANN201
-        return self.cpu.cache_zeros()
-
-
 def model_row(name: str, threads: int, rounds: int, cache: Path) -> dict[str, Any]:
-    """The batch-1 decode step with int8 and with int4 linears, alternating."""
-    lm = load_model(build_checkpoint(name, cache / name), quantization="int8")
-    impls: dict[str, dict[Linear, Any]] = {}
+    """The batch-1 decode step with int8 and with int4 linears (two copies of the model, each prepared by its own
+    CPU backend: decode graphs), alternating."""
+    path = build_checkpoint(name, cache / name)
+    steps: dict[str, Callable[[], None]] = {}
     for q in ("int8", "int4"):
+        lm = load_model(path, quantization=q)
         cpu = CpuBackend(q)
         cpu.prepare(lm.model)
-        impls[q] = {m: m.impl for m in lm.model.modules() if isinstance(m, Linear)}
-    step = decoder(lm.model, ModulePath(cpu), 1, rounds * 2 * 25 + 10)
-    res: dict[str, list[float]] = {q: [] for q in impls}
+        steps[q] = decoder(lm.model, cpu, 1, rounds * 25 + 10)
+    res: dict[str, list[float]] = {q: [] for q in steps}
     clock = time.thread_time if threads == 1 else time.perf_counter
     with torch.inference_mode():
         for _ in range(rounds):
-            for q, chosen in impls.items():
-                for m, impl in chosen.items():
-                    m.impl = impl
+            for q, step in steps.items():
                 step()
                 ts = []
                 for _ in range(20):
@@ -163,7 +148,7 @@ def model_row(name: str, threads: int, rounds: int, cache: Path) -> dict[str, An
                 res[q].append(1e3 * statistics.median(ts))
     med = {q: statistics.median(v) for q, v in res.items()}
     row = {"model": name, "threads": threads, "ms": med, "load": os.getloadavg()[0]}
-    print(f"t{threads} {name} decode step (module path): int8 {med['int8']:.2f} ms, int4 {med['int4']:.2f} ms: "
+    print(f"t{threads} {name} decode step (decode graph): int8 {med['int8']:.2f} ms, int4 {med['int4']:.2f} ms: "
           f"{med['int8'] / med['int4']:.2f}x | load {row['load']:.1f}", flush=True)  # fmt: skip
     return row
 
