@@ -192,6 +192,17 @@ _ERRORS = {-1: "no memory for the activation codes", -2: "a group other than 32 
            -3: "an instruction set this CPU lacks"}  # fmt: skip
 
 
+def _check_packed(w: Int4Weight) -> None:
+    """The kernel reads w.packed by these sizes: a mismatch would read past it."""
+    want = (-(-w.out_features // TILE), w.groups, _block_bytes(w.group, w.asym))
+    if (w.group not in GROUPS or tuple(w.packed.shape) != want or w.packed.dtype != torch.uint8
+            or not w.packed.is_contiguous()):  # fmt: skip
+        raise ValueError(f"packed int4 weight {tuple(w.packed.shape)} {w.packed.dtype} is not the {want} uint8 "
+                         f"tiles of a {w.out_features} x {w.in_features} weight in groups of {w.group}")
+    if w.bias is not None and (w.bias.shape != (w.out_features,) or w.bias.dtype != torch.float32):
+        raise ValueError(f"int4 bias {tuple(w.bias.shape)} {w.bias.dtype} is not [{w.out_features}] fp32")
+
+
 def _check(rc: int) -> None:
     if rc == -1:
         raise MemoryError("int4_linear: " + _ERRORS[-1])
@@ -205,6 +216,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, isa: int | None = None) -> torch
     x = x.float().contiguous()
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"x {tuple(x.shape)} does not fit a weight of {w.in_features} inputs")
+    _check_packed(w)
     y = torch.empty(x.shape[0], w.out_features)
     b = None if w.bias is None else w.bias.data_ptr()
     _check(_lib().recap_linear_int4(x.data_ptr(), x.shape[0], w.in_features, w.packed.data_ptr(), w.out_features,
@@ -217,8 +229,9 @@ def int4_graph_call(w: Int4Weight, x: ctypes.c_void_p, y: ctypes.c_void_p, rows:
                     threads: ctypes.c_int) -> tuple[ctypes._CFuncPtr, tuple, str]:
     """int4_linear on `rows` rows at address x [rows, in] into y [rows, out], as a decode graph replays it:
     (function, arguments, what a nonzero return means)."""
-    if rows < 1 or w.packed.dtype != torch.uint8 or not w.packed.is_contiguous():
-        raise ValueError(f"int4_graph_call: {rows} rows or a packed weight {tuple(w.packed.shape)} do not fit")
+    if rows < 1:
+        raise ValueError(f"int4_graph_call: {rows} rows")
+    _check_packed(w)
     b = None if w.bias is None else w.bias.data_ptr()
     args = (x, _I64(rows), _I64(w.in_features), _P(w.packed.data_ptr()), _I64(w.out_features), _I64(w.group),
             _INT(int(w.asym)), _P(b), y, threads, _INT(best_isa()))  # fmt: skip

@@ -5,6 +5,7 @@ same order), batch invariance, the error against fp32, and the Int4Linear layer.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -154,6 +155,10 @@ def test_bad_inputs_raise_typed_errors() -> None:
             L.int4_linear(torch.randn(2, 39), q)
         with pytest.raises(ValueError, match="instruction set"):
             L.int4_linear(torch.randn(2, 40), q, isa=L.best_isa() + 1)
+        with pytest.raises(ValueError, match="is not the"):  # the kernel would read past the tiles
+            L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, packed=q.packed[:, :1]))
+        with pytest.raises(ValueError, match="is not the"):
+            L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, out_features=17))
 
 
 def test_zero_weights_and_rows_give_the_bias() -> None:

@@ -26,7 +26,11 @@
 #define X86 1
 #define TGT512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 #define TGT256 __attribute__((target("avx2,f16c,fma")))
+/* AVX-VNNI (256-bit dpbusd without AVX-512) needs gcc 11 / clang 12; older compilers keep the AVX2 path */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define HAVE_AVXVNNI 1
 #define TGT256V __attribute__((target("avx2,f16c,fma,avxvnni")))
+#endif
 #endif
 #define INLINE static inline __attribute__((always_inline))
 
@@ -43,7 +47,10 @@ int recap_int4_best_isa(void) {
         __builtin_cpu_supports("avx512vnni"))
         return ISA_AVX512_VNNI;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return __builtin_cpu_supports("avxvnni") ? ISA_AVX2_VNNI : ISA_AVX2;
+#if defined(HAVE_AVXVNNI)
+        if (__builtin_cpu_supports("avxvnni")) return ISA_AVX2_VNNI;
+#endif
+        return ISA_AVX2;
 #endif
     return ISA_SCALAR;
 }
@@ -404,7 +411,9 @@ INLINE TGT256 __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
         }                                                                                                     \
     }
 HALF256(half_avx2, TGT256, dot4_avx2)
+#if defined(HAVE_AVXVNNI)
 HALF256(half_vnni, TGT256V, _mm256_dpbusd_avx_epi32)
+#endif
 
 #define TILE256(NAME, TGT, HALF, NR)                                                                          \
     TGT static void NAME##_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,         \
@@ -414,10 +423,14 @@ HALF256(half_vnni, TGT256V, _mm256_dpbusd_avx_epi32)
     }
 TILE256(tile_avx2, TGT256, half_avx2, 1) TILE256(tile_avx2, TGT256, half_avx2, 2)
 TILE256(tile_avx2, TGT256, half_avx2, 3) TILE256(tile_avx2, TGT256, half_avx2, 4)
+static const TileFn TILES_AVX2[5] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4};
+#if defined(HAVE_AVXVNNI)
 TILE256(tile_vnni, TGT256V, half_vnni, 1) TILE256(tile_vnni, TGT256V, half_vnni, 2)
 TILE256(tile_vnni, TGT256V, half_vnni, 3) TILE256(tile_vnni, TGT256V, half_vnni, 4)
-static const TileFn TILES_AVX2[5] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4};
 static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4};
+#else
+#define TILES_VNNI TILES_AVX2 /* never chosen: best_isa stops at ISA_AVX2 */
+#endif
 #endif
 
 /* Rows [r0, r0 + nr) (nr <= 8) times tile t on the chosen path. */
