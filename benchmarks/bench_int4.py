@@ -1,5 +1,5 @@
-"""Int4 weights (recap/kernels/linear_int4.py) against recap's int8 (Int8Linear: the native kernel at 1-8 rows,
-fbgemm above) and fp32 oneDNN on a packed weight, at 1B-model shapes; and the output error of each format.
+"""Int4 weights (recap/kernels/linear_int4.py) against recap's int8 (Int8Linear: the native int8 kernel over its
+tiles at every row count) and fp32 oneDNN on a packed weight, at 1B-model shapes; and the output error of each format.
 
     .venv/bin/python benchmarks/bench_int4.py [--quick] [--threads 1 2] [--rounds 7] [--json bench_out/int4.json]
         [--models lfm2-1.2b]
@@ -37,10 +37,10 @@ from profile_decode import decoder  # noqa: E402
 
 from recap.backends import CpuBackend  # noqa: E402
 from recap.kernels.linear_int4 import int4_linear, quantize_int4  # noqa: E402
-from recap.kernels.linear_rows import linear_rows_int8, pack_int8  # noqa: E402
-from recap.model.layers.linear import INT4_ASYM, INT4_GROUP  # noqa: E402
+from recap.kernels.linear_rows import linear_rows_int8  # noqa: E402
+from recap.model.layers.int4_linear import INT4_ASYM, INT4_GROUP  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
-from recap.model.quant import int8_linear, quantize_int8  # noqa: E402
+from recap.model.quant import quantize_int8_tiles  # noqa: E402
 
 SHAPES = ((2048, 2048), (8192, 2048), (2048, 8192), (49152, 2048))  # (out, in): attention, MLP up, down, head
 FORMATS = ((False, 32), (True, 32), (False, 64), (True, 64))  # (asym, group)
@@ -58,14 +58,11 @@ def variants(out_f: int, in_f: int, rows: int) -> dict[str, Callable[[], object]
     n32 = max(1, int(POOL // (out_f * in_f * 4)))
     ws = [torch.randn(out_f, in_f) * 0.02 for _ in range(min(n32, 2))]  # distinct sources, reused below
     onednn = [torch.ops.mkldnn._reorder_linear_weight(ws[i % len(ws)], 8) for i in range(n32)]
-    q8 = quantize_int8(ws[0], None)  # copies of its tiles (1-8 rows: the native kernel); fbgemm above: compute-bound
-    t8 = [pack_int8(q8.qweight)]
-    t8 += [t8[0].clone() for _ in range(max(0, int(POOL // t8[0].nbytes) - 1) if rows <= 8 else 0)]
+    q8 = quantize_int8_tiles(ws[0], None)  # and copies of its tiles
+    t8 = [q8.tiles] + [q8.tiles.clone() for _ in range(max(0, int(POOL // q8.tiles.nbytes) - 1))]
 
     def int8(j: int) -> torch.Tensor:
-        if rows <= 8:
-            return linear_rows_int8(x, t8[j % len(t8)], q8.row_sums, q8.scales, None, q8.reduce_range)
-        return int8_linear(x, q8)
+        return linear_rows_int8(x, t8[j % len(t8)], q8.row_sums, q8.scales, None, q8.reduce_range)
 
     out: dict[str, Callable[[], object]] = {
         "fp32 oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn[next(turn) % n32], None, "none", [], ""),
@@ -108,8 +105,8 @@ def error_rows(out_f: int = 2048, in_f: int = 2048, rows: int = 16) -> list[dict
     outlier[:, torch.randperm(in_f, generator=g)[: in_f // 100]] *= 30
     xs["outliers"] = outlier
     fmts: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-    q8 = quantize_int8(w, None)
-    fmts["int8"] = lambda x: int8_linear(x, q8)
+    q8 = quantize_int8_tiles(w, None)
+    fmts["int8"] = lambda x: linear_rows_int8(x, q8.tiles, q8.row_sums, q8.scales, None, q8.reduce_range)
     for asym, group in FORMATS:
         q4 = quantize_int4(w, group, asym)
         fmts[_fmt(asym, group)] = lambda x, q4=q4: int4_linear(x, q4)

@@ -21,6 +21,7 @@ from torch import nn
 from recap.kernels.kernel_set import KernelSet
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.heap import return_free_heap
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
 
@@ -40,11 +41,14 @@ def model_parts(model: CausalLM) -> list[nn.Module]:
     return parts
 
 
-def set_linear_backend(parts: list[nn.Module], backend: str) -> None:
-    """Every Linear of `parts` to `backend`: "torch" (reference), "onednn" or "int8" (layers/linear.py)."""
+def set_linear_backend(parts: list[nn.Module], backend: str, native: bool | None = None) -> None:
+    """Every Linear of `parts` to `backend`: "torch" (reference), "onednn" or "int8" (layers/linear.py), with the
+    native kernels `native` (None: as they are), one layer at a time: each lays its weight out in its one serving
+    layout and frees the parameter before the next (Linear.set_backend), so the peak is the model plus one layer."""
     for m in parts:
         if isinstance(m, Linear):
-            m.set_backend(backend)
+            m.set_backend(backend, native)
+            return_free_heap()  # the replaced parameter, before the next layer allocates its layout
 
 
 def switch_native(parts: list[nn.Module], on: bool) -> None:
@@ -71,6 +75,7 @@ class Backend(ABC):
         The model is then this backend's to run (`serves`) until another backend prepares it."""
         self._prepare(model)
         _PREPARED_BY[model] = self
+        return_free_heap()  # the parameters and copies the layouts replaced: back to the OS before serving
 
     def serves(self, model: CausalLM) -> bool:
         """Whether this backend prepared `model` last."""

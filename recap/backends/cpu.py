@@ -1,11 +1,14 @@
 """The CPU backend: recap's decode fast path on top of the torch backend.
 
-- Linear layers keep the torch backend's implementation for prefill (oneDNN over a packed weight, or int8),
-  and few-row inputs take recap's native kernels (kernels/linear_rows.py: one fp32 row, 2-32 fp32 rows over
-  panel-packed weights, 1-8 rows of int8 weights); RMS norms, attention's decode rows and Mamba2's plain decode
-  steps take theirs (kernels/rms_norm.py, paged_decode.py, mamba2_step.py).
+- Linear layers hold one copy of each weight (layers/linear.py): fp32 weights in the native panels, which
+  every row count takes (kernels/linear_rows.py); bf16 in oneDNN's packed copy; int8 weights in the native
+  int8 kernel's tiles, which every row count takes (fbgemm only where the kernels do not build). Each layer is
+  laid out and its parameter freed before the next (peak: the model plus one layer). RMS norms, attention's
+  decode rows and Mamba2's plain decode steps take their native kernels (kernels/rms_norm.py, paged_decode.py,
+  mamba2_step.py).
 - The weights, the native kernels' packed copies and the KV/state pools move to transparent huge pages
-  (huge_pages.py): a decode step streams them all.
+  (huge_pages.py): a decode step streams them all. The memory each move or re-layout frees goes back to the
+  OS as it goes (model/heap.py), so that none of it stays resident in glibc's heap.
 - Decode steps of 1 to MAX_ROWS rows replay a captured decode graph (decode_graph.py) where the model's parts
   can be captured, and run the module path otherwise.
 """
@@ -26,6 +29,7 @@ from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.heap import return_free_heap
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
 
@@ -55,7 +59,7 @@ class CpuBackend(TorchBackend):
         """Every linear layer on `linear_backend`, the native kernels on, then the weights moved to huge pages
         and the kernels bound again to them (a Mamba2 step bound before the move would read freed memory)."""
         parts = model_parts(model)
-        set_linear_backend(parts, self.linear_backend)
+        set_linear_backend(parts, self.linear_backend, native=True)  # laid out once, for the native kernels
         switch_native(parts, True)
         self._graphs = None  # they hold the old kernels' addresses
         self.on_huge_pages = _move_weights_to_huge_pages(model, parts)
@@ -88,19 +92,22 @@ class CpuBackend(TorchBackend):
 
 def _move_weights_to_huge_pages(model: CausalLM, parts: list[nn.Module]) -> bool:
     """Every parameter of HUGE_PAGE_MIN_BYTES or more, and the linear layers' packed copies, into one huge-page
-    mapping; False where there is nothing to move or the platform cannot."""
+    mapping; False where there is nothing to move or the platform cannot. A released weight is no parameter any
+    more (its layer's copy in `impl.tensors()` moves instead); oneDNN's opaque packed copies stay where they are."""
     params = [p for p in model.parameters() if p.nbytes >= HUGE_PAGE_MIN_BYTES and p.is_contiguous()]
     impls = [m.impl for m in parts if isinstance(m, Linear) and m.impl.tensors()]
     olds = [p.data for p in params] + [t for impl in impls for t in impl.tensors()]
-    news = huge_page_zeros([(tuple(t.shape), t.dtype) for t in olds])
+    news = huge_page_zeros([(tuple(t.shape), t.dtype) for t in olds], fault_in=False)
     del olds
     if news is None:
         return False
-    # one tensor at a time, each old copy freed as its new one is in place: the peak is the model plus its
-    # largest tensor, not twice the model
+    # one tensor at a time, each old copy freed as its new one is in place (the mapping's pages are faulted in
+    # by the copies, not up front): the peak is the model plus its largest tensor, not twice the model
     for p, t in zip(params, news):
         p.data = t.copy_(p.data)
+        return_free_heap()  # the old copy, back to the OS (glibc would keep it in its heap)
     rest = iter(news[len(params) :])
     for impl in impls:
         impl.rebind([next(rest).copy_(t) for t in impl.tensors()])
+        return_free_heap()
     return True

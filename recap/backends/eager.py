@@ -1,6 +1,7 @@
 """The eager backend: every step runs the model's modules with one kernel set and torch's linear kernels (F.linear,
-oneDNN over a packed weight, or fbgemm's int8); no native decode kernels, no captured steps, the weights where
-the loader put them. With the reference kernel set (TORCH_KERNELS) it is vLLM's --enforce-eager on a CPU; with
+or oneDNN over a packed weight; int8 layers keep the native int8 kernel where it builds: its tiles are their one
+copy of the weight, fbgemm's dynamic linear elsewhere); no decode graphs, no huge pages, the weights where the
+loader put them. With the reference kernel set (TORCH_KERNELS) it is vLLM's --enforce-eager on a CPU; with
 the Triton kernel set it runs a GPU (CUDA graphs for decode are the next step: docs/gpu.md)."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class TorchBackend(Backend):
         self.kernels = kernels
 
     def _prepare(self, model: CausalLM) -> None:
-        """The native kernels off, then every linear layer on `linear_backend` (int8: quantized here)."""
+        """Every linear layer on `linear_backend` with the native kernels off (int8: quantized here unless the
+        loader already did), then every other part's native kernels off."""
         parts = model_parts(model)
+        set_linear_backend(parts, self.linear_backend, native=False)
         switch_native(parts, False)
-        set_linear_backend(parts, self.linear_backend)

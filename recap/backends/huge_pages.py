@@ -29,8 +29,9 @@ def huge_pages_supported() -> bool:
     return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
-def _arena(nbytes: int) -> torch.Tensor:
-    """uint8 [nbytes] at a huge-page boundary of a fresh mapping advised MADV_HUGEPAGE, not yet touched."""
+def _arena(nbytes: int, fault_in: bool = True) -> torch.Tensor:
+    """uint8 [nbytes] at a huge-page boundary of a fresh mapping advised MADV_HUGEPAGE; every page faulted in
+    (zero-filled by the kernel) when `fault_in`, else left to the first write."""
     mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mm.madvise(mmap.MADV_HUGEPAGE)
     buf = torch.frombuffer(mm, dtype=torch.uint8)  # holds a reference to the mapping
@@ -38,13 +39,17 @@ def _arena(nbytes: int) -> torch.Tensor:
     arena = buf[start : start + nbytes]
     # Fault every page in now (the kernel zero-fills it): left lazy, a pool's slots paid their page faults on
     # first use, inside a request (a short prefill writing fresh checkpoint slots ran ~25% slower).
-    arena[:: 4096].zero_()
+    if fault_in:
+        arena[:: 4096].zero_()
     return arena
 
 
-def huge_page_zeros(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
-    """Zero-filled tensors of these (shape, dtype)s in one huge-page mapping (every page faulted in and
-    zero-filled by the kernel), or None where the platform cannot advise it."""
+def huge_page_zeros(
+    specs: Sequence[tuple[tuple[int, ...], torch.dtype]], fault_in: bool = True
+) -> list[torch.Tensor] | None:
+    """Zero-filled tensors of these (shape, dtype)s in one huge-page mapping, or None where the platform cannot
+    advise it. `fault_in`: every page faulted in now (a pool's); False: on its first write (a copy's target, so
+    that the copy's source can be freed as it goes)."""
     if not huge_pages_supported() or not specs:
         return None
     sizes = [math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs]
@@ -53,7 +58,7 @@ def huge_page_zeros(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> lis
         offsets.append(total)
         total += -(-max(n, 1) // ALIGN) * ALIGN
     try:
-        arena = _arena(total)
+        arena = _arena(total, fault_in)
     except (OSError, ValueError):
         return None
     return [arena[o : o + n].view(dtype).view(shape) for (shape, dtype), o, n in zip(specs, offsets, sizes)]
@@ -62,9 +67,8 @@ def huge_page_zeros(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> lis
 def move_to_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
     """Copies of `tensors` (contiguous, same shapes and dtypes) in one huge-page mapping, or None where the
     platform cannot advise it. The caller points its modules at the copies (`param.data = copy`)."""
-    out = huge_page_zeros([(tuple(t.shape), t.dtype) for t in tensors])
+    out = huge_page_zeros([(tuple(t.shape), t.dtype) for t in tensors], fault_in=False)
     if out is not None:
         for t, dst in zip(tensors, out):
             dst.copy_(t)
     return out
-

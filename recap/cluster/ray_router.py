@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from recap.cluster import board
 from recap.cluster.router import CheckpointRouter, RouterConfig, RouteRequest
@@ -31,7 +31,7 @@ def route_request(pending: PendingRequest | None) -> RouteRequest:
                         route.get("pin"))
 
 
-class RecapRequestRouter(FIFOMixin, RequestRouter):
+class RecapRequestRouter(RequestRouter):
     """Checkpoint-aware routing (recap.cluster.router) for a deployment of recap replicas."""
 
     # Serve probes the first rank's queue length before sending; a probe that misses its deadline passes
@@ -55,6 +55,22 @@ class RecapRequestRouter(FIFOMixin, RequestRouter):
         log.debug("route %d tokens (salt %s, policy %s, pin %s) -> %s", len(route.token_ids), route.cache_salt,
                   route.policy, route.pin, ranked)
         return [[by_id[rid]] for rid in ranked]
+
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: Any = None) -> None:
+        """Give the replica to the very request it was chosen for (its prompt's checkpoint, or its pin).
+
+        Serve's default matches the request by internal request id, which the calls one ingress request fans out
+        share (the integrity check pinned to each replica), and FIFOMixin gives it to the oldest pending request:
+        either sent a choice made for one prompt or pin to another request (an integrity call answered twice by
+        one replica and never by the other). A request no longer pending (cancelled) takes nothing.
+        """
+        for pending in self._pending_requests_to_fulfill:
+            if pending.metadata is request_metadata and not pending.future.done():
+                self._cancel_routing_task_for_pending_request(pending)
+                self._record_queue_wait_time(pending)
+                pending.future.set_result(replica)
+                self._remove_pending_request_from_indices(pending)
+                return
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         key = pending_request.metadata.internal_request_id

@@ -8,10 +8,10 @@ larger of what r last published (less what this router saw finish there since) a
 in flight there. A replica with a deeper hit but a longer queue loses once each extra queued request
 costs more than the tokens the hit saves. Ties go to the replica holding the longer KV prefix (not a hit
 for a hybrid, but where the branch point gets learned and checkpointed, so the next request sharing it
-hits), then to the lower load, then to the replica chosen least recently (new sessions spread out), then
-to the replica id. Stale stats (older than `max_stats_age_s`) count for load only; a replica with no
-stats is routed by load alone. Session affinity follows without a session id: a follow-up turn extends
-the previous prompt, whose checkpoint sits on the replica that served it.
+hits), then to the lower load, then to the replica chosen (ranked first or routed to) least recently (new
+sessions spread out), then to the replica id. Stale stats (older than `max_stats_age_s`) count for load
+only; a replica with no stats is routed by load alone. Session affinity follows without a session id: a
+follow-up turn extends the previous prompt, whose checkpoint sits on the replica that served it.
 """
 
 from __future__ import annotations
@@ -86,7 +86,10 @@ class _Prediction:
 class _Replica:
     stats: ReplicaStats | None = None
     in_flight: int = 0
-    last_chosen: int = -1  # decision counter when last chosen
+    # Decision counter when last ranked first or last routed to, whichever came later: ranking covers
+    # concurrent requests ranked before any of them is routed, routing covers Serve passing a request on to
+    # a later rank (the first one's queue probe missed its deadline), so that replica is not starved.
+    last_chosen: int = -1
     completions: list[float] = field(default_factory=list)  # this router's completions since `stats.time`
     predictions: dict[str, _Prediction] = field(default_factory=dict)
 
@@ -141,8 +144,12 @@ class CheckpointRouter:
             return
         entry = self._replicas.setdefault(replica, _Replica())
         entry.in_flight += 1
+        if request.pin is not None:
+            return  # a debug call aimed at one replica: load only, no recency, no predicted cache
+        self._decisions += 1
+        entry.last_chosen = self._decisions
         chain = self._chain(request)
-        if chain and request.pin is None:
+        if chain:
             entry.predictions[request_key] = _Prediction({key: i + 1 for i, key in enumerate(chain)}, self.clock())
 
     def on_completed(self, replica: str, request_key: str) -> None:

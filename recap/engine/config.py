@@ -28,6 +28,10 @@ class EngineConfig:
     kernels: str = "auto"
     # On a GPU: the share of its memory the process may hold; the pools take what the weights leave of it.
     gpu_memory_utilization: float = 0.9
+    # On the CPU: the bytes the process may hold in all (weights, pools, runtime); None: measured, min(MemAvailable
+    # + the process's RSS, the cgroup limit). A plan over it is refused (MemoryPlanError) before loading the
+    # weights where the checkpoint's size alone cannot fit, else before allocating the pools.
+    memory_limit_bytes: int | None = None
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -50,5 +54,7 @@ class EngineConfig:
             raise ValueError(f"kernels must be one of {KERNEL_SETS}, got {self.kernels!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
+            raise ValueError(f"memory_limit_bytes must be positive, got {self.memory_limit_bytes}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {self.max_n}")

@@ -1,4 +1,8 @@
-"""Typed errors the API layers map to client errors (HTTP 4xx)."""
+"""Typed errors the API layers map to client errors (HTTP 4xx), and the engine's start-up refusal."""
+
+from recap.runner.host_memory import MemoryPlanError
+
+__all__ = ["BusyError", "EngineDeadError", "InvalidRequestError", "KVTransferError", "MemoryPlanError"]
 
 
 class InvalidRequestError(ValueError):

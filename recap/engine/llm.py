@@ -42,9 +42,12 @@ class LLM:
     """vLLM's offline entry point. `device`: "auto" (CUDA when torch sees a GPU, else the CPU), "cpu" or
     "cuda[:N]"; `kernels`: "auto" (Triton on a GPU, torch's on a CPU), "torch" or "triton".
     `gpu_memory_utilization`: on a GPU, the share of its memory the process may hold (the pools take what the
-    weights leave; kv_cache_bytes / state_cache_bytes fix them instead); `enforce_eager` keeps torch's kernels
-    only (no native decode kernels, as vLLM's flag turns off CUDA graphs); `trust_remote_code` has no effect
-    (recap runs only its own implementations of the architectures it supports, never code from a checkpoint).
+    weights leave; kv_cache_bytes / state_cache_bytes fix them instead); `memory_limit_bytes`: on a CPU, the memory
+    the process may hold in all (default: measured, recap/runner/host_memory.py): a model whose weights, pools and
+    runtime do not fit raises MemoryPlanError (before loading the weights where their size alone is too much);
+    `enforce_eager` keeps torch's kernels only (no native decode kernels, as vLLM's flag turns off CUDA graphs);
+    `trust_remote_code` has no effect (recap runs only its own implementations of the architectures it supports,
+    never code from a checkpoint).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class LLM:
         device: str = "auto",
         kernels: str = "auto",
         gpu_memory_utilization: float = 0.9,
+        memory_limit_bytes: int | None = None,
         # vLLM's names for what one recap process has no use for: accepted at their neutral values.
         tensor_parallel_size: int = 1,
         pipeline_parallel_size: int = 1,
@@ -95,7 +99,8 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(
             model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,
             native_decode=not enforce_eager, device=device, kernels=kernels,
-            gpu_memory_utilization=gpu_memory_utilization, seed=0 if seed is None else seed, cache=cache,
+            gpu_memory_utilization=gpu_memory_utilization, memory_limit_bytes=memory_limit_bytes,
+            seed=0 if seed is None else seed, cache=cache,
             scheduler=scheduler, check_integrity=check_integrity, num_threads=num_threads, max_n=max_n,
             generation_config=generation_config, derive_max_model_len=max_model_len is None,
         ))  # fmt: skip

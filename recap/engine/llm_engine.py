@@ -22,9 +22,12 @@ from recap.engine.model_defaults import derived_max_model_len, generation_defaul
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.kernels.kernel_set import kernel_set
-from recap.model.loader import load_model, load_tokenizer
+from recap.model.hf_config import architecture_of, read_hf_config, translate_config
+from recap.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from recap.runner.device import resolve_device
 from recap.runner.grammar import GrammarBackend
+from recap.runner.host_memory import MemoryLimit, process_memory_limit
+from recap.runner.memory import plan_before_load, remedies
 from recap.runner.model_runner import ModelRunner, RunnerConfig
 from recap.sampling_params import SamplingParams
 
@@ -41,6 +44,36 @@ def _eos_ids(tokenizer: object, model_path: Path) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _load_within_memory(
+    config: EngineConfig, device: torch.device
+) -> tuple[LoadedModel, EngineConfig, MemoryLimit | None]:
+    """Resolve the model and its config, derive max_model_len where asked, refuse (MemoryPlanError) on the CPU a
+    model whose weights in the serving format, with the pools and the runtime, cannot fit the memory limit
+    before a weight is read, then load it. Returns the model, the config with the derived length, the limit."""
+    model = config.model
+    if model is None:
+        from recap.model.default_model import ensure_default_model
+
+        model = str(ensure_default_model())
+    path = resolve_model_path(model)
+    hf = read_hf_config(path)
+    architecture_of(hf)  # an unsupported architecture is refused as such, not as a memory plan
+    model_config = translate_config(hf)
+    if config.derive_max_model_len:
+        length = derived_max_model_len(model_config.max_position_embeddings)
+        config = replace(config, scheduler=replace(config.scheduler, max_model_len=length))
+    dtype = getattr(torch, config.dtype)
+    limit = None
+    if device.type == "cpu":
+        given = config.memory_limit_bytes
+        limit = MemoryLimit(given, "the given memory limit") if given is not None else process_memory_limit()
+        plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, config.quantization, limit)
+        plan.check(remedies(dtype, config.quantization, plan.pools))
+    loaded = load_model(path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
+                        device=device)  # fmt: skip
+    return loaded, config, limit
+
+
 class LLMEngine:
     """Not thread-safe: one thread drives add/abort/step (AsyncEngine runs it on its own thread)."""
 
@@ -48,23 +81,13 @@ class LLMEngine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.config = config
-        model_path = config.model
-        if model_path is None:
-            from recap.model.default_model import ensure_default_model
-
-            model_path = str(ensure_default_model())
         device = resolve_device(config.device)
         if device.type != "cpu" and config.quantization is not None:
             raise ValueError(f"quantization {config.quantization!r} runs on the CPU only (fbgemm); got device {device}")
         kernels = kernel_set(config.kernels, device)
         dtype = getattr(torch, config.dtype)
-        loaded = load_model(
-            model_path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
-            device=device,
-        )  # fmt: skip
-        if config.derive_max_model_len:
-            length = derived_max_model_len(loaded.config.max_position_embeddings)
-            config = self.config = replace(config, scheduler=replace(config.scheduler, max_model_len=length))
+        loaded, config, limit = _load_within_memory(config, device)
+        self.config = config
         self.model_path = loaded.path
         self.model_config = loaded.config
         self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)
@@ -78,7 +101,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             loaded, config.cache, config.scheduler,
             RunnerConfig(dtype=dtype, device=str(device), seed=config.seed, kernels=kernels,
-                         gpu_memory_utilization=config.gpu_memory_utilization),
+                         gpu_memory_utilization=config.gpu_memory_utilization, memory_limit=limit),
             self.eos_token_ids,
         )  # fmt: skip
         self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)

@@ -1,15 +1,24 @@
-"""Few-row linear layers for decode steps and short prefills (csrc/linear_rows.c): fp32 weights, and int8
-weights with per-row 8-bit activations.
+"""Linear layers over recap's native kernels: fp32 weights (csrc/linear_rows.c) and int8 weights (csrc/linear_int8.c),
+each at any row count (decode and prefill).
 
 At 1-8 rows a linear layer is bound by reading its weight, which oneDNN, MKL and torch.compile's mat-vec do at
 well below the memory's rate, and at 8 rows oneDNN reads it at about half that rate (docs/performance.md).
-- One row (`linear_rows_f32`, `linear_rows_int8`, bound per layer by `RowKernel`): each thread streams its
-  share of the weight rows (fp32 row-major; int8 in `pack_int8`'s tiles of 8 rows).
-- 2-64 rows, fp32 (`linear_panels_f32`): the weight as 32-column panels (`pack_panels`), an 8-row x 32-column
-  outer product per k, every group of 8 rows run over a panel while it sits in L2.
+- One fp32 row (`linear_rows_f32`, bound per layer by `RowKernel`): each thread streams its share of the
+  weight rows (row-major).
+- fp32, any row count (`linear_panels_f32`): the weight as 32-column panels (`pack_panels`). One row: a 1 x 32
+  column product per k, bound by reading the panel (as fast as the one-row kernel on the row-major weight).
+  Several: an 8-row x 32-column outer product per k, every group of 8 rows of a 64-row block run over a panel
+  while it sits in L2 (the weight read once per 64 rows). The one layout of a dense fp32 layer served with the
+  native kernels (model/layers/linear.py has the measurements).
+- int8 (`linear_rows_int8`, any number of rows): the weight in `pack_int8`'s tiles of 8 rows, the one copy an
+  int8 layer keeps (with its row sums and scales). One row streams the tiles (decode); two rows and more run
+  a GEMM over the same tiles (batched decode and prefill: a block of quantized rows in L2, a tile's k-block
+  in L1, 3 rows x 8 outputs per weight load), at or ahead of fbgemm's rate on its own packed copy
+  (docs/performance.md), so neither fbgemm's copy nor the int8 matrix itself need be kept beside the tiles.
 `linear_rows_f32` and `linear_panels_f32` agree with F.linear to fp32 rounding (other summation orders);
 `linear_rows_int8` computes exactly the integer product of `quant.int8_linear_ref` and the same
-dequantization, so it equals that reference bit for bit.
+dequantization, so it equals that reference bit for bit at every row count (and a row's result does not
+depend on the rows batched with it).
 
 References: `linear_rows_f32_ref` (F.linear) and `quant.int8_linear_ref`.
 """
@@ -25,7 +34,7 @@ import torch.nn.functional as F
 
 from recap.kernels.native import NativeUnavailableError, load_library, raw_function
 
-# The one-row kernels' rows (more fp32 rows: the panels; more int8 rows: fbgemm, as fast at 8 rows).
+# The one-row fp32 kernel's rows (more fp32 rows: the panels).
 MAX_ROWS = 1
 
 logger = logging.getLogger(__name__)
@@ -35,14 +44,22 @@ _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 
 @functools.cache
 def _lib() -> ctypes.CDLL:
-    """The library with its signatures set; raises NativeUnavailableError."""
+    """The fp32 library with its signatures set; raises NativeUnavailableError."""
     lib = load_library("linear_rows")
     lib.recap_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _INT]
     lib.recap_linear_f32.restype = None
-    lib.recap_linear_i8.argtypes = [_P, _I64, _P, _P, _P, _I64, _I64, _P, _P, _F32, _INT, _INT, _INT]
-    lib.recap_linear_i8.restype = _INT
     lib.recap_linear_f32_panels.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _INT]
     lib.recap_linear_f32_panels.restype = _INT
+    return lib
+
+
+@functools.cache
+def int8_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The int8 library with its signatures set (extra_flags: native.load_library's, for the paths of other
+    instruction sets); raises NativeUnavailableError."""
+    lib = load_library("linear_int8", extra_flags)
+    lib.recap_linear_i8.argtypes = [_P, _I64, _P, _P, _P, _I64, _I64, _P, _P, _F32, _INT, _INT, _INT]
+    lib.recap_linear_i8.restype = _INT
     return lib
 
 
@@ -52,6 +69,7 @@ def linear_rows_available() -> bool:
     once, as a warning."""
     try:
         _lib()
+        int8_library()
     except NativeUnavailableError as e:
         logger.warning("native decode kernels unavailable, linear layers keep torch's: %s", e)
         return False
@@ -83,23 +101,35 @@ def linear_rows_f32_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return F.linear(x, weight, bias)
 
 
-PANEL, PANEL_MAX_ROWS = 32, 64  # csrc/linear_rows.c's fp32 panels: 32 output columns; inputs of up to 64 rows
+PANEL = 32  # csrc/linear_rows.c's fp32 panels: 32 output columns (any number of input rows)
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     """weight [out, in] fp32 as the few-row kernel's panels [ceil(out/32), in, 32] (zero columns pad the last):
-    one sequential stream per 32 output columns."""
+    one sequential stream per 32 output columns. Written in place: no other copy of the weight on the way."""
     out, k = weight.shape
-    outp = -(-out // PANEL) * PANEL
-    return F.pad(weight.detach(), (0, 0, 0, outp - out)).view(outp // PANEL, PANEL, k).transpose(1, 2).contiguous()
+    full, rest = divmod(out, PANEL)
+    panels = torch.empty(full + (rest > 0), k, PANEL, dtype=weight.dtype)
+    w = weight.detach()
+    panels[:full].copy_(w[: full * PANEL].view(full, PANEL, k).transpose(1, 2))
+    if rest:
+        panels[full].zero_()
+        panels[full, :, :rest].copy_(w[full * PANEL :].T)
+    return panels
+
+
+def unpack_panels(panels: torch.Tensor, out: int) -> torch.Tensor:
+    """The weight [out, in] that pack_panels packed into `panels`, exactly (a permutation of its values)."""
+    p, k, width = panels.shape
+    return panels.transpose(1, 2).reshape(p * width, k)[:out].contiguous()
 
 
 def linear_panels_f32(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
-    """x [n, in] fp32 with 1 <= n <= 64 times the weight [out, in] packed by pack_panels -> [n, out]; agrees with
-    F.linear to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate."""
+    """x [n, in] fp32 (n >= 1) times the weight [out, in] packed by pack_panels -> [n, out]; agrees with F.linear
+    to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate."""
     x = x.contiguous()
     n, k = x.shape
-    if not 1 <= n <= PANEL_MAX_ROWS or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
+    if n < 1 or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
         raise ValueError(f"panels {tuple(panels.shape)} do not fit x {tuple(x.shape)} and {out} outputs")
     y = torch.empty(n, out, dtype=torch.float32)
     if _lib().recap_linear_f32_panels(x.data_ptr(), n, panels.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
@@ -114,13 +144,14 @@ def panels_graph_call(
 ) -> tuple[ctypes._CFuncPtr, tuple, str]:
     """linear_panels_f32 on `rows` rows at address x [rows, in] into y [rows, out], as a decode graph replays it:
     (function, arguments, what a nonzero return means)."""
-    if not 1 <= rows <= PANEL_MAX_ROWS or panels.dtype != torch.float32 or not panels.is_contiguous():
+    if rows < 1 or panels.dtype != torch.float32 or not panels.is_contiguous():
         raise ValueError(f"panels_graph_call: {rows} rows or panels {tuple(panels.shape)} do not fit the kernel")
     args = (x, _I64(rows), _P(panels.data_ptr()), _I64(out), _I64(panels.shape[1]), _P(_ptr(bias)), y, threads)
     return raw_function(_lib(), "recap_linear_f32_panels", _INT), args, "linear_panels_f32: no memory for its scratch"
 
 
-PACK_ROWS, CHUNK = 8, 64  # csrc/linear_rows.c's int8 tile: 8 output rows x 64-byte chunks
+PACK_ROWS, CHUNK = 8, 64  # csrc/linear_int8.c's tile: 8 output rows x 64-byte chunks
+MAX_INT8_IN = 65536  # csrc/linear_int8.c's MAX_K: its int32 sums stay exact up to here
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
@@ -142,19 +173,22 @@ def activation_grid(reduce_range: bool) -> tuple[float, int, int]:
 
 
 def linear_rows_int8(x: torch.Tensor, packed: torch.Tensor, row_sums: torch.Tensor, scales: torch.Tensor,
-                     bias: torch.Tensor | None, reduce_range: bool) -> torch.Tensor:
-    """x [n, in] (n small) times an int8 weight q [out, in] -> [n, out] fp32, equal to
-    quant.int8_linear_ref: packed = pack_int8(q), row_sums [out] int32 = q.sum(1), scales [out] fp32 (the
-    weight's per-channel scales), bias [out] fp32 or None."""
+                     bias: torch.Tensor | None, reduce_range: bool, library: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [n, in] (any n) times an int8 weight q [out, in] -> [n, out] fp32, equal to quant.int8_linear_ref:
+    packed = pack_int8(q), row_sums [out] int32 = q.sum(1), scales [out] fp32 (the weight's per-channel
+    scales), bias [out] fp32 or None. `library`: another build of int8_library (tests), else this CPU's."""
     x = x.float().contiguous()
     n, k = x.shape
     out = row_sums.shape[0]
     if packed.shape[2:] != (PACK_ROWS, CHUNK) or packed.shape[1] * CHUNK < k or packed.shape[0] * PACK_ROWS < out:
         raise ValueError(f"packed weight {tuple(packed.shape)} does not fit x {tuple(x.shape)} and {out} outputs")
+    if k > MAX_INT8_IN:
+        raise ValueError(f"int8 weights take at most {MAX_INT8_IN} input features, not {k}")
     qscale, zp, qmax = activation_grid(reduce_range)
     y = torch.empty(n, out, dtype=torch.float32)
-    rc = _lib().recap_linear_i8(x.data_ptr(), n, packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr(),
-                                out, k, _ptr(bias), y.data_ptr(), qscale, zp, qmax, torch.get_num_threads())
+    lib = int8_library() if library is None else library
+    rc = lib.recap_linear_i8(x.data_ptr(), n, packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr(), out, k,
+                             _ptr(bias), y.data_ptr(), qscale, zp, qmax, torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer")
     return y
@@ -170,8 +204,8 @@ class RowKernel:
                  int8: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None) -> None:
         """fp32: weight [out, in] contiguous; int8: weight None and int8 = (packed, row_sums, scales,
         reduce_range) as linear_rows_int8 takes them."""
-        lib = _lib()
         if int8 is None:
+            lib = _lib()
             assert weight is not None and weight.dtype == torch.float32 and weight.is_contiguous()
             self.out, self.k = weight.shape
             self._keep: list[torch.Tensor] = [weight.detach()] + ([] if bias is None else [bias.detach()])
@@ -181,8 +215,10 @@ class RowKernel:
         else:
             packed, row_sums, scales, reduce_range = int8
             self.out, self.k = row_sums.shape[0], packed.shape[1] * CHUNK
+            if self.k > MAX_INT8_IN:
+                raise ValueError(f"int8 weights take at most {MAX_INT8_IN} input features, not {self.k}")
             self._keep = [packed, row_sums, scales] + ([] if bias is None else [bias.detach()])
-            self._fn = lib.recap_linear_i8
+            self._fn = int8_library().recap_linear_i8
             self._int8 = (packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr())
             self._post = activation_grid(reduce_range)
             self._bias = _ptr(bias)
@@ -210,13 +246,14 @@ class RowKernel:
         """The call of this kernel on `rows` rows at address x [rows, in_features] into y [rows, out], as a
         decode graph replays it: (function, arguments, what a nonzero return means or None). Several rows:
         int8 weights only (fp32 weights take the panel kernel)."""
-        lib = _lib()
         if self._post:
             qscale, zp, qmax = self._post
             args = (x, _I64(rows), *(_P(a) for a in self._int8), _I64(self.out), _I64(in_features), _P(self._bias),
                     y, _F32(qscale), _INT(zp), _INT(qmax), threads)  # fmt: skip
-            return raw_function(lib, "recap_linear_i8", _INT), args, "linear_rows_int8: no memory for its scratch"
+            fn = raw_function(int8_library(), "recap_linear_i8", _INT)
+            return fn, args, "linear_rows_int8: no memory for its scratch"
         if rows != 1:
             raise ValueError("the fp32 one-row kernel takes one row (several: linear_panels_f32)")
         w, out, k, b = self._pre
-        return raw_function(lib, "recap_linear_f32"), (x, _I64(1), _P(w), _I64(out), _I64(k), _P(b), y, threads), None
+        args = (x, _I64(1), _P(w), _I64(out), _I64(k), _P(b), y, threads)
+        return raw_function(_lib(), "recap_linear_f32"), args, None

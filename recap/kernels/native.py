@@ -66,8 +66,9 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def load_library(name: str) -> ctypes.CDLL:
-    """csrc/<name>.c built (or found in the cache) and loaded; raises NativeUnavailableError."""
+def load_library(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """csrc/<name>.c built (or found in the cache) and loaded; raises NativeUnavailableError. `extra_flags`
+    follow FLAGS (tests build the paths of other instruction sets with e.g. -mno-avx512f)."""
     if platform.system() != "Linux":
         raise NativeUnavailableError(f"native kernels are built for Linux only, not {platform.system()}")
     src = CSRC / f"{name}.c"
@@ -76,12 +77,13 @@ def load_library(name: str) -> ctypes.CDLL:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeUnavailableError(f"{cc} --version failed: {e}") from e
-    key = hashlib.sha256(b"\0".join(s.encode() for s in (src.read_text(), version, " ".join(FLAGS), _cpu_flags())))
+    flags = (*FLAGS, *extra_flags)
+    key = hashlib.sha256(b"\0".join(s.encode() for s in (src.read_text(), version, " ".join(flags), _cpu_flags())))
     out = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not out.is_file():
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         try:
-            done = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(src), "-lm"], capture_output=True, text=True,
+            done = subprocess.run([cc, *flags, "-o", str(tmp), str(src), "-lm"], capture_output=True, text=True,
                                   timeout=300)
         except (OSError, subprocess.SubprocessError) as e:
             raise NativeUnavailableError(f"building {src.name} failed: {e}") from e

@@ -67,6 +67,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint-interval", type=_positive, default=None, help="recap policy: also checkpoint every N blocks"
     )
+    _add_memory_args(p)
+    p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
+    p.add_argument(
+        "--check-integrity",
+        action="store_true",
+        help="check the cache core's accounting after every step (slow; for debugging)",
+    )
+
+
+def _add_memory_args(p: argparse.ArgumentParser) -> None:
+    """The pools' byte budgets and the memory limit the start-up plan is checked against."""
     p.add_argument("--kv-cache-bytes", type=positive_bytes, default=None, help="KV block pool budget, e.g. 2GiB")
     p.add_argument(
         "--state-cache-bytes",
@@ -74,12 +85,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="state slot pool budget (running slots + checkpoints), e.g. 512MiB",
     )
-    p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
-    p.add_argument(
-        "--check-integrity",
-        action="store_true",
-        help="check the cache core's accounting after every step (slow; for debugging)",
-    )
+    p.add_argument("--memory-limit", type=positive_bytes, default=None,
+                   help="on a CPU: the memory recap may hold in all, e.g. 12GiB (default: MemAvailable plus what the "
+                        "process holds, capped by the cgroup limit); a model, pools and runtime over it are refused "
+                        "at start (exit 2)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -94,6 +103,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         kernels=args.kernels,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        memory_limit_bytes=args.memory_limit,
         seed=args.seed,
         cache=CacheConfig(
             block_size=args.block_size,

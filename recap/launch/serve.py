@@ -7,6 +7,7 @@ import logging
 import sys
 
 from recap.disagg.config import add_disagg_args, transfer_config
+from recap.engine.errors import MemoryPlanError
 from recap.http.limits import add_limit_args, server_limits
 from recap.launch.engine_args import add_engine_args, engine_config
 from recap.launch.replicas import add_cluster_args, cluster_mode, serve_replicas
@@ -60,6 +61,9 @@ def serve(args: argparse.Namespace) -> int:
     log.info("loading %s", config.model or "the embedded default model")
     try:
         engine, collectors = build_engine(config, transfer)
+    except MemoryPlanError as e:  # refused before loading the weights or allocating the pools: a usage error
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: cannot load the model: {e}", file=sys.stderr)
         return 1

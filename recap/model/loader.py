@@ -3,6 +3,13 @@
 Reads `model.safetensors` or a sharded `model.safetensors.index.json`, from a local folder or a hub
 id (downloaded with huggingface_hub when not a local path). The on-disk key layout is the one
 `save_pretrained` writes (see HF_NOTES); a family may rename legacy keys (`rename_checkpoint_key`).
+
+Memory: no second copy of the model at any time. Each tensor is read straight into its parameter
+(model/safetensors_file.py: no mapped file, no intermediate buffer where the file's dtype is the model's), and
+the parameters `build_model` allocated are not resident until written. With a quantization, each linear layer
+is quantized as soon as its weight and bias are in and its full-precision weight freed at once
+(`Linear.set_backend`, Linear.release_weight), so the peak is the quantized model plus one layer; the freed
+memory goes back to the OS (model/heap.py) before the next layer is read.
 """
 
 from __future__ import annotations
@@ -10,20 +17,22 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from torch import nn
 
 from recap.model.families import family
+from recap.model.heap import return_free_heap
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
-from recap.model.layers.linear import LINEAR_BACKENDS, onednn_available
+from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM
 from recap.model.quant import QUANTIZATIONS
+from recap.model.safetensors_file import SafetensorsFormatError, StoredTensor, copy_stored, stored_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -70,27 +79,36 @@ def _shards(path: Path) -> list[Path]:
     raise WeightLoadError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
 
 
-def iter_checkpoint(path: Path) -> Iterator[tuple[str, Any, str]]:
-    """(key, safetensors slice handle, file name) for every tensor of the checkpoint."""
+def iter_checkpoint(path: Path) -> Iterator[tuple[StoredTensor, Any, str]]:
+    """(where the tensor is, the open shard, the shard's name) for every tensor of the checkpoint, in file order."""
     for shard in _shards(path):
         if not shard.is_file():
             raise WeightLoadError(f"shard {shard.name} listed in the index is missing")
-        with safe_open(shard, framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open handles are not mappings)
-                yield key, f.get_slice(key), shard.name
+        with open(shard, "rb") as f:
+            try:
+                for stored in stored_tensors(f, shard.name):
+                    yield stored, f, shard.name
+            except SafetensorsFormatError as e:
+                raise WeightLoadError(str(e)) from e
 
 
-def load_weights(model: CausalLM, path: Path) -> dict[str, int]:
-    """Copy every checkpoint tensor into the model, strictly (cast to the model's dtype).
+def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], None] | None = None) -> dict[str, int]:
+    """Read every checkpoint tensor into the model, strictly (cast to the model's dtype).
 
     Keys under the model's `ignored_checkpoint_prefixes` (a vision tower, an MTP head) are skipped; returns how
-    many were skipped per prefix (also logged).
+    many were skipped per prefix (also logged). `on_loaded(module)` runs as soon as every tensor of a module's
+    own (a Linear's weight and bias) is in, before the next tensor is read.
     """
-    params = model.state_dict(keep_vars=True)
+    params = model.state_dict(keep_vars=True)  # each entry dropped once filled: a released weight is then freed
+    expected = set(params)
+    owner = {key: key.rpartition(".")[0] for key in params}  # the module holding each tensor
+    pending = Counter(owner.values())
+    modules = dict(model.named_modules())
     seen: set[str] = set()
     ignored: Counter[str] = Counter()
     tied = model.config.tie_word_embeddings
-    for raw_key, handle, shard in iter_checkpoint(path):
+    for stored, f, shard in iter_checkpoint(path):
+        raw_key = stored.key
         prefix = next((p for p in model.ignored_checkpoint_prefixes if raw_key.startswith(p)), None)
         if prefix is not None:
             ignored[prefix] += 1
@@ -98,20 +116,27 @@ def load_weights(model: CausalLM, path: Path) -> dict[str, int]:
         key = model.rename_checkpoint_key(raw_key)
         if key is None:
             continue  # the family declares this weight unused (e.g. Nemotron-H's MTP head)
-        if key not in params:
+        if key not in expected:
             if tied and key == "lm_head.weight":
                 continue  # some hub checkpoints store the tied head too; it equals the embedding
             raise WeightLoadError(f"unexpected key {raw_key!r} in {shard} (the model has no such weight)")
         if key in seen:
             raise WeightLoadError(f"duplicate key {raw_key!r} in {shard}")
-        dst = params[key]
-        shape = tuple(handle.get_shape())
-        if shape != tuple(dst.shape):
-            raise WeightLoadError(f"shape mismatch for {raw_key!r}: checkpoint {shape}, model {tuple(dst.shape)}")
-        with torch.no_grad():
-            dst.copy_(handle[:])
+        dst = params.pop(key)
+        if stored.shape != tuple(dst.shape):
+            raise WeightLoadError(f"shape mismatch for {raw_key!r}: checkpoint {stored.shape}, "
+                                  f"model {tuple(dst.shape)}")
+        try:
+            with torch.no_grad():
+                copy_stored(f, stored, dst.data, shard)
+        except SafetensorsFormatError as e:
+            raise WeightLoadError(str(e)) from e
+        del dst
         seen.add(key)
-    missing = sorted(set(params) - seen)
+        pending[owner[key]] -= 1
+        if on_loaded is not None and pending[owner[key]] == 0:
+            on_loaded(modules[owner[key]])
+    missing = sorted(expected - seen)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise WeightLoadError(f"missing key {missing[0]!r} in {path}: {', '.join(missing[:5])}{more}")
@@ -119,6 +144,18 @@ def load_weights(model: CausalLM, path: Path) -> dict[str, int]:
         logger.info("%s: skipped %d checkpoint tensors under %r (not part of %s)", path, n, prefix,
                     model.config.architecture)  # fmt: skip
     return dict(ignored)
+
+
+def quantize_when_loaded(quantization: str) -> Callable[[nn.Module], None]:
+    """load_weights' `on_loaded` for a quantized model: each Linear quantized (its fp32 weight freed and handed
+    back to the OS) as soon as it is loaded; the backend's prepare keeps it (Linear.set_backend)."""
+
+    def done(module: nn.Module) -> None:
+        if isinstance(module, Linear) and not module.reads_weight:
+            module.set_backend(quantization)
+            return_free_heap()
+
+    return done
 
 
 def build_model(
@@ -144,7 +181,8 @@ def load_model(
     linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 and bf16 when
     available; measured fastest here for every row count, see layers/linear.py).
     quantization: None, or "int8" (every linear layer's weight as per-channel int8, model/quant.py; the
-    rest of the model stays in `dtype`). It takes the place of the linear backend.
+    rest of the model stays in `dtype`). It takes the place of the linear backend. On the CPU each layer is
+    quantized as it is loaded and its fp32 weight freed (the model holds no fp32 copy of it afterwards).
     native_decode: decode takes recap's CPU fast path (recap/backends/cpu.py: native kernels, weights on huge
     pages, decode graphs), built once per machine with the C compiler (about a second). Where it cannot be
     built, or with the "torch" linear backend, the model keeps torch's kernels (a warning says why). False:
@@ -162,8 +200,9 @@ def load_model(
     architecture_of(hf)  # raises UnsupportedArchitectureError before touching weights
     config = translate_config(hf)
     net = build_model(config, dtype, device)
-    ignored = load_weights(net, path)
     on_cpu = torch.device(device).type == "cpu"
+    ignored = load_weights(net, path, quantize_when_loaded(quantization) if quantization and on_cpu else None)
+    return_free_heap()
     if quantization is not None:
         linear_backend = quantization
     elif not on_cpu:

@@ -1,6 +1,15 @@
 """Int8 weights for the linear layers: per-output-channel symmetric int8, per-row 8-bit activations.
 
-`int8_linear` is the fast path: fbgemm's dynamic-quantization linear (`torch.ops.quantized.linear_dynamic`,
+Two forms of one quantization (`quantize_int8_weight`):
+- `Int8Tiles` (`quantize_int8_tiles`): the weight only in the native kernel's tiles (kernels/linear_rows.py,
+  csrc/linear_int8.c), with its row sums and scales: 1 byte per weight and nothing else, every row count
+  through the native kernel, bit-equal to `int8_linear_ref`. What an int8 layer keeps where the native
+  kernels build (layers/linear.py): the int8 matrix and fbgemm's packed copy (below) are not kept, so an
+  int8 layer holds its weight's int8 size once (it held three copies before: the matrix, fbgemm's, the tiles).
+- `Int8Weight` (`quantize_int8`): the int8 matrix and fbgemm's packed copy, for `int8_linear`; the fallback
+  where the native kernels do not build, and the form the reference takes.
+
+`int8_linear` is fbgemm's dynamic-quantization linear (`torch.ops.quantized.linear_dynamic`,
 the kernel behind torch.ao's dynamic quantization) on a weight packed once. It reads 1 byte per weight
 instead of 4, multiplies u8 x s8 in int32 and returns fp32. SSM/conv states, norms, residuals and the
 embedding stay in the model dtype (fp32 or bf16); only the matrices are int8.
@@ -21,6 +30,8 @@ and 768 -> 32000 weights; docs/performance.md has the table):
 - `torch._int_mm` (s8 x s8 -> s32, oneDNN): 4x slower than fbgemm at 1-8 rows (6.3 vs 1.7 ms for the
   head), though faster at 2048 rows; dequantize-then-matmul: far slower.
 llama.cpp's q8_0 matmul likewise quantizes activations to 8 bits (in blocks of 32 values).
+Since then recap's native kernel over its tiles ran at or above fbgemm's rate at 1 to 2048 rows of 1B-model
+shapes (benchmarks/bench_int8_gemm.py, docs/performance.md): fbgemm is the fallback where it does not build.
 
 Saturation: without VNNI, fbgemm's AVX2 kernels add pairs of u8 x s8 products in int16 and can saturate;
 torch.ao then restricts activations to 7 bits (`reduce_range`). With AVX-512 VNNI the products accumulate
@@ -35,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recap.kernels.linear_rows import activation_grid
+from recap.kernels.linear_rows import activation_grid, pack_int8
 
 QUANTIZATIONS = ("int8", "int4")  # int4: recap/kernels/linear_int4.py
 
@@ -73,14 +84,54 @@ class Int8Weight:
     row_sums: torch.Tensor  # [out] int32: sum of each row of qweight (the few-row kernel's zero-point term)
 
 
+_QUANT_ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small beside a large weight
+
+
+def quantize_int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: (q [out, in] int8, scales [out] fp32), q = round(w / s),
+    s = max|w_row| / 127 (a zero row gets s = 1)."""
+    w = weight.detach()
+    q = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty(w.shape[0], dtype=torch.float32)
+    for lo in range(0, w.shape[0], _QUANT_ROWS):
+        rows = w[lo : lo + _QUANT_ROWS].float()
+        s = rows.abs().amax(dim=1) / 127.0
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        q[lo : lo + _QUANT_ROWS] = torch.round(rows / s[:, None]).clamp_(-127, 127)
+        scales[lo : lo + _QUANT_ROWS] = s
+    return q, scales
+
+
+@dataclass
+class Int8Tiles:
+    """A weight [out, in] as int8 in the native kernel's tiles only (linear_rows.pack_int8), with what its
+    epilogue needs: the int8 matrix itself is not kept."""
+
+    tiles: torch.Tensor  # [ceil(out/8), ceil(in/64), 8, 64] int8
+    row_sums: torch.Tensor  # [out] int32: sum of each row of q (the activations' zero-point term)
+    scales: torch.Tensor  # [out] fp32
+    bias: torch.Tensor | None  # [out] fp32
+    reduce_range: bool  # activations use 7 bits (CPUs without VNNI; the same grid as fbgemm's there)
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return self.row_sums.shape[0]
+
+
+def quantize_int8_tiles(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Tiles:
+    """quantize_int8's quantization, kept only in the native kernel's tiles (no fbgemm needed)."""
+    q, scales = quantize_int8_weight(weight)
+    b = None if bias is None else bias.detach().float().contiguous()
+    return Int8Tiles(pack_int8(q), q.sum(1, dtype=torch.int32), scales, b, reduce_range=not _cpu_has_vnni(),
+                     in_features=q.shape[1])  # fmt: skip
+
+
 def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight:
-    """Symmetric per-output-channel int8: q = round(w / s), s = max|w_row| / 127 (a zero row gets s = 1)."""
+    """Symmetric per-output-channel int8 (quantize_int8_weight) and fbgemm's packed copy."""
     if not int8_available():
         raise QuantizationUnavailableError("int8 weights need torch's fbgemm quantized engine (not in this build)")
-    w = weight.detach().float()
-    scales = w.abs().amax(dim=1) / 127.0
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    q, scales = quantize_int8_weight(weight)
     b = None if bias is None else bias.detach().float().contiguous()
     padded = torch.cat((q, q.new_zeros(q.shape[0], 2)), dim=1)  # the range-pin columns multiply zeros
     with warnings.catch_warnings():  # torch 2.13 flags quantized-tensor constructors as deprecated

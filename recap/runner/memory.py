@@ -1,25 +1,21 @@
-"""Sizing the KV block pool and the state pool from byte budgets."""
+"""The memory plan: the KV block pool and the state pool sized from byte budgets, the weights, the runtime
+overhead, and the check that it all fits the memory the process may hold (refused before allocating)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
+import torch
+
 from recap.config import CacheConfig, SchedulerConfig
+from recap.model.footprint import serving_weight_bytes_lower_bound, widest_linear
+from recap.model.loader import build_model
+from recap.model.model_config import ModelConfig
+from recap.model.quant import QUANTIZATIONS
+from recap.runner.host_memory import MemoryLimit, MemoryPlanError, available_memory_bytes, gib
 
 # Share of available memory each pool takes when no byte budget is given.
 DEFAULT_MEMORY_FRACTION = 0.15
-
-
-def available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 @dataclass(frozen=True)
@@ -31,14 +27,40 @@ class PoolSizes:
     num_window_blocks: int = 0  # the window group's pool, including its null block
 
 
+# What the process holds beyond weights and pools, stated: the interpreter, torch and its libraries, the
+# tokenizer, the native kernels and the allocator's slack (0.35-0.45 GiB of RSS before a model loads here),
+# plus ACTIVATION_COPIES live activations of one step's widest layer (prefill_activation_bytes).
+RUNTIME_OVERHEAD_BYTES = 512 << 20
+ACTIVATION_COPIES = 3
+
+
+def prefill_activation_bytes(max_num_batched_tokens: int, widest_linear: int) -> int:
+    """A step's largest live activations: a few fp32 [tokens, widest layer output] tensors at once."""
+    return ACTIVATION_COPIES * max_num_batched_tokens * widest_linear * 4
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What a runner holds, for the start-up log: the weights, the native kernels' packed copies, the pools."""
+    """What a runner holds, for the start-up log and the refusal: the weights (measured, or before loading a
+    lower bound), the linear layers' copies beside them, the pools, the runtime overhead, against the limit."""
 
-    weight_bytes: int  # the model's parameters and buffers
-    packed_bytes: int  # the copies of linear weights the native kernels read (panels, int8 tiles)
+    weight_bytes: int  # the model's parameters and buffers (a layer in its own layout released its weight)
+    packed_bytes: int  # what the linear layers hold beside them (their own layouts: packed, quantized, panels)
     pools: PoolSizes
     block_size: int
+    overhead_bytes: int = 0  # RUNTIME_OVERHEAD_BYTES + a step's activations
+    limit: MemoryLimit | None = None  # the memory this process may hold (None: not checked)
+    weight_format: str = ""  # e.g. "float32", "bfloat16 + int8 linear weights"
+    before_load: bool = False  # weight_bytes is a lower bound from the config (nothing loaded yet)
+
+    @property
+    def total_bytes(self) -> int:
+        p = self.pools
+        return self.weight_bytes + self.packed_bytes + p.kv_bytes + p.state_bytes + self.overhead_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.total_bytes <= self.limit.bytes
 
     def describe(self) -> str:
         p = self.pools
@@ -48,8 +70,34 @@ class MemoryPlan:
         state = "no state pool (no recurrent layers)" if not p.num_state_slots else (
             f"state pool {_mib(p.state_bytes)} in {p.num_state_slots} slots of "
             f"{_mib(p.state_bytes // p.num_state_slots)}")
-        packed = f" + {_mib(self.packed_bytes)} packed for the native kernels" if self.packed_bytes else ""
-        return f"weights {_mib(self.weight_bytes)}{packed}; {kv}; {state}"
+        packed = (f" + {_mib(self.packed_bytes)} in the linear layers' own copies (packed, quantized, native)"
+                  if self.packed_bytes else "")
+        fmt = f" in {self.weight_format}" if self.weight_format else ""
+        text = f"weights {_mib(self.weight_bytes)}{fmt}{packed}; {kv}; {state}"
+        if self.overhead_bytes:
+            text += f"; runtime overhead {_mib(self.overhead_bytes)}"
+        if self.limit is not None:
+            text += f"; total {gib(self.total_bytes)} of {gib(self.limit.bytes)} ({self.limit.source})"
+        return text
+
+    def check(self, remedies: str = "") -> None:
+        """Raise MemoryPlanError naming every figure when the total does not fit the limit."""
+        if self.fits:
+            return
+        assert self.limit is not None
+        p = self.pools
+        weights = f"weights {'at least ' if self.before_load else ''}{gib(self.weight_bytes)}"
+        if self.weight_format:
+            weights += f" in {self.weight_format}"
+        if self.packed_bytes:
+            weights += f" + linear layers' copies {gib(self.packed_bytes)}"
+        raise MemoryPlanError(
+            f"not enough memory to serve this model{' (refused before loading it)' if self.before_load else ''}: "
+            f"it needs {gib(self.total_bytes)} ({weights} + KV pool {gib(p.kv_bytes)} + state pool "
+            f"{gib(p.state_bytes)} + runtime overhead {gib(self.overhead_bytes)}) but this process may hold "
+            f"{gib(self.limit.bytes)} ({self.limit.source}). "
+            + (remedies or "Lower the pools (kv_cache_bytes, state_cache_bytes) or the weights (dtype, quantization).")
+        )
 
 
 def _mib(n: int) -> str:
@@ -124,3 +172,50 @@ def size_pools(
         state_bytes=num_slots * state_bytes_per_slot,
         num_window_blocks=num_blocks if window_bytes_per_token else 0,
     )
+
+
+# The pools' default share is taken of what the weights and runtime leave, but of no less than this.
+MIN_POOL_SHARE_BASE = 1 << 30
+
+
+def pool_share_base(limit: MemoryLimit, weight_bytes: int, overhead_bytes: int) -> int:
+    """The memory a pool without a byte budget takes its DEFAULT_MEMORY_FRACTION of: what the weights and the
+    runtime leave of the limit."""
+    return max(limit.bytes - weight_bytes - overhead_bytes, MIN_POOL_SHARE_BASE)
+
+
+def weight_format(dtype: torch.dtype, quantization: str | None) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return name if quantization is None else f"{name} + {quantization} linear weights"
+
+
+def remedies(dtype: torch.dtype, quantization: str | None, pools: PoolSizes) -> str:
+    """What to change, in the CLI's flags and LLM's keywords."""
+    ways = []
+    if pools.kv_bytes or pools.state_bytes:
+        ways.append("smaller pools (--kv-cache-bytes / kv_cache_bytes, --state-cache-bytes / state_cache_bytes)")
+    if dtype == torch.float32:
+        ways.append("bfloat16 weights (--dtype bfloat16)")
+    if quantization is None:
+        ways.append(f"quantized linear weights (--quantization {' or '.join(QUANTIZATIONS)})")
+    ways.append("a machine or container with more memory")
+    return "To serve it, use " + ", or ".join(ways) + "."
+
+
+def plan_before_load(
+    config: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, dtype: torch.dtype, quantization: str | None,
+    limit: MemoryLimit,
+) -> MemoryPlan:
+    """The plan from the model's config alone (built on the meta device: no weight read): the weights' lower
+    bound in the serving format, the pools as the runner will size them, the runtime overhead."""
+    meta = build_model(config, dtype, "meta")
+    weights = serving_weight_bytes_lower_bound(meta, quantization)
+    overhead = RUNTIME_OVERHEAD_BYTES + prefill_activation_bytes(
+        sched.max_num_batched_tokens, widest_linear(meta, config.vocab_size))
+    pools = size_pools(
+        cache, sched, config.kv_bytes_per_token(dtype), config.state_bytes_per_slot(dtype),
+        available=pool_share_base(limit, weights, overhead),
+        window_bytes_per_token=config.window_bytes_per_token(dtype),
+    )  # fmt: skip
+    return MemoryPlan(weights, 0, pools, cache.block_size, overhead, limit, weight_format(dtype, quantization),
+                      before_load=True)  # fmt: skip

@@ -13,11 +13,22 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.layers.linear import Linear
+from recap.model.footprint import held_weight_bytes, widest_linear
 from recap.model.loader import LoadedModel
+from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
 from recap.runner.grammar import GrammarBackend, GrammarFailed
-from recap.runner.memory import MemoryPlan, PoolSizes, size_pools
+from recap.runner.host_memory import MemoryLimit, process_memory_limit
+from recap.runner.memory import (
+    RUNTIME_OVERHEAD_BYTES,
+    MemoryPlan,
+    PoolSizes,
+    pool_share_base,
+    prefill_activation_bytes,
+    remedies,
+    size_pools,
+    weight_format,
+)
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.sampling_params import SamplingParams
 
@@ -31,6 +42,9 @@ class RunnerConfig:
     seed: int | None = 0
     kernels: KernelSet = field(default=TORCH_KERNELS)  # the ops the layers call (kernels/kernel_set.py)
     gpu_memory_utilization: float = 0.9  # on a GPU: the share of its memory the process may hold
+    # On the CPU: the memory the process may hold in all; the plan (weights + pools + runtime) is refused with
+    # MemoryPlanError before the pools are allocated when it does not fit. None: measured (host_memory.py).
+    memory_limit: MemoryLimit | None = None
 
 
 class ModelRunner:
@@ -58,14 +72,25 @@ class ModelRunner:
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
         self.window_bytes_per_token = self.config.window_bytes_per_token(dtype)
         self.state_bytes_per_slot = self.config.state_bytes_per_slot(dtype)
+        on_cpu = self.device.type == "cpu"
+        self.memory_limit = (runner_config.memory_limit or process_memory_limit()) if on_cpu else None
+        self.weights = held_weight_bytes(self.model)  # measured once the backend has made its copies
+        self.overhead_bytes = RUNTIME_OVERHEAD_BYTES + prefill_activation_bytes(
+            scheduler_config.max_num_batched_tokens, widest_linear(self.model, self.config.vocab_size))
+        share = None if self.memory_limit is None else pool_share_base(
+            self.memory_limit, self.weights.total, self.overhead_bytes)
         self.pools: PoolSizes = size_pools(
             cache_config,
             scheduler_config,
             self.kv_bytes_per_token,
             self.state_bytes_per_slot,
+            available=share,
             window_bytes_per_token=self.window_bytes_per_token,
             device_budget=device_pool_budget(self.device, runner_config.gpu_memory_utilization),
         )
+        self.quantization = loaded.linear_backend if loaded.linear_backend in QUANTIZATIONS else None
+        plan = self.memory_plan()
+        plan.check(remedies(dtype, self.quantization, self.pools))  # before a byte of the pools is allocated
         self.caches = ModelCaches.allocate(
             self.config,
             num_kv_blocks=self.pools.num_kv_blocks,
@@ -86,10 +111,12 @@ class ModelRunner:
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
 
     def memory_plan(self) -> MemoryPlan:
-        """The bytes this runner holds: weights, the native kernels' packed copies, and the two pools."""
-        weights = sum(t.nbytes for t in [*self.model.parameters(), *self.model.buffers()])
-        packed = sum(t.nbytes for m in self.model.modules() if isinstance(m, Linear) for t in m.impl.tensors())
-        return MemoryPlan(weights, packed, self.pools, self.cache_config.block_size)
+        """The bytes this runner holds: the weights as measured at start (parameters, buffers, and what the linear
+        layers keep beside them), the two pools, the runtime overhead, against the memory limit (CPU)."""
+        w = self.weights
+        return MemoryPlan(w.parameters, w.linear_copies, self.pools, self.cache_config.block_size,
+                          self.overhead_bytes, self.memory_limit,
+                          weight_format(self.runner_config.dtype, self.quantization))  # fmt: skip
 
     @property
     def layout(self) -> CacheLayout:

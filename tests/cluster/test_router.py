@@ -117,6 +117,27 @@ def test_ties_spread_then_fall_to_lower_id() -> None:
     assert r.rank(["a", "b"], new[3])[0] == "b"
 
 
+def test_a_replica_passed_over_by_serve_is_chosen_next() -> None:
+    """Serve may send a request to a later rank (the first one's queue probe missed its deadline): the replica
+    it actually went to counts as chosen, so the one passed over leads the next tie instead of being starved."""
+    clock = Clock()
+    r = router(clock)
+    new = [RouteRequest([i] * 9) for i in range(4)]
+    assert r.rank(["a", "b"], new[0])[0] == "a"
+    r.on_routed("a", "0", new[0])
+    r.on_completed("a", "0")
+    assert r.rank(["a", "b"], new[1])[0] == "b"
+    r.on_routed("a", "1", new[1])  # Serve passed b over
+    r.on_completed("a", "1")
+    assert r.rank(["a", "b"], new[2])[0] == "b"
+    r.on_routed("b", "2", new[2])
+    r.on_completed("b", "2")
+    assert r.rank(["a", "b"], new[3])[0] == "a"
+    r.on_routed("b", "p", RouteRequest([5] * 9, pin="b"))  # a pinned debug call: load, not recency
+    r.on_completed("b", "p")
+    assert r.rank(["a", "b"], RouteRequest([9] * 9))[0] == "b"
+
+
 def test_kv_prefix_breaks_ties() -> None:
     """Equal hits: the replica holding the longer KV prefix wins (it learns the branch point there)."""
     clock = Clock()

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from recap.kernels import linear_int4 as L
-from recap.model.layers.linear import Int4Linear, Linear
+from recap.model.layers.int4_linear import Int4Linear
+from recap.model.layers.linear import Linear, WeightReleasedError
 
 FORMATS = [(False, 32), (True, 32), (False, 64), (True, 64)]  # (asym, group)
 SHAPES = [(1, 1), (17, 33), (16, 64), (40, 100), (33, 129), (9, 200)]  # (out, in): ragged groups and tiles
@@ -182,12 +183,15 @@ def test_int4_linear_layer_keeps_only_the_packed_weight(native: bool, monkeypatc
         lin.bias.copy_(torch.randn(35, generator=g))
     if not native:
         monkeypatch.setattr(L, "int4_native_available", lambda: False)
-        monkeypatch.setattr("recap.model.layers.linear.int4_native_available", lambda: False)
+        monkeypatch.setattr("recap.model.layers.int4_linear.int4_native_available", lambda: False)
     lin.set_backend("int4")
     assert isinstance(lin.impl, Int4Linear) and lin.backend == "int4"
     q = lin.impl.quantized
-    with torch.no_grad():
-        lin.weight.fill_(float("nan"))  # the layer never reads the fp32 weight again
+    assert lin.released and lin.impl.weight is None  # the packed form is the only copy
+    with pytest.raises(WeightReleasedError):
+        lin.weight  # noqa: B018
+    with pytest.raises(WeightReleasedError):  # 4-bit codes do not give the weight back
+        lin.set_backend("onednn")
     x = torch.randn(5, 67, generator=g)
     ref = L.int4_linear_ref(x, q)
     assert torch.equal(lin(x), ref)

@@ -12,7 +12,8 @@ import torch
 from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.layers.linear import Int4Linear, Linear
+from recap.model.layers.int4_linear import Int4Linear
+from recap.model.layers.linear import Linear
 from recap.model.loader import load_model
 from recap.model.testing import forward_step, greedy_generate
 

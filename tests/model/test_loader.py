@@ -89,10 +89,12 @@ def test_sharded_index_loads_same_weights(tiny_checkpoint, tmp_path) -> None:  #
 
 
 def test_tied_embeddings(tiny_checkpoint, tiny_model, tmp_path) -> None:  # noqa: ANN001
-    lm = tiny_model("mamba")
+    lm = load_model(tiny_checkpoint("mamba"))
     assert lm.config.tie_word_embeddings
     assert "lm_head.weight" not in lm.model.state_dict()
     assert lm.model.head().weight is lm.model.embedding().weight
+    prepared = tiny_model("mamba").model  # prepared to serve: the tied head's table is the embedding's, kept
+    assert prepared.head().weight is prepared.embedding().weight and not prepared.head().released
     # A hub checkpoint that also stores the tied head loads (the copy is ignored).
     path = _rewrite(
         tiny_checkpoint("mamba"),
@@ -148,7 +150,7 @@ def test_nemotron_h_mtp_weights_are_skipped_by_name(tiny_checkpoint, tiny_model,
     mtp = "mtp.layers.0.norm.weight"  # a multi-token-prediction head weight, as Nemotron-3 checkpoints carry
     path = _rewrite(tiny_checkpoint("nemotron_h"), tmp_path / "m", lambda t: {**t, mtp: torch.ones(64)})
     lm = load_model(path)
-    ref = tiny_model("nemotron_h").model.state_dict()
+    ref = load_model(tiny_checkpoint("nemotron_h")).model.state_dict()  # not prepared: its weights all there
     assert all(torch.equal(v, ref[k]) for k, v in lm.model.state_dict().items())
 
 

@@ -32,7 +32,7 @@ class Mamba1Mixer(Mixer):
         self.in_proj = Linear(hidden_size, 2 * i, cfg.proj_bias, dtype)
         self.conv1d = CausalConv1d(i, cfg.d_conv, cfg.conv_bias, cfg.activation, dtype)
         self.x_proj = Linear(i, r + 2 * n, False, dtype)
-        self.dt_proj = Linear(r, i, True, dtype)
+        self.dt_proj = Linear(r, i, True, dtype, reads_weight=True)  # F.linear below, bias in the kernel
         self.A_log = empty_param(i, n, dtype=dtype)
         self.D = empty_param(i, dtype=dtype)
         self.out_proj = Linear(i, hidden_size, cfg.proj_bias, dtype)

@@ -35,7 +35,8 @@ class MLAttention(Mixer):
             self.q_b_proj = Linear(cfg.q_lora_rank, h * cfg.qk_head_dim, False, dtype)
         self.kv_a_proj_with_mqa = Linear(hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.bias, dtype)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.norm_eps, dtype)
-        self.kv_b_proj = Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False, dtype)
+        self.kv_b_proj = Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False, dtype,
+                                reads_weight=True)  # the attention kernel expands the latent with it
         self.o_proj = Linear(h * cfg.v_head_dim, hidden_size, cfg.bias, dtype)
         self.scale = cfg.qk_head_dim**-0.5
 

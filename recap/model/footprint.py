@@ -1,0 +1,162 @@
+"""The bytes a model's weights take: measured on a loaded model, or bounded below before loading.
+
+`held_weight_bytes` walks what the model holds (parameters, buffers, and every tensor each linear layer's
+implementation keeps: oneDNN's packed copy, int8 weights and scales, fbgemm's packed weight, the native
+kernels' panels and tiles) and counts each storage once, so whatever layout the linear layers choose, the
+figure is the bytes they hold, not a formula of them.
+
+`serving_weight_bytes_lower_bound` is what the weights take at least in the serving format, computed from the
+model built on the meta device (its parameters are exactly the checkpoint's tensors: the loader is strict),
+before a byte is read: one copy of every tensor at the serving dtype, with linear weights at their quantized
+width. A checkpoint that cannot fit even so is refused before loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from recap.model.layers.linear import Linear
+
+# Bytes per weight of a quantized linear layer's matrix, and its per-output-row scale.
+QUANTIZED_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5}
+SCALE_BYTES_PER_ROW = 4
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    parameters: int  # the model's parameters and buffers
+    linear_copies: int  # what the linear layers hold beyond those (packed, quantized, native-kernel copies)
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.linear_copies
+
+
+class _StorageCounter:
+    """Bytes that live tensors reach, each byte once: per storage, the union of the ranges its tensors view (a
+    view, a tied weight or a tensor kept twice counts once; tensors carved from one arena count apart)."""
+
+    def __init__(self) -> None:
+        self.ranges: dict[int, list[tuple[int, int]]] = {}  # storage -> (start, end) addresses viewed
+        self.opaque = 0  # bytes of tensors with no storage to share (oneDNN's layout, fbgemm's packed weights)
+        self.seen: set[int] = set()  # ids of the opaque ones
+
+    def add(self, t: torch.Tensor) -> None:
+        if t.device.type == "meta":
+            return
+        if t.is_mkldnn:  # oneDNN's opaque layout: no storage to share, its elements are its bytes
+            if id(t) not in self.seen:
+                self.seen.add(id(t))
+                self.opaque += t.nbytes
+            return
+        s = t.untyped_storage()
+        start = t.data_ptr()
+        end = start + _extent(t)
+        self.ranges.setdefault(s.data_ptr(), []).append((start, end))
+
+    @property
+    def total(self) -> int:
+        covered = 0
+        for spans in self.ranges.values():
+            last = -1
+            for start, end in sorted(spans):
+                start = max(start, last)
+                if end > start:
+                    covered += end - start
+                    last = end
+        return covered + self.opaque
+
+    def walk(self, obj: object, depth: int = 0) -> None:
+        """Every tensor `obj` holds: itself, in containers, dataclass fields, fbgemm's packed weights, and the
+        attributes of recap's own objects (a kernel binding keeps tensors alive too)."""
+        if depth > 6 or obj is None or isinstance(obj, (int, float, str, bool, bytes)):
+            return
+        if isinstance(obj, torch.Tensor):
+            self.add(obj)
+        elif isinstance(obj, torch.ScriptObject):
+            self._packed_params(obj)
+        elif isinstance(obj, (list, tuple, set)):
+            for x in obj:
+                self.walk(x, depth + 1)
+        elif isinstance(obj, dict):
+            for x in obj.values():
+                self.walk(x, depth + 1)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            for f in dataclasses.fields(obj):
+                self.walk(getattr(obj, f.name), depth + 1)
+        elif type(obj).__module__.startswith("recap.") and hasattr(obj, "__dict__"):
+            for x in vars(obj).values():
+                self.walk(x, depth + 1)
+
+    def _packed_params(self, obj: torch.ScriptObject) -> None:
+        """fbgemm's packed linear weight: opaque; it holds the int8 matrix (its unpacked size) and the bias."""
+        if id(obj) in self.seen:
+            return
+        self.seen.add(id(obj))
+        try:
+            weight, bias = torch.ops.quantized.linear_unpack(obj)
+        except RuntimeError:
+            return  # not a packed linear weight: nothing known to count
+        self.opaque += weight.numel() * weight.element_size() + (0 if bias is None else bias.nbytes)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to one past its last (its strides may skip some)."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def linear_layers(model: nn.Module) -> list[Linear]:
+    """Every Linear of the model, and its tied head (a Linear over the embedding that is not a submodule)."""
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    config = getattr(model, "config", None)
+    head = getattr(model, "head", None)
+    if config is not None and getattr(config, "tie_word_embeddings", False) and callable(head):
+        tied = head()
+        if all(tied is not m for m in layers):
+            layers.append(tied)
+    return layers
+
+
+def held_weight_bytes(model: nn.Module) -> WeightBytes:
+    """What the loaded model holds (each storage once): its parameters and buffers, then what its linear layers'
+    implementations keep beside them."""
+    count = _StorageCounter()
+    for t in [*model.parameters(), *model.buffers()]:
+        count.add(t)
+    parameters = count.total
+    for layer in linear_layers(model):
+        count.walk(layer.impl)
+    return WeightBytes(parameters, count.total - parameters)
+
+
+def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None) -> int:
+    """At least what `model` (built on the meta device, in the serving dtype) will hold once loaded: every
+    parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width plus a
+    scale per row (a tied head's quantized copy and any packed copy come on top). A quantization whose width is
+    not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower bound."""
+    width = QUANTIZED_BYTES_PER_WEIGHT.get(quantization or "", 0.0)
+    quantized = {id(m.weight) for m in model.modules() if isinstance(m, Linear)} if quantization else set()
+    total = 0
+    seen: set[int] = set()
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in quantized and t.dim() == 2:
+            total += int(t.numel() * width) + (t.shape[0] * SCALE_BYTES_PER_ROW if width else 0)
+        else:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def widest_linear(model: nn.Module, vocab_size: int) -> int:
+    """The widest output of the model's linear layers other than the vocabulary head (a prefill's largest
+    activation per token; the head runs on sampled rows only)."""
+    widths = [m.out_features for m in model.modules() if isinstance(m, Linear) and m.out_features != vocab_size]
+    return max(widths, default=0)
