@@ -1,6 +1,6 @@
-"""Logit drift of reduced-precision weights against fp32 on the same prompts (bf16 weights, int8 linears).
+"""Logit drift of reduced-precision weights against fp32 on the same prompts (bf16 weights, int8 or int4 linears).
 
-    .venv/bin/python benchmarks/precision_drift.py [--models mamba2-115m hybrid-163m]
+    .venv/bin/python benchmarks/precision_drift.py [--models mamba2-115m hybrid-163m] [--precisions int8 int4]
 
 For each model and precision: max |logit - fp32 logit| over every position of three random prompts
 (45, 130 and 300 tokens), divided by max |fp32 logit|; the relative L2 distance; and how often the greedy
@@ -26,7 +26,7 @@ from recap.model.testing import forward_step  # noqa: E402
 
 PROMPTS = (45, 130, 300)
 PRECISIONS = {"bf16": {"dtype": torch.bfloat16}, "int8": {"quantization": "int8"}, "int8+bf16": {
-    "dtype": torch.bfloat16, "quantization": "int8"}}
+    "dtype": torch.bfloat16, "quantization": "int8"}, "int4": {"quantization": "int4"}}
 
 
 def logits(lm, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
@@ -40,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["mamba2-115m", "hybrid-163m"])
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{'model':<12} {'weights':<10} {'max|dlogit|/max|logit|':>23} {'rel L2':>8} {'argmax agree':>13}")
@@ -50,8 +51,8 @@ def main() -> None:
         vocab = ref_lm.config.vocab_size
         prompts = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPTS]
         refs = [logits(ref_lm, p) for p in prompts]
-        for label, kw in PRECISIONS.items():
-            lm = load_model(path, **kw)
+        for label in args.precisions:
+            lm = load_model(path, **PRECISIONS[label])
             prepare(lm)
             got = [logits(lm, p) for p in prompts]
             ref, new = torch.cat(refs), torch.cat(got)

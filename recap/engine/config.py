@@ -17,7 +17,7 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model folder
     served_model_name: str | None = None
     dtype: str = "float32"
-    quantization: str | None = None  # "int8": int8 linear weights (recap/model/quant.py)
+    quantization: str | None = None  # "int8" (recap/model/quant.py) or "int4" (recap/kernels/linear_int4.py)
     # Batch-1 decode's fp32 and int8 linears through recap's native kernels (recap/kernels/linear_rows.py,
     # built once per machine in about a second); False: torch's kernels only (vLLM's --enforce-eager).
     native_decode: bool = True

@@ -81,7 +81,7 @@ class LLM:
         pipeline_parallel_size: int = 1,
         enforce_eager: bool = False,
         trust_remote_code: bool = False,
-        quantization: str | None = None,  # None, or "int8": int8 linear weights (recap/model/quant.py)
+        quantization: str | None = None,  # None, "int8" (model/quant.py) or "int4" (kernels/linear_int4.py)
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
     ) -> None:

@@ -44,7 +44,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="on a GPU: the share of its memory recap may hold; the KV and state pools take what the "
                         "weights leave (--kv-cache-bytes / --state-cache-bytes fix them instead)")
-    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None, help="int8: int8 linear weights")
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None,
+                   help="int8: per-channel int8 linear weights; int4: group-wise 4-bit ones")
     p.add_argument("--enforce-eager", action="store_true",
                    help="torch's kernels only: batch-1 decode does not take recap's native kernels "
                         "(recap/kernels/linear_rows.py)")

@@ -48,7 +48,7 @@ import torch
 
 from recap.kernels.linear_rows import activation_grid, pack_int8
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int4")  # int4: recap/kernels/linear_int4.py
 
 
 class QuantizationUnavailableError(RuntimeError):

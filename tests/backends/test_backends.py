@@ -75,7 +75,7 @@ def test_the_loaded_flags_pick_the_backend(tiny_checkpoint: Callable[[str], Path
         fast = backend_for(load_model(path, quantization="int8"))
         assert isinstance(fast, CpuBackend) and fast.linear_backend == "int8"
     with pytest.raises(ValueError, match="linear backend"):
-        TorchBackend("int4")
+        TorchBackend("int3")
 
 
 @pytest.mark.parametrize("native_decode", [True, False])

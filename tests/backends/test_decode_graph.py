@@ -77,6 +77,7 @@ def _decode_both(
     [
         ("mamba2", None, 1, True), ("mamba2", "int8", 1, True), ("bamba", None, 1, False), ("bamba", "int8", 1, False),
         ("mamba2", None, 8, True), ("bamba", None, 3, False), ("bamba", "int8", 2, False), ("mamba2", "int8", 5, True),
+        ("mamba2", "int4", 1, True), ("mamba2", "int4", 6, True), ("bamba", "int4", 2, False),
     ],
 )  # fmt: skip
 def test_graph_replays_the_module_path(

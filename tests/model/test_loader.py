@@ -162,5 +162,6 @@ def test_the_execution_flags_are_checked_and_recorded_for_the_backend(tiny_check
     assert all(m.backend == "torch" and not m.impl.native for m in lm.model.modules() if isinstance(m, Linear))
     lm = load_model(path, quantization="int8", native_decode=False)
     assert (lm.linear_backend, lm.native_decode) == ("int8", False)
+    assert load_model(path, quantization="int4").linear_backend == "int4"
     with pytest.raises(ValueError, match="linear backend"):
-        load_model(path, linear_backend="int4")
+        load_model(path, linear_backend="int3")

@@ -1,4 +1,4 @@
-"""`recap serve --quantization int8` reaches the engine config; other values are usage errors."""
+"""`recap serve --quantization int8` (or int4) reaches the engine config; other values are usage errors."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ def test_quantization_flag() -> None:
     parser = cli.build_parser()
     assert engine_config(parser.parse_args(["serve", "m", "--quantization", "int8"])).quantization == "int8"
     assert engine_config(parser.parse_args(["serve", "m", "-q", "int8", "--dtype", "bfloat16"])).quantization == "int8"
+    assert engine_config(parser.parse_args(["serve", "m", "-q", "int4"])).quantization == "int4"
     assert engine_config(parser.parse_args(["serve", "m"])).quantization is None
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "m", "--quantization", "int4"])
+        parser.parse_args(["serve", "m", "--quantization", "fp4"])

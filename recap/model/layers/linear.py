@@ -1,6 +1,7 @@
 """Linear layer: a plain reference path (`F.linear`) and the serving paths, each keeping ONE copy of the weight.
 
-A Linear holds one implementation object (`impl`: DenseLinear for "torch" and "onednn", Int8Linear for "int8").
+A Linear holds one implementation object (`impl`: DenseLinear for "torch" and "onednn", Int8Linear for "int8",
+layers/int4_linear.py's Int4Linear for "int4": group-wise 4-bit weights, recap/kernels/linear_int4.py).
 An implementation that holds the weight in its own layout (`LinearImpl.owns_weight`: oneDNN's packed copy, the
 native panels, int8 tiles) never reads the parameter, and the Linear then releases it (`Linear.release_weight`):
 the weight stops being a parameter, `in_features` / `out_features` keep the shape, and whatever asks for it
@@ -60,7 +61,7 @@ from recap.kernels.linear_rows import (
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
 from recap.model.quant import Int8Tiles, Int8Weight, int8_linear, quantize_int8, quantize_int8_tiles
 
-LINEAR_BACKENDS = ("torch", "onednn", "int8")
+LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4")
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
 # The reference ("torch") with the native kernels on: inputs of 1..PANEL_ROWS fp32 rows take the panel kernel
 # (from memory it led oneDNN up to 32 rows: 16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93).
@@ -303,11 +304,11 @@ class Linear(nn.Module):
         return self.impl.name
 
     def set_backend(self, backend: str, native: bool | None = None) -> None:
-        """ "torch" (reference), "onednn" or "int8", with the native kernels `native` (None: as they are). A layer
-        already on `backend` keeps its implementation (an int8 layer is not quantized again); "onednn" and "int8"
-        lay the weight out anew and release the parameter (release_weight). A released weight comes back from a
-        dense layout for another dense backend; from int8 it cannot: WeightReleasedError. "int8" raises
-        QuantizationUnavailableError where neither the native kernels build nor torch has fbgemm."""
+        """ "torch" (reference), "onednn", "int8" or "int4", with the native kernels `native` (None: as they are).
+        A layer already on `backend` keeps its implementation (a quantized layer is not quantized again); "onednn",
+        "int8" and "int4" lay the weight out anew and release the parameter (release_weight). A released weight
+        comes back from a dense layout for another dense backend; from int8 or int4 it cannot: WeightReleasedError.
+        "int8" raises QuantizationUnavailableError where neither the native kernels build nor torch has fbgemm."""
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
         on = self.impl.native if native is None else native
@@ -317,6 +318,11 @@ class Linear(nn.Module):
         weight = self._dense_weight()
         if backend == "int8":
             self.impl = Int8Linear(weight, self.bias)
+            self.impl.set_native(on)
+        elif backend == "int4":
+            from recap.model.layers.int4_linear import Int4Linear  # it imports this module (LinearImpl)
+
+            self.impl = Int4Linear(weight, self.bias)
             self.impl.set_native(on)
         else:
             self.impl = DenseLinear(weight, self.bias, onednn=backend == "onednn", native=on)

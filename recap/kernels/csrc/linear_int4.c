@@ -1,0 +1,502 @@
+/* Group-wise 4-bit weights: y[n, out] = x[n, in] W^T + b, W as 4-bit codes with one fp16 scale (and, asymmetric,
+ * one fp16 min) per group of 32 or 64 inputs of an output row, x quantized per row and group to int8 (the
+ * arithmetic of recap/kernels/linear_int4.py's int4_linear_ref, which every path here equals bit for bit).
+ *
+ * Layout (linear_int4.pack): tiles of 16 output rows, each tile one sequential stream of group blocks; a block is
+ * G/8 chunks of 64 bytes (16 rows x 4 bytes: byte b of row j holds code k = 8c + b in its low nibble and k + 4 in
+ * its high nibble), then the 16 rows' fp16 scales, then (asymmetric) their fp16 mins.
+ * A chunk unpacks with one AND and one shift + AND into two u8 vectors whose 32-bit lanes are 4 consecutive codes
+ * of one row; a dot product (VNNI dpbusd, u8 x s8) against 4 activations broadcast to every lane accumulates all
+ * 16 rows at once, so a group's integer sums land one per lane and its scaling is one vector op per 16 rows: no
+ * horizontal reduction anywhere.
+ * Per group g of a row: S = sum q x_q (int32, exact), X = sum x_q; symmetric w = s (q - 8):
+ *   acc += float(S - 8 X) * (s * dx);  asymmetric w = s q + m: acc += float(S) * (s * dx); acc += m * (dx * X)
+ * in fp32, group after group, then + b: every path does these operations in this order, so they agree exactly.
+ * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs + madd:
+ * exact here, a pair of products is at most 2 * 15 * 127), 0 portable scalar.
+ * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define X86 1
+#define TGT512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+#define TGT256 __attribute__((target("avx2,f16c,fma")))
+/* AVX-VNNI (256-bit dpbusd without AVX-512) needs gcc 11 / clang 12; older compilers keep the AVX2 path */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define HAVE_AVXVNNI 1
+#define TGT256V __attribute__((target("avx2,f16c,fma,avxvnni")))
+#endif
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+#define TILE 16      /* output rows per tile */
+#define ROW_BLOCK 64 /* input rows whose activations are kept in L2 while the weight tiles stream by */
+
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512_VNNI = 3 };
+
+int recap_int4_best_isa(void) {
+#if defined(X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return ISA_AVX512_VNNI;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+#if defined(HAVE_AVXVNNI)
+        if (__builtin_cpu_supports("avxvnni")) return ISA_AVX2_VNNI;
+#endif
+        return ISA_AVX2;
+#endif
+    return ISA_SCALAR;
+}
+
+/* The activations of n rows: codes xs [n, kp] (zero past k), and per row and group dx (the step), X (the sum of
+ * the codes) and e = dx * X. */
+typedef struct {
+    const int8_t *xs;
+    const float *dx, *e;
+    const int32_t *xsum;
+    int64_t kp, ng;
+} Acts;
+
+/* The packed weight: tiles of ng blocks of `block` bytes; cpg = G / 8 chunks per group. */
+typedef struct {
+    const uint8_t *w;
+    const float *b;
+    int64_t ng, block, out;
+    int cpg, asym;
+} W4;
+
+/* ---------------------------------------------------------------- activations */
+
+/* One group of len <= G values: d = max|x| / 127 (1 where that is not positive), codes rint(x / d) clamped to
+ * +-127, zero-padded to G. Division and round-half-even: the fp32 ops of the reference. */
+static void quant_group(const float *x, int64_t len, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < len; i++) m = fmaxf(m, fabsf(x[i]));
+    float d = m / 127.0f;
+    if (!(d > 0.0f)) d = 1.0f;
+    int32_t s = 0;
+    for (int64_t i = 0; i < len; i++) {
+        float t = rintf(x[i] / d);
+        t = t < -127.0f ? -127.0f : (t > 127.0f ? 127.0f : t);
+        q[i] = (int8_t)t;
+        s += q[i];
+    }
+    memset(q + len, 0, (size_t)(G - len));
+    *dx = d;
+    *xsum = s;
+    *e = d * (float)s;
+}
+
+#if defined(X86)
+/* quant_group for a full group of 32 or 64 values in 16-lane vectors (the same ops). */
+TGT512 static void quant_group_512(const float *x, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 mv = _mm512_setzero_ps();
+    for (int64_t i = 0; i < G; i += 16) mv = _mm512_max_ps(mv, _mm512_and_ps(_mm512_loadu_ps(x + i), sign));
+    float d = _mm512_reduce_max_ps(mv) / 127.0f;
+    if (!(d > 0.0f)) d = 1.0f;
+    const __m512 vd = _mm512_set1_ps(d), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    __m512i sv = _mm512_setzero_si512();
+    for (int64_t i = 0; i < G; i += 16) {
+        __m512 t = _mm512_div_ps(_mm512_loadu_ps(x + i), vd);
+        t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i c = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, lo), hi));
+        sv = _mm512_add_epi32(sv, c);
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(c));
+    }
+    const int32_t s = _mm512_reduce_add_epi32(sv);
+    *dx = d;
+    *xsum = s;
+    *e = d * (float)s;
+}
+#endif
+
+static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int isa, int threads, int8_t *xs,
+                          float *dx, int32_t *xsum, float *e) {
+    const int64_t ng = (k + G - 1) / G, kp = ng * G;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= 16)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t i = r * ng + g, len = k - g * G < G ? k - g * G : G;
+#if defined(X86)
+            if (isa == ISA_AVX512_VNNI && len == G) {
+                quant_group_512(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+                continue;
+            }
+#endif
+            quant_group(x + r * k + g * G, len, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+        }
+}
+
+/* ---------------------------------------------------------------- symmetric scales */
+
+/* Squared error of w [G] on the grid d (q - 8, q in 0..15). */
+static float grid_error(const float *w, int64_t G, float d) {
+    float e = 0.0f;
+    for (int64_t i = 0; i < G; i++) {
+        float q = rintf(w[i] / d) + 8.0f;
+        q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
+        const float r = w[i] - (q - 8.0f) * d;
+        e += r * r;
+    }
+    return e;
+}
+
+/* Per group of w [groups, G]: the scale of least squared error among the largest-magnitude value m over
+ * -8.5 .. -7 in quarters (m / -8 makes m exact and clips the other side at 7/8 of it; larger divisors trade
+ * that for a finer grid), the best then refit by least squares on its codes. 0 for an all-zero group. */
+void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *scales, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        const float *x = w + g * G;
+        float m = 0.0f;
+        for (int64_t i = 0; i < G; i++)
+            if (fabsf(x[i]) > fabsf(m)) m = x[i];
+        if (m == 0.0f) {
+            scales[g] = 0.0f;
+            continue;
+        }
+        float best = m / -8.0f, best_e = grid_error(x, G, best);
+        for (int j = 0; j < 7; j++) {
+            const float d = m / (-8.5f + 0.25f * (float)j), e = grid_error(x, G, d);
+            if (e < best_e) best = d, best_e = e;
+        }
+        float qw = 0.0f, qq = 0.0f;
+        for (int64_t i = 0; i < G; i++) {
+            float q = rintf(x[i] / best) + 8.0f;
+            q = (q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q)) - 8.0f;
+            qw += q * x[i];
+            qq += q * q;
+        }
+        const float d = qq > 0.0f ? qw / qq : 0.0f;
+        scales[g] = d != 0.0f && grid_error(x, G, d) < best_e ? d : best;
+    }
+}
+
+/* ---------------------------------------------------------------- scalar */
+
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (ex == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (ex != 0) {
+        bits = sign | ((ex + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: exact in fp32 */
+        float f = (float)man * 5.9604644775390625e-8f; /* 2^-24 */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Rows [r0, r0 + nr) of the activations times tile tw (outputs o..o+15) -> y. */
+static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int nr, int64_t o, float *y) {
+    const int64_t G = (int64_t)W->cpg * 8;
+    for (int r = 0; r < nr; r++) {
+        float acc[TILE] = {0};
+        for (int64_t g = 0; g < W->ng; g++) {
+            const uint8_t *blk = tw + g * W->block;
+            const int8_t *xg = A->xs + (r0 + r) * A->kp + g * G;
+            const int64_t gi = (r0 + r) * A->ng + g;
+            for (int j = 0; j < TILE; j++) {
+                int32_t s = 0;
+                for (int c = 0; c < W->cpg; c++)
+                    for (int b = 0; b < 4; b++) {
+                        const uint8_t v = blk[c * 64 + j * 4 + b];
+                        s += (int32_t)(v & 15) * xg[8 * c + b] + (int32_t)(v >> 4) * xg[8 * c + 4 + b];
+                    }
+                uint16_t h;
+                memcpy(&h, blk + W->cpg * 64 + 2 * j, 2);
+                const float c = half_to_float(h) * A->dx[gi];
+                if (!W->asym) {
+                    acc[j] = acc[j] + (float)(s - 8 * A->xsum[gi]) * c;
+                } else {
+                    memcpy(&h, blk + W->cpg * 64 + 32 + 2 * j, 2);
+                    acc[j] = acc[j] + (float)s * c;
+                    acc[j] = acc[j] + half_to_float(h) * A->e[gi];
+                }
+            }
+        }
+        for (int j = 0; j < TILE && o + j < W->out; j++)
+            y[(r0 + r) * W->out + o + j] = W->b ? acc[j] + W->b[o + j] : acc[j];
+    }
+}
+
+/* ---------------------------------------------------------------- AVX-512 VNNI */
+
+#if defined(X86)
+/* NR (constant) input rows x one tile of 16 outputs: NR int32 accumulators per group, NR fp32 ones across. */
+INLINE TGT512 void tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t o,
+                           float *y) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int64_t G = (int64_t)W->cpg * 8;
+    __m512 facc[8];
+    for (int r = 0; r < NR; r++) facc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < W->ng; g++) {
+        const uint8_t *blk = tw + g * W->block;
+        const int8_t *xg = A->xs + r0 * A->kp + g * G;
+        __m512i acc[8];
+        for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_si512();
+        for (int c = 0; c < W->cpg; c++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
+            const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            for (int r = 0; r < NR; r++) {
+                int32_t x0, x1;
+                memcpy(&x0, xg + r * A->kp + 8 * c, 4);
+                memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(x0));
+                acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(x1));
+            }
+        }
+        const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 64 * W->cpg)));
+        if (!W->asym) {
+            for (int r = 0; r < NR; r++) {
+                const int64_t gi = (r0 + r) * A->ng + g;
+                const __m512i s = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * A->xsum[gi]));
+                const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
+                facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), c));
+            }
+        } else {
+            const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 64 * W->cpg + 32)));
+            for (int r = 0; r < NR; r++) {
+                const int64_t gi = (r0 + r) * A->ng + g;
+                const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
+                facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), c));
+                facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(wm, _mm512_set1_ps(A->e[gi])));
+            }
+        }
+    }
+    const __mmask16 m = W->out - o >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - o)) - 1u);
+    const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + o) : _mm512_setzero_ps();
+    for (int r = 0; r < NR; r++) {
+        const __m512 v = W->b ? _mm512_add_ps(facc[r], bv) : facc[r];
+        _mm512_mask_storeu_ps(y + (r0 + r) * W->out + o, m, v);
+    }
+}
+
+#define TILE512(NR)                                                                                           \
+    TGT512 static void tile512_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,     \
+                                    float *y) {                                                               \
+        tile512(tw, W, A, r0, NR, o, y);                                                                      \
+    }
+TILE512(1) TILE512(2) TILE512(3) TILE512(4) TILE512(5) TILE512(6) TILE512(7) TILE512(8)
+typedef void (*TileFn)(const uint8_t *, const W4 *, const Acts *, int64_t, int64_t, float *);
+static const TileFn TILES512[9] = {0, tile512_1, tile512_2, tile512_3, tile512_4,
+                                   tile512_5, tile512_6, tile512_7, tile512_8};
+
+/* The group epilogue of one tile's accumulators (NR rows), as tile512's. */
+INLINE TGT512 void group_end512(const uint8_t *scales, const W4 *W, const Acts *A, int64_t r0, int64_t g,
+                                const int NR, const __m512i *acc, __m512 *facc) {
+    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)scales));
+    const __m512 wm = W->asym ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32))) : ws;
+    for (int r = 0; r < NR; r++) {
+        const int64_t gi = (r0 + r) * A->ng + g;
+        const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
+        if (!W->asym) {
+            const __m512i s = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * A->xsum[gi]));
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), c));
+        } else {
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), c));
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(wm, _mm512_set1_ps(A->e[gi])));
+        }
+    }
+}
+
+/* Prefill: 4 input rows x two tiles at once, each broadcast activation word used by both tiles (half the
+ * broadcasts per product of tile512; the same operations per output). */
+TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
+    enum { NR = 4 };
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int64_t G = (int64_t)W->cpg * 8, stride = W->ng * W->block;
+    __m512 f0[NR], f1[NR];
+    for (int r = 0; r < NR; r++) f0[r] = f1[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < W->ng; g++) {
+        const uint8_t *b0 = tw + g * W->block, *b1 = b0 + stride;
+        const int8_t *xg = A->xs + r0 * A->kp + g * G;
+        __m512i a0[NR], a1[NR];
+        for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+        for (int c = 0; c < W->cpg; c++) {
+            const __m512i v0 = _mm512_loadu_si512((const void *)(b0 + 64 * c));
+            const __m512i v1 = _mm512_loadu_si512((const void *)(b1 + 64 * c));
+            const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+            const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+            for (int r = 0; r < NR; r++) {
+                int32_t x0, x1;
+                memcpy(&x0, xg + r * A->kp + 8 * c, 4);
+                memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
+                const __m512i s0 = _mm512_set1_epi32(x0), s1 = _mm512_set1_epi32(x1);
+                a0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0[r], lo0, s0), hi0, s1);
+                a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
+            }
+        }
+        group_end512(b0 + 64 * W->cpg, W, A, r0, g, NR, a0, f0);
+        group_end512(b1 + 64 * W->cpg, W, A, r0, g, NR, a1, f1);
+    }
+    for (int h = 0; h < 2; h++) {
+        const int64_t oh = o + h * TILE;
+        const __mmask16 m = W->out - oh >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - oh)) - 1u);
+        const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + oh) : _mm512_setzero_ps();
+        for (int r = 0; r < NR; r++) {
+            const __m512 f = h ? f1[r] : f0[r];
+            _mm512_mask_storeu_ps(y + (r0 + r) * W->out + oh, m, W->b ? _mm512_add_ps(f, bv) : f);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- AVX2 (8 lanes: a tile as two halves) */
+
+INLINE TGT256 __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
+    /* u8 x s8 pairs to s16 (exact: |pair| <= 2 * 15 * 127), pairs of those to s32 */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+/* NR <= 4 input rows x half h (outputs o + 8h .. o + 8h + 7) of one tile; VNNI: dpbusd, else dot4_avx2. */
+#define HALF256(NAME, TGT, DOT)                                                                               \
+    INLINE TGT void NAME(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int h,      \
+                         int64_t o, float *y) {                                                               \
+        const __m256i m4 = _mm256_set1_epi8(0x0F);                                                            \
+        const int64_t G = (int64_t)W->cpg * 8;                                                                \
+        __m256 facc[4];                                                                                       \
+        for (int r = 0; r < NR; r++) facc[r] = _mm256_setzero_ps();                                           \
+        for (int64_t g = 0; g < W->ng; g++) {                                                                 \
+            const uint8_t *blk = tw + g * W->block;                                                           \
+            const int8_t *xg = A->xs + r0 * A->kp + g * G;                                                    \
+            __m256i acc[4];                                                                                   \
+            for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_si256();                                     \
+            for (int c = 0; c < W->cpg; c++) {                                                                \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));               \
+                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4); \
+                for (int r = 0; r < NR; r++) {                                                                \
+                    int32_t x0, x1;                                                                           \
+                    memcpy(&x0, xg + r * A->kp + 8 * c, 4);                                                   \
+                    memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);                                               \
+                    acc[r] = DOT(acc[r], lo, _mm256_set1_epi32(x0));                                          \
+                    acc[r] = DOT(acc[r], hi, _mm256_set1_epi32(x1));                                          \
+                }                                                                                             \
+            }                                                                                                 \
+            const uint8_t *sc = blk + 64 * W->cpg + 16 * h;                                                   \
+            const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));                          \
+            const __m256 wm = W->asym ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)))         \
+                                      : _mm256_setzero_ps();                                                  \
+            for (int r = 0; r < NR; r++) {                                                                    \
+                const int64_t gi = (r0 + r) * A->ng + g;                                                      \
+                const __m256 c = _mm256_mul_ps(ws, _mm256_set1_ps(A->dx[gi]));                                \
+                if (!W->asym) {                                                                               \
+                    const __m256i s = _mm256_sub_epi32(acc[r], _mm256_set1_epi32(8 * A->xsum[gi]));           \
+                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s), c));                \
+                } else {                                                                                      \
+                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), c));           \
+                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(wm, _mm256_set1_ps(A->e[gi])));            \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        const int64_t oh = o + 8 * h;                                                                         \
+        for (int r = 0; r < NR; r++) {                                                                        \
+            float v[8];                                                                                       \
+            _mm256_storeu_ps(v, facc[r]);                                                                     \
+            for (int j = 0; j < 8 && oh + j < W->out; j++)                                                    \
+                y[(r0 + r) * W->out + oh + j] = W->b ? v[j] + W->b[oh + j] : v[j];                            \
+        }                                                                                                     \
+    }
+HALF256(half_avx2, TGT256, dot4_avx2)
+#if defined(HAVE_AVXVNNI)
+HALF256(half_vnni, TGT256V, _mm256_dpbusd_avx_epi32)
+#endif
+
+#define TILE256(NAME, TGT, HALF, NR)                                                                          \
+    TGT static void NAME##_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,         \
+                                float *y) {                                                                   \
+        HALF(tw, W, A, r0, NR, 0, o, y);                                                                      \
+        if (o + 8 < W->out) HALF(tw, W, A, r0, NR, 1, o, y);                                                  \
+    }
+TILE256(tile_avx2, TGT256, half_avx2, 1) TILE256(tile_avx2, TGT256, half_avx2, 2)
+TILE256(tile_avx2, TGT256, half_avx2, 3) TILE256(tile_avx2, TGT256, half_avx2, 4)
+static const TileFn TILES_AVX2[5] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4};
+#if defined(HAVE_AVXVNNI)
+TILE256(tile_vnni, TGT256V, half_vnni, 1) TILE256(tile_vnni, TGT256V, half_vnni, 2)
+TILE256(tile_vnni, TGT256V, half_vnni, 3) TILE256(tile_vnni, TGT256V, half_vnni, 4)
+static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4};
+#else
+#define TILES_VNNI TILES_AVX2 /* never chosen: best_isa stops at ISA_AVX2 */
+#endif
+#endif
+
+/* Rows [r0, r0 + nr) (nr <= 8) times tile t on the chosen path. */
+static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0, int nr, float *y) {
+    const uint8_t *tw = W->w + t * W->ng * W->block;
+    const int64_t o = t * TILE;
+#if defined(X86)
+    if (isa == ISA_AVX512_VNNI) {
+        TILES512[nr](tw, W, A, r0, o, y);
+        return;
+    }
+    if (isa == ISA_AVX2 || isa == ISA_AVX2_VNNI) {
+        const TileFn *fns = isa == ISA_AVX2 ? TILES_AVX2 : TILES_VNNI;
+        for (int r = 0; r < nr; r += 4) fns[nr - r < 4 ? nr - r : 4](tw, W, A, r0 + r, o, y);
+        return;
+    }
+#endif
+    tile_scalar(tw, W, A, r0, nr, o, y);
+}
+
+/* x [n, k] fp32 times the packed weight w (out outputs, groups of `group` inputs, asym: with mins), b [out] or
+ * NULL -> y [n, out] fp32. Threads split the tiles; rows go in blocks of ROW_BLOCK (their codes stay in L2
+ * while the thread's tiles stream by), each block 8 rows per pass over a tile (read from L1 for the others),
+ * or with AVX-512 from 8 rows on, 4 rows per pass over two tiles (tile512_pair4).
+ * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64; -3 for a path
+ * this CPU lacks. */
+int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int asym,
+                      const float *b, float *y, int threads, int isa) {
+    if (group != 32 && group != 64) return -2;
+    if (isa < 0 || isa > recap_int4_best_isa()) return -3;
+    if (n <= 0 || out <= 0) return 0;
+    const int64_t ng = (k + group - 1) / group, kp = ng * group, tiles = (out + TILE - 1) / TILE;
+    int8_t *xs = (int8_t *)aligned_alloc(64, (size_t)((n * kp + 63) / 64 * 64));
+    float *dx = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
+    float *e = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
+    int32_t *xsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n * ng + 1));
+    if (!xs || !dx || !e || !xsum) {
+        free(xs), free(dx), free(e), free(xsum);
+        return -1;
+    }
+    quantize_acts(x, n, k, group, isa, threads, xs, dx, xsum, e);
+    const Acts A = {xs, dx, e, xsum, kp, ng};
+    const W4 W = {w, b, ng, 8 * group + (asym ? 64 : 32), out, (int)(group / 8), asym};
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t t0 = tiles * id / nt, t1 = tiles * (id + 1) / nt;
+        for (int64_t rb = 0; rb < n; rb += ROW_BLOCK) {
+            const int64_t re = rb + ROW_BLOCK < n ? rb + ROW_BLOCK : n;
+            int64_t t = t0;
+#if defined(X86)
+            if (isa == ISA_AVX512_VNNI && n >= 8) /* 8+ rows: two tiles per pass, 4 rows at a time */
+                for (; t + 2 <= t1; t += 2) {
+                    int64_t r = rb;
+                    for (; r + 4 <= re; r += 4) tile512_pair4(W.w + t * W.ng * W.block, &W, &A, r, t * TILE, y);
+                    for (; r < re; r += 4) {
+                        const int nr = re - r < 4 ? (int)(re - r) : 4;
+                        run_tile(isa, t, &W, &A, r, nr, y);
+                        run_tile(isa, t + 1, &W, &A, r, nr, y);
+                    }
+                }
+#endif
+            for (; t < t1; t++)
+                for (int64_t r = rb; r < re; r += 8) run_tile(isa, t, &W, &A, r, re - r < 8 ? (int)(re - r) : 8, y);
+        }
+    }
+    free(xs), free(dx), free(e), free(xsum);
+    return 0;
+}

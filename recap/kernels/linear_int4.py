@@ -1,0 +1,238 @@
+"""Group-wise 4-bit weights (csrc/linear_int4.c): `quantize_int4` packs a weight, `int4_linear` runs the native
+kernel on any number of rows, `int4_linear_ref` is its plain torch reference (equal bit for bit).
+
+Format (like llama.cpp's Q4_0 / Q4_1 blocks, not their bytes): every output row in groups of `group` (32 or 64)
+inputs, each group 4-bit codes q in 0..15 with an fp16 scale s, and either symmetric w ~ s (q - 8) (s of least
+squared error among a few fractions of the group's largest-magnitude value, then refit by least squares; m / -8
+where the native library does not build) or asymmetric w ~ s q + m (m, s from the group's
+min and max; one more fp16 per group). The last group of a row whose length is not a multiple of the group is
+zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric g64), 5 (asymmetric g32), 4.25 (symmetric
+g64); benchmarks/bench_int4.py measures their error and speed.
+Activations: each row in groups of the same size quantized to int8 (d = max|x| / 127, codes rint(x / d)), like
+llama.cpp's q8 blocks: a row's result depends on that row only, and an outlier spoils one group, not its row.
+Per group, the integer product S = sum q x_q and the codes' sum X are exact; then in fp32, group after group:
+symmetric acc += float(S - 8 X) * (s * d), asymmetric acc += float(S) * (s * d), acc += m * (d * X).
+The kernel does these operations in this order on every path (AVX-512 VNNI, AVX2 with or without AVX-VNNI,
+scalar), so every path equals `int4_linear_ref` exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from recap.kernels.native import NativeUnavailableError, load_library, raw_function
+
+GROUPS = (32, 64)
+TILE = 16  # output rows per tile (csrc/linear_int4.c)
+ISAS = ("scalar", "avx2", "avx2_vnni", "avx512_vnni")  # the kernel's paths, by its isa number
+
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+@dataclass
+class Int4Weight:
+    """A weight [out_features, in_features] in csrc/linear_int4.c's tiles (one uint8 tensor)."""
+
+    packed: torch.Tensor  # uint8 [ceil(out / 16), groups, block bytes]
+    out_features: int
+    in_features: int
+    group: int  # inputs per group: 32 or 64
+    asym: bool  # per-group mins (w ~ s q + m) rather than w ~ s (q - 8)
+    bias: torch.Tensor | None  # [out] fp32
+
+    @property
+    def groups(self) -> int:
+        return -(-self.in_features // self.group)
+
+
+def _block_bytes(group: int, asym: bool) -> int:
+    return 8 * group + (64 if asym else 32)  # 16 rows x group/2 code bytes, 16 fp16 scales, 16 fp16 mins
+
+
+def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
+                  bias: torch.Tensor | None = None) -> Int4Weight:
+    """weight [out, in] (any float dtype) -> Int4Weight; see the module docstring for the two formats."""
+    if group not in GROUPS:
+        raise ValueError(f"int4 groups are {GROUPS} inputs, not {group}")
+    if weight.dim() != 2 or weight.numel() == 0:
+        raise ValueError(f"quantize_int4 takes a non-empty [out, in] weight, got {tuple(weight.shape)}")
+    out, k = weight.shape
+    ng = -(-k // group)
+    outp = -(-out // TILE) * TILE
+    w = F.pad(weight.detach().float(), (0, ng * group - k, 0, outp - out)).view(outp, ng, group)
+    if asym:
+        lo, hi = w.amin(-1), w.amax(-1)
+        s = ((hi - lo) / 15).half()
+        m = lo.half()
+        s = torch.where(s.float() > 0, s, torch.ones_like(s))
+        q = torch.round((w - m.float()[..., None]) / s.float()[..., None]).clamp_(0, 15)
+    else:
+        s = _sym_scales(w).half()
+        s = torch.where(s.float() != 0, s, torch.ones_like(s))
+        q = (torch.round(w / s.float()[..., None]) + 8).clamp_(0, 15)
+        m = None
+    if not torch.isfinite(s).all() or (m is not None and not torch.isfinite(m).all()):
+        raise ValueError("weight values too large for int4's fp16 scales (|w| up to ~5e5)")
+    return Int4Weight(pack(q.to(torch.uint8), s, m), out, k, group, asym,
+                      None if bias is None else bias.detach().float().contiguous())
+
+
+def _sym_scales(w: torch.Tensor) -> torch.Tensor:
+    """w [rows, groups, G] fp32 -> symmetric scales [rows, groups] fp32: with the native library, per group the
+    least-squares choice of csrc/linear_int4.c (3-5% less weight error than m / -8 on normal weights, in about
+    the time of the rounding); else m / -8 (m: the group's largest-magnitude value)."""
+    if int4_native_available():
+        w = w.contiguous()
+        out = torch.empty(w.shape[:2])
+        _lib().recap_int4_sym_scales(w.data_ptr(), out.numel(), w.shape[2], out.data_ptr(), torch.get_num_threads())
+        return out
+    return w.gather(-1, w.abs().argmax(-1, keepdim=True))[..., 0] / -8
+
+
+def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+    """Codes q [outp, ng, G] uint8 (outp a multiple of 16), fp16 scales and mins [outp, ng] -> the tiles
+    [outp / 16, ng, block]: per group G/8 chunks of 16 rows x 4 bytes (codes 8c + b low, 8c + 4 + b high)."""
+    outp, ng, group = q.shape
+    t = outp // TILE
+    q = q.view(t, TILE, ng, group // 8, 2, 4)
+    codes = (q[:, :, :, :, 0] | (q[:, :, :, :, 1] << 4)).permute(0, 2, 3, 1, 4).reshape(t, ng, 8 * group)
+    parts = [codes] + [v.view(t, TILE, ng).transpose(1, 2).contiguous().view(torch.uint8).view(t, ng, 32)
+                       for v in (scales, mins) if v is not None]  # fmt: skip
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def unpack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The codes [outp, kp] int32, scales and mins (None when symmetric) [outp, ng] fp32 of a packed weight."""
+    p, g = w.packed, w.group
+    t, ng, _ = p.shape
+    codes = p[..., : 8 * g].reshape(t, ng, g // 8, TILE, 4).permute(0, 3, 1, 2, 4).to(torch.int32)
+    q = torch.stack((codes & 15, codes >> 4), dim=-2).reshape(t * TILE, ng * g)
+
+    def halves(at: int) -> torch.Tensor:
+        return p[..., at : at + 32].contiguous().view(torch.float16).transpose(1, 2).reshape(t * TILE, ng).float()
+
+    return q, halves(8 * g), halves(8 * g + 32) if w.asym else None
+
+
+def dequantize_int4(w: Int4Weight) -> torch.Tensor:
+    """The weight [out, in] fp32 the codes stand for (error measurements)."""
+    q, s, m = unpack_int4(w)
+    g = w.group
+    qf = q.float().view(q.shape[0], -1, g)
+    d = qf * s[..., None] + m[..., None] if m is not None else (qf - 8) * s[..., None]
+    return d.reshape(q.shape[0], -1)[: w.out_features, : w.in_features].contiguous()
+
+
+def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [n, k] fp32 -> codes [n, ng, group] int32 (zero-padded), steps d [n, ng] fp32, code sums [n, ng] int64."""
+    n, k = x.shape
+    ng = -(-k // group)
+    xg = F.pad(x, (0, ng * group - k)).view(n, ng, group)
+    d = xg.abs().amax(-1) / 127
+    d = torch.where(d > 0, d, torch.ones_like(d))
+    xq = torch.round(xg / d[..., None]).clamp_(-127, 127).to(torch.int32)
+    return xq, d, xq.sum(-1, dtype=torch.int64)
+
+
+def int4_linear_ref(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """Plain reference of int4_linear: x [n, in] -> [n, out] fp32 (the arithmetic of the module docstring)."""
+    x = x.float()
+    if x.dim() != 2 or x.shape[1] != w.in_features:
+        raise ValueError(f"x {tuple(x.shape)} does not fit a weight of {w.in_features} inputs")
+    q, s, m = unpack_int4(w)
+    out, g = w.out_features, w.group
+    q, s = q[:out].view(out, -1, g).double(), s[:out]
+    xq, d, xsum = quantize_activations(x, g)
+    acc = x.new_zeros(x.shape[0], out)
+    for j in range(xq.shape[1]):
+        prod = (xq[:, j].double() @ q[:, j].T).long()  # exact: |sum| < 2^17
+        c = s[None, :, j] * d[:, j, None]
+        if m is None:
+            acc = acc + (prod - 8 * xsum[:, j, None]).float() * c
+        else:
+            acc = acc + prod.float() * c
+            acc = acc + m[None, :out, j] * (d[:, j] * xsum[:, j].float())[:, None]
+    return acc if w.bias is None else acc + w.bias
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = load_library("linear_int4")
+    lib.recap_linear_int4.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _INT, _P, _P, _INT, _INT]
+    lib.recap_linear_int4.restype = _INT
+    lib.recap_int4_sym_scales.argtypes = [_P, _I64, _I64, _P, _INT]
+    lib.recap_int4_sym_scales.restype = None
+    lib.recap_int4_best_isa.argtypes = []
+    lib.recap_int4_best_isa.restype = _INT
+    return lib
+
+
+@functools.cache
+def int4_native_available() -> bool:
+    """Whether the int4 kernels build and load here (else Int4Linear runs the reference)."""
+    try:
+        _lib()
+    except NativeUnavailableError:
+        return False
+    return True
+
+
+@functools.cache
+def best_isa() -> int:
+    """The fastest path this CPU runs: an index into ISAS."""
+    return int(_lib().recap_int4_best_isa())
+
+
+_ERRORS = {-1: "no memory for the activation codes", -2: "a group other than 32 or 64",
+           -3: "an instruction set this CPU lacks"}  # fmt: skip
+
+
+def _check_packed(w: Int4Weight) -> None:
+    """The kernel reads w.packed by these sizes: a mismatch would read past it."""
+    want = (-(-w.out_features // TILE), w.groups, _block_bytes(w.group, w.asym))
+    if (w.group not in GROUPS or tuple(w.packed.shape) != want or w.packed.dtype != torch.uint8
+            or not w.packed.is_contiguous()):  # fmt: skip
+        raise ValueError(f"packed int4 weight {tuple(w.packed.shape)} {w.packed.dtype} is not the {want} uint8 "
+                         f"tiles of a {w.out_features} x {w.in_features} weight in groups of {w.group}")
+    if w.bias is not None and (w.bias.shape != (w.out_features,) or w.bias.dtype != torch.float32):
+        raise ValueError(f"int4 bias {tuple(w.bias.shape)} {w.bias.dtype} is not [{w.out_features}] fp32")
+
+
+def _check(rc: int) -> None:
+    if rc == -1:
+        raise MemoryError("int4_linear: " + _ERRORS[-1])
+    if rc != 0:
+        raise ValueError("int4_linear: " + _ERRORS.get(rc, f"error {rc}"))
+
+
+def int4_linear(x: torch.Tensor, w: Int4Weight, isa: int | None = None) -> torch.Tensor:
+    """x [n, in] (any float dtype) times the packed weight -> [n, out] fp32 through the native kernel on
+    torch.get_num_threads() threads; isa picks a path (tests), default the fastest here. Equals int4_linear_ref."""
+    x = x.float().contiguous()
+    if x.dim() != 2 or x.shape[1] != w.in_features:
+        raise ValueError(f"x {tuple(x.shape)} does not fit a weight of {w.in_features} inputs")
+    _check_packed(w)
+    y = torch.empty(x.shape[0], w.out_features)
+    b = None if w.bias is None else w.bias.data_ptr()
+    _check(_lib().recap_linear_int4(x.data_ptr(), x.shape[0], w.in_features, w.packed.data_ptr(), w.out_features,
+                                    w.group, int(w.asym), b, y.data_ptr(), torch.get_num_threads(),
+                                    best_isa() if isa is None else isa))  # fmt: skip
+    return y
+
+
+def int4_graph_call(w: Int4Weight, x: ctypes.c_void_p, y: ctypes.c_void_p, rows: int,
+                    threads: ctypes.c_int) -> tuple[ctypes._CFuncPtr, tuple, str]:
+    """int4_linear on `rows` rows at address x [rows, in] into y [rows, out], as a decode graph replays it:
+    (function, arguments, what a nonzero return means)."""
+    if rows < 1:
+        raise ValueError(f"int4_graph_call: {rows} rows")
+    _check_packed(w)
+    b = None if w.bias is None else w.bias.data_ptr()
+    args = (x, _I64(rows), _I64(w.in_features), _P(w.packed.data_ptr()), _I64(w.out_features), _I64(w.group),
+            _INT(int(w.asym)), _P(b), y, threads, _INT(best_isa()))  # fmt: skip
+    return raw_function(_lib(), "recap_linear_int4", _INT), args, "int4_linear: no memory or a bad argument"

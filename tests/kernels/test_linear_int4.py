@@ -1,0 +1,213 @@
+"""Int4 weights (kernels/linear_int4.py): the packing, the native kernel on every path this CPU runs against its
+torch reference (bit for bit: the integer products are exact and every path does the same fp32 operations in the
+same order), batch invariance, the error against fp32, and the Int4Linear layer."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recap.kernels import linear_int4 as L
+from recap.model.layers.int4_linear import Int4Linear
+from recap.model.layers.linear import Linear, WeightReleasedError
+
+FORMATS = [(False, 32), (True, 32), (False, 64), (True, 64)]  # (asym, group)
+SHAPES = [(1, 1), (17, 33), (16, 64), (40, 100), (33, 129), (9, 200)]  # (out, in): ragged groups and tiles
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(torch.seed() % 2**31)  # fresh inputs every run
+
+
+def _isas() -> list[int]:
+    return list(range(L.best_isa() + 1)) if L.int4_native_available() else []
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("asym", "group"), FORMATS)
+def test_pack_and_unpack_round_trip(asym: bool, group: int) -> None:
+    g = _gen()
+    out, k, ng = 21, 70, -(-70 // group)
+    q = torch.randint(0, 16, (32, ng, group), generator=g, dtype=torch.uint8)
+    s = torch.randn(32, ng, generator=g).half()
+    m = torch.randn(32, ng, generator=g).half() if asym else None
+    w = L.Int4Weight(L.pack(q, s, m), out, k, group, asym, None)
+    assert w.packed.shape == (2, ng, 8 * group + (64 if asym else 32)) and w.packed.dtype == torch.uint8
+    uq, us, um = L.unpack_int4(w)
+    assert torch.equal(uq, q.view(32, -1).int()) and torch.equal(us, s.float())
+    assert um is None if m is None else torch.equal(um, m.float())
+    # the kernel's byte layout: chunk c of group j holds row r's codes 8c + b (low nibble) and 8c + 4 + b (high)
+    byte = w.packed[1, 0, 64 * 1 + 4 * 3 + 2].item()
+    assert (byte & 15, byte >> 4) == (q[16 + 3, 0, 8 + 2].item(), q[16 + 3, 0, 8 + 4 + 2].item())
+
+
+@pytest.mark.parametrize(("asym", "group"), FORMATS)
+def test_quantization_error_is_bounded(asym: bool, group: int) -> None:
+    g = _gen()
+    w = torch.randn(48, 300, generator=g) * 0.05
+    q = L.quantize_int4(w, group, asym)
+    d = L.dequantize_int4(q)
+    assert d.shape == w.shape
+    rel = float((d - w).norm() / w.norm())
+    assert 0.02 < rel < 0.12, rel  # 4 bits: ~8-10% on normal weights
+    # every value within half a step of its group's grid, or (symmetric) clipped at 7 steps on the side opposite
+    # the group's largest-magnitude value
+    _, s, _ = L.unpack_int4(q)
+    step = s[:48].repeat_interleave(group, 1)[:, :300].abs()
+    bound = step * 0.5
+    if not asym:
+        m = F.pad(w, (0, -300 % group)).view(48, -1, group).abs().amax(-1).repeat_interleave(group, 1)[:, :300]
+        bound = torch.maximum(bound, m - 7 * step)
+    assert ((d - w).abs() <= bound * 1.001 + 1e-6).all()
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_symmetric_scales_search_beats_the_plain_scale(group: int) -> None:
+    if not L.int4_native_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    g = _gen()
+    w = torch.randn(64, 16 * group, generator=g) * 0.02
+    w[:, 5] = 0.3  # a large value on one side of some groups
+    searched = L._sym_scales(w.view(64, 16, group))
+    plain = w.view(64, 16, group).gather(-1, w.view(64, 16, group).abs().argmax(-1, keepdim=True))[..., 0] / -8
+
+    def err(s: torch.Tensor) -> torch.Tensor:
+        wg = w.view(64, 16, group)
+        q = (torch.round(wg / s[..., None]) + 8).clamp(0, 15) - 8
+        return (wg - q * s[..., None]).square().sum(-1)
+
+    assert (err(searched) <= err(plain) * (1 + 1e-5)).all()  # per group: the plain scale is a candidate
+    assert err(searched).sum() < 0.97 * err(plain).sum()
+
+
+@pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 64, 300])
+def test_kernel_equals_its_reference_on_every_path(out_f: int, in_f: int, rows: int, threads: int) -> None:
+    if not L.int4_native_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    g = _gen()
+    w = torch.randn(out_f, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if (out_f + rows) % 2 else None
+    x = torch.randn(rows, in_f, generator=g) * 3
+    x[0, : in_f // 2] = 0  # a partly zero row, and (rows > 1) an all-zero row: its steps are 1
+    if rows > 1:
+        x[1] = 0
+    for asym, group in FORMATS:
+        q = L.quantize_int4(w, group, asym, b)
+        ref = L.int4_linear_ref(x, q)
+        assert ref.shape == (rows, out_f)
+        for isa in _isas():
+            y = L.int4_linear(x, q, isa)
+            assert torch.equal(y, ref), f"{L.ISAS[isa]} asym={asym} g{group}: {(y - ref).abs().max()}"
+
+
+def test_a_row_does_not_depend_on_its_batch(threads: int) -> None:
+    if not L.int4_native_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    g = _gen()
+    q = L.quantize_int4(torch.randn(70, 150, generator=g), 32, False, torch.randn(70, generator=g))
+    x = torch.randn(37, 150, generator=g)
+    x[5] *= 1e4  # a large row beside small ones
+    y = L.int4_linear(x, q)
+    for r in (0, 5, 8, 36):
+        assert torch.equal(L.int4_linear(x[r : r + 1], q), y[r : r + 1])
+        assert torch.equal(L.int4_linear(x[r : r + 9], q)[0], y[r])
+
+
+@pytest.mark.parametrize(("asym", "group"), FORMATS)
+def test_error_against_fp32_is_bounded(asym: bool, group: int) -> None:
+    g = _gen()
+    w, x = torch.randn(256, 512, generator=g) * 0.02, torch.randn(6, 512, generator=g)
+    q = L.quantize_int4(w, group, asym)
+    y = L.int4_linear(x, q) if L.int4_native_available() else L.int4_linear_ref(x, q)
+    exact = F.linear(x.double(), w.double())
+    rel = float((y.double() - exact).norm() / exact.norm())
+    assert rel < 0.12, rel
+    # nearly all of it is the weight rounding: the product with the dequantized weight is within 1.5%
+    deq = F.linear(x.double(), L.dequantize_int4(q).double())
+    assert float((y.double() - deq).norm() / deq.norm()) < 0.015
+
+
+def test_bad_inputs_raise_typed_errors() -> None:
+    w = torch.randn(8, 40)
+    with pytest.raises(ValueError, match="groups"):
+        L.quantize_int4(w, 48)
+    with pytest.raises(ValueError, match="non-empty"):
+        L.quantize_int4(torch.randn(40))
+    with pytest.raises(ValueError, match="fp16"):
+        L.quantize_int4(w * 1e9)
+    q = L.quantize_int4(w)
+    with pytest.raises(ValueError, match="does not fit"):
+        L.int4_linear_ref(torch.randn(2, 41), q)
+    if L.int4_native_available():
+        with pytest.raises(ValueError, match="does not fit"):
+            L.int4_linear(torch.randn(2, 39), q)
+        with pytest.raises(ValueError, match="instruction set"):
+            L.int4_linear(torch.randn(2, 40), q, isa=L.best_isa() + 1)
+        with pytest.raises(ValueError, match="is not the"):  # the kernel would read past the tiles
+            L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, packed=q.packed[:, :1]))
+        with pytest.raises(ValueError, match="is not the"):
+            L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, out_features=17))
+
+
+def test_zero_weights_and_rows_give_the_bias() -> None:
+    b = torch.randn(20)
+    q = L.quantize_int4(torch.zeros(20, 45), 32, False, b)
+    assert torch.equal(L.dequantize_int4(q), torch.zeros(20, 45))
+    x = torch.randn(3, 45)
+    assert torch.equal(L.int4_linear_ref(x, q), b.expand(3, 20))
+    assert L.int4_linear_ref(x[:0], q).shape == (0, 20)
+    if L.int4_native_available():
+        assert torch.equal(L.int4_linear(x, q), b.expand(3, 20))
+        assert L.int4_linear(x[:0], q).shape == (0, 20)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_int4_linear_layer_keeps_only_the_packed_weight(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = _gen()
+    lin = Linear(67, 35, bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(35, 67, generator=g))
+        lin.bias.copy_(torch.randn(35, generator=g))
+    if not native:
+        monkeypatch.setattr(L, "int4_native_available", lambda: False)
+        monkeypatch.setattr("recap.model.layers.int4_linear.int4_native_available", lambda: False)
+    lin.set_backend("int4")
+    assert isinstance(lin.impl, Int4Linear) and lin.backend == "int4"
+    q = lin.impl.quantized
+    assert lin.released and lin.impl.weight is None  # the packed form is the only copy
+    with pytest.raises(WeightReleasedError):
+        lin.weight  # noqa: B018
+    with pytest.raises(WeightReleasedError):  # 4-bit codes do not give the weight back
+        lin.set_backend("onednn")
+    x = torch.randn(5, 67, generator=g)
+    ref = L.int4_linear_ref(x, q)
+    assert torch.equal(lin(x), ref)
+    assert torch.equal(lin(x[None])[0], ref)  # leading dimensions
+    yb = lin(x.bfloat16())
+    assert yb.dtype == torch.bfloat16
+    assert torch.equal(yb, L.int4_linear_ref(x.bfloat16().float(), q).bfloat16())
+    assert lin.impl.tensors() == [q.packed]
+    x1, y1 = x[:3].contiguous(), torch.empty(3, 35)
+    call = lin.impl.graph_call(x1, y1, 3, ctypes.c_int(1))
+    if not native:
+        assert call is None
+        return
+    assert call is not None
+    fn, args, _ = call
+    assert fn(*args) == 0 and torch.equal(y1, ref[:3])
+    moved = q.packed.clone()
+    lin.impl.rebind([moved])
+    assert lin.impl.quantized.packed is moved and torch.equal(lin(x), ref)
