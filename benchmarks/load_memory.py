@@ -20,27 +20,6 @@ FORMATS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("floa
 CONFIG = {"hidden_size": 768, "num_hidden_layers": 8, "num_heads": 24, "head_dim": 64, "vocab_size": 16000,
           "n_groups": 1, "state_size": 64, "tie_word_embeddings": False}  # fmt: skip
 
-CHILD = """
-import json, sys, torch
-torch.set_num_threads(1)
-from recap.backends import prepare
-from recap.model.loader import load_model
-
-def status():
-    with open("/proc/self/status") as f:
-        kv = dict(line.split(":", 1) for line in f)
-    return int(kv["VmHWM"].split()[0]) << 10, int(kv["VmRSS"].split()[0]) << 10
-
-base_peak, base_rss = status()
-lm = load_model(sys.argv[1], getattr(torch, sys.argv[2]), quantization=None if sys.argv[3] == "-" else sys.argv[3])
-loaded_peak, loaded_rss = status()
-prepare(lm)
-peak, rss = status()
-print(json.dumps({"baseline_peak": base_peak, "baseline_rss": base_rss, "loaded_peak": loaded_peak,
-                  "loaded_rss": loaded_rss, "peak": peak, "rss": rss}))
-"""
-
-
 def build_checkpoint(path: Path) -> Path:
     if not (path / "model.safetensors").is_file():
         from recap.model.testing import make_tiny_checkpoint
@@ -51,8 +30,8 @@ def build_checkpoint(path: Path) -> Path:
 
 def measure(path: Path, fmt: str) -> dict:
     dtype, quant = FORMATS[fmt]
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), dtype, quant or "-"], capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "recap.bench.load_probe", str(path), dtype, quant or "-"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

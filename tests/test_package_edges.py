@@ -30,7 +30,7 @@ LAYERS: dict[str, set[str]] = {
     "runner": {"backends", "core", "kernels", "model"},
     "process": set(),
     "engine": {"core", "kernels", "model", "process", "runner"},
-    "bench": {"core", "engine", "model"},
+    "bench": {"backends", "core", "engine", "model"},
     **{pkg: {"core", "engine", "model", "process"} | deps for pkg, deps in ALLOWED.items()},
     "__init__": {"engine"},
     "cli": ALLOWED["cli"] | {"__init__"},

@@ -97,7 +97,7 @@ def quantize_int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
         rows = w[lo : lo + _QUANT_ROWS].float()
         s = rows.abs().amax(dim=1) / 127.0
         s = torch.where(s > 0, s, torch.ones_like(s))
-        q[lo : lo + _QUANT_ROWS] = torch.round(rows / s[:, None]).clamp_(-127, 127)
+        q[lo : lo + _QUANT_ROWS] = (rows / s[:, None]).round_().clamp_(-127, 127)  # one fp32 temporary, not two
         scales[lo : lo + _QUANT_ROWS] = s
     return q, scales
 

@@ -19,28 +19,6 @@ from recap.model.safetensors_file import stored_tensors
 CONFIG = {"hidden_size": 512, "num_hidden_layers": 16, "num_heads": 16, "head_dim": 64, "vocab_size": 8000,
           "n_groups": 1, "state_size": 64, "tie_word_embeddings": False}  # fmt: skip
 
-CHILD = """
-import json, sys, torch
-torch.set_num_threads(1)
-from recap.backends import prepare
-from recap.model.footprint import held_weight_bytes
-from recap.model.loader import load_model
-
-def status():
-    with open("/proc/self/status") as f:
-        kv = dict(line.split(":", 1) for line in f)
-    return int(kv["VmHWM"].split()[0]) << 10, int(kv["VmRSS"].split()[0]) << 10
-
-base_peak, base_rss = status()
-lm = load_model(sys.argv[1], getattr(torch, sys.argv[2]), quantization=None if sys.argv[3] == "-" else sys.argv[3])
-prepare(lm)
-peak, rss = status()
-model = lm.model
-held = held_weight_bytes(model).total
-print(json.dumps({"base_peak": base_peak, "base_rss": base_rss, "peak": peak, "rss": rss, "held": held}))
-"""
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from recap.model.testing import make_tiny_checkpoint
@@ -59,26 +37,27 @@ def test_load_and_prepare_hold_one_copy_in_the_serving_format(
     after importing torch and recap (measured in it before loading), and the transient is TRANSIENT_TENSORS x
     the largest checkpoint tensor's bytes (fp32, 16 MiB here): one layer at a time is read (fp32 on disk; a bf16
     model casts it through one buffer), laid out (the new layout beside the old), or quantized (its fp32 weight
-    and one fp32 temporary beside the int8 forms). Steady memory: held * 1.15 + 16 MiB over the baseline."""
+    and one fp32 temporary beside the int8 matrix and its tiles: one tensor more). Steady memory: held * 1.15 +
+    16 MiB over the baseline."""
     if quantization == "int8" and not int8_available():
         pytest.skip("no fbgemm in this torch")
     if not onednn_available():
         pytest.skip("the serving layouts need oneDNN")
-    out = subprocess.run([sys.executable, "-c", CHILD, str(checkpoint), dtype, quantization or "-"],
+    out = subprocess.run([sys.executable, "-m", "recap.bench.load_probe", str(checkpoint), dtype, quantization or "-"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     m = json.loads(out.stdout.strip().splitlines()[-1])
     with open(checkpoint / "model.safetensors", "rb") as f:
         stored = stored_tensors(f, "model.safetensors")
     params = sum(t.nbytes for t in stored) // 4  # fp32 on disk
-    transient = TRANSIENT_TENSORS * max(t.nbytes for t in stored)
-    # One copy: fp32 ~4 bytes a parameter (three copies held 12), bf16 ~2; int8 below the 4 its fp32 linear weights
-    # alone would take (its int8 forms today: the weight, fbgemm's packed copy and the native tiles)
-    per_param = 3.5 if quantization else 4.5 if dtype == "float32" else 2.5
+    transient = (TRANSIENT_TENSORS + (1 if quantization else 0)) * max(t.nbytes for t in stored)
+    # One copy: fp32 ~4 bytes a parameter (three copies held 12), bf16 ~2; int8 ~1 for the linear weights (the
+    # native tiles alone, or fbgemm's copy where they do not build) beside the fp32 embedding (4M of 35M)
+    per_param = 2.0 if quantization else 4.5 if dtype == "float32" else 2.5
     assert m["held"] < params * per_param, f"held {m['held']} B for {params} parameters"
-    peak, steady = m["peak"] - m["base_peak"], m["rss"] - m["base_rss"]
+    peak, steady = m["peak"] - m["baseline_peak"], m["rss"] - m["baseline_rss"]
     print(f"{dtype} {quantization}: held {m['held'] / 2**20:.1f} MiB, peak +{peak / 2**20:.1f}, steady "
-          f"+{steady / 2**20:.1f} over a baseline of {m['base_rss'] / 2**20:.1f} MiB")  # fmt: skip
+          f"+{steady / 2**20:.1f} over a baseline of {m['baseline_rss'] / 2**20:.1f} MiB")  # fmt: skip
     assert peak <= m["held"] * 1.15 + transient, f"peak {peak / 2**20:.0f} MiB for {m['held'] / 2**20:.0f} MiB held"
     assert steady <= m["held"] * 1.15 + (16 << 20), f"steady {steady / 2**20:.0f} MiB for {m['held'] / 2**20:.0f}"
 
