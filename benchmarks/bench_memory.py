@@ -170,7 +170,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     from real_shapes import DEFAULT_CACHE, SHAPES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    p.add_argument("--shapes", nargs="+", choices=SHAPES, default=["granite-h-1b", "lfm2-1.2b"],
+                   help="default: the two ~1.2B shapes (granite-h-7b: the 7B one, 14 GB of bf16 on disk)")
     p.add_argument("--formats", nargs="+", choices=list(FORMATS), default=None,
                    help="default: fp32 bf16 int8, and int4 where this recap offers it")
     p.add_argument("--quick", action="store_true", help="one shape (lfm2-1.2b), one format (bf16)")

@@ -6,9 +6,15 @@
 - lfm2-1.2b: LFM2 shaped like LiquidAI/LFM2-1.2B's config.json: d_model 2048, 16 layers (attention at 2, 5, 8,
   10, 12 and 14, 32 heads, 8 KV; 10 short convs, L 3), SwiGLU MLP of intermediate_size 12288 auto-adjusted to
   8192, vocab 65536, tied: 1.17B params
+- granite-h-7b: the granite-h-1b design at a 7B size (d_model 4096, 32 layers, attention at 4, 12, 20 and 28,
+  Mamba2 of 128 heads x 64, shared MLP 8192, 32 heads (8 KV), vocab 100352, tied): 6.9B params, for the issue's
+  "a 7B hybrid loads and decodes in int4 within 8 GiB"
 
-Built with transformers' own classes (their `save_pretrained` writes the on-disk key layout recap reads), the
-weights initialised in bf16 (half the bytes to hold and write; each is cast to the serving dtype at load).
+Each model is described by transformers' own config and model classes, built on the meta device (no memory),
+and its tensors are written one shard at a time under the names `save_pretrained` uses for these classes (the
+state dict's: GraniteMoeHybrid and LFM2 have no legacy renames), in bf16 (half the bytes to write; each is cast
+to the serving dtype at load): a 7B checkpoint is written without holding the model. The values are random
+normal(0, 0.02) for matrices and the usual constants for norms, decays and biases: shapes are what matters here.
 """
 
 from __future__ import annotations
@@ -18,24 +24,33 @@ from typing import Any
 
 import torch
 
-SHAPES = ("granite-h-1b", "lfm2-1.2b")
+SHAPES = ("granite-h-1b", "lfm2-1.2b", "granite-h-7b")
+SHARD_BYTES = 2 << 30
 DEFAULT_CACHE = Path.home() / ".cache" / "recap" / "bench-models"
 
 
-def _granite_h_1b() -> tuple[Any, Any]:
+def _granite_h(layers: int, attention: set[int], d_model: int, heads: int, kv_heads: int, mlp: int,
+               mamba_heads: int) -> tuple[Any, Any]:
     import transformers as tf
 
-    attention = {5, 15, 25, 35}
     cfg = tf.GraniteMoeHybridConfig(
-        vocab_size=100352, hidden_size=1536, num_hidden_layers=40,
-        layer_types=["attention" if i in attention else "mamba" for i in range(40)], num_attention_heads=12,
-        num_key_value_heads=4, intermediate_size=4096, shared_intermediate_size=4096, num_local_experts=0,
-        num_experts_per_tok=0, mamba_n_heads=48, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+        vocab_size=100352, hidden_size=d_model, num_hidden_layers=layers,
+        layer_types=["attention" if i in attention else "mamba" for i in range(layers)], num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=mlp, shared_intermediate_size=mlp, num_local_experts=0,
+        num_experts_per_tok=0, mamba_n_heads=mamba_heads, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, position_embedding_type="nope",
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0,
         max_position_embeddings=131072, tie_word_embeddings=True, initializer_range=0.02,
     )  # fmt: skip
     return tf.GraniteMoeHybridForCausalLM, cfg
+
+
+def _granite_h_1b() -> tuple[Any, Any]:
+    return _granite_h(40, {5, 15, 25, 35}, 1536, 12, 4, 4096, 48)
+
+
+def _granite_h_7b() -> tuple[Any, Any]:
+    return _granite_h(32, {4, 12, 20, 28}, 4096, 32, 8, 8192, 128)
 
 
 def _lfm2_1_2b() -> tuple[Any, Any]:
@@ -51,7 +66,7 @@ def _lfm2_1_2b() -> tuple[Any, Any]:
     return tf.Lfm2ForCausalLM, cfg
 
 
-_BUILDERS = {"granite-h-1b": _granite_h_1b, "lfm2-1.2b": _lfm2_1_2b}
+_BUILDERS = {"granite-h-1b": _granite_h_1b, "lfm2-1.2b": _lfm2_1_2b, "granite-h-7b": _granite_h_7b}
 
 
 def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
@@ -64,21 +79,59 @@ def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
         save_tokenizer(folder)
         return folder
     cls, cfg = _BUILDERS[name]()
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = cls(cfg).eval()
-    finally:
-        torch.set_default_dtype(default)
     tmp = cache / f"{name}.partial"
-    model.save_pretrained(str(tmp))
+    write_random_weights(cls, cfg, tmp)
+    cfg.save_pretrained(str(tmp))
     config = tmp / "config.json"
     config.rename(tmp / "config.json.tmp")  # the folder counts as built only once it is in place
     tmp.rename(folder)
     (folder / "config.json.tmp").rename(folder / "config.json")
     save_tokenizer(folder)
     return folder
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    leaf = name.rsplit(".", 2)[-2:]
+    if "norm" in name or leaf[-1] == "D":
+        return torch.ones(shape, dtype=torch.bfloat16)
+    if leaf[-1] == "A_log":
+        return torch.log(torch.arange(1, shape[0] + 1, dtype=torch.float32)).to(torch.bfloat16)
+    if leaf[-1] in ("bias", "dt_bias"):
+        return torch.zeros(shape, dtype=torch.bfloat16)
+    return (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+
+def write_random_weights(cls: Any, cfg: Any, folder: Path) -> None:
+    """The model's tensors (names and shapes from the model built on the meta device), random, in bf16
+    safetensors shards of about SHARD_BYTES with their index: one shard in memory at a time."""
+    import json
+
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+    if getattr(cfg, "tie_word_embeddings", False):
+        shapes.pop("lm_head.weight", None)
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    size = 0
+    names: list[list[str]] = [[]]
+    for key, shape in shapes.items():
+        n = 2 * int(torch.Size(shape).numel())
+        if size and size + n > SHARD_BYTES:
+            names.append([])
+            size = 0
+        names[-1].append(key)
+        size += n
+    total = len(names)
+    weight_map = {}
+    for i, keys in enumerate(names):
+        file = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+        save_file({k: _random_tensor(k, shapes[k], gen) for k in keys}, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, file))
+    index = {"metadata": {"total_size": sum(2 * int(torch.Size(s).numel()) for s in shapes.values())},
+             "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def save_tokenizer(folder: Path) -> None:

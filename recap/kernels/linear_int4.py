@@ -62,24 +62,36 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
     if weight.dim() != 2 or weight.numel() == 0:
         raise ValueError(f"quantize_int4 takes a non-empty [out, in] weight, got {tuple(weight.shape)}")
     out, k = weight.shape
-    ng = -(-k // group)
     outp = -(-out // TILE) * TILE
-    w = F.pad(weight.detach().float(), (0, ng * group - k, 0, outp - out)).view(outp, ng, group)
+    # Rows a chunk at a time (tiles are independent): the fp32 temporaries stay a chunk's size beside a large weight
+    packed = [_pack_rows(weight.detach()[lo : lo + _QUANT_ROWS], group, asym) for lo in range(0, outp, _QUANT_ROWS)]
+    return Int4Weight(packed[0] if len(packed) == 1 else torch.cat(packed), out, k, group, asym,
+                      None if bias is None else bias.detach().float().contiguous())
+
+
+_QUANT_ROWS = 4096  # rows quantized at a time (a multiple of TILE)
+
+
+def _pack_rows(rows: torch.Tensor, group: int, asym: bool) -> torch.Tensor:
+    """Rows [r, in] of a weight (r <= _QUANT_ROWS; the last chunk may be short) -> their packed tiles, the rows
+    padded to a whole tile and the inputs to whole groups with zeros."""
+    r, k = rows.shape
+    ng = -(-k // group)
+    w = F.pad(rows.float(), (0, ng * group - k, 0, -(-r // TILE) * TILE - r)).view(-1, ng, group)
     if asym:
         lo, hi = w.amin(-1), w.amax(-1)
         s = ((hi - lo) / 15).half()
         m = lo.half()
         s = torch.where(s.float() > 0, s, torch.ones_like(s))
-        q = torch.round((w - m.float()[..., None]) / s.float()[..., None]).clamp_(0, 15)
+        q = w.sub_(m.float()[..., None]).div_(s.float()[..., None]).round_().clamp_(0, 15)
     else:
         s = _sym_scales(w).half()
         s = torch.where(s.float() != 0, s, torch.ones_like(s))
-        q = (torch.round(w / s.float()[..., None]) + 8).clamp_(0, 15)
+        q = w.div_(s.float()[..., None]).round_().add_(8).clamp_(0, 15)
         m = None
     if not torch.isfinite(s).all() or (m is not None and not torch.isfinite(m).all()):
         raise ValueError("weight values too large for int4's fp16 scales (|w| up to ~5e5)")
-    return Int4Weight(pack(q.to(torch.uint8), s, m), out, k, group, asym,
-                      None if bias is None else bias.detach().float().contiguous())
+    return pack(q.to(torch.uint8), s, m)
 
 
 def _sym_scales(w: torch.Tensor) -> torch.Tensor:

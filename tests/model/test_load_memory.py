@@ -28,7 +28,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc/self/status")
-@pytest.mark.parametrize(("dtype", "quantization"), [("float32", None), ("bfloat16", None), ("float32", "int8")])
+@pytest.mark.parametrize(("dtype", "quantization"),
+                         [("float32", None), ("bfloat16", None), ("float32", "int8"), ("float32", "int4")])
 def test_load_and_prepare_hold_one_copy_in_the_serving_format(
     dtype: str, quantization: str | None, checkpoint: Path
 ) -> None:
@@ -40,7 +41,7 @@ def test_load_and_prepare_hold_one_copy_in_the_serving_format(
     and one fp32 temporary beside the int8 matrix and its tiles: one tensor more). Steady memory: held * 1.15 +
     16 MiB over the baseline."""
     if quantization == "int8" and not int8_available():
-        pytest.skip("no fbgemm in this torch")
+        pytest.skip("no fbgemm in this torch")  # (int4 falls back to its torch reference, which needs nothing)
     if not onednn_available():
         pytest.skip("the serving layouts need oneDNN")
     out = subprocess.run([sys.executable, "-m", "recap.bench.load_probe", str(checkpoint), dtype, quantization or "-"],
@@ -53,7 +54,7 @@ def test_load_and_prepare_hold_one_copy_in_the_serving_format(
     transient = (TRANSIENT_TENSORS + (1 if quantization else 0)) * max(t.nbytes for t in stored)
     # One copy: fp32 ~4 bytes a parameter (three copies held 12), bf16 ~2; int8 ~1 for the linear weights (the
     # native tiles alone, or fbgemm's copy where they do not build) beside the fp32 embedding (4M of 35M)
-    per_param = 2.0 if quantization else 4.5 if dtype == "float32" else 2.5
+    per_param = {"int8": 2.0, "int4": 1.6}.get(quantization or "", 4.5 if dtype == "float32" else 2.5)
     assert m["held"] < params * per_param, f"held {m['held']} B for {params} parameters"
     peak, steady = m["peak"] - m["baseline_peak"], m["rss"] - m["baseline_rss"]
     print(f"{dtype} {quantization}: held {m['held'] / 2**20:.1f} MiB, peak +{peak / 2**20:.1f}, steady "
