@@ -13,6 +13,7 @@ import pytest
 
 from recap import SamplingParams
 from recap.core.request import Request
+from recap.engine.output_processor import child_id
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_speculative import ALL, NONE, OVERRIDES, ScriptedDrafter, _mixed, make, tokens, with_drafter
 from tests.engine.workloads import rnd
@@ -59,6 +60,12 @@ class Recording:
         self.inner.forget(request_id)
 
 
+def parent_id(rid: str) -> str:
+    parent = rid.rpartition("#")[0]
+    assert child_id(parent, 0) == rid, rid
+    return parent
+
+
 def _accepted(drafts: list[int], rest: list[int]) -> int:
     """A point-mass draft is accepted iff the emitted token equals it (a rejection draws from p without it)."""
     a = 0
@@ -95,10 +102,8 @@ def test_sampled_requests_speculate_beside_greedy_ones(models: dict[str, Path], 
 
 
 def _output(by_rid: dict[str, list[int]], rid: str) -> list[int]:
-    """The output of the request a child id belongs to (the engine's ids and the scheduler's may differ)."""
-    hits = [out for key, out in by_rid.items() if rid == key or rid.startswith(f"{key}-") or key in rid]
-    assert len(hits) == 1, (rid, list(by_rid))
-    return hits[0]
+    """The output of the request a core request id belongs to (n = 1: its only child)."""
+    return by_rid[parent_id(rid)]
 
 
 def test_ngram_drafter_with_sampled_requests_reproduces_seeds(models: dict[str, Path]) -> None:
