@@ -27,12 +27,12 @@ class PreparedRequest:
     kv_transfer: Any = None
 
 
-def exact_under_greedy_verification(params: SamplingParams) -> bool:
-    """Whether greedy verification of drafts reproduces this request's sampler exactly: argmax of the raw logits,
-    with nothing that depends on the tokens sampled so far (penalties, a grammar, min_tokens bans) and no logprobs
-    to report. Other requests decode without drafts (rejection sampling is a later slice)."""
-    return (params.greedy and not params.has_penalties and params.structured_outputs is None
-            and params.logprobs is None and params.min_tokens == 0)  # fmt: skip
+def can_speculate(params: SamplingParams) -> bool:
+    """Whether the verifier reproduces this request's sampler at every draft position (runner/speculative.py):
+    greedy or sampled, with penalties, logit bias and min_tokens applied per position as the plain sampler would.
+    A grammar (its matcher would have to walk the drafts) and logprobs (reported per emitted token) are not
+    handled yet: such requests decode without drafts."""
+    return params.structured_outputs is None and params.logprobs is None
 
 
 def _fork_seed(seed: int, index: int) -> int:
@@ -139,5 +139,5 @@ class InputProcessor:
             sampling_params=params,
             arrival_time=p.arrival_time,
             prompt_logprobs=p.params.prompt_logprobs is not None and index == 0,
-            speculate=exact_under_greedy_verification(p.params),
+            speculate=can_speculate(p.params),
         )

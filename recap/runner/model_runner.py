@@ -31,7 +31,7 @@ from recap.runner.memory import (
     weight_format,
 )
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
-from recap.runner.speculative import VerifyRow, greedy_emit, verify_rows
+from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -194,7 +194,7 @@ class ModelRunner:
             if self._grammar_failed:  # their tokens were drawn unconstrained: the engine drops them
                 result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
         if verify:
-            self._verify(batch, hidden, verify, result)
+            self._verify(out, batch, hidden, verify, result)
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
@@ -207,17 +207,27 @@ class ModelRunner:
         base = self.pools.num_state_slots
         return verify_rows(out.scheduled, iter(range(base, base + self.num_scratch_slots)), self.has_state)
 
-    def _verify(self, batch: ForwardBatch, hidden: torch.Tensor, verify: list[VerifyRow],
+    def _verify(self, out: SchedulerOutput, batch: ForwardBatch, hidden: torch.Tensor, verify: list[VerifyRow],
                 result: ModelRunnerOutput) -> None:  # fmt: skip
-        """Greedy verification of every verify row from one logits computation; the state after the accepted
-        tokens becomes the running state (runner/speculative.py)."""
+        """Verify every verify row from one logits computation (greedy acceptance, or rejection sampling for a
+        sampled request); the state after the accepted tokens becomes the running state (runner/speculative.py)."""
         qsl = batch.query_start_loc.tolist()
         index = torch.cat([torch.arange(qsl[v.row], qsl[v.row + 1]) for v in verify]).to(hidden.device)
-        targets = torch.argmax(self.model.compute_logits(hidden[index]).float(), dim=-1).tolist()
+        logits = self.model.compute_logits(hidden[index]).float()
+        targets = torch.argmax(logits, dim=-1).tolist()
+        host: torch.Tensor | None = None  # the sampler works on the host: one copy, if a row needs it
         off = 0
         for v in verify:
             n = len(v.drafts) + 1
-            emitted = greedy_emit(v.drafts, targets[off : off + n])
+            s = out.scheduled[v.row]
+            params: SamplingParams = s.sampling_params or _GREEDY
+            if params.greedy and not params.has_penalties and params.min_tokens == 0:  # argmax of the raw logits
+                emitted = greedy_emit(v.drafts, targets[off : off + n])
+            else:
+                host = logits.cpu() if host is None else host
+                rows = position_rows(self._sample_row(s, logits.shape[-1]), v.drafts, s.num_output_tokens,
+                                     self._stop_ids(params))  # fmt: skip
+                emitted = verify_emit(host[off : off + n], v.drafts, rows, self.sampler.generator)
             off += n
             accepted = len(emitted) - 1
             if v.state_slots and accepted < len(v.drafts):
@@ -241,9 +251,7 @@ class ModelRunner:
             if gen is None:
                 gen = torch.Generator().manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
                 self._generators[s.request_id] = gen
-        banned: tuple[int, ...] = ()
-        if s.num_output_tokens < params.min_tokens:
-            banned = tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)))
+        banned = self._stop_ids(params) if s.num_output_tokens < params.min_tokens else ()
         allowed = None
         if params.structured_outputs is not None:
             if self.grammar is None:
@@ -253,6 +261,10 @@ class ModelRunner:
             except GrammarFailed as e:
                 self._grammar_failed[s.request_id] = str(e)
         return SampleRow(params, gen, banned, s.prompt_token_ids, s.output_token_ids, allowed)
+
+    def _stop_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens a request may not sample before min_tokens: its stop ids and (unless ignored) EOS."""
+        return tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)))
 
     def _prompt_logprobs(
         self, out: SchedulerOutput, batch: ForwardBatch, hidden: torch.Tensor

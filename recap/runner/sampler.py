@@ -57,10 +57,29 @@ def _filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     # Exponential race (Gumbel-max equivalent): argmax p_i / q_i with q_i ~ Exp(1).
     q = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return int(torch.argmax(probs / q))
+
+
+def processed_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
+    """One row ([V]) after the processors that depend on the request's tokens (penalties and logit_bias, the
+    grammar's mask, min_tokens bans): what a greedy row takes the argmax of. A float32 copy; the batched path
+    applies the same ops in place."""
+    x = logits.float().clone()
+    if row.params.has_penalties:
+        x = apply_penalties(x, row.params, row.prompt_token_ids, row.output_token_ids)
+    if row.allowed is not None:
+        x = x.masked_fill(~row.allowed, float("-inf"))
+    if row.banned_token_ids:
+        x[list(row.banned_token_ids)] = float("-inf")
+    return x
+
+
+def target_probs(processed: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled row draws from: temperature, top-k/top-p/min-p, softmax."""
+    return _filter_logits(processed, p).softmax(-1)
 
 
 def row_logprobs(lp: torch.Tensor, token: int, k: int) -> RowLogprobs:
@@ -78,18 +97,11 @@ def sample_ref(logits: torch.Tensor, rows: list[SampleRow], shared: torch.Genera
     tokens: list[int] = []
     lps: list[RowLogprobs | None] = []
     for i, row in enumerate(rows):
-        x = logits[i].float().clone()
-        if row.params.has_penalties:
-            x = apply_penalties(x, row.params, row.prompt_token_ids, row.output_token_ids)
-        if row.allowed is not None:
-            x = x.masked_fill(~row.allowed, float("-inf"))
-        if row.banned_token_ids:
-            x[list(row.banned_token_ids)] = float("-inf")
+        x = processed_logits(logits[i], row)
         if row.params.greedy:
             tok = int(torch.argmax(x))
         else:
-            probs = _filter_logits(x, row.params).softmax(-1)
-            tok = _draw(probs, row.generator if row.generator is not None else shared)
+            tok = draw(target_probs(x, row.params), row.generator if row.generator is not None else shared)
         tokens.append(tok)
         k = row.params.logprobs
         lps.append(None if k is None else row_logprobs(torch.log_softmax(logits[i].float(), -1), tok, k))
@@ -126,8 +138,8 @@ class Sampler:
         tokens = torch.argmax(logits, dim=-1).tolist()
         for i, row in enumerate(rows):
             if not row.params.greedy:
-                probs = _filter_logits(logits[i], row.params).softmax(-1)
-                tokens[i] = _draw(probs, row.generator if row.generator is not None else self.generator)
+                probs = target_probs(logits[i], row.params)
+                tokens[i] = draw(probs, row.generator if row.generator is not None else self.generator)
         lps: list[RowLogprobs | None] = []
         want = [r.params.logprobs is not None for r in rows]
         if any(want):

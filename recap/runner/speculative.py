@@ -8,6 +8,11 @@ a < k drafts are accepted, the state after N + a tokens (conv window and SSM/mat
 layer: the whole slot) is copied into the running slot, its position checked as a checkpoint's is. The slots are
 scratch slots past the core's pool (the core never sees them), or a checkpoint slot the core planned at the
 same position (the state after N tokens at a block boundary).
+
+Acceptance: a greedy row accepts the longest prefix of drafts equal to the argmax; a sampled row verifies by
+rejection sampling (runner/rejection.py), so its tokens have the unspeculated sampler's law. Either way position j
+is processed as the plain sampler would process it there: penalties see the accepted drafts before j as generated
+tokens, and min_tokens bans count them (`position_rows`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from recap.core.output import ScheduledRequest
+from recap.runner.rejection import point_mass_emit
+from recap.runner.sampler import SampleRow, draw, processed_logits, target_probs
 
 
 @dataclass(frozen=True)
@@ -76,3 +85,36 @@ def greedy_emit(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:
         raise ValueError(f"{len(targets)} target tokens for {len(drafts)} drafts (need one more)")
     a = accepted_length(drafts, targets)
     return [*drafts[:a], targets[a]]
+
+
+def position_rows(row: SampleRow, drafts: Sequence[int], num_output: int, stop_ids: Sequence[int]) -> list[SampleRow]:
+    """The sampler's view of each position j = 0..k of a verify row whose request had generated num_output tokens
+    (row: its view at j = 0): the drafts before j count as generated, for the penalties and the min_tokens ban of
+    stop_ids (EOS and stop tokens)."""
+    if row.allowed is not None:
+        raise ValueError("a structured-output request cannot speculate (its grammar would need the drafts)")
+    min_tokens = row.params.min_tokens
+    return [
+        SampleRow(row.params, row.generator, tuple(stop_ids) if num_output + j < min_tokens else (),
+                  row.prompt_token_ids, [*row.output_token_ids, *drafts[:j]])
+        for j in range(len(drafts) + 1)
+    ]  # fmt: skip
+
+
+def verify_emit(logits: torch.Tensor, drafts: Sequence[int], rows: Sequence[SampleRow],
+                shared: torch.Generator | None) -> list[int]:  # fmt: skip
+    """The tokens one verify row emits from its logits at positions 0..k ([k + 1, V]) and its position_rows:
+    greedy acceptance, or rejection sampling of the point-mass drafts with the request's generator (else shared).
+    Each position's logits are processed only if verification reaches it."""
+    if logits.shape[0] != len(drafts) + 1 or len(rows) != len(drafts) + 1:
+        raise ValueError(f"{logits.shape[0]} logit rows, {len(rows)} sample rows for {len(drafts)} drafts")
+    params = rows[0].params
+    if params.greedy:
+        emitted = []
+        for j in range(len(drafts) + 1):
+            emitted.append(int(torch.argmax(processed_logits(logits[j], rows[j]))))
+            if j == len(drafts) or emitted[j] != drafts[j]:
+                break
+        return emitted
+    gen = rows[0].generator if rows[0].generator is not None else shared
+    return point_mass_emit(lambda j: target_probs(processed_logits(logits[j], rows[j]), params), drafts, gen, draw)

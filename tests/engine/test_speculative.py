@@ -282,15 +282,15 @@ def test_stop_string_inside_accepted_drafts(models: dict[str, Path]) -> None:
 
 
 def test_ineligible_requests_decode_plainly(models: dict[str, Path]) -> None:
-    """Sampled, logprob and penalised requests get no drafts (rejection sampling is a later slice)."""
+    """Requests that report logprobs get no drafts, greedy or sampled (sampled and penalized requests do:
+    tests/engine/test_speculative_sampled.py)."""
     path = models["mamba2"]
     prompt = rnd(90, 20)
     llm = make(path, spec=True)
     drafter = ScriptedDrafter({tuple(prompt): []}, ALL)
     with_drafter(llm, drafter)
-    for params in (SamplingParams(temperature=0.8, max_tokens=5, seed=1),
-                   SamplingParams(temperature=0.0, max_tokens=5, logprobs=0),
-                   SamplingParams(temperature=0.0, max_tokens=5, repetition_penalty=1.2)):  # fmt: skip
+    for params in (SamplingParams(temperature=0.8, max_tokens=5, seed=1, logprobs=2),
+                   SamplingParams(temperature=0.0, max_tokens=5, logprobs=0)):  # fmt: skip
         llm.generate([prompt], params)
     assert not drafter.calls and llm.engine.scheduler.stats.spec_num_drafts == 0
 
