@@ -34,7 +34,6 @@ from recap.model.models.base import CausalLM
 from recap.model.prequantized import (
     Prequantized,
     PrequantizedCheckpointError,
-    conversion,
     prequantized_format,
     serving_format,
 )
@@ -213,7 +212,7 @@ def _load_into(net: CausalLM, path: Path, fmt: Prequantized | None, quantization
         raise WeightLoadError(str(e)) from e
     ignored = load_weights(net, path, quantized.on_loaded(on_loaded), quantized)
     dtype = str(net.dtype).removeprefix("torch.")
-    logger.info("%s: %s; %s", path, conversion(fmt, quantization, dtype), quantized.summary())
+    logger.info("%s: %s", path, quantized.summary(dtype))
     return ignored
 
 

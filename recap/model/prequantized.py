@@ -173,13 +173,15 @@ def serving_format(fmt: Prequantized, quantization: str | None, dequantize: bool
     return "int4" if fmt.kind == "int4" else "int8"
 
 
-def conversion(fmt: Prequantized, target: str | None, dtype_name: str) -> str:
-    """How the checkpoint's weights become the served ones, in words (the load's log line)."""
+def conversion(fmt: Prequantized, target: str | None, dtype_name: str, layers: int, max_error: float) -> str:
+    """How the checkpoint's `layers` quantized linears became the served ones, in words (the load's log line);
+    max_error: the largest change of a weight the int4 packing made (its fp16 mins)."""
     if fmt.kind == "int4" and target == "int4":
         g = 64 if fmt.group == 64 else 32  # act-order g_idx may turn 64 into 32 (prequantized_int4.to_int4)
-        how = "exact" if fmt.group in (32, 64) else f"exact: each scale repeated over its {g}-input subgroups"
-        mins = "symmetric layers as s (q - 8), asymmetric with mins -s z (fp16)"
-        return f"{fmt.describe()} -> recap int4 g{g} ({how}; {mins})"
+        form = "symmetric" if fmt.sym else "with mins"
+        repeat = "" if fmt.group in (32, 64) else f"; each scale repeated over its {g}-input subgroups"
+        how = "exact" if max_error == 0 else f"largest weight change {max_error:.1e} (fp16 mins -s z / scales)"
+        return f"{fmt.describe()} -> recap int4 g{g} {form}, {how} ({layers} layers, codes as stored{repeat})"
     if target is None:
-        return f"{fmt.describe()} -> dequantized to {dtype_name}"
-    return f"{fmt.describe()} -> dequantized to {dtype_name}, then {target} (requantized)"
+        return f"{fmt.describe()} -> dequantized to {dtype_name} ({layers} layers)"
+    return f"{fmt.describe()} -> dequantized to {dtype_name}, then {target} (requantized; {layers} layers)"

@@ -15,7 +15,7 @@ A layer is converted as soon as its parts are in (the parts then freed), so the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import torch
 from torch import nn
@@ -24,7 +24,12 @@ from recap.kernels.linear_int4 import Int4Weight
 from recap.model.layers.int4_linear import Int4Linear
 from recap.model.layers.linear import Linear
 from recap.model.models.base import CausalLM
-from recap.model.prequantized import Prequantized, PrequantizedCheckpointError, UnsupportedQuantizationError
+from recap.model.prequantized import (
+    Prequantized,
+    PrequantizedCheckpointError,
+    UnsupportedQuantizationError,
+    conversion,
+)
 from recap.model.prequantized_fp8 import dequantize_fp8
 from recap.model.prequantized_int4 import int4_codes, to_int4
 from recap.model.safetensors_file import StoredTensor, read_tensor
@@ -120,5 +125,6 @@ class QuantizedLinears:
 
         return done
 
-    def summary(self) -> dict[str, Any]:
-        return {"layers": self.converted, "max_weight_error": self.max_error if self.exact else None}
+    def summary(self, dtype_name: str) -> str:
+        """The conversion this load made, in words (model/prequantized.conversion)."""
+        return conversion(self.fmt, self.target, dtype_name, self.converted, self.max_error)

@@ -14,6 +14,7 @@ float-quantized layout; FP8 block scales: cross-checked against transformers' ow
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -202,11 +203,15 @@ def _expected_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tenso
 
 
 @pytest.mark.parametrize("case", sorted(INT4_CASES))
-def test_int4_formats_load_exactly(case: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+def test_int4_formats_load_exactly(case: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path,
+                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     qcfg, convert = INT4_CASES[case]
     root, codes = _write(tiny_checkpoint(ARCH), tmp_path, qcfg, convert)
-    lm = load_model(root / "quant")
+    with caplog.at_level(logging.INFO, logger="recap.model.loader"):
+        lm = load_model(root / "quant")
     assert lm.linear_backend == "int4"
+    assert f"4-bit g{qcfg.get('group_size', 32)}" in caplog.text or "compressed-tensors" in caplog.text
+    assert f"-> recap int4 g{64 if qcfg.get('group_size') == 64 else 32}" in caplog.text
     layers = _linears(lm)
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(3))
     for name, (q, s, z, group_of) in codes.items():
