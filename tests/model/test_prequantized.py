@@ -135,7 +135,7 @@ def _write(src: Path, dst: Path, qcfg: dict, convert: Callable) -> tuple[Path, d
         else:
             quant[key] = dense[key] = t
     for name, state, qc in (("quant", quant, qcfg), ("dense", dense, None)):
-        (dst / name).mkdir(parents=True)
+        shutil.copytree(src, dst / name)  # the tokenizer too, where there is one
         save_file({k: v.contiguous() for k, v in state.items()}, dst / name / "model.safetensors")
         (dst / name / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc} if qc else cfg))
     return dst, codes
