@@ -47,9 +47,10 @@ class QuantizedLinears:
         self.layers: dict[str, tuple[str, Linear]] = {}  # raw prefix -> (the model's weight key, its Linear)
         self.present: dict[str, set[str]] = {}  # raw prefix -> the parts the checkpoint has for it
         self.skipped: set[str] = set()  # a tied head's quantized copy (the embedding is the head)
+        skip = tuple(model.ignored_checkpoint_prefixes)  # a vision tower's layers: the loader skips them
         for raw in sorted(keys):
             prefix, _, part = raw.rpartition(".")
-            if part != fmt.marker:
+            if part != fmt.marker or raw.startswith(skip):
                 continue
             key = model.rename_checkpoint_key(prefix + ".weight")
             if key is None:

@@ -216,7 +216,7 @@ def test_int4_formats_load_exactly(case: str, tiny_checkpoint: Callable[[str], P
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(3))
     for name, (q, s, z, group_of) in codes.items():
         impl = layers[name].impl
-        assert isinstance(impl, Int4Linear), name
+        assert isinstance(impl, Int4Linear) and layers[name].released, name  # no fp32 weight was ever held
         g = 64 if qcfg.get("group_size") == 64 and _one_group_per_block(group_of, 64) else 32
         packed, asym = _expected_int4(q, s, z, group_of, g)
         assert impl.quantized.group == g and impl.quantized.asym == asym
@@ -311,3 +311,21 @@ def test_strict_keys_and_act_order(tiny_checkpoint: Callable[[str], Path], tmp_p
         load_model(root / "quant")
     assert torch.equal(_linears(load_model(root / "quant", dequantize=True))[layer].weight,
                        _linears(load_model(root / "dense"))[layer].weight)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["gptq-g128-asym", "fp8-block"])
+def test_bf16_model(case: str, tiny_checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """A bf16 model: int4 layers keep the checkpoint's tiles (bf16 in and out), FP8 dequantizes into bf16."""
+    qcfg, convert = {**INT4_CASES, **FP8_CASES}[case]
+    root, codes = _write(tiny_checkpoint(ARCH), tmp_path, qcfg, convert)
+    lm, fp32 = load_model(root / "quant", dtype=torch.bfloat16), load_model(root / "quant")
+    deq = load_model(root / "quant", dtype=torch.bfloat16, dequantize=True)
+    dense = load_model(root / "dense")
+    for name, layer in _linears(dense).items():
+        assert torch.equal(_linears(deq)[name].weight, layer.weight.bfloat16()), name
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(8)).bfloat16()
+    name = "model.layers.1.self_attn.q_proj"  # no bias (a bf16 model's bias is rounded)
+    got, want = _linears(lm)[name](x), _linears(fp32)[name](x.float())
+    assert got.dtype == torch.bfloat16
+    if case in INT4_CASES:
+        assert torch.equal(got, want.bfloat16())  # the same tiles: only the output's rounding
