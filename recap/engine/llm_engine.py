@@ -25,6 +25,7 @@ from recap.engine.outputs import RequestOutput
 from recap.kernels.kernel_set import kernel_set
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
 from recap.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_path
+from recap.model.prequantized import prequantized_format, serving_format
 from recap.runner.device import resolve_device
 from recap.runner.grammar import GrammarBackend
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
@@ -68,8 +69,10 @@ def _load_within_memory(
     if device.type == "cpu":
         given = config.memory_limit_bytes
         limit = MemoryLimit(given, "the given memory limit") if given is not None else process_memory_limit()
-        plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, config.quantization, limit)
-        plan.check(remedies(dtype, config.quantization, plan.pools))
+        fmt = prequantized_format(hf)  # a pre-quantized checkpoint is planned in the format it will run in
+        quant = config.quantization if fmt is None else serving_format(fmt, config.quantization, False, True)
+        plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, quant, limit)
+        plan.check(remedies(dtype, quant, plan.pools))
     loaded = load_model(path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
                         device=device)  # fmt: skip
     return loaded, config, limit

@@ -31,6 +31,13 @@ from recap.model.hf_config import architecture_of, read_hf_config, translate_con
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM
+from recap.model.prequantized import (
+    Prequantized,
+    PrequantizedCheckpointError,
+    prequantized_format,
+    serving_format,
+)
+from recap.model.prequantized_load import QuantizedLinears
 from recap.model.quant import QUANTIZATIONS
 from recap.model.safetensors_file import SafetensorsFormatError, StoredTensor, copy_stored, stored_tensors
 
@@ -92,12 +99,19 @@ def iter_checkpoint(path: Path) -> Iterator[tuple[StoredTensor, Any, str]]:
                 raise WeightLoadError(str(e)) from e
 
 
-def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], None] | None = None) -> dict[str, int]:
+def checkpoint_keys(path: Path) -> list[str]:
+    """Every tensor name of the checkpoint (headers only)."""
+    return [stored.key for stored, _, _ in iter_checkpoint(path)]
+
+
+def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], None] | None = None,
+                 quantized: QuantizedLinears | None = None) -> dict[str, int]:  # fmt: skip
     """Read every checkpoint tensor into the model, strictly (cast to the model's dtype).
 
     Keys under the model's `ignored_checkpoint_prefixes` (a vision tower, an MTP head) are skipped; returns how
     many were skipped per prefix (also logged). `on_loaded(module)` runs as soon as every tensor of a module's
-    own (a Linear's weight and bias) is in, before the next tensor is read.
+    own (a Linear's weight and bias) is in, before the next tensor is read. `quantized`: a pre-quantized
+    checkpoint's layers, whose parts (model/prequantized_load.py) stand in for their `weight` keys.
     """
     params = model.state_dict(keep_vars=True)  # each entry dropped once filled: a released weight is then freed
     expected = set(params)
@@ -107,11 +121,24 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
     seen: set[str] = set()
     ignored: Counter[str] = Counter()
     tied = model.config.tie_word_embeddings
+
+    def filled(key: str) -> None:
+        seen.add(key)
+        pending[owner[key]] -= 1
+        if on_loaded is not None and pending[owner[key]] == 0:
+            on_loaded(modules[owner[key]])
+
     for stored, f, shard in iter_checkpoint(path):
         raw_key = stored.key
         prefix = next((p for p in model.ignored_checkpoint_prefixes if raw_key.startswith(p)), None)
         if prefix is not None:
             ignored[prefix] += 1
+            continue
+        done = None if quantized is None else _claim(quantized, stored, f, shard)
+        if done is not None:
+            if done:  # a quantized layer complete: its weight key is filled
+                del params[done]
+                filled(done)
             continue
         key = model.rename_checkpoint_key(raw_key)
         if key is None:
@@ -122,20 +149,8 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
             raise WeightLoadError(f"unexpected key {raw_key!r} in {shard} (the model has no such weight)")
         if key in seen:
             raise WeightLoadError(f"duplicate key {raw_key!r} in {shard}")
-        dst = params.pop(key)
-        if stored.shape != tuple(dst.shape):
-            raise WeightLoadError(f"shape mismatch for {raw_key!r}: checkpoint {stored.shape}, "
-                                  f"model {tuple(dst.shape)}")
-        try:
-            with torch.no_grad():
-                copy_stored(f, stored, dst.data, shard)
-        except SafetensorsFormatError as e:
-            raise WeightLoadError(str(e)) from e
-        del dst
-        seen.add(key)
-        pending[owner[key]] -= 1
-        if on_loaded is not None and pending[owner[key]] == 0:
-            on_loaded(modules[owner[key]])
+        _copy_checked(f, stored, params.pop(key), shard)
+        filled(key)
     missing = sorted(expected - seen)
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -144,6 +159,24 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
         logger.info("%s: skipped %d checkpoint tensors under %r (not part of %s)", path, n, prefix,
                     model.config.architecture)  # fmt: skip
     return dict(ignored)
+
+
+def _claim(quantized: QuantizedLinears, stored: StoredTensor, f: Any, shard: str) -> str | None:
+    try:
+        return quantized.claim(stored, f, shard)
+    except (PrequantizedCheckpointError, SafetensorsFormatError) as e:
+        raise WeightLoadError(str(e)) from e
+
+
+def _copy_checked(f: Any, stored: StoredTensor, dst: torch.Tensor, shard: str) -> None:
+    if stored.shape != tuple(dst.shape):
+        raise WeightLoadError(f"shape mismatch for {stored.key!r}: checkpoint {stored.shape}, "
+                              f"model {tuple(dst.shape)}")  # fmt: skip
+    try:
+        with torch.no_grad():
+            copy_stored(f, stored, dst.data, shard)
+    except SafetensorsFormatError as e:
+        raise WeightLoadError(str(e)) from e
 
 
 def quantize_when_loaded(quantization: str) -> Callable[[nn.Module], None]:
@@ -166,6 +199,23 @@ def build_model(
         return family(config.architecture).model_class()(config, dtype).eval()
 
 
+def _load_into(net: CausalLM, path: Path, fmt: Prequantized | None, quantization: str | None,
+               on_cpu: bool) -> dict[str, int]:  # fmt: skip
+    """load_weights with each layer quantized as it is loaded (on the CPU), and for a pre-quantized checkpoint
+    its layers' parts converted (model/prequantized_load.py) and the conversion logged."""
+    on_loaded = quantize_when_loaded(quantization) if quantization and on_cpu else None
+    if fmt is None:
+        return load_weights(net, path, on_loaded)
+    try:
+        quantized = QuantizedLinears(fmt, net, checkpoint_keys(path), quantization, on_cpu)
+    except PrequantizedCheckpointError as e:
+        raise WeightLoadError(str(e)) from e
+    ignored = load_weights(net, path, quantized.on_loaded(on_loaded), quantized)
+    dtype = str(net.dtype).removeprefix("torch.")
+    logger.info("%s: %s", path, quantized.summary(dtype))
+    return ignored
+
+
 def load_model(
     model: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -173,6 +223,7 @@ def load_model(
     quantization: str | None = None,
     native_decode: bool = True,
     device: str | torch.device = "cpu",
+    dequantize: bool = False,
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly (the modules on their
     reference paths); the flags below are checked and recorded in the result, and the backend the runner
@@ -188,6 +239,11 @@ def load_model(
     built, or with the "torch" linear backend, the model keeps torch's kernels (a warning says why). False:
     torch's kernels only (vLLM's --enforce-eager).
     device: where the weights live; off the CPU the linears are torch's and the CPU fast path does not apply.
+    A pre-quantized checkpoint (config.json's `quantization_config`: model/prequantized.py) runs, with
+    quantization None, in recap's nearest format: GPTQ / AWQ / compressed-tensors 4-bit as int4 (its own codes
+    and scales), FP8 dequantized and quantized again as int8; a quantization named runs that instead, and
+    `dequantize` (or a device other than the CPU) keeps the dequantized weights in `dtype`. One log line says
+    which conversion ran; UnsupportedQuantizationError for a method recap does not read.
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
@@ -199,9 +255,12 @@ def load_model(
     hf = read_hf_config(path)
     architecture_of(hf)  # raises UnsupportedArchitectureError before touching weights
     config = translate_config(hf)
-    net = build_model(config, dtype, device)
+    fmt = prequantized_format(hf)  # UnsupportedQuantizationError before building anything
     on_cpu = torch.device(device).type == "cpu"
-    ignored = load_weights(net, path, quantize_when_loaded(quantization) if quantization and on_cpu else None)
+    if fmt is not None:
+        quantization = serving_format(fmt, quantization, dequantize, on_cpu)
+    net = build_model(config, dtype, device)
+    ignored = _load_into(net, path, fmt, quantization, on_cpu)
     return_free_heap()
     if quantization is not None:
         linear_backend = quantization

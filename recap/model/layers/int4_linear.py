@@ -29,15 +29,18 @@ INT4_GROUP, INT4_ASYM = 32, False
 class Int4Linear(LinearImpl):
     """Group-wise 4-bit weights: the native kernel at every row count where it builds, its torch reference
     elsewhere (equal results), whether the native kernels are on or off (it is this backend's kernel). Only the
-    packed form is kept: the constructor quantizes `weight` and nothing reads it afterwards (the Linear
-    releases it)."""
+    packed form is kept: the constructor quantizes `weight` (or takes `quantized`, a checkpoint's own codes:
+    model/prequantized_int4.py) and nothing reads it afterwards (the Linear releases it)."""
 
     name = "int4"
     owns_weight = True
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, quantized: Int4Weight | None = None) -> None:
         super().__init__(weight, bias)
-        self.quantized: Int4Weight = quantize_int4(weight, INT4_GROUP, INT4_ASYM, bias)
+        if quantized is not None and (quantized.out_features, quantized.in_features) != tuple(weight.shape):
+            raise ValueError(f"a packed {quantized.out_features} x {quantized.in_features} weight for a layer of "
+                             f"{tuple(weight.shape)}")  # fmt: skip
+        self.quantized: Int4Weight = quantized or quantize_int4(weight, INT4_GROUP, INT4_ASYM, bias)
         self._fast = int4_native_available()
 
     def set_native(self, on: bool) -> None:

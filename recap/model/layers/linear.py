@@ -328,6 +328,12 @@ class Linear(nn.Module):
             self.impl = DenseLinear(weight, self.bias, onednn=backend == "onednn", native=on)
         self.release_weight()
 
+    def adopt(self, impl: LinearImpl) -> None:
+        """Run on `impl`, built from a checkpoint's own quantized form (model/prequantized_load.py): the weight
+        parameter was never filled and is released."""
+        self.impl = impl
+        self.release_weight()
+
     def _dense_weight(self) -> nn.Parameter:
         """The weight parameter, registered again from the implementation's dense layout if it was released."""
         if self.released:
