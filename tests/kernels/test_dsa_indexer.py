@@ -16,8 +16,8 @@ hf_config = pytest.importorskip("transformers.models.glm5_next.configuration_glm
 
 
 def _inputs(gen: torch.Generator, n: int, s: int, hi: int, di: int, p: int) -> tuple[torch.Tensor, ...]:
-    return (torch.randn(n, hi, di, generator=gen), torch.randn(n, hi, generator=gen),
-            torch.randn(s, di, generator=gen), torch.randn(s, di, generator=gen), torch.randn(p, di, generator=gen))  # fmt: skip
+    sizes = ((n, hi, di), (n, hi), (s, di), (s, di), (p, di))
+    return tuple(torch.randn(size, generator=gen) for size in sizes)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -59,8 +59,10 @@ def _hf_indexer(seed: int, topk: int, kpool: int, tail: bool) -> torch.nn.Module
     return ind
 
 
-@pytest.mark.parametrize(("seed", "topk", "kpool", "tail", "length"),
-                         [(0, 8, 4, True, 37), (1, 6, 3, True, 29), (2, 4, 1, False, 19), (3, 8, 2, False, 33)])  # fmt: skip
+CASES = [(0, 8, 4, True, 37), (1, 6, 3, True, 29), (2, 4, 1, False, 19), (3, 8, 2, False, 33)]
+
+
+@pytest.mark.parametrize(("seed", "topk", "kpool", "tail", "length"), CASES)
 def test_matches_transformers_indexer(seed: int, topk: int, kpool: int, tail: bool, length: int) -> None:
     ind = _hf_indexer(seed, topk, kpool, tail)
     gen = torch.Generator().manual_seed(50 + seed)
