@@ -33,6 +33,10 @@ class IndexerShape:
     def __post_init__(self) -> None:
         if self.kpool < 1 or self.topk < self.kpool or self.topk % self.kpool:
             raise ValueError(f"indexer topk {self.topk} must be a positive multiple of kpool {self.kpool}")
+        if not self.tail and self.kpool > 1:
+            # the first kpool - 1 queries would select nothing (transformers then averages every value of the
+            # sequence, future ones included: not causal, so nothing a cache could reproduce)
+            raise ValueError(f"an indexer with kpool {self.kpool} > 1 must always select the tail")
 
 
 def _check(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, gates: torch.Tensor, ctx: int) -> None:

@@ -24,7 +24,7 @@ def _inputs(gen: torch.Generator, n: int, s: int, hi: int, di: int, p: int) -> t
 def test_fast_matches_reference(seed: int) -> None:
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     p = rng.choice([1, 2, 3, 4])
-    shape = IndexerShape(topk=p * rng.randint(1, 4), kpool=p, tail=rng.random() < 0.7)
+    shape = IndexerShape(topk=p * rng.randint(1, 4), kpool=p, tail=p > 1 or rng.random() < 0.5)
     ctx, n = rng.choice([0, rng.randint(1, 30)]), rng.randint(1, 17)
     q, w, keys, gates, ape = _inputs(gen, n, ctx + n, rng.randint(1, 5), rng.randint(2, 9), p)
     mask = dsa_select(q, w, keys, gates, ape, ctx, shape)
@@ -59,7 +59,7 @@ def _hf_indexer(seed: int, topk: int, kpool: int, tail: bool) -> torch.nn.Module
     return ind
 
 
-CASES = [(0, 8, 4, True, 37), (1, 6, 3, True, 29), (2, 4, 1, False, 19), (3, 8, 2, False, 33)]
+CASES = [(0, 8, 4, True, 37), (1, 6, 3, True, 29), (2, 4, 1, False, 19), (3, 8, 2, True, 33)]
 
 
 @pytest.mark.parametrize(("seed", "topk", "kpool", "tail", "length"), CASES)
@@ -82,6 +82,8 @@ def test_matches_transformers_indexer(seed: int, topk: int, kpool: int, tail: bo
 def test_bad_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of kpool"):
         IndexerShape(topk=5, kpool=2, tail=True)
+    with pytest.raises(ValueError, match="always select the tail"):
+        IndexerShape(topk=4, kpool=2, tail=False)
     q, w, keys, gates, ape = _inputs(torch.Generator().manual_seed(0), 3, 4, 2, 5, 2)
     with pytest.raises(ValueError, match="disagree"):
         dsa_select(q, w, keys, gates, ape, 0, IndexerShape(2, 2, True))
