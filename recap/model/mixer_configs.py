@@ -310,9 +310,7 @@ class KDAConfig(MixerConfig):
     head_dim: int
     conv_kernel: int
     norm_eps: float = 1e-5
-    # "kimi": {q,k,v}_conv1d and flat f_a/f_b_proj, dt_bias, A_log [1, 1, H, 1]; "glm5" (GLM-5.3-Flash): one
-    # conv1d over [q | k | v] (one conv window) and forget_gate.{f_a_proj, f_b_proj, dt_bias, A_log [H]}
-    layout: str = "kimi"
+    layout: str = "kimi"  # A_log on disk: "kimi" [1, 1, H, 1], "glm5" (GLM-5.3-Flash) [H]
     # None: g = -exp(A_log) softplus(f + dt_bias); else g = bound * sigmoid(exp(A_log) (f + dt_bias))
     gate_lower_bound: float | None = None
     mixer: ClassVar[str] = "recap.model.layers.kda:KDAMixer"
@@ -326,11 +324,8 @@ class KDAConfig(MixerConfig):
         return self.num_heads * self.head_dim
 
     def state_specs(self) -> tuple[StateTensorSpec, ...]:
-        matrix = StateTensorSpec("recurrent", (self.num_heads, self.head_dim, self.head_dim), torch.float32)
-        if self.layout == "glm5":
-            return conv_window_spec(3 * self.dim, self.conv_kernel), matrix
         convs = tuple(conv_window_spec(self.dim, self.conv_kernel, f"conv_{x}") for x in "qkv")
-        return *convs, matrix
+        return *convs, StateTensorSpec("recurrent", (self.num_heads, self.head_dim, self.head_dim), torch.float32)
 
     def flops_weights(self, hidden: int) -> int:
         d, hd = self.dim, self.head_dim

@@ -1,6 +1,7 @@
-"""GLM-5.3-Flash's KDA layout (one conv1d over [q | k | v], the forget gate's weights under `forget_gate`,
-the lower-bounded sigmoid gate, or softplus without a bound) against transformers' Glm5NextTextLinearAttention
-(torch fallback, no cache), in one pass and in chunks carried through a state slot."""
+"""GLM-5.3-Flash's KDA (checkpoint layout: {q,k,v}_conv1d, flat gate weights, A_log [H]; the lower-bounded
+sigmoid gate, or softplus without a bound) against transformers' Glm5NextTextLinearAttention (torch fallback,
+no cache; its in-memory fused conv1d and forget_gate module mapped to the layout save_pretrained writes), in
+one pass and in chunks carried through a state slot."""
 
 from __future__ import annotations
 
@@ -30,8 +31,16 @@ def _pair(seed: int, bound: float | None) -> tuple[torch.nn.Module, KDAMixer]:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
     ours = KDAMixer(HIDDEN, KDAConfig(HEADS, HEAD_DIM, KERNEL, 1e-5, layout="glm5", gate_lower_bound=bound),
                     torch.float32)  # fmt: skip
-    ours.load_state_dict(ref.state_dict())
+    ours.load_state_dict(_on_disk(ref.state_dict()))
     return ref, ours
+
+
+def _on_disk(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' in-memory names -> the checkpoint's (its conversion mapping, read off save_pretrained)."""
+    out = {k.removeprefix("forget_gate."): v for k, v in state.items() if k != "conv1d.weight"}
+    for x, w in zip("qkv", state["conv1d.weight"].chunk(3, dim=0)):
+        out[f"{x}_conv1d.weight"] = w
+    return out
 
 
 def _caches(layer: KDAMixer) -> ModelCaches:
@@ -61,4 +70,4 @@ def test_matches_transformers_whole_and_chunked(seed: int, bound: float | None, 
 def test_layout_is_checked() -> None:
     with pytest.raises(ValueError, match="layout"):
         KDAConfig(2, 8, 4, layout="fla")
-    assert [s.name for s in KDAConfig(2, 8, 4, layout="glm5").state_specs()] == ["conv", "recurrent"]
+    assert KDAMixer(16, KDAConfig(2, 8, 4, layout="glm5"), torch.float32).A_log.shape == (2,)

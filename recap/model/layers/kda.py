@@ -5,9 +5,8 @@
     beta = sigmoid(b_proj h);  o = KDA(q, k, v, g, beta)  (state [H, Dk, Dk] per slot, fp32)
     y = o_proj(RMSNorm_Dk(o) * sigmoid(g_b_proj(g_a_proj h)))
 
-State slot tensors: conv_q, conv_k, conv_v (the three conv windows) and recurrent. GLM-5.3-Flash's layout
-("glm5") convolves [q | k | v] in one conv1d (one window, `conv`; depthwise, so the same math), keeps the gate's
-weights under `forget_gate` and may bound the gate below: g = bound * sigmoid(exp(A_log) * (f + dt_bias)).
+State slot tensors: conv_q, conv_k, conv_v (the three conv windows) and recurrent. GLM-5.3-Flash's checkpoints
+(layout "glm5") store A_log as [H] and may bound the gate below: g = bound * sigmoid(exp(A_log) * (f + dt_bias)).
 """
 
 from __future__ import annotations
@@ -34,21 +33,14 @@ class KDAMixer(Mixer):
         super().__init__()
         self.cfg = cfg
         d, hd = cfg.dim, cfg.head_dim
-        glm5 = cfg.layout == "glm5"
         for x in "qkv":
             setattr(self, f"{x}_proj", Linear(hidden_size, d, False, dtype))
-            if not glm5:
-                setattr(self, f"{x}_conv1d", CausalConv1d(d, cfg.conv_kernel, False, "silu", dtype))
-        if glm5:
-            self.conv1d = CausalConv1d(3 * d, cfg.conv_kernel, False, "silu", dtype)
-        gate = nn.Module() if glm5 else self
-        gate.f_a_proj = Linear(hidden_size, hd, False, dtype)
-        gate.f_b_proj = Linear(hd, d, False, dtype)
-        gate.dt_bias = empty_param(d, dtype=dtype)
-        a_shape = (cfg.num_heads,) if glm5 else (1, 1, cfg.num_heads, 1)
-        gate.A_log = empty_param(*a_shape, dtype=dtype)
-        if glm5:
-            self.forget_gate = gate
+            setattr(self, f"{x}_conv1d", CausalConv1d(d, cfg.conv_kernel, False, "silu", dtype))
+        self.f_a_proj = Linear(hidden_size, hd, False, dtype)
+        self.f_b_proj = Linear(hd, d, False, dtype)
+        self.dt_bias = empty_param(d, dtype=dtype)
+        a_shape = (cfg.num_heads,) if cfg.layout == "glm5" else (1, 1, cfg.num_heads, 1)
+        self.A_log = empty_param(*a_shape, dtype=dtype)
         self.b_proj = Linear(hidden_size, cfg.num_heads, False, dtype)
         self.g_a_proj = Linear(hidden_size, hd, False, dtype)
         self.g_b_proj = Linear(hd, d, False, dtype)
@@ -59,10 +51,9 @@ class KDAMixer(Mixer):
     def _gate(self, hidden: torch.Tensor) -> torch.Tensor:
         """The per-channel log forget gate g [T, H, Dk] (fp32): -exp(A_log) * softplus(f + dt_bias), or
         bound * sigmoid(exp(A_log) * (f + dt_bias)) with a lower bound."""
-        gate = self.forget_gate if self.cfg.layout == "glm5" else self
-        f = gate.f_b_proj(gate.f_a_proj(hidden)).float() + gate.dt_bias.float()
+        f = self.f_b_proj(self.f_a_proj(hidden)).float() + self.dt_bias.float()
         f = f.view(hidden.shape[0], self.cfg.num_heads, self.cfg.head_dim)
-        rate = torch.exp(gate.A_log.float().view(-1, 1))
+        rate = torch.exp(self.A_log.float().view(-1, 1))
         if self.cfg.gate_lower_bound is not None:
             return self.cfg.gate_lower_bound * torch.sigmoid(rate * f)
         return -rate * torch.where(f > 20.0, f, torch.log1p(torch.exp(f)))  # softplus, linear past 20 (as HF)
@@ -75,14 +66,10 @@ class KDAMixer(Mixer):
             raise ValueError("a KDA layer needs batch.ssm metadata")
         t, c = hidden.shape[0], self.cfg
         shape = (t, c.num_heads, c.head_dim)
-        if c.layout == "glm5":
-            qkv = torch.cat([self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)], dim=-1)
-            q, k, v = (y.reshape(shape) for y in self.conv1d(qkv, state["conv"], batch).split(c.dim, dim=-1))
-        else:
-            q, k, v = (
-                getattr(self, f"{x}_conv1d")(getattr(self, f"{x}_proj")(hidden), state[f"conv_{x}"], batch).view(shape)
-                for x in "qkv"
-            )
+        q, k, v = (
+            getattr(self, f"{x}_conv1d")(getattr(self, f"{x}_proj")(hidden), state[f"conv_{x}"], batch).view(shape)
+            for x in "qkv"
+        )
         g, beta = self._gate(hidden), torch.sigmoid(self.b_proj(hidden).float())
         # decode batches included
         o = batch.kernels.kda(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
