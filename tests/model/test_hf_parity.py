@@ -16,9 +16,13 @@ NEW_TOKENS = 12
 
 
 def _hf_model(path):  # noqa: ANN001, ANN202
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    return AutoModelForCausalLM.from_pretrained(path).eval()
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    except ValueError:  # a vision-language class with no causal-LM mapping (GLM-5.3-Flash): its own class
+        arch = transformers.AutoConfig.from_pretrained(path).architectures[0]
+        return getattr(transformers, arch).from_pretrained(path).eval()
 
 
 def _prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
