@@ -8,7 +8,7 @@ then norm(mean of the streams). A "shared" indexed layer attends with the select
 it (transformers passes it only from a full indexed layer to the next layer).
 Layout: `model.language_model.{embed_tokens, layers.i.{self_attn, mlp, input_layernorm,
 post_attention_layernorm, hc_attn_{fn,base,scale}, hc_ffn_{fn,base,scale}}, norm}` + `lm_head`; the vision
-tower (`model.visual.*`) is skipped.
+tower (`model.visual.*`) and the multi-token-prediction layer after the last one are skipped.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from recap.model.models.hybrid import HybridForCausalLM
 
 NOT_LANGUAGE_MODEL = ("model.visual.",)
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class Glm5NextBlock(nn.Module):
@@ -82,8 +83,10 @@ class Glm5NextForConditionalGeneration(HybridForCausalLM):
             streams, selections = block(streams, batch, caches, i, selections)
         return self.final_norm()(hyper_head(streams))
 
-    @staticmethod
-    def rename_checkpoint_key(key: str) -> str:
+    def rename_checkpoint_key(self, key: str) -> str | None:  # type: ignore[override]
         if key.startswith("model.language_model."):
             key = "model." + key.removeprefix("model.language_model.")
+        layer = _LAYER.match(key)
+        if ".shared_head." in key or (layer is not None and int(layer.group(1)) >= self.config.num_layers):
+            return None  # the MTP layer the hub stores after the last one (transformers skips it as well)
         return _HC.sub(lambda m: f".{m.group(1)}_hc.{m.group(2)}", key)
