@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from recap.kernels.dsa_indexer import IndexerShape
-from recap.kernels.indexed_mla import Selections, paged_dsa_select
-from recap.kernels.metadata import AttentionMetadata
+from recap.kernels.indexed_mla import Selections
+from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import KVCache
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.mixer_configs import IndexedMLAConfig
@@ -36,12 +36,14 @@ class DSAIndexer(nn.Module):
         self.index_kpool_compress_ape = empty_param(cfg.index_kpool, di, dtype=dtype)
         self.index_kpool_compress_gate = empty_param(di, hidden_size, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, meta: AttentionMetadata, cache: KVCache) -> Selections:
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> Selections:
         """Cache the tokens' indexer keys and gates, then each row's selection (None for padding rows)."""
+        assert batch.attn is not None
         t = x.shape[0]
         q = self.wq_b(q_resid).view(t, self.heads, self.head_dim)
         w = self.weights_proj(x).float() * self.heads**-0.5
         key = self.k_norm(self.wk(x))
         gate = F.linear(x, self.index_kpool_compress_gate)
-        return paged_dsa_select(q, w, key, gate, cache.tensors["index_key"], cache.tensors["index_gate"], meta,
-                                self.index_kpool_compress_ape, self.shape)  # fmt: skip
+        return batch.kernels.paged_dsa_select(q, w, key, gate, cache.tensors["index_key"],
+                                              cache.tensors["index_gate"], batch.attn, self.index_kpool_compress_ape,
+                                              self.shape)  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from recap.kernels.indexed_mla import Selections, paged_sparse_mla_attention
+from recap.kernels.indexed_mla import Selections
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import KVCache, ModelCaches
 from recap.model.layers.dsa_indexer import DSAIndexer
@@ -58,10 +58,10 @@ class IndexedMLAttention(Mixer):
         q_resid = self.q_a_layernorm(self.q_a_proj(x))
         cache = self.layer_cache(caches, layer)
         assert isinstance(cache, KVCache)
-        sel = self.indexer(x, q_resid, meta, cache) if self.indexer is not None else shared
+        sel = self.indexer(x, q_resid, batch, cache) if self.indexer is not None else shared
         assert sel is not None
         q = self.q_b_proj(q_resid).view(t, c.num_heads, c.qk_nope_head_dim)
         latent = self.kv_a_layernorm(self.kv_a_proj_with_mqa(x))
-        out = paged_sparse_mla_attention(q, latent, cache.tensors["latent"], meta, self.kv_b_proj.weight,
-                                         c.qk_nope_head_dim, self.scale, sel)  # fmt: skip
+        out = batch.kernels.paged_sparse_mla_attention(q, latent, cache.tensors["latent"], meta, self.kv_b_proj.weight,
+                                                       c.qk_nope_head_dim, self.scale, sel)  # fmt: skip
         return self.o_proj(out.reshape(t, c.num_heads * c.v_head_dim)), sel
