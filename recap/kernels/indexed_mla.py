@@ -10,6 +10,9 @@ Glossary
 
 paged_dsa_select writes ik / ig and selects per row; paged_sparse_mla_attention writes c and attends over the
 selected keys only. paged_sparse_mla_attention_ref is the plain twin (block by block, explicit softmax).
+Both are exact, not fast: the selection is a dense [n, s] mask over every key of the row (memory O(n s) per
+row and step, bounded by the step's token budget), so no step is cheaper than dense MLA yet; a kernel that
+gathers only the selected keys is the next step.
 """
 
 from __future__ import annotations
