@@ -15,6 +15,7 @@ import torch
 
 from recap.kernels.conv1d import causal_conv1d, causal_conv1d_update
 from recap.kernels.gdn import gated_delta_rule
+from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
 from recap.kernels.paged_attention import paged_attention
@@ -40,6 +41,8 @@ class KernelSet:
     kda: Kernel
     paged_attention: Kernel
     paged_mla_attention: Kernel
+    paged_dsa_select: Kernel
+    paged_sparse_mla_attention: Kernel
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
@@ -58,6 +61,8 @@ TORCH_KERNELS = KernelSet(
     kda=kda,
     paged_attention=paged_attention,
     paged_mla_attention=paged_mla_attention,
+    paged_dsa_select=paged_dsa_select,
+    paged_sparse_mla_attention=paged_sparse_mla_attention,
 )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from recap.model.model_config import ModelConfig
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
+from recap.model.translators.glm5_next import _glm5_next
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba2
@@ -106,6 +107,18 @@ _TINY_KIMI = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_
               "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
               "moe_intermediate_size": 32, "n_shared_experts": 1, "pad_token_id": 0, "bos_token_id": 1,
               "eos_token_id": 2}  # fmt: skip
+# GLM-5.3-Flash: KDA, indexed MLA (a full indexer at 1, 2 and 4, 3 sharing 2's selection; top-k 8 tokens in pools
+# of 4, so a prompt past 12 tokens attends sparsely), 3 residual streams, dense and MoE feed-forwards.
+_TINY_GLM5 = {"num_hidden_layers": 5, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "layer_types": ["linear_attention", "indexed_attention", "indexed_attention", "linear_attention",
+                              "indexed_attention"],
+              "indexer_types": ["full", "full", "shared", "full", "full"],
+              "mlp_layer_types": ["dense", "sparse", "sparse", "dense", "sparse"], "q_lora_rank": 32,
+              "kv_lora_rank": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "qk_rope_head_dim": 0,
+              "index_n_heads": 16, "index_head_dim": 16, "index_topk": 8, "index_kpool": 4, "linear_num_heads": 4,
+              "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_shared_experts": 1, "hc_mult": 3, "pad_token_id": 0,
+              "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 1024}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -142,6 +155,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("Lfm3ForCausalLM", _lfm, "lfm3", ("lfm3",), TinyConfig("lfm3", "Lfm3Config", _TINY_LFM3)),
     Family("KimiLinearForCausalLM", _kimi_linear, "kimi_linear", ("kimi_linear",),
            TinyConfig("kimi_linear", "KimiLinearConfig", _TINY_KIMI)),
+    Family("Glm5NextForConditionalGeneration", _glm5_next, "glm5_next", ("glm5_next",),
+           TinyConfig("glm5_next", "Glm5NextConfig", _TINY_GLM5, jitter=True, vision=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
 

@@ -19,6 +19,7 @@ class MLPConfig:
     fused_gate_up: bool = False  # one `gate_up_proj` [2I, H] (gate rows first) instead of gate_proj + up_proj
     gate_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[0]
     down_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[1]
+    swiglu_limit: float | None = None  # gated only: gate clamped to <= L and up to [-L, L] (GLM-5.3-Flash)
 
     def flops_weights(self, hidden: int) -> int:
         """Weights one token multiplies: gate (if gated), up and down."""
@@ -60,6 +61,7 @@ class MoEConfig:
     shared_intermediate_size: int = 0  # 0: no shared expert
     shared_gate: bool = False
     latent_size: int | None = None  # routed experts run in a latent space: fc1_latent_proj / fc2_latent_proj
+    swiglu_limit: float | None = None  # routed and shared experts: as MLPConfig.swiglu_limit
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 0 < self.top_k <= self.num_experts:

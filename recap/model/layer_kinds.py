@@ -58,6 +58,8 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("hybrid", kv=("attention",), state="mamba2"),
         LayerKind("short_conv", state="short_conv"),  # LFM2's gated short convolution: the conv window alone
         LayerKind("kda", state="kda"),  # Kimi Delta Attention
+        # MLA over the keys a DSA-style indexer selects (GLM-5.3-Flash); the indexer's keys share the KV blocks
+        LayerKind("indexed_attention", kv=("indexed_mla",)),
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

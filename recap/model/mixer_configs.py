@@ -114,6 +114,52 @@ class MLAConfig(MixerConfig):
 
 
 @dataclass(frozen=True)
+class IndexedMLAConfig(MixerConfig):
+    """MLA without positional encoding whose queries attend only the keys a DSA-style indexer selects
+    (GLM-5.3-Flash's "indexed_attention"; kernels/indexed_mla.py).
+
+    Per token the layer caches the latent c and, when it runs its own indexer (`indexer` "full"), the
+    indexer's key and compression gate (index_head_dim each), in the same KV blocks: a prefix-cache hit
+    restores the selection's inputs with the latents. A "shared" layer reuses the previous full layer's
+    selection and caches only latents.
+    """
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int
+    index_heads: int
+    index_head_dim: int
+    index_topk: int  # tokens' budget of selected pools
+    index_kpool: int  # tokens per pool
+    index_tail: bool  # the query's own incomplete pool is always attended
+    indexer: str = "full"  # "full" or "shared"
+    bias: bool = False  # on q_a_proj, kv_a_proj_with_mqa and o_proj
+    norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm
+    mixer: ClassVar[str] = "recap.model.layers.indexed_mla:IndexedMLAttention"
+
+    def __post_init__(self) -> None:
+        if self.indexer not in ("full", "shared"):
+            raise ValueError(f"indexer must be 'full' or 'shared', got {self.indexer!r}")
+
+    def kv_specs(self) -> KVSpecs:
+        latent: KVSpecs = (("latent", (1, self.kv_lora_rank)),)
+        if self.indexer == "shared":
+            return latent
+        return (*latent, ("index_key", (1, self.index_head_dim)), ("index_gate", (1, self.index_head_dim)))
+
+    def flops_weights(self, hidden: int) -> int:
+        h, r = self.num_heads, self.kv_lora_rank
+        w = hidden * self.q_lora_rank + self.q_lora_rank * h * self.qk_nope_head_dim + hidden * r
+        w += r * h * (self.qk_nope_head_dim + self.v_head_dim) + h * self.v_head_dim * hidden
+        if self.indexer == "full":  # wq_b, wk, weights_proj, the compression gate
+            w += self.q_lora_rank * self.index_heads * self.index_head_dim
+            w += hidden * (2 * self.index_head_dim + self.index_heads)
+        return w
+
+
+@dataclass(frozen=True)
 class Mamba1Config(MixerConfig):
     mixer: ClassVar[str] = "recap.model.layers.mamba1:Mamba1Mixer"
 
@@ -264,7 +310,14 @@ class KDAConfig(MixerConfig):
     head_dim: int
     conv_kernel: int
     norm_eps: float = 1e-5
+    layout: str = "kimi"  # A_log on disk: "kimi" [1, 1, H, 1], "glm5" (GLM-5.3-Flash) [H]
+    # None: g = -exp(A_log) softplus(f + dt_bias); else g = bound * sigmoid(exp(A_log) (f + dt_bias))
+    gate_lower_bound: float | None = None
     mixer: ClassVar[str] = "recap.model.layers.kda:KDAMixer"
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("kimi", "glm5"):
+            raise ValueError(f"KDA layout must be 'kimi' or 'glm5', got {self.layout!r}")
 
     @property
     def dim(self) -> int:

@@ -13,7 +13,7 @@ shared protocol, never by naming a kind. Translators (translators/) build it fro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +22,7 @@ from recap.model.layer_kinds import LayerKind, layer_kind
 from recap.model.mixer_configs import (
     AttentionConfig,
     GatedDeltaNetConfig,
+    IndexedMLAConfig,
     KDAConfig,
     KVSpecs,
     Mamba1Config,
@@ -46,6 +47,16 @@ class SharedBlocksConfig:
     # transformers ties the shared copies only along with the word embeddings: with tie_word_embeddings
     # false every use keeps its own copy of its block (and the checkpoint stores each), so this is False then.
     shared: bool = True
+
+
+@dataclass(frozen=True)
+class HyperConnectionConfig:
+    """Manifold-constrained hyper-connections (GLM-5.3-Flash): `streams` residual streams per token, mixed
+    around every block (layers/hyper_connection.py)."""
+
+    streams: int
+    sinkhorn_iters: int
+    eps: float
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,9 @@ class ModelConfig:
     short_conv: ShortConvConfig | None = None
     mla: MLAConfig | None = None  # set: the attention layers are MLA (Kimi-Linear)
     kda: KDAConfig | None = None
+    indexed_mla: IndexedMLAConfig | None = None  # "indexed_attention" layers (its indexer "full")
+    shared_index_layers: tuple[int, ...] = ()  # indexed layers reusing the previous full layer's selection
+    hyper_connections: HyperConnectionConfig | None = None
     shared_blocks: SharedBlocksConfig | None = None
     post_norms: bool = False  # RMSNorms on the mixer's and the feed-forward's outputs as well (LFM3's sandwich)
     bos_token_id: int | None = None
@@ -93,6 +107,11 @@ class ModelConfig:
         if self.mla is not None and (self.attention is not None or self.layer_attention or self.attention_windows):
             raise ValueError("MLA attention layers take no AttentionConfig, layer_attention or sliding windows")
         self._check_layer_attention()
+        for i in self.shared_index_layers:
+            if not 0 <= i < len(self.layer_types) or self.layer_types[i] != "indexed_attention":
+                raise ValueError(f"shared_index_layers names layer {i}, not an indexed_attention layer")
+        if self.indexed_mla is not None and self.indexed_mla.indexer != "full":
+            raise ValueError("indexed_mla is the full layers' config; shared ones are named by shared_index_layers")
         if self.attention_windows:
             if len(self.attention_windows) != len(self.layer_types):
                 raise ValueError("attention_windows must have one entry per layer")
@@ -137,8 +156,15 @@ class ModelConfig:
         """The configs of layer `layer`'s token mixers, as its kind says: its attention's (MLA, or its own
         `attention_for`), then its state's."""
         kind = self.layer_kind(layer)
-        kv = (self.mla if self.mla is not None else self.attention_for(layer),) if kind.holds_kv else ()
+        kv = (self._kv_config(layer, kind),) if kind.holds_kv else ()
         return kv + ((getattr(self, kind.state),) if kind.state is not None else ())
+
+    def _kv_config(self, layer: int, kind: LayerKind) -> MixerConfig:
+        if kind.kv == ("indexed_mla",):
+            assert self.indexed_mla is not None
+            shared = layer in self.shared_index_layers
+            return replace(self.indexed_mla, indexer="shared") if shared else self.indexed_mla
+        return self.mla if self.mla is not None else self.attention_for(layer)
 
     @property
     def attention_layers(self) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """A seeded hypothesis run of random workloads through the real engine on a 2-layer hybrid, on an LFM3-shaped
 model (short convs, a full and a sliding-window attention layer, window 10 < block 16 < prefixes) and on a
-Kimi-Linear-shaped one (KDA + MLA + MoE).
+Kimi-Linear-shaped one (KDA + MLA + MoE) and on a GLM-5.3-Flash-shaped one (KDA + indexed MLA with a shared
+selection + hyper-connections + MoE; top-k 8 tokens, so prompts past 12 tokens attend sparsely).
 
 Random shared prefixes, segment boundaries, chunk budgets, policies, tiny pools and aborts; after
 every step the core's integrity check runs (check_integrity=True), and every request that was not
@@ -41,6 +42,16 @@ def kimi2(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("kimi2"), "kimi_linear", num_hidden_layers=3,
         layer_types=["linear_attention", "full_attention", "linear_attention"],
         mlp_layer_types=["dense", "sparse", "sparse"],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def glm5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(
+        tmp_path_factory.mktemp("glm5"), "glm5_next",
+        text_config={"num_hidden_layers": 3, "layer_types": ["linear_attention", "indexed_attention",
+                                                             "indexed_attention"],
+                     "indexer_types": ["full", "full", "shared"], "mlp_layer_types": ["dense", "sparse", "sparse"]},
     )  # fmt: skip
 
 
@@ -96,6 +107,18 @@ def test_random_workloads_sliding_window(
 def test_random_workloads_kimi_linear(kimi2: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
     """KDA states checkpointed inside chunks, MLA latents in the KV blocks; preemptions and aborts."""
     run_workload(kimi2, reqs, policy, budget, tiny_pools)
+
+
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reqs=st.lists(request, min_size=2, max_size=6),
+    policy=st.sampled_from(["align", "all", "recap"]),
+    budget=st.sampled_from([7, 29, 256]),
+    tiny_pools=st.booleans(),
+)
+def test_random_workloads_glm5(glm5: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
+    """The indexer's keys and gates restored with the latents on a hit; preemptions and aborts."""
+    run_workload(glm5, reqs, policy, budget, tiny_pools)
 
 
 def run_workload(path: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:

@@ -16,9 +16,13 @@ NEW_TOKENS = 12
 
 
 def _hf_model(path):  # noqa: ANN001, ANN202
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    return AutoModelForCausalLM.from_pretrained(path).eval()
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    except ValueError:  # a vision-language class with no causal-LM mapping (GLM-5.3-Flash): its own class
+        arch = transformers.AutoConfig.from_pretrained(path).architectures[0]
+        return getattr(transformers, arch).from_pretrained(path).eval()
 
 
 def _prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
@@ -77,6 +81,15 @@ VARIANTS: list[tuple[str, dict]] = [
                 "num_mem_blocks": 1, "num_key_value_heads": 2, "hidden_act": "silu"}),
     ("zamba2", {"add_bias_linear": True, "layers_block_type": ["hybrid", "mamba", "mamba", "hybrid"],
                 "num_hidden_layers": 4}),
+    # GLM-5.3-Flash: tied head, softplus KDA gate (no lower bound), a SwiGLU clamp that bites, 2 streams
+    ("glm5_next", {"tie_word_embeddings": True,
+                   "text_config": {"linear_lower_bound": None, "swiglu_limit": 0.05, "hc_mult": 2}}),
+    # single-token pools (no tail), no MoE, a shared selection right after the first layer
+    ("glm5_next", {"text_config": {"index_kpool": 1, "index_topk": 5, "index_kpool_always_select_tail": False,
+                                   "layer_types": ["indexed_attention", "indexed_attention", "linear_attention",
+                                                   "indexed_attention", "linear_attention"],
+                                   "indexer_types": ["full", "shared", "full", "full", "full"],
+                                   "mlp_layer_types": ["dense"] * 5}}),
 ]  # fmt: skip
 
 

@@ -1,7 +1,9 @@
-"""TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract."""
+"""TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
+the indexed (DSA-style sparse) MLA ops: their torch kernels, which run on any device, until Triton ones exist."""
 
 from __future__ import annotations
 
+from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kernel_set import KernelSet
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 from recap.kernels.triton.gdn import gated_delta_rule
@@ -24,4 +26,6 @@ TRITON_KERNELS = KernelSet(
     kda=kda,
     paged_attention=paged_attention,
     paged_mla_attention=paged_mla_attention,
+    paged_dsa_select=paged_dsa_select,
+    paged_sparse_mla_attention=paged_sparse_mla_attention,
 )

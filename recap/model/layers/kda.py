@@ -5,7 +5,8 @@
     beta = sigmoid(b_proj h);  o = KDA(q, k, v, g, beta)  (state [H, Dk, Dk] per slot, fp32)
     y = o_proj(RMSNorm_Dk(o) * sigmoid(g_b_proj(g_a_proj h)))
 
-State slot tensors: conv_q, conv_k, conv_v (the three conv windows) and recurrent.
+State slot tensors: conv_q, conv_k, conv_v (the three conv windows) and recurrent. GLM-5.3-Flash's checkpoints
+(layout "glm5") store A_log as [H] and may bound the gate below: g = bound * sigmoid(exp(A_log) * (f + dt_bias)).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class KDAMixer(Mixer):
         self.f_a_proj = Linear(hidden_size, hd, False, dtype)
         self.f_b_proj = Linear(hd, d, False, dtype)
         self.dt_bias = empty_param(d, dtype=dtype)
-        self.A_log = empty_param(1, 1, cfg.num_heads, 1, dtype=dtype)
+        a_shape = (cfg.num_heads,) if cfg.layout == "glm5" else (1, 1, cfg.num_heads, 1)
+        self.A_log = empty_param(*a_shape, dtype=dtype)
         self.b_proj = Linear(hidden_size, cfg.num_heads, False, dtype)
         self.g_a_proj = Linear(hidden_size, hd, False, dtype)
         self.g_b_proj = Linear(hd, d, False, dtype)
@@ -47,11 +49,14 @@ class KDAMixer(Mixer):
         self.o_proj = Linear(d, hidden_size, False, dtype)
 
     def _gate(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The per-channel log forget gate g [T, H, Dk] (fp32): -exp(A_log) * softplus(f + dt_bias)."""
+        """The per-channel log forget gate g [T, H, Dk] (fp32): -exp(A_log) * softplus(f + dt_bias), or
+        bound * sigmoid(exp(A_log) * (f + dt_bias)) with a lower bound."""
         f = self.f_b_proj(self.f_a_proj(hidden)).float() + self.dt_bias.float()
-        f = torch.where(f > 20.0, f, torch.log1p(torch.exp(f)))  # softplus, linear past 20 (as the reference)
         f = f.view(hidden.shape[0], self.cfg.num_heads, self.cfg.head_dim)
-        return -torch.exp(self.A_log.float().view(-1, 1)) * f
+        rate = torch.exp(self.A_log.float().view(-1, 1))
+        if self.cfg.gate_lower_bound is not None:
+            return self.cfg.gate_lower_bound * torch.sigmoid(rate * f)
+        return -rate * torch.where(f > 20.0, f, torch.log1p(torch.exp(f)))  # softplus, linear past 20 (as HF)
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """hidden [T, D] -> [T, D]; reads and updates conv_q/k/v and recurrent of the rows' slots."""

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from recap.model.cache import ModelCaches
 
 
+def clamp_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated MLP's gate clamped to <= limit and up to [-limit, limit] (None: unchanged)."""
+    if limit is None:
+        return gate, up
+    return gate.clamp(max=limit), up.clamp(-limit, limit)
+
+
 class MLP(Mixer):
     """Weights as on disk: `gate_proj`, `up_proj`, `down_proj`; `gate_up_proj` when fused; no gate if not gated."""
 
@@ -45,7 +52,7 @@ class MLP(Mixer):
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(act(gate * gm) * up) * dm from [gate | up]."""
-        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = clamp_swiglu(*gate_up.chunk(2, dim=-1), self.cfg.swiglu_limit)
         out = self.down_proj(self._act(gate).mul_(up))
         return out if self.cfg.down_multiplier == 1.0 else out * self.cfg.down_multiplier
 
@@ -66,7 +73,8 @@ class MLP(Mixer):
             return self.down_proj(self.act(self.up_proj(x)))
         if c.fused_gate_up:
             return self.down(self.gate_up_proj(x))
-        out = self.down_proj(self._act(self.gate_proj(x)).mul_(self.up_proj(x)))
+        gate, up = clamp_swiglu(self.gate_proj(x), self.up_proj(x), c.swiglu_limit)
+        out = self.down_proj(self._act(gate).mul_(up))
         return out if c.down_multiplier == 1.0 else out * c.down_multiplier
 
     def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
@@ -75,6 +83,8 @@ class MLP(Mixer):
         c = self.cfg
         if not c.gated or c.activation not in ("silu", "swish") or c.gate_multiplier != 1.0 or c.down_multiplier != 1.0:
             raise GraphUnsupportedError("an MLP other than gated silu without multipliers")
+        if c.swiglu_limit is not None:
+            raise GraphUnsupportedError("an MLP with a SwiGLU clamp")
         i = c.intermediate_size
         if c.fused_gate_up:
             gate_up = self.gate_up_proj.capture_decode(builder, x)

@@ -19,7 +19,7 @@ from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
-from recap.model.layers.mlp import MLP
+from recap.model.layers.mlp import MLP, clamp_swiglu
 
 if TYPE_CHECKING:
     from recap.kernels.metadata import ForwardBatch
@@ -78,7 +78,7 @@ class ExpertList(nn.ModuleList):
     """Routed experts as on disk in per-expert form: `experts.{e}.{gate_proj,up_proj,down_proj}.weight`."""
 
     def __init__(self, dim: int, cfg: MoEConfig, dtype: torch.dtype) -> None:
-        mlp = MLPConfig(cfg.intermediate_size, cfg.activation, cfg.bias, cfg.gated)
+        mlp = MLPConfig(cfg.intermediate_size, cfg.activation, cfg.bias, cfg.gated, swiglu_limit=cfg.swiglu_limit)
         super().__init__(MLP(dim, mlp, dtype) for _ in range(cfg.num_experts))
 
     def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ class StackedExperts(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.gated:
-            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+            gate, up = clamp_swiglu(*F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1), self.cfg.swiglu_limit)
             return F.linear(self.act(gate).mul_(up), self.down_proj[e])
         return F.linear(self.act(F.linear(x, self.up_proj[e])), self.down_proj[e])
 
@@ -142,7 +142,8 @@ class SparseMoE(Mixer):
         layout = ExpertList if cfg.expert_layout == "list" else StackedExperts
         self.experts = layout(dim, cfg, dtype)
         if cfg.shared_intermediate_size:
-            shared = MLPConfig(cfg.shared_intermediate_size, cfg.activation, cfg.shared_bias, cfg.gated)
+            shared = MLPConfig(cfg.shared_intermediate_size, cfg.activation, cfg.shared_bias, cfg.gated,
+                               swiglu_limit=cfg.swiglu_limit)  # fmt: skip
             setattr(self, shared_name, MLP(hidden_size, shared, dtype))
         if cfg.shared_gate:
             setattr(self, shared_gate_name, Linear(hidden_size, 1, False, dtype))
