@@ -56,6 +56,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("none"),  # no mixer: an MLP/MoE-only layer (Nemotron-H)
         # attention AND a Mamba2 state in one layer: Falcon-H1's parallel mixers, Zamba2's shared-block layers
         LayerKind("hybrid", kv=("attention",), state="mamba2"),
+        LayerKind("hybrid_mamba1", kv=("attention",), state="mamba1"),  # Zamba's shared-block layers
         LayerKind("short_conv", state="short_conv"),  # LFM2's gated short convolution: the conv window alone
         LayerKind("kda", state="kda"),  # Kimi Delta Attention
     )

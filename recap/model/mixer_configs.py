@@ -141,6 +141,24 @@ class Mamba1Config(MixerConfig):
         return hidden * 2 * i + i * (self.dt_rank + 2 * self.d_state) + self.dt_rank * i + i * hidden
 
 
+@dataclass(frozen=True)
+class MultiHeadMamba1Config(Mamba1Config):
+    """Zamba's Mamba1: d_inner split into `num_heads` heads of d_inner / num_heads channels, each with its own
+    x_proj, dt_proj and so its own B_t, C_t; the conv and the state ([d_inner, d_state]) are Mamba1's."""
+
+    mixer: ClassVar[str] = "recap.model.layers.mamba1_heads:MultiHeadMamba1Mixer"
+
+    num_heads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.d_inner % self.num_heads:
+            raise ValueError(f"d_inner {self.d_inner} must split into {self.num_heads} mamba heads")
+
+    def flops_weights(self, hidden: int) -> int:
+        i, r = self.d_inner, self.dt_rank  # in_proj, per-head x_proj and dt_proj (block-diagonal), out_proj
+        return hidden * 2 * i + i * (r + 2 * self.d_state) + r * i + i * hidden
+
+
 GATE_NORMS = ("gated_rmsnorm", "rmsnorm_gate", "gate")
 
 

@@ -41,7 +41,7 @@ class SharedBlocksConfig:
     """
 
     num_blocks: int
-    adapter_rank: int
+    adapter_rank: int  # 0: no adapters (Zamba v1)
     attention_adapters: bool  # q/k/v adapters too (use_shared_attention_adapter); the MLP always has gate_up ones
     # transformers ties the shared copies only along with the word embeddings: with tie_word_embeddings
     # false every use keeps its own copy of its block (and the checkpoint stores each), so this is False then.

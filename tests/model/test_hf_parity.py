@@ -77,6 +77,12 @@ VARIANTS: list[tuple[str, dict]] = [
                 "num_mem_blocks": 1, "num_key_value_heads": 2, "hidden_act": "silu"}),
     ("zamba2", {"add_bias_linear": True, "layers_block_type": ["hybrid", "mamba", "mamba", "hybrid"],
                 "num_hidden_layers": 4}),
+    ("zamba", {"tie_word_embeddings": False, "num_key_value_heads": 2, "hidden_act": "silu", "n_mamba_heads": 4,
+               "mamba_proj_bias": True, "layers_block_type": ["hybrid", "mamba", "mamba", "hybrid"],
+               "num_hidden_layers": 4}),
+    # (transformers cannot build a tied Zamba with a single hybrid layer: its tie pattern finds no target)
+    ("zamba", {"n_mamba_heads": 1, "mamba_conv_bias": False, "layers_block_type": ["mamba", "hybrid", "hybrid"],
+               "num_hidden_layers": 3, "mamba_d_conv": 3}),
 ]  # fmt: skip
 
 
