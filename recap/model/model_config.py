@@ -24,6 +24,7 @@ from recap.model.mixer_configs import (
     GatedDeltaNetConfig,
     KDAConfig,
     KVSpecs,
+    LightningConfig,
     Mamba1Config,
     Mamba2Config,
     MixerConfig,
@@ -74,6 +75,9 @@ class ModelConfig:
     short_conv: ShortConvConfig | None = None
     mla: MLAConfig | None = None  # set: the attention layers are MLA (Kimi-Linear)
     kda: KDAConfig | None = None
+    lightning: LightningConfig | None = None
+    # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
+    minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None
     post_norms: bool = False  # RMSNorms on the mixer's and the feed-forward's outputs as well (LFM3's sandwich)
     bos_token_id: int | None = None

@@ -29,11 +29,12 @@ EXPECTED_LAYERS = {
     "qwen3_5_moe_vl": (("gdn", "attention") * 2, ("moe",) * 4),
     "olmo_hybrid": (("gdn", "attention") * 2, ("dense",) * 4),
     "zamba2": (("mamba2", "hybrid", "mamba2", "hybrid", "hybrid"), ("none", "dense", "none", "dense", "dense")),
+    "minimax": (("lightning", "attention", "lightning", "lightning"), ("moe",) * 4),
     "zamba": (("mamba1", "hybrid_mamba1", "mamba1", "hybrid_mamba1", "hybrid_mamba1"),
               ("none", "dense", "none", "dense", "dense")),
 }
 # (theta, rotary dims); the others have no RoPE
-ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
+ROPE = {"minimax": (1e6, 16), "bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
 
 
 @pytest.mark.parametrize("arch", EXPECTED_LAYERS)  # LFM and Kimi-Linear: tests/model/test_lfm_kimi.py
@@ -104,6 +105,12 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert sb is not None and (sb.num_blocks, sb.adapter_rank, sb.shared) == (1, 0, True)
         assert cfg.mlp is not None and not cfg.mlp.fused_gate_up and cfg.mlp.activation == "gelu"
         assert [s.name for s in cfg.state_specs(1)] == ["conv", "ssm"] and cfg.attention_layers == (1, 3, 4)
+    if arch == "minimax":  # lightning state: SSD's [H, P, N] with P = N = head_dim; Mixtral routing
+        lt = cfg.lightning
+        assert lt is not None and (lt.num_heads, lt.head_dim, lt.num_layers) == (4, 16, 4)
+        assert [(s.name, s.shape) for s in cfg.state_specs(0)] == [("ssm", (4, 16, 16))]
+        assert cfg.moe is not None and cfg.moe.renormalize and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
+        assert cfg.minimax_factors == (1.0,) * 6
     if arch == "jamba":
         assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
         assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)

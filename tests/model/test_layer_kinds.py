@@ -73,7 +73,7 @@ def test_build_mixer_follows_the_table() -> None:
 
 def test_every_mixer_config_names_a_mixer() -> None:
     subclasses = MixerConfig.__subclasses__()
-    assert {AttentionConfig, MLAConfig} <= set(subclasses) and len(subclasses) == 7
+    assert {AttentionConfig, MLAConfig} <= set(subclasses) and len(subclasses) == 8
     for cfg_cls in subclasses:
         assert issubclass(mixer_class(cfg_cls), Mixer)  # type: ignore[arg-type]  # reads the ClassVar only
 

@@ -120,6 +120,8 @@ FAMILY_KEYS = [
     ("zamba2", "model.layers.4.linear.weight"),
     ("zamba", "model.layers.3.mamba_decoder.mamba.x_proj_weight"),
     ("zamba", "model.layers.1.shared_transf.feed_forward.gate_proj.weight"),
+    ("minimax", "model.layers.2.block_sparse_moe.experts.3.w3.weight"),
+    ("minimax", "model.layers.0.self_attn.output_gate.weight"),
 ]
 
 
