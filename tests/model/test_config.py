@@ -242,3 +242,17 @@ def test_hub_style_gdn_configs() -> None:
         translate_config({"architectures": ["Qwen3_5ForConditionalGeneration"]})
     with pytest.raises(UnsupportedArchitectureError, match="yarn"):
         translate_config({**text, "architectures": ["Qwen3_5ForCausalLM"], "rope_parameters": {"rope_type": "yarn"}})
+
+
+@pytest.mark.parametrize(("arch", "kind_names"), [("zamba", {"linear_attention": "mamba1", "hybrid": "hybrid_mamba1"}),
+                                                   ("minimax", {"linear_attention": "lightning",
+                                                                "full_attention": "attention"})])  # fmt: skip
+def test_default_layer_pattern_is_transformers(arch: str, kind_names: dict[str, str]) -> None:
+    """A config without its layer list gets transformers' own default pattern (13 layers: two hybrid uses)."""
+    from recap.model.testing import tiny_hf_config
+
+    key = "layers_block_type" if arch == "zamba" else "layer_types"
+    hf = tiny_hf_config(arch, num_hidden_layers=13, **{key: None}).to_dict()
+    want = tuple(kind_names[k] for k in hf.pop(key))
+    hf["architectures"] = [TINY_ARCHS[arch]]
+    assert translate_config(hf).layer_types == want

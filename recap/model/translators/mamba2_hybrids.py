@@ -220,11 +220,18 @@ def _zamba2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
 _ZAMBA_KINDS = {"mamba": "mamba1", "linear_attention": "mamba1", "hybrid": "hybrid_mamba1"}
 
 
+def _zamba_default_kinds(cfg: Mapping[str, Any], n: int) -> list[str]:
+    """transformers' ZambaConfig default: mamba, mamba, hybrid, then hybrid where i % period == offset."""
+    period, offset = int(cfg.get("attn_layer_period", 6)), int(cfg.get("attn_layer_offset", 4))
+    rest = ["hybrid" if i % period == offset else "mamba" for i in range(n - 3)]
+    return (["mamba", "mamba", "hybrid"] + rest)[:n]
+
+
 def _zamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     """Zamba (v1): multi-head Mamba1 layers, one shared block (no adapters, no RoPE) at the hybrid layers."""
     hidden, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-    kinds = cfg.get("layers_block_type") or cfg.get("layer_types")
-    if not kinds or len(kinds) != n or set(kinds) - set(_ZAMBA_KINDS):
+    kinds = cfg.get("layers_block_type") or cfg.get("layer_types") or _zamba_default_kinds(cfg, n)
+    if len(kinds) != n or set(kinds) - set(_ZAMBA_KINDS):
         raise ValueError(f"{arch}: layers_block_type must list {n} of {sorted(_ZAMBA_KINDS)}, got {kinds}")
     layer_types = tuple(_ZAMBA_KINDS[k] for k in kinds)
     rank = cfg.get("mamba_dt_rank", "auto")

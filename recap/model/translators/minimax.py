@@ -17,7 +17,8 @@ _FACTORS = ("full_attn_alpha_factor", "full_attn_beta_factor", "linear_attn_alph
 
 def _minimax(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     n, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-    kinds = cfg.get("layer_types")
+    # transformers' default when a config lists none: full attention at even layers, lightning at odd ones
+    kinds = cfg.get("layer_types") or ["full_attention" if i % 2 == 0 else "linear_attention" for i in range(n)]
     if not kinds or len(kinds) != n or set(kinds) - set(_MINIMAX_KINDS):
         raise ValueError(f"{arch}: layer_types must list {n} of {sorted(_MINIMAX_KINDS)}, got {kinds}")
     if cfg.get("sliding_window") is not None:
