@@ -20,7 +20,8 @@ from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _q
 from recap.model.translators.glm5_next import _glm5_next
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
-from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba2
+from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
+from recap.model.translators.minimax import _minimax
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -98,6 +99,13 @@ _TINY_ZAMBA2 = {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid",
                 "mamba_d_state": 16, "n_mamba_heads": 8, "mamba_ngroups": 2, "chunk_size": 32, "intermediate_size": 96,
                 "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 8, "use_mem_rope": True,
                 "max_position_embeddings": 1024, "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
+_TINY_ZAMBA = {"num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+               "n_mamba_heads": 2, "mamba_d_state": 16, "mamba_dt_rank": 4, "intermediate_size": 96,
+               "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
+_TINY_MINIMAX = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention", "linear_attention",
+                                                 "linear_attention"], "head_dim": 16, "intermediate_size": 32,
+                 "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 16, "max_position_embeddings": 1024,
+                 **_ATTN}  # fmt: skip
 _TINY_LFM3 = {**_LFM, "layer_types": ["conv", "full_attention", "conv", "sliding_attention"], "head_dim": 16,
               "sliding_window": 12, "conv_L_cache": 5}  # fmt: skip
 _TINY_KIMI = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
@@ -148,6 +156,10 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("olmo_hybrid", "OlmoHybridConfig", _TINY_OLMO)),
     Family("Zamba2ForCausalLM", _zamba2, "zamba2", ("zamba2",),
            TinyConfig("zamba2", "Zamba2Config", _TINY_ZAMBA2, jitter=True)),
+    Family("ZambaForCausalLM", _zamba, "zamba", ("zamba",),
+           TinyConfig("zamba", "ZambaConfig", _TINY_ZAMBA, jitter=True)),
+    Family("MiniMaxForCausalLM", _minimax, "minimax", ("minimax",),
+           TinyConfig("minimax", "MiniMaxConfig", _TINY_MINIMAX, jitter=True)),
     Family("Lfm2ForCausalLM", _lfm, "lfm2", ("lfm2",), TinyConfig("lfm2", "Lfm2Config", _LFM)),
     Family("Lfm2MoeForCausalLM", _lfm, "lfm2_moe", ("lfm2_moe",),
            TinyConfig("lfm2_moe", "Lfm2MoeConfig", {**_LFM, "num_experts": 4, "num_experts_per_tok": 2,

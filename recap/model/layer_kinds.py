@@ -56,10 +56,12 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("none"),  # no mixer: an MLP/MoE-only layer (Nemotron-H)
         # attention AND a Mamba2 state in one layer: Falcon-H1's parallel mixers, Zamba2's shared-block layers
         LayerKind("hybrid", kv=("attention",), state="mamba2"),
+        LayerKind("hybrid_mamba1", kv=("attention",), state="mamba1"),  # Zamba's shared-block layers
         LayerKind("short_conv", state="short_conv"),  # LFM2's gated short convolution: the conv window alone
         LayerKind("kda", state="kda"),  # Kimi Delta Attention
         # MLA over the keys a DSA-style indexer selects (GLM-5.3-Flash); the indexer's keys share the KV blocks
         LayerKind("indexed_attention", kv=("indexed_mla",)),
+        LayerKind("lightning", state="lightning"),  # MiniMax lightning attention (on the SSD kernels)
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)
@@ -85,5 +87,7 @@ def build_mixer(config: ModelConfig, layer: int, dtype: torch.dtype) -> nn.Modul
     configs = config.mixer_configs(layer)
     if len(configs) != 1:
         raise ValueError(f"layer {layer}: layer type {kind.name!r} has no single mixer")
-    window = {"window": config.window_of(layer)} if kind.holds_kv else {}
-    return mixer_class(configs[0])(config.hidden_size, configs[0], dtype, **window)
+    extra: dict[str, int | None] = {"window": config.window_of(layer)} if kind.holds_kv else {}
+    if configs[0].per_layer:
+        extra["layer"] = layer
+    return mixer_class(configs[0])(config.hidden_size, configs[0], dtype, **extra)

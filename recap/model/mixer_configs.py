@@ -29,6 +29,7 @@ class MixerConfig(ABC):
     """
 
     mixer: ClassVar[str]
+    per_layer: ClassVar[bool] = False  # the mixer also takes its layer index (`layer=`): MiniMax's decay
 
     def kv_specs(self) -> KVSpecs:
         """What the layer caches per token in the paged KV pool (none for a recurrent mixer)."""
@@ -185,6 +186,55 @@ class Mamba1Config(MixerConfig):
     def flops_weights(self, hidden: int) -> int:
         i = self.d_inner  # in_proj, x_proj, dt_proj, out_proj
         return hidden * 2 * i + i * (self.dt_rank + 2 * self.d_state) + self.dt_rank * i + i * hidden
+
+
+@dataclass(frozen=True)
+class MultiHeadMamba1Config(Mamba1Config):
+    """Zamba's Mamba1: d_inner split into `num_heads` heads of d_inner / num_heads channels, each with its own
+    x_proj, dt_proj and so its own B_t, C_t; the conv and the state ([d_inner, d_state]) are Mamba1's."""
+
+    mixer: ClassVar[str] = "recap.model.layers.mamba1_heads:MultiHeadMamba1Mixer"
+
+    num_heads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.d_inner % self.num_heads:
+            raise ValueError(f"d_inner {self.d_inner} must split into {self.num_heads} mamba heads")
+
+    def flops_weights(self, hidden: int) -> int:
+        i, r = self.d_inner, self.dt_rank  # in_proj, per-head x_proj and dt_proj (block-diagonal), out_proj
+        return hidden * 2 * i + i * (r + 2 * self.d_state) + r * i + i * hidden
+
+
+@dataclass(frozen=True)
+class LightningConfig(MixerConfig):
+    """MiniMax's lightning attention: linear attention with a constant decay per head and layer,
+    S_t = lam S_{t-1} + k_t^T v_t, o_t = q_t S_t (q, k, v = silu(qkv_proj(x)) per head), then an RMSNorm over
+    all heads, a sigmoid output gate and out_proj. lam = exp(-slope): slope = base^(h+1) * (1 - layer /
+    (num_layers - 1 + 1e-5) + 1e-5), base = 2^(-8 / num_heads) (transformers' get_slope_rate).
+    It is Mamba2's SSD exactly (dt = 1, A = -slope, B = k, C = q, x = v, one group per head, D = 0): the state
+    is SSD's [H, P = head_dim (v), N = head_dim (k)], i.e. S transposed, written by the SSD kernels."""
+
+    mixer: ClassVar[str] = "recap.model.layers.lightning:LightningAttention"
+    per_layer: ClassVar[bool] = True
+
+    num_heads: int
+    head_dim: int
+    num_layers: int
+    norm_eps: float = 1e-6  # transformers' MiniMax builds this norm with its default eps
+    activation: str = "silu"
+
+    def slopes(self, layer: int) -> torch.Tensor:
+        base = 1 / (2 ** (8 / self.num_heads))
+        factor = 1 - layer / (self.num_layers - 1 + 1e-5) + 1e-5
+        return base ** (torch.arange(self.num_heads, dtype=torch.float32) + 1) * factor
+
+    def state_specs(self) -> tuple[StateTensorSpec, ...]:
+        return (StateTensorSpec("ssm", (self.num_heads, self.head_dim, self.head_dim), torch.float32),)
+
+    def flops_weights(self, hidden: int) -> int:
+        inner = self.num_heads * self.head_dim  # qkv_proj, output_gate, out_proj
+        return hidden * 3 * inner + hidden * inner + inner * hidden
 
 
 GATE_NORMS = ("gated_rmsnorm", "rmsnorm_gate", "gate")

@@ -25,6 +25,7 @@ from recap.model.mixer_configs import (
     IndexedMLAConfig,
     KDAConfig,
     KVSpecs,
+    LightningConfig,
     Mamba1Config,
     Mamba2Config,
     MixerConfig,
@@ -42,7 +43,7 @@ class SharedBlocksConfig:
     """
 
     num_blocks: int
-    adapter_rank: int
+    adapter_rank: int  # 0: no adapters (Zamba v1)
     attention_adapters: bool  # q/k/v adapters too (use_shared_attention_adapter); the MLP always has gate_up ones
     # transformers ties the shared copies only along with the word embeddings: with tie_word_embeddings
     # false every use keeps its own copy of its block (and the checkpoint stores each), so this is False then.
@@ -88,6 +89,9 @@ class ModelConfig:
     indexed_mla: IndexedMLAConfig | None = None  # "indexed_attention" layers (its indexer "full")
     shared_index_layers: tuple[int, ...] = ()  # indexed layers reusing the previous full layer's selection
     hyper_connections: HyperConnectionConfig | None = None
+    lightning: LightningConfig | None = None
+    # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
+    minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None
     post_norms: bool = False  # RMSNorms on the mixer's and the feed-forward's outputs as well (LFM3's sandwich)
     bos_token_id: int | None = None

@@ -17,7 +17,8 @@ def _alone(path: Path, prompts: list[list[int]], params: SamplingParams = GREEDY
     return [llm.generate([p], params)[0] for p in prompts]
 
 
-@pytest.mark.parametrize("arch", ["bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2"])
+@pytest.mark.parametrize("arch", ["bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
+                                  "minimax"])
 def test_preemption_keeps_outputs(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     probe = make_llm(path, caching=False, max_model_len=160)
@@ -38,7 +39,8 @@ def test_tiny_kv_budget_is_a_clear_error(tiny_models: dict[str, Path]) -> None:
         make_llm(tiny_models["bamba"], caching=True, kv_cache_bytes=1)
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "bamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2"])
+@pytest.mark.parametrize("arch", ["mamba2", "bamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
+                                  "minimax"])
 def test_abort_mid_prefill(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     long_p, other = rnd(70, 150), rnd(71, 40)

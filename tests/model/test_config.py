@@ -29,9 +29,12 @@ EXPECTED_LAYERS = {
     "qwen3_5_moe_vl": (("gdn", "attention") * 2, ("moe",) * 4),
     "olmo_hybrid": (("gdn", "attention") * 2, ("dense",) * 4),
     "zamba2": (("mamba2", "hybrid", "mamba2", "hybrid", "hybrid"), ("none", "dense", "none", "dense", "dense")),
+    "minimax": (("lightning", "attention", "lightning", "lightning"), ("moe",) * 4),
+    "zamba": (("mamba1", "hybrid_mamba1", "mamba1", "hybrid_mamba1", "hybrid_mamba1"),
+              ("none", "dense", "none", "dense", "dense")),
 }
 # (theta, rotary dims); the others have no RoPE
-ROPE = {"bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
+ROPE = {"minimax": (1e6, 16), "bamba": (10000.0, 8), "falcon_h1": (10000.0, 16), "zamba2": (10000.0, 32)}
 
 
 @pytest.mark.parametrize("arch", EXPECTED_LAYERS)  # LFM and Kimi-Linear: tests/model/test_lfm_kimi.py
@@ -40,11 +43,12 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
     assert cfg.architecture == TINY_ARCHS[arch]
     assert (cfg.layer_types, cfg.mlp_types) == EXPECTED_LAYERS[arch]
     assert cfg.hidden_size == 64 and cfg.vocab_size == 512
-    assert cfg.tie_word_embeddings == (arch in ("mamba", "falcon_mamba", "zamba2"))
+    assert cfg.tie_word_embeddings == (arch in ("mamba", "falcon_mamba", "zamba2", "zamba"))
     if cfg.mamba1 is not None:
         m1 = cfg.mamba1
         assert (m1.d_inner, m1.d_state, m1.d_conv, m1.dt_rank) == (128, 16, 4, 4)
-        assert m1.bcdt_norm == {"mamba": "none", "falcon_mamba": "plain", "jamba": "weighted"}[arch]
+        assert m1.bcdt_norm == {"falcon_mamba": "plain", "jamba": "weighted"}.get(arch, "none")
+        assert getattr(m1, "num_heads", 1) == (2 if arch == "zamba" else 1)  # Zamba's multi-head Mamba1
     if cfg.mamba2 is not None:
         m2 = cfg.mamba2
         assert (m2.num_heads, m2.head_dim, m2.n_groups, m2.d_state, m2.chunk_size) == (8, 16, 2, 16, 32)
@@ -54,7 +58,7 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
         assert cfg.ssm_chunk_size == 32
     if cfg.attention is not None:
         a = cfg.attention
-        if arch == "zamba2":  # attention over [h | embeddings]: 2 x hidden wide, scaled by sqrt(head_dim / 2)
+        if "zamba" in arch:  # attention over [h | embeddings]: 2 x hidden wide, scaled by sqrt(head_dim / 2)
             assert (a.num_heads, a.num_kv_heads, a.head_dim, a.input_size, a.softmax_scale) == (4, 4, 32, 128, 0.25)
         else:
             assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 2, 16)
@@ -96,6 +100,17 @@ def test_translate_tiny_checkpoint_configs(arch, tiny_checkpoint) -> None:  # no
     if arch == "zamba2":
         assert cfg.shared_blocks is not None and cfg.shared_blocks.num_blocks == 2 and cfg.shared_blocks.shared
         assert cfg.mlp is not None and cfg.mlp.fused_gate_up and cfg.mlp.activation == "gelu"
+    if arch == "zamba":  # one shared block, no adapters, an unfused gated MLP
+        sb = cfg.shared_blocks
+        assert sb is not None and (sb.num_blocks, sb.adapter_rank, sb.shared) == (1, 0, True)
+        assert cfg.mlp is not None and not cfg.mlp.fused_gate_up and cfg.mlp.activation == "gelu"
+        assert [s.name for s in cfg.state_specs(1)] == ["conv", "ssm"] and cfg.attention_layers == (1, 3, 4)
+    if arch == "minimax":  # lightning state: SSD's [H, P, N] with P = N = head_dim; Mixtral routing
+        lt = cfg.lightning
+        assert lt is not None and (lt.num_heads, lt.head_dim, lt.num_layers) == (4, 16, 4)
+        assert [(s.name, s.shape) for s in cfg.state_specs(0)] == [("ssm", (4, 16, 16))]
+        assert cfg.moe is not None and cfg.moe.renormalize and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
+        assert cfg.minimax_factors == (1.0,) * 6
     if arch == "jamba":
         assert cfg.moe is not None and (cfg.moe.num_experts, cfg.moe.top_k) == (4, 2)
         assert (cfg.moe.scoring, cfg.moe.renormalize, cfg.moe.shared_intermediate_size) == ("softmax", False, 0)
@@ -227,3 +242,17 @@ def test_hub_style_gdn_configs() -> None:
         translate_config({"architectures": ["Qwen3_5ForConditionalGeneration"]})
     with pytest.raises(UnsupportedArchitectureError, match="yarn"):
         translate_config({**text, "architectures": ["Qwen3_5ForCausalLM"], "rope_parameters": {"rope_type": "yarn"}})
+
+
+@pytest.mark.parametrize(("arch", "kind_names"), [("zamba", {"linear_attention": "mamba1", "hybrid": "hybrid_mamba1"}),
+                                                   ("minimax", {"linear_attention": "lightning",
+                                                                "full_attention": "attention"})])  # fmt: skip
+def test_default_layer_pattern_is_transformers(arch: str, kind_names: dict[str, str]) -> None:
+    """A config without its layer list gets transformers' own default pattern (13 layers: two hybrid uses)."""
+    from recap.model.testing import tiny_hf_config
+
+    key = "layers_block_type" if arch == "zamba" else "layer_types"
+    hf = tiny_hf_config(arch, num_hidden_layers=13, **{key: None}).to_dict()
+    want = tuple(kind_names[k] for k in hf.pop(key))
+    hf["architectures"] = [TINY_ARCHS[arch]]
+    assert translate_config(hf).layer_types == want

@@ -90,6 +90,21 @@ VARIANTS: list[tuple[str, dict]] = [
                                                    "indexed_attention", "linear_attention"],
                                    "indexer_types": ["full", "shared", "full", "full", "full"],
                                    "mlp_layer_types": ["dense"] * 5}}),
+    ("zamba", {"tie_word_embeddings": False, "num_key_value_heads": 2, "hidden_act": "silu", "n_mamba_heads": 4,
+               "mamba_proj_bias": True, "layers_block_type": ["hybrid", "mamba", "mamba", "hybrid"],
+               "num_hidden_layers": 4}),
+    # (transformers cannot build a tied Zamba with a single hybrid layer: its tie pattern finds no target)
+    ("zamba", {"n_mamba_heads": 1, "mamba_conv_bias": False, "layers_block_type": ["mamba", "hybrid", "hybrid"],
+               "num_hidden_layers": 3, "mamba_d_conv": 3}),
+    # residual factors, tied embeddings, transformers' whole-head RoPE (it reads no partial factor), HF blocks of 8
+    ("minimax", {"tie_word_embeddings": True, "full_attn_alpha_factor": 1.3, "full_attn_beta_factor": 0.7,
+                 "linear_attn_alpha_factor": 0.9, "linear_attn_beta_factor": 1.2, "mlp_alpha_factor": 1.1,
+                 "mlp_beta_factor": 0.8, "block_size": 8,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
+    # one expert (MoE off in effect: a dense gated MLP), attention first, 2 heads of 24, GQA 2:1, gelu
+    ("minimax", {"num_local_experts": 1, "num_experts_per_tok": 1, "num_hidden_layers": 3, "head_dim": 24,
+                 "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+                 "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "gelu"}),
 ]  # fmt: skip
 
 

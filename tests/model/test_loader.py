@@ -118,6 +118,10 @@ FAMILY_KEYS = [
     ("falcon_h1", "model.layers.2.self_attn.o_proj.weight"),
     ("zamba2", "model.layers.3.shared_transformer.self_attn.linear_q_adapter_list.1.0.weight"),
     ("zamba2", "model.layers.4.linear.weight"),
+    ("zamba", "model.layers.3.mamba_decoder.mamba.x_proj_weight"),
+    ("zamba", "model.layers.1.shared_transf.feed_forward.gate_proj.weight"),
+    ("minimax", "model.layers.2.block_sparse_moe.experts.3.w3.weight"),
+    ("minimax", "model.layers.0.self_attn.output_gate.weight"),
 ]
 
 
@@ -140,6 +144,17 @@ def test_zamba2_shared_block_is_stored_once(tiny_checkpoint, tmp_path) -> None: 
     src = tiny_checkpoint("zamba2")
     extra = "model.layers.4.shared_transformer.self_attn.q_proj.weight"  # layer 4 reuses layer 1's block
     first = "model.layers.1.shared_transformer.self_attn.q_proj.weight"
+    path = _rewrite(src, tmp_path / "m", lambda t: {**t, extra: t[first].clone()})
+    with pytest.raises(WeightLoadError, match="unexpected key") as e:
+        load_model(path)
+    assert extra in str(e.value)
+
+
+def test_zamba_shared_block_is_stored_once(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    """Zamba (v1) as Zamba2: its one shared block lives under the first hybrid layer only."""
+    src = tiny_checkpoint("zamba")
+    extra = "model.layers.3.shared_transf.self_attn.q_proj.weight"
+    first = "model.layers.1.shared_transf.self_attn.q_proj.weight"
     path = _rewrite(src, tmp_path / "m", lambda t: {**t, extra: t[first].clone()})
     with pytest.raises(WeightLoadError, match="unexpected key") as e:
         load_model(path)

@@ -1,4 +1,5 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1 and Zamba2 folders served through the OpenAI API with their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba and MiniMax folders served through the OpenAI API with
+their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -29,6 +30,11 @@ TEMPLATES = {
                  "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
     "zamba2": "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
               "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    "zamba": "{% for m in messages %}### {{ m['role'] | capitalize }}:\n{{ m['content'] }}\n{% endfor %}"
+             "{% if add_generation_prompt %}### Assistant:\n{% endif %}",
+    "minimax": "{% for m in messages %}<beginning_of_sentence>{{ m['role'] }} name={{ m['role'] }}\n{{ m['content'] }}"
+               "<end_of_sentence>\n{% endfor %}{% if add_generation_prompt %}<beginning_of_sentence>ai name=assistant\n"
+               "{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 

@@ -18,9 +18,9 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
+from recap.model.layer_kinds import mixer_class
 from recap.model.layers.attention import Attention
 from recap.model.layers.linear import Linear
-from recap.model.layers.mamba2 import Mamba2Mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig, SharedBlocksConfig
@@ -46,16 +46,18 @@ class SharedTransformer(nn.Module):
         h, d_in = config.hidden_size, attn.input_size or 2 * config.hidden_size
         self.input_layernorm = RMSNorm(d_in, config.norm_eps, dtype)
         self.self_attn = Attention(h, attn, dtype)
-        if sb.attention_adapters:  # each maps d_in -> d_in (as transformers builds them): no GQA with adapters
+        # each maps d_in -> d_in (as transformers builds them): no GQA with adapters
+        if sb.attention_adapters and sb.adapter_rank:
             if not attn.num_heads * attn.head_dim == attn.num_kv_heads * attn.head_dim == d_in:
                 raise ValueError("Zamba2's q/k/v adapters need num_key_value_heads == num_attention_heads")
             for name in ("linear_q_adapter_list", "linear_k_adapter_list", "linear_v_adapter_list"):
                 setattr(self.self_attn, name, _adapters(uses, d_in, d_in, sb.adapter_rank, dtype))
         self.pre_ff_layernorm = RMSNorm(h, config.norm_eps, dtype)
         self.feed_forward = MLP(h, mlp, dtype)
-        self.feed_forward.gate_up_proj_adapter_list = _adapters(uses, h, 2 * mlp.intermediate_size,
-                                                                sb.adapter_rank, dtype)  # fmt: skip
-        self.attention_adapters = sb.attention_adapters
+        if sb.adapter_rank:  # Zamba2; Zamba (v1) has no adapters
+            self.feed_forward.gate_up_proj_adapter_list = _adapters(uses, h, 2 * mlp.intermediate_size,
+                                                                    sb.adapter_rank, dtype)  # fmt: skip
+        self.attention_adapters, self.mlp_adapters = sb.attention_adapters and sb.adapter_rank > 0, sb.adapter_rank > 0
 
     def forward(self, x: torch.Tensor, use: int, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         x = self.input_layernorm(x)
@@ -68,18 +70,22 @@ class SharedTransformer(nn.Module):
         kv = attn.layer_cache(caches, layer)
         y = self.pre_ff_layernorm(attn.attend((q, k, v), batch, kv.k_cache, kv.v_cache))
         ff = self.feed_forward
+        if not self.mlp_adapters:
+            return ff(y)
         return ff.down(ff.gate_up(y) + ff.gate_up_proj_adapter_list[use](y))
 
 
 class MambaLayer(nn.Module):
-    """h + mamba(input_layernorm(h + extra)), `extra` being the shared block's projected output at hybrid layers."""
+    """h + mamba(input_layernorm(h + extra)), `extra` being the shared block's projected output at hybrid layers.
+    The mixer is the model's Mamba2 (Zamba2) or its multi-head Mamba1 (Zamba)."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
-        if config.mamba2 is None:
-            raise ValueError("Zamba2 needs a Mamba2 config")
+        cfg = config.mamba2 or config.mamba1
+        if cfg is None:
+            raise ValueError("Zamba needs a Mamba2 or Mamba1 config")
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        self.mamba = Mamba2Mixer(config.hidden_size, config.mamba2, dtype)
+        self.mamba = mixer_class(cfg)(config.hidden_size, cfg, dtype)
 
     def forward(
         self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int, extra: torch.Tensor | None = None
@@ -89,20 +95,23 @@ class MambaLayer(nn.Module):
 
 
 class HybridLayer(nn.Module):
-    """shared block on [h | embeddings] -> linear -> added to the Mamba2 layer's input."""
+    """shared block on [h | embeddings] -> linear -> added to the Mamba layer's input. `block_name`: the
+    block's name on disk."""
+
+    block_name = "shared_transformer"
 
     def __init__(self, config: ModelConfig, use: int, block: SharedTransformer, first_use: bool, dtype: torch.dtype):
         super().__init__()
         self.use = use
         if first_use:
-            self.shared_transformer = block  # registered here only: its weights' one place on disk
+            setattr(self, self.block_name, block)  # registered here only: its weights' one place on disk
         else:
             object.__setattr__(self, "_shared", block)  # a reference, not a submodule
         self.linear = Linear(config.hidden_size, config.hidden_size, False, dtype)
         self.mamba_decoder = MambaLayer(config, dtype)
 
     def block(self) -> SharedTransformer:
-        return self._modules.get("shared_transformer") or self._shared  # type: ignore[return-value]
+        return self._modules.get(self.block_name) or self._shared  # type: ignore[return-value]
 
     def forward(
         self, h: torch.Tensor, emb: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int
@@ -111,28 +120,37 @@ class HybridLayer(nn.Module):
         return self.mamba_decoder(h, batch, caches, layer, extra=self.linear(t))
 
 
-def _shared_block(config: ModelConfig, sb: SharedBlocksConfig, b: int, dtype: torch.dtype) -> SharedTransformer:
-    """Block b, with adapters for the uses u where u % num_blocks == b."""
-    return SharedTransformer(config, [u % sb.num_blocks == b for u in range(config.layer_types.count("hybrid"))], dtype)
+def _shared_block(
+    config: ModelConfig, sb: SharedBlocksConfig, b: int, uses: int, dtype: torch.dtype
+) -> SharedTransformer:
+    """Block b, with adapters for the uses u < `uses` where u % num_blocks == b."""
+    return SharedTransformer(config, [u % sb.num_blocks == b for u in range(uses)], dtype)
 
 
 class Zamba2ForCausalLM(HybridForCausalLM):
+    """Also Zamba (v1)'s layout (models/zamba.py): its layer kinds and hybrid layer class are these attributes."""
+
+    hybrid_kind, mamba_kind = "hybrid", "mamba2"
+    hybrid_layer: type[HybridLayer] = HybridLayer
+
     def build_layers(self, config: ModelConfig, dtype: torch.dtype) -> list[nn.Module]:
-        sb = config.shared_blocks
-        blocks = [_shared_block(config, sb, b, dtype) for b in range(sb.num_blocks)] if sb is not None else []
+        sb, n_uses = config.shared_blocks, config.layer_types.count(self.hybrid_kind)
+        blocks = [_shared_block(config, sb, b, n_uses, dtype) for b in range(sb.num_blocks)] if sb is not None else []
         layers: list[nn.Module] = []
         for i, kind in enumerate(config.layer_types):
-            if kind == "hybrid" and sb is not None:
-                use = sum(k == "hybrid" for k in config.layer_types[:i])
+            if kind == self.hybrid_kind and sb is not None:
+                use = config.layer_types[:i].count(self.hybrid_kind)
                 if sb.shared:
-                    layers.append(HybridLayer(config, use, blocks[use % sb.num_blocks], use < sb.num_blocks, dtype))
+                    block, first = blocks[use % sb.num_blocks], use < sb.num_blocks
                 else:  # an unshared copy of the block this use would share
-                    own = blocks[use] if use < sb.num_blocks else _shared_block(config, sb, use % sb.num_blocks, dtype)
-                    layers.append(HybridLayer(config, use, own, True, dtype))
-            elif kind == "mamba2":
+                    first = True
+                    block = blocks[use] if use < sb.num_blocks else _shared_block(config, sb, use % sb.num_blocks,
+                                                                                  n_uses, dtype)  # fmt: skip
+                layers.append(self.hybrid_layer(config, use, block, first, dtype))
+            elif kind == self.mamba_kind:
                 layers.append(MambaLayer(config, dtype))
             else:
-                raise ValueError(f"Zamba2 layer {i}: unexpected layer type {kind!r}")
+                raise ValueError(f"{type(self).__name__} layer {i}: unexpected layer type {kind!r}")
         return layers
 
     @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""The Mamba2 hybrids people deploy: Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2."""
+"""The Mamba2 hybrids people deploy: Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2; and Zamba (v1, Mamba1)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from recap.model.feed_forward_configs import MLPConfig, MoEConfig
-from recap.model.mixer_configs import AttentionConfig, Mamba2Config
+from recap.model.mixer_configs import DEFAULT_MAMBA1_CHUNK, AttentionConfig, Mamba2Config, MultiHeadMamba1Config
 from recap.model.model_config import ModelConfig, SharedBlocksConfig
 from recap.model.translators.common import (
     UnsupportedArchitectureError,
@@ -163,24 +163,28 @@ def _falcon_h1(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
 _ZAMBA2_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2", "hybrid": "hybrid"}
 
 
+def _shared_attention(cfg: Mapping[str, Any], hidden: int, theta: float | None) -> AttentionConfig:
+    """Zamba's and Zamba2's shared block attends over [h | embeddings], 2 * hidden wide."""
+    heads = int(cfg.get("num_attention_heads", 32))
+    head_dim = int(cfg.get("attention_head_dim") or 2 * hidden // heads)
+    return AttentionConfig(
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rope_theta=theta,
+        rotary_dim=head_dim if theta is not None else 0,
+        scale=(head_dim / 2) ** -0.5,  # transformers' Zamba and Zamba2 scale by sqrt(head_dim / 2)
+        input_size=int(cfg.get("attention_hidden_size") or 2 * hidden),
+    )
+
+
 def _zamba2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     hidden, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     kinds = cfg.get("layers_block_type") or cfg.get("layer_types")
     if not kinds or len(kinds) != n or set(kinds) - set(_ZAMBA2_KINDS):
         raise ValueError(f"{arch}: layers_block_type must list {n} of {sorted(_ZAMBA2_KINDS)}, got {kinds}")
     layer_types = tuple(_ZAMBA2_KINDS[k] for k in kinds)
-    heads = int(cfg.get("num_attention_heads", 32))
-    head_dim = 2 * hidden // heads  # the shared block attends over [h | embeddings], 2 * hidden wide
-    theta = _rope(cfg, arch)[0] if cfg.get("use_mem_rope") else None
-    attn = AttentionConfig(
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
-        rope_theta=theta,
-        rotary_dim=head_dim if theta is not None else 0,
-        scale=(head_dim / 2) ** -0.5,  # transformers' Zamba2 scales by sqrt(head_dim / 2)
-        input_size=2 * hidden,
-    )
+    attn = _shared_attention(cfg, hidden, _rope(cfg, arch)[0] if cfg.get("use_mem_rope") else None)
     n_heads = int(cfg.get("n_mamba_heads", 8))
     m2 = Mamba2Config(  # transformers' Zamba2 fixes the conv bias, the activation, the norm eps and dt's floor
         num_heads=n_heads,
@@ -210,4 +214,49 @@ def _zamba2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         mlp=mlp,
         mamba2=m2,
         shared_blocks=shared if "hybrid" in layer_types else None,
+    )
+
+
+_ZAMBA_KINDS = {"mamba": "mamba1", "linear_attention": "mamba1", "hybrid": "hybrid_mamba1"}
+
+
+def _zamba_default_kinds(cfg: Mapping[str, Any], n: int) -> list[str]:
+    """transformers' ZambaConfig default: mamba, mamba, hybrid, then hybrid where i % period == offset."""
+    period, offset = int(cfg.get("attn_layer_period", 6)), int(cfg.get("attn_layer_offset", 4))
+    rest = ["hybrid" if i % period == offset else "mamba" for i in range(n - 3)]
+    return (["mamba", "mamba", "hybrid"] + rest)[:n]
+
+
+def _zamba(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Zamba (v1): multi-head Mamba1 layers, one shared block (no adapters, no RoPE) at the hybrid layers."""
+    hidden, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    kinds = cfg.get("layers_block_type") or cfg.get("layer_types") or _zamba_default_kinds(cfg, n)
+    if len(kinds) != n or set(kinds) - set(_ZAMBA_KINDS):
+        raise ValueError(f"{arch}: layers_block_type must list {n} of {sorted(_ZAMBA_KINDS)}, got {kinds}")
+    layer_types = tuple(_ZAMBA_KINDS[k] for k in kinds)
+    rank = cfg.get("mamba_dt_rank", "auto")
+    m1 = MultiHeadMamba1Config(
+        d_inner=int(cfg.get("mamba_expand", 2)) * hidden,
+        d_state=int(cfg.get("mamba_d_state", 16)),
+        d_conv=int(cfg.get("mamba_d_conv", 4)),
+        dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        activation=cfg.get("hidden_mamba_act", "silu"),
+        num_heads=int(cfg.get("n_mamba_heads", 2)),
+    )
+    mlp = MLPConfig(int(cfg.get("intermediate_size") or 4 * hidden), cfg.get("hidden_act", "gelu"))
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    hybrid = "hybrid_mamba1" in layer_types
+    return ModelConfig(
+        **_common(cfg, arch),
+        layer_types=layer_types,
+        mlp_types=tuple("dense" if k == "hybrid_mamba1" else "none" for k in layer_types),  # the block's MLP
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        tie_word_embeddings=tied,
+        ssm_chunk_size=DEFAULT_MAMBA1_CHUNK,
+        attention=_shared_attention(cfg, hidden, None) if hybrid else None,
+        mlp=mlp,
+        mamba1=m1,
+        shared_blocks=SharedBlocksConfig(1, 0, False, shared=tied) if hybrid else None,
     )
