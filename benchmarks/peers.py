@@ -299,13 +299,13 @@ def main_real(args: argparse.Namespace) -> None:
     llama = None if args.recap_only else ensure_llama(args.build_dir, ("llama-bench", "llama-batched-bench",
                                                                        "llama-quantize"))  # fmt: skip
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    rows = []
-    for name in args.models:
+    rows: list[dict[str, Any]] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.models:  # the JSON after each model: a long run stopped half-way keeps what it measured
         rows += measure_real(name, args.threads, args.reps, llama, REAL_CACHE, args.build_dir / "gguf-real")
+        args.out.write_text(json.dumps({"real": True, "start": start, "argv": sys.argv, "rows": rows}, indent=1))
     print(f"\n{start}, torch {torch.__version__}, medians of {args.reps} alternating rounds, 1-min load per sample")
     print_real(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"real": True, "start": start, "argv": sys.argv, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -160,6 +160,13 @@ def llama_metric(llama: LlamaCpp, gguf: Path, what: str, threads: int) -> tuple[
 METRICS = {"prefill": "prefill tok/s", "decode": "decode ms b1", "batch8": "decode tok/s b8"}
 
 
+def _note(samples: dict, key: tuple[int, str, str], value_rss: tuple[float, int]) -> None:
+    load = os.getloadavg()[0]
+    samples.setdefault(key, []).append((*value_rss, load))
+    print(f"  {key[0]} thr {key[1]:<8} {key[2]:<17} {value_rss[0]:9.1f}  RSS {value_rss[1] / 2**30:.2f} GiB  "
+          f"load {load:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def measure_real(name: str, threads_list: list[int], reps: int, llama: LlamaCpp | None, cache: Path,
                  gguf_dir: Path) -> list[dict[str, Any]]:  # fmt: skip
     """Every metric for one shape at each thread count; engines alternate within each round (one runs at a
@@ -175,13 +182,11 @@ def measure_real(name: str, threads_list: list[int], reps: int, llama: LlamaCpp 
             for _ in range(reps):
                 for what in METRICS:
                     for q, w in workers.items():
-                        samples.setdefault((threads, what, f"recap {q}"), []).append(
-                            (*w.ask(what, threads), os.getloadavg()[0]))
+                        _note(samples, (threads, what, f"recap {q}"), w.ask(what, threads))
                     for q, g in ggufs.items():
                         if what != "decode" and q not in PREFILL_GGUF:
                             continue
-                        samples.setdefault((threads, what, f"llama.cpp {q}"), []).append(
-                            (*llama_metric(llama, g, what, threads), os.getloadavg()[0]))  # type: ignore[arg-type]
+                        _note(samples, (threads, what, f"llama.cpp {q}"), llama_metric(llama, g, what, threads))  # type: ignore[arg-type]
     finally:
         for w in workers.values():
             w.close()
