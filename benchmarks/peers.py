@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/peers.py [--threads 1 2] [--models mamba2-115m hybrid-163m] [--reps 3]
         [--out bench_out/peers.json] [--recap-only] [--decode-only] [--eager] [--build-dir DIR]
     .venv/bin/python benchmarks/peers.py --reprint bench_out/peers.json      # the table of an earlier run
+    .venv/bin/python benchmarks/peers.py --models lfm2-1.2b granite-h-1b --build-dir /work/main/build/peers \
+        --out bench_out/peers_real.json   # real ~1.2B shapes: int4/int8 vs Q4_K_M/Q4_0/Q8_0, peak RSS (peers_real.py)
 
 llama.cpp is built once from the llama-cpp-python 0.3.36 sdist into build/peers (benchmarks/peers_llama.py;
 tens of minutes on 2 cores) and the checkpoints (benchmarks/checkpoints.py) are converted with its own
@@ -40,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from peers_llama import TARGETS, LlamaCpp, batched_tok_s, convert_to_gguf, decode_ms, ensure_llama, prefill_tok_s  # noqa: E402
+from peers_real import measure_real, print_real  # noqa: E402
 from peers_servers import (  # noqa: E402  # noqa: E402
     LlamaServer,
     RecapServer,
@@ -49,6 +52,8 @@ from peers_servers import (  # noqa: E402  # noqa: E402
     tokenizer_for,
 )
 from profile_decode import PROMPT, decoder  # noqa: E402
+from real_shapes import DEFAULT_CACHE as REAL_CACHE  # noqa: E402
+from real_shapes import SHAPES as REAL_SHAPES  # noqa: E402
 
 from recap.backends import prepare  # noqa: E402
 from recap.backends.huge_pages import move_to_huge_pages  # noqa: E402
@@ -257,8 +262,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
     args = ap.parse_args()
     if args.reprint is not None:
-        print_table(json.loads(args.reprint.read_text())["rows"])
+        data = json.loads(args.reprint.read_text())
+        (print_real if data.get("real") else print_table)(data["rows"])
         return
+    if set(args.models) & set(REAL_SHAPES):
+        return main_real(args)
     retain_freed_memory()  # as `recap serve` does (recap/process/heap.py), so the model-step figures match it
     targets = ("llama-bench", "llama-batched-bench") if args.decode_only else TARGETS
     llama = None if args.recap_only else ensure_llama(args.build_dir, targets)
@@ -280,6 +288,24 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"limits": limits, "weights": stats, "rows": rows, "torch": torch.__version__},
                                    indent=1))  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+def main_real(args: argparse.Namespace) -> None:
+    """The real ~1.2B shapes (benchmarks/peers_real.py); other models cannot be mixed into this run."""
+    if not set(args.models) <= set(REAL_SHAPES):
+        raise SystemExit(f"real shapes {REAL_SHAPES} run on their own; drop {set(args.models) - set(REAL_SHAPES)}")
+    retain_freed_memory()
+    llama = None if args.recap_only else ensure_llama(args.build_dir, ("llama-bench", "llama-batched-bench",
+                                                                       "llama-quantize"))  # fmt: skip
+    start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows: list[dict[str, Any]] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.models:  # the JSON after each model: a long run stopped half-way keeps what it measured
+        rows += measure_real(name, args.threads, args.reps, llama, REAL_CACHE, args.build_dir / "gguf-real")
+        args.out.write_text(json.dumps({"real": True, "start": start, "argv": sys.argv, "rows": rows}, indent=1))
+    print(f"\n{start}, torch {torch.__version__}, medians of {args.reps} alternating rounds, 1-min load per sample")
+    print_real(rows)
     print(f"wrote {args.out}")
 
 

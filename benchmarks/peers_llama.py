@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
-TARGETS = ("llama-bench", "llama-server", "llama-batched-bench")
+TARGETS = ("llama-bench", "llama-server", "llama-batched-bench", "llama-quantize")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,59 @@ def convert_to_gguf(llama: LlamaCpp, checkpoint: Path, outtype: str, out_dir: Pa
     _run([sys.executable, str(llama.src / "convert_hf_to_gguf.py"), str(checkpoint), "--outtype", outtype,
           "--outfile", str(tmp)], out_dir / "convert.log", env=env, cwd=llama.src)  # fmt: skip
     tmp.rename(out)
+    return out
+
+
+# convert_hf_to_gguf.py with the vocabulary replaced: the real-size checkpoints carry a word-level tokenizer
+# ("t0".."t{V-1}") that its BPE detection refuses, so each model class gets llama.cpp's built-in GPT-NeoX vocabulary
+# padded with unused "[PADi]" tokens up to the checkpoint's vocab_size (the embedding's rows). And transformers 5
+# writes GraniteMoeHybrid's layer_types as "full_attention"/"linear_attention" where the hub's config.json (and
+# the converter) say "attention"/"mamba": without the mapping every layer converts as Mamba2 and fails to load.
+_PADDED_VOCAB = """
+import runpy, sys
+src = sys.argv.pop(1)
+sys.path[0] = src  # _set_vocab_builtin reads models/ under sys.path[0]
+sys.path.insert(1, src + "/gguf-py")
+import gguf
+from conversion import granite, lfm2
+
+def set_vocab(self):
+    n, w = self.hparams["vocab_size"], self.gguf_writer
+    lst, typ = w.add_token_list, w.add_token_types
+    w.add_token_list = lambda t: lst(list(t) + [f"[PAD{i}]".encode() for i in range(len(t), n)])
+    w.add_token_types = lambda t: typ(list(t) + [gguf.TokenType.UNUSED] * (n - len(t)))
+    self._set_vocab_builtin("gpt-neox", n)
+
+def get_attn_layers(self):
+    types = self.hparams.get("layer_types") or []
+    return [i for i, t in enumerate(types) if t in ("attention", "full_attention")] or attn_layers(self)
+
+attn_layers = granite.GraniteHybridModel.get_attn_layers
+granite.GraniteHybridModel.get_attn_layers = get_attn_layers
+granite.GraniteHybridModel.set_vocab = set_vocab
+lfm2.LFM2Model.set_vocab = set_vocab
+runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def convert_padded_vocab(llama: LlamaCpp, checkpoint: Path, out_dir: Path, quant: str) -> Path:
+    """A real-size checkpoint -> GGUF bf16 (the padded built-in vocabulary above) -> `quant` via llama-quantize
+    (Q4_0, Q4_K_M, Q8_0, ...); each file cached under out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bf16 = out_dir / f"{checkpoint.name}-bf16.gguf"
+    if not bf16.is_file():
+        tmp = bf16.with_suffix(".tmp")
+        _run([sys.executable, "-c", _PADDED_VOCAB, str(llama.src), str(checkpoint), "--outtype", "bf16",
+              "--outfile", str(tmp)], out_dir / "convert.log", cwd=llama.src)  # fmt: skip
+        tmp.rename(bf16)
+    if quant.lower() == "bf16":
+        return bf16
+    out = out_dir / f"{checkpoint.name}-{quant}.gguf"
+    if not out.is_file():
+        tmp = out.with_suffix(".tmp")
+        _run(["nice", "-n", "19", str(llama.tool("llama-quantize")), str(bf16), str(tmp), quant, "2"],
+             out_dir / "quantize.log")  # fmt: skip
+        tmp.rename(out)
     return out
 
 
