@@ -124,8 +124,8 @@ def measure(args: argparse.Namespace) -> dict:
                 seconds, generated, outs = run(engine, prompts, params)
                 assert outs == ref, f"{mode} at batch {batch}: output differs from the plain run"
                 after = engine.scheduler.stats
-                steps = after.spec_num_drafts - before.spec_num_drafts
-                acc = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+                steps = after.spec.num_drafts - before.spec.num_drafts
+                acc = after.spec.num_accepted_tokens - before.spec.num_accepted_tokens
                 samples[mode].append((generated / seconds, steps, 1.0 + acc / steps if steps else 1.0))
         base_tps = statistics.median(s[0] for s in samples["off"])
         for mode in MODES:

@@ -16,7 +16,7 @@ itself is the last committed token's, planned as in a plain decode.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from recap.config import SpeculativeConfig
 from recap.core.drafter import Drafter, NgramDrafter
@@ -45,6 +45,10 @@ class SpecCounters:
     def mean_acceptance_length(self) -> float:
         """Tokens emitted per verify step (accepted drafts + the verifier's own): vLLM's mean acceptance length."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def copy(self) -> SpecCounters:
+        """A snapshot that later steps do not change (stats and metrics hold these)."""
+        return replace(self, accepted_per_position=list(self.accepted_per_position))
 
 
 def make_drafter(config: SpeculativeConfig) -> Drafter:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from recap.core.request import RequestStatus
+from recap.core.speculation import SpecCounters
 
 if TYPE_CHECKING:
     from recap.core.cache_manager import CacheManager
-    from recap.core.speculation import SpecCounters
 
 
 @dataclass
@@ -61,17 +61,8 @@ class SchedulerStats:
     kv_blocks_cached: int
     kv_blocks_evicted: int
     state_slots_free: int
-    # Speculative decoding (vLLM's spec-decode counters): verify steps, draft and accepted tokens, and accepted
-    # drafts by position; zeros without speculation.
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_position: tuple[int, ...] = ()
-
-    @property
-    def spec_mean_acceptance_length(self) -> float:
-        """Tokens per verify step: 1 + accepted drafts per step (0.0 before any)."""
-        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
+    # Speculative decoding (vLLM's spec-decode counters, a copy); zeros without speculation.
+    spec: SpecCounters = field(default_factory=SpecCounters)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -108,8 +99,5 @@ def scheduler_stats(
         kv_blocks_cached=kv_pool.num_cached if kv_pool else 0,
         kv_blocks_evicted=kv_pool.num_evicted if kv_pool else 0,
         state_slots_free=pool.num_free if pool else 0,
-        spec_num_drafts=spec.num_drafts if spec else 0,
-        spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
-        spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
-        spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
+        spec=spec.copy() if spec else SpecCounters(),
     )

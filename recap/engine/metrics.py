@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from recap.core.speculation import SpecCounters
 from recap.core.stats import SchedulerStats
 from recap.engine.histogram import Histogram
 from recap.engine.request_metrics import RequestHistograms
@@ -49,16 +50,8 @@ class MetricsSnapshot:
     kv_cache_usage: float = 0.0
     # Finished requests (one per prompt) by reason: stop, length, abort, error (vLLM's finished_reason label).
     finished_by_reason: dict[str, int] = field(default_factory=dict)
-    # Speculative decoding (vLLM's spec_decode counters): verify steps, draft / accepted tokens, by position.
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_position: tuple[int, ...] = ()
-
-    @property
-    def spec_mean_acceptance_length(self) -> float:
-        """Tokens per verify step: 1 + accepted drafts per step (0.0 before any)."""
-        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 0.0
+    # Speculative decoding (vLLM's spec_decode counters): the scheduler's, as of this snapshot.
+    spec: SpecCounters = field(default_factory=SpecCounters)
 
 
 class EngineMetrics:
@@ -131,8 +124,5 @@ class EngineMetrics:
                 requests=self.requests.copy(),
                 kv_cache_usage=kv_cache_usage,
                 finished_by_reason=dict(self.finished_by_reason),
-                spec_num_drafts=stats.spec_num_drafts,
-                spec_num_draft_tokens=stats.spec_num_draft_tokens,
-                spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
-                spec_accepted_per_position=stats.spec_accepted_per_position,
+                spec=stats.spec,
             )

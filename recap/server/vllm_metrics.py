@@ -7,6 +7,7 @@ request-limit code and are not duplicated here.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import attrgetter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -16,7 +17,7 @@ from recap.engine.histogram import Histogram
 from recap.engine.metrics import MetricsSnapshot
 from recap.engine.request_metrics import RequestHistograms
 
-# (vLLM name without _total, help, MetricsSnapshot field)
+# (vLLM name without _total, help, MetricsSnapshot field: a dotted path)
 _COUNTERS = (
     ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
      "prefix_cache_queries"),
@@ -24,9 +25,9 @@ _COUNTERS = (
     ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", "preemptions"),
     ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
     ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens"),
-    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "spec_num_drafts"),
-    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "spec_num_draft_tokens"),
-    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "spec_num_accepted_tokens"),
+    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "spec.num_drafts"),
+    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "spec.num_draft_tokens"),
+    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "spec.num_accepted_tokens"),
 )
 _GAUGES = (
     ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
@@ -85,7 +86,7 @@ class VllmCollector(Collector):
         s: MetricsSnapshot = self.engine.metrics()
         for name, doc, attr in _COUNTERS:
             c = CounterMetricFamily(name, doc, labels=self.labels)
-            c.add_metric(self.values, float(getattr(s, attr)))
+            c.add_metric(self.values, float(attrgetter(attr)(s)))
             yield c
         for name, doc, attr in _GAUGES:
             g = GaugeMetricFamily(name, doc, labels=self.labels)
@@ -98,7 +99,7 @@ class VllmCollector(Collector):
         yield done
         per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                       "Accepted tokens per draft position.", labels=[*self.labels, "position"])
-        for pos, count in enumerate(s.spec_accepted_per_position):
+        for pos, count in enumerate(s.spec.accepted_per_position):
             per_pos.add_metric([*self.values, str(pos)], float(count))
         yield per_pos
         yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",

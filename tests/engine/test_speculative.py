@@ -116,11 +116,11 @@ def test_speculation_equals_plain_greedy(models: dict[str, Path], arch: str) -> 
         llm = with_drafter(make(path, spec=True, max_num_batched_tokens=24), ScriptedDrafter(ref, accept))
         assert tokens(llm.generate(prompts, GREEDY)) == want, f"{arch}/{name}"
         stats = llm.engine.scheduler.stats
-        assert stats.spec_num_drafts > 0, f"{arch}/{name}: no verify step ran"
+        assert stats.spec.num_drafts > 0, f"{arch}/{name}: no verify step ran"
         if name == "all":
-            assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+            assert stats.spec.num_accepted_tokens == stats.spec.num_draft_tokens
         if name == "none":
-            assert stats.spec_num_accepted_tokens == 0
+            assert stats.spec.num_accepted_tokens == 0
     llm = make(path, spec=True, max_num_batched_tokens=24)  # the n-gram drafter
     assert tokens(llm.generate(prompts, GREEDY)) == want, f"{arch}/ngram"
 
@@ -158,7 +158,7 @@ def test_rolled_back_state_equals_plain_state(models: dict[str, Path], arch: str
         for x, y in zip(a.state_tensors(), b.state_tensors()):
             torch.testing.assert_close(x[slot], y[mine[1]], rtol=1e-4, atol=1e-5)
         compared += 1
-    assert compared >= len(PATTERN) and spec.engine.scheduler.stats.spec_num_accepted_tokens > 0
+    assert compared >= len(PATTERN) and spec.engine.scheduler.stats.spec.num_accepted_tokens > 0
 
 
 def test_ngram_drafts_are_accepted_where_the_output_repeats(models: dict[str, Path]) -> None:
@@ -170,7 +170,7 @@ def test_ngram_drafts_are_accepted_where_the_output_repeats(models: dict[str, Pa
     llm = make(path, spec=True)
     assert tokens(llm.generate(prompts, GREEDY)) == want
     stats = llm.engine.scheduler.stats
-    assert stats.spec_num_accepted_tokens > 0 and stats.spec_mean_acceptance_length > 2.0
+    assert stats.spec.num_accepted_tokens > 0 and stats.spec.mean_acceptance_length > 2.0
 
 
 @pytest.mark.slow
@@ -185,7 +185,7 @@ def test_speculation_on_the_triton_kernels(models: dict[str, Path], arch: str) -
     llm = with_drafter(make(path, spec=True, device="cpu", kernels="triton", max_num_batched_tokens=24),
                        ScriptedDrafter(ref, _mixed))  # fmt: skip
     assert tokens(llm.generate(prompts, GREEDY)) == want
-    assert llm.engine.scheduler.stats.spec_num_accepted_tokens > 0
+    assert llm.engine.scheduler.stats.spec.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "qwen3_5", "bamba"])
@@ -227,7 +227,7 @@ def test_preemption_under_speculation(models: dict[str, Path]) -> None:
     assert tokens(llm.generate(prompts, params)) == want
     stats = llm.engine.scheduler.stats
     assert stats.preemptions > 0, "the pool was meant to force preemption"
-    assert stats.spec_num_accepted_tokens > 0
+    assert stats.spec.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba"])
@@ -242,7 +242,7 @@ def test_abort_while_speculating(models: dict[str, Path], arch: str) -> None:
     b = eng.add_request(b_prompt, GREEDY)
     for _ in range(4):  # the prompts, then verify steps
         eng.step()
-    assert eng.scheduler.stats.spec_num_drafts > 0
+    assert eng.scheduler.stats.spec.num_drafts > 0
     eng.abort_request(a)
     outs = drain(eng)
     assert outs[a].outputs[0].finish_reason == "abort"
@@ -292,7 +292,7 @@ def test_ineligible_requests_decode_plainly(models: dict[str, Path]) -> None:
     for params in (SamplingParams(temperature=0.8, max_tokens=5, seed=1, logprobs=2),
                    SamplingParams(temperature=0.0, max_tokens=5, logprobs=0)):  # fmt: skip
         llm.generate([prompt], params)
-    assert not drafter.calls and llm.engine.scheduler.stats.spec_num_drafts == 0
+    assert not drafter.calls and llm.engine.scheduler.stats.spec.num_drafts == 0
 
 
 def test_metrics_snapshot_reports_acceptance(models: dict[str, Path]) -> None:
@@ -302,9 +302,9 @@ def test_metrics_snapshot_reports_acceptance(models: dict[str, Path]) -> None:
     llm = with_drafter(make(path, spec=True), ScriptedDrafter({tuple(p): w for p, w in zip(prompts, want)}, ALL))
     llm.generate(prompts, GREEDY)
     snap = llm.engine.metrics_snapshot()
-    assert snap.spec_num_drafts > 0 and snap.spec_num_accepted_tokens == snap.spec_num_draft_tokens
-    assert snap.spec_accepted_per_position[0] == snap.spec_num_drafts
-    assert snap.spec_mean_acceptance_length > 2.0
+    assert snap.spec.num_drafts > 0 and snap.spec.num_accepted_tokens == snap.spec.num_draft_tokens
+    assert snap.spec.accepted_per_position[0] == snap.spec.num_drafts
+    assert snap.spec.mean_acceptance_length > 2.0
 
 
 def test_bad_speculative_config_is_a_value_error(models: dict[str, Path]) -> None:

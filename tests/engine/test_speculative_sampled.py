@@ -91,14 +91,14 @@ def test_sampled_requests_speculate_beside_greedy_ones(models: dict[str, Path], 
         assert len(seen) == len(MIXED), f"{arch}/{name}: only {sorted(seen)} drafted"
         # The counters add up to what the drafts and the outputs show.
         per_step = [_accepted(d, _output(by_rid, rid)[done:]) for rid, done, d in drafter.proposals]
-        assert stats.spec_num_drafts == len(drafter.proposals)
-        assert stats.spec_num_draft_tokens == sum(len(d) for _, _, d in drafter.proposals)
-        assert stats.spec_num_accepted_tokens == sum(per_step)
-        assert list(stats.spec_accepted_per_position) == [sum(a > j for a in per_step) for j in range(3)]
+        assert stats.spec.num_drafts == len(drafter.proposals)
+        assert stats.spec.num_draft_tokens == sum(len(d) for _, _, d in drafter.proposals)
+        assert stats.spec.num_accepted_tokens == sum(per_step)
+        assert list(stats.spec.accepted_per_position) == [sum(a > j for a in per_step) for j in range(3)]
         if name == "all":
-            assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+            assert stats.spec.num_accepted_tokens == stats.spec.num_draft_tokens
         if name == "none":
-            assert stats.spec_num_accepted_tokens == 0
+            assert stats.spec.num_accepted_tokens == 0
 
 
 def _output(by_rid: dict[str, list[int]], rid: str) -> list[int]:
@@ -114,4 +114,4 @@ def test_ngram_drafter_with_sampled_requests_reproduces_seeds(models: dict[str, 
     for _ in range(2):
         llm = make(path, spec=True)
         assert tokens(llm.generate(prompts, MIXED)) == want
-        assert llm.engine.scheduler.stats.spec_num_drafts > 0
+        assert llm.engine.scheduler.stats.spec.num_drafts > 0
