@@ -111,3 +111,15 @@ def _pick(cfg: Mapping[str, Any], default: Any, *names: str) -> Any:
 
 # Gated DeltaNet hybrids: the chunk grid the runner cuts GDN rows on (fla's and transformers' chunk size).
 GDN_CHUNK = 64
+
+
+def nested_text_config(cfg: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """A multimodal wrapper's text model config (`text_config`), with the outer config's head tying and
+    generation ids, which govern the whole checkpoint."""
+    if not isinstance(cfg.get("text_config"), Mapping):
+        raise ValueError(f"{arch}: config.json has no text_config")
+    text = dict(cfg["text_config"])
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if cfg.get(key) is not None:
+            text[key] = cfg[key]
+    return text

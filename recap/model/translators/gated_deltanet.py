@@ -14,6 +14,7 @@ from recap.model.translators.common import (
     _attention,
     _common,
     _rope,
+    nested_text_config,
 )
 
 
@@ -85,12 +86,7 @@ def _qwen_gdn(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
 
 def _qwen3_5_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     """The hub's Qwen3.5 / 3.6 checkpoints: the text model's config nested under `text_config`."""
-    if not isinstance(cfg.get("text_config"), Mapping):
-        raise ValueError(f"{arch}: config.json has no text_config")
-    text = dict(cfg["text_config"])
-    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
-        if cfg.get(key) is not None:  # the outer config governs the head tying and the generation ids
-            text[key] = cfg[key]
+    text = nested_text_config(cfg, arch)
     causal = arch.replace("ForConditionalGeneration", "ForCausalLM")
     return dataclasses.replace(_qwen_gdn(text, causal), architecture=arch)
 

@@ -12,7 +12,7 @@ from typing import Any
 from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.mixer_configs import IndexedMLAConfig, KDAConfig
 from recap.model.model_config import HyperConnectionConfig, ModelConfig
-from recap.model.translators.common import LINEAR_CHUNK, UnsupportedArchitectureError, _common
+from recap.model.translators.common import LINEAR_CHUNK, UnsupportedArchitectureError, _common, nested_text_config
 
 _KINDS = {"linear_attention": "kda", "indexed_attention": "indexed_attention", "full_attention": "indexed_attention"}
 _MLPS = {"dense": "dense", "sparse": "moe"}
@@ -100,10 +100,5 @@ def _glm5_text(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
 
 def _glm5_next(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     """The hub's checkpoints: the text model's config nested under `text_config`."""
-    if not isinstance(cfg.get("text_config"), Mapping):
-        raise ValueError(f"{arch}: config.json has no text_config")
-    text = dict(cfg["text_config"])
-    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
-        if cfg.get(key) is not None:  # the outer config governs the head tying and the generation ids
-            text[key] = cfg[key]
+    text = nested_text_config(cfg, arch)
     return dataclasses.replace(_glm5_text(text, arch), architecture=arch)
