@@ -25,8 +25,8 @@ SHARED = {"config", "units", "sampling_params", "structured_output", "grammar_bo
 LAYERS: dict[str, set[str]] = {
     "core": set(),
     "kernels": {"core"},
-    "model": {"kernels"},
-    "backends": {"kernels", "model"},
+    "model": {"kernels", "process"},
+    "backends": {"kernels", "model", "process"},
     "runner": {"backends", "core", "kernels", "model"},
     "process": set(),
     "engine": {"core", "kernels", "model", "process", "runner"},

@@ -21,9 +21,9 @@ from torch import nn
 from recap.kernels.kernel_set import KernelSet
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
-from recap.model.heap import return_free_heap
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
+from recap.process.heap import return_free_heap
 
 
 @runtime_checkable

@@ -8,7 +8,7 @@
   mamba2_step.py).
 - The weights, the native kernels' packed copies and the KV/state pools move to transparent huge pages
   (huge_pages.py): a decode step streams them all. The memory each move or re-layout frees goes back to the
-  OS as it goes (model/heap.py), so that none of it stays resident in glibc's heap.
+  OS as it goes (process/heap.py), so that none of it stays resident in glibc's heap.
 - Decode steps of 1 to MAX_ROWS rows replay a captured decode graph (decode_graph.py) where the model's parts
   can be captured, and run the module path otherwise.
 """
@@ -29,9 +29,9 @@ from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
-from recap.model.heap import return_free_heap
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
+from recap.process.heap import return_free_heap
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Memory: no second copy of the model at any time. Each tensor is read straight in
 the parameters `build_model` allocated are not resident until written. With a quantization, each linear layer
 is quantized as soon as its weight and bias are in and its full-precision weight freed at once
 (`Linear.set_backend`, Linear.release_weight), so the peak is the quantized model plus one layer; the freed
-memory goes back to the OS (model/heap.py) before the next layer is read.
+memory goes back to the OS (recap/process/heap.py) before the next layer is read.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from recap.model.families import family
-from recap.model.heap import return_free_heap
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
@@ -40,6 +39,7 @@ from recap.model.prequantized import (
 from recap.model.prequantized_load import QuantizedLinears
 from recap.model.quant import QUANTIZATIONS
 from recap.model.safetensors_file import SafetensorsFormatError, StoredTensor, copy_stored, stored_tensors
+from recap.process.heap import return_free_heap
 
 logger = logging.getLogger(__name__)
 

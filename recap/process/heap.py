@@ -13,12 +13,19 @@ mmap'd heaps of at most 64 MiB whatever the thresholds, and `recap serve` runs t
 thread (~50k faults per 2048-token prefill, ~10% slower at 2 threads; with one arena 3-18 faults).
 
 A process-wide setting, so the entry points (`recap serve`) call it, not library code.
+
+`return_free_heap` is the other direction, for the moments that free a lot at once: loading and laying out the
+weights (a quantized layer's fp32 weight, a parameter a packed layout replaced) would otherwise stay resident
+in glibc's arenas until reused; malloc_trim(0) hands every free page back (whole pages in the middle of the heap
+too, since glibc 2.8). Off glibc both do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+from typing import Any
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -45,3 +52,22 @@ def retain_freed_memory() -> bool:
     # ~50k times per 2048-token prefill (the main thread: ~0) and prefilled ~10% slower at 2 threads.
     ok = ok and mallopt(M_ARENA_MAX, 1) == 1
     return ok and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+
+
+@functools.cache
+def _malloc_trim() -> Any | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def return_free_heap() -> bool:
+    """malloc_trim(0): free heap pages back to the OS; False where unavailable (or nothing was returned)."""
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any
 
+from recap.process.heap import return_free_heap
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -34,7 +36,6 @@ def _libc() -> Any | None:
     try:
         libc = ctypes.CDLL(name)
         libc.mallinfo2.restype = _MallInfo2
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
         return libc
     except (OSError, AttributeError):  # not glibc, or a glibc before 2.33
         return None
@@ -66,7 +67,7 @@ def snapshot(count_gc_objects: bool = True, collect: bool = False) -> dict[str, 
 
 def trim() -> bool:
     """Return free malloc memory to the OS (glibc malloc_trim); False where unavailable."""
-    return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
+    return return_free_heap()
 
 
 class MallocTrimmer:
