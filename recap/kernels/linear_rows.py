@@ -237,10 +237,6 @@ class RowKernel:
             self._fn(x.data_ptr(), 1, *self._pre, y.data_ptr(), torch.get_num_threads())
         return y
 
-    @property
-    def is_int8(self) -> bool:
-        return bool(self._post)
-
     def graph_call(self, x: ctypes.c_void_p, y: ctypes.c_void_p, in_features: int, threads: ctypes.c_int,
                    rows: int = 1) -> tuple[ctypes._CFuncPtr, tuple, str | None]:
         """The call of this kernel on `rows` rows at address x [rows, in_features] into y [rows, out], as a
