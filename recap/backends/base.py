@@ -21,8 +21,10 @@ from torch import nn
 from recap.kernels.kernel_set import KernelSet
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
+from recap.model.quant import QUANTIZATIONS
 from recap.process.heap import return_free_heap
 
 
@@ -42,13 +44,19 @@ def model_parts(model: CausalLM) -> list[nn.Module]:
 
 
 def set_linear_backend(parts: list[nn.Module], backend: str, native: bool | None = None) -> None:
-    """Every Linear of `parts` to `backend`: "torch" (reference), "onednn" or "int8" (layers/linear.py), with the
-    native kernels `native` (None: as they are), one layer at a time: each lays its weight out in its one serving
-    layout and frees the parameter before the next (Linear.set_backend), so the peak is the model plus one layer."""
+    """Every Linear of `parts` to `backend`: "torch" (reference), "onednn", "int8" or "int4" (layers/linear.py),
+    with the native kernels `native` (None: as they are), one layer at a time: each lays its weight out in its one
+    serving layout and frees the parameter before the next (Linear.set_backend), so the peak is the model plus
+    one layer. A quantized backend then holds the embeddings as int8 rows (layers/embedding.py)."""
     for m in parts:
         if isinstance(m, Linear):
             m.set_backend(backend, native)
             return_free_heap()  # the replaced parameter, before the next layer allocates its layout
+    if backend in QUANTIZATIONS:  # after the linears: a tied head has laid the table out in its own format
+        for m in parts:
+            if isinstance(m, Embedding):
+                m.quantize_int8()
+                return_free_heap()
 
 
 def switch_native(parts: list[nn.Module], on: bool) -> None:

@@ -17,10 +17,11 @@ mixers, MLPs, norms and linear layers each record their own arithmetic on this b
 module knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
 (layers/linear.py's RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus
 csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
-compares them). Supported today: fp32 activations; embedding, RMSNorm, Linear (fp32 or int8 weights), Mamba2
-mixers (the native step), attention (GQA, RoPE or none; no q/k norm, head gate or sliding window) and gated
-silu MLPs, in MixerBlock and HybridBlock layouts. Any other part (another mixer, a multiplier, a model that
-overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
+compares them). Supported today: fp32 activations; embedding (fp32 or int8 table), RMSNorm, Linear (fp32,
+int8 or int4 weights), Mamba2 mixers (the native step), attention (GQA, RoPE or none; no q/k norm, head gate or
+sliding window) and gated silu MLPs, in MixerBlock and HybridBlock layouts. Any other part (another mixer, a
+multiplier, a model that overrides its forward) raises GraphUnsupportedError at capture and the model keeps its
+module path.
 """
 
 from __future__ import annotations
@@ -92,6 +93,15 @@ class DecodeGraph:
         h = self.buffer(d)  # the residual stream
         self.record((raw_function(decode_ops_library(), "recap_embed_rows", _INT),
                      (_addr(weight), _I64(vocab), _I64(d), self._ids, _I64(self.rows), _addr(h)),
+                     "a token id outside the vocabulary"))  # fmt: skip
+        return h
+
+    def embed_int8(self, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        vocab, d = q.shape
+        assert q.dtype == torch.int8 and q.is_contiguous() and scales.dtype == torch.float32, "an int8 table"
+        h = self.buffer(d)
+        self.record((raw_function(decode_ops_library(), "recap_embed_rows_i8", _INT),
+                     (_addr(q), _addr(scales), _I64(vocab), _I64(d), self._ids, _I64(self.rows), _addr(h)),
                      "a token id outside the vocabulary"))  # fmt: skip
         return h
 

@@ -1,7 +1,7 @@
-"""The small operations of a captured decode step (csrc/decode_ops.c): embedding rows, residual add,
-silu(gate) * up, and RoPE with the K/V write. backends/decode_graph.py replays them by address; the wrappers
-here call them on tensors, for tests against their torch references (F.embedding, +, F.silu(g) * u,
-RotaryEmbedding.apply with paged_attention.write_kv)."""
+"""The small operations of a captured decode step (csrc/decode_ops.c): embedding rows (fp32 or int8), residual
+add, silu(gate) * up, and RoPE with the K/V write. backends/decode_graph.py replays them by address; the
+wrappers here call them on tensors, for tests against their torch references (F.embedding,
+layers/embedding.embedding_int8_ref, +, F.silu(g) * u, RotaryEmbedding.apply with paged_attention.write_kv)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     if decode_ops_library().recap_embed_rows(_p(weight), _i64(weight.shape[0]), _i64(weight.shape[1]), _p(ids),
                                              _i64(ids.numel()), _p(out)):  # fmt: skip
         raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {weight.shape[0]}")
+    return out
+
+
+def embed_rows_int8(q: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """q [V, D] int8, scales [V] fp32, ids [n] int64 -> q[ids] * scales[ids] [n, D] fp32 (embedding_int8_ref);
+    ValueError for an id outside the vocabulary."""
+    out = torch.empty(ids.numel(), q.shape[1])
+    if decode_ops_library().recap_embed_rows_i8(_p(q), _p(scales), _i64(q.shape[0]), _i64(q.shape[1]), _p(ids),
+                                                _i64(ids.numel()), _p(out)):  # fmt: skip
+        raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {q.shape[0]}")
     return out
 
 

@@ -51,6 +51,10 @@ class DecodeCapture(Protocol):
         """The step's token ids looked up in weight [V, D] -> [rows, D]."""
         ...
 
+    def embed_int8(self, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """The step's token ids looked up in an int8 table q [V, D] with a scale per row -> [rows, D] fp32."""
+        ...
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * x / rms(x) over x's rows -> a new buffer."""
         ...

@@ -267,7 +267,7 @@ def load_model(
     elif not on_cpu:
         linear_backend = "torch"
     elif linear_backend == "auto":
-        fast = dtype in (torch.float32, torch.bfloat16) and onednn_available()
+        fast = dtype in (torch.float32, torch.bfloat16) and onednn_available(dtype)
         linear_backend = "onednn" if fast else "torch"
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored, linear_backend=linear_backend,
                        native_decode=native_decode and on_cpu)  # fmt: skip

@@ -18,9 +18,11 @@ from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import SeqSpec
 from recap.kernels.paged_attention import write_kv
 from recap.model.cache import ModelCaches
+from recap.model.layers.embedding import embedding_int8_ref
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.loader import load_model
 from recap.model.models.base import CausalLM
+from recap.model.quant import quantize_int8_weight
 from recap.model.testing import forward_step
 
 pytestmark = pytest.mark.skipif(
@@ -203,3 +205,7 @@ def test_small_ops_match_torch(rows: int, n: int) -> None:
     for bad in (-1, 11):
         with pytest.raises(ValueError, match="outside the vocabulary"):
             decode_ops.embed_rows(weight, torch.tensor([0, bad]))
+    q, scales = quantize_int8_weight(weight)
+    assert torch.equal(decode_ops.embed_rows_int8(q, scales, ids), embedding_int8_ref(ids, q, scales))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        decode_ops.embed_rows_int8(q, scales, torch.tensor([11]))

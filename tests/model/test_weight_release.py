@@ -19,6 +19,8 @@ from recap.model.loader import WeightLoadError, load_model
 from recap.model.quant import int8_available
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="oneDNN not built in")
+BF16_ONEDNN = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not onednn_available(torch.bfloat16), reason="oneDNN packs no bf16 weight on this CPU (AVX2 only)"))
 needs_int8 = pytest.mark.skipif(not int8_available(), reason="no fbgemm in this torch")
 
 
@@ -53,7 +55,7 @@ def test_a_quantized_layer_frees_its_weight_and_says_so_when_asked_for_it() -> N
 
 
 @needs_onednn
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, BF16_ONEDNN])
 def test_a_dense_layout_is_the_only_copy_and_gives_the_weight_back_exactly(dtype: torch.dtype) -> None:
     layer = _layer(70, 45, True, dtype, 2)
     w = layer.weight.detach().clone()
@@ -88,7 +90,7 @@ ROWS = [1, 2, 7, 8, 33, 64, 65, 200]
 @needs_onednn
 @pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
 @pytest.mark.parametrize(("dtype", "native"), [(torch.float32, True), (torch.float32, False),
-                                               (torch.bfloat16, False)])  # fmt: skip
+                                               pytest.param(torch.bfloat16, False, marks=BF16_ONEDNN.marks)])
 def test_the_dense_layout_matches_f_linear(out_f: int, in_f: int, dtype: torch.dtype, native: bool) -> None:
     """The one layout of "onednn" (fp32 + native kernels: the panels for every row count; otherwise oneDNN's
     packed copy) beside F.linear, the reference, on fresh random inputs."""
@@ -116,12 +118,13 @@ def test_the_dense_layout_matches_f_linear(out_f: int, in_f: int, dtype: torch.d
 
 
 @needs_onednn
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
 def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
     quantization: str | None, tiny_checkpoint: Callable[[str], Path]
 ) -> None:
-    """Every linear layer of a served model holds only its own layout; the tied head (the embedding's table)
-    is never freed, and the huge-page move and the decode graphs run without the released parameters."""
+    """Every linear layer of a served model holds only its own layout; the tied head's table is the embedding's
+    while the head is dense, and once quantized the embedding holds it as int8 rows (no full-precision table
+    left); the huge-page move and the decode graphs run without the released parameters."""
     if quantization and not int8_available():
         pytest.skip("no fbgemm in this torch")
     path = tiny_checkpoint("mamba")  # tied embeddings; Mamba1's dt_proj is read by its mixer (kept)
@@ -129,9 +132,20 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
     table = lm.model.embedding().weight.detach().clone()
     backend = prepare(lm)
     model = lm.model
-    head = model.head()
+    head, embedding = model.head(), model.embedding()
     assert lm.config.tie_word_embeddings
-    assert head.weight is model.embedding().weight and not head.released and torch.equal(head.weight, table)
+    if quantization:
+        assert head.released and embedding.released
+        assert embedding.qweight.dtype == torch.int8 and not any(p.dtype == torch.float32 and p.dim() == 2
+                                                                 and p.shape == table.shape
+                                                                 for p in model.parameters())  # fmt: skip
+        rows = torch.tensor([0, 3, table.shape[0] - 1])
+        err = (embedding(rows) - table[rows]).abs().max() / table[rows].abs().max()
+        assert 0 < err <= 0.5 / 127 + 1e-6  # int8 rows: half a step of each row's scale at most
+        with pytest.raises(WeightReleasedError):
+            _ = embedding.weight
+    else:
+        assert head.weight is embedding.weight and not head.released and torch.equal(head.weight, table)
     linears = [m for m in model_parts(model) if isinstance(m, Linear) and m is not head and not m.reads_weight]
     assert linears and all(m.released for m in linears)
     assert isinstance(backend, CpuBackend if linear_rows_available() else TorchBackend)

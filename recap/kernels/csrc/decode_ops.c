@@ -14,6 +14,22 @@ int recap_embed_rows(const float *weight, int64_t vocab, int64_t d, const int64_
     return 0;
 }
 
+/* out[r] = q[ids[r]] * scales[ids[r]] for r < rows (an int8 table with one scale per row, model/quant.py's
+ * quantize_int8_weight); -1 (nothing written) when an id is outside [0, vocab). */
+int recap_embed_rows_i8(const int8_t *q, const float *scales, int64_t vocab, int64_t d, const int64_t *ids,
+                        int64_t rows, float *out) {
+    for (int64_t r = 0; r < rows; r++)
+        if (ids[r] < 0 || ids[r] >= vocab) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        const int8_t *row = q + ids[r] * d;
+        const float s = scales[ids[r]];
+        float *o = out + r * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; i++) o[i] = (float)row[i] * s;
+    }
+    return 0;
+}
+
 /* h[n] += x[n] */
 void recap_add_f32(float *h, const float *x, int64_t n) {
 #pragma omp simd

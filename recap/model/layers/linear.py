@@ -73,8 +73,12 @@ def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN's packed linear runs here for `dtype` (bf16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on
+    an AVX2-only CPU oneDNN refuses to pack a bf16 weight, and such a layer stays on F.linear)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class WeightReleasedError(RuntimeError):
@@ -161,7 +165,7 @@ class DenseLinear(LinearImpl):
         super().__init__(weight, bias)
         self.out, self.dtype = weight.shape[0], weight.dtype
         self._cpu = weight.device.type == "cpu"
-        self.owns_weight = onednn and onednn_available() and self._cpu
+        self.owns_weight = onednn and onednn_available(weight.dtype) and self._cpu
         self.name = "onednn" if self.owns_weight else "torch"
         self._packed: torch.Tensor | None = None  # oneDNN's copy of the weight
         self._panels: torch.Tensor | None = None  # the fp32 weight in the native kernel's panels
@@ -281,7 +285,9 @@ class Linear(nn.Module):
 
     reads_weight: the owning module reads `weight` itself (a kernel takes the matrix; `impl` is never called):
     it stays the plain parameter whatever the backend, with no other copy. A tied head (`tied_linear`) shares
-    the embedding's table: never released either (`shares_weight`)."""
+    the embedding's table (`shares_weight`): kept while the head is dense (the embedding reads the table); once
+    the head is quantized its reference is dropped, and the embedding holds the table (as int8 once quantized,
+    layers/embedding.py)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  reads_weight: bool = False) -> None:  # fmt: skip
@@ -343,9 +349,12 @@ class Linear(nn.Module):
         return self.weight
 
     def release_weight(self) -> None:
-        """Free the weight parameter where the implementation owns its own copy (not for a shared or directly
-        read weight): `weight` and `state_dict()` raise WeightReleasedError from then on."""
-        if self.released or self.reads_weight or self.shares_weight or not self.impl.owns_weight:
+        """Free the weight parameter where the implementation owns its own copy (not for a directly read weight,
+        nor a shared one while this layer is dense; a shared one loses this layer's reference only):
+        `weight` and `state_dict()` raise WeightReleasedError from then on."""
+        if self.released or self.reads_weight or not self.impl.owns_weight:
+            return
+        if self.shares_weight and self.impl.name not in ("int8", "int4"):
             return
         del self.weight  # off the module's parameters (not saved, not moved, not counted)
         self.impl.weight = None
