@@ -4,7 +4,7 @@ Glossary (code name: paper symbol)
 - x [T, W]: the gated, normalized input sqrt(1 - a_t^2) (i_t * x_t) (W = lru_width channels; the layer
   prepares it, layers/rglru.py); a [T, W]: the decay a_t in [0, 1] (0 at a sequence start: a reset).
 - h [W]: the state; state [S, W] holds one per slot, fp32.
-- recurrence: h_t = a_t * h_{t-1} + x_t; the output is h_t itself (fp32).
+- recurrence: h_t = a_t * h_{t-1} + x_t (in fp32); the output is h_t itself, in x's dtype.
 
 Fast form (rglru_scan): every metadata chunk of the step at once, padded to the longest ([C, Q, W]; past a
 chunk's end a = 1 and x = 0, so the last padded position holds the chunk's end state). A log-depth
@@ -71,7 +71,7 @@ def rglru_scan(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """h [T, W] fp32 for packed rows; each row starts from its running slot (if it has context) or zeros, its
+    """h [T, W] for packed rows; each row starts from its running slot (if it has context) or zeros, its
     state at every chunk end with a destination slot goes there, its final state to the running slot (decode
     batches included). Padding rows output zeros and touch no slot. Reference: rglru_scan_ref."""
     if meta.is_decode:
@@ -94,7 +94,7 @@ def rglru_scan(
     out[idx[mask]] = hs[mask]
     if PAD_SLOT_ID in meta.state_indices_list:
         out.masked_fill_(pad_tokens(meta, t)[:, None], 0.0)
-    return out
+    return out.to(x.dtype)
 
 
 def rglru_update(
@@ -121,7 +121,7 @@ def rglru_update(
             h.copy_(xf[r])
         out[r] = h
     record_decode_positions(slot_positions, state_indices, positions)
-    return out
+    return out.to(x.dtype)
 
 
 def rglru_update_ref(
@@ -141,13 +141,13 @@ def rglru_update_ref(
         init = has_initial_state is None or bool(has_initial_state[row])
         h_prev = state[slot].float() if init else torch.zeros(x.shape[1], device=x.device)
         h = a[row].float() * h_prev + x[row].float()
-        state[slot] = h
+        state[slot] = h.to(state.dtype)
         out[row] = h
         if slot_positions is not None:
             if positions is None:
                 raise ValueError("slot_positions needs positions")
             slot_positions[slot] = positions[row] + 1
-    return out
+    return out.to(x.dtype)
 
 
 def rglru_scan_ref(
@@ -170,10 +170,10 @@ def rglru_scan_ref(
             out[tok] = h
             c = chunk_end.get(tok + 1)
             if c is not None and meta.chunk_dest_slots_list[c] != PAD_SLOT_ID:
-                state[meta.chunk_dest_slots_list[c]] = h
+                state[meta.chunk_dest_slots_list[c]] = h.to(state.dtype)
                 if slot_positions is not None:
                     slot_positions[meta.chunk_dest_slots_list[c]] = meta.chunk_end_positions_list[c]
-        state[slot] = h
+        state[slot] = h.to(state.dtype)
         if slot_positions is not None:
             slot_positions[slot] = meta.chunk_end_positions_list[meta.last_chunk_indices[row]]
-    return out
+    return out.to(x.dtype)
