@@ -106,7 +106,8 @@ VARIANTS: list[tuple[str, dict]] = [
                  "layer_types": ["full_attention", "linear_attention", "linear_attention"],
                  "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "gelu"}),
     # RecurrentGemma: the hub's MQA (1 KV head), a soft cap that bites, an RG-LRU wider than the model (gate blocks
-    # of 24), an untied head, hidden 80 (sqrt(80) rounds in bfloat16), conv width 3, biased q/k/v, attention every other layer
+    # of 24), an untied head, hidden 80 (sqrt(80) rounds in bfloat16), conv width 3, biased q/k/v, attention every
+    # other layer
     ("recurrent_gemma", {"hidden_size": 80, "num_key_value_heads": 1, "logits_soft_cap": 2.0, "lru_width": 96,
                          "tie_word_embeddings": False, "conv1d_width": 3, "attention_bias": True,
                          "block_types": ["recurrent", "attention"], "num_hidden_layers": 3}),

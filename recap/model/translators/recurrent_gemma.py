@@ -32,7 +32,7 @@ def _recurrent_gemma(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     )  # fmt: skip
     act = str(cfg.get("hidden_activation", "gelu_pytorch_tanh"))
     window = int(cfg.get("attention_window_size", 2048))
-    cap = cfg.get("logits_soft_cap")
+    cap = cfg.get("logits_soft_cap", 30.0)  # transformers' default when config.json names none
     return ModelConfig(
         **_common(cfg, arch),
         layer_types=layer_types,
