@@ -22,6 +22,7 @@ from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
 from recap.model.translators.minimax import _minimax
+from recap.model.translators.recurrent_gemma import _recurrent_gemma
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -127,6 +128,9 @@ _TINY_GLM5 = {"num_hidden_layers": 5, "intermediate_size": 128, "num_attention_h
               "linear_head_dim": 16, "linear_conv_kernel_dim": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
               "moe_intermediate_size": 32, "n_shared_experts": 1, "hc_mult": 3, "pad_token_id": 0,
               "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 1024}  # fmt: skip
+# RecurrentGemma: recurrent, recurrent, attention, recurrent; window 12 (< the parity prompts, < a block)
+_TINY_RG = {"num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "attention_window_size": 12}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -169,6 +173,8 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("kimi_linear", "KimiLinearConfig", _TINY_KIMI)),
     Family("Glm5NextForConditionalGeneration", _glm5_next, "glm5_next", ("glm5_next",),
            TinyConfig("glm5_next", "Glm5NextConfig", _TINY_GLM5, jitter=True, vision=True)),
+    Family("RecurrentGemmaForCausalLM", _recurrent_gemma, "recurrent_gemma", ("recurrent_gemma",),
+           TinyConfig("recurrent_gemma", "RecurrentGemmaConfig", _TINY_RG, jitter=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
 

@@ -62,6 +62,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         # MLA over the keys a DSA-style indexer selects (GLM-5.3-Flash); the indexer's keys share the KV blocks
         LayerKind("indexed_attention", kv=("indexed_mla",)),
         LayerKind("lightning", state="lightning"),  # MiniMax lightning attention (on the SSD kernels)
+        LayerKind("rglru", state="rglru"),  # Griffin's recurrent block (RecurrentGemma): conv window + RG-LRU state
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

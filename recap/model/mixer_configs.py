@@ -72,6 +72,7 @@ class AttentionConfig(MixerConfig):
     # "Proportional" RoPE (LFM3 full attention): only the first rope_angles of the rotary_dim / 2 frequency
     # pairs turn (frequencies from rotary_dim), the rest stay put; None: every pair turns.
     rope_angles: int | None = None
+    o_bias: bool | None = None  # o_proj's bias; None: as `bias` (RecurrentGemma: o_proj biased, q/k/v not)
 
     def kv_specs(self) -> KVSpecs:
         return ("k", (self.num_kv_heads, self.head_dim)), ("v", (self.num_kv_heads, self.head_dim))

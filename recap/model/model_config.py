@@ -1,8 +1,8 @@
 """`ModelConfig`: the frozen config the layers ever read, with normalized per-layer lists.
 
 - `layer_types[i]`: the token mixer of layer i and so its caches, one of the kinds of layer_kinds.py
-  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda": a state slot part; "attention": KV, or MLA when
-  `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state in one layer, the
+  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru": a state slot part; "attention":
+  KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state in one layer, the
   family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
 Multipliers (muP and friends) are explicit fields, 1.0 when a family has none. The per-layer questions (which
@@ -32,6 +32,7 @@ from recap.model.mixer_configs import (
     MLAConfig,
     ShortConvConfig,
 )
+from recap.model.rglru_config import RGLRUConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
 
 
@@ -90,6 +91,7 @@ class ModelConfig:
     shared_index_layers: tuple[int, ...] = ()  # indexed layers reusing the previous full layer's selection
     hyper_connections: HyperConnectionConfig | None = None
     lightning: LightningConfig | None = None
+    rglru: RGLRUConfig | None = None  # RecurrentGemma's recurrent blocks
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None
@@ -101,6 +103,7 @@ class ModelConfig:
     # Per layer: the sliding window (tokens a query sees, itself included) of an attention layer, 0 for full
     # attention and for other layers; () when no layer has one. Window layers form the window cache group.
     attention_windows: tuple[int, ...] = ()
+    logits_soft_cap: float | None = None  # logits -> cap * tanh(logits / cap) (RecurrentGemma); None: none
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.mlp_types):

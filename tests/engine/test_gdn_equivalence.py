@@ -1,4 +1,5 @@
-"""DESIGN invariant 1 on a Gated DeltaNet hybrid (Qwen3.5 layout: GDN + gated attention), every policy.
+"""DESIGN invariant 1 on a Gated DeltaNet hybrid (Qwen3.5 layout: GDN + gated attention) and on RecurrentGemma
+(RG-LRU states + sliding-window attention, window 12 < a block), every policy.
 
 The scenarios users of these models hit: an incremental prompt that inserts content mid-prompt before a long
 shared tail, a prompt shorter than one block sent twice, a prompt of exactly k blocks sent twice, four
@@ -19,13 +20,13 @@ from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.workloads import GREEDY, drain, rnd
 
-ARCH = "qwen3_5"
+ARCHS = ["qwen3_5", "recurrent_gemma"]
 POLICIES = ["none", "align", "all", "recap"]
 
 
-@pytest.fixture(scope="module")
-def gdn_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_dir(tmp_path_factory.mktemp("gdn"), ARCH)
+@pytest.fixture(scope="module", params=ARCHS)
+def gdn_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("gdn"), request.param)
 
 
 def insert_before_long_tail(llm: LLM) -> list[RequestOutput]:
@@ -68,13 +69,13 @@ EXPECTED_HITS: dict[str, dict[str, list[int]]] = {
     "k_blocks": {"none": [0, 0], "align": [0, 32], "all": [0, 32], "recap": [0, 32]},
     "four_at_once": {"none": [0] * 5, "align": [0] * 5, "all": [0] * 4 + [32], "recap": [0] * 4 + [32]},
 }
-_REFERENCE: dict[str, list[RequestOutput]] = {}
+_REFERENCE: dict[tuple[Path, str], list[RequestOutput]] = {}
 
 
 def _reference(path: Path, name: str) -> list[RequestOutput]:
-    if name not in _REFERENCE:
-        _REFERENCE[name] = SCENARIOS[name](make_llm(path, caching=False))
-    return _REFERENCE[name]
+    if (path, name) not in _REFERENCE:
+        _REFERENCE[path, name] = SCENARIOS[name](make_llm(path, caching=False))
+    return _REFERENCE[path, name]
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -82,7 +83,7 @@ def test_gdn_caching_on_equals_off(gdn_path: Path, policy: str) -> None:
     for name, run in SCENARIOS.items():
         llm = make_llm(gdn_path, caching=True, policy=policy)
         got = run(llm)
-        assert_same(got, _reference(gdn_path, name), f"{ARCH}/{policy}/{name}")
+        assert_same(got, _reference(gdn_path, name), f"{gdn_path.name}/{policy}/{name}")
         assert [o.num_cached_tokens for o in got] == EXPECTED_HITS[name][policy], f"{policy}/{name}"
         llm.engine.scheduler.check_integrity()
 

@@ -25,8 +25,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
         "max_draft_backoff": 0}
 # Mamba1, Mamba2, Gated DeltaNet (Qwen3.5) and a short-conv hybrid (LFM2); Bamba adds attention to Mamba2, LFM3
-# sliding-window attention (the window group), Kimi-Linear KDA with MLA.
-ARCHS = ["mamba", "mamba2", "qwen3_5", "lfm2", "bamba", "lfm3", "kimi_linear"]
+# sliding-window attention (the window group), Kimi-Linear KDA with MLA, RecurrentGemma RG-LRU states with
+# sliding-window attention only.
+ARCHS = ["mamba", "mamba2", "qwen3_5", "lfm2", "bamba", "lfm3", "kimi_linear", "recurrent_gemma"]
 
 
 # The default tiny Mamba1 repeats one token whatever its state: a wider init makes its output depend on it.

@@ -19,6 +19,7 @@ from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gates,
 from recap.kernels.gdn_decode import gated_delta_rule_update
 from recap.kernels.kda import kda, kda_ref, kda_state_update
 from recap.kernels.metadata import SeqSpec, SSMMetadata
+from recap.kernels.rglru import rglru_scan, rglru_scan_ref, rglru_update
 from recap.kernels.selective_scan import selective_scan, selective_scan_ref, selective_state_update
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update
@@ -280,11 +281,41 @@ def _kda_case() -> Case:
     )
 
 
+# RG-LRU: W channels; decays in [0, 1) with some exact zeros (a reset) and some near 1 (long memory)
+RG_W = 7
+
+
+def _rglru_decay(n: int, g: torch.Generator) -> torch.Tensor:
+    a = torch.rand(n, RG_W, generator=g) ** 0.25
+    return a.masked_fill_(torch.rand(n, RG_W, generator=g) < 0.05, 0.0)
+
+
+def _rglru_case() -> Case:
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return rglru_scan(inp["x"], inp["a"], cache, meta, sp)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return rglru_scan_ref(inp["x"], inp["a"], cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return rglru_update(inp["x"], inp["a"], cache, idx, sp, pos)
+
+    return Case(
+        name="rglru",
+        token_inputs=lambda n, g: {"x": _randn(g, n, RG_W), "a": _rglru_decay(n, g)},
+        params=lambda g: {},
+        cache_shape=(RG_W,),
+        fast=fast,
+        ref=ref,
+        update=update,
+    )
+
+
 # Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; GDN runs
 # with equal heads and with 2 and 3 value heads per key head.
 CASES = [
     _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
-    _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(),
+    _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(), _rglru_case(),
 ]  # fmt: skip
 
 

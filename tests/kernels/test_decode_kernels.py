@@ -17,6 +17,7 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_ref
 from recap.kernels.gdn import gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
+from recap.kernels.rglru import rglru_update, rglru_update_ref
 from recap.kernels.selective_scan import selective_scan_ref, selective_state_update, selective_state_update_ref
 from recap.kernels.ssd import ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update, ssd_state_update_ref
@@ -97,7 +98,19 @@ def _gdn(hk: int, hv: int) -> Callable[..., tuple[Callable[..., torch.Tensor], .
     return make
 
 
+def _rglru(gen: torch.Generator, b: int, dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], ...]:
+    w = 10
+    x, a = torch.randn(b, w, generator=gen).to(dtype), torch.rand(b, w, generator=gen).to(dtype)
+    cache = torch.randn(SLOTS, w, generator=gen).to(dtype)
+
+    def call(fn: Callable[..., torch.Tensor], c: torch.Tensor, idx, init, sp, pos) -> torch.Tensor:  # noqa: ANN001
+        return fn(x, a, c, idx, sp, pos, init)
+
+    return call, cache
+
+
 KERNELS = {
+    "rglru": (_rglru, rglru_update, rglru_update_ref),
     "gdn_k2_v2": (_gdn(2, 2), gated_delta_rule_update, gated_delta_rule_update_ref),
     "gdn_k1_v3": (_gdn(1, 3), gated_delta_rule_update, gated_delta_rule_update_ref),
     "conv1d": (_conv, causal_conv1d_update, causal_conv1d_update_ref),

@@ -61,3 +61,22 @@ def test_indexed_mla_calls_the_batch_kernels(tmp_path: Path) -> None:
     loaded.model(build_forward_batch([spec], kernels=counting, **kw), caches)
     assert calls.count("paged_dsa_select") == 2 and calls.count("paged_sparse_mla_attention") == 3
     assert "kda" in calls
+
+
+def test_rglru_calls_the_batch_kernels(tmp_path: Path) -> None:
+    """RecurrentGemma's RG-LRU scan and its sliding-window attention go through the step's kernel set."""
+    loaded = load_model(make_tiny_checkpoint("recurrent_gemma", tmp_path / "m"), linear_backend="torch")
+    calls: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        fn = getattr(TORCH_KERNELS, name)
+        return lambda *a, **k: (calls.append(name), fn(*a, **k))[1]
+
+    counting = dataclasses.replace(TORCH_KERNELS, name="counting", **{n: counted(n) for n in KernelSet.op_names()})
+    caches = ModelCaches.allocate(loaded.config, num_kv_blocks=8, block_size=16, num_state_slots=2,
+                                  dtype=torch.float32)  # fmt: skip
+    spec = SeqSpec(token_ids=list(range(5, 25)), block_ids=[1, 2], state_slot=0)
+    kw = dict(block_size=16, chunk_size=loaded.config.ssm_chunk_size, with_attention=False, with_ssm=True,
+              with_window=True)  # fmt: skip
+    loaded.model(build_forward_batch([spec], kernels=counting, **kw), caches)
+    assert calls.count("rglru_scan") == 3 and calls.count("causal_conv1d") == 3 and calls.count("paged_attention") == 1

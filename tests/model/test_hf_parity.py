@@ -105,6 +105,16 @@ VARIANTS: list[tuple[str, dict]] = [
     ("minimax", {"num_local_experts": 1, "num_experts_per_tok": 1, "num_hidden_layers": 3, "head_dim": 24,
                  "layer_types": ["full_attention", "linear_attention", "linear_attention"],
                  "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "gelu"}),
+    # RecurrentGemma: the hub's MQA (1 KV head), a soft cap that bites, an RG-LRU wider than the model (gate blocks
+    # of 24), an untied head, hidden 80 (sqrt(80) rounds in bfloat16), conv width 3, biased q/k/v, attention every
+    # other layer
+    ("recurrent_gemma", {"hidden_size": 80, "num_key_value_heads": 1, "logits_soft_cap": 2.0, "lru_width": 96,
+                         "tie_word_embeddings": False, "conv1d_width": 3, "attention_bias": True,
+                         "block_types": ["recurrent", "attention"], "num_hidden_layers": 3}),
+    # attention first, a window wider than the prompt, whole-head RoPE (theta 1e4), exact gelu
+    ("recurrent_gemma", {"block_types": ["attention", "recurrent", "recurrent"], "attention_window_size": 64,
+                         "hidden_activation": "gelu",
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
 ]  # fmt: skip
 
 

@@ -122,6 +122,8 @@ FAMILY_KEYS = [
     ("zamba", "model.layers.1.shared_transf.feed_forward.gate_proj.weight"),
     ("minimax", "model.layers.2.block_sparse_moe.experts.3.w3.weight"),
     ("minimax", "model.layers.0.self_attn.output_gate.weight"),
+    ("recurrent_gemma", "model.layers.1.temporal_block.rg_lru.recurrent_gate_weight"),
+    ("recurrent_gemma", "model.layers.2.temporal_block.o_proj.bias"),
 ]
 
 

@@ -1,5 +1,5 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba and MiniMax folders served through the OpenAI API with
-their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax and RecurrentGemma folders served through the
+OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -35,6 +35,9 @@ TEMPLATES = {
     "minimax": "{% for m in messages %}<beginning_of_sentence>{{ m['role'] }} name={{ m['role'] }}\n{{ m['content'] }}"
                "<end_of_sentence>\n{% endfor %}{% if add_generation_prompt %}<beginning_of_sentence>ai name=assistant\n"
                "{% endif %}",
+    "recurrent_gemma": "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+                       "else 'user' }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}"
+                       "<start_of_turn>model\n{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 

@@ -37,7 +37,7 @@ class Attention(Mixer):
         self.q_proj = Linear(d_in, q_dim, cfg.bias, dtype)
         self.k_proj = Linear(d_in, kv_dim, cfg.bias, dtype)
         self.v_proj = Linear(d_in, kv_dim, cfg.bias, dtype)
-        self.o_proj = Linear(q_dim, hidden_size, cfg.bias, dtype)
+        self.o_proj = Linear(q_dim, hidden_size, cfg.bias if cfg.o_bias is None else cfg.o_bias, dtype)
         rope = cfg.rope_theta is not None and cfg.rotary_dim > 0
         self.rotary = RotaryEmbedding(cfg.rotary_dim, cfg.rope_theta, cfg.rope_angles) if rope else None  # type: ignore[arg-type]
         if cfg.qk_norm == "head":

@@ -87,10 +87,13 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] (rows of `forward`'s output) -> logits [N, V] in fp32 (times `logits_multiplier`)."""
+        """hidden [N, D] (rows of `forward`'s output) -> logits [N, V] in fp32 (times `logits_multiplier`, then
+        soft-capped if the config says so)."""
         logits = self.head()(hidden.to(self.dtype)).float()
-        m = self.config.logits_multiplier
-        return logits if m == 1.0 else logits.mul_(m)
+        m, cap = self.config.logits_multiplier, self.config.logits_soft_cap
+        if m != 1.0:
+            logits.mul_(m)
+        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 
     def capture_decode(self, builder: DecodeCapture, caches: ModelCaches) -> torch.Tensor:
         """Record `forward`'s decode step (embed -> blocks -> final norm) on `builder` over `caches`
