@@ -24,8 +24,9 @@ ranked low. LRU is simple, O(1), and the replay can compare others against it.
 
 API (stable; the trace replay models tiers with it): `reserve` (a save order: PENDING, evicting READY
 LRU entries as needed; returns the evicted keys, or None when it does not fit), `mark_ready`, `remove`,
-`add_ready` (entries found on disk at start), `is_ready` / `has` / `position`, `touch`, `pin` / `unpin`,
-`check` (accounting, for core/integrity.py). Counters: hits, demotions, promotions, evictions.
+`add_ready` (entries found on disk at start), `is_ready` / `has` / `has_kv` / `kv_ready` / `checkpoint_key` /
+`is_pinned` / `iter_keys`, `touch`, `pin` / `unpin`, `check` (accounting, for core/integrity.py).
+Counters (`TierCounters`): demotions, hits, promotions, evictions, failed saves and loads.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class TierIndex:
     def __contains__(self, key: TierKey) -> bool:
         return key in self._entries
 
-    def keys(self) -> Iterator[TierKey]:
+    def iter_keys(self) -> Iterator[TierKey]:
         return iter(self._entries)
 
     # -- lookup -------------------------------------------------------------------------------
@@ -105,6 +106,10 @@ class TierIndex:
     def is_ready(self, key: TierKey) -> bool:
         entry = self._entries.get(key)
         return entry is not None and entry.ready
+
+    def is_pinned(self, key: TierKey) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.pins > 0
 
     def has_kv(self, block_hash: int) -> bool:
         return block_hash in self._kv
