@@ -69,6 +69,7 @@ class Source(enum.IntEnum):
     GEOMETRIC = 6
     EVERY_BLOCK = 7  # policy "all"
     REMOTE = 8  # received from a prefill instance
+    TIER = 9  # promoted from a lower tier (core/tiers.py)
 
 
 PROVEN_SOURCES = frozenset({Source.SEGMENT, Source.BRANCH})
