@@ -38,6 +38,7 @@ class ReplayStatePool(StatePool):
         priorities, buckets, latest = queue.priorities, queue.buckets, queue.latest
         slot_hash, slot_hits, slot_source = self.slot_hash, self.slot_hits, self.slot_source
         pending, per_token, on_outcome = SlotKind.PENDING, self._value_per_token, self.on_outcome
+        on_spill, slot_position = self.on_spill, self.slot_position  # a lower tier saves what leaves
         inflation, num_evicted = queue.inflation, 0  # stored back once: nothing called in the loop reads them
         out: list[int | None] = []
         for block_hash, value, proven in asks:
@@ -77,6 +78,8 @@ class ReplayStatePool(StatePool):
                 queue.num_live -= 1
                 if top_priority > inflation:
                     inflation = top_priority
+                if on_spill is not None:
+                    on_spill(slot, slot_hash[slot], slot_position[slot], False)  # type: ignore[arg-type]
                 # _unregister(slot), inlined; the slot goes straight to PENDING
                 owner = by_hash.pop(slot_hash[slot], None)  # type: ignore[arg-type]
                 assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
