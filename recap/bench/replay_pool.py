@@ -38,7 +38,6 @@ class ReplayStatePool(StatePool):
         priorities, buckets, latest = queue.priorities, queue.buckets, queue.latest
         slot_hash, slot_hits, slot_source = self.slot_hash, self.slot_hits, self.slot_source
         pending, per_token, on_outcome = SlotKind.PENDING, self._value_per_token, self.on_outcome
-        on_spill, slot_position = self.on_spill, self.slot_position  # a lower tier saves what leaves
         inflation, num_evicted = queue.inflation, 0  # stored back once: nothing called in the loop reads them
         out: list[int | None] = []
         for block_hash, value, proven in asks:
@@ -76,12 +75,10 @@ class ReplayStatePool(StatePool):
                         del buckets[heappop(priorities)]
                 latest[slot] = -1  # queue.discard(slot)
                 queue.num_live -= 1
-                if top_priority > inflation:
-                    inflation = top_priority
-                if on_spill is not None:
-                    on_spill(slot, slot_hash[slot], slot_position[slot], False)  # type: ignore[arg-type]
-                # _unregister(slot), inlined; the slot goes straight to PENDING
-                owner = by_hash.pop(slot_hash[slot], None)  # type: ignore[arg-type]
+                inflation = max(inflation, top_priority)
+                if self.on_spill is not None:  # a lower tier saves what leaves (replay_tiers.py)
+                    self.on_spill(slot, slot_hash[slot], self.slot_position[slot], False)  # type: ignore[arg-type]
+                owner = by_hash.pop(slot_hash[slot], None)  # type: ignore[arg-type]  # _unregister(slot), inlined
                 assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
                 if on_outcome is not None and slot_hits[slot] == 0:
                     on_outcome(slot_source[slot], False)
