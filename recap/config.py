@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, fields
 
 CHECKPOINT_POLICIES = ("none", "align", "all", "recap")
+DEFAULT_DISK_CACHE_BYTES = 16 << 30
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,22 @@ class CacheConfig:
     checkpoint_geometric: bool = False
     kv_cache_bytes: int | None = None
     state_cache_bytes: int | None = None
+    # The disk tier (docs/tiers.md): evicted checkpoints and KV blocks are saved under this directory and read
+    # back on a deeper hit, across restarts. `cache_disk_bytes` bounds their payload bytes (default
+    # DEFAULT_DISK_CACHE_BYTES when only the directory is given).
+    cache_dir: str | None = None
+    cache_disk_bytes: int | None = None
+
+    @property
+    def disk_tier_bytes(self) -> int:
+        """The disk tier's budget in bytes (0: no disk tier)."""
+        if self.cache_disk_bytes is not None:
+            return self.cache_disk_bytes
+        return DEFAULT_DISK_CACHE_BYTES if self.cache_dir is not None else 0
 
     def __post_init__(self) -> None:
+        if self.cache_disk_bytes is not None and self.cache_disk_bytes < 0:
+            raise ValueError(f"cache_disk_bytes must be >= 0, got {self.cache_disk_bytes}")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.checkpoint_policy not in CHECKPOINT_POLICIES:

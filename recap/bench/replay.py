@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from recap.bench.cost import DEFAULT_FLOPS_PER_SECOND, DEFAULT_STEP_OVERHEAD_S, CostModel
 from recap.bench.replay_pool import ReplayStatePool
+from recap.bench.replay_tiers import ReplayTiers, TierSpec, add_tier_arguments, format_tiers, tier_specs
 from recap.bench.report import ReplayResult, format_table, summary_json
 from recap.bench.shapes import (
     ModelShape,
@@ -57,10 +59,12 @@ class ReplaySetup:
     cost: CostModel
     kv_cache_bytes: int | None = None
     state_cache_bytes: int | None = None
+    tiers: tuple[TierSpec, ...] = ()  # below the read pools, fastest first (replay_tiers.py)
 
     def describe(self) -> dict:
         s = self.shape
         return {
+            "tiers": [{"name": t.name, "budget_bytes": t.budget_bytes, "bandwidth": t.bandwidth} for t in self.tiers],
             "model_shape": s.name,
             "block_size": self.block_size,
             "num_kv_blocks": self.num_kv_blocks,
@@ -128,9 +132,15 @@ class _Tally:
 
 
 def _add_arrivals(
-    sched: Scheduler, trace: Sequence[TraceRequest], i: int, tally: _Tally, expander: TokenExpander | None
+    sched: Scheduler,
+    trace: Sequence[TraceRequest],
+    i: int,
+    tally: _Tally,
+    expander: TokenExpander | None,
+    tiers: ReplayTiers | None = None,
 ) -> int:
-    """Add every request that has arrived by the clock; returns the next trace index."""
+    """Add every request that has arrived by the clock (after its copies, if lower tiers deepen its hit);
+    returns the next trace index."""
     while i < len(trace) and trace[i].arrival_s <= tally.clock:
         r = trace[i]
         rid = str(r.index)
@@ -142,7 +152,8 @@ def _add_arrivals(
             segment_boundaries=r.segment_boundaries,
             arrival_time=r.arrival_s,
         )
-        sched.add_request(request)
+        if tiers is None or not tiers.arrive(request, tally.clock):
+            sched.add_request(request)
         i += 1
     return i
 
@@ -157,6 +168,7 @@ def replay(
     """Replay `trace` (sorted by timestamp) under one policy; see the module docstring."""
     spec = parse_policy(policy) if isinstance(policy, str) else policy
     sched = make_scheduler(spec, setup)
+    tiers = ReplayTiers(sched, setup.tiers, setup.shape, setup.block_size) if setup.tiers else None
     executor = FakeExecutor(block_size=setup.block_size)
     step_seconds = setup.cost.step_seconds
     state_pool = sched.cache.state.pool if sched.cache.state else None
@@ -164,8 +176,10 @@ def replay(
     t = _Tally()
     i, n = 0, len(trace)
     t0, c0 = time.perf_counter(), time.process_time()
-    while i < n or sched.has_unfinished_requests():
-        i = _add_arrivals(sched, trace, i, t, expander)
+    while i < n or sched.has_unfinished_requests() or (tiers is not None and tiers.num_loading):
+        i = _add_arrivals(sched, trace, i, t, expander, tiers)
+        if tiers is not None:
+            tiers.admit_ready(t.clock)
         out = sched.schedule()
         result = executor.execute(out)
         if out.scheduled:
@@ -177,6 +191,8 @@ def replay(
                 t.first_token[u.request_id] = t.clock
             if u.finished is not None:
                 t.cached[u.request_id] = u.num_cached_tokens
+                if tiers is not None:
+                    tiers.note_cached(u.request_id, u.num_cached_tokens)
         if check_integrity:
             sched.check_integrity()
         if state_pool is not None and state_pool.num_checkpoints > t.peak_checkpoints:
@@ -184,13 +200,21 @@ def replay(
         if kv_pool is not None:
             t.peak_kv_blocks = max(t.peak_kv_blocks, kv_pool.num_in_use + kv_pool.num_cached_free)
         if not out.scheduled and not updates:
-            if i >= n:
-                raise RuntimeError(
-                    f"replay stalled with {sched.num_waiting} waiting request(s) and nothing to run: "
-                    "are the KV / state budgets too small for one request?"
-                )
-            t.clock = max(t.clock, trace[i].arrival_s)
-    return _result(spec, setup, sched, t, time.perf_counter() - t0, time.process_time() - c0)
+            t.clock = max(t.clock, _next_event(sched, trace, i, tiers))
+    res = _result(spec, setup, sched, t, time.perf_counter() - t0, time.process_time() - c0)
+    res.tiers = tiers.summary() if tiers is not None else None
+    return res
+
+
+def _next_event(sched: Scheduler, trace: Sequence[TraceRequest], i: int, tiers: ReplayTiers | None) -> float:
+    """When nothing runs: the next arrival or the end of the next copy from a lower tier."""
+    at = min(trace[i].arrival_s if i < len(trace) else math.inf, tiers.next_ready() if tiers else math.inf)
+    if at == math.inf:
+        raise RuntimeError(
+            f"replay stalled with {sched.num_waiting} waiting request(s) and nothing to run: "
+            "are the KV / state budgets too small for one request?"
+        )
+    return at
 
 
 def _result(spec: PolicySpec, setup: ReplaySetup, sched: Scheduler, t: _Tally, wall: float, cpu: float) -> ReplayResult:
@@ -255,7 +279,7 @@ def build_setup(args: argparse.Namespace, trace: Sequence[TraceRequest]) -> Repl
                 f"({format_bytes(shape.state_bytes_per_slot)} each)"
             )
     cost = CostModel(shape, args.flops_per_second, args.step_overhead_ms / 1000.0)
-    return ReplaySetup(shape, bs, num_kv_blocks, num_slots, sched_cfg, cost, kv_bytes, state_bytes)
+    return ReplaySetup(shape, bs, num_kv_blocks, num_slots, sched_cfg, cost, kv_bytes, state_bytes, tier_specs(args))
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -289,6 +313,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_STEP_OVERHEAD_S * 1000.0,
         help="cost model: fixed time per step (weights read once per step)",
     )
+    add_tier_arguments(p)
     p.add_argument("--json-out", type=Path, default=None, help="also write the JSON summary here")
     p.add_argument("--check-integrity", action="store_true", help="assert every invariant after each step (slow)")
 
@@ -335,6 +360,8 @@ def run_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if res.tiers is not None:
+            print(f"  {spec.text}: {format_tiers(res.tiers)}", file=sys.stderr, flush=True)
         if res.rejected:
             print(f"  {spec.text}: {res.rejected} request(s) rejected (do they fit the KV pool?)", file=sys.stderr)
         results.append(res)

@@ -75,10 +75,10 @@ class ReplayStatePool(StatePool):
                         del buckets[heappop(priorities)]
                 latest[slot] = -1  # queue.discard(slot)
                 queue.num_live -= 1
-                if top_priority > inflation:
-                    inflation = top_priority
-                # _unregister(slot), inlined; the slot goes straight to PENDING
-                owner = by_hash.pop(slot_hash[slot], None)  # type: ignore[arg-type]
+                inflation = max(inflation, top_priority)
+                if self.on_spill is not None:  # a lower tier saves what leaves (replay_tiers.py)
+                    self.on_spill(slot, slot_hash[slot], self.slot_position[slot], False)  # type: ignore[arg-type]
+                owner = by_hash.pop(slot_hash[slot], None)  # type: ignore[arg-type]  # _unregister(slot), inlined
                 assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
                 if on_outcome is not None and slot_hits[slot] == 0:
                     on_outcome(slot_source[slot], False)

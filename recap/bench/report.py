@@ -32,6 +32,7 @@ class ReplayResult:
     mean_ttft_s: float  # simulated time to first token, mean over requests
     wall_seconds: float
     cpu_seconds: float  # process CPU time of the replay (steady under a shared, busy machine)
+    tiers: dict[str, Any] | None = None  # lower tiers (recap/bench/replay_tiers.py): per tier and promotions
 
     @property
     def hit_rate(self) -> float:

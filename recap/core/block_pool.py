@@ -70,6 +70,8 @@ class BlockPool:
         self.num_evicted = 0
         # Told each evicted hash: a hybrid's checkpoint keyed by it can no longer be reached.
         self.on_evict: Callable[[int], None] | None = None
+        # Told (block id, hash) of each evicted block while its data is still in place: a lower tier saves it.
+        self.on_spill: Callable[[int, int], None] | None = None
 
     # -- counts -------------------------------------------------------------------------------
     @property
@@ -157,6 +159,8 @@ class BlockPool:
         assert block.block_hash is not None
         block_hash = block.block_hash
         del self._cached[block_hash]
+        if self.on_spill is not None:  # before on_evict: a checkpoint stranded there may follow it down
+            self.on_spill(block.block_id, block_hash)
         if self.on_evict is not None:
             self.on_evict(block_hash)
         self._ghosts.add(block_hash)

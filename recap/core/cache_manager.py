@@ -78,10 +78,10 @@ class CacheManager:
             # A checkpoint after block k needs window block k - 1: its eviction strands the checkpoint too.
             self.window.pool.on_evict = self.state.pool.strand
         # The tail learner reads the extent at the end of a KV hit (or seen prefix): only hashes the KV
-        # pool (or the seen index) can hold are read again, so it remembers no more than that.
+        # pool (or the seen index) holds are read again, so it sweeps the others once it holds twice that.
         seen_capacity = SEEN_BLOCKS_PER_SLOT * layout.num_state_slots
-        extent_capacity = max(1, layout.num_kv_blocks if layout.has_kv else seen_capacity)
-        self.policy = CheckpointPolicy(cache_config, layout.has_state, extent_capacity)
+        extent_capacity = 2 * max(1, layout.num_kv_blocks if layout.has_kv else seen_capacity)
+        self.policy = CheckpointPolicy(cache_config, layout.has_state, extent_capacity, self.indexes)
         if self.state is not None and self.policy.learns_yield:  # only recap learns from outcomes
             self.state.pool.on_outcome = self.policy.record_outcome
         self.hasher = BlockHasher(bs)
@@ -90,6 +90,12 @@ class CacheManager:
         self._seen_upto: dict[str, int] = {}
         if self.kv is None and self.policy.enabled:
             self.seen = SeenIndex(seen_capacity)
+
+    def indexes(self, block_hash: int) -> bool:
+        """Whether a later request's KV hit (or seen prefix) can still end at this block hash."""
+        if self.kv is not None:
+            return self.kv.pool.lookup(block_hash) is not None
+        return self.seen is not None and block_hash in self.seen
 
     # -- hashing ----------------------------------------------------------------------------------
     def update_hashes(self, request: Request) -> None:

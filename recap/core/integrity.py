@@ -10,6 +10,8 @@ from recap.core.kv_manager import cdiv
 from recap.core.output import PAD_SLOT_ID, SchedulerOutput
 from recap.core.request import Request, RequestStatus
 from recap.core.state_pool import SlotKind
+from recap.core.tier_index import TierKey
+from recap.core.tiers import Promotion
 
 if TYPE_CHECKING:
     from recap.core.scheduler import Scheduler
@@ -22,6 +24,7 @@ def check_scheduler(sched: Scheduler) -> None:
     _check_window(sched)
     _check_state(sched)
     _check_remote(sched)
+    _check_tier(sched)
     if sched.last_output is not None and sched.view.in_flight is sched.last_output:
         _check_plan(sched, sched.last_output)
 
@@ -31,13 +34,14 @@ def _check_queues(sched: Scheduler) -> None:
     running_ids = [r.request_id for r in view.running]
     waiting_ids = [r.request_id for r in view.waiting]
     remote_ids = [r.request_id for r in sched.remote.queue] + list(sched.remote.receiving)
+    remote_ids += list(sched.tiers.promoting) if sched.tiers is not None else []  # waiting on other I/O
     assert len(set(running_ids)) == len(running_ids), "a request is running twice"
     assert not set(running_ids) & set(waiting_ids), "a request is both running and waiting"
     assert len(set(remote_ids)) == len(remote_ids), "a remote request is queued and receiving"
     assert not set(remote_ids) & (set(running_ids) | set(waiting_ids)), "a remote request is also local"
     queued = set(running_ids) | set(waiting_ids) | set(remote_ids)
     assert queued == set(view.requests), "queues and request map disagree"
-    assert set(sched.remote.offers) == set(remote_ids), "remote offers and remote requests disagree"
+    assert set(sched.remote.offers) == set(remote_ids) - set(_promotions(sched)), "remote offers and requests disagree"
     assert not set(sched.remote.held) & queued, "a held request is still queued"
     num_seats = len(running_ids) + len(sched.remote.receiving)
     assert num_seats <= sched.config.max_num_seqs, "more running (and receiving) requests than max_num_seqs"
@@ -74,6 +78,8 @@ def _check_kv(sched: Scheduler) -> None:
             running_req = r.status == RequestStatus.RUNNING
             assert block_hash is None or not running_req or (i + 1) * kv.block_size <= r.num_computed_tokens, (
                 f"{rid} block {i} registered past its {r.num_computed_tokens} computed tokens")
+    for promotion in _promotions(sched).values():
+        holders.update(promotion.held_blocks)
     _check_refs(pool, holders, "")
 
 
@@ -121,6 +127,7 @@ def _check_state(sched: Scheduler) -> None:
     assert len(set(slots)) == len(slots), "two requests share a running slot"
     assert all(pool.kind[s] == SlotKind.RUNNING for s in slots), "a running slot is not RUNNING"
     pending = [p.write.slot for plans in state.pending.values() for p in plans]
+    pending += [p.load.checkpoint[1] for p in _promotions(sched).values() if p.load.checkpoint is not None]
     assert len(set(pending)) == len(pending), "a checkpoint slot planned twice"
     assert all(pool.kind[s] == SlotKind.PENDING for s in pending), "a planned slot was registered early"
     # A receiving request's checkpoint slots stay PENDING until its data arrives; others live one step.
@@ -142,6 +149,38 @@ def _holders(sched: Scheduler) -> dict[str, Request]:
     out.update((rid, view.requests[rid]) for rid in sched.remote.receiving)
     out.update((rid, h.request) for rid, h in sched.remote.held.items())
     return out
+
+
+def _promotions(sched: Scheduler) -> dict[str, Promotion]:
+    return sched.tiers.promoting if sched.tiers is not None else {}
+
+
+def _check_tier(sched: Scheduler) -> None:
+    """The tier's own accounting; a promoting request holds exactly its load's blocks, slot and tier pins."""
+    tiers = sched.tiers
+    if tiers is None:
+        return
+    index = tiers.index
+    index.check()
+    pins: Counter[TierKey] = Counter()
+    for rid, p in tiers.promoting.items():
+        r = sched.view.requests[rid]
+        assert r.status == RequestStatus.WAITING_FOR_TIER and r.num_computed_tokens == 0, f"promoting {rid}"
+        assert rid in tiers.tried, f"promoting {rid} not marked as tried"
+        keys = [k for k, _ in p.load.kv] + ([p.load.checkpoint[0]] if p.load.checkpoint is not None else [])
+        pins.update(keys)
+        dest = [b for _, b in p.load.kv]
+        assert tuple(p.held_blocks[len(p.held_blocks) - len(dest):]) == tuple(dest), f"{rid} holds other blocks"
+        if sched.cache.kv is not None:
+            for i, block_id in enumerate(p.held_blocks):
+                block_hash = sched.cache.kv.pool.blocks[block_id].block_hash
+                assert block_hash is None or block_hash == r.block_hashes[i], f"promoting {rid} block {i} off-chain"
+    for key in index.iter_keys():
+        assert index.is_pinned(key) == (pins[key] > 0), f"tier pin of {key} disagrees with the loads"
+    for key in pins:
+        assert index.is_ready(key), f"a load reads {key}, which is not written"
+    saved = [s.key for s in tiers.saves]
+    assert len(set(saved)) == len(saved) and all(index.has(k) for k in saved), "save orders disagree with the tier"
 
 
 def _check_remote(sched: Scheduler) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from recap.core.tier_index import TierKey
+
 PAD_SLOT_ID = -1
 
 # Builds a NamedTuple from a tuple of all its fields without its Python-level __new__ (about 4x faster):
@@ -60,6 +62,34 @@ class ScheduledRequest:
         return len(self.token_ids)
 
 
+class TierSave(NamedTuple):
+    """Save a lower-tier entry from the KV block (KV key) or state slot (checkpoint key) that holds it now.
+
+    The runner snapshots it before the step's state copies and forward pass, which may reuse the block or slot."""
+
+    key: TierKey
+    source: int
+
+
+@dataclass(frozen=True)
+class TierLoad:
+    """Read a request's tier entries into fresh KV blocks and (checkpoint) a PENDING slot, in the background."""
+
+    request_id: str
+    kv: tuple[tuple[TierKey, int], ...]  # (key, destination block id), in chain order
+    checkpoint: tuple[TierKey, int] | None  # (key, destination slot)
+
+
+@dataclass
+class TierLoadReport:
+    """A finished TierLoad, as the runner reports it (the data is in place before it reports)."""
+
+    loaded: list[TierKey] = field(default_factory=list)
+    failed: list[TierKey] = field(default_factory=list)  # missing, corrupt, truncated or foreign: deleted
+    # The position the checkpoint file's header states, written into the load's slot (provenance).
+    checkpoint: CheckpointWrite | None = None
+
+
 @dataclass
 class SchedulerOutput:
     step: int
@@ -70,6 +100,10 @@ class SchedulerOutput:
     # Requests finished, aborted or preempted since the previous step: the runner drops their per-request
     # state (e.g. seeded generators).
     finished_request_ids: set[str] = field(default_factory=set)
+    # Lower tier (core/tiers.py): saves to snapshot before anything else, files to delete, loads to start.
+    tier_saves: list[TierSave] = field(default_factory=list)
+    tier_drops: list[TierKey] = field(default_factory=list)
+    tier_loads: list[TierLoad] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -92,5 +126,10 @@ class ModelRunnerOutput:
     # Checkpoints actually written, per request: the kernels' reported (position, slot) pairs.
     # The core registers a checkpoint only if it matches its plan (provenance, DESIGN invariant 2).
     written_checkpoints: dict[str, list[CheckpointWrite]] = field(default_factory=dict)
+    # Lower tier: saves finished since the last report (key, written), loads finished (by request id), and
+    # whether the store turned itself off (unwritable or full directory).
+    tier_saved: list[tuple[TierKey, bool]] = field(default_factory=list)
+    tier_loaded: dict[str, TierLoadReport] = field(default_factory=dict)
+    tier_disabled: bool = False
     # Opaque to the core (logprobs and the like), passed through to the engine.
     extras: dict[str, Any] = field(default_factory=dict)

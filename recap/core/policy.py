@@ -36,15 +36,20 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from recap.config import CacheConfig
 from recap.core.request import Request
 
 TAIL_WINDOW = 256  # recent divergence distances kept
-# Block hashes remembered with the prompt end that last extended them, at most: a request reads the
-# entry at the end of its KV hit, so only hashes the cache can still hold are ever read again. The cache
-# manager passes its KV pool's size (or its seen index's); this is the bound without one.
+# Block hashes remembered with the prompt end that last extended them. A request reads the entry at the
+# end of its KV hit (or seen prefix), so only hashes the cache still indexes are read again: past
+# `extent_capacity` entries the map drops those the cache no longer holds (`holds`), keeping the hashes of
+# requests still running. The cache manager passes twice its index's size, so a sweep frees at least
+# half the map (amortised O(1) per entry). Bounding by a count alone (LRU by write) forgot hot prefixes,
+# a shared system prompt written once and hit ever after, while KV still held them (docs/replay.md).
+# Without `holds` (or if running requests alone fill it) the least recently written entries go.
 EXTENT_CAPACITY = 1 << 20
 
 YIELD_MIN_SAMPLES = 64  # outcomes of a source before its yield is trusted
@@ -64,6 +69,7 @@ class Source(enum.IntEnum):
     GEOMETRIC = 6
     EVERY_BLOCK = 7  # policy "all"
     REMOTE = 8  # received from a prefill instance
+    TIER = 9  # promoted from a lower tier (core/tiers.py)
 
 
 PROVEN_SOURCES = frozenset({Source.SEGMENT, Source.BRANCH})
@@ -83,8 +89,15 @@ class CheckpointPolicy:
     branch point); `forget` drops them.
     """
 
-    def __init__(self, cache_config: CacheConfig, has_state: bool, extent_capacity: int = EXTENT_CAPACITY) -> None:
-        """`extent_capacity`: block hashes the tail learner remembers (LRU), about what the cache can hold."""
+    def __init__(
+        self,
+        cache_config: CacheConfig,
+        has_state: bool,
+        extent_capacity: int = EXTENT_CAPACITY,
+        holds: Callable[[int], bool] | None = None,
+    ) -> None:
+        """`extent_capacity`: block hashes the tail learner remembers before it sweeps; `holds(hash)`: whether
+        the cache still indexes a block hash (entries it does not are what a sweep drops)."""
         if extent_capacity < 1:
             raise ValueError(f"extent_capacity must be positive, got {extent_capacity}")
         self.name = cache_config.checkpoint_policy
@@ -103,6 +116,9 @@ class CheckpointPolicy:
         self.learns_yield = self.enabled and self.name == "recap"  # wants the state pool's per-source outcomes
         self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
         self.extent_capacity = extent_capacity
+        self._holds = holds
+        self._writing: dict[str, tuple[Sequence[int], int, int]] = {}  # request -> (hashes, start, stop) it wrote
+        self.num_extent_sweeps = 0
         # Per cache salt: tenants learn from their own traffic only (salts isolate, DESIGN invariant 6).
         self._distances: dict[str | None, deque[int]] = {}
         self.outcomes: dict[Source, list[int]] = {src: [0, 0] for src in Source}  # [hits, misses]
@@ -201,9 +217,23 @@ class CheckpointPolicy:
         for h in hashes[k : end // bs]:  # the new part of the chain now ends at this prompt's end
             extent[h] = end
             extent.move_to_end(h)
+        if end // bs > k:  # not cached yet: a sweep must keep them while the request runs
+            self._writing[request.request_id] = (hashes, k, end // bs)
+        if len(extent) > self.extent_capacity:
+            self._bound_extent()
+        return max(0, end - self.tail_distance(end, request.cache_salt))
+
+    def _bound_extent(self) -> None:
+        """Drop the entries whose hashes the cache no longer holds (running requests' kept), then, if still
+        over capacity, the least recently written."""
+        extent, holds = self._extent, self._holds
+        if holds is not None:
+            self.num_extent_sweeps += 1
+            live = {h for hashes, start, stop in self._writing.values() for h in hashes[start:stop]}
+            for h in [h for h in extent if h not in live and not holds(h)]:
+                del extent[h]
         while len(extent) > self.extent_capacity:
             extent.popitem(last=False)
-        return max(0, end - self.tail_distance(end, request.cache_salt))
 
     def _geometric_positions(self, starts: list[int], limit: int) -> set[int]:
         out: set[int] = set()
@@ -244,4 +274,5 @@ class CheckpointPolicy:
 
     def forget(self, request_id: str) -> None:
         self._static.pop(request_id, None)
+        self._writing.pop(request_id, None)
         self._decode.pop(request_id, None)

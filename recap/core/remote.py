@@ -42,6 +42,15 @@ class RemoteScheduling:
     def _check_stop(self, request: Request, token: int, num_tokens: int) -> RequestStatus | None:
         raise NotImplementedError
 
+    @property
+    def num_receiving(self) -> int:
+        """Remote requests holding blocks and a slot while their data is in flight."""
+        return len(self.remote.receiving)
+
+    @property
+    def num_remote_queued(self) -> int:
+        return len(self.remote.queue)
+
     def _check_transferable(self) -> None:
         if self.cache.window is not None:  # the transfer moves full-attention blocks and states only
             raise ValueError("disaggregation does not support models with sliding-window attention layers yet")

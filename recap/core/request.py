@@ -19,6 +19,8 @@ class RequestStatus(enum.IntEnum):
     # Decode side of a disaggregated deployment: the prompt was computed elsewhere; its KV blocks and
     # state are being received (recap.core.transfer).
     WAITING_FOR_REMOTE_KV = 7
+    # Its hit is deeper in a lower cache tier (disk): the runner is loading those entries (recap.core.tiers).
+    WAITING_FOR_TIER = 8
 
     @property
     def finished(self) -> bool:

@@ -30,6 +30,7 @@ from recap.core.remote import RemoteScheduling
 from recap.core.request import Request, RequestStatus
 from recap.core.speculation import Speculator
 from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats, scheduler_stats
+from recap.core.tier_scheduling import TierScheduling, make_tier
 from recap.core.transfer import RemoteBook, can_hold, hold
 
 Step = tuple[Request, int, list[int]]  # a request's share of a step: tokens, and the drafts among them
@@ -46,7 +47,7 @@ class SchedulerView:
     pins: Sequence[int]  # checkpoint slots the in-flight step copies from
 
 
-class Scheduler(RemoteScheduling):
+class Scheduler(RemoteScheduling, TierScheduling):
     """Owns the request queues and the cache manager.
 
     Side effects: `add_request`, `abort_requests` and `finish_requests` change the queues (and free
@@ -74,6 +75,8 @@ class Scheduler(RemoteScheduling):
         self._finished_ids: set[str] = set()
         self._updates: list[RequestUpdate] = []  # finishes decided outside update_from_output
         self.remote = RemoteBook()  # disaggregation: remote requests and held prefill requests
+        self.tiers = make_tier(cache_config, layout, self.cache)  # the disk tier (core/tiers.py); None: off
+        self._tier_loads = []
         self.last_output: SchedulerOutput | None = None
 
     # -- queries ----------------------------------------------------------------------------------
@@ -84,15 +87,6 @@ class Scheduler(RemoteScheduling):
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
-
-    @property
-    def num_receiving(self) -> int:
-        """Remote requests holding blocks and a slot while their data is in flight."""
-        return len(self.remote.receiving)
-
-    @property
-    def num_remote_queued(self) -> int:
-        return len(self.remote.queue)
 
     @property
     def has_updates(self) -> bool:
@@ -145,8 +139,9 @@ class Scheduler(RemoteScheduling):
             self._running.remove(request)
         elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             self.remote.drop(request)
-        else:
+        elif request.status != RequestStatus.WAITING_FOR_TIER:
             self._waiting.remove(request)
+        self._tier_forget(request)
         holdable = status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
         if holdable and rid in self.remote.hold_ids and can_hold(request):
             self.remote.held[rid] = hold(self.cache, request)
@@ -162,6 +157,7 @@ class Scheduler(RemoteScheduling):
     def _preempt(self, request: Request) -> None:
         self._running.remove(request)
         self.cache.free(request)
+        self._tier_forget(request)  # it may promote again when readmitted
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -189,6 +185,7 @@ class Scheduler(RemoteScheduling):
             self._schedule_waiting(plan, copies, budget)
         scheduled = [self._to_scheduled(request, n, drafts) for request, n, drafts in plan]
         out = SchedulerOutput(self._step, scheduled, copies, self._finished_ids)
+        self._tier_orders(out)
         self._finished_ids = set()
         self._pins = [src for src, _ in copies]
         self._in_flight = out if scheduled else None
@@ -253,6 +250,8 @@ class Scheduler(RemoteScheduling):
         while self._waiting and budget > 0 and len(self._running) < max_running:
             request = self._waiting[0]
             hit = self.cache.find_hit(request)
+            if self.tiers is not None and self._promote(request, hit):
+                continue  # loading from the tier; the next one may run meanwhile
             n = min(request.num_tokens - hit.num_tokens, budget)
             if not self.cache.can_admit(hit, n):
                 break  # FCFS: nobody overtakes the head
@@ -313,6 +312,7 @@ class Scheduler(RemoteScheduling):
         self.cache.unpin(self._pins)  # the copies are done
         self._pins = []
         updates, self._updates = self._updates, []
+        self._tier_update(runner_out)
         written_all = runner_out.written_checkpoints
         sampled = runner_out.sampled_token_ids
         requests, cache, running_status = self._requests, self.cache, RequestStatus.RUNNING

@@ -21,6 +21,9 @@ class SeenIndex:
     def __len__(self) -> int:
         return len(self._hashes)
 
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._hashes
+
     def add(self, block_hashes: Sequence[int]) -> None:
         hashes = self._hashes
         for h in block_hashes:

@@ -81,6 +81,8 @@ class StatePool:
             raise ValueError("the state pool needs at least one slot")
         # Told (source, hit) once per checkpoint: at its first hit, or when it leaves unhit.
         self.on_outcome: Callable[[int, bool], None] | None = None
+        # Told (slot, hash, position, stranded) of a checkpoint evicted while its data is still in place.
+        self.on_spill: Callable[[int, int, int, bool], None] | None = None
         self.slot_source = [0] * num_slots
         self.num_slots = num_slots
         self.block_size = block_size
@@ -196,6 +198,8 @@ class StatePool:
                 self.num_declined += 1
                 return None
             self._queue.evict(slot, top_priority)
+            if self.on_spill is not None:
+                self.on_spill(slot, self.slot_hash[slot], self.slot_position[slot], False)
             self._unregister(slot, discard=False)
             self.num_evicted += 1
         self.kind[slot] = SlotKind.PENDING
@@ -340,6 +344,8 @@ class StatePool:
         # Not a verdict on the position (its KV left, not its use): counting it as a miss would make
         # the policy stop writing a source whenever KV is the tight budget, and a chain without a
         # checkpoint is the first KV to be evicted.
+        if self.on_spill is not None:
+            self.on_spill(slot, block_hash, self.slot_position[slot], True)
         self._release(slot, report=False)
         self.num_stranded += 1
 

@@ -293,3 +293,48 @@ def test_kv_bounds_lru_loses_what_foresight_keeps(tmp_path: Path) -> None:
     # Belady: A's tail block and B's deeper blocks are never used again; X's two blocks wait for C.
     assert kv_belady_hits(trace, 12, block_size=4) == 8
     assert kv_lru_hits(trace, 24, block_size=4) == kv_belady_hits(trace, 24, block_size=4) == 8
+
+
+# -- lower tiers (recap/bench/replay_tiers.py) ------------------------------------------------------
+# The xyz trace under `align` with one checkpoint's worth of slots (+ one running): B's prompt end evicts
+# A's, C's evicts B's, so D (= A) misses in the read pool alone; a tier that kept A's checkpoint serves it.
+
+
+def _tiered(path: Path, *extra: str) -> tuple[list, object]:
+    trace = load_trace(path)
+    base = ("--kv-unbounded", "--state-checkpoints", "1", "--max-num-seqs", "1")
+    return trace, build_setup(_args(path, *base, *extra), trace)
+
+
+def test_a_tier_serves_the_hit_the_read_pool_alone_lost(tmp_path: Path) -> None:
+    trace, read_pool_only = _tiered(_xyz_trace(tmp_path))
+    assert replay(trace, "align", read_pool_only, check_integrity=True).cached_tokens == 0
+    _, tiered = _tiered(_xyz_trace(tmp_path), "--disk-cache-bytes", "1GB")
+    res = replay(trace, "align", tiered, check_integrity=True)
+    assert res.cached_tokens == 80  # D hits A's prompt end, promoted from the disk tier
+    assert res.tiers is not None and res.tiers["requests_promoted"] == 1 and res.tiers["tier_hit_tokens"] == 80
+    (disk,) = res.tiers["tiers"]
+    assert disk["name"] == "disk" and disk["demotions"] == 3 and disk["promoted_entries"] == 1  # A, B, C; then A
+
+
+def test_a_tier_keeps_no_more_than_its_byte_budget(tmp_path: Path) -> None:
+    slot = get_shape("hybrid-7b").state_bytes_per_slot
+    trace, one = _tiered(_xyz_trace(tmp_path), "--disk-cache-bytes", str(slot))
+    res = replay(trace, "align", one, check_integrity=True)
+    (disk,) = res.tiers["tiers"]  # type: ignore[index]
+    assert disk["entries"] == 1 and disk["peak_bytes"] == disk["bytes"] == slot and disk["evictions"] == 2
+    assert res.cached_tokens == 0  # A's checkpoint went (LRU) to make room for B's, then C's
+    _, two = _tiered(_xyz_trace(tmp_path), "--disk-cache-bytes", str(2 * slot))
+    assert replay(trace, "align", two, check_integrity=True).cached_tokens == 80
+
+
+def test_the_copy_from_a_tier_enters_the_modelled_ttft(tmp_path: Path) -> None:
+    slot = get_shape("hybrid-7b").state_bytes_per_slot
+    trace, slow = _tiered(_xyz_trace(tmp_path), "--host-cache-bytes", "1GB", "--host-bandwidth", "0.5")
+    _, fast = _tiered(_xyz_trace(tmp_path), "--host-cache-bytes", "1GB", "--host-bandwidth", "50")
+    a, b = replay(trace, "align", slow), replay(trace, "align", fast)
+    assert a.cached_tokens == b.cached_tokens == 80
+    assert a.tiers["mean_copy_s"] == pytest.approx(slot / 0.5e9)  # type: ignore[index]
+    assert b.tiers["mean_copy_s"] == pytest.approx(slot / 50e9)  # type: ignore[index]
+    # only D waited for a copy: the mean over 4 requests moves by a quarter of the difference
+    assert a.mean_ttft_s - b.mean_ttft_s == pytest.approx((slot / 0.5e9 - slot / 50e9) / 4)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recap.config import CacheConfig, CacheLayout
-from recap.core.cache_manager import CacheManager
+from recap.config import CacheConfig
 from recap.core.policy import YIELD_MIN_SAMPLES, CheckpointPolicy, Source
 from recap.core.request import Request
 
@@ -205,17 +202,69 @@ def test_the_extent_map_is_bounded_and_agrees_with_an_unbounded_one_on_what_it_k
         unbounded.admit(r, 0, kv_hit)
         assert bounded.num_extents <= capacity
         if remembered:  # the same observation, if any, on both sides
-            new_b = list(bounded._distances.get(None, ()))[len(before[0]):]
-            new_u = list(unbounded._distances.get(None, ()))[len(before[1]):]
+            new_b = list(bounded._distances.get(None, ()))[len(before[0]) :]
+            new_u = list(unbounded._distances.get(None, ()))[len(before[1]) :]
             assert new_b == new_u
 
 
-def test_the_cache_manager_bounds_the_extent_map_by_what_its_kv_pool_holds() -> None:
-    layout = CacheLayout(block_size=BS, num_kv_blocks=9, num_state_slots=8, has_kv=True, has_state=True)
-    cache = CacheManager(CacheConfig(block_size=BS), layout)
-    assert cache.policy.extent_capacity == 9
-    for i in range(50):
-        cache.policy.admit(_hashed(f"r{i}", [i * 1000 + t for t in range(33)]), 0, 0)
-        assert cache.policy.num_extents <= 9
-    ssm_only = CacheManager(CacheConfig(block_size=BS), replace(layout, num_kv_blocks=0, has_kv=False))
-    assert ssm_only.seen is not None and ssm_only.policy.extent_capacity == ssm_only.seen.capacity
+def test_a_sweep_keeps_a_hot_prefix_that_a_count_bound_forgot() -> None:
+    """Issue 33's regression: a shared system prompt enters the map once (its first request writes it) and
+    is hit ever after. Other requests' new blocks pushed it out of a count-bounded LRU although KV still
+    held it, so its next sharer learned no divergence. Sweeping only what the cache dropped keeps it."""
+    system = list(range(64))  # 16 blocks
+    held: set[int] = set()
+    cfg = CacheConfig(block_size=BS, checkpoint_policy="recap")
+    swept = CheckpointPolicy(cfg, True, extent_capacity=40, holds=held.__contains__)
+    counted = CheckpointPolicy(cfg, True, extent_capacity=40)  # the count bound: LRU by write
+    first = _hashed("first", system + list(range(1000, 1034)))  # prompt end 96
+    held.update(first.block_hashes[:16])  # KV keeps the hot system prompt, evicts the rest
+    others = [_hashed(f"o{i}", [10_000 * (i + 1) + t for t in range(41)]) for i in range(10)]  # 10 blocks each
+    for p in (swept, counted):
+        for r in (first, *others):
+            p.admit(r, 0, 0)
+            p.forget(r.request_id)
+    assert swept.num_extent_sweeps > 0 and swept.num_extents <= 40 and counted.num_extents <= 40
+    sharer = _hashed("sharer", system + list(range(5000, 5034)))
+    for p in (swept, counted):
+        p.admit(sharer, 0, 64)
+    assert list(swept._distances[None]) == [96 - 64]
+    assert None not in counted._distances  # forgotten: the count bound learned nothing
+
+
+def test_a_sweep_keeps_what_running_requests_wrote_before_the_cache_holds_it() -> None:
+    held: set[int] = set()
+    p = CheckpointPolicy(CacheConfig(block_size=BS, checkpoint_policy="recap"), True, 16, held.__contains__)
+    running = _hashed("running", list(range(41)))  # 10 blocks, none computed (so none held) yet
+    p.admit(running, 0, 0)
+    for i in range(3):
+        p.admit(_hashed(f"done{i}", [1000 * (i + 1) + t for t in range(21)]), 0, 0)
+        p.forget(f"done{i}")
+    assert p.num_extent_sweeps > 0
+    assert set(running.block_hashes) <= p._extent.keys()
+    p.forget("running")
+    p.admit(_hashed("next", [9000 + t for t in range(21)]), 0, 0)  # 5 more: over 16, swept again
+    assert not set(running.block_hashes) & p._extent.keys()
+
+
+def test_the_extent_map_stays_within_twice_the_kv_pool_over_a_long_run() -> None:
+    """Memory bound through the real scheduler: 60 distinct prompts through a 17-block KV pool. The map
+    never exceeds its capacity (2x the pool), is swept (the bound is exercised), and what a sweep keeps
+    once everything finished is only what the pool still holds."""
+    from tests.core.helpers import Harness, make_scheduler, req
+
+    sched = make_scheduler(num_kv_blocks=17, num_state_slots=8, max_num_seqs=2)
+    cache, h = sched.cache, Harness(sched)
+    p = cache.policy
+    assert p.extent_capacity == 2 * 17
+    for i in range(60):
+        h.add(req(f"r{i}", [i * 1000 + t for t in range(21 + i % 7)], max_tokens=2))
+        while sched.has_unfinished_requests():
+            h.step()
+            assert p.num_extents <= p.extent_capacity
+    assert p.num_extent_sweeps > 0
+    p._bound_extent()  # nothing runs: a sweep keeps only hashes the KV pool holds
+    assert p.num_extents <= cache.kv.pool.num_cached and all(cache.indexes(x) for x in p._extent)
+    ssm_only = make_scheduler("ssm", num_state_slots=8).cache
+    assert ssm_only.seen is not None and ssm_only.policy.extent_capacity == 2 * ssm_only.seen.capacity
+    ssm_only.seen.add([5])
+    assert ssm_only.indexes(5) and not ssm_only.indexes(6)
