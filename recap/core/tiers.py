@@ -124,37 +124,35 @@ class TierManager:
         return 0, None
 
     def _allocate(self, request: Request, kv_len: int, target: int, cp_key: TierKey | None) -> TierLoad | None:
-        cache, hashes = self.cache, request.block_hashes
+        cache, hashes, index = self.cache, request.block_hashes, self.index
         kv, state = cache.kv, cache.state
-        slot = None
         prefix: list[int] = []
         if kv is not None:
             prefix = kv.find_prefix(hashes, min(kv_len, target))
-            need = target - len(prefix)
-            if need > kv.pool.num_free - kv.pool.num_free_among(prefix):
+            if target - len(prefix) > kv.pool.num_free - kv.pool.num_free_among(prefix):
                 return None
+        keys = [TierKey(EntryKind.KV, h) for h in hashes[len(prefix) : target]] if kv is not None else []
+        pinned = keys + ([cp_key] if cp_key is not None else [])
+        for key in pinned:  # first: the allocations below demote, and a demotion may evict tier entries
+            index.pin(key)
+        checkpoint = None
         if cp_key is not None:
             assert state is not None
             slot = state.pool.allocate_checkpoint(cp_key.position, proven=True)
             if slot is None:
+                for key in pinned:
+                    index.unpin(key)
                 return None
+            checkpoint = (cp_key, slot)
         blocks: list[int] = []
-        held: tuple[int, ...] = ()
         if kv is not None:
             kv.pool.touch(prefix)
-            blocks = kv.pool.allocate(target - len(prefix))
-            held = (*prefix, *blocks)
-        keys = [TierKey(EntryKind.KV, h) for h in hashes[len(prefix) : target]] if kv is not None else []
-        checkpoint = None
-        if cp_key is not None:
-            assert slot is not None
-            checkpoint = (cp_key, slot)
+            blocks = kv.pool.allocate(len(keys))
+        for key in pinned:
+            index.touch(key)
+        index.counters.hits += len(pinned)
         load = TierLoad(request.request_id, tuple(zip(keys, blocks)), checkpoint)
-        for key in self._keys(load):
-            self.index.pin(key)
-            self.index.touch(key)
-        self.index.counters.hits += len(self._keys(load))
-        self.promoting[request.request_id] = Promotion(load, held)
+        self.promoting[request.request_id] = Promotion(load, (*prefix, *blocks))
         self.tried.add(request.request_id)
         return load
 
