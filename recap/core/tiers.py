@@ -86,9 +86,34 @@ class TierManager:
             self.drops += evicted
             self.saves.append(TierSave(key, source))
 
+    def flush(self) -> tuple[list[TierSave], list[TierKey]]:
+        """At a clean shutdown: save orders for every cached KV block and checkpoint the tier lacks, so a restart
+        finds what the read pools held too (the runner writes them before it stops)."""
+        kv, state = self.cache.kv, self.cache.state
+        if kv is not None:
+            for block_hash in kv.pool.cached_hashes(kv.pool.num_cached):
+                block_id = kv.pool.lookup(block_hash)
+                assert block_id is not None
+                self.demote_kv(block_id, block_hash)
+        if state is not None:
+            for block_hash, position in state.pool.checkpoint_keys(state.pool.num_checkpoints):
+                slot = state.pool.lookup(block_hash)
+                assert slot is not None
+                self.demote_checkpoint(slot, block_hash, position, False)
+        return self.take_orders()
+
     def take_orders(self) -> tuple[list[TierSave], list[TierKey]]:
         saves, drops, self.saves, self.drops = self.saves, self.drops, [], []
         return saves, drops
+
+    def restore(self, keys: list[TierKey]) -> None:
+        """Entries the store found on disk at start (oldest first): READY; past the budget the oldest are dropped."""
+        for key in keys:
+            num_bytes = self.kv_entry_bytes if key.kind == EntryKind.KV else self.checkpoint_entry_bytes
+            if self.index.has(key):
+                continue
+            evicted = self.index.add_ready(key, num_bytes)
+            self.drops += [key] if evicted is None else evicted
 
     # -- promotion ------------------------------------------------------------------------------
     def plan(self, request: Request, hit: CacheHit) -> TierLoad | None:
