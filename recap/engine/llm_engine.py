@@ -176,7 +176,7 @@ class LLMEngine:
         """Write what the read pools hold to the disk tier and wait for every write (a restart finds them all).
         The engine must not step afterwards."""
         tiers, store = self.scheduler.tiers, self.runner.tier
-        if tiers is not None and store is not None and not self.scheduler.view.in_flight:
+        if tiers is not None and store is not None and not store.closed and self.scheduler.view.in_flight is None:
             saves, drops = tiers.flush()
             store.step(SchedulerOutput(step=-1, scheduled=[], tier_saves=saves, tier_drops=drops))
         self.runner.close()
@@ -266,8 +266,9 @@ class LLMEngine:
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         stats = self.scheduler.stats
+        store = self.runner.tier
         return self.metrics.snapshot(stats, self.scheduler.num_running, self.scheduler.num_waiting,
-                                     self._cache_usage(stats))
+                                     self._cache_usage(stats), store.stats.rejected_files if store else 0)
 
     def _cache_usage(self, stats: SchedulerStats) -> float:
         """vLLM's kv_cache_usage_perc (0..1): KV blocks in use; for a model without attention, state slots."""

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import xxhash
 
+from recap.config import CacheConfig
 from recap.core.output import CheckpointWrite, SchedulerOutput, TierLoad, TierLoadReport, TierSave
 from recap.core.tier_index import EntryKind, TierKey
 from recap.model.cache import ModelCaches
@@ -101,6 +102,7 @@ class DiskTier:
         self.caches = caches
         self.stats = DiskTierStats()
         self.disabled = False
+        self.closed = False
         self._report_disabled = False
         self._jobs: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -179,8 +181,10 @@ class DiskTier:
 
     def close(self) -> None:
         """Finish every queued job, then stop the thread (a restarted server finds every file written)."""
-        self._jobs.put(None)
-        self._thread.join()
+        if not self.closed:
+            self.closed = True
+            self._jobs.put(None)
+            self._thread.join()
 
     # -- main-thread halves ---------------------------------------------------------------------
     def _snapshot(self, save: TierSave) -> None:
@@ -299,3 +303,13 @@ class DiskTier:
                 data[key] = None
         with self._lock:
             self._loaded[load.request_id] = (load, data)
+
+
+def open_disk_tier(
+    cache: CacheConfig, model_dir: Path, dtype: str, quantization: str | None, caches: ModelCaches
+) -> DiskTier | None:
+    """The runner's disk tier store (None without `cache_dir`); the core decides what it saves and loads."""
+    if cache.cache_dir is None or not cache.disk_tier_bytes:
+        return None
+    identity = model_identity(model_dir, dtype, quantization, cache.block_size, caches)
+    return DiskTier(Path(cache.cache_dir), identity, caches)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -19,7 +18,7 @@ from recap.model.footprint import held_weight_bytes, widest_linear
 from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
-from recap.runner.disk_tier import DiskTier, TierStepReport, model_identity
+from recap.runner.disk_tier import TierStepReport, open_disk_tier
 from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
@@ -111,14 +110,9 @@ class ModelRunner:
             num_window_blocks=self.pools.num_window_blocks,
             zeros=self.backend.cache_zeros(),  # the CPU fast path streams them as it streams the weights
         )
-        self.has_kv = self.kv_bytes_per_token > 0
-        self.has_window = self.window_bytes_per_token > 0
+        self.has_kv, self.has_window = self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0
         self.has_state = self.state_bytes_per_slot > 0
-        # The disk tier's store (runner/disk_tier.py); the core decides what it saves and loads.
-        self.tier: DiskTier | None = None
-        if cache_config.cache_dir is not None and cache_config.disk_tier_bytes:
-            identity = model_identity(loaded.path, str(dtype), self.quantization, cache_config.block_size, self.caches)
-            self.tier = DiskTier(Path(cache_config.cache_dir), identity, self.caches)
+        self.tier = open_disk_tier(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
