@@ -243,7 +243,3 @@ class TierManager:
         """The runner turned its store off (unwritable, full): forget the tier; nothing more is saved."""
         self.enabled = False
         self.index.clear()
-
-    def reset(self) -> None:
-        """Forget every entry not being loaded (reset_prefix_cache): their files are deleted."""
-        self.drops += [k for k in self.index.clear()]

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from recap import LLM
 from recap.engine.outputs import RequestOutput
+from recap.server.metrics import EngineCollector
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import GREEDY, rnd
@@ -77,6 +79,11 @@ def test_hits_from_disk_equal_uncached(bamba: Path, sizes: tuple[int, int], tmp_
     counters, store = tier_stats(llm)
     assert counters.promotions > 0 and store.files_read > 0, "no hit came from disk"
     assert sum(o.num_cached_tokens for o in got[NUM_CONVS:]) > 0
+    snap = llm.engine.metrics_snapshot()
+    assert snap.tier.promotions == counters.promotions and snap.tier_entries > 0 and snap.tier_bytes > 0
+    collector = EngineCollector(SimpleNamespace(metrics=lambda: snap), "m", {})  # type: ignore[arg-type]
+    series = {m.name: m.samples[0].value for m in collector.collect() if m.samples}
+    assert series["recap:disk_tier_promotions"] == counters.promotions and series["recap:disk_tier_entries"] > 0
     no_tier = conversations(make(bamba, None, sizes=sizes))
     assert sum(o.num_cached_tokens for o in got) > sum(o.num_cached_tokens for o in no_tier)
     llm.close()

@@ -73,7 +73,8 @@ def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
     store.wait(5.0)
     report = store.step(SchedulerOutput(3, [])).loaded["r"]
     assert report.failed == [] and report.checkpoint is not None and report.checkpoint.slot == 2
-    assert torch.equal(caches.kv[0].tensors["k"][3], want_kv[0]) and torch.equal(caches.kv[0].tensors["v"][3], want_kv[1])
+    kv = caches.kv[0].tensors
+    assert torch.equal(kv["k"][3], want_kv[0]) and torch.equal(kv["v"][3], want_kv[1])
     assert torch.equal(caches.state[1].tensors["ssm"][2], want_state) and int(caches.slot_positions[2]) == 32
     store.close()
     assert DiskTier(tmp_path, "other", caches).scan() == []  # another identity: its own (empty) directory
