@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import xxhash
 
+from recap.core.fake_tier import FakeTier
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 _MOD = (1 << 61) - 1
@@ -57,6 +58,7 @@ class FakeExecutor:
         self.sliding_window = sliding_window
         self._window_kv: dict[int, int] = {}  # the same for the window group's own blocks
         self._poly: dict[str, list[int]] = {}  # request id -> P(0), P(1), ...
+        self.tier = FakeTier(block_size)  # a lower tier in integers (core/fake_tier.py)
 
     def force_output(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Sample exactly these tokens for the request's first outputs (then fall back to the hash)."""
@@ -73,6 +75,7 @@ class FakeExecutor:
         self.num_steps += 1
         for rid in sched_out.finished_request_ids:
             self._poly.pop(rid, None)
+        self.tier.step(sched_out, out, self._kv, self._slot_state, self.validate)  # before copies reuse slots
         if self.validate:
             for src, dst in sched_out.state_copies:
                 assert src in self._slot_state, f"copy from never-written slot {src}"

@@ -396,4 +396,4 @@ class Scheduler(RemoteScheduling, TierScheduling):
     @property
     def stats(self) -> SchedulerStats:
         spec = self.speculator.counters if self.speculator is not None else None
-        return scheduler_stats(self.counters, self.cache, len(self._running), len(self._waiting), spec)
+        return scheduler_stats(self.counters, self.cache, len(self._running), len(self._waiting), spec, self.tiers)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from recap.core.request import RequestStatus
 from recap.core.speculation import SpecCounters
+from recap.core.tier_index import TierCounters
 
 if TYPE_CHECKING:
     from recap.core.cache_manager import CacheManager
+    from recap.core.tiers import TierManager
 
 
 @dataclass
@@ -63,6 +65,11 @@ class SchedulerStats:
     state_slots_free: int
     # Speculative decoding (vLLM's spec-decode counters, a copy); zeros without speculation.
     spec: SpecCounters = field(default_factory=SpecCounters)
+    # The disk tier (core/tiers.py): entries and payload bytes held now, and its counters (a copy); zeros without.
+    tier_entries: int = 0
+    tier_bytes: int = 0
+    tier: TierCounters = field(default_factory=TierCounters)
+    num_promoting: int = 0  # requests waiting for their tier entries to load
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -70,7 +77,8 @@ class SchedulerStats:
 
 
 def scheduler_stats(
-    c: SchedulerCounters, cache: CacheManager, num_running: int, num_waiting: int, spec: SpecCounters | None
+    c: SchedulerCounters, cache: CacheManager, num_running: int, num_waiting: int, spec: SpecCounters | None,
+    tiers: TierManager | None = None,
 ) -> SchedulerStats:
     """A snapshot of the scheduler's counters, its cache's pools and its speculation counters."""
     kv_pool = cache.kv.pool if cache.kv else None
@@ -100,4 +108,8 @@ def scheduler_stats(
         kv_blocks_evicted=kv_pool.num_evicted if kv_pool else 0,
         state_slots_free=pool.num_free if pool else 0,
         spec=spec.copy() if spec else SpecCounters(),
+        tier_entries=tiers.index.num_entries if tiers else 0,
+        tier_bytes=tiers.index.num_bytes if tiers else 0,
+        tier=replace(tiers.index.counters) if tiers else TierCounters(),
+        num_promoting=len(tiers.promoting) if tiers else 0,
     )

@@ -86,9 +86,34 @@ class TierManager:
             self.drops += evicted
             self.saves.append(TierSave(key, source))
 
+    def flush(self) -> tuple[list[TierSave], list[TierKey]]:
+        """At a clean shutdown: save orders for every cached KV block and checkpoint the tier lacks, so a restart
+        finds what the read pools held too (the runner writes them before it stops)."""
+        kv, state = self.cache.kv, self.cache.state
+        if kv is not None:
+            for block_hash in kv.pool.cached_hashes(kv.pool.num_cached):
+                block_id = kv.pool.lookup(block_hash)
+                assert block_id is not None
+                self.demote_kv(block_id, block_hash)
+        if state is not None:
+            for block_hash, position in state.pool.checkpoint_keys(state.pool.num_checkpoints):
+                slot = state.pool.lookup(block_hash)
+                assert slot is not None
+                self.demote_checkpoint(slot, block_hash, position, False)
+        return self.take_orders()
+
     def take_orders(self) -> tuple[list[TierSave], list[TierKey]]:
         saves, drops, self.saves, self.drops = self.saves, self.drops, [], []
         return saves, drops
+
+    def restore(self, keys: list[TierKey]) -> None:
+        """Entries the store found on disk at start (oldest first): READY; past the budget the oldest are dropped."""
+        for key in keys:
+            num_bytes = self.kv_entry_bytes if key.kind == EntryKind.KV else self.checkpoint_entry_bytes
+            if self.index.has(key):
+                continue
+            evicted = self.index.add_ready(key, num_bytes)
+            self.drops += [key] if evicted is None else evicted
 
     # -- promotion ------------------------------------------------------------------------------
     def plan(self, request: Request, hit: CacheHit) -> TierLoad | None:
@@ -124,37 +149,35 @@ class TierManager:
         return 0, None
 
     def _allocate(self, request: Request, kv_len: int, target: int, cp_key: TierKey | None) -> TierLoad | None:
-        cache, hashes = self.cache, request.block_hashes
+        cache, hashes, index = self.cache, request.block_hashes, self.index
         kv, state = cache.kv, cache.state
-        slot = None
         prefix: list[int] = []
         if kv is not None:
             prefix = kv.find_prefix(hashes, min(kv_len, target))
-            need = target - len(prefix)
-            if need > kv.pool.num_free - kv.pool.num_free_among(prefix):
+            if target - len(prefix) > kv.pool.num_free - kv.pool.num_free_among(prefix):
                 return None
+        keys = [TierKey(EntryKind.KV, h) for h in hashes[len(prefix) : target]] if kv is not None else []
+        pinned = keys + ([cp_key] if cp_key is not None else [])
+        for key in pinned:  # first: the allocations below demote, and a demotion may evict tier entries
+            index.pin(key)
+        checkpoint = None
         if cp_key is not None:
             assert state is not None
             slot = state.pool.allocate_checkpoint(cp_key.position, proven=True)
             if slot is None:
+                for key in pinned:
+                    index.unpin(key)
                 return None
+            checkpoint = (cp_key, slot)
         blocks: list[int] = []
-        held: tuple[int, ...] = ()
         if kv is not None:
             kv.pool.touch(prefix)
-            blocks = kv.pool.allocate(target - len(prefix))
-            held = (*prefix, *blocks)
-        keys = [TierKey(EntryKind.KV, h) for h in hashes[len(prefix) : target]] if kv is not None else []
-        checkpoint = None
-        if cp_key is not None:
-            assert slot is not None
-            checkpoint = (cp_key, slot)
+            blocks = kv.pool.allocate(len(keys))
+        for key in pinned:
+            index.touch(key)
+        index.counters.hits += len(pinned)
         load = TierLoad(request.request_id, tuple(zip(keys, blocks)), checkpoint)
-        for key in self._keys(load):
-            self.index.pin(key)
-            self.index.touch(key)
-        self.index.counters.hits += len(self._keys(load))
-        self.promoting[request.request_id] = Promotion(load, held)
+        self.promoting[request.request_id] = Promotion(load, (*prefix, *blocks))
         self.tried.add(request.request_id)
         return load
 
@@ -220,7 +243,3 @@ class TierManager:
         """The runner turned its store off (unwritable, full): forget the tier; nothing more is saved."""
         self.enabled = False
         self.index.clear()
-
-    def reset(self) -> None:
-        """Forget every entry not being loaded (reset_prefix_cache): their files are deleted."""
-        self.drops += [k for k in self.index.clear()]

@@ -67,6 +67,8 @@ class AsyncEngine:
         self._commands.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._thread is None or not self._thread.is_alive():
+            self.engine.close()  # the disk tier's writes, for a restart
 
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams, **kw: Any) -> PreparedRequest:
         return self.engine.prepare(prompt, params, **kw)

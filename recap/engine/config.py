@@ -58,5 +58,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise ValueError(f"memory_limit_bytes must be positive, got {self.memory_limit_bytes}")
+        if self.cache.cache_disk_bytes and self.cache.cache_dir is None:
+            raise ValueError("cache_disk_bytes needs cache_dir (the directory of the disk tier)")
         if self.max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {self.max_n}")

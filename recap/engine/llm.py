@@ -67,6 +67,8 @@ class LLM:
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
         state_cache_bytes: int | None = None,
+        cache_dir: str | None = None,  # the disk tier (docs/tiers.md): checkpoints and KV blocks spill there
+        cache_disk_bytes: int | None = None,
         check_integrity: bool = False,
         num_threads: int | None = None,
         max_n: int = 16,
@@ -92,6 +94,7 @@ class LLM:
             block_size=block_size, enable_prefix_caching=enable_prefix_caching,
             checkpoint_policy=checkpoint_policy_for(checkpoint_policy, mamba_cache_mode),
             checkpoint_interval=checkpoint_interval, kv_cache_bytes=kv_cache_bytes, state_cache_bytes=state_cache_bytes,
+            cache_dir=cache_dir, cache_disk_bytes=cache_disk_bytes,
         )  # fmt: skip
         scheduler = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -106,6 +109,10 @@ class LLM:
             generation_config=generation_config, derive_max_model_len=max_model_len is None,
             speculative=SpeculativeConfig.parse(speculative_config),
         ))  # fmt: skip
+
+    def close(self) -> None:
+        """Flush the disk tier's writes (a new LLM on the same cache_dir then finds every entry)."""
+        self.engine.close()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

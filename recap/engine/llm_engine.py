@@ -115,6 +115,8 @@ class LLMEngine:
             speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,
                                     max_rows=drafting_rows(config.scheduler.max_num_seqs))
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout, speculator)
+        if self.runner.tier is not None and self.scheduler.tiers is not None:  # a restart finds its earlier entries
+            self.scheduler.tiers.restore(self.runner.tier.scan())
         self.processor = InputProcessor(
             self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )
@@ -169,6 +171,15 @@ class LLMEngine:
             self.scheduler.abort_requests(live)
             for cid in live:
                 self.outputs.on_finished(cid, RequestStatus.FINISHED_ABORTED)
+
+    def close(self) -> None:
+        """Write what the read pools hold to the disk tier and wait for every write (a restart finds them all).
+        The engine must not step afterwards."""
+        tiers, store = self.scheduler.tiers, self.runner.tier
+        if tiers is not None and store is not None and not store.closed and self.scheduler.view.in_flight is None:
+            saves, drops = tiers.flush()
+            store.step(SchedulerOutput(step=-1, scheduled=[], tier_saves=saves, tier_drops=drops))
+        self.runner.close()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.outputs.parents) or self.scheduler.has_unfinished_requests()
@@ -255,8 +266,9 @@ class LLMEngine:
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         stats = self.scheduler.stats
+        store = self.runner.tier
         return self.metrics.snapshot(stats, self.scheduler.num_running, self.scheduler.num_waiting,
-                                     self._cache_usage(stats))
+                                     self._cache_usage(stats), store.stats.rejected_files if store else 0)
 
     def _cache_usage(self, stats: SchedulerStats) -> float:
         """vLLM's kv_cache_usage_perc (0..1): KV blocks in use; for a model without attention, state slots."""

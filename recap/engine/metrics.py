@@ -9,6 +9,7 @@ from typing import Any
 
 from recap.core.speculation import SpecCounters
 from recap.core.stats import SchedulerStats
+from recap.core.tier_index import TierCounters
 from recap.engine.histogram import Histogram
 from recap.engine.request_metrics import RequestHistograms
 
@@ -52,6 +53,11 @@ class MetricsSnapshot:
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     # Speculative decoding (vLLM's spec_decode counters): the scheduler's, as of this snapshot.
     spec: SpecCounters = field(default_factory=SpecCounters)
+    # The disk tier (docs/tiers.md): the core's entries, bytes and counters, and the files the store rejected.
+    tier_entries: int = 0
+    tier_bytes: int = 0
+    tier: TierCounters = field(default_factory=TierCounters)
+    tier_rejected_files: int = 0
 
 
 class EngineMetrics:
@@ -100,7 +106,8 @@ class EngineMetrics:
                 self.requests.step_tokens.observe(step_tokens)
 
     def snapshot(
-        self, stats: SchedulerStats, num_running: int, num_waiting: int, kv_cache_usage: float = 0.0
+        self, stats: SchedulerStats, num_running: int, num_waiting: int, kv_cache_usage: float = 0.0,
+        tier_rejected_files: int = 0,
     ) -> MetricsSnapshot:
         with self._lock:
             ttft = Histogram(self.ttft.bounds, list(self.ttft.counts), self.ttft.total, self.ttft.n)
@@ -125,4 +132,8 @@ class EngineMetrics:
                 kv_cache_usage=kv_cache_usage,
                 finished_by_reason=dict(self.finished_by_reason),
                 spec=stats.spec,
+                tier_entries=stats.tier_entries,
+                tier_bytes=stats.tier_bytes,
+                tier=stats.tier,
+                tier_rejected_files=tier_rejected_files,
             )

@@ -95,6 +95,11 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="state slot pool budget (running slots + checkpoints), e.g. 512MiB",
     )
+    p.add_argument("--cache-dir", default=None,
+                   help="the disk tier: evicted checkpoints and KV blocks are saved here and read back on a hit, "
+                        "across restarts (docs/tiers.md)")
+    p.add_argument("--cache-disk-bytes", type=positive_bytes, default=None,
+                   help="the disk tier's budget, e.g. 100GiB (default 16GiB with --cache-dir)")
     p.add_argument("--memory-limit", type=positive_bytes, default=None,
                    help="on a CPU: the memory recap may hold in all, e.g. 12GiB (default: MemAvailable plus what the "
                         "process holds, capped by the cgroup limit); a model, pools and runtime over it are refused "
@@ -122,6 +127,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             checkpoint_interval=args.checkpoint_interval,
             kv_cache_bytes=args.kv_cache_bytes,
             state_cache_bytes=args.state_cache_bytes,
+            cache_dir=args.cache_dir,
+            cache_disk_bytes=args.cache_disk_bytes,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,

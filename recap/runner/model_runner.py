@@ -18,6 +18,7 @@ from recap.model.footprint import held_weight_bytes, widest_linear
 from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
+from recap.runner.disk_tier import TierStepReport, open_disk_tier
 from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
@@ -109,9 +110,9 @@ class ModelRunner:
             num_window_blocks=self.pools.num_window_blocks,
             zeros=self.backend.cache_zeros(),  # the CPU fast path streams them as it streams the weights
         )
-        self.has_kv = self.kv_bytes_per_token > 0
-        self.has_window = self.window_bytes_per_token > 0
+        self.has_kv, self.has_window = self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0
         self.has_state = self.state_bytes_per_slot > 0
+        self.tier = open_disk_tier(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
@@ -175,10 +176,13 @@ class ModelRunner:
             self._generators.pop(rid, None)
             if self.grammar is not None:
                 self.grammar.drop(rid)
+        tier = self.tier.step(out) if self.tier is not None else None  # saves first: copies may reuse their slots
         for src, dst in out.state_copies:
             self.caches.copy_state(src, dst)
         if out.is_empty:
-            return ModelRunnerOutput()
+            if tier is not None and not tier.loaded and self.tier is not None:
+                self.tier.wait(0.01)  # nothing to run but loads in flight: do not spin
+            return _with_tier(ModelRunnerOutput(), tier)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
         if self.has_state:
@@ -199,7 +203,12 @@ class ModelRunner:
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
             self._report_checkpoints(out, batch, result)
-        return result
+        return _with_tier(result, tier)
+
+    def close(self) -> None:
+        """Finish the disk tier's queued writes (a restarted server finds them)."""
+        if self.tier is not None:
+            self.tier.close()
 
     def _verify_rows(self, out: SchedulerOutput) -> list[VerifyRow]:
         if not any(s.num_draft_tokens for s in out.scheduled):
@@ -304,3 +313,9 @@ class ModelRunner:
                 continue
             rid = out.scheduled[row].request_id
             result.written_checkpoints.setdefault(rid, []).append(CheckpointWrite(position=int(pos), slot=slot))
+
+
+def _with_tier(result: ModelRunnerOutput, tier: TierStepReport | None) -> ModelRunnerOutput:
+    if tier is not None:
+        result.tier_saved, result.tier_loaded, result.tier_disabled = tier.saved, tier.loaded, tier.disabled
+    return result

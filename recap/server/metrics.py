@@ -9,6 +9,7 @@ live in one process (tests).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import attrgetter
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -30,12 +31,22 @@ _COUNTERS = (
     ("recap:prompt_tokens", "Prompt tokens of finished requests.", "prompt_tokens"),
     ("recap:generation_tokens", "Tokens generated.", "generation_tokens"),
     ("recap:engine_steps", "Engine steps run.", "steps"),
+    ("recap:disk_tier_demotions", "Checkpoints and KV blocks saved to the disk tier.", "tier.demotions"),
+    ("recap:disk_tier_hits", "Disk tier entries a hit read.", "tier.hits"),
+    ("recap:disk_tier_promotions", "Disk tier entries loaded back into the read pools.", "tier.promotions"),
+    ("recap:disk_tier_failed_loads", "Disk tier loads that failed (missing, corrupt or foreign file).",
+     "tier.promotions_failed"),
+    ("recap:disk_tier_evictions", "Disk tier entries deleted to stay within its byte budget.", "tier.evictions"),
+    ("recap:disk_tier_rejected_files", "Corrupt, truncated or foreign disk tier files deleted, never loaded.",
+     "tier_rejected_files"),
 )
 _GAUGES = (
     ("recap:checkpoints", "Recurrent-state checkpoints held now.", "checkpoints"),
     ("recap:checkpoint_bytes", "Bytes held by recurrent-state checkpoints now.", "checkpoint_bytes"),
     ("recap:num_requests_running", "Requests running now.", "num_running"),
     ("recap:num_requests_waiting", "Requests waiting now.", "num_waiting"),
+    ("recap:disk_tier_entries", "Checkpoints and KV blocks held by the disk tier now.", "tier_entries"),
+    ("recap:disk_tier_bytes", "Payload bytes held by the disk tier now.", "tier_bytes"),
 )
 
 
@@ -59,7 +70,7 @@ class EngineCollector(Collector):
         labels, values = ["model_name"], [self.model_name]
         for name, doc, attr in _COUNTERS:
             c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric(values, float(getattr(s, attr)))
+            c.add_metric(values, float(attrgetter(attr)(s)))
             yield c
         for name, doc, attr in _GAUGES:
             g = GaugeMetricFamily(name, doc, labels=labels)

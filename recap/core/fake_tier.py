@@ -1,0 +1,89 @@
+"""A lower tier without files, for the FakeExecutor: saves, drops and loads in integers, one step late.
+
+Order per step, as the real runner's (runner/disk_tier.py): loads of requests reported gone are cancelled;
+saves are snapshotted (before anything can reuse their block or slot); drops delete; loads ordered by an
+earlier step finish (their data lands in the destination blocks and slot, then they are reported); this
+step's loads start. Saves are reported written one step after their order.
+
+In validate mode the snapshot is the simulated content (each position's prefix hash, or the slot's
+(position, prefix hash)) and a load writes it back, so a load of the wrong entry fails the executor's
+next read. `corrupt` keys fail their load (counted, forgotten), as a corrupt file does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recap.core.output import CheckpointWrite, ModelRunnerOutput, SchedulerOutput, TierLoad, TierLoadReport
+from recap.core.tier_index import EntryKind, TierKey
+
+Memory = dict[int, int]
+Slots = dict[int, tuple[int, int]]
+
+
+@dataclass
+class FakeTier:
+    block_size: int
+    store: dict[TierKey, object] = field(default_factory=dict)
+    corrupt: set[TierKey] = field(default_factory=set)  # their next load fails
+    disable_next: bool = False  # report the store off at the next step
+    num_saves: int = 0
+    num_loads: int = 0
+    _saved: list[TierKey] = field(default_factory=list)
+    _loads: list[TierLoad] = field(default_factory=list)
+
+    def step(self, out: SchedulerOutput, result: ModelRunnerOutput, kv: Memory, slots: Slots,
+             validate: bool) -> None:  # fmt: skip
+        """Apply the step's tier orders to the simulated memory; report into `result`."""
+        self._loads = [load for load in self._loads if load.request_id not in out.finished_request_ids]
+        result.tier_saved = [(key, True) for key in self._saved]
+        self._saved = []
+        for save in out.tier_saves:
+            self.store[save.key] = self._snapshot(save.key, save.source, kv, slots) if validate else True
+            self._saved.append(save.key)
+            self.num_saves += 1
+        for key in out.tier_drops:
+            self.store.pop(key, None)
+        for load in self._loads:
+            result.tier_loaded[load.request_id] = self._load(load, kv, slots, validate)
+        self._loads = list(out.tier_loads)
+        if self.disable_next:
+            result.tier_disabled, self.disable_next = True, False
+
+    def _snapshot(self, key: TierKey, source: int, kv: Memory, slots: Slots) -> object:
+        bs = self.block_size
+        if key.kind == EntryKind.KV:
+            return [kv.get(source * bs + o) for o in range(bs)]
+        state = slots.get(source)
+        assert state is not None and state[0] == key.position, f"save of {key} from slot {source} holding {state}"
+        return state
+
+    def _load(self, load: TierLoad, kv: Memory, slots: Slots, validate: bool) -> TierLoadReport:
+        report = TierLoadReport()
+        self.num_loads += 1
+        for key, dest in [*load.kv, *([load.checkpoint] if load.checkpoint is not None else [])]:
+            data = self.store.get(key)
+            if data is None or key in self.corrupt:
+                self.corrupt.discard(key)
+                self.store.pop(key, None)
+                report.failed.append(key)
+                continue
+            if validate:
+                if key.kind == EntryKind.KV:
+                    assert isinstance(data, list)
+                    self._write_kv(dest, data, kv)
+                else:
+                    assert isinstance(data, tuple)
+                    slots[dest] = data
+            if key.kind == EntryKind.CHECKPOINT:
+                report.checkpoint = CheckpointWrite(key.position, dest)
+            report.loaded.append(key)
+        return report
+
+    def _write_kv(self, dest: int, data: list[int | None], kv: Memory) -> None:
+        bs = self.block_size
+        for o, value in enumerate(data):
+            if value is None:
+                kv.pop(dest * bs + o, None)
+            else:
+                kv[dest * bs + o] = value

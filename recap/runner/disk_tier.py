@@ -1,0 +1,315 @@
+"""The disk tier's store, runner side: checkpoints and KV blocks as files, written and read by one I/O thread.
+
+The cache core decides what to save, drop and load (recap/core/tiers.py); this store does it. Per step
+(`step`, before the step's state copies and forward pass): loads of requests gone are cancelled; every save
+is snapshotted in RAM (the block or slot may be reused by this very step) and queued for writing; drops are
+queued; loads the I/O thread finished are verified and copied into their blocks and slot, then reported;
+new loads are queued. One FIFO thread, so a drop never overtakes the write of the same file.
+
+Files live in `<cache_dir>/<identity digest>/`, one per entry (tier_file.py: header, payload, checksum;
+atomic writes). The identity covers the weights' checksum, dtype, quantization, block size, the state layout
+version and every cache tensor's shape and dtype: another model, dtype or layout has another directory and
+never reads these files. A corrupt, truncated or foreign file is counted (`rejected_files`), deleted, and
+reported failed (the core falls back to what it holds, or recomputes). An unwritable directory or a full
+disk turns the store off with a warning and reports it (`disabled`): requests never fail for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import xxhash
+
+from recap.config import CacheConfig
+from recap.core.output import CheckpointWrite, SchedulerOutput, TierLoad, TierLoadReport, TierSave
+from recap.core.tier_index import EntryKind, TierKey
+from recap.model.cache import ModelCaches
+from recap.runner.tier_file import TMP_SUFFIX, EntryHeader, TensorMeta, TierFileError, decode, encode, read_header
+from recap.runner.tier_file import write_atomic as _write_atomic
+
+log = logging.getLogger(__name__)
+
+
+# Bump when the meaning of a state slot's or KV block's bytes changes (a kernel's state layout): older files
+# then belong to another identity and are never read.
+TIER_LAYOUT_VERSION = 1
+_IDENTITY_FILES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_identity(model_dir: Path, dtype: str, quantization: str | None, block_size: int, caches: ModelCaches) -> str:
+    """A digest of what makes cached bytes valid: the weights' checksum (xxh3-128 over the weight files and
+    config.json), dtype, quantization, block size, TIER_LAYOUT_VERSION and every cache tensor's row shape and dtype."""
+    digest = xxhash.xxh3_128()
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.is_file() and (path.suffix in _IDENTITY_FILES or path.name == "config.json"):
+            digest.update(path.name.encode())
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+    rows = [(n, str(t.dtype), list(t.shape)) for kind in EntryKind
+            for n, t in entry_tensors(caches, TierKey(kind, 0), 0)]  # fmt: skip
+    digest.update(json.dumps([dtype, quantization, block_size, TIER_LAYOUT_VERSION, rows]).encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class TierStepReport:
+    saved: list[tuple[TierKey, bool]] = field(default_factory=list)
+    loaded: dict[str, TierLoadReport] = field(default_factory=dict)
+    disabled: bool = False
+
+
+@dataclass
+class DiskTierStats:
+    files_written: int = 0
+    bytes_written: int = 0
+    files_read: int = 0
+    bytes_read: int = 0
+    rejected_files: int = 0  # corrupt, truncated or foreign files deleted instead of loaded
+    write_errors: int = 0
+
+
+def entry_file_name(key: TierKey) -> str:
+    kind = "kv" if key.kind == EntryKind.KV else "cp"
+    return f"{kind}-{key.block_hash:032x}-{key.position}.rtier"
+
+
+def entry_tensors(caches: ModelCaches, key: TierKey, index: int) -> list[tuple[str, torch.Tensor]]:
+    """The cache rows an entry holds, by name, in file order: KV block `index` of every attention layer, or
+    state slot `index` of every recurrent layer (views, not copies)."""
+    if key.kind == EntryKind.KV:
+        return [(f"kv.{i}.{n}", t[index]) for i in sorted(caches.kv) for n, t in caches.kv[i].tensors.items()]
+    return [(f"state.{name}", t[index]) for name, t in caches.named_state_tensors()]
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    return memoryview(t.contiguous().view(torch.uint8).numpy()).cast("B")
+
+
+class DiskTier:
+    """One directory of entry files for one model identity. Thread-safe between `step` and its I/O thread."""
+
+    def __init__(self, root: Path, identity: str, caches: ModelCaches) -> None:
+        self.dir = Path(root) / identity
+        self.identity = identity
+        self.caches = caches
+        self.stats = DiskTierStats()
+        self.disabled = False
+        self.closed = False
+        self._report_disabled = False
+        self._jobs: queue.Queue[tuple[str, object] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._saved: list[tuple[TierKey, bool]] = []
+        self._loaded: dict[str, tuple[TierLoad, dict[TierKey, memoryview | None]]] = {}
+        self._load_rids: set[str] = set()  # main thread only: loads submitted, not yet applied
+        self._cancelled: set[str] = set()  # main thread only: their requests left; their data is discarded
+        self._in_flight = 0
+        self._done = threading.Condition(self._lock)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".probe{TMP_SUFFIX}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            self._turn_off(f"cannot write to {self.dir}: {e}")
+        self._thread = threading.Thread(target=self._run, name="recap-disk-tier", daemon=True)
+        self._thread.start()
+
+    # -- start --------------------------------------------------------------------------------
+    def scan(self) -> list[TierKey]:
+        """This identity's entries on disk, oldest first; leftover temporary files and bad headers are deleted."""
+        if self.disabled:
+            return []
+        found: list[tuple[float, TierKey]] = []
+        for path in self.dir.iterdir():
+            if path.name.endswith(TMP_SUFFIX):
+                path.unlink(missing_ok=True)  # a write a crash interrupted
+                continue
+            try:
+                header, _ = read_header(path)
+                key = TierKey(EntryKind(header.kind), header.block_hash, header.position)
+                if header.identity != self.identity or entry_file_name(key) != path.name:
+                    raise TierFileError("foreign or misnamed file")
+                found.append((path.stat().st_mtime, key))
+            except (TierFileError, ValueError, OSError):
+                self.stats.rejected_files += 1
+                path.unlink(missing_ok=True)
+        return [key for _, key in sorted(found)]
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self, out: SchedulerOutput) -> TierStepReport:
+        """Apply a step's tier orders; must run before its state copies and forward pass."""
+        self._cancelled |= out.finished_request_ids & self._load_rids  # their blocks may be reused from now on
+        for save in out.tier_saves:
+            self._snapshot(save)
+        for key in out.tier_drops:
+            self._submit("drop", key)
+        report = TierStepReport()
+        with self._lock:
+            finished, self._loaded = self._loaded, {}
+            report.saved, self._saved = self._saved, []
+        for rid, (load, data) in finished.items():
+            self._load_rids.discard(rid)
+            if rid in self._cancelled:
+                self._cancelled.discard(rid)
+                continue
+            report.loaded[rid] = self._apply(load, data)
+        for load in out.tier_loads:
+            self._load_rids.add(load.request_id)
+            self._submit("load", load)
+        if self.disabled and not self._report_disabled:
+            report.disabled = self._report_disabled = True
+        return report
+
+    def wait(self, timeout: float) -> None:
+        """Block until the I/O thread finishes a job (or `timeout` seconds): for steps with nothing else to do."""
+        with self._done:
+            if self._in_flight:
+                self._done.wait(timeout)
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._in_flight > 0
+
+    def close(self) -> None:
+        """Finish every queued job, then stop the thread (a restarted server finds every file written)."""
+        if not self.closed:
+            self.closed = True
+            self._jobs.put(None)
+            self._thread.join()
+
+    # -- main-thread halves ---------------------------------------------------------------------
+    def _snapshot(self, save: TierSave) -> None:
+        key, caches = save.key, self.caches
+        if self.disabled:
+            with self._lock:
+                self._saved.append((key, False))
+            return
+        if key.kind == EntryKind.CHECKPOINT and int(caches.slot_positions[save.source]) != key.position:
+            with self._lock:  # provenance: the slot must hold the state the key names
+                self._saved.append((key, False))
+            return
+        tensors = [(name, t.detach().to("cpu", copy=True)) for name, t in entry_tensors(caches, key, save.source)]
+        self._submit("save", (key, tensors))
+
+    def _apply(self, load: TierLoad, data: dict[TierKey, memoryview | None]) -> TierLoadReport:
+        """Copy verified payloads into their blocks and slot; a payload that does not fit is rejected."""
+        report = TierLoadReport()
+        targets = [*load.kv, *([load.checkpoint] if load.checkpoint is not None else [])]
+        for key, index in targets:
+            payload = data.get(key)
+            if payload is None or not self._copy_in(key, index, payload):
+                report.failed.append(key)
+                continue
+            report.loaded.append(key)
+            if key.kind == EntryKind.CHECKPOINT:
+                self.caches.slot_positions[index] = key.position
+                report.checkpoint = CheckpointWrite(key.position, index)
+        return report
+
+    @torch.inference_mode()
+    def _copy_in(self, key: TierKey, index: int, payload: memoryview) -> bool:
+        rows = entry_tensors(self.caches, key, index)
+        if sum(t.nbytes for _, t in rows) != len(payload):
+            self._reject(key, "payload does not fit this model's cache rows")
+            return False
+        offset = 0
+        for _, row in rows:
+            n = row.nbytes
+            src = torch.frombuffer(payload[offset : offset + n], dtype=torch.uint8) if n else torch.empty(0)
+            row.copy_(src.view(row.dtype).view(row.shape))
+            offset += n
+        return True
+
+    def _reject(self, key: TierKey, why: str) -> None:
+        log.warning("disk tier: rejected %s (%s); deleted, will recompute", entry_file_name(key), why)
+        with self._lock:
+            self.stats.rejected_files += 1
+        (self.dir / entry_file_name(key)).unlink(missing_ok=True)
+
+    def _submit(self, kind: str, job: object) -> None:
+        with self._lock:
+            self._in_flight += 1
+        self._jobs.put((kind, job))
+
+    def _turn_off(self, why: str) -> None:
+        if not self.disabled:
+            log.warning("disk tier off: %s (requests go on without it)", why)
+        self.disabled = True
+
+    # -- the I/O thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            kind, item = job
+            try:
+                if kind == "save":
+                    self._write(*item)  # type: ignore[misc]
+                elif kind == "drop":
+                    (self.dir / entry_file_name(item)).unlink(missing_ok=True)  # type: ignore[arg-type]
+                else:
+                    self._read(item)  # type: ignore[arg-type]
+            except OSError as e:  # a drop that cannot delete: the file stays, its entry is forgotten
+                log.warning("disk tier: %s failed: %s", kind, e)
+            finally:
+                with self._done:
+                    self._in_flight -= 1
+                    self._done.notify_all()
+
+    def _write(self, key: TierKey, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        ok = False
+        if not self.disabled:
+            metas = tuple(TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape), t.nbytes)
+                          for n, t in tensors)  # fmt: skip
+            header = EntryHeader(int(key.kind), key.block_hash, key.position, self.identity, metas)
+            try:
+                _write_atomic(self.dir / entry_file_name(key), encode(header, [_raw(t) for _, t in tensors]))
+                ok = True
+                with self._lock:
+                    self.stats.files_written += 1
+                    self.stats.bytes_written += header.payload_bytes
+            except OSError as e:  # full disk, directory gone or read-only: no disk tier from now on
+                with self._lock:
+                    self.stats.write_errors += 1
+                self._turn_off(f"writing {entry_file_name(key)}: {os.strerror(e.errno) if e.errno else e}")
+        with self._lock:
+            self._saved.append((key, ok))
+
+    def _read(self, load: TierLoad) -> None:
+        data: dict[TierKey, memoryview | None] = {}
+        for key, _ in [*load.kv, *([load.checkpoint] if load.checkpoint is not None else [])]:
+            path = self.dir / entry_file_name(key)
+            try:
+                with open(path, "rb") as f:  # into a writable buffer: the tensors copied from it need one
+                    raw = bytearray(os.fstat(f.fileno()).st_size)
+                    if f.readinto(raw) != len(raw):
+                        raise TierFileError("file shrank while read")
+                _, payload = decode(raw, self.identity, int(key.kind), key.block_hash, key.position)
+                data[key] = payload
+                with self._lock:
+                    self.stats.files_read += 1
+                    self.stats.bytes_read += len(payload)
+            except FileNotFoundError:
+                data[key] = None
+            except (TierFileError, OSError) as e:
+                self._reject(key, str(e))
+                data[key] = None
+        with self._lock:
+            self._loaded[load.request_id] = (load, data)
+
+
+def open_disk_tier(
+    cache: CacheConfig, model_dir: Path, dtype: str, quantization: str | None, caches: ModelCaches
+) -> DiskTier | None:
+    """The runner's disk tier store (None without `cache_dir`); the core decides what it saves and loads."""
+    if cache.cache_dir is None or not cache.disk_tier_bytes:
+        return None
+    identity = model_identity(model_dir, dtype, quantization, cache.block_size, caches)
+    return DiskTier(Path(cache.cache_dir), identity, caches)

@@ -1,0 +1,80 @@
+"""The disk tier's file format and store without a model: a file round-trips bit-exactly, and a flipped byte,
+a truncated file, another identity's file or another entry's file is rejected; writes leave no temporary file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from recap.core.output import SchedulerOutput, TierLoad, TierSave
+from recap.core.tier_index import EntryKind, TierKey
+from recap.model.cache import KVCache, ModelCaches, StateCache
+from recap.runner.disk_tier import DiskTier, entry_file_name
+from recap.runner.tier_file import EntryHeader, TensorMeta, TierFileError, decode, encode, read_header, write_atomic
+
+KEY = TierKey(EntryKind.CHECKPOINT, 0xABC, 32)
+
+
+def _file(tmp_path: Path, payload: bytes = b"\x01\x02\x03\x04", identity: str = "id") -> Path:
+    header = EntryHeader(int(KEY.kind), KEY.block_hash, KEY.position, identity,
+                         (TensorMeta("state.0.ssm", "uint8", (4,), len(payload)),))  # fmt: skip
+    path = tmp_path / entry_file_name(KEY)
+    write_atomic(path, encode(header, [payload]))
+    return path
+
+
+def test_round_trip_and_atomic_write(tmp_path: Path) -> None:
+    path = _file(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    header, offset = read_header(path)
+    assert header.payload_bytes == 4 and offset > 0
+    _, payload = decode(path.read_bytes(), "id", int(KEY.kind), KEY.block_hash, KEY.position)
+    assert bytes(payload) == b"\x01\x02\x03\x04"
+
+
+@pytest.mark.parametrize("fault", ["flip", "truncate", "identity", "entry"])
+def test_bad_files_are_rejected(tmp_path: Path, fault: str) -> None:
+    data = bytearray(_file(tmp_path).read_bytes())
+    identity, position = "id", KEY.position
+    if fault == "flip":
+        data[-10] ^= 1
+    elif fault == "truncate":
+        data = data[:-3]
+    elif fault == "identity":
+        identity = "another model"
+    else:
+        position = 48
+    with pytest.raises(TierFileError):
+        decode(bytes(data), identity, int(KEY.kind), KEY.block_hash, position)
+
+
+def _caches() -> ModelCaches:
+    kv = {0: KVCache({"k": torch.randn(4, 2, 3), "v": torch.randn(4, 2, 3)})}
+    state = {1: StateCache({"ssm": torch.randn(3, 5)})}
+    return ModelCaches(kv, state, torch.full((3,), -1, dtype=torch.int64), 2, 4, 3)
+
+
+def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
+    caches = _caches()
+    caches.slot_positions[1] = 32
+    store = DiskTier(tmp_path, "id", caches)
+    kv_key = TierKey(EntryKind.KV, 0x77)
+    want_kv = [caches.kv[0].tensors[n][2].clone() for n in ("k", "v")]
+    want_state = caches.state[1].tensors["ssm"][1].clone()
+    store.step(SchedulerOutput(1, [], tier_saves=[TierSave(kv_key, 2), TierSave(KEY, 1)]))
+    for t in (caches.kv[0].tensors["k"], caches.kv[0].tensors["v"], caches.state[1].tensors["ssm"]):
+        t.zero_()  # the step's forward reuses the block and slot: the snapshot was taken before
+    store.close()
+    store = DiskTier(tmp_path, "id", caches)
+    assert sorted(store.scan()) == sorted([kv_key, KEY])
+    store.step(SchedulerOutput(2, [], tier_loads=[TierLoad("r", ((kv_key, 3),), (KEY, 2))]))
+    store.wait(5.0)
+    report = store.step(SchedulerOutput(3, [])).loaded["r"]
+    assert report.failed == [] and report.checkpoint is not None and report.checkpoint.slot == 2
+    kv = caches.kv[0].tensors
+    assert torch.equal(kv["k"][3], want_kv[0]) and torch.equal(kv["v"][3], want_kv[1])
+    assert torch.equal(caches.state[1].tensors["ssm"][2], want_state) and int(caches.slot_positions[2]) == 32
+    store.close()
+    assert DiskTier(tmp_path, "other", caches).scan() == []  # another identity: its own (empty) directory
