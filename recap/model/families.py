@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from recap.model.model_config import ModelConfig
+from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
@@ -50,6 +51,7 @@ class Family:
     module: str  # the module under recap.model.models defining the class `architecture`
     model_types: tuple[str, ...]  # config.json `model_type`s naming this architecture (configs without one)
     tiny: TinyConfig
+    aliases: tuple[str, ...] = ()  # other config.json architecture names for the same layout (the hub's)
 
     def model_class(self) -> type[CausalLM]:
         return getattr(importlib.import_module(f"recap.model.models.{self.module}"), self.architecture)
@@ -128,6 +130,14 @@ _TINY_GLM5 = {"num_hidden_layers": 5, "intermediate_size": 128, "num_attention_h
               "moe_intermediate_size": 32, "n_shared_experts": 1, "hc_mult": 3, "pad_token_id": 0,
               "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 1024}  # fmt: skip
 
+# Ling 3.0: KDA at 0 and 2, MLA (RoPE on 8 dims, head gate) at 1 and 3; layer 0 dense, then MoE in 2 groups.
+_TINY_BAILING = {"num_hidden_layers": 4, "layer_group_size": 2, "first_k_dense_replace": 1, "intermediate_size": 128,
+                 "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "kv_lora_rank": 16,
+                 "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "num_local_experts": 4,
+                 "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_group": 2,
+                 "topk_group": 1, "num_mtp_layers": 0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                 "max_position_embeddings": 1024, "rope_theta": 10000.0}  # fmt: skip
+
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
     Family("FalconMambaForCausalLM", _mamba, "mamba", ("falcon_mamba",),
@@ -169,8 +179,11 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("kimi_linear", "KimiLinearConfig", _TINY_KIMI)),
     Family("Glm5NextForConditionalGeneration", _glm5_next, "glm5_next", ("glm5_next",),
            TinyConfig("glm5_next", "Glm5NextConfig", _TINY_GLM5, jitter=True, vision=True)),
+    Family("BailingHybridForCausalLM", _bailing_hybrid, "bailing_hybrid", ("bailing_hybrid",),
+           TinyConfig("bailing_hybrid", "BailingHybridConfig", _TINY_BAILING, jitter=True),
+           aliases=("BailingMoeV3ForCausalLM", "BailingMoeV2_5ForCausalLM")),
 )  # fmt: skip
-BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
+BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 
 # The views the rest of recap reads.
 TRANSLATORS: dict[str, Translator] = {f.architecture: f.translator for f in FAMILIES}

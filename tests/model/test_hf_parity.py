@@ -105,6 +105,15 @@ VARIANTS: list[tuple[str, dict]] = [
     ("minimax", {"num_local_experts": 1, "num_experts_per_tok": 1, "num_hidden_layers": 3, "head_dim": 24,
                  "layer_types": ["full_attention", "linear_attention", "linear_attention"],
                  "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_act": "gelu"}),
+    # Ling 3.0: tie_word_embeddings set (transformers still keeps lm_head apart), softplus KDA gate (no safe
+    # bound), transformers' default layer pattern (MLA closing a group of 3), unnormalized top-k in one group,
+    # 2 shared experts, RoPE at the hub's theta
+    ("bailing_hybrid", {"tie_word_embeddings": True, "kda_safe_gate": False, "layer_group_size": 3,
+                        "num_hidden_layers": 6, "first_k_dense_replace": 2, "norm_topk_prob": False, "n_group": 1,
+                        "n_shared_experts": 2, "routed_scaling_factor": 1.0, "rope_theta": 6e6}),
+    # no MoE (all dense), MLA first, a tighter safe gate, untied head
+    ("bailing_hybrid", {"layer_types": ["full_attention", "linear_attention", "linear_attention"],
+                        "num_hidden_layers": 3, "first_k_dense_replace": 3, "kda_lower_bound": -2.0}),
 ]  # fmt: skip
 
 
