@@ -1,4 +1,4 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba and MiniMax folders served through the OpenAI API with
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax and Ling 3.0 folders served through the OpenAI API with
 their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
@@ -35,6 +35,10 @@ TEMPLATES = {
     "minimax": "{% for m in messages %}<beginning_of_sentence>{{ m['role'] }} name={{ m['role'] }}\n{{ m['content'] }}"
                "<end_of_sentence>\n{% endfor %}{% if add_generation_prompt %}<beginning_of_sentence>ai name=assistant\n"
                "{% endif %}",
+    # Ling 3.0 (bailing_hybrid): <role>HUMAN</role> ... <|role_end|> turns
+    "bailing_hybrid": "{% for m in messages %}<role>{{ {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
+                      "[m['role']] }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
+                      "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 

@@ -60,4 +60,3 @@ class BailingHybridForCausalLM(HybridForCausalLM):
         for pattern, new in _RENAMES:
             key = pattern.sub(new, key)
         return key
-
