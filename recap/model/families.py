@@ -23,6 +23,7 @@ from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
 from recap.model.translators.minimax import _minimax
+from recap.model.translators.qwen4_exp import _qwen4_exp
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -137,6 +138,14 @@ _TINY_BAILING = {"num_hidden_layers": 4, "layer_group_size": 2, "first_k_dense_r
                  "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_group": 2,
                  "topk_group": 1, "num_mtp_layers": 0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
                  "max_position_embeddings": 1024, "rope_theta": 10000.0}  # fmt: skip
+# Qwen4-Exp: GDN at 0 and 2 (Qwen3.5's shapes), QSA attention at 1 and 3 (blocks of 4 tokens, 8 tokens' budget,
+# so a prompt past 12 tokens attends sparsely; 8 indexer heads, so that no two blocks tie at a zero score, which
+# transformers leaves to its sort), 2 streams of hyper-connections, MoE everywhere.
+_TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed_attention"] * 2, "hc_count": 2,
+               "hc_lowrank": 16, "indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16,
+               "indexer_budget": 8, "indexer_compress_ratio": 4, "pad_token_id": 0, "bos_token_id": 1,
+               "eos_token_id": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5}}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -182,6 +191,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("BailingHybridForCausalLM", _bailing_hybrid, "bailing_hybrid", ("bailing_hybrid",),
            TinyConfig("bailing_hybrid", "BailingHybridConfig", _TINY_BAILING, jitter=True),
            aliases=("BailingMoeV3ForCausalLM", "BailingMoeV2_5ForCausalLM")),
+    Family("Qwen4ExpForCausalLM", _qwen4_exp, "qwen4_exp", ("qwen4_exp_text",),
+           TinyConfig("qwen4_exp", "Qwen4ExpTextConfig", _TINY_QWEN4, jitter=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

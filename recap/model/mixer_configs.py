@@ -84,6 +84,25 @@ class AttentionConfig(MixerConfig):
 
 
 @dataclass(frozen=True)
+class QSAAttentionConfig(AttentionConfig):
+    """Qwen4-Exp's attention: Qwen3.5's gated attention (head q/k norms, output gate, partial RoPE) whose
+    queries attend only the tokens a block indexer selects (kernels/qsa.py). The indexer's raw key per token
+    is cached beside K and V (`index_key`), so a prefix-cache hit restores the selection's inputs."""
+
+    index_heads: int = 1
+    index_head_dim: int = 128
+    index_budget: int = 2048  # tokens of complete blocks a query selects
+    index_ratio: int = 64  # tokens per block
+    mixer: ClassVar[str] = "recap.model.layers.qsa_attention:QSAAttention"
+
+    def kv_specs(self) -> KVSpecs:
+        return (*super().kv_specs(), ("index_key", (1, self.index_head_dim)))
+
+    def flops_weights(self, hidden: int) -> int:
+        return super().flops_weights(hidden) + hidden * (self.index_heads + 1) * self.index_head_dim
+
+
+@dataclass(frozen=True)
 class MLAConfig(MixerConfig):
     """Multi-head latent attention (DeepSeek-V2 MLA; Kimi-Linear's, without positional encoding).
 

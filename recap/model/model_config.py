@@ -61,6 +61,16 @@ class HyperConnectionConfig:
 
 
 @dataclass(frozen=True)
+class GatedResidualConfig:
+    """Qwen4-Exp's hyper-connections: `streams` residual streams per token; each block reads a sigmoid-gated
+    mean of the normed streams (a rank-`rank` mixer) and writes its output into every stream with its own
+    weight (layers/gated_residual.py)."""
+
+    streams: int
+    rank: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -89,6 +99,7 @@ class ModelConfig:
     indexed_mla: IndexedMLAConfig | None = None  # "indexed_attention" layers (its indexer "full")
     shared_index_layers: tuple[int, ...] = ()  # indexed layers reusing the previous full layer's selection
     hyper_connections: HyperConnectionConfig | None = None
+    gated_residual: GatedResidualConfig | None = None  # Qwen4-Exp's hyper-connections
     lightning: LightningConfig | None = None
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None

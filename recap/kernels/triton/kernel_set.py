@@ -1,10 +1,12 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
-the indexed (DSA-style sparse) MLA ops: their torch kernels, which run on any device, until Triton ones exist."""
+the indexed (DSA-style sparse) MLA ops and Qwen4-Exp's QSA attention: their torch kernels, which run on any device,
+until Triton ones exist."""
 
 from __future__ import annotations
 
 from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kernel_set import KernelSet
+from recap.kernels.qsa import paged_qsa_attention
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 from recap.kernels.triton.gdn import gated_delta_rule
 from recap.kernels.triton.kda import kda
@@ -28,4 +30,5 @@ TRITON_KERNELS = KernelSet(
     paged_mla_attention=paged_mla_attention,
     paged_dsa_select=paged_dsa_select,
     paged_sparse_mla_attention=paged_sparse_mla_attention,
+    paged_qsa_attention=paged_qsa_attention,
 )
