@@ -114,6 +114,14 @@ VARIANTS: list[tuple[str, dict]] = [
     # no MoE (all dense), MLA first, a tighter safe gate, untied head
     ("bailing_hybrid", {"layer_types": ["full_attention", "linear_attention", "linear_attention"],
                         "num_hidden_layers": 3, "first_k_dense_replace": 3, "kda_lower_bound": -2.0}),
+    # Qwen4-Exp: tied head, 3 streams, QSA first with blocks of 2 (6 tokens' budget), 4:1 GQA, full RoPE,
+    # unnormalized top-k, transformers' default pattern (full_attention_interval) over 5 layers
+    ("qwen4_exp", {"tie_word_embeddings": True, "hc_count": 3, "hc_lowrank": 8, "indexer_compress_ratio": 2,
+                   "indexer_budget": 6, "num_key_value_heads": 1, "norm_topk_prob": False,
+                   "layer_types": ["indexed_attention", "linear_attention", "linear_attention", "full_attention"],
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
+    ("qwen4_exp", {"layer_types": None, "num_hidden_layers": 5, "full_attention_interval": 2,
+                   "indexer_budget": 12, "indexer_compress_ratio": 6, "indexer_head_dim": 24}),
 ]  # fmt: skip
 
 
