@@ -62,6 +62,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         # MLA over the keys a DSA-style indexer selects (GLM-5.3-Flash); the indexer's keys share the KV blocks
         LayerKind("indexed_attention", kv=("indexed_mla",)),
         LayerKind("lightning", state="lightning"),  # MiniMax lightning attention (on the SSD kernels)
+        LayerKind("gdn_ple", state="gdn_ple"),  # Gated DeltaNet + Qwen4-Exp's per-layer n-gram embeddings
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

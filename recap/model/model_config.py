@@ -30,6 +30,7 @@ from recap.model.mixer_configs import (
     Mamba2Config,
     MixerConfig,
     MLAConfig,
+    PLEGatedDeltaNetConfig,
     ShortConvConfig,
 )
 from recap.model.state_spec import StateTensorSpec, check_specs
@@ -100,6 +101,7 @@ class ModelConfig:
     shared_index_layers: tuple[int, ...] = ()  # indexed layers reusing the previous full layer's selection
     hyper_connections: HyperConnectionConfig | None = None
     gated_residual: GatedResidualConfig | None = None  # Qwen4-Exp's hyper-connections
+    gdn_ple: PLEGatedDeltaNetConfig | None = None  # "gdn_ple" layers (Qwen4-Exp's GDN layers with PLE)
     lightning: LightningConfig | None = None
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None

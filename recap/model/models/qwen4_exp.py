@@ -1,5 +1,6 @@
 """Qwen4-Exp (`Qwen4ExpForCausalLM`): Gated DeltaNet and QSA attention layers (layers/qsa_attention.py), an MoE
-after each, hyper-connections around both (layers/gated_residual.py), no per-layer norms.
+after each, hyper-connections around both (layers/gated_residual.py), no per-layer norms; some GDN layers
+("gdn_ple") first add per-layer n-gram embeddings to the streams (layers/ple.py).
 
 Each token carries N residual streams side by side ([T, N D]; N copies of its embedding at first). Layer i:
     S = S + w (x) mixer(attn_hyper_connection.mix(S));  S = S + w' (x) mlp(mlp_hyper_connection.mix(S))
@@ -18,9 +19,13 @@ from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.layer_kinds import build_mixer
 from recap.model.layers.gated_residual import GatedResidual
+from recap.model.layers.ple import PerLayerEmbedding
 from recap.model.model_config import GatedResidualConfig, ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+
+_PLE_BUFFERS = ("ple_embedding.layer_multipliers", "ple_embedding.ngram_heads_vocab_sizes",
+                "ple_embedding.ngram_heads_offsets")  # fmt: skip
 
 
 def _streams(config: ModelConfig) -> GatedResidualConfig:
@@ -41,9 +46,13 @@ class Qwen4ExpBlock(nn.Module):
         self.mlp = ff
         self.attn_hyper_connection = GatedResidual(d, hc, eps, dtype)
         self.mlp_hyper_connection = GatedResidual(d, hc, eps, dtype)
+        ple = config.gdn_ple.ple if config.layer_types[layer] == "gdn_ple" and config.gdn_ple is not None else None
+        self.ple = None if ple is None else PerLayerEmbedding(d, ple, layer, eps, dtype)
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.linear_attn
+        if self.ple is not None:
+            streams = self.ple(streams, batch, caches, layer)
         streams = self.attn_hyper_connection.around(streams, lambda x: mixer(x, batch, caches, layer))
         return self.mlp_hyper_connection.around(streams, self.mlp)
 
@@ -58,6 +67,11 @@ class Qwen4ExpForCausalLM(HybridForCausalLM):
         self.model.hyper_connection_mixer = GatedResidual(
             config.hidden_size, _streams(config), config.norm_eps, dtype, inject=False
         )
+
+    def rename_checkpoint_key(self, key: str) -> str | None:  # type: ignore[override]
+        if key.endswith(_PLE_BUFFERS):
+            return None  # the hash multipliers and table sizes: recomputed from the config (layers/ple.py)
+        return key
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:

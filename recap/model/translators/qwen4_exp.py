@@ -1,8 +1,8 @@
 """Qwen4-Exp (`Qwen4ExpForCausalLM`, model_type "qwen4_exp_text"): Qwen3.5's Gated DeltaNet layers, attention
 layers whose queries attend the tokens a block indexer selects (QSA; "indexed_attention" / "full_attention"),
 hyper-connections (`hc_count` streams) around every mixer and MoE (every layer: softmax top-k, a gated shared
-expert). Refused with the reason: per-layer n-gram embeddings (`ple_layer_ids`), a sigmoid GDN output gate,
-attention layers without the indexer."""
+expert); the GDN layers named by `ple_layer_ids` (1-indexed) add per-layer n-gram embeddings ("gdn_ple").
+Refused with the reason: a sigmoid GDN output gate, attention layers without the indexer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from recap.model.feed_forward_configs import MoEConfig
-from recap.model.mixer_configs import QSAAttentionConfig
+from recap.model.mixer_configs import PerLayerEmbeddingConfig, PLEGatedDeltaNetConfig, QSAAttentionConfig
 from recap.model.model_config import GatedResidualConfig, ModelConfig
 from recap.model.translators.common import GDN_CHUNK, UnsupportedArchitectureError, _attention, _common, _rope
 from recap.model.translators.gated_deltanet import _gdn_config
@@ -31,9 +31,29 @@ def _qwen4_layers(cfg: Mapping[str, Any], arch: str) -> tuple[str, ...]:
     return tuple(_KINDS[t] for t in names)
 
 
+def _ple(cfg: Mapping[str, Any], arch: str, kinds: tuple[str, ...]) -> PerLayerEmbeddingConfig | None:
+    """The PLE layers' settings (ple_layer_ids are 1-indexed GDN layers), None without any."""
+    layers = tuple(sorted({int(i) - 1 for i in cfg.get("ple_layer_ids") or ()}))
+    if not layers:
+        return None
+    if any(not 0 <= i < len(kinds) or kinds[i] != "gdn" for i in layers):
+        raise UnsupportedArchitectureError(f"{arch}: ple_layer_ids must name linear_attention layers")
+    eos = cfg.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    if eos is None:
+        raise UnsupportedArchitectureError(f"{arch}: PLE layers need eos_token_id")
+    return PerLayerEmbeddingConfig(
+        layers=layers, streams=int(cfg.get("hc_count", 4)),
+        embed_dim=int(cfg.get("ple_embed_dim") or cfg["hidden_size"]),
+        conv_kernel=int(cfg.get("ple_conv_kernel_size", 4)), ngram_size=int(cfg.get("ngram_size", 3)),
+        heads_per_ngram=int(cfg.get("heads_per_ngram", 8)), vocab_size=int(cfg["vocab_size"]),
+        vocab_base=int(cfg.get("ngram_vocab_size_base", 20_000_000)),
+        vocab_multiple=int(cfg.get("make_ngram_vocab_size_divisible_by", 128)), seed=int(cfg.get("seed", 1234)),
+        shards=int(cfg.get("split_ngram_parts", 512)), eos_token_id=int(eos),
+    )  # fmt: skip
+
+
 def _refuse_unsupported(cfg: Mapping[str, Any], arch: str, kinds: tuple[str, ...]) -> None:
-    if cfg.get("ple_layer_ids"):
-        raise UnsupportedArchitectureError(f"{arch}: per-layer n-gram embeddings (ple_layer_ids) are not supported")
     if (cfg.get("output_gate_type") or cfg.get("hidden_act", "silu")) != "silu":
         raise UnsupportedArchitectureError(f"{arch}: a GDN output gate other than silu is not supported")
     if "attention" in kinds and any(cfg.get(k) is None for k in _QSA):
@@ -57,6 +77,10 @@ def _qwen4_exp(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     kinds = _qwen4_layers(cfg, arch)
     _refuse_unsupported(cfg, arch, kinds)
     eps = float(cfg.get("rms_norm_eps", 1e-6))
+    gdn, ple = _gdn_config(cfg, "qwen3_5", eps), _ple(cfg, arch, kinds)
+    if ple is not None:
+        kinds = tuple("gdn_ple" if i in ple.layers else k for i, k in enumerate(kinds))
+    fields = {f.name: getattr(gdn, f.name) for f in dataclasses.fields(gdn)}
     moe = MoEConfig(  # Qwen3-Next's: softmax, top-k, renormalized if norm_topk_prob, a gated shared expert
         num_experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]),
         intermediate_size=int(cfg["moe_intermediate_size"]), activation=cfg.get("hidden_act", "silu"),
@@ -72,6 +96,7 @@ def _qwen4_exp(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         ssm_chunk_size=GDN_CHUNK,
         attention=_qsa(cfg, arch, eps) if "attention" in kinds else None,
         moe=moe,
-        gdn=_gdn_config(cfg, "qwen3_5", eps),
+        gdn=gdn if "gdn" in kinds else None,
+        gdn_ple=None if ple is None else PLEGatedDeltaNetConfig(**fields, ple=ple, hidden_size=int(cfg["hidden_size"])),
         gated_residual=GatedResidualConfig(int(cfg.get("hc_count", 4)), int(cfg.get("hc_lowrank", 320))),
     )
