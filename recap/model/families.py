@@ -140,12 +140,16 @@ _TINY_BAILING = {"num_hidden_layers": 4, "layer_group_size": 2, "first_k_dense_r
                  "max_position_embeddings": 1024, "rope_theta": 10000.0}  # fmt: skip
 # Qwen4-Exp: GDN at 0 and 2 (Qwen3.5's shapes), QSA attention at 1 and 3 (blocks of 4 tokens, 8 tokens' budget,
 # so a prompt past 12 tokens attends sparsely; 8 indexer heads, so that no two blocks tie at a zero score, which
-# transformers leaves to its sort), 2 streams of hyper-connections, MoE everywhere.
+# transformers leaves to its sort; no pad id: a pad row of zeros zeroes a token's streams, and so its indexer
+# query, making every score 0), 2 streams of hyper-connections, MoE everywhere; per-layer n-gram embeddings
+# (trigrams, 2 heads each, tables of ~100 rows in 3 shards) on GDN layer 2.
 _TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed_attention"] * 2, "hc_count": 2,
                "hc_lowrank": 16, "indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16,
-               "indexer_budget": 8, "indexer_compress_ratio": 4, "pad_token_id": 0, "bos_token_id": 1,
+               "indexer_budget": 8, "indexer_compress_ratio": 4, "pad_token_id": None, "bos_token_id": 1,
                "eos_token_id": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                                      "partial_rotary_factor": 0.5}}  # fmt: skip
+                                                      "partial_rotary_factor": 0.5},
+               "ple_layer_ids": [3], "ple_embed_dim": 32, "heads_per_ngram": 2, "ngram_vocab_size_base": 100,
+               "make_ngram_vocab_size_divisible_by": 8, "split_ngram_parts": 3, "ple_conv_kernel_size": 3}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
