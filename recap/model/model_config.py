@@ -30,9 +30,9 @@ from recap.model.mixer_configs import (
     Mamba2Config,
     MixerConfig,
     MLAConfig,
-    PLEGatedDeltaNetConfig,
     ShortConvConfig,
 )
+from recap.model.qwen4_configs import PLEGatedDeltaNetConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
 
 

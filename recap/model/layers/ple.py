@@ -28,7 +28,7 @@ from recap.model.layers.conv import causal_conv
 from recap.model.layers.gated_residual import GroupedOffsetRMSNorm
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
-from recap.model.mixer_configs import PerLayerEmbeddingConfig
+from recap.model.qwen4_configs import PerLayerEmbeddingConfig
 
 _MASK64 = (1 << 64) - 1
 _GAMMA, _M1, _M2, _PRIME = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 10007

@@ -19,7 +19,7 @@ from recap.model.layers.linear import Linear
 from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import OffsetRMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
-from recap.model.mixer_configs import QSAAttentionConfig
+from recap.model.qwen4_configs import QSAAttentionConfig
 
 
 class QSAIndexer(nn.Module):

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from recap.model.feed_forward_configs import MoEConfig
-from recap.model.mixer_configs import PerLayerEmbeddingConfig, PLEGatedDeltaNetConfig, QSAAttentionConfig
 from recap.model.model_config import GatedResidualConfig, ModelConfig
+from recap.model.qwen4_configs import PerLayerEmbeddingConfig, PLEGatedDeltaNetConfig, QSAAttentionConfig
 from recap.model.translators.common import GDN_CHUNK, UnsupportedArchitectureError, _attention, _common, _rope
 from recap.model.translators.gated_deltanet import _gdn_config
 
