@@ -23,7 +23,7 @@ from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
 from recap.model.translators.minimax import _minimax
-from recap.model.translators.qwen4_exp import _qwen4_exp
+from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -197,6 +197,8 @@ FAMILIES: tuple[Family, ...] = (
            aliases=("BailingMoeV3ForCausalLM", "BailingMoeV2_5ForCausalLM")),
     Family("Qwen4ExpForCausalLM", _qwen4_exp, "qwen4_exp", ("qwen4_exp_text",),
            TinyConfig("qwen4_exp", "Qwen4ExpTextConfig", _TINY_QWEN4, jitter=True)),
+    Family("Qwen4ExpForConditionalGeneration", _qwen4_exp_vl, "qwen4_exp", ("qwen4_exp",),
+           TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

@@ -79,3 +79,15 @@ class Qwen4ExpForCausalLM(HybridForCausalLM):
         for i, block in enumerate(self.blocks()):
             streams = block(streams, batch, caches, i)
         return self.model.hyper_connection_mixer.mix(streams)
+
+
+class Qwen4ExpForConditionalGeneration(Qwen4ExpForCausalLM):
+    """The hub's vision-language checkpoint, loaded text-only: `model.language_model.*` is this model's `model.*`;
+    the vision tower (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are skipped."""
+
+    ignored_checkpoint_prefixes = ("model.visual.", "mtp.")
+
+    def rename_checkpoint_key(self, key: str) -> str | None:  # type: ignore[override]
+        if key.startswith("model.language_model."):
+            key = "model." + key.removeprefix("model.language_model.")
+        return super().rename_checkpoint_key(key)

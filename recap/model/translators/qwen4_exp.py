@@ -13,7 +13,14 @@ from typing import Any
 from recap.model.feed_forward_configs import MoEConfig
 from recap.model.model_config import GatedResidualConfig, ModelConfig
 from recap.model.qwen4_configs import PerLayerEmbeddingConfig, PLEGatedDeltaNetConfig, QSAAttentionConfig
-from recap.model.translators.common import GDN_CHUNK, UnsupportedArchitectureError, _attention, _common, _rope
+from recap.model.translators.common import (
+    GDN_CHUNK,
+    UnsupportedArchitectureError,
+    _attention,
+    _common,
+    _rope,
+    nested_text_config,
+)
 from recap.model.translators.gated_deltanet import _gdn_config
 
 _KINDS = {"linear_attention": "gdn", "indexed_attention": "attention", "full_attention": "attention"}
@@ -100,3 +107,9 @@ def _qwen4_exp(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         gdn_ple=None if ple is None else PLEGatedDeltaNetConfig(**fields, ple=ple, hidden_size=int(cfg["hidden_size"])),
         gated_residual=GatedResidualConfig(int(cfg.get("hc_count", 4)), int(cfg.get("hc_lowrank", 320))),
     )
+
+
+def _qwen4_exp_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """The hub's vision-language checkpoint (`Qwen4ExpForConditionalGeneration`): the text config nested under
+    `text_config`, loaded text-only."""
+    return dataclasses.replace(_qwen4_exp(nested_text_config(cfg, arch), arch), architecture=arch)
