@@ -1,5 +1,5 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax and Ling 3.0 folders served through the OpenAI API with
-their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, Ling 3.0 and Qwen4-Exp folders served through
+the OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -35,6 +35,9 @@ TEMPLATES = {
     "minimax": "{% for m in messages %}<beginning_of_sentence>{{ m['role'] }} name={{ m['role'] }}\n{{ m['content'] }}"
                "<end_of_sentence>\n{% endfor %}{% if add_generation_prompt %}<beginning_of_sentence>ai name=assistant\n"
                "{% endif %}",
+    # Qwen4-Exp: ChatML turns, the reply opening a thinking block (recap's default is plain ChatML)
+    "qwen4_exp": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
     # Ling 3.0 (bailing_hybrid): <role>HUMAN</role> ... <|role_end|> turns
     "bailing_hybrid": "{% for m in messages %}<role>{{ {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
                       "[m['role']] }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
