@@ -89,6 +89,7 @@ class ReplayTiers:
             self.cache.state.pool.on_spill = self._spill_checkpoint
         if self.cache.kv is not None:
             self.cache.kv.pool.on_spill = self._spill_kv
+            self.cache.lower_kv = lambda h: any(t.has_kv(h) for t in self.tiers)  # the tail learner's index
 
     # -- demotion ---------------------------------------------------------------------------------
     def _spill_checkpoint(self, slot: int, block_hash: int, position: int, stranded: bool) -> None:

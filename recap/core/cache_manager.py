@@ -8,7 +8,7 @@ Attention-only models hit on the KV prefix alone; SSM-only models on the checkpo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from recap.config import CacheConfig, CacheLayout
@@ -84,6 +84,7 @@ class CacheManager:
         self.policy = CheckpointPolicy(cache_config, layout.has_state, extent_capacity, self.indexes)
         if self.state is not None and self.policy.learns_yield:  # only recap learns from outcomes
             self.state.pool.on_outcome = self.policy.record_outcome
+        self.lower_kv: Callable[[int], bool] | None = None  # a lower tier's KV index (core/tier_scheduling.py)
         self.hasher = BlockHasher(bs)
         # Without a KV group, recently computed hashes stand in for the KV prefix (branch learning).
         self.seen: SeenIndex | None = None
@@ -92,9 +93,11 @@ class CacheManager:
             self.seen = SeenIndex(seen_capacity)
 
     def indexes(self, block_hash: int) -> bool:
-        """Whether a later request's KV hit (or seen prefix) can still end at this block hash."""
+        """Whether a later request's KV hit (or seen prefix) can still end at this block hash (in the KV pool or
+        a lower tier's KV)."""
         if self.kv is not None:
-            return self.kv.pool.lookup(block_hash) is not None
+            return self.kv.pool.lookup(block_hash) is not None or (self.lower_kv is not None and
+                                                                    self.lower_kv(block_hash))  # fmt: skip
         return self.seen is not None and block_hash in self.seen
 
     # -- hashing ----------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ def make_tier(cache_config: CacheConfig, layout: CacheLayout, cache: CacheManage
     if not budget:
         return None
     kv_bytes = max(1, layout.kv_bytes_per_token * layout.block_size)
-    return TierManager(cache, TierIndex("disk", budget), kv_bytes, max(1, layout.state_bytes_per_slot))
+    index = TierIndex("disk", budget)
+    cache.lower_kv = index.has_kv  # a block only on disk still ends a KV hit: the tail learner keeps its extent
+    return TierManager(cache, index, kv_bytes, max(1, layout.state_bytes_per_slot))
 
 
 class TierScheduling:

@@ -19,6 +19,7 @@ from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attenti
 from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
 from recap.kernels.paged_attention import paged_attention
+from recap.kernels.qsa import paged_qsa_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.selective_scan import selective_scan, selective_state_update
 from recap.kernels.ssd import ssd
@@ -45,6 +46,7 @@ class KernelSet:
     paged_dsa_select: Kernel
     paged_sparse_mla_attention: Kernel
     rglru_scan: Kernel
+    paged_qsa_attention: Kernel
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
@@ -66,6 +68,7 @@ TORCH_KERNELS = KernelSet(
     paged_dsa_select=paged_dsa_select,
     paged_sparse_mla_attention=paged_sparse_mla_attention,
     rglru_scan=rglru_scan,
+    paged_qsa_attention=paged_qsa_attention,
 )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from recap.model.model_config import ModelConfig
+from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
@@ -22,6 +23,7 @@ from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
 from recap.model.translators.minimax import _minimax
+from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ class Family:
     module: str  # the module under recap.model.models defining the class `architecture`
     model_types: tuple[str, ...]  # config.json `model_type`s naming this architecture (configs without one)
     tiny: TinyConfig
+    aliases: tuple[str, ...] = ()  # other config.json architecture names for the same layout (the hub's)
 
     def model_class(self) -> type[CausalLM]:
         return getattr(importlib.import_module(f"recap.model.models.{self.module}"), self.architecture)
@@ -132,6 +135,26 @@ _TINY_GLM5 = {"num_hidden_layers": 5, "intermediate_size": 128, "num_attention_h
 _TINY_RG = {"num_hidden_layers": 4, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
             "attention_window_size": 12}  # fmt: skip
 
+# Ling 3.0: KDA at 0 and 2, MLA (RoPE on 8 dims, head gate) at 1 and 3; layer 0 dense, then MoE in 2 groups.
+_TINY_BAILING = {"num_hidden_layers": 4, "layer_group_size": 2, "first_k_dense_replace": 1, "intermediate_size": 128,
+                 "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "kv_lora_rank": 16,
+                 "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "num_local_experts": 4,
+                 "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1, "n_group": 2,
+                 "topk_group": 1, "num_mtp_layers": 0, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                 "max_position_embeddings": 1024, "rope_theta": 10000.0}  # fmt: skip
+# Qwen4-Exp: GDN at 0 and 2 (Qwen3.5's shapes), QSA attention at 1 and 3 (blocks of 4 tokens, 8 tokens' budget,
+# so a prompt past 12 tokens attends sparsely; 8 indexer heads, so that no two blocks tie at a zero score, which
+# transformers leaves to its sort; no pad id: a pad row of zeros zeroes a token's streams, and so its indexer
+# query, making every score 0), 2 streams of hyper-connections, MoE everywhere; per-layer n-gram embeddings
+# (trigrams, 2 heads each, tables of ~100 rows in 3 shards) on GDN layer 2.
+_TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed_attention"] * 2, "hc_count": 2,
+               "hc_lowrank": 16, "indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 16,
+               "indexer_budget": 8, "indexer_compress_ratio": 4, "pad_token_id": None, "bos_token_id": 1,
+               "eos_token_id": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5},
+               "ple_layer_ids": [3], "ple_embed_dim": 32, "heads_per_ngram": 2, "ngram_vocab_size_base": 100,
+               "make_ngram_vocab_size_divisible_by": 8, "split_ngram_parts": 3, "ple_conv_kernel_size": 3}  # fmt: skip
+
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
     Family("FalconMambaForCausalLM", _mamba, "mamba", ("falcon_mamba",),
@@ -175,8 +198,15 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("glm5_next", "Glm5NextConfig", _TINY_GLM5, jitter=True, vision=True)),
     Family("RecurrentGemmaForCausalLM", _recurrent_gemma, "recurrent_gemma", ("recurrent_gemma",),
            TinyConfig("recurrent_gemma", "RecurrentGemmaConfig", _TINY_RG, jitter=True)),
+    Family("BailingHybridForCausalLM", _bailing_hybrid, "bailing_hybrid", ("bailing_hybrid",),
+           TinyConfig("bailing_hybrid", "BailingHybridConfig", _TINY_BAILING, jitter=True),
+           aliases=("BailingMoeV3ForCausalLM", "BailingMoeV2_5ForCausalLM")),
+    Family("Qwen4ExpForCausalLM", _qwen4_exp, "qwen4_exp", ("qwen4_exp_text",),
+           TinyConfig("qwen4_exp", "Qwen4ExpTextConfig", _TINY_QWEN4, jitter=True)),
+    Family("Qwen4ExpForConditionalGeneration", _qwen4_exp_vl, "qwen4_exp", ("qwen4_exp",),
+           TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
 )  # fmt: skip
-BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
+BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 
 # The views the rest of recap reads.
 TRANSLATORS: dict[str, Translator] = {f.architecture: f.translator for f in FAMILIES}

@@ -63,6 +63,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("indexed_attention", kv=("indexed_mla",)),
         LayerKind("lightning", state="lightning"),  # MiniMax lightning attention (on the SSD kernels)
         LayerKind("rglru", state="rglru"),  # Griffin's recurrent block (RecurrentGemma): conv window + RG-LRU state
+        LayerKind("gdn_ple", state="gdn_ple"),  # Gated DeltaNet + Qwen4-Exp's per-layer n-gram embeddings
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

@@ -100,6 +100,9 @@ class MLAConfig(MixerConfig):
     q_lora_rank: int | None = None  # None: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
     bias: bool = False  # on q_a_proj, kv_a_proj_with_mqa and o_proj
     norm_eps: float = 1e-6  # q_a_layernorm / kv_a_layernorm
+    # RoPE on the rope dims of q and the shared key, DeepSeek's interleaved pairs (Ling 3.0); None: no rotation
+    rope_theta: float | None = None
+    head_gate: bool = False  # each head's output scaled by sigmoid(g_proj(x)), one scalar per head (Ling 3.0)
     mixer: ClassVar[str] = "recap.model.layers.mla:MLAttention"
 
     @property
@@ -112,7 +115,7 @@ class MLAConfig(MixerConfig):
     def flops_weights(self, hidden: int) -> int:
         w = hidden * self.num_heads * self.qk_head_dim + hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
         w += self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
-        return w + self.num_heads * self.v_head_dim * hidden
+        return w + self.num_heads * self.v_head_dim * hidden + (hidden * self.num_heads if self.head_gate else 0)
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,9 @@ class ShortConvConfig(MixerConfig):
         return hidden * 3 * self.dim + self.dim * hidden  # in_proj [B | C | x] + out_proj
 
 
+KDA_LAYOUTS = ("kimi", "glm5", "bailing")
+
+
 @dataclass(frozen=True)
 class KDAConfig(MixerConfig):
     """Kimi Delta Attention: q, k, v through their own short convs (silu), a per-channel forget gate, a delta
@@ -361,14 +367,16 @@ class KDAConfig(MixerConfig):
     head_dim: int
     conv_kernel: int
     norm_eps: float = 1e-5
-    layout: str = "kimi"  # A_log on disk: "kimi" [1, 1, H, 1], "glm5" (GLM-5.3-Flash) [H]
+    # A_log on disk: "kimi" [1, 1, H, 1], "glm5" (GLM-5.3-Flash) [H]; "bailing" (Ling 3.0): A_log [H] and full-rank
+    # f_proj / g_proj in place of the f_a/f_b and g_a/g_b pairs
+    layout: str = "kimi"
     # None: g = -exp(A_log) softplus(f + dt_bias); else g = bound * sigmoid(exp(A_log) (f + dt_bias))
     gate_lower_bound: float | None = None
     mixer: ClassVar[str] = "recap.model.layers.kda:KDAMixer"
 
     def __post_init__(self) -> None:
-        if self.layout not in ("kimi", "glm5"):
-            raise ValueError(f"KDA layout must be 'kimi' or 'glm5', got {self.layout!r}")
+        if self.layout not in KDA_LAYOUTS:
+            raise ValueError(f"KDA layout must be one of {KDA_LAYOUTS}, got {self.layout!r}")
 
     @property
     def dim(self) -> int:
@@ -380,6 +388,7 @@ class KDAConfig(MixerConfig):
 
     def flops_weights(self, hidden: int) -> int:
         d, hd = self.dim, self.head_dim
-        return 4 * hidden * d + 2 * (hidden * hd + hd * d) + hidden * self.num_heads  # q k v o, f_a/b, g_a/b, b
+        gates = 2 * hidden * d if self.layout == "bailing" else 2 * (hidden * hd + hd * d)  # f and g projections
+        return 4 * hidden * d + gates + hidden * self.num_heads  # q k v o, f, g, b
 
 

@@ -32,6 +32,7 @@ from recap.model.mixer_configs import (
     MLAConfig,
     ShortConvConfig,
 )
+from recap.model.qwen4_configs import PLEGatedDeltaNetConfig
 from recap.model.rglru_config import RGLRUConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
 
@@ -59,6 +60,16 @@ class HyperConnectionConfig:
     streams: int
     sinkhorn_iters: int
     eps: float
+
+
+@dataclass(frozen=True)
+class GatedResidualConfig:
+    """Qwen4-Exp's hyper-connections: `streams` residual streams per token; each block reads a sigmoid-gated
+    mean of the normed streams (a rank-`rank` mixer) and writes its output into every stream with its own
+    weight (layers/gated_residual.py)."""
+
+    streams: int
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,8 @@ class ModelConfig:
     indexed_mla: IndexedMLAConfig | None = None  # "indexed_attention" layers (its indexer "full")
     shared_index_layers: tuple[int, ...] = ()  # indexed layers reusing the previous full layer's selection
     hyper_connections: HyperConnectionConfig | None = None
+    gated_residual: GatedResidualConfig | None = None  # Qwen4-Exp's hyper-connections
+    gdn_ple: PLEGatedDeltaNetConfig | None = None  # "gdn_ple" layers (Qwen4-Exp's GDN layers with PLE)
     lightning: LightningConfig | None = None
     rglru: RGLRUConfig | None = None  # RecurrentGemma's recurrent blocks
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)

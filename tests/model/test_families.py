@@ -38,8 +38,19 @@ def test_registries_are_views_of_the_families() -> None:
     assert len(TINY_ARCHS) == len(FAMILIES)  # one distinct short name each
 
 
+def test_aliases_load_as_their_family() -> None:
+    """The hub's other names for a layout (Ling 3.0's) resolve to the family and translate as it."""
+    entry = family("BailingHybridForCausalLM")
+    assert entry.aliases == ("BailingMoeV3ForCausalLM", "BailingMoeV2_5ForCausalLM")
+    hf = tiny_hf_config(entry.tiny.name).to_dict()
+    for alias in entry.aliases:
+        assert family(alias) is entry
+        cfg = translate_config({**hf, "architectures": [alias]})
+        assert cfg.architecture == entry.architecture and cfg.layer_types == ("kda", "attention") * 2
+
+
 def test_unknown_architecture_is_refused() -> None:
-    with pytest.raises(UnsupportedArchitectureError, match="LlamaForCausalLM.*supported: BambaForCausalLM"):
+    with pytest.raises(UnsupportedArchitectureError, match="LlamaForCausalLM.*supported: .*BambaForCausalLM"):
         family("LlamaForCausalLM")
     with pytest.raises(UnsupportedArchitectureError, match="model_type='llama'"):
         architecture_of({"model_type": "llama"})

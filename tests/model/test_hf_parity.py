@@ -115,6 +115,23 @@ VARIANTS: list[tuple[str, dict]] = [
     ("recurrent_gemma", {"block_types": ["attention", "recurrent", "recurrent"], "attention_window_size": 64,
                          "hidden_activation": "gelu",
                          "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
+    # Ling 3.0: tie_word_embeddings set (transformers still keeps lm_head apart), softplus KDA gate (no safe
+    # bound), transformers' default layer pattern (MLA closing a group of 3), unnormalized top-k in one group,
+    # 2 shared experts, RoPE at the hub's theta
+    ("bailing_hybrid", {"tie_word_embeddings": True, "kda_safe_gate": False, "layer_group_size": 3,
+                        "num_hidden_layers": 6, "first_k_dense_replace": 2, "norm_topk_prob": False, "n_group": 1,
+                        "n_shared_experts": 2, "routed_scaling_factor": 1.0, "rope_theta": 6e6}),
+    # no MoE (all dense), MLA first, a tighter safe gate, untied head
+    ("bailing_hybrid", {"layer_types": ["full_attention", "linear_attention", "linear_attention"],
+                        "num_hidden_layers": 3, "first_k_dense_replace": 3, "kda_lower_bound": -2.0}),
+    # Qwen4-Exp: tied head, 3 streams, QSA first with blocks of 2 (6 tokens' budget), 4:1 GQA, full RoPE,
+    # unnormalized top-k, transformers' default pattern (full_attention_interval) over 5 layers
+    ("qwen4_exp", {"tie_word_embeddings": True, "hc_count": 3, "hc_lowrank": 8, "indexer_compress_ratio": 2,
+                   "indexer_budget": 6, "num_key_value_heads": 1, "norm_topk_prob": False,
+                   "layer_types": ["indexed_attention", "linear_attention", "linear_attention", "full_attention"],
+                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
+    ("qwen4_exp", {"layer_types": None, "num_hidden_layers": 5, "full_attention_interval": 2,
+                   "indexer_budget": 12, "indexer_compress_ratio": 6, "indexer_head_dim": 24}),
 ]  # fmt: skip
 
 

@@ -1,5 +1,5 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax and RecurrentGemma folders served through the
-OpenAI API with their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0 and Qwen4-Exp folders
+served through the OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -38,6 +38,13 @@ TEMPLATES = {
     "recurrent_gemma": "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
                        "else 'user' }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}"
                        "<start_of_turn>model\n{% endif %}",
+    # Qwen4-Exp: ChatML turns, the reply opening a thinking block (recap's default is plain ChatML)
+    "qwen4_exp": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
+    # Ling 3.0 (bailing_hybrid): <role>HUMAN</role> ... <|role_end|> turns
+    "bailing_hybrid": "{% for m in messages %}<role>{{ {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
+                      "[m['role']] }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
+                      "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 

@@ -26,15 +26,21 @@ class CausalConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x [T, D] -> [T, D]; reads and updates conv_state [S, D, K-1] of the rows' slots."""
-        meta = batch.ssm
-        assert meta is not None, "a causal conv needs batch.ssm metadata"
-        w = self.weight.squeeze(1)  # (d, k)
-        if meta.is_decode:
-            # has_initial_state: a one-token prompt (context 0) must not read its slot's old content.
-            y = batch.kernels.causal_conv1d_update(
-                x, conv_state, w, self.bias, meta.state_indices, self.activation, meta.has_initial_state
-            )
-            copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
-        else:
-            y = batch.kernels.causal_conv1d(x, w, self.bias, conv_state, meta, self.activation)
+        y = causal_conv(x, conv_state, self.weight.squeeze(1), self.bias, self.activation, batch)
         return y if self.post_activation is None else self.post_activation(y)
+
+
+def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                activation: str | None, batch: ForwardBatch) -> torch.Tensor:  # fmt: skip
+    """x [T, D] through the depthwise causal conv w [D, K] (the varlen kernel, or the update kernel for a decode
+    batch), reading and updating conv_state [S, D, K-1] of the rows' slots and their checkpoints."""
+    meta = batch.ssm
+    assert meta is not None, "a causal conv needs batch.ssm metadata"
+    if meta.is_decode:
+        # has_initial_state: a one-token prompt (context 0) must not read its slot's old content.
+        y = batch.kernels.causal_conv1d_update(
+            x, conv_state, w, bias, meta.state_indices, activation, meta.has_initial_state
+        )
+        copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
+        return y
+    return batch.kernels.causal_conv1d(x, w, bias, conv_state, meta, activation)

@@ -7,6 +7,7 @@
 
 State slot tensors: conv_q, conv_k, conv_v (the three conv windows) and recurrent. GLM-5.3-Flash's checkpoints
 (layout "glm5") store A_log as [H] and may bound the gate below: g = bound * sigmoid(exp(A_log) * (f + dt_bias)).
+Ling 3.0's (layout "bailing") also store A_log as [H], with one full-rank f_proj and g_proj for the two pairs.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from recap.model.mixer_configs import KDAConfig
 
 
 class KDAMixer(Mixer):
-    """Weights as on disk: q/k/v/o_proj, {q,k,v}_conv1d, f_a/f_b_proj, dt_bias, A_log [1, 1, H, 1], b_proj,
-    g_a/g_b_proj, o_norm [Dk]."""
+    """Weights as on disk: q/k/v/o_proj, {q,k,v}_conv1d, f_a/f_b_proj (bailing: f_proj), dt_bias, A_log
+    [1, 1, H, 1] (glm5, bailing: [H]), b_proj, g_a/g_b_proj (bailing: g_proj), o_norm [Dk]."""
 
     cache_group = "state"
 
@@ -36,14 +37,15 @@ class KDAMixer(Mixer):
         for x in "qkv":
             setattr(self, f"{x}_proj", Linear(hidden_size, d, False, dtype))
             setattr(self, f"{x}_conv1d", CausalConv1d(d, cfg.conv_kernel, False, "silu", dtype))
-        self.f_a_proj = Linear(hidden_size, hd, False, dtype)
-        self.f_b_proj = Linear(hd, d, False, dtype)
+        if cfg.layout == "bailing":
+            self.f_proj, self.g_proj = Linear(hidden_size, d, False, dtype), Linear(hidden_size, d, False, dtype)
+        else:
+            self.f_a_proj, self.f_b_proj = Linear(hidden_size, hd, False, dtype), Linear(hd, d, False, dtype)
+            self.g_a_proj, self.g_b_proj = Linear(hidden_size, hd, False, dtype), Linear(hd, d, False, dtype)
         self.dt_bias = empty_param(d, dtype=dtype)
-        a_shape = (cfg.num_heads,) if cfg.layout == "glm5" else (1, 1, cfg.num_heads, 1)
+        a_shape = (1, 1, cfg.num_heads, 1) if cfg.layout == "kimi" else (cfg.num_heads,)
         self.A_log = empty_param(*a_shape, dtype=dtype)
         self.b_proj = Linear(hidden_size, cfg.num_heads, False, dtype)
-        self.g_a_proj = Linear(hidden_size, hd, False, dtype)
-        self.g_b_proj = Linear(hd, d, False, dtype)
         self.o_norm = nn.Module()
         self.o_norm.weight = empty_param(hd, dtype=dtype)
         self.o_proj = Linear(d, hidden_size, False, dtype)
@@ -51,7 +53,8 @@ class KDAMixer(Mixer):
     def _gate(self, hidden: torch.Tensor) -> torch.Tensor:
         """The per-channel log forget gate g [T, H, Dk] (fp32): -exp(A_log) * softplus(f + dt_bias), or
         bound * sigmoid(exp(A_log) * (f + dt_bias)) with a lower bound."""
-        f = self.f_b_proj(self.f_a_proj(hidden)).float() + self.dt_bias.float()
+        f = self.f_proj(hidden) if self.cfg.layout == "bailing" else self.f_b_proj(self.f_a_proj(hidden))
+        f = f.float() + self.dt_bias.float()
         f = f.view(hidden.shape[0], self.cfg.num_heads, self.cfg.head_dim)
         rate = torch.exp(self.A_log.float().view(-1, 1))
         if self.cfg.gate_lower_bound is not None:
@@ -73,6 +76,7 @@ class KDAMixer(Mixer):
         g, beta = self._gate(hidden), torch.sigmoid(self.b_proj(hidden).float())
         # decode batches included
         o = batch.kernels.kda(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
-        gate = self.g_b_proj(self.g_a_proj(hidden)).float().view(shape)
+        gate = self.g_proj(hidden) if c.layout == "bailing" else self.g_b_proj(self.g_a_proj(hidden))
+        gate = gate.float().view(shape)
         y = rms_normalize(o, c.norm_eps).mul_(self.o_norm.weight.float()).mul_(torch.sigmoid(gate))
         return self.o_proj(y.to(hidden.dtype).reshape(t, c.dim))

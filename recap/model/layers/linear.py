@@ -74,11 +74,9 @@ def empty_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether oneDNN's packed linear runs here for `dtype` (bf16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on
-    an AVX2-only CPU oneDNN refuses to pack a bf16 weight, and such a layer stays on F.linear)."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether oneDNN's packed linear runs here for `dtype` (an AVX2-only CPU packs no bf16 weight: F.linear)."""
+    ok = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return ok and (dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 class WeightReleasedError(RuntimeError):
@@ -349,12 +347,10 @@ class Linear(nn.Module):
         return self.weight
 
     def release_weight(self) -> None:
-        """Free the weight parameter where the implementation owns its own copy (not for a directly read weight,
-        nor a shared one while this layer is dense; a shared one loses this layer's reference only):
-        `weight` and `state_dict()` raise WeightReleasedError from then on."""
-        if self.released or self.reads_weight or not self.impl.owns_weight:
-            return
-        if self.shares_weight and self.impl.name not in ("int8", "int4"):
+        """Free the weight parameter where the implementation owns its own copy (not a directly read one, nor a
+        shared one while dense): `weight` and `state_dict()` raise WeightReleasedError from then on."""
+        dense_shared = self.shares_weight and self.impl.name not in ("int8", "int4")
+        if self.released or self.reads_weight or not self.impl.owns_weight or dense_shared:
             return
         del self.weight  # off the module's parameters (not saved, not moved, not counted)
         self.impl.weight = None
