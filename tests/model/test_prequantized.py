@@ -33,6 +33,7 @@ from recap.model.layers.linear import Linear
 from recap.model.loader import LoadedModel, WeightLoadError, load_model
 from recap.model.prequantized import UnsupportedQuantizationError
 from recap.model.testing import forward_step
+from tests.model.test_quant import INT8_DRIFT
 
 ARCH = "bamba"
 Parts = dict[str, torch.Tensor]
@@ -251,7 +252,7 @@ def test_dequantized_weights_equal_the_format(case: str, tiny_checkpoint: Callab
         got = _logits(lm, ids)  # requantized: recap's int8 of the dequantized weights, exactly
         assert torch.equal(got, _logits(load_model(root / "dense", quantization="int8"), ids))
         rel = float((got - want).norm() / want.norm())
-        assert rel < 0.08, rel  # int8's per-row 8-bit activations on this tiny model: 0.045-0.049
+        assert rel < INT8_DRIFT, rel  # int8's per-row 8-bit activations on this tiny model: 0.045-0.049
 
 
 def test_fp8_blocks_match_transformers_dequantization() -> None:
