@@ -28,10 +28,10 @@ from recap.backends.decode_graph import MAX_ROWS, DecodeGraph, capture
 from recap.backends.eager import TorchBackend
 from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.backends.verify_graph import MAX_VERIFY_TOKENS, VerifyGraph
-from recap.model.capture import GraphUnsupportedError
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.capture import GraphUnsupportedError
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
 from recap.process.heap import return_free_heap
