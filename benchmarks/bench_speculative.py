@@ -156,7 +156,8 @@ def main() -> None:
     if args.quick:
         args.doc_len, args.tokens, args.rounds = 128, 32, 2
     res = measure(args)
-    print(f"k={res['k']}  {res['workload']}  temperature {res['temperature']}  document {res['doc_len']} tokens, "
+    prompt = f"document {res['doc_len']} tokens" if res["workload"] == "rewrite" else "32-token prompt"
+    print(f"k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "
           f"{res['tokens']} generated per request, 1 thread, "
           "fp32")
     print(f"{'batch':>5} {'mode':>18} {'decode tok/s':>13} {'vs off':>7} {'mean accepted len':>18} "
