@@ -65,13 +65,14 @@ class GarbageDrafter(OracleDrafter):
         return [(nxt + 1 + j) % 4096 for j in range(max_tokens)]
 
 
-def documents(batch: int, doc_len: int) -> list[list[int]]:
-    """Per request: a document, then its first 16 tokens again (the rewrite has begun)."""
+def documents(batch: int, doc_len: int, workload: str = "rewrite") -> list[list[int]]:
+    """Per request: "rewrite": a document, then its first 16 tokens again (the rewrite has begun); "chat": a
+    32-token question (nothing to copy from)."""
     out = []
     for i in range(batch):
         rng = random.Random(100 + i)
-        doc = [rng.randrange(10, 4000) for _ in range(doc_len)]
-        out.append(doc + doc[:16])
+        doc = [rng.randrange(10, 4000) for _ in range(doc_len if workload == "rewrite" else 32)]
+        out.append(doc + doc[:16] if workload == "rewrite" else doc)
     return out
 
 
@@ -104,16 +105,17 @@ def measure(args: argparse.Namespace) -> dict:
     if args.temperature > 0:
         params = replace(params, temperature=args.temperature, top_p=0.95, seed=7)
     results: dict = {"temperature": args.temperature, "k": args.k, "doc_len": args.doc_len, "tokens": args.tokens,
-                     "rows": []}  # fmt: skip
+                     "workload": args.workload, "rows": []}  # fmt: skip
     ngram = speculating.scheduler.speculator.drafter  # type: ignore[union-attr]
     for batch in args.batches:
-        prompts = documents(batch, args.doc_len)
+        prompts = documents(batch, args.doc_len, args.workload)
         _, _, ref = run(base, prompts, params)  # the plain greedy outputs, and a warm-up
         reference = {tuple(p): r for p, r in zip(prompts, ref)}
         drafters = {"ngram": ngram, "oracle": OracleDrafter(reference), "garbage": GarbageDrafter(reference)}
         samples: dict[str, list[tuple[float, int, float]]] = {m: [] for m in MODES}
+        modes = ["off", *(m for m in args.modes if m != "off")]
         for _ in range(args.rounds):
-            for mode in MODES:
+            for mode in modes:
                 engine = base if mode == "off" else speculating
                 if mode != "off":
                     speculator = engine.scheduler.speculator
@@ -128,7 +130,7 @@ def measure(args: argparse.Namespace) -> dict:
                 acc = after.spec.num_accepted_tokens - before.spec.num_accepted_tokens
                 samples[mode].append((generated / seconds, steps, 1.0 + acc / steps if steps else 1.0))
         base_tps = statistics.median(s[0] for s in samples["off"])
-        for mode in MODES:
+        for mode in modes:
             tps = statistics.median(s[0] for s in samples[mode])
             results["rows"].append({
                 "batch": batch, "mode": mode, "decode_tok_s": round(tps, 2), "speedup": round(tps / base_tps, 3),
@@ -145,6 +147,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--doc-len", type=int, default=512)
+    p.add_argument("--workload", choices=("rewrite", "chat"), default="rewrite")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="off always runs (the baseline)")
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests (seeded, top_p 0.95)")
     p.add_argument("--tokens", type=int, default=128, help="max_tokens per request")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -152,7 +156,8 @@ def main() -> None:
     if args.quick:
         args.doc_len, args.tokens, args.rounds = 128, 32, 2
     res = measure(args)
-    print(f"k={res['k']}  temperature {res['temperature']}  document {res['doc_len']} tokens, "
+    prompt = f"document {res['doc_len']} tokens" if res["workload"] == "rewrite" else "32-token prompt"
+    print(f"k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "
           f"{res['tokens']} generated per request, 1 thread, "
           "fp32")
     print(f"{'batch':>5} {'mode':>18} {'decode tok/s':>13} {'vs off':>7} {'mean accepted len':>18} "

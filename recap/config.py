@@ -118,8 +118,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     # recap's: after a verify step that accepts nothing, a request skips drafting for 1, 3, 7, ... decode steps
-    # (up to this many; 0: always draft). Acceptance history lowers the cost of a drafter that keeps missing.
-    max_draft_backoff: int = 16
+    # (up to this many; 0: always draft), and each such step halves its next probes' drafts (an accepted draft
+    # resets both). Acceptance history lowers the cost of a drafter that keeps missing.
+    max_draft_backoff: int = 64
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_draft_backoff, int) or self.max_draft_backoff < 0:

@@ -10,7 +10,8 @@
   (huge_pages.py): a decode step streams them all. The memory each move or re-layout frees goes back to the
   OS as it goes (process/heap.py), so that none of it stays resident in glibc's heap.
 - Decode steps of 1 to MAX_ROWS rows replay a captured decode graph (decode_graph.py) where the model's parts
-  can be captured, and run the module path otherwise.
+  can be captured, and run the module path otherwise; so do speculative verify steps of up to
+  MAX_VERIFY_TOKENS tokens (verify_graph.py: captured per token count as such steps turn up).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from recap.backends.base import model_parts, set_linear_backend, switch_native
 from recap.backends.decode_graph import MAX_ROWS, DecodeGraph, capture
 from recap.backends.eager import TorchBackend
 from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
+from recap.backends.verify_graph import MAX_VERIFY_TOKENS, VerifyGraph
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
+from recap.model.capture import GraphUnsupportedError
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
 from recap.process.heap import return_free_heap
@@ -54,6 +57,7 @@ class CpuBackend(TorchBackend):
         # (weak references to that model and those caches, graphs). Dropped whenever the kernels are bound anew.
         self._graphs: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches], dict[int, DecodeGraph | None]] | None
         self._graphs = None
+        self._verify_graphs: dict[int, VerifyGraph | None] = {}  # over the same model and caches as _graphs
 
     def _prepare(self, model: CausalLM) -> None:
         """Every linear layer on `linear_backend`, the native kernels on, then the weights moved to huge pages
@@ -73,10 +77,13 @@ class CpuBackend(TorchBackend):
     @torch.inference_mode()
     def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """A decode step the graph of its row count takes is replayed; any other step runs the modules."""
+        graph: DecodeGraph | None = None
         if batch.num_tokens == batch.num_seqs <= MAX_ROWS:
             graph = self.decode_graph(model, caches, batch.num_seqs)
-            if graph is not None and graph.takes(batch):
-                return graph.run(batch, caches)
+        elif batch.num_draft_tokens and batch.num_tokens <= MAX_VERIFY_TOKENS:
+            graph = self.verify_graph(model, caches, batch.num_tokens)
+        if graph is not None and graph.takes(batch):
+            return graph.run(batch, caches)
         return model(batch, caches)
 
     def decode_graph(self, model: CausalLM, caches: ModelCaches, rows: int) -> DecodeGraph | None:
@@ -87,7 +94,21 @@ class CpuBackend(TorchBackend):
         g = self._graphs
         if g is None or g[0]() is not model or g[1]() is not caches:
             g = self._graphs = (weakref.ref(model), weakref.ref(caches), capture(model, caches, logger.info))
+            self._verify_graphs = {}
         return g[2][rows]
+
+    def verify_graph(self, model: CausalLM, caches: ModelCaches, tokens: int) -> VerifyGraph | None:
+        """The verify graph of `tokens` tokens over `caches`, captured the first time a verify step of that many
+        tokens runs over them (None: not capturable, as the decode graphs are not)."""
+        if self.decode_graph(model, caches, 1) is None:  # binds the graphs to (model, caches); same parts
+            return None
+        if tokens not in self._verify_graphs:
+            try:
+                self._verify_graphs[tokens] = VerifyGraph(model, caches, tokens)
+            except GraphUnsupportedError as e:
+                logger.info("verify graph not captured for %d tokens, the module path runs: %s", tokens, e)
+                self._verify_graphs[tokens] = None
+        return self._verify_graphs[tokens]
 
 
 def _move_weights_to_huge_pages(model: CausalLM, parts: list[nn.Module]) -> bool:

@@ -60,12 +60,14 @@ class DecodeGraph:
     """One model's decode step of `rows` rows over one cache set, captured (see the module docstring); the
     builder the model's parts record on (model/capture.py's DecodeCapture)."""
 
+    max_rows = MAX_ROWS  # the most rows captured (a verify graph's rows are tokens: backends/verify_graph.py)
+
     def __init__(self, model: CapturableModel, caches: ModelCaches, rows: int = 1) -> None:
         """Capture; raises GraphUnsupportedError naming the first part it cannot capture."""
         if not decode_ops_available():
             raise GraphUnsupportedError("the native decode ops do not build here")
-        if not 1 <= rows <= MAX_ROWS:
-            raise GraphUnsupportedError(f"{rows} rows (captured: 1 to {MAX_ROWS})")
+        if not 1 <= rows <= self.max_rows:
+            raise GraphUnsupportedError(f"{rows} rows (captured: 1 to {self.max_rows})")
         self.rows = rows  # captured over `caches`: a backend keeps a graph with the cache set it was made for
         self._caches = weakref.ref(caches)
         self._keep: list[torch.Tensor] = []  # the activation buffers the calls write and read
@@ -167,26 +169,33 @@ class DecodeGraph:
         attn = batch.attn
         return not self.has_attention or (attn is not None and attn.is_decode and not any(attn.is_padding))
 
-    def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        """The step's final hidden states [rows, D] (a new tensor); `caches` (the set it was captured over) are
-        updated as the module path does, checkpoints included."""
-        assert caches is self._caches(), "a decode graph runs over the cache set it was captured over"
+    def replay(self, batch: ForwardBatch, slots: torch.Tensor | None, tables: torch.Tensor | None,
+               seq_lens: torch.Tensor | None) -> None:  # fmt: skip
+        """Run the calls on the batch's token ids, positions and K/V slots, and these state slots, block tables
+        and sequence lengths (a row's each)."""
         self._ids.value = batch.input_ids.data_ptr()
         self._pos.value = batch.positions.data_ptr()
         if self.has_state:
-            assert batch.ssm is not None
-            self._slot.value = batch.ssm.state_indices.data_ptr()
+            assert slots is not None
+            self._slot.value = slots.data_ptr()
         if self.has_attention:
-            attn = batch.attn
-            assert attn is not None and attn.block_tables.stride(1) == 1
-            self._kv_slot.value = attn.slot_mapping.data_ptr()
-            self._tables.value = attn.block_tables.data_ptr()
-            self._table_stride.value = attn.block_tables.stride(0)
-            self._seq_lens.value = attn.seq_lens.data_ptr()
+            assert batch.attn is not None and tables is not None and seq_lens is not None and tables.stride(1) == 1
+            self._kv_slot.value = batch.attn.slot_mapping.data_ptr()
+            self._tables.value = tables.data_ptr()
+            self._table_stride.value = tables.stride(0)
+            self._seq_lens.value = seq_lens.data_ptr()
         self.threads.value = torch.get_num_threads()
         for fn, args, error in self._ops:
             if fn(*args) and error is not None:
                 raise ValueError(f"decode graph: {error}")
+
+    def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """The step's final hidden states [rows, D] (a new tensor); `caches` (the set it was captured over) are
+        updated as the module path does, checkpoints included."""
+        assert caches is self._caches(), "a decode graph runs over the cache set it was captured over"
+        attn = batch.attn
+        self.replay(batch, None if batch.ssm is None else batch.ssm.state_indices,
+                    None if attn is None else attn.block_tables, None if attn is None else attn.seq_lens)  # fmt: skip
         if batch.planned_checkpoints:  # a row's token completed a block: its new state, every layer's, is one
             assert batch.ssm is not None
             for row, position, slot in batch.planned_checkpoints:

@@ -71,6 +71,7 @@ class Speculator:
         self.counters = SpecCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._misses: dict[str, int] = {}  # request -> verify steps in a row that accepted nothing
         self._skip: dict[str, int] = {}  # request -> decode steps left without drafts (backoff)
+        self._cap: dict[str, int] = {}  # request -> most drafts per step after misses (halved by each)
 
     def max_drafts(self, request: Request, budget: int) -> int:
         """How many drafts the request's next decode step may carry (0: a plain decode)."""
@@ -92,7 +93,7 @@ class Speculator:
         if self._skip.get(rid, 0) > 0:
             self._skip[rid] -= 1
             return []
-        k = self.max_drafts(request, budget)
+        k = min(self.max_drafts(request, budget), self._cap.get(rid, self.config.num_speculative_tokens))
         if k <= 0:
             return []
         drafts = [int(t) for t in self.drafter.propose(request, k)[:k]]
@@ -117,8 +118,13 @@ class Speculator:
         misses = self._misses[rid] = self._misses.get(rid, 0) + 1 if a == 0 else 0
         if misses:  # 1, 3, 7, ... decode steps without drafts, at most max_draft_backoff
             self._skip[rid] = min((1 << min(misses, 16)) - 1, self.config.max_draft_backoff)
+            if self.config.max_draft_backoff:  # and the probes draft less: a short verify row costs less
+                self._cap[rid] = max(1, len(drafts) // 2)
+        else:
+            self._cap.pop(rid, None)
 
     def forget(self, request_id: str) -> None:
         self.drafter.forget(request_id)
         self._misses.pop(request_id, None)
         self._skip.pop(request_id, None)
+        self._cap.pop(request_id, None)

@@ -35,6 +35,11 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def _chain() -> ctypes._CFuncPtr:
+    """recap_mamba2_chain: the step with a source and a destination slot per row, rows in order."""
+    return raw_function(_lib(), "recap_mamba2_chain")
+
+
 @functools.cache
 def mamba2_step_available() -> bool:
     """Whether the kernel builds and loads here (about a second, once per machine); says why not once."""
@@ -116,20 +121,25 @@ class Mamba2Step:
 
     def graph_call(self, proj: torch.Tensor, slots: ctypes.c_void_p, positions: ctypes.c_void_p,
                    slot_positions: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor,
-                   threads: ctypes.c_int) -> tuple[ctypes._CFuncPtr, tuple, torch.Tensor]:
+                   threads: ctypes.c_int, dst_slots: ctypes.c_void_p | None = None,
+                   ) -> tuple[ctypes._CFuncPtr, tuple, torch.Tensor]:  # fmt: skip
         """The step of proj's rows as a decode graph replays it: proj [t, proj_dim] a fixed buffer, slots and
         positions the addresses of that step's int64 [t] tensors (set before each replay). Returns (function,
-        arguments, y [t, H * P]: the buffer the call writes, which the caller keeps alive with the graph)."""
+        arguments, y [t, H * P]: the buffer the call writes, which the caller keeps alive with the graph).
+        With dst_slots (a verify graph's): row r reads slot slots[r] and writes dst_slots[r], rows in order
+        (recap_mamba2_chain: a row may continue the state the row before it wrote)."""
         self._check(proj, conv_state, ssm_state)
         t = proj.shape[0]
         (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
         scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))
         work = scratch.data_ptr()
+        lead = (_I64(t), slots) if dst_slots is None else (_I64(t), slots, dst_slots)
         args = (
-            _I64(t), slots, positions, _P(slot_positions.data_ptr()), _P(proj.data_ptr()), _I64(proj.shape[1]),
+            *lead, positions, _P(slot_positions.data_ptr()), _P(proj.data_ptr()), _I64(proj.shape[1]),
             _P(conv_state.data_ptr()), _P(cw), _P(cb), _I64(k), _P(ssm_state.data_ptr()), _I64(h), _I64(p), _I64(g),
             _I64(n), _P(dtb), _P(alog), _P(d), _F32(lo), _F32(hi), _P(nw), _INT(mode), _I64(gs), _F32(eps), _P(work),
             _P(work + 4 * t * self.conv_dim), _P(work + 4 * t * (self.conv_dim + h)), threads,
         )  # fmt: skip
         y = scratch[t * (self.conv_dim + h) :].view(t, self.d_inner)
-        return raw_function(_lib(), "recap_mamba2_step"), args, y
+        fn = raw_function(_lib(), "recap_mamba2_step") if dst_slots is None else _chain()
+        return fn, args, y

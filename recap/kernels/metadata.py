@@ -129,3 +129,6 @@ class ForwardBatch:
     planned_checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
     # The sliding-window layers' paging (their own block pool and tables); None without such layers.
     window_attn: AttentionMetadata | None = None
+    # Draft tokens among the step's tokens (docs/speculative.md): a row with d of them is a verify row of
+    # [decode token, d drafts]; set by the runner, 0 in any other step.
+    num_draft_tokens: int = 0

@@ -76,10 +76,12 @@ class StepBackend(Protocol):
 
 
 def forward_step(
-    model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec], backend: StepBackend | None = None
-) -> tuple[torch.Tensor, ForwardBatch]:
+    model: CausalLM, caches: ModelCaches, seqs: Sequence[SeqSpec], backend: StepBackend | None = None,
+    num_draft_tokens: int = 0,
+) -> tuple[torch.Tensor, ForwardBatch]:  # fmt: skip
     """Pack `seqs` into a ForwardBatch for `model` and run it (through `backend` as a runner does; None: the
-    model's forward with the reference kernels): (final hidden [T, D], batch)."""
+    model's forward with the reference kernels): (final hidden [T, D], batch). num_draft_tokens: the step's
+    draft tokens, as the runner marks a verify step (ForwardBatch.num_draft_tokens)."""
     cfg = model.config
     batch = build_forward_batch(
         seqs,
@@ -90,6 +92,7 @@ def forward_step(
         with_window=bool(cfg.window_layers),
         kernels=None if backend is None else backend.kernels,
     )
+    batch.num_draft_tokens = num_draft_tokens
     return (model(batch, caches) if backend is None else backend.forward(model, batch, caches)), batch
 
 

@@ -159,7 +159,7 @@ class ModelRunner:
 
     def build_batch(self, out: SchedulerOutput, verify: list[VerifyRow] | None = None) -> ForwardBatch:
         by_row = {v.row: v for v in verify or ()}
-        return build_forward_batch(
+        batch = build_forward_batch(
             [self._spec(s, by_row.get(row)) for row, s in enumerate(out.scheduled)],
             block_size=self.cache_config.block_size,
             chunk_size=self.config.ssm_chunk_size,
@@ -169,6 +169,8 @@ class ModelRunner:
             with_window=self.has_window,
             kernels=self.backend.kernels,
         )
+        batch.num_draft_tokens = sum(len(v.drafts) for v in by_row.values())
+        return batch
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
