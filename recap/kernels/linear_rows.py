@@ -190,8 +190,13 @@ def linear_rows_int8(x: torch.Tensor, packed: torch.Tensor, row_sums: torch.Tens
     rc = lib.recap_linear_i8(x.data_ptr(), n, packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr(), out, k,
                              _ptr(bias), y.data_ptr(), qscale, zp, qmax, torch.get_num_threads())
     if rc != 0:
-        raise MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer")
+        raise int8_error(rc, n, k)
     return y
+
+
+def int8_error(rc: int, n: int, k: int) -> Exception:
+    """recap_linear_i8's nonzero return code as an exception (-2, a width past MAX_K, is checked before)."""
+    return MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer (code {rc})")
 
 
 class RowKernel:
@@ -229,9 +234,10 @@ class RowKernel:
             raise ValueError(f"{k} input features for a weight of {self.k}")
         y = torch.empty(n, self.out)
         if self._post:
-            if self._fn(x.data_ptr(), n, *self._int8, self.out, k, self._bias, y.data_ptr(), *self._post,
-                        torch.get_num_threads()):  # fmt: skip
-                raise MemoryError(f"linear_rows_int8: no memory for a {n} x {k} scratch buffer")
+            rc = self._fn(x.data_ptr(), n, *self._int8, self.out, k, self._bias, y.data_ptr(), *self._post,
+                          torch.get_num_threads())  # fmt: skip
+            if rc:
+                raise int8_error(rc, n, k)
         else:
             assert n == 1, "the fp32 one-row kernel takes one row (several: linear_panels_f32)"
             self._fn(x.data_ptr(), 1, *self._pre, y.data_ptr(), torch.get_num_threads())

@@ -126,8 +126,10 @@ def test_int8_rows_are_batch_invariant(out_f: int, in_f: int) -> None:
         torch.set_num_threads(before)
 
 
-# Other instruction sets' paths, built here with the wider ones switched off: AVX2 with AVX-VNNI, then portable.
-ISA_BUILDS = {"avx2-vnni": ("-mno-avx512f",), "portable": ("-mno-avx512f", "-mno-avxvnni")}
+# Other instruction sets' paths, built here with the wider ones switched off: AVX2 with AVX-VNNI (where the
+# compiler and CPU have it), AVX2 alone (7-bit activations through int16 pairs; 8-bit ones: portable), portable.
+ISA_BUILDS = {"avx2-vnni": ("-mno-avx512f",), "avx2": ("-mno-avx512f", "-mno-avxvnni"),
+              "portable": ("-mno-avx512f", "-mno-avxvnni", "-mno-avx2")}
 
 
 @pytest.mark.parametrize("isa", list(ISA_BUILDS))
@@ -138,8 +140,9 @@ def test_int8_paths_of_other_instruction_sets_equal_the_reference(isa: str, rows
     except native.NativeUnavailableError as e:  # a compiler without these flags
         pytest.skip(f"cannot build the {isa} path here: {e}")
     for out_f, in_f in GEMM_SHAPES:
-        x, q = _int8_case(out_f, in_f, rows, torch.seed() % 2**31)
-        assert torch.equal(_int8(x, q, lib), int8_linear_ref(x, q))
+        x, q0 = _int8_case(out_f, in_f, rows, torch.seed() % 2**31)
+        for q in (dataclasses.replace(q0, reduce_range=r) for r in (False, True)):  # both grids
+            assert torch.equal(_int8(x, q, lib), int8_linear_ref(x, q))
 
 
 def test_int8_kernel_refuses_widths_past_its_exact_range() -> None:

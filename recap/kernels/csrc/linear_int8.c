@@ -17,8 +17,10 @@
  *   reduced once per k-block. At 2-8 rows with the weights from memory it ran 1.1-1.4x the former pairs-of-
  *   rows decode path; at 64-2048 rows at fbgemm's rate or above (docs/performance.md).
  * Tiles are split across OpenMP threads in contiguous shares (the runtime torch itself loaded).
- * Paths: AVX-512 VNNI; AVX2 with AVX-VNNI (2 rows x 4 outputs x 8 lanes, GEMM at every row count);
- * otherwise portable scalar loops. Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
+ * Paths: AVX-512 VNNI; AVX2 (2 rows x 4 outputs x 8 lanes, GEMM at every row count) with AVX-VNNI's dot
+ * product or, without it, vpmaddubsw + vpmaddwd over 7-bit activations (the grid without VNNI; an 8-bit grid
+ * there takes the portable loops); otherwise portable scalar loops.
+ * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
  */
 #include <math.h>
 #include <stdint.h>
@@ -40,9 +42,19 @@
 #define I8_AVX512 1
 #define GEMM_NX 3
 #define GEMM_MIN_ROWS 2 /* one row: i8_row_tiles */
-#elif defined(__AVX2__) && defined(__AVXVNNI__)
+#elif defined(__AVX2__)
 #define I8_AVX2 1
 #define GEMM_NX 2
+#endif
+
+#if defined(I8_AVX2) && defined(__AVXVNNI__)
+#define DPBUSD(acc, x, w) _mm256_dpbusd_avx_epi32(acc, x, w)
+#elif defined(I8_AVX2)
+/* AVX2 without VNNI: u8 x s8 pairs summed in int16 (vpmaddubsw), then pairs of those in int32. Exact only while
+ * a pair cannot saturate int16: activations of at most 7 bits (qmax <= 127, 2 * 127 * 127 < 2^15), the grid
+ * quant.py picks without VNNI (reduce_range); recap_linear_i8 runs a wider one through the portable loops. */
+#define I8_NARROW 1
+#define DPBUSD(acc, x, w) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1)))
 #endif
 
 /* One row: a = max|x| (1 if 0), xq = clamp(rint((x / a) / qscale) + zp, 0, qmax) as uint8, zero-padded to kp
@@ -219,7 +231,7 @@ static inline __m128i reduce4(const __m256i acc[4]) {
                         xv[j] = _mm256_load_si256((const __m256i *)(xq + j * kp + c * CHUNK + u));             \
                     for (int i = 0; i < 4; i++) {                                                              \
                         const __m256i wv = _mm256_load_si256((const __m256i *)(w + i * CHUNK + u));            \
-                        for (int j = 0; j < NX; j++) acc[j][i] = _mm256_dpbusd_avx_epi32(acc[j][i], xv[j], wv); \
+                        for (int j = 0; j < NX; j++) acc[j][i] = DPBUSD(acc[j][i], xv[j], wv);               \
                     }                                                                                          \
                 }                                                                                              \
             }                                                                                                  \
@@ -305,7 +317,8 @@ static void i8_gemm(const int8_t *wp, int64_t t0, int64_t t1, int64_t kp, const 
         }
     }
 }
-#else
+#endif
+
 /* Portable: one (row, output) at a time, each a sum over the tile's chunks. */
 static void i8_portable(const int8_t *wp, int64_t t0, int64_t t1, int64_t kp, const uint8_t *xq, int64_t n,
                         const float *a, const int32_t *wsum, const float *wscale, int64_t out, const float *b,
@@ -325,7 +338,6 @@ static void i8_portable(const int8_t *wp, int64_t t0, int64_t t1, int64_t kp, co
                 y[r * out + o] = b ? v + b[o] : v;
             }
 }
-#endif
 
 /* x [n, k] fp32, wp: w [out, k] int8 packed as above (linear_rows.pack_int8), wsum [out] = sum_k w, wscale [out],
  * b [out] or NULL, y [n, out] fp32. y = float(double(sum (xq - zp) * w) * (qscale * wscale)) * a + b, as
@@ -335,6 +347,11 @@ int recap_linear_i8(const float *x, int64_t n, const int8_t *wp, const int32_t *
                     int64_t out, int64_t k, const float *b, float *y, float qscale, int zp, int qmax, int threads) {
     if (k > MAX_K) return -2;
     if (n <= 0) return 0;
+#if defined(I8_NARROW)
+    const int simd = qmax <= 127; /* 8-bit activations would saturate AVX2's int16 pairs: the portable loops */
+#else
+    const int simd = 1;
+#endif
     const int64_t kp = (k + CHUNK - 1) / CHUNK * CHUNK, tiles = (out + PACK_ROWS - 1) / PACK_ROWS;
     uint8_t *xq = (uint8_t *)aligned_alloc(64, (size_t)(n * kp));
     float *a = (float *)malloc(sizeof(float) * (size_t)n);
@@ -364,8 +381,12 @@ int recap_linear_i8(const float *x, int64_t n, const int8_t *wp, const int32_t *
         else
             i8_gemm(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
 #elif defined(I8_AVX2)
-        i8_gemm(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
+        if (simd)
+            i8_gemm(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
+        else
+            i8_portable(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
 #else
+        (void)simd;
         i8_portable(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
 #endif
     }
