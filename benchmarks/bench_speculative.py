@@ -4,7 +4,7 @@ and 8, on a "rewrite a document" workload (the prompt holds a text that the answ
     PYTHONPATH=. .venv/bin/python benchmarks/bench_speculative.py [--quick] [--k 4] [--temperature 0.8]
                                                                    [--out bench_out/spec.json]
 
-Model: the embedded default model (random-weight Bamba-style hybrid: 14 layers, Mamba2 except attention at 4 and
+Model: the random-weight hybrid of model/default_model.py (Bamba-style: 14 layers, Mamba2 except attention at 4 and
 10, d_model 512, vocab 4096), fp32, 1 thread. Random weights never repeat the document, so besides the n-gram
 drafter (its real acceptance on this model, about 0: what proposing costs) two test drafters bound it:
 - oracle: proposes the target's own continuation (from the plain run): every draft accepted (the bound a
@@ -35,6 +35,7 @@ from recap.config import SpeculativeConfig
 from recap.core.request import Request
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
+from recap.model.default_model import ensure_random_model
 from recap.sampling_params import SamplingParams
 
 MODES = ("off", "ngram", "oracle", "garbage", "garbage-every-step")
@@ -97,7 +98,7 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> 
 
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
-    common = {"num_threads": 1, "seed": 0}
+    common = {"model": str(ensure_random_model()), "num_threads": 1, "seed": 0}  # the measured random hybrid
     spec = SpeculativeConfig("ngram", args.k, 1, 4)
     base = LLMEngine(EngineConfig(**common))  # type: ignore[arg-type]
     speculating = LLMEngine(EngineConfig(speculative=spec, **common))  # type: ignore[arg-type]

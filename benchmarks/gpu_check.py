@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from recap.config import CacheConfig, SchedulerConfig  # noqa: E402
 from recap.engine.config import EngineConfig  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
-from recap.model.default_model import ensure_default_model  # noqa: E402
+from recap.model.default_model import ensure_random_model  # noqa: E402
 from recap.model.testing import make_tiny_checkpoint, tiny_hf_config  # noqa: E402
 from recap.sampling_params import SamplingParams  # noqa: E402
 
@@ -129,7 +129,7 @@ def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[
 
 def backend_equality(device: str, tmp: Path) -> list[dict[str, Any]]:
     """Greedy tokens of the Triton and torch kernel sets agree; a repeated prompt hits and agrees."""
-    tok = str(ensure_default_model(tmp / "default"))
+    tok = str(ensure_random_model(tmp / "default"))
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(3, 500, (70,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 23, 41)]
@@ -208,7 +208,7 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
                 limits: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
     hbm, flops = limits
     path, n_params = _save_random(arch, overrides, tmp / name)
-    tok = str(ensure_default_model(tmp / "default"))
+    tok = str(ensure_random_model(tmp / "default"))
     vocab = int(overrides["vocab_size"])
     prefill_len = 512 if smoke else 8192
     res: dict[str, Any] = {"shape": name, "params": n_params, "weight_bytes": 2 * n_params}

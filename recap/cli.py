@@ -1,5 +1,5 @@
 """The `recap` command: `serve` (OpenAI-compatible server), `proxy` (prefill/decode disaggregation),
-`generate` (one-off), `bench` (studies)."""
+`generate` (one-off), `eval` (perplexity of a text file), `bench` (studies)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     print(out.outputs[0].text)
     return 0
+
+
+def _eval(argv: Sequence[str]) -> int:
+    # bench's own module, loaded by name as `recap bench` is (the cli sits below bench in the import layers)
+    return int(importlib.import_module("recap.bench.perplexity").main(list(argv)) or 0)
 
 
 def _proxy(args: argparse.Namespace) -> int:
@@ -57,13 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=_proxy)
     g = sub.add_parser("generate", help="complete one prompt and print the text")
     g.add_argument("prompt", metavar="PROMPT")
-    g.add_argument("--model", default=None, help="model folder or hub id (default: the embedded default model)")
+    g.add_argument("--model", default=None, help="model folder or hub id (default: the trained default model)")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat", action="store_true", help="wrap PROMPT as one user message (chat template)")
     g.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     g.set_defaults(func=_generate)
+    sub.add_parser("eval", help="perplexity of a text file (recap eval perplexity --help)", add_help=False)
     sub.add_parser("bench", help="workloads, tables and plots (recap bench --help)", add_help=False)
     return parser
 
@@ -72,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "bench":
         return _bench(args_list[1:])
+    if args_list and args_list[0] == "eval":
+        return _eval(args_list[1:])
     args = build_parser().parse_args(args_list)
     return int(args.func(args))
 

@@ -60,7 +60,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     from recap.units import positive_bytes
 
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    g.add_argument("--model", default=None, help="model folder (default: the random-weight hybrid)")
     g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
     g.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     g.add_argument("--block-size", type=int, default=16)
@@ -193,9 +193,9 @@ def _resolve_model(args: argparse.Namespace) -> tuple[str, Any, int]:
 
     model = args.model
     if model is None:
-        from recap.model.default_model import ensure_default_model
+        from recap.model.default_model import ensure_random_model
 
-        model = str(ensure_default_model())
+        model = str(ensure_random_model())
     tok = load_tokenizer(args.tokenizer or model)
     cfg = Path(model) / "config.json"
     vocab = json.loads(cfg.read_text()).get("vocab_size", len(tok)) if cfg.is_file() else len(tok)

@@ -104,13 +104,13 @@ class ShapeUnavailable(RuntimeError):
 def _default_shape() -> ModelShape:
     try:
         from recap.model.config import load_config
-        from recap.model.default_model import ensure_default_model
+        from recap.model.default_model import ensure_random_model
     except ImportError as e:
         raise ShapeUnavailable(
             "model shape 'default' needs recap.model.config (load_config) and "
-            f"recap.model.default_model (ensure_default_model), which are not importable: {e}"
+            f"recap.model.default_model (ensure_random_model), which are not importable: {e}"
         ) from e
-    return shape_from_model_config(load_config(ensure_default_model()), "default")
+    return shape_from_model_config(load_config(ensure_random_model()), "default")
 
 
 SHAPES: dict[str, Callable[[], ModelShape]] = {"hybrid-7b": _hybrid_7b, "default": _default_shape}

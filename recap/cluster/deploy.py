@@ -59,12 +59,12 @@ class ClusterConfig:
 
 
 def resolve_model(config: EngineConfig) -> EngineConfig:
-    """Pin the model folder before it travels to the replicas (the default model is built here once)."""
+    """Pin the model folder before it travels to the replicas (None: the trained default, a package folder)."""
     if config.model is not None:
         return config
-    from recap.model.default_model import ensure_default_model
+    from recap.model.trained_default import default_model_path
 
-    return dataclasses.replace(config, model=str(ensure_default_model()))
+    return dataclasses.replace(config, model=str(default_model_path()))
 
 
 def replica_deployment(

@@ -13,7 +13,7 @@ KERNEL_SETS = ("auto", "torch", "triton")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # local folder or hub id; None: the embedded default model
+    model: str | None = None  # local folder or hub id; None: the trained default model (model/trained_default.py)
     tokenizer: str | None = None  # defaults to the model folder
     served_model_name: str | None = None
     dtype: str = "float32"

@@ -54,9 +54,9 @@ def _load_within_memory(
     before a weight is read, then load it. Returns the model, the config with the derived length, the limit."""
     model = config.model
     if model is None:
-        from recap.model.default_model import ensure_default_model
+        from recap.model.trained_default import default_model_path
 
-        model = str(ensure_default_model())
+        model = str(default_model_path())
     path = resolve_model_path(model)
     hf = read_hf_config(path)
     architecture_of(hf)  # an unsupported architecture is refused as such, not as a memory plan

@@ -20,7 +20,7 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="model folder or hub id (default: the embedded default model)")
+                   help="model folder or hub id (default: the trained default model)")
     p.add_argument("--model", dest="model_flag", default=None, help="same as MODEL")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
     from recap.process.heap import retain_freed_memory
 
     retain_freed_memory()  # prefill temporaries reuse heap memory instead of page-faulting (process/heap.py)
-    log.info("loading %s", config.model or "the embedded default model")
+    log.info("loading %s", config.model or "the trained default model")
     try:
         engine, collectors = build_engine(config, transfer)
     except MemoryPlanError as e:  # refused before loading the weights or allocating the pools: a usage error

@@ -2,9 +2,10 @@
 
 from recap.model.cache import KVCache, ModelCaches, StateCache
 from recap.model.config import ModelConfig, UnsupportedArchitectureError, load_config, translate_config
-from recap.model.default_model import ensure_default_model
+from recap.model.default_model import ensure_random_model
 from recap.model.loader import LoadedModel, WeightLoadError, load_model, load_tokenizer
 from recap.model.models import CausalLM
+from recap.model.trained_default import default_model_path, draft_model_path
 
 __all__ = [
     "CausalLM",
@@ -15,9 +16,11 @@ __all__ = [
     "StateCache",
     "UnsupportedArchitectureError",
     "WeightLoadError",
-    "ensure_default_model",
+    "ensure_random_model",
     "load_config",
     "load_model",
     "load_tokenizer",
     "translate_config",
+    "default_model_path",
+    "draft_model_path",
 ]

@@ -1,7 +1,10 @@
-"""The embedded default model: a random-weight Bamba-style hybrid + a byte-level BPE tokenizer.
+"""The random-weight hybrid (`ensure_random_model`) + a byte-level BPE tokenizer, for tests and benchmark shapes.
+
+The served default is the trained model (recap/model/trained_default.py); this one remains for the tests that
+need a model without shipped weights, the `default` benchmark shape and the tiny test checkpoints' tokenizer.
 
 Built once (seeded, so every machine builds the same files) into a cache folder with an atomic
-rename, so `recap serve` / `recap bench` run on a fresh machine without network. Shape: 14 layers
+rename, so `recap bench` runs on a fresh machine without network. Shape: 14 layers
 (Mamba2 everywhere except attention at layers 4 and 10), d_model 512, vocab 4096. Its
 generation_config.json caps a request that names no `max_tokens` at DEFAULT_MAX_NEW_TOKENS (random
 weights seldom say EOS, and the context is 8,192 tokens): read as vLLM reads it
@@ -112,8 +115,8 @@ def _save_model(folder: Path, seed: int) -> None:
     model.save_pretrained(str(folder))
 
 
-def ensure_default_model(cache_dir: Path | None = None) -> Path:
-    """The folder of the default model, building it first if absent. Safe against concurrent builders."""
+def ensure_random_model(cache_dir: Path | None = None) -> Path:
+    """The folder of the random-weight model, building it first if absent. Safe against concurrent builders."""
     final = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if all((final / f).is_file() for f in REQUIRED_FILES):
         return final

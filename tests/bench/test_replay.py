@@ -260,10 +260,10 @@ def test_offline_bounds_on_the_tiny_trace(tmp_path: Path) -> None:
 def test_default_shape_is_sized_like_the_model_runner() -> None:
     torch = pytest.importorskip("torch")
     from recap.model.config import load_config
-    from recap.model.default_model import ensure_default_model
+    from recap.model.default_model import ensure_random_model
 
     shape = get_shape("default")
-    cfg = load_config(ensure_default_model())
+    cfg = load_config(ensure_random_model())
     assert shape.state_bytes_per_slot == cfg.state_bytes_per_slot(torch.float32) > 0
     assert shape.kv_bytes_per_token == cfg.kv_bytes_per_token(torch.float32) > 0
     assert shape.num_attention_layers == len(cfg.attention_layers)

@@ -7,15 +7,15 @@ import torch
 from recap.engine.model_defaults import generation_defaults
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.default_model import DEFAULT_MAX_NEW_TOKENS, SPECIAL_TOKENS, ensure_default_model
+from recap.model.default_model import DEFAULT_MAX_NEW_TOKENS, SPECIAL_TOKENS, ensure_random_model
 from recap.model.loader import load_model, load_tokenizer
 from recap.model.testing import forward_step
 
 
 def test_default_model_builds_and_runs(tmp_path) -> None:  # noqa: ANN001
-    folder = ensure_default_model(tmp_path / "default")
+    folder = ensure_random_model(tmp_path / "default")
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
-    assert ensure_default_model(tmp_path / "default") == folder  # built once
+    assert ensure_random_model(tmp_path / "default") == folder  # built once
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == ["default"]  # no temp folder left behind
     # a request that names no max_tokens stops here (its generation config, as vLLM reads it)

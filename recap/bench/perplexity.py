@@ -1,0 +1,116 @@
+"""Perplexity of a text file through the engine's prompt logprobs, and the same through transformers.
+
+The file's tokens are cut into consecutive windows of `window` tokens; each window is scored on its own,
+after the tokenizer's BOS token where it has one (so every text token is predicted; the default models
+were trained on documents that start after <|endoftext|>), else from its second token. Perplexity is
+exp(mean negative log-likelihood) over all scored tokens. `recap eval perplexity MODEL --data FILE`.
+`transformers_perplexity` is the plain reference (one forward per window, log_softmax, gather) that
+tests/bench/test_perplexity.py holds the engine's figure to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    scored_tokens: int
+    windows: int
+    nll: float  # summed negative log-likelihood, nats
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll / self.scored_tokens)
+
+
+def windows_of(tokenizer: Any, text: str, window: int, max_tokens: int | None = None) -> list[list[int]]:
+    """The text's token ids in windows of `window` (the last may be shorter), each led by BOS where the
+    tokenizer has one; `max_tokens` caps the text tokens read."""
+    if window < 2:
+        raise ValueError(f"window must be at least 2 tokens, got {window}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    lead = [bos] if bos is not None else []
+    out = [lead + ids[i : i + window] for i in range(0, len(ids), window)]
+    out = [w for w in out if len(w) >= 2]
+    if not out:
+        raise ValueError("the text has too few tokens to score")
+    return out
+
+
+def engine_perplexity(llm: Any, windows: Sequence[list[int]]) -> PerplexityResult:
+    """Through recap: one request per window with prompt_logprobs=0 (each prompt token's own logprob)."""
+    from recap.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    outs = llm.generate([list(w) for w in windows], params)
+    nll, n = 0.0, 0
+    for w, out in zip(windows, outs, strict=True):
+        plp = out.prompt_logprobs
+        assert plp is not None and len(plp) == len(w)
+        for j in range(1, len(w)):
+            nll -= plp[j][w[j]].logprob
+            n += 1
+    return PerplexityResult(scored_tokens=n, windows=len(windows), nll=nll)
+
+
+def transformers_perplexity(model: Any, windows: Sequence[list[int]]) -> PerplexityResult:
+    """The reference: transformers' forward per window, fp32 log_softmax, the next token's logprob."""
+    import torch
+
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for w in windows:
+            ids = torch.tensor([w])
+            logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])
+            nll -= float(lp.sum(dtype=torch.float64))
+            n += len(w) - 1
+    return PerplexityResult(scored_tokens=n, windows=len(windows), nll=nll)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="recap eval", description="evaluate a model on a text file")
+    sub = p.add_subparsers(dest="eval_command", required=True)
+    q = sub.add_parser("perplexity", help="perplexity of a text file through the engine's prompt logprobs")
+    q.add_argument("model", nargs="?", default=None, help="model folder (default: the trained default model)")
+    q.add_argument("--data", type=Path, required=True, help="UTF-8 text file")
+    q.add_argument("--window", type=int, default=512, help="tokens per scored window")
+    q.add_argument("--max-tokens", type=int, default=None, help="read at most this many tokens of the file")
+    q.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    q.add_argument("--quantization", default=None, choices=("int8", "int4"))
+    q.add_argument("--num-threads", type=int, default=None)
+    q.add_argument("--transformers", action="store_true", help="also compute it with transformers (fp32)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    return run_eval(build_parser().parse_args(list(argv)))
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from recap.engine.llm import LLM
+
+    text = args.data.read_text(encoding="utf-8")
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, num_threads=args.num_threads,
+              max_model_len=args.window + 2, enable_prefix_caching=False)  # fmt: skip
+    windows = windows_of(llm.get_tokenizer(), text, args.window, args.max_tokens)
+    res = engine_perplexity(llm, windows)
+    label = f"recap {args.dtype}" + (f" {args.quantization}" if args.quantization else "")
+    print(f"{label}: perplexity {res.perplexity:.4f} over {res.scored_tokens} tokens ({res.windows} windows)")
+    if args.transformers:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(llm.engine.model_path), dtype=torch.float32).eval()
+        ref = transformers_perplexity(model, windows)
+        print(f"transformers float32: perplexity {ref.perplexity:.4f} over {ref.scored_tokens} tokens")
+    return 0
