@@ -28,7 +28,7 @@ from recap.backends.cpu import CpuBackend
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.default_model import ensure_default_model
+from recap.model.default_model import ensure_random_model
 from recap.model.loader import load_model
 from recap.model.testing import forward_step
 
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="a checkpoint folder (default: the default model)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lm = load_model(args.model or ensure_default_model())
+    lm = load_model(args.model or ensure_random_model())
     backend = prepare(lm)
     assert isinstance(backend, CpuBackend)
     model, k = lm.model, args.k
