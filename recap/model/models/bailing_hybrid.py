@@ -13,16 +13,8 @@ from __future__ import annotations
 
 import re
 
-import torch
-from torch import nn
-
-from recap.kernels.metadata import ForwardBatch
-from recap.model.cache import ModelCaches
-from recap.model.layer_kinds import build_mixer
-from recap.model.layers.norm import RMSNorm
-from recap.model.model_config import ModelConfig
-from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.kimi_linear import KimiBlock
 
 _RENAMES = (
     (re.compile(r"^model\.word_embeddings\."), "model.embed_tokens."),
@@ -33,20 +25,8 @@ _RENAMES = (
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-class BailingBlock(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        self.self_attn = build_mixer(config, layer, dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
-        ff = build_mlp(config, layer, dtype, router_name="gate", shared_name="shared_experts")
-        if ff is None:
-            raise ValueError(f"layer {layer}: Ling 3.0 blocks always have a feed-forward")
-        self.mlp = ff
-
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), batch, caches, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+class BailingBlock(KimiBlock):
+    family, ff_name = "Ling 3.0", "mlp"
 
 
 class BailingHybridForCausalLM(HybridForCausalLM):

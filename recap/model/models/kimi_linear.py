@@ -26,6 +26,10 @@ _W = {"1": "gate_proj", "3": "up_proj", "2": "down_proj"}
 
 
 class KimiBlock(nn.Module):
+    """Pre-norm mixer then feed-forward (dense or MoE with shared experts), the feed-forward under `ff_name`."""
+
+    family, ff_name = "Kimi-Linear", "block_sparse_moe"
+
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
@@ -33,12 +37,12 @@ class KimiBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
         ff = build_mlp(config, layer, dtype, router_name="gate", shared_name="shared_experts")
         if ff is None:
-            raise ValueError(f"layer {layer}: Kimi-Linear blocks always have a feed-forward")
-        self.block_sparse_moe = ff
+            raise ValueError(f"layer {layer}: {self.family} blocks always have a feed-forward")
+        setattr(self, self.ff_name, ff)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), batch, caches, layer)
-        return h + self.block_sparse_moe(self.post_attention_layernorm(h))
+        return h + getattr(self, self.ff_name)(self.post_attention_layernorm(h))
 
 
 class KimiLinearForCausalLM(HybridForCausalLM):
