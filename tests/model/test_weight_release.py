@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from recap.backends import CpuBackend, TorchBackend, prepare
-from recap.backends.base import model_parts
+from recap.backends.base import model_parts, set_linear_backend
 from recap.kernels.linear_rows import linear_rows_available
 from recap.model.footprint import held_weight_bytes
 from recap.model.layers.linear import DenseLinear, Int8Linear, Linear, WeightReleasedError, onednn_available
@@ -135,10 +135,11 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
     head, embedding = model.head(), model.embedding()
     assert lm.config.tie_word_embeddings
     if quantization:
-        assert head.released and embedding.released
-        assert embedding.qweight.dtype == torch.int8 and not any(p.dtype == torch.float32 and p.dim() == 2
-                                                                 and p.shape == table.shape
-                                                                 for p in model.parameters())  # fmt: skip
+        assert head.released and not embedding.released and torch.equal(embedding.weight, table)
+        set_linear_backend(model_parts(model), quantization, int8_embeddings=True)  # opt-in: base.py says why
+        assert embedding.released and embedding.qweight.dtype == torch.int8
+        assert not any(p.dtype == torch.float32 and p.shape == table.shape for p in model.parameters())
+        backend.prepare(model)  # bound again to the int8 table
         rows = torch.tensor([0, 3, table.shape[0] - 1])
         err = (embedding(rows) - table[rows]).abs().max() / table[rows].abs().max()
         assert 0 < err <= 0.5 / 127 + 1e-6  # int8 rows: half a step of each row's scale at most
