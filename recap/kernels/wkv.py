@@ -160,7 +160,9 @@ def _step_ref(h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor
 
 
 def _empty(a: int, device: torch.device) -> torch.Tensor:
-    return torch.stack((torch.zeros(a, device=device), torch.zeros(a, device=device), torch.full((a,), NEG, device=device)))
+    """The empty state (0, 0, -1e38) as transformers starts a sequence."""
+    z = torch.zeros(a, device=device)
+    return torch.stack((z, z, torch.full((a,), NEG, device=device)))
 
 
 def wkv_update_ref(

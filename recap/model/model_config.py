@@ -2,8 +2,8 @@
 
 - `layer_types[i]`: the token mixer of layer i and so its caches, one of the kinds of layer_kinds.py
   ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru" | "rwkv": a state slot part;
-  "attention": KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state in one layer, the
-  family's model file says how they combine)
+  "attention": KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state
+  in one layer, the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
 Multipliers (muP and friends) are explicit fields, 1.0 when a family has none. The per-layer questions (which
 layers hold KV or state, their specs, FLOPs) are answered from the layer-kind table and the mixer configs'

@@ -1,6 +1,6 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
-the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, the RG-LRU scan and RWKV's WKV scan: their torch kernels,
-which run on any device, until Triton ones exist."""
+the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, the RG-LRU scan and RWKV's WKV scan: their
+torch kernels, which run on any device, until Triton ones exist."""
 
 from __future__ import annotations
 
