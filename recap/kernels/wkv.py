@@ -15,6 +15,10 @@ blocks of ~sqrt(T) tokens, as kernels/rglru.py does: one pass over the positions
 over blocks and channels) gives each position's local state and its block's summed log decay, then each block
 merges the end state of the block before it. The states at the metadata's chunk ends are read off the result,
 so every requested checkpoint position is written (DESIGN invariant 3). Decode batches take wkv_update.
+
+Measured (one thread, one row with a checkpoint every 16 tokens, A = 768, medians of 3 on a loaded 2-core shared
+machine, so rough): T = 2048 ~480 ms vs ~1020 ms for the per-token reference; T = 512 ~75 ms vs ~220 ms. As for
+the RG-LRU, the CPU recurrence is bound by memory traffic (each step reads and writes three [blocks, A] planes).
 """
 
 from __future__ import annotations
