@@ -24,6 +24,7 @@ from recap.kernels.rglru import rglru_scan
 from recap.kernels.selective_scan import selective_scan, selective_state_update
 from recap.kernels.ssd import ssd
 from recap.kernels.ssd_decode import ssd_state_update
+from recap.kernels.wkv import wkv_scan
 
 Kernel = Callable[..., Any]
 
@@ -47,6 +48,7 @@ class KernelSet:
     paged_sparse_mla_attention: Kernel
     rglru_scan: Kernel
     paged_qsa_attention: Kernel
+    wkv_scan: Kernel
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
@@ -69,6 +71,7 @@ TORCH_KERNELS = KernelSet(
     paged_sparse_mla_attention=paged_sparse_mla_attention,
     rglru_scan=rglru_scan,
     paged_qsa_attention=paged_qsa_attention,
+    wkv_scan=wkv_scan,
 )
 
 

@@ -25,6 +25,7 @@ from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybr
 from recap.model.translators.minimax import _minimax
 from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
+from recap.model.translators.rwkv import _rwkv
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -154,6 +155,9 @@ _TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed
                                                       "partial_rotary_factor": 0.5},
                "ple_layer_ids": [3], "ple_embed_dim": 32, "heads_per_ngram": 2, "ngram_vocab_size_base": 100,
                "make_ngram_vocab_size_divisible_by": 8, "split_ngram_parts": 3, "ple_conv_kernel_size": 3}  # fmt: skip
+# RWKV-4: 4 layers, rescaling after every 2nd (so that it bites), channel mix 128 wide; transformers' own init
+# otherwise (jitter: time_decay/time_first and the norms)
+_TINY_RWKV = {"num_hidden_layers": 4, "intermediate_size": 128, "rescale_every": 2, "context_length": 1024}
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -205,6 +209,7 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("qwen4_exp", "Qwen4ExpTextConfig", _TINY_QWEN4, jitter=True)),
     Family("Qwen4ExpForConditionalGeneration", _qwen4_exp_vl, "qwen4_exp", ("qwen4_exp",),
            TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
+    Family("RwkvForCausalLM", _rwkv, "rwkv", ("rwkv",), TinyConfig("rwkv", "RwkvConfig", _TINY_RWKV, jitter=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

@@ -64,6 +64,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("lightning", state="lightning"),  # MiniMax lightning attention (on the SSD kernels)
         LayerKind("rglru", state="rglru"),  # Griffin's recurrent block (RecurrentGemma): conv window + RG-LRU state
         LayerKind("gdn_ple", state="gdn_ple"),  # Gated DeltaNet + Qwen4-Exp's per-layer n-gram embeddings
+        LayerKind("rwkv", state="rwkv"),  # RWKV-4's time mix + channel mix: two shifts + WKV
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

@@ -1,9 +1,9 @@
 """`ModelConfig`: the frozen config the layers ever read, with normalized per-layer lists.
 
 - `layer_types[i]`: the token mixer of layer i and so its caches, one of the kinds of layer_kinds.py
-  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru": a state slot part; "attention":
-  KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state in one layer, the
-  family's model file says how they combine)
+  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru" | "rwkv": a state slot part;
+  "attention": KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state
+  in one layer, the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
 Multipliers (muP and friends) are explicit fields, 1.0 when a family has none. The per-layer questions (which
 layers hold KV or state, their specs, FLOPs) are answered from the layer-kind table and the mixer configs'
@@ -34,6 +34,7 @@ from recap.model.mixer_configs import (
 )
 from recap.model.qwen4_configs import PLEGatedDeltaNetConfig
 from recap.model.rglru_config import RGLRUConfig
+from recap.model.rwkv_config import RwkvConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
 
 
@@ -105,6 +106,7 @@ class ModelConfig:
     gdn_ple: PLEGatedDeltaNetConfig | None = None  # "gdn_ple" layers (Qwen4-Exp's GDN layers with PLE)
     lightning: LightningConfig | None = None
     rglru: RGLRUConfig | None = None  # RecurrentGemma's recurrent blocks
+    rwkv: RwkvConfig | None = None  # RWKV-4's layers (time mix + channel mix)
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None

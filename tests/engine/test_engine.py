@@ -8,6 +8,7 @@ import pytest
 
 from recap import SamplingParams
 from recap.engine.errors import InvalidRequestError
+from recap.engine.outputs import RequestOutput
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.workloads import GREEDY, drain, rnd
 
@@ -44,7 +45,7 @@ def test_tiny_kv_budget_is_a_clear_error(tiny_models: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
-                                  "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp"])
+                                  "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "rwkv"])
 def test_abort_mid_prefill(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     long_p, other = rnd(70, 150), rnd(71, 40)
@@ -114,3 +115,28 @@ def test_chat_passes_message_boundaries(tiny_models: dict[str, Path]) -> None:
     llm.chat([system, {"role": "user", "content": "first question?"}], params)
     second = llm.chat([system, {"role": "user", "content": "another, different one"}], params)[0]
     assert second.num_cached_tokens > 0, "the system prompt's message boundary should be a checkpoint"
+
+
+@pytest.mark.parametrize("arch", ["rwkv", "mamba"])
+@pytest.mark.parametrize("policy", ["recap", "all"])
+def test_forced_preemption_of_an_attention_free_model(tiny_models: dict[str, Path], arch: str, policy: str) -> None:
+    """An attention-free model never runs short of KV blocks (its slot does not grow), so memory never preempts it:
+    the scheduler's own preemption is forced mid-decode instead. The preempted request starts over (from a
+    checkpoint of its slot where its policy left one) and answers as it would alone."""
+    path = tiny_models[arch]
+    prompts = [rnd(80 + i, 45 + 9 * i) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=0, ignore_eos=True)
+    want = _alone(path, prompts, params)
+    eng = make_llm(path, caching=True, policy=policy, max_num_batched_tokens=64).engine
+    ids = [eng.add_request(p, params) for p in prompts]
+    outs: dict[str, RequestOutput] = {}
+    sched = eng.scheduler
+    for step in range(12):
+        for o in eng.step():
+            outs[o.request_id] = o
+        if step in (5, 8) and sched._running:  # mid-decode (and mid-prefill of a later one): the tail goes
+            sched._preempt(sched._running[-1])
+    outs.update(drain(eng))
+    assert_same([outs[i] for i in ids], want, f"{arch}/{policy}/forced-preemption")
+    assert sched.stats.preemptions >= 1
+    sched.check_integrity()

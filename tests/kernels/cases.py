@@ -24,6 +24,7 @@ from recap.kernels.selective_scan import selective_scan, selective_scan_ref, sel
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import record_decode_positions
+from recap.kernels.wkv import wkv_scan, wkv_scan_ref, wkv_update
 
 Tensors = dict[str, torch.Tensor]
 
@@ -75,8 +76,12 @@ class Case:
     ref: Callable[..., torch.Tensor]
     update: Callable[..., torch.Tensor]  # (inputs, params, cache, state_indices, slot_positions, positions) -> y
     writes_positions: bool = True
+    # (slots, generator) -> a random cache, where plain normal values are no valid state (WKV's denominators)
+    cache_init: Callable[[int, torch.Generator], torch.Tensor] | None = None
 
     def new_cache(self, slots: int, gen: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.cache_init is not None:
+            return self.cache_init(slots, gen).to(dtype)
         return torch.randn(slots, *self.cache_shape, generator=gen).to(dtype)
 
     def run(
@@ -311,11 +316,49 @@ def _rglru_case() -> Case:
     )
 
 
+# WKV (RWKV-4): A channels; states (num, den, max) with positive denominators, keys on a wide range
+WKV_A = 9
+
+
+def wkv_state(slots: int, gen: torch.Generator, a: int = WKV_A) -> torch.Tensor:
+    """Random valid WKV states [slots, 3, a]: any num, den in [0.5, 1.5), max exponents around 0."""
+    return torch.stack((torch.randn(slots, a, generator=gen), torch.rand(slots, a, generator=gen) + 0.5,
+                        torch.randn(slots, a, generator=gen) * 3), dim=1)  # fmt: skip
+
+
+def wkv_params(gen: torch.Generator, a: int = WKV_A) -> Tensors:
+    """w = -exp(time_decay) (slow and fast decays), u = time_first."""
+    return {"w": -torch.exp(torch.randn(a, generator=gen) * 2), "u": torch.randn(a, generator=gen)}
+
+
+def _wkv_case() -> Case:
+    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return wkv_scan(inp["k"], inp["v"], p["w"], p["u"], cache, meta, sp)
+
+    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return wkv_scan_ref(inp["k"], inp["v"], p["w"], p["u"], cache, meta, sp)
+
+    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return wkv_update(inp["k"], inp["v"], p["w"], p["u"], cache, idx, sp, pos)
+
+    return Case(
+        name="wkv",
+        token_inputs=lambda n, g: {"k": _randn(g, n, WKV_A) * 3, "v": _randn(g, n, WKV_A)},
+        params=wkv_params,
+        cache_shape=(3, WKV_A),
+        fast=fast,
+        ref=ref,
+        update=update,
+        cache_init=wkv_state,
+    )
+
+
 # Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; GDN runs
 # with equal heads and with 2 and 3 value heads per key head.
 CASES = [
     _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
     _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(), _rglru_case(),
+    _wkv_case(),
 ]  # fmt: skip
 
 

@@ -22,8 +22,9 @@ from recap.kernels.selective_scan import selective_scan_ref, selective_state_upd
 from recap.kernels.ssd import ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update, ssd_state_update_ref
 from recap.kernels.varlen import copy_decode_checkpoints
+from recap.kernels.wkv import wkv_update, wkv_update_ref
 
-from .cases import Row, assert_close, build_meta
+from .cases import Row, assert_close, build_meta, wkv_params, wkv_state
 
 SLOTS = 23
 DT_LIMIT = (0.0, 5.0)
@@ -109,7 +110,20 @@ def _rglru(gen: torch.Generator, b: int, dtype: torch.dtype) -> tuple[Callable[.
     return call, cache
 
 
+def _wkv(gen: torch.Generator, b: int, dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], ...]:
+    a = 10
+    k, v = (torch.randn(b, a, generator=gen) * 3).to(dtype), torch.randn(b, a, generator=gen).to(dtype)
+    p = wkv_params(gen, a)
+    cache = wkv_state(SLOTS, gen, a).to(dtype)
+
+    def call(fn: Callable[..., torch.Tensor], c: torch.Tensor, idx, init, sp, pos) -> torch.Tensor:  # noqa: ANN001
+        return fn(k, v, p["w"], p["u"], c, idx, sp, pos, init)
+
+    return call, cache
+
+
 KERNELS = {
+    "wkv": (_wkv, wkv_update, wkv_update_ref),
     "rglru": (_rglru, rglru_update, rglru_update_ref),
     "gdn_k2_v2": (_gdn(2, 2), gated_delta_rule_update, gated_delta_rule_update_ref),
     "gdn_k1_v3": (_gdn(1, 3), gated_delta_rule_update, gated_delta_rule_update_ref),

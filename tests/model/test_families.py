@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from recap.model.config import UnsupportedArchitectureError
-from recap.model.families import FAMILIES, MODEL_TYPES, TINY_ARCHS, TRANSLATORS, Family, family
+from recap.model.families import BY_ARCHITECTURE, FAMILIES, MODEL_TYPES, TINY_ARCHS, TRANSLATORS, Family, family
 from recap.model.hf_config import architecture_of, translate_config
 from recap.model.models import MODEL_CLASSES
 from recap.model.models.base import CausalLM
@@ -54,3 +56,10 @@ def test_unknown_architecture_is_refused() -> None:
         family("LlamaForCausalLM")
     with pytest.raises(UnsupportedArchitectureError, match="model_type='llama'"):
         architecture_of({"model_type": "llama"})
+
+
+def test_readme_names_every_supported_architecture() -> None:
+    """README's list of supported architectures names every class the registry loads (aliases included)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    missing = [name for name in BY_ARCHITECTURE if f"`{name}`" not in readme]
+    assert not missing, f"README does not name {missing}"

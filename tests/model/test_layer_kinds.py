@@ -88,8 +88,8 @@ def test_a_kind_without_its_config_or_unknown_is_refused() -> None:
     for kind, missing in (("gdn", "gdn"), ("mamba1", "mamba1"), ("attention", "attention"), ("hybrid", "mamba2")):
         with pytest.raises(ValueError, match=f"layer type '{kind}' used without its config"):
             ModelConfig(**{**fields, "layer_types": (kind,), "mlp_types": ("none",), missing: None})
-    with pytest.raises(ValueError, match="unknown layer type 'rwkv'"):
-        ModelConfig(**{**fields, "layer_types": ("rwkv",), "mlp_types": ("none",)})
+    with pytest.raises(ValueError, match="unknown layer type 'retention'"):
+        ModelConfig(**{**fields, "layer_types": ("retention",), "mlp_types": ("none",)})
 
 
 def _module_imports(path: Path) -> set[str]:

@@ -59,9 +59,9 @@ def test_unknown_architecture(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN00
     path = tmp_path / "m"
     shutil.copytree(tiny_checkpoint("mamba"), path)
     cfg = json.loads((path / "config.json").read_text())
-    cfg["architectures"] = ["RwkvForCausalLM"]
+    cfg["architectures"] = ["LlamaForCausalLM"]
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedArchitectureError, match="RwkvForCausalLM") as e:
+    with pytest.raises(UnsupportedArchitectureError, match="LlamaForCausalLM") as e:
         load_model(path)
     assert "MambaForCausalLM" in str(e.value)
 

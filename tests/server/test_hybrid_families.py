@@ -1,9 +1,9 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0 and Qwen4-Exp folders
-served through the OpenAI API with their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0, Qwen4-Exp and RWKV-4
+folders served through the OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
-`recap serve <folder>` itself is run once, as a user would, on the Nemotron-H folder.
+`recap serve <folder>` itself is run as a user would on the Nemotron-H and RWKV folders.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ TEMPLATES = {
     "bailing_hybrid": "{% for m in messages %}<role>{{ {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
                       "[m['role']] }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
                       "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}",
+    # RWKV-4 Raven's instruction format: "Bob: ...\n\nAlice:" turns
+    "rwkv": "{% for m in messages %}{{ {'system': 'System', 'user': 'Bob', 'assistant': 'Alice'}[m['role']] }}: "
+            "{{ m['content'] }}\n\n{% endfor %}{% if add_generation_prompt %}Alice:{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 
@@ -101,8 +104,9 @@ def test_family_serves_chat_with_its_template(family_dirs: dict[str, Path], arch
         srv.stop()
 
 
-def test_recap_serve_folder(family_dirs: dict[str, Path], tmp_path: Path) -> None:
-    path = family_dirs["nemotron_h"]
+@pytest.mark.parametrize("arch", ["nemotron_h", "rwkv"])  # a hybrid, and an attention-free model (no KV pool)
+def test_recap_serve_folder(family_dirs: dict[str, Path], tmp_path: Path, arch: str) -> None:
+    path = family_dirs[arch]
     with recap_serve([str(path)], tmp_path) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         (model,) = client.models.list().data

@@ -1,6 +1,6 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
-the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention and the RG-LRU scan: their torch kernels,
-which run on any device, until Triton ones exist."""
+the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, the RG-LRU scan and RWKV's WKV scan: their
+torch kernels, which run on any device, until Triton ones exist."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from recap.kernels.triton.paged_attention import paged_attention
 from recap.kernels.triton.selective_scan import selective_scan, selective_state_update
 from recap.kernels.triton.ssd import ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update
+from recap.kernels.wkv import wkv_scan
 
 TRITON_KERNELS = KernelSet(
     name="triton",
@@ -33,4 +34,5 @@ TRITON_KERNELS = KernelSet(
     paged_sparse_mla_attention=paged_sparse_mla_attention,
     rglru_scan=rglru_scan,
     paged_qsa_attention=paged_qsa_attention,
+    wkv_scan=wkv_scan,
 )
