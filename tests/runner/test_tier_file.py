@@ -13,6 +13,7 @@ from recap.core.tier_index import EntryKind, TierKey
 from recap.model.cache import KVCache, ModelCaches, StateCache
 from recap.runner.disk_tier import DiskTier, entry_file_name
 from recap.runner.tier_file import EntryHeader, TensorMeta, TierFileError, decode, encode, read_header, write_atomic
+from recap.runner.tier_stores import TierStores
 
 KEY = TierKey(EntryKind.CHECKPOINT, 0xABC, 32)
 
@@ -59,7 +60,7 @@ def _caches() -> ModelCaches:
 def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
     caches = _caches()
     caches.slot_positions[1] = 32
-    store = DiskTier(tmp_path, "id", caches)
+    store = TierStores(caches, [DiskTier(tmp_path, "id", caches)])
     kv_key = TierKey(EntryKind.KV, 0x77)
     want_kv = [caches.kv[0].tensors[n][2].clone() for n in ("k", "v")]
     want_state = caches.state[1].tensors["ssm"][1].clone()
@@ -67,7 +68,7 @@ def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
     for t in (caches.kv[0].tensors["k"], caches.kv[0].tensors["v"], caches.state[1].tensors["ssm"]):
         t.zero_()  # the step's forward reuses the block and slot: the snapshot was taken before
     store.close()
-    store = DiskTier(tmp_path, "id", caches)
+    store = TierStores(caches, [DiskTier(tmp_path, "id", caches)])
     assert sorted(store.scan()) == sorted([kv_key, KEY])
     store.step(SchedulerOutput(2, [], tier_loads=[TierLoad("r", ((kv_key, 3),), (KEY, 2))]))
     store.wait(5.0)
