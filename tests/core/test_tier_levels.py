@@ -177,4 +177,5 @@ def _check_store_matches(tiers: TierManager | None, store: dict[tuple[int, TierK
         if level in tiers.disabled:
             continue
         for key in index.iter_keys():
-            assert not index.is_ready(key) or index.is_pinned(key) or (level, key) in store, f"tier {level} holds {key} but its store does not"
+            ok = not index.is_ready(key) or index.is_pinned(key) or (level, key) in store
+            assert ok, f"tier {level} holds {key} but its store does not"
