@@ -218,7 +218,8 @@ def test_tier_configs_give_their_engine_a_lower_tier() -> None:
 
     opts = EngineOptions(cache_dir="/tmp/tiers", cache_host_bytes=1 << 20, cache_disk_bytes=1 << 30)
     assert opts.tier_kwargs(CONFIGS["recap-host"]) == {"cache_host_bytes": 1 << 20}
-    assert opts.tier_kwargs(CONFIGS["recap-disk"]) == {"cache_dir": "/tmp/tiers/recap-disk", "cache_disk_bytes": 1 << 30}
+    disk = opts.tier_kwargs(CONFIGS["recap-disk"])
+    assert disk == {"cache_dir": "/tmp/tiers/recap-disk", "cache_disk_bytes": 1 << 30}
     assert opts.tier_kwargs(CONFIGS["recap"]) == {}
     with pytest.raises(ValueError, match="--cache-dir"):
         EngineOptions().tier_kwargs(CONFIGS["recap-disk"])
