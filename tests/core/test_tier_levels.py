@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from recap.config import CacheConfig
 from recap.core.output import TierDrop, TierSave, TierSaved
 from recap.core.request import RequestStatus
 from recap.core.tier_index import EntryKind, TierKey
@@ -71,6 +73,14 @@ def test_host_first_then_lru_moves_down_then_out() -> None:
     for t in tiers.indexes:
         t.check()
     assert host.num_bytes == 2 * KV_BYTES and disk.num_bytes == 3 * KV_BYTES
+
+
+def test_budgets_are_checked_and_name_the_tiers_in_order() -> None:
+    with pytest.raises(ValueError, match="cache_host_bytes"):
+        CacheConfig(cache_host_bytes=-1)
+    assert CacheConfig(cache_host_bytes=8).tier_names == ("host",)
+    assert CacheConfig(cache_host_bytes=8, cache_dir="/x").tier_names == ("host", "disk")
+    assert CacheConfig(cache_host_bytes=0, cache_dir="/x", cache_disk_bytes=0).tier_names == ()
 
 
 def test_host_full_of_pending_entries_passes_to_disk() -> None:
