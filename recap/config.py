@@ -30,6 +30,15 @@ class CacheConfig:
     # DEFAULT_DISK_CACHE_BYTES when only the directory is given).
     cache_dir: str | None = None
     cache_disk_bytes: int | None = None
+    # The host-memory tier (docs/tiers.md): a byte budget of host RAM between the read pools and the disk tier
+    # (0/None: none). On a GPU server its copies are device <-> host; on a CPU server the same RAM, still its own
+    # budget and index.
+    cache_host_bytes: int | None = None
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        """The lower tiers this config asks for, fastest first (their order is their level in the core)."""
+        return tuple(n for n, b in (("host", self.cache_host_bytes or 0), ("disk", self.disk_tier_bytes)) if b)
 
     @property
     def disk_tier_bytes(self) -> int:
@@ -41,6 +50,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.cache_disk_bytes is not None and self.cache_disk_bytes < 0:
             raise ValueError(f"cache_disk_bytes must be >= 0, got {self.cache_disk_bytes}")
+        if self.cache_host_bytes is not None and self.cache_host_bytes < 0:
+            raise ValueError(f"cache_host_bytes must be >= 0, got {self.cache_host_bytes}")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.checkpoint_policy not in CHECKPOINT_POLICIES:

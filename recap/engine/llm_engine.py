@@ -115,8 +115,8 @@ class LLMEngine:
             speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,
                                     max_rows=drafting_rows(config.scheduler.max_num_seqs))
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout, speculator)
-        if self.runner.tier is not None and self.scheduler.tiers is not None:  # a restart finds its earlier entries
-            self.scheduler.tiers.restore(self.runner.tier.scan())
+        if self.runner.tier is not None and self.runner.tier.disk is not None and self.scheduler.tiers is not None:
+            self.scheduler.tiers.restore(self.runner.tier.scan(), self.runner.tier.disk_level)  # a restart finds them
         self.processor = InputProcessor(
             self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )

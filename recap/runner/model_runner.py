@@ -18,7 +18,6 @@ from recap.model.footprint import held_weight_bytes, widest_linear
 from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
-from recap.runner.disk_tier import TierStepReport, open_disk_tier
 from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
@@ -33,6 +32,7 @@ from recap.runner.memory import (
 )
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
+from recap.runner.tier_stores import TierStepReport, open_tier_stores
 from recap.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0)
@@ -112,7 +112,7 @@ class ModelRunner:
         )
         self.has_kv, self.has_window = self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0
         self.has_state = self.state_bytes_per_slot > 0
-        self.tier = open_disk_tier(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
+        self.tier = open_tier_stores(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
