@@ -19,6 +19,7 @@ from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
 from recap.runner.disk_tier import TierStepReport, open_disk_tier
+from recap.runner.draft_model import DraftModelRunner
 from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
@@ -57,6 +58,8 @@ class ModelRunner:
     """Owns the model, the backend that runs it (recap/backends/: built from the loaded model's flags and
     the device), its KV/state tensors and the sampler. Stateless across steps otherwise, except per-request
     seeded generators (dropped when the scheduler reports a request gone)."""
+
+    drafter: DraftModelRunner | None = None  # speculative method "draft_model" (runner/draft_model.py): the engine's
 
     def __init__(
         self,
@@ -110,8 +113,8 @@ class ModelRunner:
             num_window_blocks=self.pools.num_window_blocks,
             zeros=self.backend.cache_zeros(),  # the CPU fast path streams them as it streams the weights
         )
-        self.has_kv, self.has_window = self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0
-        self.has_state = self.state_bytes_per_slot > 0
+        self.has_kv, self.has_window, self.has_state = (
+            self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0, self.state_bytes_per_slot > 0)
         self.tier = open_disk_tier(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
@@ -185,6 +188,11 @@ class ModelRunner:
             if tier is not None and not tier.loaded and self.tier is not None:
                 self.tier.wait(0.01)  # nothing to run but loads in flight: do not spin
             return _with_tier(ModelRunnerOutput(), tier)
+        drafted: dict[str, list[int]] = {}
+        if self.drafter is not None:
+            for rid in out.finished_request_ids:
+                self.drafter.forget(rid)
+            out, drafted = self.drafter.propose(out)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
         if self.has_state:
@@ -201,6 +209,10 @@ class ModelRunner:
                 result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
         if verify:
             self._verify(out, batch, hidden, verify, result)
+        if drafted and self.drafter is not None:
+            result.draft_token_ids = drafted
+            for rid in drafted:
+                self.drafter.commit(rid, len(result.spec_token_ids[rid]) - 1)
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
