@@ -179,6 +179,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in out.finished_request_ids:
             self._generators.pop(rid, None)
+            if self.drafter is not None:
+                self.drafter.forget(rid)
             if self.grammar is not None:
                 self.grammar.drop(rid)
         tier = self.tier.step(out) if self.tier is not None else None  # saves first: copies may reuse their slots
@@ -190,8 +192,6 @@ class ModelRunner:
             return _with_tier(ModelRunnerOutput(), tier)
         drafted: dict[str, list[int]] = {}
         if self.drafter is not None:
-            for rid in out.finished_request_ids:
-                self.drafter.forget(rid)
             out, drafted = self.drafter.propose(out)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
