@@ -205,7 +205,8 @@ def text_prompts(tokenizer: Any, batch: int, doc_len: int, workload: str) -> lis
     for i in range(batch):
         if workload == "chat":
             messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-            out.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            out.append(tokenizer.encode(text, add_special_tokens=False))
             continue
         order = random.Random(200 + i).sample(SENTENCES, len(SENTENCES))
         doc: list[str] = []

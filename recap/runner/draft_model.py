@@ -9,7 +9,8 @@ committed. A step:
    The draft keeps no checkpoints: on a target prefix-cache hit it computes the whole prefix from its own
    position (the simplest correct choice; it costs the draft's share of the prompt once).
 2. propose: a row given k runner drafts feeds its committed tokens from `pos` through its decode token (position
-   N - 1), then d1..d(k-1) one decode step each; the argmax at each gives d1..dk. The state after N + j tokens
+   N - 1), then d1..d(k-1), one token per decode step (MAX_FED_ONE_BY_ONE); the argmax after N - 1 and after each
+   draft gives d1..dk. The state after N + j tokens
    (j < k - 1) is written into a scratch slot (a state write at the row's end, as a checkpoint is); the running
    slot ends after N + k - 1.
 3. commit: once the target accepted a drafts, the state after N + min(a, k - 1) tokens (all of them committed)
@@ -33,6 +34,11 @@ from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.hf_config import read_hf_config, translate_config
 from recap.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_path
+
+# A proposing row's committed tokens not yet fed (the bonus token; with dk when all k drafts were accepted) go one
+# decode step each, so every draft step is a decode (the cheap path); a longer catch-up (after a backoff, a
+# preemption or a target cache hit) goes as one chunk first, but its last token.
+MAX_FED_ONE_BY_ONE = 2
 
 
 class DraftModelMismatchError(ValueError):
@@ -64,6 +70,8 @@ class _Row:
     first: int  # N: the request's committed tokens, its decode token last
     k: int
     scratch: list[int]
+    pending: list[int]  # committed tokens not yet fed, from position `at`
+    at: int  # the position of the next token fed
     drafts: list[int] = field(default_factory=list)
 
 
@@ -160,13 +168,11 @@ class DraftModelRunner:
         return SeqSpec(tokens, context_len=start, block_ids=seq.blocks, state_slot=seq.slot if self.has_state
                        else PAD_SLOT_ID, checkpoints=writes if self.has_state else (), sample=sample)  # fmt: skip
 
-    def _forward(self, specs: list[SeqSpec], verify_shaped: bool) -> list[int]:
+    def _forward(self, specs: list[SeqSpec]) -> list[int]:
         """One draft step over `specs`; the argmax after each sampled row's last token."""
         batch = build_forward_batch(specs, block_size=self.block_size, chunk_size=self.config.ssm_chunk_size,
                                     with_attention=self.has_kv, with_ssm=self.has_state, device=self.device,
                                     with_window=self.has_window, kernels=self.backend.kernels)  # fmt: skip
-        if verify_shaped:
-            batch.num_draft_tokens = batch.num_tokens - batch.num_seqs
         if self.has_state and batch.planned_checkpoints:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
         hidden = self.backend.forward(self.model, batch, self.caches)
@@ -180,7 +186,7 @@ class DraftModelRunner:
         step with the drafts among those rows' tokens (as a verify row carries them) and the drafts by request."""
         scratch = iter(range(self.pools.num_running_slots, self.pools.num_running_slots + self.pools.num_scratch_slots))
         rows: list[_Row] = []
-        specs: list[SeqSpec] = []
+        chunks: list[SeqSpec] = []  # prefill chunks, and long catch-ups but their last token: one forward
         for s in out.scheduled:
             k, end = s.num_runner_drafts, s.num_computed_tokens + len(s.token_ids)
             if not k and not (s.speculate and (len(s.token_ids) > 1 or not s.sample)):
@@ -188,18 +194,19 @@ class DraftModelRunner:
             seq = self._seq(s.request_id, end + max(k - 1, 0))
             if seq is None or (not k and seq.pos >= end):
                 continue
-            writes: list[tuple[int, int]] = []
-            if k:
-                row = _Row(s.request_id, end, k, [next(scratch) for _ in range(k - 1)])
-                writes = [(end, row.scratch[0])] if row.scratch else []
-                rows.append(row)
-            specs.append(self._spec(seq, _tokens(s, seq.pos, end), seq.pos, writes, bool(k)))
-            seq.pos = end if not k else seq.pos  # a proposing row's committed position moves at commit
-        if specs:  # rows that continue their state with a few tokens take the CPU backend's verify graph
-            firsts = self._forward(specs, all(x.context_len > 0 and len(x.token_ids) <= 8 for x in specs))
-            for row, d in zip(rows, firsts):
-                row.drafts.append(int(d))
-        self._decode_drafts(rows)
+            tokens = _tokens(s, seq.pos, end)
+            if not k:
+                chunks.append(self._spec(seq, tokens, seq.pos, [], False))
+                seq.pos = end
+                continue
+            row = _Row(s.request_id, end, k, [next(scratch) for _ in range(k - 1)], pending=tokens, at=seq.pos)
+            if len(tokens) > MAX_FED_ONE_BY_ONE:
+                chunks.append(self._spec(seq, tokens[:-1], seq.pos, [], False))
+                row.pending, row.at = tokens[-1:], end - 1
+            rows.append(row)
+        if chunks:
+            self._forward(chunks)
+        self._feed(rows)
         self._rows = {r.rid: r for r in rows}
         drafts = {r.rid: r.drafts for r in rows}
         scheduled = [replace(s, token_ids=[*s.token_ids, *drafts[s.request_id]],
@@ -207,17 +214,24 @@ class DraftModelRunner:
                      for s in out.scheduled]  # fmt: skip
         return replace(out, scheduled=scheduled), drafts
 
-    def _decode_drafts(self, rows: list[_Row]) -> None:
-        """Feed d1..d(k-1), all rows that still draft in one decode step per position; each appends the next."""
-        for j in range(1, max((r.k for r in rows), default=0)):
-            active = [r for r in rows if r.k > j]
+    def _feed(self, rows: list[_Row]) -> None:
+        """Decode steps of one token per row until every row has its k drafts: a row feeds its pending committed
+        tokens, then its drafts; the argmax after its last committed token and after each draft is its next draft.
+        The state after N + j tokens (0 <= j < k - 1) goes into scratch slot j (module docstring)."""
+        active = rows
+        while active:
             specs = []
             for r in active:
-                seq = self._seqs[r.rid]
-                writes = [(r.first + j, r.scratch[j])] if j < r.k - 1 else []
-                specs.append(self._spec(seq, [r.drafts[j - 1]], r.first + j - 1, writes, True))
-            for r, d in zip(active, self._forward(specs, False)):
-                r.drafts.append(int(d))
+                token = r.pending.pop(0) if r.pending else r.drafts[-1]
+                j = r.at + 1 - r.first  # this token makes the state after N + j tokens
+                writes = [(r.at + 1, r.scratch[j])] if 0 <= j < r.k - 1 else []
+                specs.append(self._spec(self._seqs[r.rid], [token], r.at, writes, not r.pending))
+                r.at += 1
+            nexts = iter(self._forward(specs))
+            for r, spec in zip(active, specs):
+                if spec.sample:
+                    r.drafts.append(int(next(nexts)))
+            active = [r for r in active if len(r.drafts) < r.k]
 
     def commit(self, rid: str, accepted: int) -> None:
         """The target accepted `accepted` of the request's drafts this step: the state after N + min(accepted,
