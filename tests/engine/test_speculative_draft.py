@@ -235,3 +235,22 @@ def test_trained_default_with_its_draft() -> None:
         assert s.num_drafts > 0 and s.num_accepted_tokens > 0
         if draft == target:
             assert s.num_accepted_tokens == s.num_draft_tokens
+
+
+@pytest.mark.parametrize(("arch", "draft"), [("bamba", "qwen3_5"), ("mamba2", "lfm2")])
+def test_a_draft_of_another_family(models: dict[str, Path], arch: str, draft: str) -> None:
+    """A draft whose state kinds differ from the target's (GDN or short conv drafting for Mamba2 hybrids): its
+    state stays exact after every step, the output unchanged (random drafts are rarely accepted)."""
+    prompts = _prompts()[:2]
+    want = reference(models[arch], prompts)
+    llm = make(models[arch], spec(models[draft]), max_num_batched_tokens=24)
+    eng = llm.engine
+    rids = [eng.add_request(p, GREEDY) for p in prompts]
+    outs: dict[str, list[int]] = {}
+    checked = 0
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs[o.request_id] = o.outputs[0].token_ids
+        checked += draft_state_is_exact(llm)
+    assert [outs[r] for r in rids] == want and checked > 10
+    assert eng.scheduler.stats.spec.num_drafts > 10
