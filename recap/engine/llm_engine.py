@@ -117,9 +117,9 @@ class LLMEngine:
             pools = draft_pools(config.cache.block_size, config.scheduler.max_num_seqs, config.scheduler.max_model_len,
                                 self.runner.pools.num_kv_blocks, spec.num_speculative_tokens,
                                 drafting_rows(config.scheduler.max_num_seqs))  # fmt: skip
-            self.runner.drafter = load_draft_runner(spec.model, loaded.config.vocab_size, self.tokenizer, pools,
-                                                    config.cache.block_size, dtype, str(device), kernels,
-                                                    config.native_decode)  # fmt: skip
+            self.runner.attach_drafter(load_draft_runner(
+                spec.model, loaded.config.vocab_size, self.tokenizer, pools, config.cache.block_size, dtype,
+                str(device), kernels, config.native_decode))  # fmt: skip
         speculator = None
         if config.speculative is not None:
             speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,

@@ -32,6 +32,7 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
+from recap.model.footprint import held_weight_bytes
 from recap.model.hf_config import read_hf_config, translate_config
 from recap.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_path
 
@@ -153,6 +154,11 @@ class DraftModelRunner:
             return None
         seq.blocks.extend(self._free_blocks.pop() for _ in range(max(need, 0)))
         return seq
+
+    @property
+    def total_bytes(self) -> int:
+        """The draft's weights (as held, copies included) and pools, for the runner's memory plan."""
+        return held_weight_bytes(self.model).total + self.caches.total_bytes()
 
     @property
     def num_free_blocks(self) -> int:

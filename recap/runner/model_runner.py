@@ -122,6 +122,12 @@ class ModelRunner:
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
 
+    def attach_drafter(self, drafter: DraftModelRunner) -> None:
+        """Use this draft model (speculative method "draft_model"); the memory plan, with it, is checked again
+        (MemoryPlanError when it no longer fits)."""
+        self.drafter = drafter
+        self.memory_plan().check(remedies(self.runner_config.dtype, self.quantization, self.pools))
+
     def memory_plan(self) -> MemoryPlan:
         """The bytes this runner holds: the weights as measured at start (parameters, buffers, and what the linear
         layers keep beside them), the two pools and speculation's scratch slots, the runtime overhead, against the
@@ -130,7 +136,8 @@ class ModelRunner:
         return MemoryPlan(w.parameters, w.linear_copies, self.pools, self.cache_config.block_size,
                           self.overhead_bytes, self.memory_limit,
                           weight_format(self.runner_config.dtype, self.quantization),
-                          num_scratch_slots=self.num_scratch_slots)  # fmt: skip
+                          num_scratch_slots=self.num_scratch_slots,
+                          draft_bytes=self.drafter.total_bytes if self.drafter is not None else 0)  # fmt: skip
 
     @property
     def layout(self) -> CacheLayout:

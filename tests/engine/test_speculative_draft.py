@@ -254,3 +254,12 @@ def test_a_draft_of_another_family(models: dict[str, Path], arch: str, draft: st
         checked += draft_state_is_exact(llm)
     assert [outs[r] for r in rids] == want and checked > 10
     assert eng.scheduler.stats.spec.num_drafts > 10
+
+
+def test_memory_plan_counts_the_draft(models: dict[str, Path]) -> None:
+    runner = make(models["bamba"], spec(models["bamba-noisy"])).engine.runner
+    assert runner.drafter is not None
+    plan = runner.memory_plan()
+    assert plan.draft_bytes == runner.drafter.total_bytes > runner.drafter.caches.total_bytes() > 0
+    assert "draft model" in plan.describe()
+    assert make(models["bamba"], None).engine.runner.memory_plan().draft_bytes == 0
