@@ -113,8 +113,8 @@ class ModelRunner:
             num_window_blocks=self.pools.num_window_blocks,
             zeros=self.backend.cache_zeros(),  # the CPU fast path streams them as it streams the weights
         )
-        self.has_kv, self.has_window, self.has_state = (
-            self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0, self.state_bytes_per_slot > 0)
+        self.has_kv, self.has_window = self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0
+        self.has_state = self.state_bytes_per_slot > 0
         self.tier = open_disk_tier(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
