@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,7 +20,6 @@ from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
 from recap.runner.disk_tier import TierStepReport, open_disk_tier
-from recap.runner.draft_model import DraftModelRunner
 from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
@@ -35,6 +35,9 @@ from recap.runner.memory import (
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine builds and attaches it
+    from recap.runner.draft_model import DraftModelRunner
 
 _GREEDY = SamplingParams(temperature=0.0)
 
