@@ -113,7 +113,7 @@ class CacheLayout:
             raise ValueError("need at least one state slot")
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,9 @@ class SpeculativeConfig:
     tokens per decode step and one forward pass verifies them (docs/speculative.md).
 
     method "ngram" (prompt lookup): the longest n-gram, n from `prompt_lookup_max` down to `prompt_lookup_min`,
-    ending the request's tokens that occurred earlier in them proposes the tokens that followed it."""
+    ending the request's tokens that occurred earlier in them proposes the tokens that followed it.
+    method "draft_model": `model` (a folder or hub id of a smaller model with the target's tokenizer) proposes them
+    greedily, run by the runner beside the target (runner/draft_model.py)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -132,8 +134,12 @@ class SpeculativeConfig:
     # (up to this many; 0: always draft), and each such step halves its next probes' drafts (an accepted draft
     # resets both). Acceptance history lowers the cost of a drafter that keeps missing.
     max_draft_backoff: int = 64
+    model: str | None = None  # method "draft_model": the draft model
 
     def __post_init__(self) -> None:
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(f"speculative 'model' is needed by method 'draft_model' and only by it (method "
+                             f"{self.method!r}, model {self.model!r})")
         if not isinstance(self.max_draft_backoff, int) or self.max_draft_backoff < 0:
             raise ValueError(f"speculative max_draft_backoff must be an integer >= 0, got {self.max_draft_backoff!r}")
         if self.method not in SPECULATIVE_METHODS:

@@ -228,7 +228,8 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
     assert out.num_batched_tokens <= sched.config.max_num_batched_tokens, "step over the token budget"
     assert len(out.scheduled) <= sched.config.max_num_seqs, "step over max_num_seqs"
     spec = sched.speculator
-    drafting = [sr.num_draft_tokens for sr in out.scheduled if sr.num_draft_tokens]
+    drafting = [sr.num_draft_tokens + sr.num_runner_drafts for sr in out.scheduled
+                if sr.num_draft_tokens or sr.num_runner_drafts]  # fmt: skip
     assert spec is not None or not drafting, "drafts without a speculator"
     if spec is not None:
         assert len(drafting) <= spec.max_rows, "more drafting rows than the runner has scratch slots for"
@@ -254,6 +255,9 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
             known = end - sr.num_draft_tokens
             assert all(c.position <= known for c in sr.checkpoints), f"{sr.request_id} checkpoint inside drafts"
             assert known // bs == end // bs, f"{sr.request_id} drafts reach a block boundary"
+        if sr.num_runner_drafts:  # the runner's drafts follow the decode token, in its block
+            assert not sr.num_draft_tokens and sr.num_new_tokens == 1 and sr.sample, f"{sr.request_id} runner drafts"
+            assert end // bs == (end + sr.num_runner_drafts) // bs, f"{sr.request_id} drafts reach a block boundary"
         positions = [c.position for c in sr.checkpoints]
         assert positions == sorted(set(positions)), f"{sr.request_id} checkpoint positions not sorted/unique"
         for c in sr.checkpoints:

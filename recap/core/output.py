@@ -56,6 +56,11 @@ class ScheduledRequest:
     # Speculative decoding: the last this many of token_ids are drafts for the runner to verify (its decode
     # token comes first); 0: a plain step. Such a step never plans a checkpoint past its first token.
     num_draft_tokens: int = 0
+    # A draft model's drafts (core/speculation.py): the runner proposes up to this many after token_ids (their KV
+    # blocks and budget are the scheduler's) and verifies them as drafts; 0: none.
+    num_runner_drafts: int = 0
+    # The request may speculate: a runner-side draft model follows its prefill chunks.
+    speculate: bool = False
 
     @property
     def num_new_tokens(self) -> int:
@@ -133,7 +138,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled)
+        return sum(len(s.token_ids) + s.num_runner_drafts for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -149,6 +154,8 @@ class ModelRunnerOutput:
     # Verify steps (num_draft_tokens > 0): the tokens emitted per request, the accepted drafts then the
     # verifier's own token; the runner has already restored the state after the accepted ones.
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Rows with runner drafts (ScheduledRequest.num_runner_drafts) that got some: the drafts the runner verified.
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Checkpoints actually written, per request: the kernels' reported (position, slot) pairs.
     # The core registers a checkpoint only if it matches its plan (provenance, DESIGN invariant 2).
     written_checkpoints: dict[str, list[CheckpointWrite]] = field(default_factory=dict)

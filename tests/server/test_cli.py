@@ -63,12 +63,16 @@ def test_serve_flags_build_the_engine_config() -> None:
                                      '"prompt_lookup_min": 2, "prompt_lookup_max": 5}')).speculative
     assert spec is not None and (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min,
                                  spec.prompt_lookup_max) == ("ngram", 3, 2, 5)
+    spec = engine_config(_serve_args("--speculative-config", '{"method": "draft_model", "model": "/m/draft", '
+                                     '"num_speculative_tokens": 5}')).speculative
+    assert spec is not None and (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/m/draft", 5)
 
 
 @pytest.mark.parametrize("argv", [["--kv-cache-bytes", "lots"], ["--checkpoint-policy", "sometimes"],
                                   ["--max-num-seqs", "0"], ["--dtype", "int3"], ["--unknown-flag"],
                                   ["--speculative-config", "{bad"], ["--speculative-config", '{"method": "medusa"}'],
-                                  ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}']])
+                                  ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+                                  ["--speculative-config", '{"method": "draft_model"}']])
 def test_bad_serve_flags_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         _serve_args(*argv)
