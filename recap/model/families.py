@@ -19,6 +19,7 @@ from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
+from recap.model.translators.inkling import _inkling
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
@@ -154,6 +155,15 @@ _TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed
                                                       "partial_rotary_factor": 0.5},
                "ple_layer_ids": [3], "ple_embed_dim": 32, "heads_per_ngram": 2, "ngram_vocab_size_base": 100,
                "make_ngram_vocab_size_divisible_by": 8, "split_ngram_parts": 3, "ple_conv_kernel_size": 3}  # fmt: skip
+# Inkling: sliding attention (window 12, 1 KV head of 8 dims) at 0 and 2, full attention (2 KV heads of 16, bias
+# over 20 distances, log-scaled from position 8) at 1 and 3; layer 0 dense, then sink MoEs with 2 shared experts.
+_TINY_INKLING = {"num_hidden_layers": 4, "layer_types": ["hybrid_sliding", "hybrid"] * 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 16, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 1,
+                 "swa_head_dim": 8, "sliding_window_size": 12, "d_rel": 4, "rel_extent": 20,
+                 "log_scaling_n_floor": 8, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                 "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
+                 "num_experts_per_tok": 2, "n_shared_experts": 2, "logits_mup_width_multiplier": 2.0,
+                 "max_position_embeddings": 1024}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -205,6 +215,8 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("qwen4_exp", "Qwen4ExpTextConfig", _TINY_QWEN4, jitter=True)),
     Family("Qwen4ExpForConditionalGeneration", _qwen4_exp_vl, "qwen4_exp", ("qwen4_exp",),
            TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
+    Family("InklingForCausalLM", _inkling, "inkling", ("inkling_text",),
+           TinyConfig("inkling", "InklingTextConfig", _TINY_INKLING, jitter=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

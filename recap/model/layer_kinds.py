@@ -64,6 +64,9 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("lightning", state="lightning"),  # MiniMax lightning attention (on the SSD kernels)
         LayerKind("rglru", state="rglru"),  # Griffin's recurrent block (RecurrentGemma): conv window + RG-LRU state
         LayerKind("gdn_ple", state="gdn_ple"),  # Gated DeltaNet + Qwen4-Exp's per-layer n-gram embeddings
+        # Inkling: attention whose K/V pass short convs, and short convs on the attention and feed-forward
+        # outputs; its slot part: those four conv windows (two declared by its attention config)
+        LayerKind("conv_attention", kv=("attention",), state="output_convs"),
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)
