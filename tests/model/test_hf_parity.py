@@ -132,6 +132,13 @@ VARIANTS: list[tuple[str, dict]] = [
                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
     ("qwen4_exp", {"layer_types": None, "num_hidden_layers": 5, "full_attention_interval": 2,
                    "indexer_budget": 12, "indexer_compress_ratio": 6, "indexer_head_dim": 24}),
+    # Inkling: the hub's layout (no layer_types: every sixth layer full; every layer a sink MoE), no log scaling,
+    # a bias extent past the prompt, 1 shared expert, top-3
+    ("inkling", {"layer_types": None, "mlp_layer_types": None, "num_hidden_layers": 6, "log_scaling_n_floor": None,
+                 "rel_extent": 64, "n_shared_experts": 1, "num_experts_per_tok": 3}),
+    # no MoE, a head padded past the vocabulary, window 5, conv kernel 3, MHA sliding layers, gelu
+    ("inkling", {"mlp_layer_types": ["dense"] * 4, "unpadded_vocab_size": 500, "sliding_window_size": 5,
+                 "conv_kernel_size": 3, "swa_num_key_value_heads": 4, "hidden_act": "gelu"}),
 ]  # fmt: skip
 
 
