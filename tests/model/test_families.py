@@ -54,3 +54,14 @@ def test_unknown_architecture_is_refused() -> None:
         family("LlamaForCausalLM")
     with pytest.raises(UnsupportedArchitectureError, match="model_type='llama'"):
         architecture_of({"model_type": "llama"})
+
+
+def test_the_readme_names_every_supported_architecture() -> None:
+    """README's list of supported architectures names every family's architecture and alias (in backquotes)."""
+    from pathlib import Path
+
+    from recap.model.families import BY_ARCHITECTURE
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    missing = [name for name in BY_ARCHITECTURE if f"`{name}`" not in readme]
+    assert not missing, f"README.md does not name {missing}"

@@ -1,5 +1,5 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0 and Qwen4-Exp folders
-served through the OpenAI API with their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0, Qwen4-Exp and Inkling
+folders served through the OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -45,6 +45,10 @@ TEMPLATES = {
     "bailing_hybrid": "{% for m in messages %}<role>{{ {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
                       "[m['role']] }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
                       "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}",
+    # Inkling publishes no Jinja template (vLLM renders it natively); this is its wire format as the renderers and
+    # Inkling-2's chat_template.jinja describe it: <|message_ROLE|><|content_KIND|>payload<|end_message|>
+    "inkling": "{% for m in messages %}<|message_{{ m['role'] }}|><|content_text|>{{ m['content'] }}<|end_message|>"
+               "{% endfor %}{% if add_generation_prompt %}<|message_assistant|>{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 
