@@ -19,7 +19,7 @@ from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
-from recap.model.translators.inkling import _inkling
+from recap.model.translators.inkling import _inkling, _inkling_vl
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
@@ -37,14 +37,16 @@ Translator = Callable[[Mapping[str, Any], str], ModelConfig]
 class TinyConfig:
     """The family's tiny random checkpoint for tests (recap.model.testing): transformers' config class
     `hf_config` with hidden 64, vocab 512, init range 0.1 and `kwargs` (the text config's, with a tiny vision
-    tower, where `vision`); `jitter`: its constant-initialized weights (norms, D, dt_bias, biases) get noise,
-    so that parity tests exercise them (transformers initializes them to 0 or 1)."""
+    tower, where `vision`: TINY_VISION, or the configs `towers` names); `jitter`: its constant-initialized
+    weights (norms, D, dt_bias, biases) get noise, so that parity tests exercise them (transformers
+    initializes them to 0 or 1)."""
 
     name: str  # the short name tests use
     hf_config: str
     kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     jitter: bool = False
     vision: bool = False
+    towers: Mapping[str, Any] | None = field(default=None, hash=False)  # `vision`'s towers, if not TINY_VISION
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,9 @@ _TINY_INKLING = {"num_hidden_layers": 4, "layer_types": ["hybrid_sliding", "hybr
                  "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
                  "num_experts_per_tok": 2, "n_shared_experts": 2, "logits_mup_width_multiplier": 2.0,
                  "max_position_embeddings": 1024}  # fmt: skip
+# The hub's Inkling checkpoints: vision and audio towers (skipped), the text model in Thinking Machines' layout.
+_INKLING_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
+                   "audio_config": {"n_mel_bins": 4, "mel_vocab_size": 8}}  # fmt: skip
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -217,6 +222,8 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
     Family("InklingForCausalLM", _inkling, "inkling", ("inkling_text",),
            TinyConfig("inkling", "InklingTextConfig", _TINY_INKLING, jitter=True)),
+    Family("InklingForConditionalGeneration", _inkling_vl, "inkling", ("inkling_mm_model",),
+           TinyConfig("inkling_vl", "InklingConfig", _TINY_INKLING, jitter=True, vision=True, towers=_INKLING_TOWERS)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

@@ -20,6 +20,7 @@ class MLPConfig:
     gate_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[0]
     down_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[1]
     swiglu_limit: float | None = None  # gated only: gate clamped to <= L and up to [-L, L] (GLM-5.3-Flash)
+    interleaved_gate_up: bool = False  # fused_gate_up rows alternate gate, up (Inkling's hub checkpoints)
 
     def flops_weights(self, hidden: int) -> int:
         """Weights one token multiplies: gate (if gated), up and down."""
@@ -65,6 +66,7 @@ class MoEConfig:
     # Shared experts the router scores too, as a sink (Inkling, layers/sink_moe.py): weights = sigmoid of the
     # chosen and the shared logits, normalized over both; each shared expert's output is scaled by its weight.
     shared_sink: int = 0
+    interleaved_gate_up: bool = False  # stacked gate_up_proj rows (and a sink's shared ones) alternate gate, up
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 0 < self.top_k <= self.num_experts:

@@ -33,7 +33,7 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
     cls = getattr(tf, tiny.hf_config)
     if tiny.vision:
         text = {**TINY_COMMON, **tiny.kwargs, **overrides.pop("text_config", {})}
-        return cls(text_config=text, vision_config=TINY_VISION, **overrides)
+        return cls(text_config=text, **(tiny.towers or {"vision_config": TINY_VISION}), **overrides)
     return cls(**{**TINY_COMMON, **tiny.kwargs, **overrides})
 
 

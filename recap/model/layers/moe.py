@@ -19,7 +19,7 @@ from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
-from recap.model.layers.mlp import MLP, clamp_swiglu
+from recap.model.layers.mlp import MLP, clamp_swiglu, split_gate_up
 
 if TYPE_CHECKING:
     from recap.kernels.metadata import ForwardBatch
@@ -104,7 +104,8 @@ class StackedExperts(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.gated:
-            gate, up = clamp_swiglu(*F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1), self.cfg.swiglu_limit)
+            gate_up = F.linear(x, self.gate_up_proj[e])
+            gate, up = clamp_swiglu(*split_gate_up(gate_up, self.cfg.interleaved_gate_up), self.cfg.swiglu_limit)
             return F.linear(self.act(gate).mul_(up), self.down_proj[e])
         return F.linear(self.act(F.linear(x, self.up_proj[e])), self.down_proj[e])
 

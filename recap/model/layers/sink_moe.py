@@ -16,7 +16,7 @@ from torch import nn
 from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import empty_param
-from recap.model.layers.mlp import MLP
+from recap.model.layers.mlp import MLP, split_gate_up
 from recap.model.layers.moe import StackedExperts
 
 
@@ -55,22 +55,32 @@ class SinkRouter(nn.Module):
 
 
 class SharedExpertStack(nn.Module):
-    """S gated experts as 3-D weights: `gate_proj`, `up_proj` [S, I, D], `down_proj` [S, D, I]."""
+    """S gated experts as 3-D weights: `gate_proj`, `up_proj` [S, I, D] (or one `gate_up_proj` [S, 2I, D] with
+    alternating rows, when the config's gate/up rows are interleaved), `down_proj` [S, D, I]."""
 
     def __init__(self, hidden_size: int, cfg: MoEConfig, dtype: torch.dtype) -> None:
         super().__init__()
         s, i = cfg.shared_sink, cfg.intermediate_size
-        self.gate_proj = empty_param(s, i, hidden_size, dtype=dtype)
-        self.up_proj = empty_param(s, i, hidden_size, dtype=dtype)
+        self.interleaved = cfg.interleaved_gate_up
+        if self.interleaved:
+            self.gate_up_proj = empty_param(s, 2 * i, hidden_size, dtype=dtype)
+        else:
+            self.gate_proj = empty_param(s, i, hidden_size, dtype=dtype)
+            self.up_proj = empty_param(s, i, hidden_size, dtype=dtype)
         self.down_proj = empty_param(s, hidden_size, i, dtype=dtype)
         self.act = activation(cfg.activation)
+
+    def _gate_up(self, x: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.interleaved:
+            return split_gate_up(F.linear(x, self.gate_up_proj[s]), True)
+        return F.linear(x, self.gate_proj[s]), F.linear(x, self.up_proj[s])
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, D], weights [T, S] -> sum_s weights[:, s] * expert_s(x) (summed in fp32)."""
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for s in range(self.gate_proj.shape[0]):
-            h = self.act(F.linear(x, self.gate_proj[s])) * F.linear(x, self.up_proj[s]) * weights[:, s : s + 1]
-            out += F.linear(h, self.down_proj[s]).float()
+        for s in range(self.down_proj.shape[0]):
+            gate, up = self._gate_up(x, s)
+            out += F.linear(self.act(gate) * up * weights[:, s : s + 1], self.down_proj[s]).float()
         return out.to(x.dtype)
 
 

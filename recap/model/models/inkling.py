@@ -10,6 +10,8 @@ The multi-token-prediction layers (`model.mtp.*`) are skipped, as transformers s
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -71,3 +73,37 @@ class InklingForCausalLM(HybridForCausalLM):
         rows = config.padded_vocab_size or config.vocab_size
         self.model.embed_tokens = NormedEmbedding(rows, config.hidden_size, config.norm_eps, dtype)
         self.lm_head = Linear(config.hidden_size, rows, False, dtype)
+
+
+# Thinking Machines' names (the hub's checkpoints, as transformers' conversion mapping reads them) -> this layout.
+_TML_NAMES = tuple((re.compile(p), r) for p, r in (
+    (r"^model\.llm\.embed\.weight$", "model.embed_tokens.weight"),
+    (r"^model\.llm\.embed_norm\.", "model.embed_tokens.embed_norm."),
+    (r"^model\.llm\.unembed\.weight$", "lm_head.weight"),
+    (r"^model\.llm\.", "model."),
+    (r"\.attn\.wq_du\.", ".self_attn.q_proj."), (r"\.attn\.wk_dv\.", ".self_attn.k_proj."),
+    (r"\.attn\.wv_dv\.", ".self_attn.v_proj."), (r"\.attn\.wr_du\.", ".self_attn.r_proj."),
+    (r"\.attn\.wo_ud\.", ".self_attn.o_proj."),
+    (r"\.attn\.(q_norm|k_norm|rel_logits_proj)\.", r".self_attn.\1."),
+    (r"\.attn\.(k_sconv|v_sconv)\.weight$", r".self_attn.\1.conv1d.weight"),
+    (r"\.(attn_sconv|mlp_sconv)\.weight$", r".\1.conv1d.weight"),
+    (r"\.attn_norm\.", ".input_layernorm."), (r"\.mlp_norm\.", ".post_attention_layernorm."),
+    (r"\.mlp\.w13_dn\.weight$", ".mlp.gate_up_proj.weight"), (r"\.mlp\.w2_md\.weight$", ".mlp.down_proj.weight"),
+    (r"\.experts\.w13_weight$", ".experts.gate_up_proj"), (r"\.experts\.w2_weight$", ".experts.down_proj"),
+    (r"\.mlp\.gate\.bias$", ".mlp.gate.e_score_correction_bias"),
+    (r"\.shared_w13_weight$", ".gate_up_proj"), (r"\.shared_w2_weight$", ".down_proj"),
+))  # fmt: skip
+
+
+class InklingForConditionalGeneration(InklingForCausalLM):
+    """The hub's checkpoint, loaded text-only: the text model under `model.llm.*` in Thinking Machines' names
+    (renamed here; fused gate/up rows alternate, which the translator tells the feed-forwards); the vision and
+    audio towers and the multi-token-prediction layers are skipped."""
+
+    ignored_checkpoint_prefixes = ("model.visual.", "model.audio.", "model.mtp.")
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        for pattern, repl in _TML_NAMES:
+            key = pattern.sub(repl, key)
+        return key

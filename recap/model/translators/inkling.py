@@ -104,5 +104,9 @@ def _inkling(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
 
 
 def _inkling_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
-    """InklingForConditionalGeneration: the text model of its `text_config`, loaded text-only."""
-    return dataclasses.replace(_inkling(nested_text_config(cfg, arch), arch), architecture=arch)
+    """InklingForConditionalGeneration (the hub's checkpoints): the text model of its `text_config`, loaded
+    text-only, its weights in Thinking Machines' layout: fused gate/up projections with alternating rows."""
+    text = _inkling(nested_text_config(cfg, arch), arch)
+    mlp = None if text.mlp is None else dataclasses.replace(text.mlp, fused_gate_up=True, interleaved_gate_up=True)
+    moe = None if text.moe is None else dataclasses.replace(text.moe, interleaved_gate_up=True)
+    return dataclasses.replace(text, architecture=arch, mlp=mlp, moe=moe)
