@@ -27,14 +27,18 @@ def _bias(rel: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor) -> torch.Te
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, hidden: torch.Tensor,
-            scale: float) -> torch.Tensor:  # fmt: skip
-    """q [n, hq, dh], k / v [s, hkv, dh], bias [hq, n, s], hidden [n, s] (masked keys) -> [n, hq, dh] fp32."""
+            scale: float, sinks: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """q [n, hq, dh], k / v [s, hkv, dh], bias [hq, n, s], hidden [n, s] (masked keys), sinks [n, hq] or None ->
+    [n, hq, dh] fp32."""
     group = q.shape[1] // k.shape[1]
     kk = k.float().repeat_interleave(group, dim=1)
     vv = v.float().repeat_interleave(group, dim=1)
     logits = torch.einsum("nhd,shd->hns", q.float(), kk) * scale + bias
     logits = logits.masked_fill(hidden[None], -torch.inf)
-    return torch.einsum("hns,shd->nhd", logits.softmax(-1), vv)
+    if sinks is None:
+        return torch.einsum("hns,shd->nhd", logits.softmax(-1), vv)
+    probs = torch.cat([logits, sinks.float().t()[:, :, None]], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hns,shd->nhd", probs, vv)
 
 
 def _visible(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -54,10 +58,12 @@ def paged_rel_bias_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write the new K/V, then each row's new queries q [T, Hq, Dh] (at positions context..seq) over its cached
     keys, with the bias rel [T, Hq, E] -> [T, Hq, Dh]. Padding rows output zeros and read nothing; keys outside
-    a query's window are zeroed as well as masked (their blocks may hold anything)."""
+    a query's window are zeroed as well as masked (their blocks may hold anything). sinks [T, Hq]: one more
+    logit per query and head with no value, which only takes probability mass (Inkling-2)."""
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     bs, dev = meta.block_size, q.device
@@ -74,7 +80,8 @@ def paged_rel_bias_attention(
         start, end = meta.query_start_loc_list[r], meta.query_start_loc_list[r + 1]
         qpos = torch.arange(ctx, seq, device=dev)
         bias = _bias(rel[start:end], qpos, kpos)
-        o = _attend(q[start:end], kk, vv, bias, _visible(qpos, kpos, sliding_window), scale)
+        sink = None if sinks is None else sinks[start:end]
+        o = _attend(q[start:end], kk, vv, bias, _visible(qpos, kpos, sliding_window), scale, sink)
         out[start:end] = o.to(q.dtype)
     return out
 
@@ -86,9 +93,11 @@ def rel_bias_attention_ref(
     rel: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One whole sequence, no cache, query by query: q [S, Hq, Dh], k / v [S, Hkv, Dh], rel [S, Hq, E] ->
-    [S, Hq, Dh]. Query i sees keys j <= i (and i - j < window), each logit plus rel[i, h, i - j] if i - j < E."""
+    [S, Hq, Dh]. Query i sees keys j <= i (and i - j < window), each logit plus rel[i, h, i - j] if i - j < E;
+    with sinks [S, Hq], the softmax also counts exp(sinks[i, h])."""
     s, hq, _ = q.shape
     group, e = hq // k.shape[1], rel.shape[-1]
     out = torch.zeros(q.shape, dtype=torch.float32)
@@ -100,5 +109,7 @@ def rel_bias_attention_ref(
             for j in range(lo, i + 1):
                 if i - j < e:
                     logits[j - lo] += rel[i, h, i - j].float()
-            out[i, h] = logits.softmax(0) @ values
+            if sinks is not None:
+                logits = torch.cat([logits, sinks[i, h : h + 1].float()])
+            out[i, h] = logits.softmax(0)[: i + 1 - lo] @ values
     return out.to(q.dtype)

@@ -33,7 +33,8 @@ def _nulled(table: list[int], ctx: int, window: int | None) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_paged_rows_in_steps_equal_the_reference(seed: int) -> None:
+@pytest.mark.parametrize("sinks", [False, True])
+def test_paged_rows_in_steps_equal_the_reference(seed: int, sinks: bool) -> None:
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     window = rng.choice([None, None, 3, 5, 9])
     extent = rng.choice([1, 4, 7, 64])
@@ -44,6 +45,7 @@ def test_paged_rows_in_steps_equal_the_reference(seed: int) -> None:
     for _ in range(rng.randint(1, 3)):
         n = rng.randint(1, 30)
         x = [torch.randn(n, h, DH, generator=gen) for h in (hq, HKV, HKV)] + [torch.randn(n, hq, extent, generator=gen)]
+        x.append(torch.randn(n, hq, generator=gen) if sinks else None)
         seqs.append((x, [free.pop() for _ in range(-(-n // BLOCK))]))
     kc = torch.full((NUM_BLOCKS, BLOCK, HKV, DH), torch.nan)
     vc = kc.clone()
@@ -58,7 +60,8 @@ def test_paged_rows_in_steps_equal_the_reference(seed: int) -> None:
             continue
         specs = [SeqSpec([0] * (b - a), a, _nulled(seqs[i][1], a, window)) for i, a, b in parts]
         q, k, v, rel = (torch.cat([seqs[i][0][j][a:b] for i, a, b in parts]) for j in range(4))
-        out = paged_rel_bias_attention(q, k, v, rel, kc, vc, _meta(specs), 0.3, window)
+        sink = torch.cat([seqs[i][0][4][a:b] for i, a, b in parts]) if sinks else None
+        out = paged_rel_bias_attention(q, k, v, rel, kc, vc, _meta(specs), 0.3, window, sink)
         assert out.isfinite().all(), "a key out of the window (NaN) was read"
         offset = 0
         for i, a, b in parts:
@@ -68,7 +71,20 @@ def test_paged_rows_in_steps_equal_the_reference(seed: int) -> None:
             for blk in seqs[i][1][: max(0, (b - window + 1) // BLOCK) if window else 0]:
                 kc[blk], vc[blk] = torch.nan, torch.nan
     for (x, _), o in zip(seqs, outs):
-        torch.testing.assert_close(torch.cat(o), rel_bias_attention_ref(*x, 0.3, window), rtol=1e-5, atol=1e-5)
+        want = rel_bias_attention_ref(*x[:4], 0.3, window, x[4])
+        torch.testing.assert_close(torch.cat(o), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sink_takes_probability_mass() -> None:
+    """A sink logit s adds exp(s) to every softmax denominator: outputs shrink by sum / (sum + exp(s))."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(1, 1, DH, generator=gen), torch.randn(1, 1, DH, generator=gen), torch.randn(1, 1, DH)
+    rel = torch.zeros(1, 1, 2)
+    plain = rel_bias_attention_ref(q, k, v, rel, 0.5)
+    sunk = rel_bias_attention_ref(q, k, v, rel, 0.5, sinks=torch.zeros(1, 1))
+    logit = float(q[0, 0] @ k[0, 0]) * 0.5
+    w = torch.tensor(logit).exp() / (torch.tensor(logit).exp() + 1.0)
+    torch.testing.assert_close(sunk, plain * w, rtol=1e-5, atol=1e-6)
 
 
 def test_zero_bias_is_plain_causal_attention() -> None:
