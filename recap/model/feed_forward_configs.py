@@ -67,6 +67,8 @@ class MoEConfig:
     # chosen and the shared logits, normalized over both; each shared expert's output is scaled by its weight.
     shared_sink: int = 0
     interleaved_gate_up: bool = False  # stacked gate_up_proj rows (and a sink's shared ones) alternate gate, up
+    # (gate cap, up cap): experts compute tanh-capped gate * sigmoid(gate) * tanh-capped up (Inkling-2)
+    softcaps: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 0 < self.top_k <= self.num_experts:

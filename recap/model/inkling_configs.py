@@ -42,6 +42,7 @@ class OutputConvsConfig(MixerConfig):
 
     dim: int
     kernel: int
+    scaled: bool = False  # (x + conv(x)) / sqrt(kernel + 1) (Inkling-2)
     mixer: ClassVar[str] = "recap.model.layers.rel_bias_attention:ResidualShortConv"
 
     def state_specs(self) -> tuple[StateTensorSpec, ...]:
@@ -49,3 +50,21 @@ class OutputConvsConfig(MixerConfig):
 
     def flops_weights(self, hidden: int) -> int:
         return 2 * self.dim * self.kernel
+
+
+@dataclass(frozen=True)
+class Inkling2AttentionConfig(RelBiasAttentionConfig):
+    """Inkling-2's attention over RelBiasAttentionConfig's: q (after a learned per-head scale), k and the relative
+    states (after theirs) clipped to an L2 norm; v RMS-normed without weight; a sink logit per head and a sigmoid
+    gate on the output (both from the query input); `dynamic_kv` (full layers): K and V read their own input
+    streams, through short convs whose taps add per-token ones projected from those streams."""
+
+    qk_clip: float = 22.627416997969522
+    rel_clip: float = 8.0
+    dynamic_kv: bool = False
+    mixer: ClassVar[str] = "recap.model.layers.inkling2:Inkling2Attention"
+
+    def flops_weights(self, hidden: int) -> int:
+        gate_sink = hidden * self.num_heads * (self.head_dim + 1)
+        dynamic = 2 * hidden * self.num_kv_heads * self.kv_conv_kernel if self.dynamic_kv else 0
+        return super().flops_weights(hidden) + gate_sink + dynamic

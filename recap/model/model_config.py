@@ -107,6 +107,7 @@ class ModelConfig:
     lightning: LightningConfig | None = None
     rglru: RGLRUConfig | None = None  # RecurrentGemma's recurrent blocks
     output_convs: OutputConvsConfig | None = None  # "conv_attention" layers' residual convs (Inkling)
+    attention_residual_block: int = 0  # Inkling-2: layers per block of its block attention residuals (0: none)
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None

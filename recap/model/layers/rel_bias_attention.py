@@ -36,10 +36,18 @@ class ResidualShortConv(Mixer):
         kernel = cfg.kernel if isinstance(cfg, OutputConvsConfig) else cfg
         self.conv1d = CausalConv1d(dim, kernel, False, "none", dtype)
         self.name, self.records = f"conv_{name}", records
+        scaled = cfg.scaled if isinstance(cfg, OutputConvsConfig) else False
+        self.out_scale = (kernel + 1) ** -0.5 if scaled else 1.0  # Inkling-2's
 
     def forward(self, y: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         """y [T, D] -> [T, D], reading and updating the rows' windows [S, D, K-1]."""
-        meta, w = batch.ssm, self.conv1d.weight.squeeze(1)
+        out = y + self.conv(y, self.conv1d.weight.squeeze(1), batch, caches, layer)
+        return out if self.out_scale == 1.0 else out * self.out_scale
+
+    def conv(self, y: torch.Tensor, w: torch.Tensor, batch: ForwardBatch, caches: ModelCaches,
+             layer: int) -> torch.Tensor:  # fmt: skip
+        """conv(y) with taps w [D, K] over the window `conv_{name}` (updated, checkpointed, recorded)."""
+        meta = batch.ssm
         if meta is None:
             raise ValueError("a short conv needs batch.ssm metadata")
         state = self.layer_cache(caches, layer)[self.name]
@@ -54,7 +62,7 @@ class ResidualShortConv(Mixer):
             copy_decode_checkpoints(state, meta, slot_positions)
         else:
             out = batch.kernels.causal_conv1d(y, w, None, state, meta, None, slot_positions)
-        return y + out
+        return out
 
 
 def log_scale(positions: torch.Tensor, floor: int, alpha: float) -> torch.Tensor:

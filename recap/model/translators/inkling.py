@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from recap.model.feed_forward_configs import MLPConfig, MoEConfig
-from recap.model.inkling_configs import OutputConvsConfig, RelBiasAttentionConfig
+from recap.model.inkling_configs import Inkling2AttentionConfig, OutputConvsConfig, RelBiasAttentionConfig
 from recap.model.model_config import ModelConfig
 from recap.model.translators.common import (
     LINEAR_CHUNK,
@@ -110,3 +110,56 @@ def _inkling_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     mlp = None if text.mlp is None else dataclasses.replace(text.mlp, fused_gate_up=True, interleaved_gate_up=True)
     moe = None if text.moe is None else dataclasses.replace(text.moe, interleaved_gate_up=True)
     return dataclasses.replace(text, architecture=arch, mlp=mlp, moe=moe)
+
+
+def _inkling2_attention(cfg: Mapping[str, Any], sliding: bool, kernel: int, window: int) -> Inkling2AttentionConfig:
+    """RelBiasAttentionConfig's fields as Inkling's, but scale head_dim^-0.5, log scaling on every full layer."""
+    base = {f.name: getattr(_attention(cfg, sliding, kernel, window), f.name)
+            for f in dataclasses.fields(RelBiasAttentionConfig)}  # fmt: skip
+    floor = None if sliding else cfg.get("log_scaling_n_floor", 128000)
+    return Inkling2AttentionConfig(
+        **{**base, "scale": None, "qk_norm": "none", "log_scaling_floor": int(floor) if floor is not None else None},
+        qk_clip=float(cfg.get("qk_l2_clip_threshold", 22.627416997969522)),
+        rel_clip=float(cfg.get("rel_l2_clip_threshold", 8.0)), dynamic_kv=not sliding,
+    )  # fmt: skip
+
+
+def _inkling2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Inkling-2's text model: every sixth layer full (dynamic K/V convs), the others sliding; MoE everywhere."""
+    n = int(cfg["num_hidden_layers"])
+    kinds = list(cfg.get("layer_types") or ["hybrid" if (i + 1) % 6 == 0 else "hybrid_sliding" for i in range(n)])
+    if len(kinds) != n or set(kinds) - set(_KINDS):
+        raise UnsupportedArchitectureError(f"{arch}: layer_types {kinds}")
+    kernel = int(_pick(cfg, 4, "conv_kernel_size", "sconv_kernel_size"))
+    window = int(_pick(cfg, 1024, "sliding_window_size", "sliding_window"))
+    swa = _inkling2_attention(cfg, True, kernel, window)
+    scoring = str(cfg.get("scoring_func", "sigmoid"))
+    moe = MoEConfig(
+        num_experts=int(_pick(cfg, 384, "n_routed_experts", "num_local_experts")),
+        top_k=int(cfg.get("num_experts_per_tok", 8)),
+        intermediate_size=int(_pick(cfg, 2304, "moe_intermediate_size", "intermediate_size")),
+        scoring=scoring, correction_bias=True, renormalize=True,
+        routed_scaling_factor=float(_pick(cfg, 8.0, "route_scale", "routed_scaling_factor")),
+        expert_layout="stacked", interleaved_gate_up=True,
+        softcaps=(float(cfg.get("mlp_gate_softcap", 4.0)), float(cfg.get("mlp_up_softcap", 25.0))),
+    )  # fmt: skip
+    common = _common(cfg, arch)
+    vocab, unpadded = common["vocab_size"], int(cfg.get("unpadded_vocab_size", 200058))
+    common["vocab_size"] = min(vocab, unpadded)
+    cap = cfg.get("final_logit_softcapping", 30.0)
+    return ModelConfig(
+        **common,
+        padded_vocab_size=vocab if unpadded < vocab else None,
+        layer_types=("conv_attention",) * n,
+        mlp_types=("moe",) * n,
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=False,  # `embed` and `unembed` are separate tensors
+        ssm_chunk_size=LINEAR_CHUNK,
+        logits_soft_cap=float(cap) if cap is not None else None,
+        attention=_inkling2_attention(cfg, False, kernel, window),
+        layer_attention=tuple(swa if k == "hybrid_sliding" else None for k in kinds),
+        attention_windows=tuple(window if k == "hybrid_sliding" else 0 for k in kinds),
+        moe=moe,
+        output_convs=OutputConvsConfig(int(cfg["hidden_size"]), kernel, scaled=True),
+        attention_residual_block=int(cfg.get("n_layers_per_attn_res_block", 6)),
+    )
