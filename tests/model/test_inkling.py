@@ -49,3 +49,23 @@ def test_the_wrapper_reads_its_text_config() -> None:
 def test_no_shared_expert_is_refused() -> None:
     with pytest.raises(UnsupportedArchitectureError, match="n_shared_experts"):
         translate_config({"architectures": ["InklingForCausalLM"], **_HUB_TEXT, "n_shared_experts": 0})
+
+
+def test_inkling2_hub_text_config_reads_as_transformers_does() -> None:
+    import transformers
+
+    raw = {"vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 7, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 1,
+           "swa_head_dim": 8, "unpadded_vocab_size": 1000, "intermediate_size": 48, "n_routed_experts": 4,
+           "num_experts_per_tok": 2, "routed_scaling_factor": 2.5}  # fmt: skip
+    hf = transformers.Inkling2TextConfig(**raw)
+    cfg = translate_config({"architectures": ["Inkling2ForCausalLM"], **raw})
+    assert cfg.attention_windows == tuple(hf.sliding_window_size if t == "hybrid_sliding" else 0
+                                          for t in hf.layer_types)  # fmt: skip
+    assert cfg.attention_windows.count(0) == 1 and cfg.attention_residual_block == hf.n_layers_per_attn_res_block
+    assert cfg.moe is not None and cfg.moe.intermediate_size == hf.moe_intermediate_size == 48
+    assert cfg.moe.routed_scaling_factor == hf.route_scale == 2.5 and cfg.moe.softcaps == (4.0, 25.0)
+    assert (cfg.vocab_size, cfg.padded_vocab_size, cfg.logits_soft_cap) == (1000, 1024, 30.0)
+    full = cfg.attention_for(5)
+    assert full.dynamic_kv and full.log_scaling_floor == hf.log_scaling_n_floor  # type: ignore[attr-defined]
+    assert full.softmax_scale == 16**-0.5 and not cfg.attention_for(0).dynamic_kv  # type: ignore[attr-defined]

@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.core.output import PAD_SLOT_ID
-from recap.kernels.metadata import ForwardBatch, SSMMetadata
+from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SSMMetadata
 from recap.model.cache import ModelCaches
 from recap.model.inkling_configs import Inkling2AttentionConfig, OutputConvsConfig
 from recap.model.layers.linear import Linear, empty_param
