@@ -20,6 +20,7 @@ from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
 from recap.kernels.paged_attention import paged_attention
 from recap.kernels.qsa import paged_qsa_attention
+from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.selective_scan import selective_scan, selective_state_update
 from recap.kernels.ssd import ssd
@@ -49,6 +50,7 @@ class KernelSet:
     rglru_scan: Kernel
     paged_qsa_attention: Kernel
     wkv_scan: Kernel
+    paged_rel_bias_attention: Kernel
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
@@ -72,6 +74,7 @@ TORCH_KERNELS = KernelSet(
     rglru_scan=rglru_scan,
     paged_qsa_attention=paged_qsa_attention,
     wkv_scan=wkv_scan,
+    paged_rel_bias_attention=paged_rel_bias_attention,
 )
 
 
