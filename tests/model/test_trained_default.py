@@ -130,3 +130,17 @@ def test_llama_cpp_protocol_through_prompt_logprobs_equals_transformers(llm: LLM
     ref = transformers_perplexity(hf, chunks, first)
     assert got.scored_tokens == ref.scored_tokens == len(chunks) * 7
     assert abs(got.perplexity / ref.perplexity - 1) <= 0.005, (got.perplexity, ref.perplexity)
+
+
+def test_eval_perplexity_command_llama_cpp_protocol(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recap import cli
+
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT)
+    assert cli.main(["eval", "perplexity", "--data", str(data), "--window", "16", "--protocol", "llama-cpp",
+                     "--num-threads", "1", "--transformers"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    (recap_ppl, scored) = re.findall(r"recap float32: perplexity ([\d.]+) over (\d+) tokens", out)[0]
+    (hf_ppl,) = re.findall(r"transformers float32: perplexity ([\d.]+)", out)
+    assert int(scored) % 7 == 0  # 16-token chunks, tokens 9..15 of each scored
+    assert abs(float(recap_ppl) / float(hf_ppl) - 1) <= 0.005, out
