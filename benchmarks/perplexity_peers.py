@@ -140,8 +140,10 @@ def llama_ids(llama: LlamaCpp, gguf: Path, data: Path) -> list[int]:
 def llama_perplexity(llama: LlamaCpp, gguf: Path, data: Path, ctx: int, chunks: int, threads: int) -> dict[str, Any]:
     cmd = [str(llama.tool("llama-perplexity")), "-m", str(gguf), "-f", str(data), "-c", str(ctx), "-b", str(ctx),
            "--chunks", str(chunks), "-t", str(threads)]  # fmt: skip
-    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    log = res.stdout + res.stderr
+    out = gguf.with_suffix(f".ppl-c{ctx}.log")  # a file, not a pipe: through a pipe the last lines went missing
+    with open(out, "w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    log = out.read_text()
     m = re.search(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)", log)
     if m is None:
         raise RuntimeError(f"no final estimate in llama-perplexity's output:\n{log[-2000:]}")
