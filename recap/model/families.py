@@ -26,6 +26,7 @@ from recap.model.translators.minimax import _minimax
 from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
 from recap.model.translators.rwkv import _rwkv
+from recap.model.translators.xlstm import _xlstm
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -158,6 +159,10 @@ _TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed
 # RWKV-4: 4 layers, rescaling after every 2nd (so that it bites), channel mix 128 wide; transformers' own init
 # otherwise (jitter: time_decay/time_first and the norms)
 _TINY_RWKV = {"num_hidden_layers": 4, "intermediate_size": 128, "rescale_every": 2, "context_length": 1024}
+# xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
+# chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init
+_TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
+               "eos_token_id": 2}
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -210,6 +215,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen4ExpForConditionalGeneration", _qwen4_exp_vl, "qwen4_exp", ("qwen4_exp",),
            TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
     Family("RwkvForCausalLM", _rwkv, "rwkv", ("rwkv",), TinyConfig("rwkv", "RwkvConfig", _TINY_RWKV, jitter=True)),
+    Family("xLSTMForCausalLM", _xlstm, "xlstm", ("xlstm",),
+           TinyConfig("xlstm", "xLSTMConfig", _TINY_XLSTM, jitter=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

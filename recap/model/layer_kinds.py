@@ -65,6 +65,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("rglru", state="rglru"),  # Griffin's recurrent block (RecurrentGemma): conv window + RG-LRU state
         LayerKind("gdn_ple", state="gdn_ple"),  # Gated DeltaNet + Qwen4-Exp's per-layer n-gram embeddings
         LayerKind("rwkv", state="rwkv"),  # RWKV-4's time mix + channel mix: two shifts + WKV
+        LayerKind("mlstm", state="xlstm"),  # xLSTM's mLSTM cell (C, n, m per head) + its feed-forward
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)
