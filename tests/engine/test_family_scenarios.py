@@ -16,7 +16,7 @@ from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.test_gdn_equivalence import EXPECTED_HITS, POLICIES, SCENARIOS
 
-ARCHS = ["bailing_hybrid", "qwen4_exp", "rwkv"]  # RWKV: attention-free, its whole context in the slot
+ARCHS = ["bailing_hybrid", "qwen4_exp", "rwkv", "xlstm"]  # RWKV, xLSTM: attention-free, all context in the slot
 _REFERENCE: dict[tuple[str, str], list[RequestOutput]] = {}
 
 
