@@ -18,6 +18,10 @@ batched matrix products over all chunks at once (b = cumsum(lf) inside the chunk
 chunk ranks (the k-th chunk of every row together) chains the chunk states, and the outputs add each chunk's
 start state through q. Every chunk end with a destination slot is written (DESIGN invariant 3). Decode batches
 take mlstm_update. mlstm_scan_ref / mlstm_update_ref: transformers' per-token step, token by token.
+
+Measured (one thread, one row with a checkpoint every 16 tokens, so 16-token chunks, 8 heads of K = V = 64,
+medians of 3 on a loaded 2-core shared machine, so rough): T = 512 ~110 ms vs ~395 ms for the per-token
+reference; T = 2048 ~386 ms vs ~1540 ms.
 """
 
 from __future__ import annotations

@@ -19,13 +19,14 @@ from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, gdn_gates,
 from recap.kernels.gdn_decode import gated_delta_rule_update
 from recap.kernels.kda import kda, kda_ref, kda_state_update
 from recap.kernels.metadata import SeqSpec, SSMMetadata
-from recap.kernels.mlstm import mlstm_scan, mlstm_scan_ref, mlstm_update, state_width
 from recap.kernels.rglru import rglru_scan, rglru_scan_ref, rglru_update
 from recap.kernels.selective_scan import selective_scan, selective_scan_ref, selective_state_update
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import record_decode_positions
 from recap.kernels.wkv import wkv_scan, wkv_scan_ref, wkv_update
+
+from .mlstm_case import MLSTM_SHAPE, mlstm_fast, mlstm_inputs, mlstm_ref, mlstm_update_step
 
 Tensors = dict[str, torch.Tensor]
 
@@ -354,43 +355,12 @@ def _wkv_case() -> Case:
     )
 
 
-# mLSTM (xLSTM): H heads, K query/key and V value channels per head; gates over their soft-capped range
-ML_H, ML_K, ML_V = 2, 3, 5
-
-
-def mlstm_inputs(n: int, g: torch.Generator, h: int = ML_H, k: int = ML_K, v: int = ML_V) -> Tensors:
-    """Random q, k, v and gate pre-activations (input gates on +-4, forget gates from closed to open)."""
-    return {"q": _randn(g, n, h, k), "k": _randn(g, n, h, k), "v": _randn(g, n, h, v),
-            "i": _randn(g, n, h) * 2, "f": _randn(g, n, h) * 2 + 2}  # fmt: skip
-
-
-def _mlstm_case() -> Case:
-    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return mlstm_scan(inp["q"], inp["k"], inp["v"], inp["i"], inp["f"], cache, meta, sp)
-
-    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return mlstm_scan_ref(inp["q"], inp["k"], inp["v"], inp["i"], inp["f"], cache, meta, sp)
-
-    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
-        return mlstm_update(inp["q"], inp["k"], inp["v"], inp["i"], inp["f"], cache, idx, sp, pos)
-
-    return Case(
-        name="mlstm",
-        token_inputs=mlstm_inputs,
-        params=lambda g: {},
-        cache_shape=(ML_H, state_width(ML_K, ML_V)),
-        fast=fast,
-        ref=ref,
-        update=update,
-    )
-
-
 # Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; GDN runs
 # with equal heads and with 2 and 3 value heads per key head.
 CASES = [
     _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
     _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(), _rglru_case(),
-    _wkv_case(), _mlstm_case(),
+    _wkv_case(), Case("mlstm", mlstm_inputs, lambda g: {}, MLSTM_SHAPE, mlstm_fast, mlstm_ref, mlstm_update_step),
 ]  # fmt: skip
 
 

@@ -25,7 +25,8 @@ from recap.kernels.ssd_decode import ssd_state_update, ssd_state_update_ref
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.kernels.wkv import wkv_update, wkv_update_ref
 
-from .cases import Row, assert_close, build_meta, mlstm_inputs, wkv_params, wkv_state
+from .cases import Row, assert_close, build_meta, wkv_params, wkv_state
+from .mlstm_case import mlstm_inputs
 
 SLOTS = 23
 DT_LIMIT = (0.0, 5.0)

@@ -13,7 +13,8 @@ import torch
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.mlstm import _unpack, mlstm_scan, mlstm_scan_ref, state_width
 
-from .cases import Row, assert_close, build_meta, mlstm_inputs
+from .cases import Row, assert_close, build_meta
+from .mlstm_case import mlstm_inputs
 
 SLOTS = 40
 
