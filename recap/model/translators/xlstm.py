@@ -22,7 +22,7 @@ def _cap(value: Any) -> float | None:
 
 def _xlstm(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     hidden = int(cfg.get("hidden_size") or cfg["embedding_dim"])
-    n = int(cfg.get("num_hidden_layers") or cfg["num_blocks"])
+    n = int(cfg.get("num_blocks") or cfg["num_hidden_layers"])  # transformers builds num_blocks blocks
     mode = cfg.get("weight_mode", "single")
     if mode not in WEIGHT_MODES:
         raise UnsupportedArchitectureError(f"{arch}: weight_mode {mode!r} (transformers defines {WEIGHT_MODES})")
