@@ -17,6 +17,12 @@ last prefill. Configurations alternate inside each round; medians over rounds.
 With --temperature > 0 the requests are sampled (top_p 0.95, a seed each): verification is rejection sampling, and
 a seeded request's output with speculation equals the plain run's (docs/speculative.md), which the benchmark
 asserts as for greedy; the oracle proposes that seeded output.
+
+With --model trained: the shipped trained default (NemotronH 9.2M, recap/model/weights/default) and real text,
+modes off / ngram / draft (the shipped 2.6M draft, recap/model/weights/default-draft) / draft-self (the target as its
+own draft: every draft accepted, the bound a draft model reaches at its cost). Workloads, through the chat template:
+"rewrite" asks to repeat a document of about --doc-len tokens (the answer has begun with its first sentence); "chat"
+asks a short question. Each mode has its own engine; modes alternate inside each round.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,9 +44,11 @@ from recap.core.request import Request
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.model.default_model import ensure_random_model
+from recap.model.trained_default import default_model_path, draft_model_path
 from recap.sampling_params import SamplingParams
 
 MODES = ("off", "ngram", "oracle", "garbage", "garbage-every-step")
+TRAINED_MODES = ("off", "ngram", "draft", "draft-self")
 
 
 class OracleDrafter:
@@ -96,48 +106,138 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> 
     return decode_s, generated, [tokens[i] for i in ids]
 
 
+Sample = tuple[float, int, float]  # decode tok/s, verify steps, mean accepted length
+
+
+def timed(engines: dict[str, LLMEngine], prompts: list[list[int]], params: SamplingParams, rounds: int,
+          ref: list[list[int]], before_run: Callable[[str, LLMEngine], None] | None = None) -> dict[str, list[Sample]]:
+    """`rounds` rounds, the modes alternating inside each; every output checked against the plain run's."""
+    samples: dict[str, list[Sample]] = {m: [] for m in engines}
+    for _ in range(rounds):
+        for mode, engine in engines.items():
+            if before_run is not None:
+                before_run(mode, engine)
+            before = engine.scheduler.stats
+            seconds, generated, outs = run(engine, prompts, params)
+            assert outs == ref, f"{mode} at batch {len(prompts)}: output differs from the plain run"
+            after = engine.scheduler.stats
+            steps = after.spec.num_drafts - before.spec.num_drafts
+            acc = after.spec.num_accepted_tokens - before.spec.num_accepted_tokens
+            samples[mode].append((generated / seconds, steps, 1.0 + acc / steps if steps else 1.0))
+    return samples
+
+
+def rows(batch: int, samples: dict[str, list[Sample]]) -> list[dict]:
+    """Medians per mode, and each mode's ratio to the median of "off"."""
+    base_tps = statistics.median(s[0] for s in samples["off"])
+    out = []
+    for mode, got in samples.items():
+        tps = statistics.median(s[0] for s in got)
+        out.append({
+            "batch": batch, "mode": mode, "decode_tok_s": round(tps, 2), "speedup": round(tps / base_tps, 3),
+            "mean_accepted_length": round(statistics.median(s[2] for s in got), 3), "verify_steps": got[-1][1],
+            "runs_tok_s": [round(s[0], 2) for s in got],
+        })  # fmt: skip
+    return out
+
+
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     common = {"model": str(ensure_random_model()), "num_threads": 1, "seed": 0}  # the measured random hybrid
     spec = SpeculativeConfig("ngram", args.k, 1, 4)
     base = LLMEngine(EngineConfig(**common))  # type: ignore[arg-type]
     speculating = LLMEngine(EngineConfig(speculative=spec, **common))  # type: ignore[arg-type]
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
-    if args.temperature > 0:
-        params = replace(params, temperature=args.temperature, top_p=0.95, seed=7)
-    results: dict = {"temperature": args.temperature, "k": args.k, "doc_len": args.doc_len, "tokens": args.tokens,
-                     "workload": args.workload, "rows": []}  # fmt: skip
+    params = sampling(args)
+    results: dict = {"model": "random", "temperature": args.temperature, "k": args.k, "doc_len": args.doc_len,
+                     "tokens": args.tokens, "workload": args.workload, "rows": []}  # fmt: skip
     ngram = speculating.scheduler.speculator.drafter  # type: ignore[union-attr]
     for batch in args.batches:
         prompts = documents(batch, args.doc_len, args.workload)
         _, _, ref = run(base, prompts, params)  # the plain greedy outputs, and a warm-up
         reference = {tuple(p): r for p, r in zip(prompts, ref)}
         drafters = {"ngram": ngram, "oracle": OracleDrafter(reference), "garbage": GarbageDrafter(reference)}
-        samples: dict[str, list[tuple[float, int, float]]] = {m: [] for m in MODES}
+
+        def use(mode: str, engine: LLMEngine, drafters: dict[str, Any] = drafters) -> None:
+            if mode != "off":
+                speculator = engine.scheduler.speculator
+                assert speculator is not None
+                speculator.drafter = drafters[mode.removesuffix("-every-step")]
+                speculator.config = replace(spec, max_draft_backoff=0) if mode.endswith("every-step") else spec
+
         modes = ["off", *(m for m in args.modes if m != "off")]
-        for _ in range(args.rounds):
-            for mode in modes:
-                engine = base if mode == "off" else speculating
-                if mode != "off":
-                    speculator = engine.scheduler.speculator
-                    assert speculator is not None
-                    speculator.drafter = drafters[mode.removesuffix("-every-step")]
-                    speculator.config = replace(spec, max_draft_backoff=0) if mode.endswith("every-step") else spec
-                before = engine.scheduler.stats
-                seconds, generated, outs = run(engine, prompts, params)
-                assert outs == ref, f"{mode} at batch {batch}: output differs from the plain run"
-                after = engine.scheduler.stats
-                steps = after.spec.num_drafts - before.spec.num_drafts
-                acc = after.spec.num_accepted_tokens - before.spec.num_accepted_tokens
-                samples[mode].append((generated / seconds, steps, 1.0 + acc / steps if steps else 1.0))
-        base_tps = statistics.median(s[0] for s in samples["off"])
-        for mode in modes:
-            tps = statistics.median(s[0] for s in samples[mode])
-            results["rows"].append({
-                "batch": batch, "mode": mode, "decode_tok_s": round(tps, 2), "speedup": round(tps / base_tps, 3),
-                "mean_accepted_length": round(statistics.median(s[2] for s in samples[mode]), 3),
-                "verify_steps": samples[mode][-1][1],
-            })  # fmt: skip
+        engines = {m: base if m == "off" else speculating for m in modes}
+        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref, use))
+    return results
+
+
+def sampling(args: argparse.Namespace) -> SamplingParams:
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    if args.temperature > 0:
+        params = replace(params, temperature=args.temperature, top_p=0.95, seed=7)
+    return params
+
+
+# Text for the trained model's rewrite workload, written for this benchmark in the register of the addresses the
+# model was trained on (its documents are these sentences in a seeded order per request).
+SENTENCES = (
+    "The Congress has been asked to provide for the defense of the country and the welfare of its people.",
+    "It is the duty of the Government to keep the public credit and to pay the debt of the nation.",
+    "The ships of the navy have returned from the sea, and the men who served on them deserve our thanks.",
+    "In the past year the revenue of the United States has been greater than in any year before it.",
+    "We must give our attention to the condition of the farmers and of the laborers in every State.",
+    "The treaty with the foreign powers will be laid before the Senate for its advice and consent.",
+    "A great part of the public land in the West is still open to those who will settle upon it.",
+    "The courts of the nation should be kept free from the influence of any party or any interest.",
+    "I recommend that the Congress take measures to improve the harbors and the rivers of the country.",
+    "The people of this country have shown in peace and in war that they are able to govern themselves.",
+    "Our relations with the other nations of the world are friendly, and there is no cause for alarm.",
+    "The schools of the States are the foundation on which the liberty of the people must rest.",
+)
+QUESTIONS = ("What is the duty of the Congress?", "Tell me about the whale.", "What did the President say?",
+             "How should the public debt be paid?", "Where did the ship sail?", "Who will defend the country?",
+             "What is the state of the Union?", "Why do the farmers need help?")  # fmt: skip
+
+
+def text_prompts(tokenizer: Any, batch: int, doc_len: int, workload: str) -> list[list[int]]:
+    """The trained model's prompts through its chat template: "rewrite" (a document of about doc_len tokens to
+    repeat, the answer begun with its first sentence) or "chat" (a short question)."""
+    out = []
+    for i in range(batch):
+        if workload == "chat":
+            messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            out.append(tokenizer.encode(text, add_special_tokens=False))
+            continue
+        order = random.Random(200 + i).sample(SENTENCES, len(SENTENCES))
+        doc: list[str] = []
+        while len(tokenizer.encode(" ".join(doc))) < doc_len:
+            doc.append(order[len(doc) % len(order)])
+        messages = [{"role": "user", "content": "Repeat the following text exactly.\n\n" + " ".join(doc)}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + doc[0]
+        out.append(tokenizer.encode(text, add_special_tokens=False))
+    return out
+
+
+def measure_trained(args: argparse.Namespace) -> dict:
+    """Off, n-gram, the shipped draft and draft = target on the trained default: one engine per mode."""
+    torch.set_num_threads(1)
+    target, draft = str(default_model_path()), str(draft_model_path())
+    common = {"model": target, "num_threads": 1, "seed": 0}
+    specs = {"off": None, "ngram": SpeculativeConfig("ngram", args.k, 1, 4),
+             "draft": SpeculativeConfig("draft_model", args.k, model=draft),
+             "draft-self": SpeculativeConfig("draft_model", args.k, model=target)}  # fmt: skip
+    modes = ["off", *(m for m in args.modes if m != "off")]
+    engines = {m: LLMEngine(EngineConfig(speculative=specs[m], **common)) for m in modes}  # type: ignore[arg-type]
+    params = sampling(args)
+    results: dict = {"model": "trained", "temperature": args.temperature, "k": args.k, "doc_len": args.doc_len,
+                     "tokens": args.tokens, "workload": args.workload, "rows": []}  # fmt: skip
+    for batch in args.batches:
+        prompts = text_prompts(engines["off"].tokenizer, batch, args.doc_len, args.workload)
+        results["prompt_tokens"] = [len(p) for p in prompts]
+        _, _, ref = run(engines["off"], prompts, params)  # the plain outputs
+        for engine in engines.values():
+            run(engine, prompts, params)  # warm-up (decode and verify graphs captured)
+        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref))
     return results
 
 
@@ -149,16 +249,23 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--doc-len", type=int, default=512)
     p.add_argument("--workload", choices=("rewrite", "chat"), default="rewrite")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="off always runs (the baseline)")
+    p.add_argument("--model", choices=("random", "trained"), default="random",
+                   help="the random-weight hybrid (test drafters) or the trained default (its draft model)")
+    p.add_argument("--modes", nargs="+", choices=sorted(set(MODES + TRAINED_MODES)), default=None,
+                   help=f"off always runs (the baseline); default: random {MODES}, trained {TRAINED_MODES}")
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests (seeded, top_p 0.95)")
     p.add_argument("--tokens", type=int, default=128, help="max_tokens per request")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args()
     if args.quick:
         args.doc_len, args.tokens, args.rounds = 128, 32, 2
-    res = measure(args)
-    prompt = f"document {res['doc_len']} tokens" if res["workload"] == "rewrite" else "32-token prompt"
-    print(f"k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "
+    allowed = MODES if args.model == "random" else TRAINED_MODES
+    args.modes = args.modes or list(allowed)
+    if set(args.modes) - set(allowed):
+        p.error(f"--model {args.model} runs the modes {allowed}")
+    res = measure(args) if args.model == "random" else measure_trained(args)
+    prompt = f"document {res['doc_len']} tokens" if res["workload"] == "rewrite" else "a short prompt"
+    print(f"{res['model']} model  k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "
           f"{res['tokens']} generated per request, 1 thread, "
           "fp32")
     print(f"{'batch':>5} {'mode':>18} {'decode tok/s':>13} {'vs off':>7} {'mean accepted len':>18} "

@@ -30,6 +30,15 @@ class CacheConfig:
     # DEFAULT_DISK_CACHE_BYTES when only the directory is given).
     cache_dir: str | None = None
     cache_disk_bytes: int | None = None
+    # The host-memory tier (docs/tiers.md): a byte budget of host RAM between the read pools and the disk tier
+    # (0/None: none). On a GPU server its copies are device <-> host; on a CPU server the same RAM, still its own
+    # budget and index.
+    cache_host_bytes: int | None = None
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        """The lower tiers this config asks for, fastest first (their order is their level in the core)."""
+        return tuple(n for n, b in (("host", self.cache_host_bytes or 0), ("disk", self.disk_tier_bytes)) if b)
 
     @property
     def disk_tier_bytes(self) -> int:
@@ -41,6 +50,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.cache_disk_bytes is not None and self.cache_disk_bytes < 0:
             raise ValueError(f"cache_disk_bytes must be >= 0, got {self.cache_disk_bytes}")
+        if self.cache_host_bytes is not None and self.cache_host_bytes < 0:
+            raise ValueError(f"cache_host_bytes must be >= 0, got {self.cache_host_bytes}")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.checkpoint_policy not in CHECKPOINT_POLICIES:
@@ -102,7 +113,7 @@ class CacheLayout:
             raise ValueError("need at least one state slot")
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -111,7 +122,9 @@ class SpeculativeConfig:
     tokens per decode step and one forward pass verifies them (docs/speculative.md).
 
     method "ngram" (prompt lookup): the longest n-gram, n from `prompt_lookup_max` down to `prompt_lookup_min`,
-    ending the request's tokens that occurred earlier in them proposes the tokens that followed it."""
+    ending the request's tokens that occurred earlier in them proposes the tokens that followed it.
+    method "draft_model": `model` (a folder or hub id of a smaller model with the target's tokenizer) proposes them
+    greedily, run by the runner beside the target (runner/draft_model.py)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -121,8 +134,12 @@ class SpeculativeConfig:
     # (up to this many; 0: always draft), and each such step halves its next probes' drafts (an accepted draft
     # resets both). Acceptance history lowers the cost of a drafter that keeps missing.
     max_draft_backoff: int = 64
+    model: str | None = None  # method "draft_model": the draft model
 
     def __post_init__(self) -> None:
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(f"speculative 'model' is needed by method 'draft_model' and only by it (method "
+                             f"{self.method!r}, model {self.model!r})")
         if not isinstance(self.max_draft_backoff, int) or self.max_draft_backoff < 0:
             raise ValueError(f"speculative max_draft_backoff must be an integer >= 0, got {self.max_draft_backoff!r}")
         if self.method not in SPECULATIVE_METHODS:

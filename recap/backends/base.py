@@ -44,13 +44,12 @@ def model_parts(model: CausalLM) -> list[nn.Module]:
 
 
 def set_linear_backend(parts: list[nn.Module], backend: str, native: bool | None = None,
-                       int8_embeddings: bool = False) -> None:
+                       int8_embeddings: bool = True) -> None:
     """Every Linear of `parts` to `backend`: "torch" (reference), "onednn", "int8" or "int4" (layers/linear.py),
     with the native kernels `native` (None: as they are), one layer at a time: each lays its weight out in its one
     serving layout and frees the parameter before the next (Linear.set_backend), so the peak is the model plus
-    one layer. `int8_embeddings` (with a quantized backend) then holds the embeddings as int8 rows
-    (layers/embedding.py): off in every backend until the engine's cached = uncached check passes with it (with
-    decode graphs on, an int8-embedding model's caching-on logprobs differed from caching-off by up to 0.05)."""
+    one layer. With a quantized backend the embeddings then become int8 rows (layers/embedding.py) unless
+    `int8_embeddings` is False (its memory and perplexity cost: docs/performance.md, docs/default_model.md)."""
     for m in parts:
         if isinstance(m, Linear):
             m.set_backend(backend, native)

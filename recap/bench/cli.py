@@ -79,6 +79,11 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
         default=positive_bytes("1GiB"),
         help="state pool (running slots + checkpoints), default 2GiB",
     )
+    g.add_argument("--cache-dir", default=None, help="config recap-disk: its disk tier goes under DIR/recap-disk")
+    g.add_argument("--cache-host-bytes", type=positive_bytes, default=positive_bytes("1GiB"),
+                   help="config recap-host: its host-memory tier's budget (default 1GiB)")
+    g.add_argument("--cache-disk-bytes", type=positive_bytes, default=None,
+                   help="config recap-disk: its disk tier's budget (default 16GiB)")
 
 
 def _workload_parser(sub: Any, name: str, cls: type[Recipe]) -> None:
@@ -86,7 +91,7 @@ def _workload_parser(sub: Any, name: str, cls: type[Recipe]) -> None:
     p.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS[name],
-        help="comma-separated: off, align, all, recap, recap-noseg, hf (default %(default)s)",
+        help="comma-separated: off, align, all, recap, recap-noseg, recap-host, recap-disk, hf (default %(default)s)",
     )
     p.add_argument(
         "--submit",
@@ -184,6 +189,9 @@ def _engine_options(args: argparse.Namespace, model: str) -> Any:
         state_cache_bytes=args.state_cache_bytes,
         threads=args.threads,
         seed=args.seed,
+        cache_dir=getattr(args, "cache_dir", None),
+        cache_host_bytes=getattr(args, "cache_host_bytes", None),
+        cache_disk_bytes=getattr(args, "cache_disk_bytes", None),
     )
 
 

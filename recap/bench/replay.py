@@ -29,7 +29,14 @@ from pathlib import Path
 
 from recap.bench.cost import DEFAULT_FLOPS_PER_SECOND, DEFAULT_STEP_OVERHEAD_S, CostModel
 from recap.bench.replay_pool import ReplayStatePool
-from recap.bench.replay_tiers import ReplayTiers, TierSpec, add_tier_arguments, format_tiers, tier_specs
+from recap.bench.replay_tiers import (
+    ReplayTierRunner,
+    TierSpec,
+    add_tier_arguments,
+    attach_tiers,
+    format_tiers,
+    tier_specs,
+)
 from recap.bench.report import ReplayResult, format_table, summary_json
 from recap.bench.shapes import (
     ModelShape,
@@ -137,10 +144,8 @@ def _add_arrivals(
     i: int,
     tally: _Tally,
     expander: TokenExpander | None,
-    tiers: ReplayTiers | None = None,
 ) -> int:
-    """Add every request that has arrived by the clock (after its copies, if lower tiers deepen its hit);
-    returns the next trace index."""
+    """Add every request that has arrived by the clock; returns the next trace index."""
     while i < len(trace) and trace[i].arrival_s <= tally.clock:
         r = trace[i]
         rid = str(r.index)
@@ -152,8 +157,7 @@ def _add_arrivals(
             segment_boundaries=r.segment_boundaries,
             arrival_time=r.arrival_s,
         )
-        if tiers is None or not tiers.arrive(request, tally.clock):
-            sched.add_request(request)
+        sched.add_request(request)
         i += 1
     return i
 
@@ -168,18 +172,19 @@ def replay(
     """Replay `trace` (sorted by timestamp) under one policy; see the module docstring."""
     spec = parse_policy(policy) if isinstance(policy, str) else policy
     sched = make_scheduler(spec, setup)
-    tiers = ReplayTiers(sched, setup.tiers, setup.shape, setup.block_size) if setup.tiers else None
     executor = FakeExecutor(block_size=setup.block_size)
+    t = _Tally()
+    tiers = None
+    if any(s.budget_bytes > 0 for s in setup.tiers):  # the core's tiers; the runner side is the cost model
+        attach_tiers(sched, setup.tiers, setup.shape, setup.block_size)
+        tiers = executor.tier = ReplayTierRunner(sched, setup.tiers, lambda: t.clock)  # type: ignore[assignment]
     step_seconds = setup.cost.step_seconds
     state_pool = sched.cache.state.pool if sched.cache.state else None
     kv_pool = sched.cache.kv.pool if sched.cache.kv else None
-    t = _Tally()
     i, n = 0, len(trace)
     t0, c0 = time.perf_counter(), time.process_time()
     while i < n or sched.has_unfinished_requests() or (tiers is not None and tiers.num_loading):
-        i = _add_arrivals(sched, trace, i, t, expander, tiers)
-        if tiers is not None:
-            tiers.admit_ready(t.clock)
+        i = _add_arrivals(sched, trace, i, t, expander)
         out = sched.schedule()
         result = executor.execute(out)
         if out.scheduled:
@@ -199,14 +204,14 @@ def replay(
             t.peak_checkpoints = state_pool.num_checkpoints
         if kv_pool is not None:
             t.peak_kv_blocks = max(t.peak_kv_blocks, kv_pool.num_in_use + kv_pool.num_cached_free)
-        if not out.scheduled and not updates:
+        if not out.scheduled and not updates and not result.tier_loaded:  # a finished load: its request runs next
             t.clock = max(t.clock, _next_event(sched, trace, i, tiers))
     res = _result(spec, setup, sched, t, time.perf_counter() - t0, time.process_time() - c0)
     res.tiers = tiers.summary() if tiers is not None else None
     return res
 
 
-def _next_event(sched: Scheduler, trace: Sequence[TraceRequest], i: int, tiers: ReplayTiers | None) -> float:
+def _next_event(sched: Scheduler, trace: Sequence[TraceRequest], i: int, tiers: ReplayTierRunner | None) -> float:
     """When nothing runs: the next arrival or the end of the next copy from a lower tier."""
     at = min(trace[i].arrival_s if i < len(trace) else math.inf, tiers.next_ready() if tiers else math.inf)
     if at == math.inf:

@@ -13,6 +13,7 @@ is the time from sending the streaming request to its first chunk with text.
 from __future__ import annotations
 
 import gc
+import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,7 @@ class ConfigSpec:
     segments: bool = True  # send segment boundaries (message ends) with each request
     url: str | None = None
     description: str = ""
+    tier: str | None = None  # "host" or "disk": a lower cache tier below the read pools (docs/tiers.md)
 
 
 CONFIGS: dict[str, ConfigSpec] = {
@@ -49,6 +51,10 @@ CONFIGS: dict[str, ConfigSpec] = {
     "recap-noseg": ConfigSpec(
         "recap-noseg", "engine", policy="recap", segments=False, description="recap policy, no segment boundaries sent"
     ),
+    "recap-host": ConfigSpec("recap-host", "engine", policy="recap", tier="host",
+                             description="recap policy with a host-memory tier (--cache-host-bytes)"),
+    "recap-disk": ConfigSpec("recap-disk", "engine", policy="recap", tier="disk",
+                             description="recap policy with a disk tier (--cache-dir/<config>, --cache-disk-bytes)"),
     "hf": ConfigSpec("hf", "hf", caching=False, description="transformers generate, whole prompt each request"),
 }
 
@@ -64,6 +70,19 @@ class EngineOptions:
     state_cache_bytes: int | None = None
     threads: int = 2
     seed: int = 0
+    cache_dir: str | None = None  # tier configs: the disk tier under <cache_dir>/<config name>
+    cache_host_bytes: int | None = None
+    cache_disk_bytes: int | None = None
+
+    def tier_kwargs(self, spec: ConfigSpec) -> dict[str, Any]:
+        """The LLM arguments of the config's lower tier (none without one)."""
+        if spec.tier == "host":
+            return {"cache_host_bytes": self.cache_host_bytes}
+        if spec.tier == "disk":
+            if self.cache_dir is None:
+                raise ValueError(f"config {spec.name} needs --cache-dir")
+            return {"cache_dir": os.path.join(self.cache_dir, spec.name), "cache_disk_bytes": self.cache_disk_bytes}
+        return {}
 
 
 @dataclass
@@ -128,6 +147,7 @@ class EngineRunner:
             kv_cache_bytes=opts.kv_cache_bytes,
             state_cache_bytes=opts.state_cache_bytes,
             num_threads=opts.threads,
+            **opts.tier_kwargs(spec),
         )
         self.engine = self.llm.engine
         self._base_bytes = 0

@@ -1,9 +1,10 @@
-"""A lower tier without files, for the FakeExecutor: saves, drops and loads in integers, one step late.
+"""Lower tiers without files, for the FakeExecutor: saves, drops and loads in integers, one step late.
 
 Order per step, as the real runner's (runner/disk_tier.py): loads of requests reported gone are cancelled;
 saves are snapshotted (before anything can reuse their block or slot); drops delete; loads ordered by an
 earlier step finish (their data lands in the destination blocks and slot, then they are reported); this
-step's loads start. Saves are reported written one step after their order.
+step's loads start. Saves are reported written one step after their order. Entries are stored per tier
+(level, key); a save from a tier (`from_level`) copies that tier's entry, which must be there.
 
 In validate mode the snapshot is the simulated content (each position's prefix hash, or the slot's
 (position, prefix hash)) and a load writes it back, so a load of the wrong entry fails the executor's
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recap.core.output import CheckpointWrite, ModelRunnerOutput, SchedulerOutput, TierLoad, TierLoadReport
+from recap.core.output import CheckpointWrite, ModelRunnerOutput, SchedulerOutput, TierLoad, TierLoadReport, TierSaved
 from recap.core.tier_index import EntryKind, TierKey
 
 Memory = dict[int, int]
@@ -24,31 +25,34 @@ Slots = dict[int, tuple[int, int]]
 @dataclass
 class FakeTier:
     block_size: int
-    store: dict[TierKey, object] = field(default_factory=dict)
-    corrupt: set[TierKey] = field(default_factory=set)  # their next load fails
-    disable_next: bool = False  # report the store off at the next step
+    store: dict[tuple[int, TierKey], object] = field(default_factory=dict)  # (level, key) -> content
+    corrupt: set[TierKey] = field(default_factory=set)  # their next load fails (from any tier)
+    disable_next: int | None = None  # report this tier's store off at the next step
     num_saves: int = 0
     num_loads: int = 0
-    _saved: list[TierKey] = field(default_factory=list)
+    _saved: list[TierSaved] = field(default_factory=list)
     _loads: list[TierLoad] = field(default_factory=list)
 
     def step(self, out: SchedulerOutput, result: ModelRunnerOutput, kv: Memory, slots: Slots,
              validate: bool) -> None:  # fmt: skip
         """Apply the step's tier orders to the simulated memory; report into `result`."""
         self._loads = [load for load in self._loads if load.request_id not in out.finished_request_ids]
-        result.tier_saved = [(key, True) for key in self._saved]
-        self._saved = []
+        result.tier_saved, self._saved = self._saved, []
         for save in out.tier_saves:
-            self.store[save.key] = self._snapshot(save.key, save.source, kv, slots) if validate else True
-            self._saved.append(save.key)
+            if save.from_level >= 0:
+                data = self.store[save.from_level, save.key]  # moved down before the drop beside it
+            else:
+                data = self._snapshot(save.key, save.source, kv, slots) if validate else True
+            self.store[save.level, save.key] = data
+            self._saved.append(TierSaved(save.key, True, save.level))
             self.num_saves += 1
-        for key in out.tier_drops:
-            self.store.pop(key, None)
+        for drop in out.tier_drops:
+            self.store.pop((drop.level, drop.key), None)
         for load in self._loads:
             result.tier_loaded[load.request_id] = self._load(load, kv, slots, validate)
         self._loads = list(out.tier_loads)
-        if self.disable_next:
-            result.tier_disabled, self.disable_next = True, False
+        if self.disable_next is not None:
+            result.tier_disabled, self.disable_next = [self.disable_next], None
 
     def _snapshot(self, key: TierKey, source: int, kv: Memory, slots: Slots) -> object:
         bs = self.block_size
@@ -61,11 +65,11 @@ class FakeTier:
     def _load(self, load: TierLoad, kv: Memory, slots: Slots, validate: bool) -> TierLoadReport:
         report = TierLoadReport()
         self.num_loads += 1
-        for key, dest in [*load.kv, *([load.checkpoint] if load.checkpoint is not None else [])]:
-            data = self.store.get(key)
+        for key, dest, level in load.entries():
+            data = self.store.get((level, key))
             if data is None or key in self.corrupt:
                 self.corrupt.discard(key)
-                self.store.pop(key, None)
+                self.store.pop((level, key), None)
                 report.failed.append(key)
                 continue
             if validate:

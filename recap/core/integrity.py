@@ -156,31 +156,37 @@ def _promotions(sched: Scheduler) -> dict[str, Promotion]:
 
 
 def _check_tier(sched: Scheduler) -> None:
-    """The tier's own accounting; a promoting request holds exactly its load's blocks, slot and tier pins."""
+    """Each tier's own accounting; an entry in one tier at most; a promoting request holds exactly its load's
+    blocks, slot and tier pins; save orders name entries pending in their tier."""
     tiers = sched.tiers
     if tiers is None:
         return
-    index = tiers.index
-    index.check()
-    pins: Counter[TierKey] = Counter()
+    held: Counter[TierKey] = Counter()
+    for index in tiers.indexes:
+        index.check()
+        held.update(index.iter_keys())
+    assert all(n == 1 for n in held.values()), "an entry is in two tiers"
+    pins: Counter[tuple[int, TierKey]] = Counter()
     for rid, p in tiers.promoting.items():
         r = sched.view.requests[rid]
         assert r.status == RequestStatus.WAITING_FOR_TIER and r.num_computed_tokens == 0, f"promoting {rid}"
         assert rid in tiers.tried, f"promoting {rid} not marked as tried"
-        keys = [k for k, _ in p.load.kv] + ([p.load.checkpoint[0]] if p.load.checkpoint is not None else [])
-        pins.update(keys)
+        pins.update((level, key) for key, _, level in p.load.entries())
         dest = [b for _, b in p.load.kv]
         assert tuple(p.held_blocks[len(p.held_blocks) - len(dest):]) == tuple(dest), f"{rid} holds other blocks"
         if sched.cache.kv is not None:
             for i, block_id in enumerate(p.held_blocks):
                 block_hash = sched.cache.kv.pool.blocks[block_id].block_hash
                 assert block_hash is None or block_hash == r.block_hashes[i], f"promoting {rid} block {i} off-chain"
-    for key in index.iter_keys():
-        assert index.is_pinned(key) == (pins[key] > 0), f"tier pin of {key} disagrees with the loads"
-    for key in pins:
-        assert index.is_ready(key), f"a load reads {key}, which is not written"
-    saved = [s.key for s in tiers.saves]
-    assert len(set(saved)) == len(saved) and all(index.has(k) for k in saved), "save orders disagree with the tier"
+    for level, index in enumerate(tiers.indexes):
+        for key in index.iter_keys():
+            assert index.is_pinned(key) == (pins[level, key] > 0), f"tier pin of {key} disagrees with the loads"
+    for level, key in pins:
+        assert tiers.indexes[level].is_ready(key), f"a load reads {key}, which is not written"
+    saved = [(s.level, s.key) for s in tiers.saves]
+    assert len(set(saved)) == len(saved), "a save ordered twice"
+    for level, key in saved:
+        assert tiers.indexes[level].has(key) and not tiers.indexes[level].is_ready(key), f"save of {key} not pending"
 
 
 def _check_remote(sched: Scheduler) -> None:
@@ -222,7 +228,8 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
     assert out.num_batched_tokens <= sched.config.max_num_batched_tokens, "step over the token budget"
     assert len(out.scheduled) <= sched.config.max_num_seqs, "step over max_num_seqs"
     spec = sched.speculator
-    drafting = [sr.num_draft_tokens for sr in out.scheduled if sr.num_draft_tokens]
+    drafting = [sr.num_draft_tokens + sr.num_runner_drafts for sr in out.scheduled
+                if sr.num_draft_tokens or sr.num_runner_drafts]  # fmt: skip
     assert spec is not None or not drafting, "drafts without a speculator"
     if spec is not None:
         assert len(drafting) <= spec.max_rows, "more drafting rows than the runner has scratch slots for"
@@ -248,6 +255,9 @@ def _check_plan(sched: Scheduler, out: SchedulerOutput) -> None:
             known = end - sr.num_draft_tokens
             assert all(c.position <= known for c in sr.checkpoints), f"{sr.request_id} checkpoint inside drafts"
             assert known // bs == end // bs, f"{sr.request_id} drafts reach a block boundary"
+        if sr.num_runner_drafts:  # the runner's drafts follow the decode token, in its block
+            assert not sr.num_draft_tokens and sr.num_new_tokens == 1 and sr.sample, f"{sr.request_id} runner drafts"
+            assert end // bs == (end + sr.num_runner_drafts) // bs, f"{sr.request_id} drafts reach a block boundary"
         positions = [c.position for c in sr.checkpoints]
         assert positions == sorted(set(positions)), f"{sr.request_id} checkpoint positions not sorted/unique"
         for c in sr.checkpoints:

@@ -56,6 +56,11 @@ class ScheduledRequest:
     # Speculative decoding: the last this many of token_ids are drafts for the runner to verify (its decode
     # token comes first); 0: a plain step. Such a step never plans a checkpoint past its first token.
     num_draft_tokens: int = 0
+    # A draft model's drafts (core/speculation.py): the runner proposes up to this many after token_ids (their KV
+    # blocks and budget are the scheduler's) and verifies them as drafts; 0: none.
+    num_runner_drafts: int = 0
+    # The request may speculate: a runner-side draft model follows its prefill chunks.
+    speculate: bool = False
 
     @property
     def num_new_tokens(self) -> int:
@@ -63,12 +68,31 @@ class ScheduledRequest:
 
 
 class TierSave(NamedTuple):
-    """Save a lower-tier entry from the KV block (KV key) or state slot (checkpoint key) that holds it now.
+    """Save a lower-tier entry into tier `level` (0: the fastest below the read pools), from the KV block (KV key)
+    or state slot (checkpoint key) `source` that holds it now, or (`from_level` >= 0) from that tier's copy.
 
-    The runner snapshots it before the step's state copies and forward pass, which may reuse the block or slot."""
+    The runner snapshots it before the step's state copies and forward pass, which may reuse the block or slot,
+    and before the step's drops, which may delete the tier copy it moves down."""
 
     key: TierKey
     source: int
+    level: int = 0
+    from_level: int = -1  # -1: the read pool's block or slot `source`
+
+
+class TierDrop(NamedTuple):
+    """Delete tier `level`'s copy of an entry (evicted, or moved one tier down by a save ordered beside it)."""
+
+    key: TierKey
+    level: int = 0
+
+
+class TierSaved(NamedTuple):
+    """A save the runner finished: written (readable) or not."""
+
+    key: TierKey
+    ok: bool
+    level: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +102,13 @@ class TierLoad:
     request_id: str
     kv: tuple[tuple[TierKey, int], ...]  # (key, destination block id), in chain order
     checkpoint: tuple[TierKey, int] | None  # (key, destination slot)
+    levels: tuple[int, ...] = ()  # the tier each entry is read from: kv's then the checkpoint's (empty: all 0)
+
+    def entries(self) -> list[tuple[TierKey, int, int]]:
+        """(key, destination block or slot, tier) of every entry, KV blocks in chain order then the checkpoint."""
+        pairs = [*self.kv, *([self.checkpoint] if self.checkpoint is not None else [])]
+        levels = self.levels or (0,) * len(pairs)
+        return [(key, dest, level) for (key, dest), level in zip(pairs, levels, strict=True)]
 
 
 @dataclass
@@ -102,12 +133,12 @@ class SchedulerOutput:
     finished_request_ids: set[str] = field(default_factory=set)
     # Lower tier (core/tiers.py): saves to snapshot before anything else, files to delete, loads to start.
     tier_saves: list[TierSave] = field(default_factory=list)
-    tier_drops: list[TierKey] = field(default_factory=list)
+    tier_drops: list[TierDrop] = field(default_factory=list)
     tier_loads: list[TierLoad] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled)
+        return sum(len(s.token_ids) + s.num_runner_drafts for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -123,13 +154,15 @@ class ModelRunnerOutput:
     # Verify steps (num_draft_tokens > 0): the tokens emitted per request, the accepted drafts then the
     # verifier's own token; the runner has already restored the state after the accepted ones.
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Rows with runner drafts (ScheduledRequest.num_runner_drafts) that got some: the drafts the runner verified.
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Checkpoints actually written, per request: the kernels' reported (position, slot) pairs.
     # The core registers a checkpoint only if it matches its plan (provenance, DESIGN invariant 2).
     written_checkpoints: dict[str, list[CheckpointWrite]] = field(default_factory=dict)
-    # Lower tier: saves finished since the last report (key, written), loads finished (by request id), and
-    # whether the store turned itself off (unwritable or full directory).
-    tier_saved: list[tuple[TierKey, bool]] = field(default_factory=list)
+    # Lower tiers: saves finished since the last report, loads finished (by request id), and the tiers whose
+    # store turned itself off (an unwritable or full directory).
+    tier_saved: list[TierSaved] = field(default_factory=list)
     tier_loaded: dict[str, TierLoadReport] = field(default_factory=dict)
-    tier_disabled: bool = False
+    tier_disabled: list[int] = field(default_factory=list)
     # Opaque to the core (logprobs and the like), passed through to the engine.
     extras: dict[str, Any] = field(default_factory=dict)

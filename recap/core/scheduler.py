@@ -33,7 +33,7 @@ from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats, s
 from recap.core.tier_scheduling import TierScheduling, make_tier
 from recap.core.transfer import RemoteBook, can_hold, hold
 
-Step = tuple[Request, int, list[int]]  # a request's share of a step: tokens, and the drafts among them
+Step = tuple[Request, int, list[int], int]  # a request's share of a step: tokens, the drafts among them, runner drafts
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
         budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens)
         if not preempted:  # memory is short: let the running requests drain first
             self._schedule_waiting(plan, copies, budget)
-        scheduled = [self._to_scheduled(request, n, drafts) for request, n, drafts in plan]
+        scheduled = [self._to_scheduled(*step) for step in plan]
         out = SchedulerOutput(self._step, scheduled, copies, self._finished_ids)
         self._tier_orders(out)
         self._finished_ids = set()
@@ -201,29 +201,28 @@ class Scheduler(RemoteScheduling, TierScheduling):
             request = running[i]
             computed = request.num_computed_tokens
             n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
-            drafts = self._drafts(request, budget) if n == 1 and self.speculator is not None else []
-            n += len(drafts)
-            if n > budget:
-                n = budget
+            drafts, k = self._drafts(request, budget) if n == 1 and self.speculator is not None else ([], 0)
+            n = min(n + len(drafts) + k, budget)
             if not cache.try_grow(request.request_id, computed + n, computed):  # hot path: one check, usually no-op
                 preempted = True  # memory is short
                 if not self._make_room(request, n):
                     if request.is_finished:
                         continue  # finished at its memory length; the next request now sits at index i
                     break  # it preempted itself: everything after it is gone too
-            plan.append((request, n, drafts))
+            plan.append((request, n, drafts, k))
             budget -= n
             i += 1
         return budget, preempted
 
-    def _drafts(self, request: Request, budget: int) -> list[int]:
-        """A decode's drafts (within the budget); none where their KV blocks are not free: drafts never preempt."""
-        assert self.speculator is not None
-        drafts = self.speculator.draft(request, budget)
+    def _drafts(self, request: Request, budget: int) -> tuple[list[int], int]:
+        """A decode's drafts, or how many the runner may propose; none where their KV is not free: no preemption."""
+        spec = self.speculator
+        assert spec is not None
+        drafts, k = ([], spec.runner_drafts(request, budget)) if spec.in_runner else (spec.draft(request, budget), 0)
         computed = request.num_computed_tokens
-        if drafts and not self.cache.try_grow(request.request_id, computed + 1 + len(drafts), computed):
-            return []
-        return drafts
+        if (drafts or k) and not self.cache.try_grow(request.request_id, computed + 1 + len(drafts) + k, computed):
+            return [], 0
+        return drafts, k
 
     def _make_room(self, request: Request, n: int) -> bool:
         """Preempt from the tail until `request` can grow by n tokens; False if it left the running set."""
@@ -263,7 +262,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
             request.num_computed_tokens = hit.num_tokens
             request.status = RequestStatus.RUNNING
             self._running.append(request)
-            plan.append((request, n, []))
+            plan.append((request, n, [], 0))
             budget -= n
 
     def _record_hit(self, request: Request, hit: CacheHit) -> None:
@@ -277,9 +276,9 @@ class Scheduler(RemoteScheduling, TierScheduling):
         counters.prefix_cache_hits += hit.num_tokens
         counters.checkpoint_miss_tokens += hit.checkpoint_miss_tokens
 
-    def _to_scheduled(self, request: Request, n: int, drafts: list[int]) -> ScheduledRequest:
+    def _to_scheduled(self, request: Request, n: int, drafts: list[int], k: int) -> ScheduledRequest:
         start = request.num_computed_tokens
-        end = start + n - len(drafts)  # the committed tokens' end: no checkpoint is planned inside drafts
+        end = start + n - len(drafts) - k  # the committed tokens' end: no checkpoint is planned inside drafts
         rid = request.request_id
         cache = self.cache
         bs = cache.block_size
@@ -300,7 +299,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
             request.output_token_ids,
             request.prompt_logprobs,
             list(cache.window.tables[rid]) if cache.window is not None else [],
-            len(drafts),
+            len(drafts), k, request.speculate,
         )
 
     # -- after the step ---------------------------------------------------------------------------
@@ -322,7 +321,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
             request = requests.get(rid)
             if request is None or request.status != running_status:
                 continue  # aborted or finished while the step ran: already freed
-            if sr.num_draft_tokens:
+            if sr.num_draft_tokens or rid in runner_out.draft_token_ids:
                 updates.append(self._apply_verified(request, sr, runner_out))
                 continue
             start = sr.num_computed_tokens
@@ -350,7 +349,8 @@ class Scheduler(RemoteScheduling, TierScheduling):
         assert self.speculator is not None
         rid, start, cache = request.request_id, sr.num_computed_tokens, self.cache
         emitted = runner_out.spec_token_ids[rid]
-        self.speculator.accept(request, sr.token_ids[len(sr.token_ids) - sr.num_draft_tokens :], emitted)
+        drafts = runner_out.draft_token_ids.get(rid) or sr.token_ids[len(sr.token_ids) - sr.num_draft_tokens :]
+        self.speculator.accept(request, drafts, emitted, max(sr.num_draft_tokens, sr.num_runner_drafts))
         kept: list[int] = []
         status = None
         for token in emitted:  # tokens past a stop are dropped, as a plain decode never samples them

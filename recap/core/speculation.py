@@ -11,6 +11,10 @@ N + a tokens).
 Drafts never cross a block boundary past N: the hash of a block that ends inside the drafts would need tokens
 that are not committed yet, so no checkpoint (and no full KV block) can depend on a draft token. A boundary at N
 itself is the last committed token's, planned as in a plain decode.
+
+A draft model (method "draft_model") runs in the runner, which owns models: the scheduler decides how many drafts a
+row may carry and budgets them (ScheduledRequest.num_runner_drafts); the runner proposes them before its forward
+pass and reports them with the emitted tokens (ModelRunnerOutput.draft_token_ids), checked here as any drafts.
 """
 
 from __future__ import annotations
@@ -51,9 +55,12 @@ class SpecCounters:
         return replace(self, accepted_per_position=list(self.accepted_per_position))
 
 
-def make_drafter(config: SpeculativeConfig) -> Drafter:
+def make_drafter(config: SpeculativeConfig) -> Drafter | None:
+    """The scheduler's drafter for `config`; None where the runner proposes (a draft model)."""
     if config.method == "ngram":
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "draft_model":
+        return None
     raise ValueError(f"no drafter for speculative method {config.method!r}")
 
 
@@ -67,7 +74,7 @@ class Speculator:
         self._rows = 0  # drafting rows in the step being scheduled
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.drafter: Drafter = drafter if drafter is not None else make_drafter(config)
+        self.drafter: Drafter | None = drafter if drafter is not None else make_drafter(config)
         self.counters = SpecCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._misses: dict[str, int] = {}  # request -> verify steps in a row that accepted nothing
         self._skip: dict[str, int] = {}  # request -> decode steps left without drafts (backoff)
@@ -85,27 +92,42 @@ class Speculator:
             (n // bs + 1) * bs - n - 1,  # no block boundary past N inside the drafts (module docstring)
         ))  # fmt: skip
 
-    def draft(self, request: Request, budget: int) -> list[int]:
-        """Drafts for a request whose next step is a decode (its last token is its only uncomputed one)."""
+    @property
+    def in_runner(self) -> bool:
+        """Whether the runner proposes the drafts (a draft model): the scheduler then plans only their number."""
+        return self.drafter is None
+
+    def _num_drafts(self, request: Request, budget: int) -> int:
         if not request.speculate or self._rows >= self.max_rows:
-            return []
+            return 0
         rid = request.request_id
         if self._skip.get(rid, 0) > 0:
             self._skip[rid] -= 1
-            return []
-        k = min(self.max_drafts(request, budget), self._cap.get(rid, self.config.num_speculative_tokens))
-        if k <= 0:
-            return []
-        drafts = [int(t) for t in self.drafter.propose(request, k)[:k]]
+            return 0
+        return max(0, min(self.max_drafts(request, budget), self._cap.get(rid, self.config.num_speculative_tokens)))
+
+    def draft(self, request: Request, budget: int) -> list[int]:
+        """Drafts for a request whose next step is a decode (its last token is its only uncomputed one)."""
+        assert self.drafter is not None, "the runner proposes this method's drafts (runner_drafts)"
+        k = self._num_drafts(request, budget)
+        drafts = [int(t) for t in self.drafter.propose(request, k)[:k]] if k else []
         self._rows += bool(drafts)
         return drafts
+
+    def runner_drafts(self, request: Request, budget: int) -> int:
+        """How many drafts the runner's draft model may propose for this decode (0: a plain decode)."""
+        k = self._num_drafts(request, budget)
+        self._rows += bool(k)
+        return k
 
     def begin_step(self) -> None:
         self._rows = 0
 
-    def accept(self, request: Request, drafts: Sequence[int], emitted: Sequence[int]) -> None:
-        """Check what the runner emitted for a verify step against its drafts; count it."""
+    def accept(self, request: Request, drafts: Sequence[int], emitted: Sequence[int], planned: int) -> None:
+        """Check what the runner emitted for a verify step against its drafts (at most `planned`); count it."""
         a = len(emitted) - 1
+        if len(drafts) > planned:
+            raise RuntimeError(f"{request.request_id}: the runner verified {len(drafts)} drafts, {planned} planned")
         if not 0 <= a <= len(drafts) or list(emitted[:a]) != list(drafts[:a]):
             raise RuntimeError(f"{request.request_id}: verifier emitted {list(emitted)} for drafts {list(drafts)}")
         c = self.counters
@@ -124,7 +146,8 @@ class Speculator:
             self._cap.pop(rid, None)
 
     def forget(self, request_id: str) -> None:
-        self.drafter.forget(request_id)
+        if self.drafter is not None:
+            self.drafter.forget(request_id)
         self._misses.pop(request_id, None)
         self._skip.pop(request_id, None)
         self._cap.pop(request_id, None)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from recap.core.request import RequestStatus
 from recap.core.speculation import SpecCounters
-from recap.core.tier_index import TierCounters
+from recap.core.tier_index import TierCounters, TierIndex
 
 if TYPE_CHECKING:
     from recap.core.cache_manager import CacheManager
@@ -69,6 +69,10 @@ class SchedulerStats:
     tier_entries: int = 0
     tier_bytes: int = 0
     tier: TierCounters = field(default_factory=TierCounters)
+    # The host-memory tier, likewise.
+    host_tier_entries: int = 0
+    host_tier_bytes: int = 0
+    host_tier: TierCounters = field(default_factory=TierCounters)
     num_promoting: int = 0  # requests waiting for their tier entries to load
 
     @property
@@ -108,8 +112,19 @@ def scheduler_stats(
         kv_blocks_evicted=kv_pool.num_evicted if kv_pool else 0,
         state_slots_free=pool.num_free if pool else 0,
         spec=spec.copy() if spec else SpecCounters(),
-        tier_entries=tiers.index.num_entries if tiers else 0,
-        tier_bytes=tiers.index.num_bytes if tiers else 0,
-        tier=replace(tiers.index.counters) if tiers else TierCounters(),
+        **_tier_fields("", _named(tiers, "disk")),
+        **_tier_fields("host_", _named(tiers, "host")),
         num_promoting=len(tiers.promoting) if tiers else 0,
     )
+
+
+def _named(tiers: TierManager | None, name: str) -> TierIndex | None:
+    return next((t for t in tiers.indexes if t.name == name), None) if tiers is not None else None
+
+
+def _tier_fields(prefix: str, index: TierIndex | None) -> dict[str, object]:
+    return {
+        f"{prefix}tier_entries": index.num_entries if index else 0,
+        f"{prefix}tier_bytes": index.num_bytes if index else 0,
+        f"{prefix}tier": replace(index.counters) if index else TierCounters(),
+    }

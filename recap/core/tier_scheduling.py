@@ -19,14 +19,14 @@ from recap.core.tiers import TierManager
 
 
 def make_tier(cache_config: CacheConfig, layout: CacheLayout, cache: CacheManager) -> TierManager | None:
-    """The disk tier's manager, or None without a disk budget. Entry bytes are the payload bytes."""
-    budget = cache_config.disk_tier_bytes
-    if not budget:
+    """The lower tiers' manager (host memory, then disk, those with a budget), or None without any. Entry bytes
+    are the payload bytes."""
+    budgets = {"host": cache_config.cache_host_bytes or 0, "disk": cache_config.disk_tier_bytes}
+    indexes = [TierIndex(name, budgets[name]) for name in cache_config.tier_names]
+    if not indexes:
         return None
     kv_bytes = max(1, layout.kv_bytes_per_token * layout.block_size)
-    index = TierIndex("disk", budget)
-    cache.lower_kv = index.has_kv  # a block only on disk still ends a KV hit: the tail learner keeps its extent
-    return TierManager(cache, index, kv_bytes, max(1, layout.state_bytes_per_slot))
+    return TierManager(cache, indexes, kv_bytes, max(1, layout.state_bytes_per_slot))
 
 
 class TierScheduling:
@@ -62,8 +62,8 @@ class TierScheduling:
         tiers = self.tiers
         if tiers is None:
             return
-        if runner_out.tier_disabled:
-            tiers.disable()
+        for level in runner_out.tier_disabled:
+            tiers.disable(level)
         tiers.saved(runner_out.tier_saved)
         for rid, report in runner_out.tier_loaded.items():
             if rid not in tiers.promoting:

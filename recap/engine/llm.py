@@ -69,6 +69,7 @@ class LLM:
         state_cache_bytes: int | None = None,
         cache_dir: str | None = None,  # the disk tier (docs/tiers.md): checkpoints and KV blocks spill there
         cache_disk_bytes: int | None = None,
+        cache_host_bytes: int | None = None,  # the host-memory tier between the read pools and the disk tier
         check_integrity: bool = False,
         num_threads: int | None = None,
         max_n: int = 16,
@@ -94,7 +95,7 @@ class LLM:
             block_size=block_size, enable_prefix_caching=enable_prefix_caching,
             checkpoint_policy=checkpoint_policy_for(checkpoint_policy, mamba_cache_mode),
             checkpoint_interval=checkpoint_interval, kv_cache_bytes=kv_cache_bytes, state_cache_bytes=state_cache_bytes,
-            cache_dir=cache_dir, cache_disk_bytes=cache_disk_bytes,
+            cache_dir=cache_dir, cache_disk_bytes=cache_disk_bytes, cache_host_bytes=cache_host_bytes,
         )  # fmt: skip
         scheduler = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

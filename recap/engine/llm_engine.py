@@ -27,6 +27,7 @@ from recap.model.hf_config import architecture_of, read_hf_config, translate_con
 from recap.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from recap.model.prequantized import prequantized_format, serving_format
 from recap.runner.device import resolve_device
+from recap.runner.draft_model import draft_pools, load_draft_runner
 from recap.runner.grammar import GrammarBackend
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import plan_before_load, remedies
@@ -110,13 +111,22 @@ class LLMEngine:
             self.eos_token_ids,
         )  # fmt: skip
         self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
+        spec = config.speculative
+        if spec is not None and spec.method == "draft_model":
+            assert spec.model is not None
+            pools = draft_pools(config.cache.block_size, config.scheduler.max_num_seqs, config.scheduler.max_model_len,
+                                self.runner.pools.num_kv_blocks, spec.num_speculative_tokens,
+                                drafting_rows(config.scheduler.max_num_seqs))  # fmt: skip
+            self.runner.attach_drafter(load_draft_runner(
+                spec.model, loaded.config.vocab_size, self.tokenizer, pools, config.cache.block_size, dtype,
+                str(device), kernels, config.native_decode))  # fmt: skip
         speculator = None
         if config.speculative is not None:
             speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,
                                     max_rows=drafting_rows(config.scheduler.max_num_seqs))
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout, speculator)
-        if self.runner.tier is not None and self.scheduler.tiers is not None:  # a restart finds its earlier entries
-            self.scheduler.tiers.restore(self.runner.tier.scan())
+        if self.runner.tier is not None and self.runner.tier.disk is not None and self.scheduler.tiers is not None:
+            self.scheduler.tiers.restore(self.runner.tier.scan(), self.runner.tier.disk_level)  # a restart finds them
         self.processor = InputProcessor(
             self.tokenizer, loaded.config.vocab_size, config.scheduler.max_model_len, self.eos_token_ids, config.max_n
         )

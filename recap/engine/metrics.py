@@ -58,6 +58,10 @@ class MetricsSnapshot:
     tier_bytes: int = 0
     tier: TierCounters = field(default_factory=TierCounters)
     tier_rejected_files: int = 0
+    # The host-memory tier: the core's entries, bytes and counters.
+    host_tier_entries: int = 0
+    host_tier_bytes: int = 0
+    host_tier: TierCounters = field(default_factory=TierCounters)
 
 
 class EngineMetrics:
@@ -136,4 +140,7 @@ class EngineMetrics:
                 tier_bytes=stats.tier_bytes,
                 tier=stats.tier,
                 tier_rejected_files=tier_rejected_files,
+                host_tier_entries=stats.host_tier_entries,
+                host_tier_bytes=stats.host_tier_bytes,
+                host_tier=stats.host_tier,
             )

@@ -21,6 +21,7 @@ from recap.kernels.mla import paged_mla_attention
 from recap.kernels.mlstm import mlstm_scan
 from recap.kernels.paged_attention import paged_attention
 from recap.kernels.qsa import paged_qsa_attention
+from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.selective_scan import selective_scan, selective_state_update
 from recap.kernels.ssd import ssd
@@ -50,6 +51,7 @@ class KernelSet:
     rglru_scan: Kernel
     paged_qsa_attention: Kernel
     wkv_scan: Kernel
+    paged_rel_bias_attention: Kernel
     mlstm_scan: Kernel
 
     @classmethod
@@ -74,6 +76,7 @@ TORCH_KERNELS = KernelSet(
     rglru_scan=rglru_scan,
     paged_qsa_attention=paged_qsa_attention,
     wkv_scan=wkv_scan,
+    paged_rel_bias_attention=paged_rel_bias_attention,
     mlstm_scan=mlstm_scan,
 )
 

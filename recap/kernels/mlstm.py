@@ -17,7 +17,8 @@ position, the grid and each row's end): each chunk's own end state from zero and
 batched matrix products over all chunks at once (b = cumsum(lf) inside the chunk); then one short loop over
 chunk ranks (the k-th chunk of every row together) chains the chunk states, and the outputs add each chunk's
 start state through q. Every chunk end with a destination slot is written (DESIGN invariant 3). Decode batches
-take mlstm_update. mlstm_scan_ref / mlstm_update_ref: transformers' per-token step, token by token.
+take mlstm_update. mlstm_scan_ref / mlstm_update_ref: transformers' per-token step, token by token, on the
+shared reference drivers (recurrence_ref.py).
 
 Measured (one thread, one row with a checkpoint every 16 tokens, so 16-token chunks, 8 heads of K = V = 64,
 medians of 3 on a loaded 2-core shared machine, so rough): T = 512 ~110 ms vs ~395 ms for the per-token
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.recurrence_ref import Step, scan_ref, update_ref
 from recap.kernels.varlen import (
     chunk_view,
     copy_decode_checkpoints,
@@ -200,6 +202,18 @@ def mlstm_update(
     return out.to(q.dtype)
 
 
+def _packed_step(q, k, v, i, f, eps: float) -> Step:  # noqa: ANN001 (the packed inputs)
+    """The reference's step on a packed state [H, P]: token `tok` of the inputs, q scaled as transformers does."""
+    kd, vd = q.shape[-1], v.shape[-1]
+
+    def step(h: torch.Tensor, tok: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = [t[tok].float() for t in (q, k, v, i, f)]
+        out, c, n, m = _step(*_unpack(h, kd, vd), x[0] * kd**-0.5, *x[1:], eps)
+        return out, _pack(c, n, m)
+
+    return step
+
+
 def mlstm_update_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -214,20 +228,10 @@ def mlstm_update_ref(
     eps: float = EPS,
 ) -> torch.Tensor:
     """Plain per-row reference of mlstm_update (same signature and side effects)."""
-    kd, vd = q.shape[-1], v.shape[-1]
-    out = torch.zeros((*q.shape[:2], vd), dtype=torch.float32, device=q.device)
-    for row, slot in enumerate(state_indices.tolist()):
-        if slot == PAD_SLOT_ID:
-            continue
-        init = has_initial_state is None or bool(has_initial_state[row])
-        h = state[slot].float() if init else torch.zeros(state.shape[1:], device=q.device)
-        x = [t[row].float() for t in (q, k, v, i, f)]
-        out[row], c, n, m = _step(*_unpack(h, kd, vd), x[0] * kd**-0.5, *x[1:], eps)
-        state[slot] = _pack(c, n, m).to(state.dtype)
-        if slot_positions is not None:
-            if positions is None:
-                raise ValueError("slot_positions needs positions")
-            slot_positions[slot] = positions[row] + 1
+    out = torch.zeros((*q.shape[:2], v.shape[-1]), dtype=torch.float32, device=q.device)
+    empty = lambda: torch.zeros(state.shape[1:], device=q.device)  # noqa: E731
+    update_ref(_packed_step(q, k, v, i, f, eps), empty, out, state, state_indices, slot_positions, positions,
+               has_initial_state)  # fmt: skip
     return out.to(q.dtype)
 
 
@@ -243,24 +247,7 @@ def mlstm_scan_ref(
     eps: float = EPS,
 ) -> torch.Tensor:
     """Sequential per-token reference of mlstm_scan (same signature and side effects)."""
-    kd, vd = q.shape[-1], v.shape[-1]
-    out = torch.zeros((*q.shape[:2], vd), dtype=torch.float32, device=q.device)
-    cu = meta.cu_chunk_seqlens_list
-    chunk_end = {cu[c + 1]: c for c in range(len(cu) - 1)}
-    for row, slot in enumerate(meta.state_indices_list):
-        if slot == PAD_SLOT_ID:
-            continue
-        h = state[slot].float() if meta.has_initial_state_list[row] else torch.zeros(state.shape[1:])
-        c, n, m = _unpack(h.to(q.device), kd, vd)
-        for tok in range(meta.query_start_loc_list[row], meta.query_start_loc_list[row + 1]):
-            x = [t[tok].float() for t in (q, k, v, i, f)]
-            out[tok], c, n, m = _step(c, n, m, x[0] * kd**-0.5, *x[1:], eps)
-            e = chunk_end.get(tok + 1)
-            if e is not None and meta.chunk_dest_slots_list[e] != PAD_SLOT_ID:
-                state[meta.chunk_dest_slots_list[e]] = _pack(c, n, m).to(state.dtype)
-                if slot_positions is not None:
-                    slot_positions[meta.chunk_dest_slots_list[e]] = meta.chunk_end_positions_list[e]
-        state[slot] = _pack(c, n, m).to(state.dtype)
-        if slot_positions is not None:
-            slot_positions[slot] = meta.chunk_end_positions_list[meta.last_chunk_indices[row]]
+    out = torch.zeros((*q.shape[:2], v.shape[-1]), dtype=torch.float32, device=q.device)
+    empty = lambda: torch.zeros(state.shape[1:], device=q.device)  # noqa: E731
+    scan_ref(_packed_step(q, k, v, i, f, eps), empty, out, state, meta, slot_positions)
     return out.to(q.dtype)

@@ -77,7 +77,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     _add_memory_args(p)
     p.add_argument("--speculative-config", type=_speculative_config, default=None,
                    help='speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                        '"prompt_lookup_min": 1, "prompt_lookup_max": 4}\' (docs/speculative.md)')
+                        '"prompt_lookup_min": 1, "prompt_lookup_max": 4}\', or a draft model with the same tokenizer: '
+                        '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' '
+                        '(docs/speculative.md)')
     p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
     p.add_argument(
         "--check-integrity",
@@ -100,6 +102,9 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
                         "across restarts (docs/tiers.md)")
     p.add_argument("--cache-disk-bytes", type=positive_bytes, default=None,
                    help="the disk tier's budget, e.g. 100GiB (default 16GiB with --cache-dir)")
+    p.add_argument("--cache-host-bytes", type=positive_bytes, default=None,
+                   help="the host-memory tier's budget, e.g. 64GiB: evicted entries go to host memory first, then "
+                        "to the disk tier (docs/tiers.md)")
     p.add_argument("--memory-limit", type=positive_bytes, default=None,
                    help="on a CPU: the memory recap may hold in all, e.g. 12GiB (default: MemAvailable plus what the "
                         "process holds, capped by the cgroup limit); a model, pools and runtime over it are refused "
@@ -129,6 +134,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             state_cache_bytes=args.state_cache_bytes,
             cache_dir=args.cache_dir,
             cache_disk_bytes=args.cache_disk_bytes,
+            cache_host_bytes=args.cache_host_bytes,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,

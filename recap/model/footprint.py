@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
 
 # Bytes per weight of a quantized linear layer's matrix, and its per-output-row scale.
@@ -138,12 +139,14 @@ def held_weight_bytes(model: nn.Module) -> WeightBytes:
 def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None) -> int:
     """At least what `model` (built on the meta device, in the serving dtype) will hold once loaded: every
     parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width plus a
-    scale per row (a tied head's quantized copy and any packed copy come on top). A quantization whose width is not
-    in QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower bound."""
+    scale per row, an embedding table then as int8 rows (layers/embedding.py) (a tied head's quantized copy and any
+    packed copy come on top). A quantization whose width is not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices
+    as nothing: still a lower bound."""
     width = QUANTIZED_BYTES_PER_WEIGHT.get(quantization or "", 0.0)
     widths: dict[int, float] = {}
     if quantization:
         widths = {id(m.weight): width for m in model.modules() if isinstance(m, Linear)}
+        widths |= {id(m.weight): 1.0 for m in model.modules() if isinstance(m, Embedding)}
     total = 0
     seen: set[int] = set()
     for t in [*model.parameters(), *model.buffers()]:

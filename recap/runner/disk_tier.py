@@ -1,10 +1,11 @@
 """The disk tier's store, runner side: checkpoints and KV blocks as files, written and read by one I/O thread.
 
-The cache core decides what to save, drop and load (recap/core/tiers.py); this store does it. Per step
-(`step`, before the step's state copies and forward pass): loads of requests gone are cancelled; every save
-is snapshotted in RAM (the block or slot may be reused by this very step) and queued for writing; drops are
-queued; loads the I/O thread finished are verified and copied into their blocks and slot, then reported;
-new loads are queued. One FIFO thread, so a drop never overtakes the write of the same file.
+The cache core decides what to save, drop and load (recap/core/tiers.py); this store does it, driven by
+runner/tier_stores.py each step (before the step's state copies and forward pass): loads of requests gone are
+cancelled; saves arrive as host copies of their rows (snapshotted from the read pools, or the host tier's
+copy) and are queued for writing; drops are queued; loads the I/O thread finished are verified and copied
+into their blocks and slot, then reported; new loads are queued. One FIFO thread, so a drop never overtakes
+the write of the same file.
 
 Files live in `<cache_dir>/<identity digest>/`, one per entry (tier_file.py: header, payload, checksum;
 atomic writes). The identity covers the weights' checksum, dtype, quantization, block size, the state layout
@@ -21,18 +22,19 @@ import logging
 import os
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import xxhash
 
 from recap.config import CacheConfig
-from recap.core.output import CheckpointWrite, SchedulerOutput, TierLoad, TierLoadReport, TierSave
+from recap.core.output import CheckpointWrite, TierLoad, TierLoadReport
 from recap.core.tier_index import EntryKind, TierKey
 from recap.model.cache import ModelCaches
 from recap.runner.tier_file import TMP_SUFFIX, EntryHeader, TensorMeta, TierFileError, decode, encode, read_header
 from recap.runner.tier_file import write_atomic as _write_atomic
+from recap.runner.tier_rows import Rows, copy_in, entry_tensors
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +62,6 @@ def model_identity(model_dir: Path, dtype: str, quantization: str | None, block_
 
 
 @dataclass
-class TierStepReport:
-    saved: list[tuple[TierKey, bool]] = field(default_factory=list)
-    loaded: dict[str, TierLoadReport] = field(default_factory=dict)
-    disabled: bool = False
-
-
-@dataclass
 class DiskTierStats:
     files_written: int = 0
     bytes_written: int = 0
@@ -79,14 +74,6 @@ class DiskTierStats:
 def entry_file_name(key: TierKey) -> str:
     kind = "kv" if key.kind == EntryKind.KV else "cp"
     return f"{kind}-{key.block_hash:032x}-{key.position}.rtier"
-
-
-def entry_tensors(caches: ModelCaches, key: TierKey, index: int) -> list[tuple[str, torch.Tensor]]:
-    """The cache rows an entry holds, by name, in file order: KV block `index` of every attention layer, or
-    state slot `index` of every recurrent layer (views, not copies)."""
-    if key.kind == EntryKind.KV:
-        return [(f"kv.{i}.{n}", t[index]) for i in sorted(caches.kv) for n, t in caches.kv[i].tensors.items()]
-    return [(f"state.{name}", t[index]) for name, t in caches.named_state_tensors()]
 
 
 def _raw(t: torch.Tensor) -> memoryview:
@@ -143,30 +130,42 @@ class DiskTier:
                 path.unlink(missing_ok=True)
         return [key for _, key in sorted(found)]
 
-    # -- the step -------------------------------------------------------------------------------
-    def step(self, out: SchedulerOutput) -> TierStepReport:
-        """Apply a step's tier orders; must run before its state copies and forward pass."""
-        self._cancelled |= out.finished_request_ids & self._load_rids  # their blocks may be reused from now on
-        for save in out.tier_saves:
-            self._snapshot(save)
-        for key in out.tier_drops:
-            self._submit("drop", key)
-        report = TierStepReport()
+    # -- orders (main thread; runner/tier_stores.py routes a step's orders here) ----------------
+    def cancel(self, finished: set[str]) -> None:
+        """Requests gone: their loads' data is discarded when it arrives (their blocks may be reused from now on)."""
+        self._cancelled |= finished & self._load_rids
+
+    def save(self, key: TierKey, rows: Rows | None) -> None:
+        """Queue a write of host copies of the entry's rows (None: nothing to write, reported failed)."""
+        if rows is None or self.disabled:
+            with self._lock:
+                self._saved.append((key, False))
+            return
+        self._submit("save", (key, rows))
+
+    def drop(self, key: TierKey) -> None:
+        self._submit("drop", key)
+
+    def load(self, load: TierLoad) -> None:
+        self._load_rids.add(load.request_id)
+        self._submit("load", load)
+
+    def collect(self) -> tuple[list[tuple[TierKey, bool]], dict[str, TierLoadReport], bool]:
+        """Saves finished, loads finished (verified and copied into their blocks and slot), and whether the store
+        turned itself off since the last call."""
         with self._lock:
             finished, self._loaded = self._loaded, {}
-            report.saved, self._saved = self._saved, []
+            saved, self._saved = self._saved, []
+        loaded = {}
         for rid, (load, data) in finished.items():
             self._load_rids.discard(rid)
             if rid in self._cancelled:
                 self._cancelled.discard(rid)
                 continue
-            report.loaded[rid] = self._apply(load, data)
-        for load in out.tier_loads:
-            self._load_rids.add(load.request_id)
-            self._submit("load", load)
-        if self.disabled and not self._report_disabled:
-            report.disabled = self._report_disabled = True
-        return report
+            loaded[rid] = self._apply(load, data)
+        turned_off = self.disabled and not self._report_disabled
+        self._report_disabled = self._report_disabled or turned_off
+        return saved, loaded, turned_off
 
     def wait(self, timeout: float) -> None:
         """Block until the I/O thread finishes a job (or `timeout` seconds): for steps with nothing else to do."""
@@ -187,47 +186,31 @@ class DiskTier:
             self._thread.join()
 
     # -- main-thread halves ---------------------------------------------------------------------
-    def _snapshot(self, save: TierSave) -> None:
-        key, caches = save.key, self.caches
-        if self.disabled:
-            with self._lock:
-                self._saved.append((key, False))
-            return
-        if key.kind == EntryKind.CHECKPOINT and int(caches.slot_positions[save.source]) != key.position:
-            with self._lock:  # provenance: the slot must hold the state the key names
-                self._saved.append((key, False))
-            return
-        tensors = [(name, t.detach().to("cpu", copy=True)) for name, t in entry_tensors(caches, key, save.source)]
-        self._submit("save", (key, tensors))
-
     def _apply(self, load: TierLoad, data: dict[TierKey, memoryview | None]) -> TierLoadReport:
         """Copy verified payloads into their blocks and slot; a payload that does not fit is rejected."""
         report = TierLoadReport()
-        targets = [*load.kv, *([load.checkpoint] if load.checkpoint is not None else [])]
-        for key, index in targets:
+        for key, index, _ in load.entries():
             payload = data.get(key)
             if payload is None or not self._copy_in(key, index, payload):
                 report.failed.append(key)
                 continue
             report.loaded.append(key)
             if key.kind == EntryKind.CHECKPOINT:
-                self.caches.slot_positions[index] = key.position
                 report.checkpoint = CheckpointWrite(key.position, index)
         return report
 
-    @torch.inference_mode()
     def _copy_in(self, key: TierKey, index: int, payload: memoryview) -> bool:
-        rows = entry_tensors(self.caches, key, index)
-        if sum(t.nbytes for _, t in rows) != len(payload):
+        template = entry_tensors(self.caches, key, index)
+        if sum(t.nbytes for _, t in template) != len(payload):
             self._reject(key, "payload does not fit this model's cache rows")
             return False
-        offset = 0
-        for _, row in rows:
+        rows, offset = [], 0
+        for name, row in template:
             n = row.nbytes
             src = torch.frombuffer(payload[offset : offset + n], dtype=torch.uint8) if n else torch.empty(0)
-            row.copy_(src.view(row.dtype).view(row.shape))
+            rows.append((name, src.view(row.dtype).view(row.shape)))
             offset += n
-        return True
+        return copy_in(self.caches, key, index, rows)
 
     def _reject(self, key: TierKey, why: str) -> None:
         log.warning("disk tier: rejected %s (%s); deleted, will recompute", entry_file_name(key), why)
@@ -263,7 +246,7 @@ class DiskTier:
                     self._in_flight -= 1
                     self._done.notify_all()
 
-    def _write(self, key: TierKey, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def _write(self, key: TierKey, tensors: Rows) -> None:
         ok = False
         if not self.disabled:
             metas = tuple(TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape), t.nbytes)
@@ -284,7 +267,7 @@ class DiskTier:
 
     def _read(self, load: TierLoad) -> None:
         data: dict[TierKey, memoryview | None] = {}
-        for key, _ in [*load.kv, *([load.checkpoint] if load.checkpoint is not None else [])]:
+        for key, _, _ in load.entries():
             path = self.dir / entry_file_name(key)
             try:
                 with open(path, "rb") as f:  # into a writable buffer: the tensors copied from it need one

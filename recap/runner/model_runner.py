@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,7 +19,6 @@ from recap.model.footprint import held_weight_bytes, widest_linear
 from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
-from recap.runner.disk_tier import TierStepReport, open_disk_tier
 from recap.runner.grammar import GrammarBackend, GrammarFailed
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
@@ -33,7 +33,11 @@ from recap.runner.memory import (
 )
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
+from recap.runner.tier_stores import TierStepReport, open_tier_stores
 from recap.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine builds and attaches it
+    from recap.runner.draft_model import DraftModelRunner
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -57,6 +61,8 @@ class ModelRunner:
     """Owns the model, the backend that runs it (recap/backends/: built from the loaded model's flags and
     the device), its KV/state tensors and the sampler. Stateless across steps otherwise, except per-request
     seeded generators (dropped when the scheduler reports a request gone)."""
+
+    drafter: DraftModelRunner | None = None  # speculative method "draft_model" (runner/draft_model.py): the engine's
 
     def __init__(
         self,
@@ -112,12 +118,18 @@ class ModelRunner:
         )
         self.has_kv, self.has_window = self.kv_bytes_per_token > 0, self.window_bytes_per_token > 0
         self.has_state = self.state_bytes_per_slot > 0
-        self.tier = open_disk_tier(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
+        self.tier = open_tier_stores(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
         self._generators: dict[str, torch.Generator] = {}
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
+
+    def attach_drafter(self, drafter: DraftModelRunner) -> None:
+        """Use this draft model (speculative method "draft_model"); the memory plan, with it, is checked again
+        (MemoryPlanError when it no longer fits)."""
+        self.drafter = drafter
+        self.memory_plan().check(remedies(self.runner_config.dtype, self.quantization, self.pools))
 
     def memory_plan(self) -> MemoryPlan:
         """The bytes this runner holds: the weights as measured at start (parameters, buffers, and what the linear
@@ -127,7 +139,8 @@ class ModelRunner:
         return MemoryPlan(w.parameters, w.linear_copies, self.pools, self.cache_config.block_size,
                           self.overhead_bytes, self.memory_limit,
                           weight_format(self.runner_config.dtype, self.quantization),
-                          num_scratch_slots=self.num_scratch_slots)  # fmt: skip
+                          num_scratch_slots=self.num_scratch_slots,
+                          draft_bytes=self.drafter.total_bytes if self.drafter is not None else 0)  # fmt: skip
 
     @property
     def layout(self) -> CacheLayout:
@@ -176,6 +189,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in out.finished_request_ids:
             self._generators.pop(rid, None)
+            if self.drafter is not None:
+                self.drafter.forget(rid)
             if self.grammar is not None:
                 self.grammar.drop(rid)
         tier = self.tier.step(out) if self.tier is not None else None  # saves first: copies may reuse their slots
@@ -185,6 +200,9 @@ class ModelRunner:
             if tier is not None and not tier.loaded and self.tier is not None:
                 self.tier.wait(0.01)  # nothing to run but loads in flight: do not spin
             return _with_tier(ModelRunnerOutput(), tier)
+        drafted: dict[str, list[int]] = {}
+        if self.drafter is not None:
+            out, drafted = self.drafter.propose(out)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
         if self.has_state:
@@ -201,6 +219,10 @@ class ModelRunner:
                 result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
         if verify:
             self._verify(out, batch, hidden, verify, result)
+        if drafted and self.drafter is not None:
+            result.draft_token_ids = drafted
+            for rid in drafted:
+                self.drafter.commit(rid, len(result.spec_token_ids[rid]) - 1)
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:

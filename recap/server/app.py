@@ -49,6 +49,7 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
         "checkpoint_policy": c.checkpoint_policy, "kv_cache_bytes": str(c.kv_cache_bytes or "auto"),
         "state_cache_bytes": str(c.state_cache_bytes or "auto"),
         "disk_cache_bytes": str(c.disk_tier_bytes),  # the disk tier (0: none)
+        "host_cache_bytes": str(c.cache_host_bytes or 0),  # the host-memory tier (0: none)
         "max_num_seqs": str(cfg.scheduler.max_num_seqs),
         "max_num_batched_tokens": str(cfg.scheduler.max_num_batched_tokens),
     }

@@ -39,6 +39,12 @@ _COUNTERS = (
     ("recap:disk_tier_evictions", "Disk tier entries deleted to stay within its byte budget.", "tier.evictions"),
     ("recap:disk_tier_rejected_files", "Corrupt, truncated or foreign disk tier files deleted, never loaded.",
      "tier_rejected_files"),
+    ("recap:host_tier_demotions", "Checkpoints and KV blocks saved to the host-memory tier.", "host_tier.demotions"),
+    ("recap:host_tier_hits", "Host-memory tier entries a hit read.", "host_tier.hits"),
+    ("recap:host_tier_promotions", "Host-memory tier entries copied back into the read pools.",
+     "host_tier.promotions"),
+    ("recap:host_tier_evictions", "Host-memory tier entries moved to the disk tier or dropped for room.",
+     "host_tier.evictions"),
 )
 _GAUGES = (
     ("recap:checkpoints", "Recurrent-state checkpoints held now.", "checkpoints"),
@@ -47,6 +53,8 @@ _GAUGES = (
     ("recap:num_requests_waiting", "Requests waiting now.", "num_waiting"),
     ("recap:disk_tier_entries", "Checkpoints and KV blocks held by the disk tier now.", "tier_entries"),
     ("recap:disk_tier_bytes", "Payload bytes held by the disk tier now.", "tier_bytes"),
+    ("recap:host_tier_entries", "Checkpoints and KV blocks held by the host-memory tier now.", "host_tier_entries"),
+    ("recap:host_tier_bytes", "Payload bytes held by the host-memory tier now.", "host_tier_bytes"),
 )
 
 

@@ -211,3 +211,15 @@ def test_sysprompt_against_a_server(tiny_model: Path, tmp_path: Path) -> None:
     assert s["kind"] == "url" and s["checkpoint_bytes"] > 0
     cached = report["highlights"]["recap"]["cached_tokens_first3"]
     assert cached[0] == 0 and cached[1] >= report["highlights"]["block_aligned_system_prompt"]
+
+
+def test_tier_configs_give_their_engine_a_lower_tier() -> None:
+    from recap.bench.runners import CONFIGS, EngineOptions
+
+    opts = EngineOptions(cache_dir="/tmp/tiers", cache_host_bytes=1 << 20, cache_disk_bytes=1 << 30)
+    assert opts.tier_kwargs(CONFIGS["recap-host"]) == {"cache_host_bytes": 1 << 20}
+    disk = opts.tier_kwargs(CONFIGS["recap-disk"])
+    assert disk == {"cache_dir": "/tmp/tiers/recap-disk", "cache_disk_bytes": 1 << 30}
+    assert opts.tier_kwargs(CONFIGS["recap"]) == {}
+    with pytest.raises(ValueError, match="--cache-dir"):
+        EngineOptions().tier_kwargs(CONFIGS["recap-disk"])

@@ -46,6 +46,7 @@ def make_scheduler(
     checkpoint_interval: int | None = None,
     checkpoint_geometric: bool = False,
     cache_disk_bytes: int | None = None,
+    cache_host_bytes: int | None = None,
     **layout_kw: object,
 ) -> Scheduler:
     cache = CacheConfig(
@@ -55,6 +56,7 @@ def make_scheduler(
         checkpoint_interval=checkpoint_interval,
         checkpoint_geometric=checkpoint_geometric,
         cache_disk_bytes=cache_disk_bytes,
+        cache_host_bytes=cache_host_bytes,
     )
     sched = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len

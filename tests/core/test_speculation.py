@@ -126,7 +126,7 @@ def test_backoff_after_verify_steps_that_accept_nothing() -> None:
         drafts = spec.draft(r, budget=64)
         pattern.append(len(drafts))
         if drafts:
-            spec.accept(r, drafts, [7] if len(pattern) < 20 else [0, 7])  # misses, then one accepted draft
+            spec.accept(r, drafts, [7] if len(pattern) < 20 else [0, 7], len(drafts))  # misses, then one accepted draft
     # misses skip 1, 3, then 5 (the cap) steps and halve the drafts (2 -> 1); an accepted draft resets both
     assert pattern == [2, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2]
     spec.forget("a")

@@ -38,7 +38,7 @@ def test_evicted_blocks_and_checkpoints_are_saved_then_promoted() -> None:
     h.step()  # saves are reported one step after their order
     tiers = h.sched.tiers
     assert tiers is not None
-    index = tiers.index
+    index = tiers.tier("disk")
     saved = {k for k in index.iter_keys() if index.is_ready(k)}
     assert {TierKey(EntryKind.KV, x) for x in a.block_hashes[1:4]} <= saved  # tail first; block 0 stays
     assert h.executor.tier.num_saves == index.counters.demotions
@@ -54,7 +54,7 @@ def test_lru_budget_drops_oldest_entries() -> None:
     h = tiered(disk=3 * KV_BYTES, kind="attention")
     for i in range(4):
         h.run_one(req(f"r{i}", prompt(10 + i), max_tokens=1))
-    index = h.sched.tiers.index  # type: ignore[union-attr]
+    index = h.sched.tiers.tier("disk")  # type: ignore[union-attr]
     assert index.num_bytes <= 3 * KV_BYTES and index.num_entries == 3
     assert index.counters.evictions == index.counters.demotions - 3
     last = h.requests["r2"].block_hashes  # r3 evicted r2's blocks last: they are the ones kept
@@ -69,7 +69,7 @@ def test_corrupt_entry_falls_back_to_the_deepest_consistent_point() -> None:
     h.step()
     h.executor.tier.corrupt.add(TierKey(EntryKind.KV, a.block_hashes[1]))  # block 1's file is bad
     c = h.run_one(req("c", a.all_token_ids + [5], max_tokens=2))
-    index = h.sched.tiers.index  # type: ignore[union-attr]
+    index = h.sched.tiers.tier("disk")  # type: ignore[union-attr]
     assert index.counters.promotions_failed >= 1
     assert not index.has_kv(a.block_hashes[1])
     assert c.num_cached_tokens < 8 and h.finished["c"].finished == RequestStatus.FINISHED_LENGTH
@@ -78,12 +78,12 @@ def test_corrupt_entry_falls_back_to_the_deepest_consistent_point() -> None:
 def test_store_turned_off_forgets_the_tier() -> None:
     h = tiered()
     h.run_one(req("a", prompt(1), max_tokens=1))
-    h.executor.tier.disable_next = True
+    h.executor.tier.disable_next = 0
     h.run_one(req("b", prompt(2), max_tokens=1))
     tiers = h.sched.tiers
-    assert tiers is not None and not tiers.enabled and tiers.index.num_entries == 0
+    assert tiers is not None and not tiers.enabled and tiers.tier("disk").num_entries == 0
     h.run_one(req("c", prompt(3), max_tokens=1))
-    assert tiers.index.num_entries == 0
+    assert tiers.tier("disk").num_entries == 0
 
 
 @settings(max_examples=30, deadline=None)
@@ -114,7 +114,7 @@ def test_blast_with_tier(kind: str, policy: str, block_size: int, num_kv_blocks:
         if live and rng.random() < 0.04:
             sched.abort_requests([rng.choice(live).request_id])
         if tier.store and rng.random() < 0.1:
-            tier.corrupt.add(rng.choice(sorted(tier.store)))
+            tier.corrupt.add(rng.choice(sorted(tier.store))[1])
         if rng.random() < 0.01:
             assert sched.reset_prefix_cache()
         out = sched.schedule()

@@ -69,7 +69,7 @@ def reference(path: Path) -> list[RequestOutput]:
 def tier_stats(llm: LLM) -> tuple[object, object]:
     tiers, store = llm.engine.scheduler.tiers, llm.engine.runner.tier
     assert tiers is not None and store is not None
-    return tiers.index.counters, store.stats
+    return tiers.tier("disk").counters, store.stats
 
 
 def test_hits_from_disk_equal_uncached(bamba: Path, sizes: tuple[int, int], tmp_path: Path) -> None:
@@ -116,7 +116,8 @@ def test_bad_files_are_rejected_and_recomputed(bamba: Path, sizes: tuple[int, in
             f.write("\n")
         other = make(other_model, tmp_path, sizes=sizes)
         assert other.engine.runner.tier is not None
-        foreign_dir = other.engine.runner.tier.dir
+        assert other.engine.runner.tier.disk is not None
+        foreign_dir = other.engine.runner.tier.disk.dir
         other.close()
         for f in files:  # our files, moved where the other model looks
             os.replace(f, foreign_dir / f.name)
@@ -155,8 +156,8 @@ def test_budget_of_a_few_blocks(bamba: Path, sizes: tuple[int, int], tmp_path: P
     llm = make(bamba, tmp_path, sizes=sizes, cache_disk_bytes=3 * sizes[0] + sizes[1])
     assert_same(conversations(llm), reference(bamba), "tiny disk budget")
     tiers = llm.engine.scheduler.tiers
-    assert tiers is not None and tiers.index.num_bytes <= 3 * sizes[0] + sizes[1]
-    assert tiers.index.counters.evictions > 0
+    assert tiers is not None and tiers.tier("disk").num_bytes <= 3 * sizes[0] + sizes[1]
+    assert tiers.tier("disk").counters.evictions > 0
     llm.close()
     on_disk = sum(f.stat().st_size for f in _files(tmp_path))
     assert on_disk <= 3 * sizes[0] + sizes[1] + 4096 * 4, "files beyond the budget stayed on disk"
@@ -168,5 +169,5 @@ def test_unwritable_directory_turns_the_tier_off(bamba: Path, sizes: tuple[int, 
     llm = make(bamba, blocker / "cache", sizes=sizes)
     assert_same(conversations(llm), reference(bamba), "unwritable directory")
     tiers = llm.engine.scheduler.tiers
-    assert tiers is not None and not tiers.enabled and tiers.index.num_entries == 0
+    assert tiers is not None and not tiers.enabled and tiers.tier("disk").num_entries == 0
     llm.close()

@@ -132,6 +132,22 @@ VARIANTS: list[tuple[str, dict]] = [
                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
     ("qwen4_exp", {"layer_types": None, "num_hidden_layers": 5, "full_attention_interval": 2,
                    "indexer_budget": 12, "indexer_compress_ratio": 6, "indexer_head_dim": 24}),
+    # Inkling: the hub's layout (no layer_types: every sixth layer full; every layer a sink MoE), no log scaling,
+    # a bias extent past the prompt, 1 shared expert, top-3
+    ("inkling", {"layer_types": None, "mlp_layer_types": None, "num_hidden_layers": 6, "log_scaling_n_floor": None,
+                 "rel_extent": 64, "n_shared_experts": 1, "num_experts_per_tok": 3}),
+    # no MoE, a head padded past the vocabulary, window 5, conv kernel 3, MHA sliding layers, gelu
+    ("inkling", {"mlp_layer_types": ["dense"] * 4, "unpadded_vocab_size": 500, "sliding_window_size": 5,
+                 "conv_kernel_size": 3, "swa_num_key_value_heads": 4, "hidden_act": "gelu"}),
+    # Inkling-2: the hub's layout (no layer_types: every sixth layer full; one residual block of 6), its clips,
+    # softcaps and log-scaling floor (far past the prompt), a head padded past the vocabulary
+    ("inkling2", {"layer_types": None, "num_hidden_layers": 6, "n_layers_per_attn_res_block": 6,
+                  "log_scaling_n_floor": 128000, "unpadded_vocab_size": 500, "qk_l2_clip_threshold": 22.6,
+                  "rel_l2_clip_threshold": 8.0, "mlp_gate_softcap": 4.0, "mlp_up_softcap": 25.0,
+                  "final_logit_softcapping": 30.0}),
+    # conv kernel 3, window 5, MHA sliding layers, top-1 routing, blocks of 3
+    ("inkling2", {"conv_kernel_size": 3, "sliding_window_size": 5, "swa_num_key_value_heads": 4,
+                  "num_experts_per_tok": 1, "n_layers_per_attn_res_block": 3}),
 ]  # fmt: skip
 
 

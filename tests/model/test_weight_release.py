@@ -124,7 +124,8 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
 ) -> None:
     """Every linear layer of a served model holds only its own layout; the tied head's table is the embedding's
     while the head is dense, and once quantized the embedding holds it as int8 rows (no full-precision table
-    left); the huge-page move and the decode graphs run without the released parameters."""
+    left; `int8_embeddings=False` keeps it); the huge-page move and the decode graphs run without the released
+    parameters."""
     if quantization and not int8_available():
         pytest.skip("no fbgemm in this torch")
     path = tiny_checkpoint("mamba")  # tied embeddings; Mamba1's dt_proj is read by its mixer (kept)
@@ -135,11 +136,11 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
     head, embedding = model.head(), model.embedding()
     assert lm.config.tie_word_embeddings
     if quantization:
-        assert head.released and not embedding.released and torch.equal(embedding.weight, table)
-        set_linear_backend(model_parts(model), quantization, int8_embeddings=True)  # opt-in: base.py says why
-        assert embedding.released and embedding.qweight.dtype == torch.int8
+        assert head.released and embedding.released and embedding.qweight.dtype == torch.int8
         assert not any(p.dtype == torch.float32 and p.shape == table.shape for p in model.parameters())
-        backend.prepare(model)  # bound again to the int8 table
+        kept = load_model(path, quantization=quantization).model
+        set_linear_backend(model_parts(kept), quantization, native=False, int8_embeddings=False)
+        assert kept.head().released and torch.equal(kept.embedding().weight, table)
         rows = torch.tensor([0, 3, table.shape[0] - 1])
         err = (embedding(rows) - table[rows]).abs().max() / table[rows].abs().max()
         assert 0 < err <= 0.5 / 127 + 1e-6  # int8 rows: half a step of each row's scale at most

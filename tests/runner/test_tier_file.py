@@ -1,5 +1,6 @@
 """The disk tier's file format and store without a model: a file round-trips bit-exactly, and a flipped byte,
-a truncated file, another identity's file or another entry's file is rejected; writes leave no temporary file."""
+a truncated file, another identity's file or another entry's file is rejected; writes leave no temporary file;
+the host and disk stores together (tier_stores.py): an entry moved host -> disk, a load read from both."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from recap.core.output import SchedulerOutput, TierLoad, TierSave
+from recap.core.output import CheckpointWrite, SchedulerOutput, TierDrop, TierLoad, TierSave, TierSaved
 from recap.core.tier_index import EntryKind, TierKey
 from recap.model.cache import KVCache, ModelCaches, StateCache
 from recap.runner.disk_tier import DiskTier, entry_file_name
+from recap.runner.host_tier import HostTier
 from recap.runner.tier_file import EntryHeader, TensorMeta, TierFileError, decode, encode, read_header, write_atomic
+from recap.runner.tier_stores import TierStores
 
 KEY = TierKey(EntryKind.CHECKPOINT, 0xABC, 32)
 
@@ -59,7 +62,7 @@ def _caches() -> ModelCaches:
 def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
     caches = _caches()
     caches.slot_positions[1] = 32
-    store = DiskTier(tmp_path, "id", caches)
+    store = TierStores(caches, [DiskTier(tmp_path, "id", caches)])
     kv_key = TierKey(EntryKind.KV, 0x77)
     want_kv = [caches.kv[0].tensors[n][2].clone() for n in ("k", "v")]
     want_state = caches.state[1].tensors["ssm"][1].clone()
@@ -67,7 +70,7 @@ def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
     for t in (caches.kv[0].tensors["k"], caches.kv[0].tensors["v"], caches.state[1].tensors["ssm"]):
         t.zero_()  # the step's forward reuses the block and slot: the snapshot was taken before
     store.close()
-    store = DiskTier(tmp_path, "id", caches)
+    store = TierStores(caches, [DiskTier(tmp_path, "id", caches)])
     assert sorted(store.scan()) == sorted([kv_key, KEY])
     store.step(SchedulerOutput(2, [], tier_loads=[TierLoad("r", ((kv_key, 3),), (KEY, 2))]))
     store.wait(5.0)
@@ -78,3 +81,33 @@ def test_store_saves_before_reuse_and_loads_bit_exact(tmp_path: Path) -> None:
     assert torch.equal(caches.state[1].tensors["ssm"][2], want_state) and int(caches.slot_positions[2]) == 32
     store.close()
     assert DiskTier(tmp_path, "other", caches).scan() == []  # another identity: its own (empty) directory
+
+
+def test_stores_move_host_to_disk_and_load_from_both(tmp_path: Path) -> None:
+    """A host entry moved down (save from the host copy, then its drop, in one step) and a load reading a KV
+    block from the host and the checkpoint from disk: both land bit-exact, in one report."""
+    caches = _caches()
+    caches.slot_positions[1] = 32
+    store = TierStores(caches, [HostTier(caches), DiskTier(tmp_path, "id", caches)])
+    kv_key = TierKey(EntryKind.KV, 0x77)
+    want_kv = [caches.kv[0].tensors[n][2].clone() for n in ("k", "v")]
+    want_state = caches.state[1].tensors["ssm"][1].clone()
+    report = store.step(SchedulerOutput(1, [], tier_saves=[TierSave(kv_key, 2, 0), TierSave(KEY, 1, 0)]))
+    assert sorted(report.saved) == sorted([TierSaved(kv_key, True, 0), TierSaved(KEY, True, 0)])  # host: at once
+    assert store.host is not None and store.host.stats.entries == 2
+    for t in (caches.kv[0].tensors["k"], caches.kv[0].tensors["v"], caches.state[1].tensors["ssm"]):
+        t.zero_()
+    store.step(SchedulerOutput(2, [], tier_saves=[TierSave(KEY, 0, 1, 0)], tier_drops=[TierDrop(KEY, 0)]))
+    assert store.host.get(KEY) is None and store.host.stats.entries == 1
+    store.wait(5.0)
+    saved = store.step(SchedulerOutput(3, [])).saved
+    assert saved == [TierSaved(KEY, True, 1)]
+    load = TierLoad("r", ((kv_key, 3),), (KEY, 2), (0, 1))
+    assert store.step(SchedulerOutput(4, [], tier_loads=[load])).loaded == {}  # the disk part is in flight
+    store.wait(5.0)
+    report = store.step(SchedulerOutput(5, [])).loaded["r"]
+    assert report.loaded == [kv_key, KEY] and report.failed == [] and report.checkpoint == CheckpointWrite(32, 2)
+    kv = caches.kv[0].tensors
+    assert torch.equal(kv["k"][3], want_kv[0]) and torch.equal(kv["v"][3], want_kv[1])
+    assert torch.equal(caches.state[1].tensors["ssm"][2], want_state) and int(caches.slot_positions[2]) == 32
+    store.close()

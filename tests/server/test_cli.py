@@ -45,7 +45,7 @@ def test_serve_flags_build_the_engine_config() -> None:
                        "512", "--block-size", "32", "--no-enable-prefix-caching", "--seed", "3",
                        "--served-model-name", "m", "--dtype", "bfloat16", "--checkpoint-policy", "align",
                        "--kv-cache-bytes", "512MiB", "--state-cache-bytes", "2GB", "--cache-dir", "/tmp/recap-tier",
-                       "--cache-disk-bytes", "1GiB")
+                       "--cache-disk-bytes", "1GiB", "--cache-host-bytes", "2GiB")
     assert (args.host, args.port) == ("127.0.0.1", 8000)
     cfg = engine_config(args)
     assert cfg.model == "some/model" and cfg.served_model_name == "m" and cfg.dtype == "bfloat16" and cfg.seed == 3
@@ -55,6 +55,7 @@ def test_serve_flags_build_the_engine_config() -> None:
     assert (c.block_size, c.enable_prefix_caching, c.checkpoint_policy) == (32, False, "align")
     assert (c.kv_cache_bytes, c.state_cache_bytes) == (512 * 2**20, 2 * 10**9)
     assert (c.cache_dir, c.cache_disk_bytes, c.disk_tier_bytes) == ("/tmp/recap-tier", 2**30, 2**30)
+    assert c.cache_host_bytes == 2 * 2**30 and c.tier_names == ("host", "disk")
     default = engine_config(_serve_args())
     assert default.model is None and default.cache.enable_prefix_caching and default.cache.checkpoint_policy == "recap"
     assert default.speculative is None
@@ -62,12 +63,16 @@ def test_serve_flags_build_the_engine_config() -> None:
                                      '"prompt_lookup_min": 2, "prompt_lookup_max": 5}')).speculative
     assert spec is not None and (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min,
                                  spec.prompt_lookup_max) == ("ngram", 3, 2, 5)
+    spec = engine_config(_serve_args("--speculative-config", '{"method": "draft_model", "model": "/m/draft", '
+                                     '"num_speculative_tokens": 5}')).speculative
+    assert spec is not None and (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/m/draft", 5)
 
 
 @pytest.mark.parametrize("argv", [["--kv-cache-bytes", "lots"], ["--checkpoint-policy", "sometimes"],
                                   ["--max-num-seqs", "0"], ["--dtype", "int3"], ["--unknown-flag"],
                                   ["--speculative-config", "{bad"], ["--speculative-config", '{"method": "medusa"}'],
-                                  ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}']])
+                                  ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+                                  ["--speculative-config", '{"method": "draft_model"}']])
 def test_bad_serve_flags_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         _serve_args(*argv)

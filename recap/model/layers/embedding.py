@@ -1,8 +1,8 @@
 """Token embedding: ids [T] -> hidden [T, D].
 
-The table is in the model dtype, or, once `quantize_int8` ran (`backends.base.set_linear_backend(...,
-int8_embeddings=True)` after the linear layers, tied head included, have their own layouts; off in the backends
-for now, see there), int8 rows with one fp32 scale each,
+The table is in the model dtype, or, once `quantize_int8` ran (`backends.base.set_linear_backend` with int8 or
+int4 weights, after the linear layers, tied head included, have their own layouts), int8 rows with one fp32 scale
+each,
 the same symmetric per-row int8 as a quantized linear layer's (model/quant.py). A lookup reads a few rows per
 step, so the int8 table costs no speed; it is what the table holds in memory: at 1B shapes the fp32 table is
 0.5-0.6 GiB of a 2.5 GiB int8 model, 1.5 GiB of a 7B one. 8 bits also under int4, as llama.cpp keeps its

@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from recap.model.cache import ModelCaches
 
 
+def split_gate_up(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) of fused [.., 2I] rows: the two halves, or alternating rows when `interleaved`."""
+    if interleaved:
+        return gate_up[..., 0::2], gate_up[..., 1::2]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gate, up
+
+
 def clamp_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """A gated MLP's gate clamped to <= limit and up to [-limit, limit] (None: unchanged)."""
     if limit is None:
@@ -52,7 +60,7 @@ class MLP(Mixer):
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(act(gate * gm) * up) * dm from [gate | up]."""
-        gate, up = clamp_swiglu(*gate_up.chunk(2, dim=-1), self.cfg.swiglu_limit)
+        gate, up = clamp_swiglu(*split_gate_up(gate_up, self.cfg.interleaved_gate_up), self.cfg.swiglu_limit)
         out = self.down_proj(self._act(gate).mul_(up))
         return out if self.cfg.down_multiplier == 1.0 else out * self.cfg.down_multiplier
 
@@ -83,8 +91,8 @@ class MLP(Mixer):
         c = self.cfg
         if not c.gated or c.activation not in ("silu", "swish") or c.gate_multiplier != 1.0 or c.down_multiplier != 1.0:
             raise GraphUnsupportedError("an MLP other than gated silu without multipliers")
-        if c.swiglu_limit is not None:
-            raise GraphUnsupportedError("an MLP with a SwiGLU clamp")
+        if c.swiglu_limit is not None or c.interleaved_gate_up:
+            raise GraphUnsupportedError("an MLP with a SwiGLU clamp or interleaved gate/up rows")
         i = c.intermediate_size
         if c.fused_gate_up:
             gate_up = self.gate_up_proj.capture_decode(builder, x)

@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = empty_param(dim, dtype=dtype)
-        self.native = False  # few fp32 rows (decode) through kernels/rms_norm.py; set_native
+        self.native = False  # fp32 rows through kernels/rms_norm.py (any count: batch-invariant); set_native
 
     def set_native(self, on: bool) -> None:
         self.native = on and rms_norm_available()
