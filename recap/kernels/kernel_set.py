@@ -18,6 +18,7 @@ from recap.kernels.gdn import gated_delta_rule
 from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
+from recap.kernels.mlstm import mlstm_scan
 from recap.kernels.paged_attention import paged_attention
 from recap.kernels.qsa import paged_qsa_attention
 from recap.kernels.rel_bias_attention import paged_rel_bias_attention
@@ -51,6 +52,7 @@ class KernelSet:
     paged_qsa_attention: Kernel
     wkv_scan: Kernel
     paged_rel_bias_attention: Kernel
+    mlstm_scan: Kernel
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
@@ -75,6 +77,7 @@ TORCH_KERNELS = KernelSet(
     paged_qsa_attention=paged_qsa_attention,
     wkv_scan=wkv_scan,
     paged_rel_bias_attention=paged_rel_bias_attention,
+    mlstm_scan=mlstm_scan,
 )
 
 

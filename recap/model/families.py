@@ -27,6 +27,7 @@ from recap.model.translators.minimax import _minimax
 from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
 from recap.model.translators.rwkv import _rwkv
+from recap.model.translators.xlstm import _xlstm
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -185,6 +186,10 @@ _TINY_INKLING2 = {"num_hidden_layers": 4, "layer_types": ["hybrid", "hybrid_slid
 # The hub's Inkling checkpoints: vision and audio towers (skipped), the text model in Thinking Machines' layout.
 _INKLING_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
                    "audio_config": {"n_mel_bins": 4, "mel_vocab_size": 8}}  # fmt: skip
+# xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
+# chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init
+_TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
+               "eos_token_id": 2}
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -243,6 +248,8 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("inkling2", "Inkling2TextConfig", _TINY_INKLING2, jitter=True, jitter_all=True)),
     Family("InklingForConditionalGeneration", _inkling_vl, "inkling", ("inkling_mm_model",),
            TinyConfig("inkling_vl", "InklingConfig", _TINY_INKLING, jitter=True, vision=True, towers=_INKLING_TOWERS)),
+    Family("xLSTMForCausalLM", _xlstm, "xlstm", ("xlstm",),
+           TinyConfig("xlstm", "xLSTMConfig", _TINY_XLSTM, jitter=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

@@ -68,6 +68,7 @@ LAYER_KINDS: dict[str, LayerKind] = {
         # Inkling: attention whose K/V pass short convs, and short convs on the attention and feed-forward
         # outputs; its slot part: those four conv windows (two declared by its attention config)
         LayerKind("conv_attention", kv=("attention",), state="output_convs"),
+        LayerKind("mlstm", state="xlstm"),  # xLSTM's mLSTM cell (C, n, m per head) + its feed-forward
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

@@ -1,7 +1,8 @@
 """`ModelConfig`: the frozen config the layers ever read, with normalized per-layer lists.
 
 - `layer_types[i]`: the token mixer of layer i and so its caches, one of the kinds of layer_kinds.py
-  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru" | "rwkv": a state slot part;
+  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru" | "rwkv" | "mlstm": a state slot
+  part;
   "attention": KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state
   in one layer, the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
@@ -37,6 +38,7 @@ from recap.model.qwen4_configs import PLEGatedDeltaNetConfig
 from recap.model.rglru_config import RGLRUConfig
 from recap.model.rwkv_config import RwkvConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
+from recap.model.xlstm_config import XlstmConfig
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class ModelConfig:
     rwkv: RwkvConfig | None = None  # RWKV-4's layers (time mix + channel mix)
     output_convs: OutputConvsConfig | None = None  # "conv_attention" layers' residual convs (Inkling)
     attention_residual_block: int = 0  # Inkling-2: layers per block of its block attention residuals (0: none)
+    xlstm: XlstmConfig | None = None  # xLSTM's layers (mLSTM cell + gated feed-forward)
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None

@@ -18,8 +18,8 @@ from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.test_gdn_equivalence import EXPECTED_HITS, POLICIES, SCENARIOS
 
-# RWKV: attention-free, its whole context in the slot
-ARCHS = ["bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv"]
+# RWKV, xLSTM: attention-free, their whole context in the slot
+ARCHS = ["bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv", "xlstm"]
 _REFERENCE: dict[tuple[str, str], list[RequestOutput]] = {}
 
 
