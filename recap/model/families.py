@@ -187,7 +187,7 @@ _TINY_INKLING2 = {"num_hidden_layers": 4, "layer_types": ["hybrid", "hybrid_slid
 _INKLING_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
                    "audio_config": {"n_mel_bins": 4, "mel_vocab_size": 8}}  # fmt: skip
 # xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
-# chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init
+# chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init, its zero gate weights too
 _TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
                "eos_token_id": 2}
 
@@ -249,7 +249,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("InklingForConditionalGeneration", _inkling_vl, "inkling", ("inkling_mm_model",),
            TinyConfig("inkling_vl", "InklingConfig", _TINY_INKLING, jitter=True, vision=True, towers=_INKLING_TOWERS)),
     Family("xLSTMForCausalLM", _xlstm, "xlstm", ("xlstm",),
-           TinyConfig("xlstm", "xLSTMConfig", _TINY_XLSTM, jitter=True)),
+           TinyConfig("xlstm", "xLSTMConfig", _TINY_XLSTM, jitter=True, jitter_all=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 
