@@ -39,7 +39,7 @@ def test_full_sequence_logits_match_transformers(arch, tiny_checkpoint, tiny_mod
     cfg = lm.config
     ids = _prompt(cfg.vocab_size, PROMPT_LEN)
     with torch.no_grad():
-        ref = _hf_model(tiny_checkpoint(arch))(torch.tensor([ids]), use_cache=False).logits[0].float()  # no-cache forward
+        ref = _hf_model(tiny_checkpoint(arch))(torch.tensor([ids]), use_cache=False).logits[0].float()
     caches = ModelCaches.allocate(cfg, 8, 16, 2, torch.float32)
     hidden, _ = forward_step(lm.model, caches, [SeqSpec(ids, 0, [1, 2, 3], state_slot=1)], backend)
     logits = lm.model.compute_logits(hidden)
