@@ -19,7 +19,7 @@ from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
-from recap.model.translators.inkling import _inkling, _inkling2, _inkling_vl
+from recap.model.translators.inkling import _inkling, _inkling2, _inkling2_vl, _inkling_vl
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
@@ -186,6 +186,10 @@ _TINY_INKLING2 = {"num_hidden_layers": 4, "layer_types": ["hybrid", "hybrid_slid
 # The hub's Inkling checkpoints: vision and audio towers (skipped), the text model in Thinking Machines' layout.
 _INKLING_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
                    "audio_config": {"n_mel_bins": 4, "mel_vocab_size": 8}}  # fmt: skip
+# Inkling-2's vision tower, as small as its config allows (skipped by recap); text_hidden_size: the tiny text width
+_INKLING2_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                      "projection_hidden_dim": 32, "posemb_grid_size": 4,
+                                      "text_hidden_size": 64}}  # fmt: skip
 # xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
 # chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init, its zero gate weights too
 _TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
@@ -246,6 +250,9 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("inkling", "InklingTextConfig", _TINY_INKLING, jitter=True)),
     Family("Inkling2ForCausalLM", _inkling2, "inkling2", ("inkling2_text",),
            TinyConfig("inkling2", "Inkling2TextConfig", _TINY_INKLING2, jitter=True, jitter_all=True)),
+    Family("Inkling2ForConditionalGeneration", _inkling2_vl, "inkling2", ("inkling2",),
+           TinyConfig("inkling2_vl", "Inkling2Config", _TINY_INKLING2, jitter=True, jitter_all=True, vision=True,
+                      towers=_INKLING2_TOWERS)),
     Family("InklingForConditionalGeneration", _inkling_vl, "inkling", ("inkling_mm_model",),
            TinyConfig("inkling_vl", "InklingConfig", _TINY_INKLING, jitter=True, vision=True, towers=_INKLING_TOWERS)),
     Family("xLSTMForCausalLM", _xlstm, "xlstm", ("xlstm",),

@@ -120,3 +120,10 @@ class Inkling2ForCausalLM(CausalLM):
                 blocks = [*blocks, h]
             h = new
         return self.final_norm()(self.model.llm.final_input(blocks, h)[0])
+
+
+class Inkling2ForConditionalGeneration(Inkling2ForCausalLM):
+    """The hub's multimodal checkpoint, loaded text-only: the same `model.llm.*` text model (the translator reads
+    its `text_config`); the vision tower and the multi-token-prediction layers are skipped."""
+
+    ignored_checkpoint_prefixes = ("model.visual.", "model.vision_tower.", "model.mtp.", "model.llm.mtp.")

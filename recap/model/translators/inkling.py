@@ -163,3 +163,8 @@ def _inkling2(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         output_convs=OutputConvsConfig(int(cfg["hidden_size"]), kernel, scaled=True),
         attention_residual_block=int(cfg.get("n_layers_per_attn_res_block", 6)),
     )
+
+
+def _inkling2_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Inkling2ForConditionalGeneration: the text model of its `text_config`, loaded text-only."""
+    return dataclasses.replace(_inkling2(nested_text_config(cfg, arch), arch), architecture=arch)
