@@ -19,10 +19,9 @@ module knows no model class. What it captures is exactly the module path's arith
 csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
 compares them). Supported today: fp32 activations; embedding (fp32 or int8 table), RMSNorm, Linear (fp32,
 int8 or int4 weights), Mamba2 mixers (the native step), attention (GQA, RoPE or none; no q/k norm, head gate or
-sliding window) and MLPs, gated or not, whose activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
-relu2), in MixerBlock and HybridBlock layouts. Any other part (another mixer, a
-multiplier, a model that overrides its forward) raises GraphUnsupportedError at capture and the model keeps its
-module path.
+sliding window) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
+relu2: Nemotron-H's), in MixerBlock and HybridBlock layouts. Any other part (another mixer, a multiplier, a model
+that overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations
