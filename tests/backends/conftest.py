@@ -18,6 +18,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "mlp_hidden_act": "gelu_pytorch_tanh"}),
     "nemotron_h_gelu": ("nemotron_h", {"layers_block_type": ["attention", "mlp", "mamba", "mlp"],
                                        "mlp_hidden_act": "gelu"}),
+    "nemotron_h_gelu_fast": ("nemotron_h", {"layers_block_type": ["mamba", "mlp"], "mlp_hidden_act": "gelu_fast"}),
 }  # fmt: skip
 
 
