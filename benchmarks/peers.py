@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/peers.py --reprint bench_out/peers.json      # the table of an earlier run
     .venv/bin/python benchmarks/peers.py --models lfm2-1.2b granite-h-1b --build-dir /work/main/build/peers \
         --out bench_out/peers_real.json   # real ~1.2B shapes: int4/int8 vs Q4_K_M/Q4_0/Q8_0, peak RSS (peers_real.py)
+        [--metrics prefill decode] [--quants Q4_K_M Q8_0]   # a subset of the real-shape rows
 
 llama.cpp is built once from the llama-cpp-python 0.3.36 sdist into build/peers (benchmarks/peers_llama.py;
 tens of minutes on 2 cores) and the checkpoints (benchmarks/checkpoints.py) are converted with its own
@@ -258,6 +259,10 @@ def main() -> None:
     ap.add_argument("--recap-only", action="store_true", help="skip llama.cpp (no build, no GGUF)")
     ap.add_argument("--decode-only", action="store_true", help="the decode rows only (no prefill, no servers)")
     ap.add_argument("--eager", action="store_true", help="recap with torch's kernels only (no native decode kernels)")
+    ap.add_argument("--metrics", nargs="+", choices=("prefill", "decode", "batch8"), default=None,
+                    help="real shapes: measure only these (default: all three)")
+    ap.add_argument("--quants", nargs="+", default=None,
+                    help="real shapes: llama.cpp's GGUF types, each on every metric (e.g. Q4_K_M Q8_0)")
     ap.add_argument("--reprint", type=Path, help="print the table of an earlier run's JSON and exit")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
     args = ap.parse_args()
@@ -296,13 +301,15 @@ def main_real(args: argparse.Namespace) -> None:
     if not set(args.models) <= set(REAL_SHAPES):
         raise SystemExit(f"real shapes {REAL_SHAPES} run on their own; drop {set(args.models) - set(REAL_SHAPES)}")
     retain_freed_memory()
-    llama = None if args.recap_only else ensure_llama(args.build_dir, ("llama-bench", "llama-batched-bench",
-                                                                       "llama-quantize"))  # fmt: skip
+    metrics = tuple(args.metrics or ("prefill", "decode", "batch8"))
+    targets = ("llama-bench", "llama-quantize") + (("llama-batched-bench",) if "batch8" in metrics else ())
+    llama = None if args.recap_only else ensure_llama(args.build_dir, targets)
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows: list[dict[str, Any]] = []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.models:  # the JSON after each model: a long run stopped half-way keeps what it measured
-        rows += measure_real(name, args.threads, args.reps, llama, REAL_CACHE, args.build_dir / "gguf-real")
+        rows += measure_real(name, args.threads, args.reps, llama, REAL_CACHE, args.build_dir / "gguf-real", metrics,
+                             tuple(args.quants) if args.quants else None)  # fmt: skip
         args.out.write_text(json.dumps({"real": True, "start": start, "argv": sys.argv, "rows": rows}, indent=1))
     print(f"\n{start}, torch {torch.__version__}, medians of {args.reps} alternating rounds, 1-min load per sample")
     print_real(rows)

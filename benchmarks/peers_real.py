@@ -168,23 +168,26 @@ def _note(samples: dict, key: tuple[int, str, str], value_rss: tuple[float, int]
 
 
 def measure_real(name: str, threads_list: list[int], reps: int, llama: LlamaCpp | None, cache: Path,
-                 gguf_dir: Path) -> list[dict[str, Any]]:  # fmt: skip
-    """Every metric for one shape at each thread count; engines alternate within each round (one runs at a
-    time: recap's idle workers hold their memory but no CPU)."""
+                 gguf_dir: Path, metrics: tuple[str, ...] = tuple(METRICS),
+                 quants: tuple[str, ...] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """`metrics` for one shape at each thread count; engines alternate within each round (one runs at a
+    time: recap's idle workers hold their memory but no CPU). `quants`: llama.cpp's formats, each on every
+    metric (default: DECODE_GGUF on decode, PREFILL_GGUF on the others)."""
     from real_shapes import build_checkpoint
 
     path = build_checkpoint(name, cache)
-    ggufs = {} if llama is None else {q: convert_padded_vocab(llama, path, gguf_dir, q) for q in DECODE_GGUF}
+    names = quants or DECODE_GGUF
+    ggufs = {} if llama is None else {q: convert_padded_vocab(llama, path, gguf_dir, q) for q in names}
     workers = {q: RecapWorker(path, q) for q in RECAP_FORMATS}
     samples: dict[tuple[int, str, str], list[tuple[float, int, float]]] = {}
     try:
         for threads in threads_list:
             for _ in range(reps):
-                for what in METRICS:
+                for what in metrics:
                     for q, w in workers.items():
                         _note(samples, (threads, what, f"recap {q}"), w.ask(what, threads))
                     for q, g in ggufs.items():
-                        if what != "decode" and q not in PREFILL_GGUF:
+                        if quants is None and what != "decode" and q not in PREFILL_GGUF:
                             continue
                         _note(samples, (threads, what, f"llama.cpp {q}"), llama_metric(llama, g, what, threads))  # type: ignore[arg-type]
     finally:

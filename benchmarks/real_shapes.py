@@ -19,6 +19,7 @@ normal(0, 0.02) for matrices and the usual constants for norms, decays and biase
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,13 @@ def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
         raise ValueError(f"unknown shape {name!r}; choose one of {SHAPES}")
     folder = cache / name
     if (folder / "config.json").is_file():
+        _add_architectures(folder / "config.json", _BUILDERS[name]()[0].__name__)
         save_tokenizer(folder)
         return folder
     cls, cfg = _BUILDERS[name]()
     tmp = cache / f"{name}.partial"
     write_random_weights(cls, cfg, tmp)
+    cfg.architectures = [cls.__name__]  # a config saved without its model has none; llama.cpp's converter needs it
     cfg.save_pretrained(str(tmp))
     config = tmp / "config.json"
     config.rename(tmp / "config.json.tmp")  # the folder counts as built only once it is in place
@@ -88,6 +91,16 @@ def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
     (folder / "config.json.tmp").rename(folder / "config.json")
     save_tokenizer(folder)
     return folder
+
+
+def _add_architectures(config: Path, arch: str) -> None:
+    """Repair a checkpoint written before build_checkpoint set `architectures` (llama.cpp's converter reads
+    the class from it; recap and transformers fall back to model_type)."""
+    cfg = json.loads(config.read_text())
+    if not cfg.get("architectures"):
+        tmp = config.with_suffix(".arch.tmp")
+        tmp.write_text(json.dumps({"architectures": [arch], **cfg}, indent=2))
+        tmp.rename(config)
 
 
 def _random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:

@@ -5,7 +5,12 @@ after the tokenizer's BOS token where it has one (so every text token is predict
 were trained on documents that start after <|endoftext|>), else from its second token. Perplexity is
 exp(mean negative log-likelihood) over all scored tokens. `recap eval perplexity MODEL --data FILE`.
 `transformers_perplexity` is the plain reference (one forward per window, log_softmax, gather) that
-tests/bench/test_perplexity.py holds the engine's figure to.
+tests/model/test_trained_default.py holds the engine's figure to.
+
+`--protocol llama-cpp` scores what llama.cpp's `llama-perplexity -c N` scores (its default, non-strided
+mode), so the two engines' figures compare: the token stream (BOS first only if `--add-bos`, as the GGUF's
+tokenizer.ggml.add_bos_token says) cut into whole chunks of N tokens, each chunk's first token replaced by BOS
+when --add-bos, and only the second half of each chunk scored (tokens N/2+1 .. N-1, N/2-1 per chunk).
 """
 
 from __future__ import annotations
@@ -46,8 +51,26 @@ def windows_of(tokenizer: Any, text: str, window: int, max_tokens: int | None = 
     return out
 
 
-def engine_perplexity(llm: Any, windows: Sequence[list[int]]) -> PerplexityResult:
-    """Through recap: one request per window with prompt_logprobs=0 (each prompt token's own logprob)."""
+def llama_cpp_windows(ids: Sequence[int], n_ctx: int, bos: int | None, chunks: int | None = None) -> list[list[int]]:
+    """llama-perplexity's chunks of the text's ids (see the module doc; score them from llama_cpp_score_from)."""
+    if n_ctx < 4:
+        raise ValueError(f"the context must be at least 4 tokens, got {n_ctx}")
+    stream = ([bos] if bos is not None else []) + list(ids)
+    n = len(stream) // n_ctx if chunks is None else min(chunks, len(stream) // n_ctx)
+    if n < 1 or len(stream) < 2 * n_ctx:  # llama-perplexity's own minimum
+        raise ValueError(f"llama.cpp's protocol needs at least {2 * n_ctx} tokens, the text has {len(stream)}")
+    out = [stream[i * n_ctx : (i + 1) * n_ctx] for i in range(n)]
+    return [[bos, *w[1:]] if bos is not None else w for w in out]
+
+
+def llama_cpp_score_from(n_ctx: int) -> int:
+    """The first scored position of a llama-perplexity chunk: logits from n_ctx/2 on predict the next token."""
+    return n_ctx // 2 + 1
+
+
+def engine_perplexity(llm: Any, windows: Sequence[list[int]], score_from: int = 1) -> PerplexityResult:
+    """Through recap: one request per window with prompt_logprobs=0 (each prompt token's own logprob); the
+    tokens at positions score_from.. of each window are scored."""
     from recap.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
@@ -56,13 +79,13 @@ def engine_perplexity(llm: Any, windows: Sequence[list[int]]) -> PerplexityResul
     for w, out in zip(windows, outs, strict=True):
         plp = out.prompt_logprobs
         assert plp is not None and len(plp) == len(w)
-        for j in range(1, len(w)):
+        for j in range(score_from, len(w)):
             nll -= plp[j][w[j]].logprob
             n += 1
     return PerplexityResult(scored_tokens=n, windows=len(windows), nll=nll)
 
 
-def transformers_perplexity(model: Any, windows: Sequence[list[int]]) -> PerplexityResult:
+def transformers_perplexity(model: Any, windows: Sequence[list[int]], score_from: int = 1) -> PerplexityResult:
     """The reference: transformers' forward per window, fp32 log_softmax, the next token's logprob."""
     import torch
 
@@ -70,10 +93,10 @@ def transformers_perplexity(model: Any, windows: Sequence[list[int]]) -> Perplex
     with torch.no_grad():
         for w in windows:
             ids = torch.tensor([w])
-            logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-            lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])
+            logits = model(input_ids=ids, use_cache=False).logits[0, score_from - 1 : -1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, score_from:, None])
             nll -= float(lp.sum(dtype=torch.float64))
-            n += len(w) - 1
+            n += len(w) - score_from
     return PerplexityResult(scored_tokens=n, windows=len(windows), nll=nll)
 
 
@@ -89,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quantization", default=None, choices=("int8", "int4"))
     q.add_argument("--num-threads", type=int, default=None)
     q.add_argument("--transformers", action="store_true", help="also compute it with transformers (fp32)")
+    q.add_argument("--protocol", default="recap", choices=("recap", "llama-cpp"),
+                   help="recap: BOS + --window tokens, all scored; llama-cpp: llama-perplexity -c WINDOW's chunks")
+    q.add_argument("--add-bos", action="store_true", help="llama-cpp protocol: the GGUF adds BOS")
+    q.add_argument("--chunks", type=int, default=None, help="llama-cpp protocol: at most this many chunks")
     return p
 
 
@@ -102,8 +129,8 @@ def run_eval(args: argparse.Namespace) -> int:
     text = args.data.read_text(encoding="utf-8")
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, num_threads=args.num_threads,
               max_model_len=args.window + 2, enable_prefix_caching=False)  # fmt: skip
-    windows = windows_of(llm.get_tokenizer(), text, args.window, args.max_tokens)
-    res = engine_perplexity(llm, windows)
+    windows, score_from = protocol_windows(llm.get_tokenizer(), text, args)
+    res = engine_perplexity(llm, windows, score_from)
     label = f"recap {args.dtype}" + (f" {args.quantization}" if args.quantization else "")
     print(f"{label}: perplexity {res.perplexity:.4f} over {res.scored_tokens} tokens ({res.windows} windows)")
     if args.transformers:
@@ -111,6 +138,15 @@ def run_eval(args: argparse.Namespace) -> int:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(llm.engine.model_path), dtype=torch.float32).eval()
-        ref = transformers_perplexity(model, windows)
+        ref = transformers_perplexity(model, windows, score_from)
         print(f"transformers float32: perplexity {ref.perplexity:.4f} over {ref.scored_tokens} tokens")
     return 0
+
+
+def protocol_windows(tokenizer: Any, text: str, args: argparse.Namespace) -> tuple[list[list[int]], int]:
+    """The windows and first scored position of args.protocol."""
+    if args.protocol == "recap":
+        return windows_of(tokenizer, text, args.window, args.max_tokens), 1
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][: args.max_tokens]
+    bos = tokenizer.bos_token_id if args.add_bos else None
+    return llama_cpp_windows(ids, args.window, bos, args.chunks), llama_cpp_score_from(args.window)

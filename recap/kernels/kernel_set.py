@@ -18,8 +18,10 @@ from recap.kernels.gdn import gated_delta_rule
 from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
+from recap.kernels.mlstm import mlstm_scan
 from recap.kernels.paged_attention import paged_attention
 from recap.kernels.qsa import paged_qsa_attention
+from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.selective_scan import selective_scan, selective_state_update
 from recap.kernels.ssd import ssd
@@ -49,6 +51,8 @@ class KernelSet:
     rglru_scan: Kernel
     paged_qsa_attention: Kernel
     wkv_scan: Kernel
+    paged_rel_bias_attention: Kernel
+    mlstm_scan: Kernel
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
@@ -72,6 +76,8 @@ TORCH_KERNELS = KernelSet(
     rglru_scan=rglru_scan,
     paged_qsa_attention=paged_qsa_attention,
     wkv_scan=wkv_scan,
+    paged_rel_bias_attention=paged_rel_bias_attention,
+    mlstm_scan=mlstm_scan,
 )
 
 

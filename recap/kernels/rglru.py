@@ -29,6 +29,7 @@ import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.recurrence_ref import Empty, Step, scan_ref, update_ref
 from recap.kernels.varlen import (
     copy_decode_checkpoints,
     decode_rows,
@@ -120,19 +121,20 @@ def rglru_update_ref(
 ) -> torch.Tensor:
     """Plain per-row reference of rglru_update (same signature and side effects)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for row, slot in enumerate(state_indices.tolist()):
-        if slot == PAD_SLOT_ID:
-            continue
-        init = has_initial_state is None or bool(has_initial_state[row])
-        h_prev = state[slot].float() if init else torch.zeros(x.shape[1], device=x.device)
-        h = a[row].float() * h_prev + x[row].float()
-        state[slot] = h.to(state.dtype)
-        out[row] = h
-        if slot_positions is not None:
-            if positions is None:
-                raise ValueError("slot_positions needs positions")
-            slot_positions[slot] = positions[row] + 1
+    update_ref(_stepper(x, a), _zeros(x), out, state, state_indices, slot_positions, positions, has_initial_state)
     return out.to(x.dtype)
+
+
+def _stepper(x: torch.Tensor, a: torch.Tensor) -> Step:
+    def step(h: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        h = a[t].float() * h + x[t].float()
+        return h, h
+
+    return step
+
+
+def _zeros(x: torch.Tensor) -> Empty:
+    return lambda: torch.zeros(x.shape[1], device=x.device)
 
 
 def rglru_scan_ref(
@@ -144,21 +146,5 @@ def rglru_scan_ref(
 ) -> torch.Tensor:
     """Sequential per-token reference of rglru_scan (same signature and side effects)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    cu = meta.cu_chunk_seqlens_list
-    chunk_end = {cu[c + 1]: c for c in range(len(cu) - 1)}
-    for row, slot in enumerate(meta.state_indices_list):
-        if slot == PAD_SLOT_ID:
-            continue
-        h = state[slot].float() if meta.has_initial_state_list[row] else torch.zeros(x.shape[1], device=x.device)
-        for tok in range(meta.query_start_loc_list[row], meta.query_start_loc_list[row + 1]):
-            h = a[tok].float() * h + x[tok].float()
-            out[tok] = h
-            c = chunk_end.get(tok + 1)
-            if c is not None and meta.chunk_dest_slots_list[c] != PAD_SLOT_ID:
-                state[meta.chunk_dest_slots_list[c]] = h.to(state.dtype)
-                if slot_positions is not None:
-                    slot_positions[meta.chunk_dest_slots_list[c]] = meta.chunk_end_positions_list[c]
-        state[slot] = h.to(state.dtype)
-        if slot_positions is not None:
-            slot_positions[slot] = meta.chunk_end_positions_list[meta.last_chunk_indices[row]]
+    scan_ref(_stepper(x, a), _zeros(x), out, state, meta, slot_positions)
     return out.to(x.dtype)

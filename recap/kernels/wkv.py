@@ -23,12 +23,14 @@ the RG-LRU, the CPU recurrence is bound by memory traffic (each step reads and w
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.recurrence_ref import Step, scan_ref, update_ref
 from recap.kernels.varlen import (
     copy_decode_checkpoints,
     decode_rows,
@@ -182,18 +184,14 @@ def wkv_update_ref(
 ) -> torch.Tensor:
     """Plain per-row reference of wkv_update (same signature and side effects)."""
     out = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    for row, slot in enumerate(state_indices.tolist()):
-        if slot == PAD_SLOT_ID:
-            continue
-        init = has_initial_state is None or bool(has_initial_state[row])
-        h = state[slot].float() if init else _empty(k.shape[1], k.device)
-        out[row], h = _step_ref(h, k[row].float(), v[row].float(), w.float(), u.float())
-        state[slot] = h.to(state.dtype)
-        if slot_positions is not None:
-            if positions is None:
-                raise ValueError("slot_positions needs positions")
-            slot_positions[slot] = positions[row] + 1
+    empty = functools.partial(_empty, k.shape[1], k.device)
+    update_ref(_stepper(k, v, w, u), empty, out, state, state_indices, slot_positions, positions, has_initial_state)
     return out.to(k.dtype)
+
+
+def _stepper(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, u: torch.Tensor) -> Step:
+    wf, uf = w.float(), u.float()
+    return lambda h, t: _step_ref(h, k[t].float(), v[t].float(), wf, uf)
 
 
 def wkv_scan_ref(
@@ -207,21 +205,5 @@ def wkv_scan_ref(
 ) -> torch.Tensor:
     """Sequential per-token reference of wkv_scan (same signature and side effects)."""
     out = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-    cu = meta.cu_chunk_seqlens_list
-    chunk_end = {cu[c + 1]: c for c in range(len(cu) - 1)}
-    wf, uf = w.float(), u.float()
-    for row, slot in enumerate(meta.state_indices_list):
-        if slot == PAD_SLOT_ID:
-            continue
-        h = state[slot].float() if meta.has_initial_state_list[row] else _empty(k.shape[1], k.device)
-        for tok in range(meta.query_start_loc_list[row], meta.query_start_loc_list[row + 1]):
-            out[tok], h = _step_ref(h, k[tok].float(), v[tok].float(), wf, uf)
-            c = chunk_end.get(tok + 1)
-            if c is not None and meta.chunk_dest_slots_list[c] != PAD_SLOT_ID:
-                state[meta.chunk_dest_slots_list[c]] = h.to(state.dtype)
-                if slot_positions is not None:
-                    slot_positions[meta.chunk_dest_slots_list[c]] = meta.chunk_end_positions_list[c]
-        state[slot] = h.to(state.dtype)
-        if slot_positions is not None:
-            slot_positions[slot] = meta.chunk_end_positions_list[meta.last_chunk_indices[row]]
+    scan_ref(_stepper(k, v, w, u), functools.partial(_empty, k.shape[1], k.device), out, state, meta, slot_positions)
     return out.to(k.dtype)

@@ -19,6 +19,7 @@ from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
+from recap.model.translators.inkling import _inkling, _inkling2, _inkling_vl
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
@@ -26,6 +27,7 @@ from recap.model.translators.minimax import _minimax
 from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
 from recap.model.translators.rwkv import _rwkv
+from recap.model.translators.xlstm import _xlstm
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -37,14 +39,19 @@ Translator = Callable[[Mapping[str, Any], str], ModelConfig]
 class TinyConfig:
     """The family's tiny random checkpoint for tests (recap.model.testing): transformers' config class
     `hf_config` with hidden 64, vocab 512, init range 0.1 and `kwargs` (the text config's, with a tiny vision
-    tower, where `vision`); `jitter`: its constant-initialized weights (norms, D, dt_bias, biases) get noise,
-    so that parity tests exercise them (transformers initializes them to 0 or 1)."""
+    tower, where `vision`: TINY_VISION, or the configs `towers` names); `jitter`: its constant-initialized
+    weights (norms, D, dt_bias, biases) get noise, so that parity tests exercise them (transformers
+    initializes them to 0 or 1)."""
 
     name: str  # the short name tests use
     hf_config: str
     kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
     jitter: bool = False
     vision: bool = False
+    towers: Mapping[str, Any] | None = field(default=None, hash=False)  # `vision`'s towers, if not TINY_VISION
+    # jitter every constant-initialized tensor, whatever its shape (Inkling-2's zero conv taps and residual
+    # queries, its clip scales of ones)
+    jitter_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,31 @@ _TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed
 # RWKV-4: 4 layers, rescaling after every 2nd (so that it bites), channel mix 128 wide; transformers' own init
 # otherwise (jitter: time_decay/time_first and the norms)
 _TINY_RWKV = {"num_hidden_layers": 4, "intermediate_size": 128, "rescale_every": 2, "context_length": 1024}
+# Inkling: sliding attention (window 12, 1 KV head of 8 dims) at 0 and 2, full attention (2 KV heads of 16, bias
+# over 20 distances, log-scaled from position 8) at 1 and 3; layer 0 dense, then sink MoEs with 2 shared experts.
+_TINY_INKLING = {"num_hidden_layers": 4, "layer_types": ["hybrid_sliding", "hybrid"] * 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 16, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 1,
+                 "swa_head_dim": 8, "sliding_window_size": 12, "d_rel": 4, "rel_extent": 20,
+                 "log_scaling_n_floor": 8, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                 "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
+                 "num_experts_per_tok": 2, "n_shared_experts": 2, "logits_mup_width_multiplier": 2.0,
+                 "max_position_embeddings": 1024}  # fmt: skip
+# Inkling-2: full attention (dynamic K/V convs, bias over 20 distances, log-scaled from position 8) at 0 and 3,
+# sliding (window 12) at 1 and 2; blocks of 2 layers for the block attention residuals; softcaps that bite.
+_TINY_INKLING2 = {"num_hidden_layers": 4, "layer_types": ["hybrid", "hybrid_sliding", "hybrid_sliding", "hybrid"],
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "swa_num_attention_heads": 4,
+                  "swa_num_key_value_heads": 1, "swa_head_dim": 8, "sliding_window_size": 12, "d_rel": 4,
+                  "rel_extent": 20, "log_scaling_n_floor": 8, "moe_intermediate_size": 32, "n_routed_experts": 4,
+                  "num_experts_per_tok": 2, "n_layers_per_attn_res_block": 2, "qk_l2_clip_threshold": 2.0,
+                  "rel_l2_clip_threshold": 1.0, "mlp_gate_softcap": 0.5, "mlp_up_softcap": 1.0,
+                  "final_logit_softcapping": 10.0, "eos_token_id": 2, "max_position_embeddings": 1024}  # fmt: skip
+# The hub's Inkling checkpoints: vision and audio towers (skipped), the text model in Thinking Machines' layout.
+_INKLING_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2},
+                   "audio_config": {"n_mel_bins": 4, "mel_vocab_size": 8}}  # fmt: skip
+# xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
+# chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init, its zero gate weights too
+_TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
+               "eos_token_id": 2}
 
 FAMILIES: tuple[Family, ...] = (
     Family("MambaForCausalLM", _mamba, "mamba", ("mamba",), TinyConfig("mamba", "MambaConfig", _MAMBA1)),
@@ -210,6 +242,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen4ExpForConditionalGeneration", _qwen4_exp_vl, "qwen4_exp", ("qwen4_exp",),
            TinyConfig("qwen4_exp_vl", "Qwen4ExpConfig", _TINY_QWEN4, jitter=True, vision=True)),
     Family("RwkvForCausalLM", _rwkv, "rwkv", ("rwkv",), TinyConfig("rwkv", "RwkvConfig", _TINY_RWKV, jitter=True)),
+    Family("InklingForCausalLM", _inkling, "inkling", ("inkling_text",),
+           TinyConfig("inkling", "InklingTextConfig", _TINY_INKLING, jitter=True)),
+    Family("Inkling2ForCausalLM", _inkling2, "inkling2", ("inkling2_text",),
+           TinyConfig("inkling2", "Inkling2TextConfig", _TINY_INKLING2, jitter=True, jitter_all=True)),
+    Family("InklingForConditionalGeneration", _inkling_vl, "inkling", ("inkling_mm_model",),
+           TinyConfig("inkling_vl", "InklingConfig", _TINY_INKLING, jitter=True, vision=True, towers=_INKLING_TOWERS)),
+    Family("xLSTMForCausalLM", _xlstm, "xlstm", ("xlstm",),
+           TinyConfig("xlstm", "xLSTMConfig", _TINY_XLSTM, jitter=True, jitter_all=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

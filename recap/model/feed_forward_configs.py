@@ -20,6 +20,7 @@ class MLPConfig:
     gate_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[0]
     down_multiplier: float = 1.0  # Falcon-H1's mlp_multipliers[1]
     swiglu_limit: float | None = None  # gated only: gate clamped to <= L and up to [-L, L] (GLM-5.3-Flash)
+    interleaved_gate_up: bool = False  # fused_gate_up rows alternate gate, up (Inkling's hub checkpoints)
 
     def flops_weights(self, hidden: int) -> int:
         """Weights one token multiplies: gate (if gated), up and down."""
@@ -62,6 +63,12 @@ class MoEConfig:
     shared_gate: bool = False
     latent_size: int | None = None  # routed experts run in a latent space: fc1_latent_proj / fc2_latent_proj
     swiglu_limit: float | None = None  # routed and shared experts: as MLPConfig.swiglu_limit
+    # Shared experts the router scores too, as a sink (Inkling, layers/sink_moe.py): weights = sigmoid of the
+    # chosen and the shared logits, normalized over both; each shared expert's output is scaled by its weight.
+    shared_sink: int = 0
+    interleaved_gate_up: bool = False  # stacked gate_up_proj rows (and a sink's shared ones) alternate gate, up
+    # (gate cap, up cap): experts compute tanh-capped gate * sigmoid(gate) * tanh-capped up (Inkling-2)
+    softcaps: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 0 < self.top_k <= self.num_experts:
@@ -88,6 +95,7 @@ class MoEConfig:
         total = hidden * self.num_experts + self.top_k * per * inner
         if self.latent_size:
             total += 2 * hidden * self.latent_size
-        return total + (3 if self.gated else 2) * hidden * self.shared_intermediate_size
+        shared = (3 if self.gated else 2) * hidden * self.shared_intermediate_size + per * hidden * self.shared_sink
+        return total + shared
 
 

@@ -65,6 +65,10 @@ LAYER_KINDS: dict[str, LayerKind] = {
         LayerKind("rglru", state="rglru"),  # Griffin's recurrent block (RecurrentGemma): conv window + RG-LRU state
         LayerKind("gdn_ple", state="gdn_ple"),  # Gated DeltaNet + Qwen4-Exp's per-layer n-gram embeddings
         LayerKind("rwkv", state="rwkv"),  # RWKV-4's time mix + channel mix: two shifts + WKV
+        # Inkling: attention whose K/V pass short convs, and short convs on the attention and feed-forward
+        # outputs; its slot part: those four conv windows (two declared by its attention config)
+        LayerKind("conv_attention", kv=("attention",), state="output_convs"),
+        LayerKind("mlstm", state="xlstm"),  # xLSTM's mLSTM cell (C, n, m per head) + its feed-forward
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

@@ -1,7 +1,8 @@
 """`ModelConfig`: the frozen config the layers ever read, with normalized per-layer lists.
 
 - `layer_types[i]`: the token mixer of layer i and so its caches, one of the kinds of layer_kinds.py
-  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru" | "rwkv": a state slot part;
+  ("mamba1" | "mamba2" | "gdn" | "short_conv" | "kda" | "lightning" | "rglru" | "rwkv" | "mlstm": a state slot
+  part;
   "attention": KV, or MLA when `mla` is set; "none": an MLP/MoE-only layer; "hybrid": attention AND a Mamba2 state
   in one layer, the family's model file says how they combine)
 - `mlp_types[i]`:   "none" | "dense" | "moe" (the feed-forward of the layer, if any)
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from recap.model.feed_forward_configs import MLP_TYPES, MLPConfig, MoEConfig
+from recap.model.inkling_configs import OutputConvsConfig
 from recap.model.layer_kinds import LayerKind, layer_kind
 from recap.model.mixer_configs import (
     AttentionConfig,
@@ -36,6 +38,7 @@ from recap.model.qwen4_configs import PLEGatedDeltaNetConfig
 from recap.model.rglru_config import RGLRUConfig
 from recap.model.rwkv_config import RwkvConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
+from recap.model.xlstm_config import XlstmConfig
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,8 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # h + branch * m (Granite)
     logits_multiplier: float = 1.0  # lm_head(h) * m (Granite: 1 / logits_scaling; Falcon-H1 lm_head_multiplier)
     attention: AttentionConfig | None = None
-    # Per-layer attention settings, one entry per layer (None: `attention`); entries may differ from
-    # `attention` in anything but the KV shape (LFM3's sliding-window layers: their own RoPE).
+    # Per-layer attention settings, one entry per layer (None: `attention`): LFM3's sliding-window layers' own
+    # RoPE, Inkling's sliding layers' own heads (the caches take each layer's KV shape from its kv_specs).
     layer_attention: tuple[AttentionConfig | None, ...] = ()
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
@@ -107,6 +110,9 @@ class ModelConfig:
     lightning: LightningConfig | None = None
     rglru: RGLRUConfig | None = None  # RecurrentGemma's recurrent blocks
     rwkv: RwkvConfig | None = None  # RWKV-4's layers (time mix + channel mix)
+    output_convs: OutputConvsConfig | None = None  # "conv_attention" layers' residual convs (Inkling)
+    attention_residual_block: int = 0  # Inkling-2: layers per block of its block attention residuals (0: none)
+    xlstm: XlstmConfig | None = None  # xLSTM's layers (mLSTM cell + gated feed-forward)
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None
@@ -119,6 +125,9 @@ class ModelConfig:
     # attention and for other layers; () when no layer has one. Window layers form the window cache group.
     attention_windows: tuple[int, ...] = ()
     logits_soft_cap: float | None = None  # logits -> cap * tanh(logits / cap) (RecurrentGemma); None: none
+    # Rows of the embedding and head on disk when padded past vocab_size (Inkling); logits past vocab_size are
+    # dropped. None: vocab_size rows.
+    padded_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.mlp_types):
@@ -138,7 +147,7 @@ class ModelConfig:
             if len(self.attention_windows) != len(self.layer_types):
                 raise ValueError("attention_windows must have one entry per layer")
             for kind, w in zip(self.layer_types, self.attention_windows):
-                if w < 0 or (w and kind != "attention"):
+                if w < 0 or (w and "attention" not in layer_kind(kind).kv):
                     raise ValueError(f"a sliding window ({w}) needs an attention layer, not {kind!r}")
         for kind in self.mlp_types:
             if kind not in MLP_TYPES:
@@ -156,8 +165,6 @@ class ModelConfig:
                 continue
             if i not in self.attention_layers or self.attention is None:
                 raise ValueError(f"layer_attention[{i}] set on a layer without attention")
-            if (a.num_kv_heads, a.head_dim) != (self.attention.num_kv_heads, self.attention.head_dim):
-                raise ValueError(f"layer_attention[{i}]: KV heads and head_dim must match `attention` (one KV shape)")
 
     def attention_for(self, layer: int) -> AttentionConfig:
         """The attention settings of layer `layer` (its own entry of `layer_attention`, else `attention`)."""

@@ -33,7 +33,7 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
     cls = getattr(tf, tiny.hf_config)
     if tiny.vision:
         text = {**TINY_COMMON, **tiny.kwargs, **overrides.pop("text_config", {})}
-        return cls(text_config=text, vision_config=TINY_VISION, **overrides)
+        return cls(text_config=text, **(tiny.towers or {"vision_config": TINY_VISION}), **overrides)
     return cls(**{**TINY_COMMON, **tiny.kwargs, **overrides})
 
 
@@ -51,19 +51,21 @@ def make_tiny_checkpoint(arch: str, path: Path, seed: int = 0, **overrides: Any)
     torch.manual_seed(seed)
     model = cls(config).eval()
     if family(name).tiny.jitter:
-        _jitter_constants(model, seed)
+        _jitter_constants(model, seed, family(name).tiny.jitter_all)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     return path
 
 
-def _jitter_constants(model: torch.nn.Module, seed: int) -> None:
-    """Add N(0, 0.1) noise to every 1-D tensor of the checkpoint (norm weights, D, dt_bias, biases, ...)."""
+def _jitter_constants(model: torch.nn.Module, seed: int, every_constant: bool = False) -> None:
+    """Add N(0, 0.1) noise to every 1-D tensor of the checkpoint (norm weights, D, dt_bias, biases, ...);
+    `every_constant`: to every tensor whose entries are all equal too."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for t in model.state_dict().values():
-            if t.dim() == 1 and t.is_floating_point():
+            constant = every_constant and t.numel() > 1 and bool((t == t.flatten()[0]).all())
+            if (t.dim() == 1 or constant) and t.is_floating_point():
                 t.add_(torch.randn(t.shape, generator=g) * 0.1)
 
 

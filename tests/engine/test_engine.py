@@ -19,7 +19,8 @@ def _alone(path: Path, prompts: list[list[int]], params: SamplingParams = GREEDY
 
 
 @pytest.mark.parametrize("arch", ["bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
-                                  "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp"])
+                                  "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "inkling",
+                                  "inkling2"])
 def test_preemption_keeps_outputs(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     probe = make_llm(path, caching=False, max_model_len=160)
@@ -45,7 +46,8 @@ def test_tiny_kv_budget_is_a_clear_error(tiny_models: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
-                                  "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "rwkv"])
+                                  "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "inkling",
+                                  "inkling2", "rwkv", "xlstm"])
 def test_abort_mid_prefill(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     long_p, other = rnd(70, 150), rnd(71, 40)
@@ -117,7 +119,7 @@ def test_chat_passes_message_boundaries(tiny_models: dict[str, Path]) -> None:
     assert second.num_cached_tokens > 0, "the system prompt's message boundary should be a checkpoint"
 
 
-@pytest.mark.parametrize("arch", ["rwkv", "mamba"])
+@pytest.mark.parametrize("arch", ["rwkv", "mamba", "xlstm"])
 @pytest.mark.parametrize("policy", ["recap", "all"])
 def test_forced_preemption_of_an_attention_free_model(tiny_models: dict[str, Path], arch: str, policy: str) -> None:
     """An attention-free model never runs short of KV blocks (its slot does not grow), so memory never preempts it:

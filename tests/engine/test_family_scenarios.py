@@ -2,7 +2,9 @@
 an incremental prompt inserting content mid-prompt, a prompt shorter than one block sent twice, a prompt of
 exactly k blocks sent twice, four requests sharing a system prompt at once. Caching on answers exactly as
 caching off, with the same hits (they depend on blocks and policies, not on the layer kinds). Qwen4-Exp's tiny
-model has per-layer n-gram embeddings with a nonzero dilated conv: both of their windows live in the slot."""
+model has per-layer n-gram embeddings with a nonzero dilated conv: both of their windows live in the slot.
+Inkling's and Inkling-2's layers hold KV (full or window blocks) and four conv windows each; Inkling-2's full
+layers' dynamic convs read those windows directly."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.test_gdn_equivalence import EXPECTED_HITS, POLICIES, SCENARIOS
 
-ARCHS = ["bailing_hybrid", "qwen4_exp", "rwkv"]  # RWKV: attention-free, its whole context in the slot
+# RWKV, xLSTM: attention-free, their whole context in the slot
+ARCHS = ["bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv", "xlstm"]
 _REFERENCE: dict[tuple[str, str], list[RequestOutput]] = {}
 
 

@@ -26,6 +26,8 @@ from recap.kernels.ssd_decode import ssd_state_update
 from recap.kernels.varlen import record_decode_positions
 from recap.kernels.wkv import wkv_scan, wkv_scan_ref, wkv_update
 
+from .mlstm_case import MLSTM_SHAPE, mlstm_fast, mlstm_inputs, mlstm_ref, mlstm_update_step
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -358,7 +360,7 @@ def _wkv_case() -> Case:
 CASES = [
     _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
     _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(), _rglru_case(),
-    _wkv_case(),
+    _wkv_case(), Case("mlstm", mlstm_inputs, lambda g: {}, MLSTM_SHAPE, mlstm_fast, mlstm_ref, mlstm_update_step),
 ]  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.conv1d import causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_ref
 from recap.kernels.gdn import gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
+from recap.kernels.mlstm import mlstm_update, mlstm_update_ref, state_width
 from recap.kernels.rglru import rglru_update, rglru_update_ref
 from recap.kernels.selective_scan import selective_scan_ref, selective_state_update, selective_state_update_ref
 from recap.kernels.ssd import ssd_ref
@@ -25,6 +26,7 @@ from recap.kernels.varlen import copy_decode_checkpoints
 from recap.kernels.wkv import wkv_update, wkv_update_ref
 
 from .cases import Row, assert_close, build_meta, wkv_params, wkv_state
+from .mlstm_case import mlstm_inputs
 
 SLOTS = 23
 DT_LIMIT = (0.0, 5.0)
@@ -122,7 +124,19 @@ def _wkv(gen: torch.Generator, b: int, dtype: torch.dtype) -> tuple[Callable[...
     return call, cache
 
 
+def _mlstm(gen: torch.Generator, b: int, dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], ...]:
+    h, k, v = 3, 4, 6
+    x = {n: t.to(dtype) for n, t in mlstm_inputs(b, gen, h, k, v).items()}
+    cache = torch.randn(SLOTS, h, state_width(k, v), generator=gen).to(dtype)
+
+    def call(fn: Callable[..., torch.Tensor], c: torch.Tensor, idx, init, sp, pos) -> torch.Tensor:  # noqa: ANN001
+        return fn(x["q"], x["k"], x["v"], x["i"], x["f"], c, idx, sp, pos, init)
+
+    return call, cache
+
+
 KERNELS = {
+    "mlstm": (_mlstm, mlstm_update, mlstm_update_ref),
     "wkv": (_wkv, wkv_update, wkv_update_ref),
     "rglru": (_rglru, rglru_update, rglru_update_ref),
     "gdn_k2_v2": (_gdn(2, 2), gated_delta_rule_update, gated_delta_rule_update_ref),

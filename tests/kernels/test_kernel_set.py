@@ -98,3 +98,21 @@ def test_rwkv_calls_the_batch_kernels(tmp_path: Path) -> None:
     kw = dict(block_size=16, chunk_size=loaded.config.ssm_chunk_size, with_attention=False, with_ssm=True)
     loaded.model(build_forward_batch([spec], kernels=counting, **kw), caches)
     assert calls.count("wkv_scan") == 4 and calls.count("causal_conv1d") == 8 and len(calls) == 12
+
+
+def test_xlstm_calls_the_batch_kernels(tmp_path: Path) -> None:
+    """xLSTM's mLSTM scan (one per layer) goes through the step's kernel set, and nothing else does."""
+    loaded = load_model(make_tiny_checkpoint("xlstm", tmp_path / "m"), linear_backend="torch")
+    calls: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        fn = getattr(TORCH_KERNELS, name)
+        return lambda *a, **k: (calls.append(name), fn(*a, **k))[1]
+
+    counting = dataclasses.replace(TORCH_KERNELS, name="counting", **{n: counted(n) for n in KernelSet.op_names()})
+    caches = ModelCaches.allocate(loaded.config, num_kv_blocks=8, block_size=16, num_state_slots=2,
+                                  dtype=torch.float32)  # fmt: skip
+    spec = SeqSpec(token_ids=list(range(5, 25)), state_slot=0)
+    kw = dict(block_size=16, chunk_size=loaded.config.ssm_chunk_size, with_attention=False, with_ssm=True)
+    loaded.model(build_forward_batch([spec], kernels=counting, **kw), caches)
+    assert calls == ["mlstm_scan"] * 3

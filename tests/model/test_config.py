@@ -196,7 +196,8 @@ def test_granite_rejects_unknown_position_embedding() -> None:
 
 
 def test_per_layer_attention_settings(tiny_checkpoint) -> None:  # noqa: ANN001
-    """`layer_attention` gives one attention layer its own settings (here NoPE and a bias); the KV shape is fixed."""
+    """`layer_attention` gives one attention layer its own settings (here NoPE and a bias), its KV shape included:
+    the caches take each layer's own."""
     import dataclasses
 
     from recap.model.loader import build_model
@@ -210,8 +211,10 @@ def test_per_layer_attention_settings(tiny_checkpoint) -> None:  # noqa: ANN001
     assert first.rotary is not None and first.q_proj.bias is None
     assert last.rotary is None and last.q_proj.bias is not None
     assert per_layer.attention_for(3) is nope and per_layer.attention_for(1) is cfg.attention
-    with pytest.raises(ValueError, match="KV heads"):
-        dataclasses.replace(cfg, layer_attention=(None, dataclasses.replace(nope, head_dim=8), None, None))
+    narrow = dataclasses.replace(cfg, layer_attention=(None, dataclasses.replace(nope, head_dim=8), None, None))
+    caches = ModelCaches.allocate(narrow, 4, 16, 2, torch.float32)
+    assert caches.kv[1].k_cache.shape[-1] == 8 and caches.kv[3].k_cache.shape[-1] == cfg.attention.head_dim
+    assert narrow.kv_bytes_per_token(torch.float32) < cfg.kv_bytes_per_token(torch.float32)
     with pytest.raises(ValueError, match="without attention"):
         dataclasses.replace(cfg, layer_attention=(nope, None, None, None))
 def test_hub_style_gdn_configs() -> None:

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from recap import LLM, SamplingParams
-from recap.bench.perplexity import engine_perplexity, transformers_perplexity, windows_of
+from recap.bench.perplexity import (
+    engine_perplexity,
+    llama_cpp_score_from,
+    llama_cpp_windows,
+    transformers_perplexity,
+    windows_of,
+)
 from recap.engine.model_defaults import generation_defaults
 from recap.kernels.metadata import SeqSpec
 from recap.model.cache import ModelCaches
@@ -110,4 +116,31 @@ def test_eval_perplexity_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     (recap_ppl,) = re.findall(r"recap float32: perplexity ([\d.]+)", out)
     (hf_ppl,) = re.findall(r"transformers float32: perplexity ([\d.]+)", out)
+    assert abs(float(recap_ppl) / float(hf_ppl) - 1) <= 0.005, out
+
+
+def test_llama_cpp_protocol_through_prompt_logprobs_equals_transformers(llm: LLM) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ids = llm.get_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
+    chunks, first = llama_cpp_windows(ids, 16, None), llama_cpp_score_from(16)
+    assert len(chunks) >= 2
+    got = engine_perplexity(llm, chunks, first)
+    hf = AutoModelForCausalLM.from_pretrained(str(default_model_path()), dtype=torch.float32).eval()
+    ref = transformers_perplexity(hf, chunks, first)
+    assert got.scored_tokens == ref.scored_tokens == len(chunks) * 7
+    assert abs(got.perplexity / ref.perplexity - 1) <= 0.005, (got.perplexity, ref.perplexity)
+
+
+def test_eval_perplexity_command_llama_cpp_protocol(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recap import cli
+
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT)
+    assert cli.main(["eval", "perplexity", "--data", str(data), "--window", "16", "--protocol", "llama-cpp",
+                     "--num-threads", "1", "--transformers"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    (recap_ppl, scored) = re.findall(r"recap float32: perplexity ([\d.]+) over (\d+) tokens", out)[0]
+    (hf_ppl,) = re.findall(r"transformers float32: perplexity ([\d.]+)", out)
+    assert int(scored) % 7 == 0  # 16-token chunks, tokens 9..15 of each scored
     assert abs(float(recap_ppl) / float(hf_ppl) - 1) <= 0.005, out

@@ -1,5 +1,5 @@
-"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0, Qwen4-Exp and RWKV-4
-folders served through the OpenAI API with their own template.
+"""Nemotron-H, Granite 4.0-H, Falcon-H1, Zamba2, Zamba, MiniMax, RecurrentGemma, Ling 3.0, Qwen4-Exp, RWKV-4,
+Inkling and Inkling-2 folders served through the OpenAI API with their own template.
 
 Each folder holds a tiny random checkpoint, the default tokenizer and a chat template of that family's
 shape (not recap's default one): the prompt the server builds must be that template's rendering.
@@ -48,6 +48,14 @@ TEMPLATES = {
     # RWKV-4 Raven's instruction format: "Bob: ...\n\nAlice:" turns
     "rwkv": "{% for m in messages %}{{ {'system': 'System', 'user': 'Bob', 'assistant': 'Alice'}[m['role']] }}: "
             "{{ m['content'] }}\n\n{% endfor %}{% if add_generation_prompt %}Alice:{% endif %}",
+    # Inkling publishes no Jinja template (vLLM renders it natively); this is its wire format as the renderers and
+    # Inkling-2's chat_template.jinja describe it: <|message_ROLE|><|content_KIND|>payload<|end_message|>
+    "inkling": "{% for m in messages %}<|message_{{ m['role'] }}|><|content_text|>{{ m['content'] }}<|end_message|>"
+               "{% endfor %}{% if add_generation_prompt %}<|message_assistant|>{% endif %}",
+    # Inkling-2's chat_template.jinja shape: the same blocks, an assistant turn closed by end-of-sampling
+    "inkling2": "{% for m in messages %}<|message_{{ m['role'] }}|><|content_text|>{{ m['content'] }}"
+                "{% if m['role'] == 'assistant' %}<|content_model_end_sampling|>{% endif %}<|end_message|>"
+                "{% endfor %}{% if add_generation_prompt %}<|message_assistant|>{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 

@@ -1,12 +1,15 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
-the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, the RG-LRU scan and RWKV's WKV scan: their
-torch kernels, which run on any device, until Triton ones exist."""
+the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, Inkling's relative-bias attention, the
+RG-LRU scan, RWKV's WKV scan and xLSTM's mLSTM scan: their torch kernels, which run on any device, until Triton
+ones exist."""
 
 from __future__ import annotations
 
 from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kernel_set import KernelSet
+from recap.kernels.mlstm import mlstm_scan
 from recap.kernels.qsa import paged_qsa_attention
+from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 from recap.kernels.triton.gdn import gated_delta_rule
@@ -35,4 +38,6 @@ TRITON_KERNELS = KernelSet(
     rglru_scan=rglru_scan,
     paged_qsa_attention=paged_qsa_attention,
     wkv_scan=wkv_scan,
+    paged_rel_bias_attention=paged_rel_bias_attention,
+    mlstm_scan=mlstm_scan,
 )

@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from recap.model.cache import ModelCaches
 
 
+def split_gate_up(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) of fused [.., 2I] rows: the two halves, or alternating rows when `interleaved`."""
+    if interleaved:
+        return gate_up[..., 0::2], gate_up[..., 1::2]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gate, up
+
+
 def clamp_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """A gated MLP's gate clamped to <= limit and up to [-limit, limit] (None: unchanged)."""
     if limit is None:
@@ -49,7 +57,7 @@ class MLP(Mixer):
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(act(gate * gm) * up) * dm from [gate | up]."""
-        gate, up = clamp_swiglu(*gate_up.chunk(2, dim=-1), self.cfg.swiglu_limit)
+        gate, up = clamp_swiglu(*split_gate_up(gate_up, self.cfg.interleaved_gate_up), self.cfg.swiglu_limit)
         out = self.down_proj(self._act(gate).mul_(up))
         return out if self.cfg.down_multiplier == 1.0 else out * self.cfg.down_multiplier
 
@@ -81,8 +89,8 @@ class MLP(Mixer):
         c = self.cfg
         if c.gate_multiplier != 1.0 or c.down_multiplier != 1.0:
             raise GraphUnsupportedError("an MLP with a gate or down multiplier")
-        if c.swiglu_limit is not None:
-            raise GraphUnsupportedError("an MLP with a SwiGLU clamp")
+        if c.swiglu_limit is not None or c.interleaved_gate_up:
+            raise GraphUnsupportedError("an MLP with a SwiGLU clamp or interleaved gate/up rows")
         if not c.gated:
             act = builder.activation(c.activation, self.up_proj.capture_decode(builder, x))
             return self.down_proj.capture_decode(builder, act)

@@ -19,7 +19,7 @@ from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
-from recap.model.layers.mlp import MLP, clamp_swiglu
+from recap.model.layers.mlp import MLP, clamp_swiglu, split_gate_up
 
 if TYPE_CHECKING:
     from recap.kernels.metadata import ForwardBatch
@@ -88,6 +88,13 @@ class ExpertList(nn.ModuleList):
         return out
 
 
+def softcapped_swiglu(gate: torch.Tensor, up: torch.Tensor, gate_cap: float, up_cap: float) -> torch.Tensor:
+    """cap_g tanh(gate / cap_g) * sigmoid(gate) * cap_u tanh(up / cap_u), in fp32 (Inkling-2's experts)."""
+    g, u = gate.float(), up.float()
+    out = torch.tanh(g / gate_cap) * gate_cap * torch.sigmoid(g) * (torch.tanh(u / up_cap) * up_cap)
+    return out.to(gate.dtype)
+
+
 class StackedExperts(nn.Module):
     """Routed experts as 3-D weights: `gate_up_proj` [E, 2I, D] (gate rows first; `up_proj` [E, I, D] when not
     gated) and `down_proj` [E, D, I]."""
@@ -104,7 +111,10 @@ class StackedExperts(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.gated:
-            gate, up = clamp_swiglu(*F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1), self.cfg.swiglu_limit)
+            gate_up = F.linear(x, self.gate_up_proj[e])
+            gate, up = clamp_swiglu(*split_gate_up(gate_up, self.cfg.interleaved_gate_up), self.cfg.swiglu_limit)
+            if self.cfg.softcaps is not None:
+                return F.linear(softcapped_swiglu(gate, up, *self.cfg.softcaps), self.down_proj[e])
             return F.linear(self.act(gate).mul_(up), self.down_proj[e])
         return F.linear(self.act(F.linear(x, self.up_proj[e])), self.down_proj[e])
 

@@ -90,6 +90,8 @@ class CausalLM(nn.Module):
         """hidden [N, D] (rows of `forward`'s output) -> logits [N, V] in fp32 (times `logits_multiplier`, then
         soft-capped if the config says so)."""
         logits = self.head()(hidden.to(self.dtype)).float()
+        if logits.shape[-1] > self.config.vocab_size:  # a head padded past the vocabulary (padded_vocab_size)
+            logits = logits[:, : self.config.vocab_size]
         m, cap = self.config.logits_multiplier, self.config.logits_soft_cap
         if m != 1.0:
             logits.mul_(m)
