@@ -3,7 +3,7 @@ CUDA graph.
 
 With the native kernels on, a batch-1 step of a 24-layer hybrid still spent ~4 ms outside its kernels, most of
 it Python: nn.Module calls, tensor allocations, ctypes argument conversion, small torch ops (the residual
-adds, the MLP's silu and product, RoPE, the K/V write). That time does not shrink with a second thread, and
+adds, the MLP's activation and product, RoPE, the K/V write). That time does not shrink with a second thread, and
 at 2 threads it was a third of the step. A DecodeGraph walks the model once per cache set and records every
 call of a decode step of its row count with its arguments fixed: weights, states, K/V pools and its own
 activation buffers by address. Replaying it is one Python loop of ctypes calls (~1 us each); the step's inputs (tokens,
@@ -19,9 +19,9 @@ module knows no model class. What it captures is exactly the module path's arith
 csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
 compares them). Supported today: fp32 activations; embedding (fp32 or int8 table), RMSNorm, Linear (fp32,
 int8 or int4 weights), Mamba2 mixers (the native step), attention (GQA, RoPE or none; no q/k norm, head gate or
-sliding window) and gated silu MLPs, in MixerBlock and HybridBlock layouts. Any other part (another mixer, a
-multiplier, a model that overrides its forward) raises GraphUnsupportedError at capture and the model keeps its
-module path.
+sliding window) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
+relu2: Nemotron-H's), in MixerBlock and HybridBlock layouts. Any other part (another mixer, a multiplier, a model
+that overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-from recap.kernels.decode_ops import decode_ops_available, decode_ops_library
+from recap.kernels.decode_ops import NATIVE_ACTIVATIONS, decode_ops_available, decode_ops_library, row_stride
 from recap.kernels.mamba2_step import Mamba2Step
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.native import raw_function
@@ -117,13 +117,18 @@ class DecodeGraph:
         self.record((raw_function(decode_ops_library(), "recap_add_f32"), (_addr(h), _addr(x), _I64(h.numel())),
                      None))  # fmt: skip
 
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        i, stride = gate.shape[1], gate.stride(0)
-        if up.shape[1] != i or up.stride(0) != stride or gate.stride(1) != 1 or up.stride(1) != 1:
-            raise GraphUnsupportedError("silu(gate) * up over columns of different strides")
-        act = self.buffer(i)
-        self.record((raw_function(decode_ops_library(), "recap_silu_mul_f32"),
-                     (_addr(gate), _addr(up), _addr(act), _I64(self.rows), _I64(i), _I64(stride)), None))  # fmt: skip
+    def activation(self, name: str, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        op = NATIVE_ACTIVATIONS.get(name)
+        if op is None:
+            raise GraphUnsupportedError(f"an MLP activation {name!r} (native: {sorted(NATIVE_ACTIVATIONS)})")
+        try:
+            stride = row_stride(x, up)
+        except ValueError as e:
+            raise GraphUnsupportedError(str(e)) from None
+        act = self.buffer(x.shape[1])
+        self.record((raw_function(decode_ops_library(), f"recap_{op}_f32"),
+                     (_addr(x), None if up is None else _addr(up), _addr(act), _I64(self.rows), _I64(x.shape[1]),
+                      _I64(stride)), None))  # fmt: skip
         return act
 
     def mamba2_step(

@@ -1,7 +1,8 @@
 """The small operations of a captured decode step (csrc/decode_ops.c): embedding rows (fp32 or int8), residual
-add, silu(gate) * up, and RoPE with the K/V write. backends/decode_graph.py replays them by address; the
-wrappers here call them on tensors, for tests against their torch references (F.embedding,
-layers/embedding.embedding_int8_ref, +, F.silu(g) * u, RotaryEmbedding.apply with paged_attention.write_kv)."""
+add, an MLP's act(gate) * up or act(x) per activation, and RoPE with the K/V write. backends/decode_graph.py
+replays them by address; the wrappers here call them on tensors, for tests against their torch references
+(F.embedding, layers/embedding.embedding_int8_ref, +, layers/activation.py's activations, RotaryEmbedding.apply
+with paged_attention.write_kv)."""
 
 from __future__ import annotations
 
@@ -58,12 +59,28 @@ def add_(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[gate | up] rows [n, 2I] contiguous fp32 -> silu(gate) * up [n, I]."""
-    rows, two_i = gate_up.shape
-    out = torch.empty(rows, two_i // 2)
-    up = ctypes.c_void_p(gate_up.data_ptr() + 4 * (two_i // 2))
-    decode_ops_library().recap_silu_mul_f32(_p(gate_up), up, _p(out), _i64(rows), _i64(two_i // 2), _i64(two_i))
+# HF activation names (model/layers/activation.py) -> the csrc op computing them (recap_<op>_f32); the others
+# (gelu_fast, quick_gelu, sigmoid, tanh) have none and keep a model on its module path.
+NATIVE_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+                      "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu", "relu2": "relu2"}  # fmt: skip
+
+
+def row_stride(x: torch.Tensor, up: torch.Tensor | None) -> int:
+    """The one row stride of x [rows, n] and up (a column view each, as of a [gate | up] buffer); ValueError when
+    their shapes or strides differ or a row is not contiguous."""
+    same = up is None or (up.shape == x.shape and up.stride() == x.stride())
+    if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1 or not same:
+        raise ValueError("act(x) * up over fp32 column views of one shape and row stride")
+    return x.stride(0)
+
+
+def activation_mul(name: str, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x) * up (a gated MLP) or act(x) (up None) [rows, n] for `name` of NATIVE_ACTIVATIONS (KeyError for
+    another), x and up fp32 column views with one row stride."""
+    rows, n = x.shape
+    fn = getattr(decode_ops_library(), f"recap_{NATIVE_ACTIVATIONS[name]}_f32")
+    out = torch.empty(rows, n)
+    fn(_p(x), None if up is None else _p(up), _p(out), _i64(rows), _i64(n), _i64(row_stride(x, up)))
     return out
 
 

@@ -63,8 +63,10 @@ class DecodeCapture(Protocol):
         """h += x (the residual stream)."""
         ...
 
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up over column views of buffers with one row stride -> [rows, I]."""
+    def activation(self, name: str, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        """act(x) * up (a gated MLP; up None: act(x)) for the activation `name` (an HF name, layers/activation.py)
+        over column views of buffers with one row stride -> [rows, I]; GraphUnsupportedError for an activation
+        without a native op."""
         ...
 
     def mamba2_step(

@@ -18,6 +18,7 @@ from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import SeqSpec
 from recap.kernels.paged_attention import write_kv
 from recap.model.cache import ModelCaches
+from recap.model.layers.activation import activation
 from recap.model.layers.embedding import embedding_int8_ref
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.loader import load_model
@@ -80,16 +81,20 @@ def _decode_both(
         ("mamba2", None, 1, True), ("mamba2", "int8", 1, True), ("bamba", None, 1, False), ("bamba", "int8", 1, False),
         ("mamba2", None, 8, True), ("bamba", None, 3, False), ("bamba", "int8", 2, False), ("mamba2", "int8", 5, True),
         ("mamba2", "int4", 1, True), ("mamba2", "int4", 6, True), ("bamba", "int4", 2, False),
+        ("nemotron_h_relu2", None, 1, False), ("nemotron_h_relu2", None, 4, False),
+        ("nemotron_h_relu2", "int8", 2, False), ("nemotron_h_gelu_tanh", None, 1, False),
+        ("nemotron_h_gelu", None, 3, False),
     ],
 )  # fmt: skip
 def test_graph_replays_the_module_path(
-    arch: str, quantization: str | None, rows: int, exact: bool, tiny_checkpoint: Callable[[str], Path],
+    arch: str, quantization: str | None, rows: int, exact: bool, graph_checkpoint: Callable[[str], Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """Every step's hidden states and every cache after the run equal the module path's: bit for bit where the
-    graph runs the same kernels (Mamba2), to fp32 rounding where it has its own silu and RoPE (Bamba); int8
-    weights at every row count."""
-    model, backend = _prepared(tiny_checkpoint(arch), quantization=quantization)
+    graph runs the same kernels (Mamba2), to fp32 rounding where it has its own activation and RoPE (Bamba's
+    gated silu; Nemotron-H's non-gated MLP with relu2, gelu_tanh or gelu, and its attention); int8 weights at
+    every row count."""
+    model, backend = _prepared(graph_checkpoint(arch), quantization=quantization)
     replays: list[int] = []
     real = DecodeGraph.run
     monkeypatch.setattr(DecodeGraph, "run", lambda self, b, c: (replays.append(1), real(self, b, c))[1])
@@ -112,12 +117,14 @@ def test_graph_replays_the_module_path(
     torch.testing.assert_close(graph_c.slot_positions, module_c.slot_positions, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("arch", "why"), [("nemotron_h", "MoE"), ("nemotron_h_gelu_fast", "activation 'gelu_fast'")])
 def test_a_model_with_parts_it_does_not_capture_keeps_the_module_path(
-    tiny_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Nemotron-H's MoE and relu2 MLP are not captured: the backend logs why once and decodes through the
-    modules."""
-    model, backend = _prepared(tiny_checkpoint("nemotron_h"))
+    arch: str, why: str, graph_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Nemotron-H's MoE layers, and an MLP activation without a native op, are not captured: the backend logs
+    why once and decodes through the modules."""
+    model, backend = _prepared(graph_checkpoint(arch))
     caches, (blocks,) = _caches(model, 40)
     replays: list[int] = []
     monkeypatch.setattr(DecodeGraph, "run", lambda *a: replays.append(1))
@@ -126,7 +133,8 @@ def test_a_model_with_parts_it_does_not_capture_keeps_the_module_path(
         for pos in range(20, 23):
             forward_step(model, caches, [SeqSpec([7], pos, blocks, state_slot=1)], backend)
     assert not replays and {backend.decode_graph(model, caches, r) for r in range(1, MAX_ROWS + 1)} == {None}
-    assert sum("decode graph not captured" in r.message for r in caplog.records) == 1
+    logged = [r.message for r in caplog.records if "decode graph not captured" in r.message]
+    assert len(logged) == 1 and why in logged[0], logged
 
 
 def test_graphs_are_kept_per_model_and_cache_set_and_dropped_when_kernels_are_bound_anew(
@@ -194,9 +202,6 @@ def test_rope_write_kv_matches_rotary_and_write_kv(rot: int, dh: int, angles: in
 @pytest.mark.parametrize(("rows", "n"), [(1, 1), (1, 15), (3, 16), (2, 1023)])
 def test_small_ops_match_torch(rows: int, n: int) -> None:
     g = torch.Generator().manual_seed(n)
-    gate_up = torch.randn(rows, 2 * n, generator=g) * 4
-    torch.testing.assert_close(decode_ops.silu_mul(gate_up), F.silu(gate_up[:, :n]) * gate_up[:, n:], rtol=2e-6,
-                               atol=1e-7)  # fmt: skip
     h, x = torch.randn(rows, n, generator=g), torch.randn(rows, n, generator=g)
     torch.testing.assert_close(decode_ops.add_(h.clone(), x), h + x, rtol=0, atol=0)
     weight = torch.randn(11, n, generator=g)
@@ -209,3 +214,24 @@ def test_small_ops_match_torch(rows: int, n: int) -> None:
     assert torch.equal(decode_ops.embed_rows_int8(q, scales, ids), embedding_int8_ref(ids, q, scales))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         decode_ops.embed_rows_int8(q, scales, torch.tensor([11]))
+
+
+@pytest.mark.parametrize(("rows", "n"), [(1, 1), (1, 15), (3, 16), (2, 1023), (5, 37)])
+@pytest.mark.parametrize("name", sorted(decode_ops.NATIVE_ACTIVATIONS))
+def test_activation_ops_match_torch_gated_and_not(name: str, rows: int, n: int) -> None:
+    """Each native activation against layers/activation.py's: act(gate) * up over the column halves of one
+    [gate | up] buffer, and act(x) alone; relu and relu2 exactly, the others to fp32 rounding."""
+    g = torch.Generator().manual_seed(n + rows)
+    gate_up = torch.randn(rows, 2 * n, generator=g) * 4
+    gate_up[0, 0] = 0.0
+    gate, up = gate_up[:, :n], gate_up[:, n:]
+    act = activation(name)
+    # gelu: 1 + erf(v) cancels in the negative tail, where libm's erf and torch's differ in the last bits
+    tol = {"rtol": 0.0, "atol": 0.0} if name.startswith("relu") else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(decode_ops.activation_mul(name, gate, up), act(gate) * up, **tol)
+    x = torch.empty(rows, n).copy_(gate)  # rows n floats apart, not 2n
+    torch.testing.assert_close(decode_ops.activation_mul(name, x), act(x), **tol)
+    with pytest.raises(ValueError, match="row stride"):
+        decode_ops.activation_mul(name, x, up)
+    with pytest.raises(KeyError):
+        decode_ops.activation_mul("gelu_fast", x)

@@ -85,14 +85,17 @@ def _run(model: CausalLM, backend: CpuBackend | None, prompts: list[list[int]],
     return outs, caches
 
 
+# Not gelu with int8: the int8 kernels quantize activations, and a last-bit difference between libm's tanh or erf
+# and torch's can move an activation across a quantization step.
 @pytest.mark.parametrize(("arch", "quantization", "rows", "seed"), [
     ("mamba2", None, 1, 1), ("bamba", None, 1, 2), ("bamba", None, 3, 3), ("mamba2", "int8", 2, 4),
-    ("bamba", "int8", 1, 5),
+    ("bamba", "int8", 1, 5), ("nemotron_h_relu2", None, 1, 6), ("nemotron_h_relu2", None, 2, 7),
+    ("nemotron_h_gelu_tanh", None, 1, 8), ("nemotron_h_relu2", "int8", 1, 9),
 ])  # fmt: skip
 def test_verify_graph_matches_the_module_path(arch: str, quantization: str | None, rows: int, seed: int,
-                                              tiny_checkpoint: Callable[[str], Path],
+                                              graph_checkpoint: Callable[[str], Path],
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    lm = load_model(tiny_checkpoint(arch), quantization=quantization)  # type: ignore[arg-type]
+    lm = load_model(graph_checkpoint(arch), quantization=quantization)  # type: ignore[arg-type]
     backend = prepare(lm)
     assert isinstance(backend, CpuBackend)
     model = lm.model

@@ -1,7 +1,8 @@
-/* The small one-row operations of a captured decode step (recap/model/decode_graph.py) that have no kernel of
- * their own: the embedding row, the residual add, the gated activation and RoPE with the K/V write. Each is
- * the fp32 arithmetic of the torch code it stands in for (references in recap/kernels/decode_ops.py); silu,
- * cos and sin are libm's, so they agree with torch to fp32 rounding. Built by recap/kernels/native.py. */
+/* The small one-row operations of a captured decode step (recap/backends/decode_graph.py) that have no kernel
+ * of their own: the embedding row, the residual add, the MLP's activation (gated or not) and RoPE with the K/V
+ * write. Each is the fp32 arithmetic of the torch code it stands in for (references in
+ * recap/kernels/decode_ops.py); exp, erf, tanh, cos and sin are libm's, so they agree with torch to fp32
+ * rounding. Built by recap/kernels/native.py. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -36,15 +37,41 @@ void recap_add_f32(float *h, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] += x[i];
 }
 
-/* out[r, i] = silu(gate[r, i]) * up[r, i] for r < rows, i < n; gate and up rows are `stride` floats apart,
- * out rows n. silu(v) = v / (1 + exp(-v)). */
-void recap_silu_mul_f32(const float *gate, const float *up, float *out, int64_t rows, int64_t n, int64_t stride) {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < n; i++) {
-            const float g = gate[r * stride + i];
-            out[r * n + i] = g / (1.0f + expf(-g)) * up[r * stride + i];
-        }
+/* The MLP activations (recap/model/layers/activation.py), each written as torch's CPU kernel writes it so the
+ * two agree to fp32 rounding (relu and relu2 exactly): silu(v) = v / (1 + exp(-v)); gelu is the erf form;
+ * gelu_tanh is 0.5 v (1 + tanh(sqrt(2 / pi) (v + 0.044715 v^3))); relu2 is relu(v)^2 (Nemotron-H). */
+static inline float act_silu(float v) { return v / (1.0f + expf(-v)); }
+static inline float act_gelu(float v) { return v * 0.5f * (1.0f + erff(v * 0.70710678118654752440f)); }
+static inline float act_gelu_tanh(float v) {
+    const float beta = 0.79788456080286535588f; /* sqrt(2 / pi) */
+    return 0.5f * v * (1.0f + tanhf(beta * (v + 0.044715f * (v * v * v))));
 }
+static inline float act_relu(float v) { return v > 0.0f ? v : 0.0f; }
+static inline float act_relu2(float v) {
+    const float r = act_relu(v);
+    return r * r;
+}
+
+/* out[r, i] = act(x[r, i]) * up[r, i] (a gated MLP), or act(x[r, i]) when up is NULL (a non-gated one), for
+ * r < rows, i < n; x and up rows are `stride` floats apart (columns of one [gate | up] buffer), out rows n. */
+#define RECAP_ACT_OP(name, act)                                                                                  \
+    void recap_##name##_f32(const float *x, const float *up, float *out, int64_t rows, int64_t n,              \
+                            int64_t stride) {                                                                  \
+        for (int64_t r = 0; r < rows; r++) {                                                                   \
+            const float *xr = x + r * stride;                                                                  \
+            float *o = out + r * n;                                                                            \
+            if (up == NULL)                                                                                    \
+                for (int64_t i = 0; i < n; i++) o[i] = act(xr[i]);                                             \
+            else                                                                                               \
+                for (int64_t i = 0; i < n; i++) o[i] = act(xr[i]) * up[r * stride + i];                        \
+        }                                                                                                      \
+    }
+
+RECAP_ACT_OP(silu, act_silu)
+RECAP_ACT_OP(gelu, act_gelu)
+RECAP_ACT_OP(gelu_tanh, act_gelu_tanh)
+RECAP_ACT_OP(relu, act_relu)
+RECAP_ACT_OP(relu2, act_relu2)
 
 /* For each row r < rows: RoPE ("rotate half" over the first rot dims of each head, angle = positions[r] *
  * inv_freq[i mod rot/2]) applied in place to q [rows, hq, dh] and k [rows, hkv, dh] (rot 0: none), then k and v

@@ -16,9 +16,6 @@ if TYPE_CHECKING:
     from recap.kernels.metadata import ForwardBatch
     from recap.model.cache import ModelCaches
 
-if TYPE_CHECKING:
-    from recap.model.cache import ModelCaches
-
 
 def split_gate_up(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(gate, up) of fused [.., 2I] rows: the two halves, or alternating rows when `interleaved`."""
@@ -86,17 +83,21 @@ class MLP(Mixer):
         return out if c.down_multiplier == 1.0 else out * c.down_multiplier
 
     def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
-        """Record a gated silu MLP without multipliers on x [rows, D] (model/capture.py)."""
+        """Record this MLP, gated or not, without multipliers or clamp on x [rows, D] (model/capture.py); the
+        builder says which activations it has."""
         require_type(self, MLP, f"layer {layer}: mixer")
         c = self.cfg
-        if not c.gated or c.activation not in ("silu", "swish") or c.gate_multiplier != 1.0 or c.down_multiplier != 1.0:
-            raise GraphUnsupportedError("an MLP other than gated silu without multipliers")
+        if c.gate_multiplier != 1.0 or c.down_multiplier != 1.0:
+            raise GraphUnsupportedError("an MLP with a gate or down multiplier")
         if c.swiglu_limit is not None or c.interleaved_gate_up:
             raise GraphUnsupportedError("an MLP with a SwiGLU clamp or interleaved gate/up rows")
+        if not c.gated:
+            act = builder.activation(c.activation, self.up_proj.capture_decode(builder, x))
+            return self.down_proj.capture_decode(builder, act)
         i = c.intermediate_size
         if c.fused_gate_up:
             gate_up = self.gate_up_proj.capture_decode(builder, x)
             gate, up = gate_up[:, :i], gate_up[:, i:]
         else:
             gate, up = (p.capture_decode(builder, x) for p in (self.gate_proj, self.up_proj))
-        return self.down_proj.capture_decode(builder, builder.silu_mul(gate, up))
+        return self.down_proj.capture_decode(builder, builder.activation(c.activation, gate, up))
