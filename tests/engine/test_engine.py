@@ -20,7 +20,7 @@ def _alone(path: Path, prompts: list[list[int]], params: SamplingParams = GREEDY
 
 @pytest.mark.parametrize("arch", ["bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
                                   "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "inkling",
-                                  "inkling2"])
+                                  "inkling2", "zaya"])
 def test_preemption_keeps_outputs(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     probe = make_llm(path, caching=False, max_model_len=160)
