@@ -28,6 +28,7 @@ from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
 from recap.model.translators.rwkv import _rwkv
 from recap.model.translators.xlstm import _xlstm
+from recap.model.translators.zaya import _zaya
 
 if TYPE_CHECKING:
     from recap.model.models.base import CausalLM
@@ -164,6 +165,11 @@ _TINY_QWEN4 = {**_GDN, **_QWEN_MOE, "layer_types": ["linear_attention", "indexed
                "make_ngram_vocab_size_divisible_by": 8, "split_ngram_parts": 3, "ple_conv_kernel_size": 3}  # fmt: skip
 # RWKV-4: 4 layers, rescaling after every 2nd (so that it bites), channel mix 128 wide; transformers' own init
 # otherwise (jitter: time_decay/time_first and the norms)
+# Zaya: 4 heads / 2 KV heads of 16, convs 2 and 3, sliding (window 6) at 1 and 3, 4 experts + the skip one.
+_TINY_ZAYA = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "layer_types": ["hybrid", "hybrid_sliding"] * 2, "sliding_window": 6, "cca_time0": 2, "cca_time1": 3,
+              "num_experts": 4, "moe_intermediate_size": 32, "router_hidden_size": 32,
+              "max_position_embeddings": 1024}  # fmt: skip
 _TINY_RWKV = {"num_hidden_layers": 4, "intermediate_size": 128, "rescale_every": 2, "context_length": 1024}
 # Inkling: sliding attention (window 12, 1 KV head of 8 dims) at 0 and 2, full attention (2 KV heads of 16, bias
 # over 20 distances, log-scaled from position 8) at 1 and 3; layer 0 dense, then sink MoEs with 2 shared experts.
@@ -257,6 +263,8 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("inkling_vl", "InklingConfig", _TINY_INKLING, jitter=True, vision=True, towers=_INKLING_TOWERS)),
     Family("xLSTMForCausalLM", _xlstm, "xlstm", ("xlstm",),
            TinyConfig("xlstm", "xLSTMConfig", _TINY_XLSTM, jitter=True, jitter_all=True)),
+    Family("ZayaForCausalLM", _zaya, "zaya", ("zaya",), TinyConfig("zaya", "ZayaConfig", _TINY_ZAYA, jitter=True,
+                                                                    jitter_all=True)),
 )  # fmt: skip
 BY_ARCHITECTURE: dict[str, Family] = {name: f for f in FAMILIES for name in (f.architecture, *f.aliases)}
 

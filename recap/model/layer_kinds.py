@@ -69,6 +69,9 @@ LAYER_KINDS: dict[str, LayerKind] = {
         # outputs; its slot part: those four conv windows (two declared by its attention config)
         LayerKind("conv_attention", kv=("attention",), state="output_convs"),
         LayerKind("mlstm", state="xlstm"),  # xLSTM's mLSTM cell (C, n, m per head) + its feed-forward
+        # Zaya: attention whose q/k pass two stacked convs and whose values take half from the previous token;
+        # its slot part: the q/k conv window and the token shift (its `cca` config)
+        LayerKind("cca_attention", kv=("attention",), state="cca"),
     )
 }
 LAYER_TYPES = tuple(LAYER_KINDS)

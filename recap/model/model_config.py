@@ -39,6 +39,7 @@ from recap.model.rglru_config import RGLRUConfig
 from recap.model.rwkv_config import RwkvConfig
 from recap.model.state_spec import StateTensorSpec, check_specs
 from recap.model.xlstm_config import XlstmConfig
+from recap.model.zaya_config import CCAConfig
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class ModelConfig:
     output_convs: OutputConvsConfig | None = None  # "conv_attention" layers' residual convs (Inkling)
     attention_residual_block: int = 0  # Inkling-2: layers per block of its block attention residuals (0: none)
     xlstm: XlstmConfig | None = None  # xLSTM's layers (mLSTM cell + gated feed-forward)
+    cca: CCAConfig | None = None  # Zaya's "cca_attention" layers: their conv windows, value shift, router width
     # MiniMax's residual factors: (full_attn alpha, beta, linear_attn alpha, beta, mlp alpha, beta)
     minimax_factors: tuple[float, float, float, float, float, float] | None = None
     shared_blocks: SharedBlocksConfig | None = None

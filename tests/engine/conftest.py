@@ -10,7 +10,7 @@ from recap.model.testing import make_tiny_checkpoint
 
 ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2",
          "zamba", "minimax", "qwen3_5", "lfm3", "kimi_linear", "glm5_next", "recurrent_gemma",
-         "bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv", "xlstm"]
+         "bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv", "xlstm", "zaya"]
 
 
 def tiny_model_dir(root: Path, arch: str, **overrides: object) -> Path:

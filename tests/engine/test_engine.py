@@ -20,7 +20,7 @@ def _alone(path: Path, prompts: list[list[int]], params: SamplingParams = GREEDY
 
 @pytest.mark.parametrize("arch", ["bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
                                   "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "inkling",
-                                  "inkling2"])
+                                  "inkling2", "zaya"])
 def test_preemption_keeps_outputs(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     probe = make_llm(path, caching=False, max_model_len=160)
@@ -47,7 +47,7 @@ def test_tiny_kv_budget_is_a_clear_error(tiny_models: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2", "zamba",
                                   "minimax", "recurrent_gemma", "bailing_hybrid", "qwen4_exp", "inkling",
-                                  "inkling2", "rwkv", "xlstm"])
+                                  "inkling2", "rwkv", "xlstm", "zaya"])
 def test_abort_mid_prefill(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     long_p, other = rnd(70, 150), rnd(71, 40)

@@ -80,7 +80,7 @@ def test_caching_off_reports_no_hits(tiny_models: dict[str, Path], arch: str) ->
 
 
 @pytest.mark.parametrize("arch", ["mamba", "bamba", "jamba", "falcon_h1", "zamba", "minimax", "recurrent_gemma",
-                                  "rwkv", "xlstm"])
+                                  "rwkv", "xlstm", "zaya"])
 @pytest.mark.parametrize("budget", [13, 19, 157])  # block_size - 3, + 3, 10 x block_size - 3
 def test_odd_chunk_budgets(tiny_models: dict[str, Path], arch: str, budget: int) -> None:
     path = tiny_models[arch]

@@ -19,7 +19,7 @@ from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.test_gdn_equivalence import EXPECTED_HITS, POLICIES, SCENARIOS
 
 # RWKV, xLSTM: attention-free, their whole context in the slot
-ARCHS = ["bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv", "xlstm"]
+ARCHS = ["bailing_hybrid", "qwen4_exp", "inkling", "inkling2", "rwkv", "xlstm", "zaya"]
 _REFERENCE: dict[tuple[str, str], list[RequestOutput]] = {}
 
 

@@ -26,8 +26,10 @@ SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, 
         "max_draft_backoff": 0}
 # Mamba1, Mamba2, Gated DeltaNet (Qwen3.5) and a short-conv hybrid (LFM2); Bamba adds attention to Mamba2, LFM3
 # sliding-window attention (the window group), Kimi-Linear KDA with MLA, RecurrentGemma RG-LRU states with
-# sliding-window attention only, RWKV-4 WKV states and token shifts, xLSTM mLSTM states (both attention-free).
-ARCHS = ["mamba", "mamba2", "qwen3_5", "lfm2", "bamba", "lfm3", "kimi_linear", "recurrent_gemma", "rwkv", "xlstm"]
+# sliding-window attention only, RWKV-4 WKV states and token shifts, xLSTM mLSTM states (both attention-free),
+# Zaya's q/k conv windows and value shift beside full and sliding attention.
+ARCHS = ["mamba", "mamba2", "qwen3_5", "lfm2", "bamba", "lfm3", "kimi_linear", "recurrent_gemma", "rwkv", "xlstm",
+         "zaya"]
 
 
 # The default tiny Mamba1 repeats one token whatever its state: a wider init makes its output depend on it.

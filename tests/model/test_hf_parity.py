@@ -152,6 +152,15 @@ VARIANTS: list[tuple[str, dict]] = [
     # conv kernel 3, window 5, MHA sliding layers, top-1 routing, blocks of 3
     ("inkling2", {"conv_kernel_size": 3, "sliding_window_size": 5, "swa_num_key_value_heads": 4,
                   "num_experts_per_tok": 1, "n_layers_per_attn_res_block": 3}),
+    # Zaya as the hub ships it (ZAYA1-8B: full attention everywhere, convs 2 and 2, tied, the hub's nested rope
+    # dict with a stray rope_type); untied with biased projections and its own RoPE per layer kind
+    ("zaya", {"layer_types": None, "cca_time1": 2, "rope_parameters": {"rope_type": "default",
+        "hybrid": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.5}}}),
+    ("zaya", {"tie_word_embeddings": False, "attention_bias": True, "sliding_window": 3, "cca_time0": 3,
+              "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": 1000.0,
+                                             "partial_rotary_factor": 1.0},
+                                  "hybrid_sliding": {"rope_type": "default", "rope_theta": 100.0,
+                                                     "partial_rotary_factor": 0.25}}}),
 ]  # fmt: skip
 
 

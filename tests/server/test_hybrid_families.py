@@ -56,6 +56,13 @@ TEMPLATES = {
     "inkling2": "{% for m in messages %}<|message_{{ m['role'] }}|><|content_text|>{{ m['content'] }}"
                 "{% if m['role'] == 'assistant' %}<|content_model_end_sampling|>{% endif %}<|end_message|>"
                 "{% endfor %}{% if add_generation_prompt %}<|message_assistant|>{% endif %}",
+    # Zaya: transformers maps it to GemmaTokenizer and its eos (106) is Gemma's <end_of_turn>: Gemma's turns, the
+    # system message opening the first user turn
+    "zaya": "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<start_of_turn>user\n"
+            "{{ m['content'] }}\n\n{% else %}{% if not loop.first and messages[loop.index0 - 1]['role'] == 'system' %}"
+            "{{ m['content'] }}<end_of_turn>\n{% else %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else "
+            "'user' }}\n{{ m['content'] }}<end_of_turn>\n{% endif %}{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
 }  # fmt: skip
 MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Name a valve."}]
 
