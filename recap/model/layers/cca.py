@@ -23,12 +23,10 @@ from torch import nn
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints, record_decode_positions
 from recap.model.cache import ModelCaches
-from recap.model.layers.conv import causal_conv
-from recap.model.layers.inkling2 import conv_windows
+from recap.model.layers.conv import TokenShift, causal_conv, conv_windows
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
 from recap.model.layers.rotary import RotaryEmbedding
-from recap.model.layers.rwkv import TokenShift
 from recap.model.mixer_configs import AttentionConfig
 from recap.model.zaya_config import CCAConfig
 

@@ -1,11 +1,13 @@
-"""Depthwise causal conv1d weights ([D, 1, K] as on disk), dispatching to the varlen or the update kernel."""
+"""Depthwise causal conv1d weights ([D, 1, K] as on disk), dispatching to the varlen or the update kernel; and the
+two reads of a conv window other layers share: a token's last K inputs (`conv_windows`) and the previous token
+(`TokenShift`, a width-2 conv whose window is the slot's)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from recap.kernels.metadata import ForwardBatch
+from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SSMMetadata
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.layers.activation import activation as activation_fn
 from recap.model.layers.linear import empty_param
@@ -44,3 +46,33 @@ def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, bias
         copy_decode_checkpoints(conv_state, meta, None)  # the update kernel writes running slots only
         return y
     return batch.kernels.causal_conv1d(x, w, bias, conv_state, meta, activation)
+
+
+def conv_windows(y: torch.Tensor, state: torch.Tensor, meta: SSMMetadata) -> torch.Tensor:
+    """[T, C, K]: each token's last K inputs, the token itself first (lag order), from the rows' windows
+    [S, C, K-1] (oldest first) as they are before this step; padding rows get zeros."""
+    t, c = y.shape
+    k = state.shape[-1] + 1
+    out = torch.zeros(t, c, k, dtype=torch.float32, device=y.device)
+    qsl = meta.query_start_loc_list
+    for r, slot in enumerate(meta.state_indices_list):
+        a, b = qsl[r], qsl[r + 1]
+        if slot == PAD_SLOT_ID or a == b:
+            continue
+        prev = state[slot].float() if meta.has_initial_state_list[r] else torch.zeros(c, k - 1, device=y.device)
+        ctx = torch.cat([prev, y[a:b].float().t()], dim=1)  # (c, k - 1 + n)
+        out[a:b] = ctx.unfold(1, k, 1).flip(-1).transpose(0, 1)
+    return out
+
+
+class TokenShift(nn.Module):
+    """x [T, D] -> the previous token's x (the slot's window at a row start: zeros for a fresh row)."""
+
+    def __init__(self, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        taps = torch.zeros(dim, 2, dtype=dtype)
+        taps[:, 0] = 1.0
+        self.register_buffer("taps", taps, persistent=False)  # not a checkpoint weight
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return causal_conv(x, window, self.taps, None, None, batch)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SSMMetadata
+from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.inkling_configs import Inkling2AttentionConfig, OutputConvsConfig
+from recap.model.layers.conv import conv_windows
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
 from recap.model.layers.rel_bias_attention import ResidualShortConv, log_scale
@@ -32,23 +33,6 @@ def l2_clip(x: torch.Tensor, threshold: float, scale: torch.Tensor | None = None
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
-
-
-def conv_windows(y: torch.Tensor, state: torch.Tensor, meta: SSMMetadata) -> torch.Tensor:
-    """[T, C, K]: each token's last K inputs, the token itself first (lag order), from the rows' windows
-    [S, C, K-1] (oldest first) as they are before this step; padding rows get zeros."""
-    t, c = y.shape
-    k = state.shape[-1] + 1
-    out = torch.zeros(t, c, k, dtype=torch.float32, device=y.device)
-    qsl = meta.query_start_loc_list
-    for r, slot in enumerate(meta.state_indices_list):
-        a, b = qsl[r], qsl[r + 1]
-        if slot == PAD_SLOT_ID or a == b:
-            continue
-        prev = state[slot].float() if meta.has_initial_state_list[r] else torch.zeros(c, k - 1, device=y.device)
-        ctx = torch.cat([prev, y[a:b].float().t()], dim=1)  # (c, k - 1 + n)
-        out[a:b] = ctx.unfold(1, k, 1).flip(-1).transpose(0, 1)
-    return out
 
 
 class DynamicShortConv(ResidualShortConv):

@@ -12,27 +12,13 @@ The WKV recurrence runs in kernels/wkv.py, which writes the running slot, every 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
-from recap.model.layers.conv import causal_conv
+from recap.model.layers.conv import TokenShift
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
 from recap.model.rwkv_config import RwkvConfig
-
-
-class TokenShift(nn.Module):
-    """x [T, D] -> the previous token's x (the slot's window at a row start: zeros for a fresh row)."""
-
-    def __init__(self, dim: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        taps = torch.zeros(dim, 2, dtype=dtype)
-        taps[:, 0] = 1.0
-        self.register_buffer("taps", taps, persistent=False)  # not a checkpoint weight
-
-    def forward(self, x: torch.Tensor, window: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        return causal_conv(x, window, self.taps, None, None, batch)
 
 
 def _mix(x: torch.Tensor, prev: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
