@@ -20,7 +20,7 @@ from recap.model.translators.common import UnsupportedArchitectureError
 from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
 from recap.model.translators.inkling import _inkling, _inkling2, _inkling2_vl, _inkling_vl
-from recap.model.translators.lfm_kimi import _kimi_linear, _lfm
+from recap.model.translators.lfm_kimi import _kimi_linear, _lfm, _lfm_vl
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
 from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
 from recap.model.translators.minimax import _minimax
@@ -196,6 +196,10 @@ _INKLING_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, 
 _INKLING2_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                                       "projection_hidden_dim": 32, "posemb_grid_size": 4,
                                       "text_hidden_size": 64}}  # fmt: skip
+# LFM2-VL / LFM3-VL's vision towers, as small as their configs allow (skipped by recap); LFM2-VL's tiny text model
+# ranks token 2 (LFM2's eos) first mid-continuation, which generate's min_new_tokens forbids: eos moved to 511
+_LFM_VL_TOWERS = {"vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                    "num_attention_heads": 2, "num_key_value_heads": 2}, "projector_hidden_size": 32}
 # xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
 # chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init, its zero gate weights too
 _TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
@@ -238,6 +242,10 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("lfm2_moe", "Lfm2MoeConfig", {**_LFM, "num_experts": 4, "num_experts_per_tok": 2,
                                                     "moe_intermediate_size": 32, "num_dense_layers": 1})),
     Family("Lfm3ForCausalLM", _lfm, "lfm3", ("lfm3",), TinyConfig("lfm3", "Lfm3Config", _TINY_LFM3)),
+    Family("Lfm2VlForConditionalGeneration", _lfm_vl, "lfm2", ("lfm2_vl",),
+           TinyConfig("lfm2_vl", "Lfm2VlConfig", {**_LFM, "eos_token_id": 511}, vision=True, towers=_LFM_VL_TOWERS)),
+    Family("Lfm3VlForConditionalGeneration", _lfm_vl, "lfm3", ("lfm3_vl",),
+           TinyConfig("lfm3_vl", "Lfm3VlConfig", _TINY_LFM3, vision=True, towers=_LFM_VL_TOWERS)),
     Family("KimiLinearForCausalLM", _kimi_linear, "kimi_linear", ("kimi_linear",),
            TinyConfig("kimi_linear", "KimiLinearConfig", _TINY_KIMI)),
     Family("Glm5NextForConditionalGeneration", _glm5_next, "glm5_next", ("glm5_next",),

@@ -75,3 +75,16 @@ class Lfm2ForCausalLM(HybridForCausalLM):
             if old in key:
                 return key.replace(old, new)
         return key
+
+
+class Lfm2VlForConditionalGeneration(Lfm2ForCausalLM):
+    """The hub's vision-language checkpoint, loaded text-only: `model.language_model.*` is this model's `model.*`;
+    the vision tower and its projector are skipped."""
+
+    ignored_checkpoint_prefixes = ("model.vision_tower.", "model.multi_modal_projector.")
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        if key.startswith("model.language_model."):
+            key = "model." + key.removeprefix("model.language_model.")
+        return Lfm2ForCausalLM.rename_checkpoint_key(key)

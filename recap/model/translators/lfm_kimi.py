@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from recap.model.translators.common import (
     LINEAR_CHUNK,
     UnsupportedArchitectureError,
     _common,
+    nested_text_config,
 )
 
 
@@ -161,3 +163,12 @@ def _kimi_linear(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
             norm_eps=eps,
         ),
     )
+
+
+_LFM_VL_TEXT = {"Lfm2VlForConditionalGeneration": "Lfm2ForCausalLM",
+                "Lfm3VlForConditionalGeneration": "Lfm3ForCausalLM"}  # fmt: skip
+
+
+def _lfm_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """LFM2-VL / LFM3-VL: the text model of `text_config`, loaded text-only (the vision tower is skipped)."""
+    return dataclasses.replace(_lfm(nested_text_config(cfg, arch), _LFM_VL_TEXT[arch]), architecture=arch)
