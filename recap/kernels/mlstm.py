@@ -30,17 +30,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.recurrence_ref import Step, scan_ref, update_ref
 from recap.kernels.varlen import (
     chunk_view,
     copy_decode_checkpoints,
     decode_rows,
-    pad_tokens,
     read_initial,
     record_decode_positions,
     write_ssm_states,
+    zero_pad_tokens,
 )
 
 NEG = -1e30  # the input gate of a chunk's padding positions: no weight, and no inf - inf anywhere
@@ -118,7 +117,7 @@ def mlstm_scan(
                            meta.has_initial_state, eps)  # fmt: skip
         copy_decode_checkpoints(state, meta, slot_positions)
         return out
-    t, kd, vd = q.shape[0], q.shape[-1], v.shape[-1]
+    kd, vd = q.shape[-1], v.shape[-1]
     width = int(max(meta.cu_chunk_seqlens_list[c + 1] - meta.cu_chunk_seqlens_list[c]
                     for c in range(len(meta.chunk_seq_idx_list))))  # fmt: skip
     idx, mask = chunk_view(meta.cu_chunk_seqlens, width)  # [C, Q]
@@ -134,8 +133,7 @@ def mlstm_scan(
     starts, ends = _chain(init, local, meta, kd, vd)
     out = _chunk_outputs(qc, kc, vc, b, ig, starts, eps)[mask]  # [T, H, V]: chunks tile the tokens in order
     write_ssm_states(state, ends, meta, slot_positions)
-    if PAD_SLOT_ID in meta.state_indices_list:
-        out.masked_fill_(pad_tokens(meta, t)[:, None, None], 0.0)
+    zero_pad_tokens(out, meta)
     return out.to(q.dtype)
 
 

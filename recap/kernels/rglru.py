@@ -27,16 +27,15 @@ import math
 
 import torch
 
-from recap.core.output import PAD_SLOT_ID
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.recurrence_ref import Empty, Step, scan_ref, update_ref
 from recap.kernels.varlen import (
     copy_decode_checkpoints,
     decode_rows,
-    pad_tokens,
     read_initial,
     record_decode_positions,
     write_ssm_states,
+    zero_pad_tokens,
 )
 
 
@@ -78,8 +77,7 @@ def rglru_scan(
     _blocked_scan(hs.view(blocks, span, w), decay.view(blocks, span, w))
     write_ssm_states(state, hs.index_select(0, meta.cu_chunk_seqlens[1:] - 1), meta, slot_positions)
     out = hs[:t]
-    if PAD_SLOT_ID in meta.state_indices_list:
-        out.masked_fill_(pad_tokens(meta, t)[:, None], 0.0)
+    zero_pad_tokens(out, meta)
     return out.to(x.dtype)
 
 

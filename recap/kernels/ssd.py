@@ -52,6 +52,7 @@ from recap.kernels.varlen import (
     process_dt,
     read_initial,
     write_slots,
+    zero_pad_tokens,
 )
 
 NO_LIMIT = (0.0, float("inf"))
@@ -141,8 +142,7 @@ def ssd(
     out = y_tok if full else y_tok.index_select(0, _token_slots(cu, q, t))  # (t, h, p)
     if D is not None:
         out.addcmul_(x.float(), D.float().reshape(nh, -1))
-    if PAD_SLOT_ID in meta.state_indices_list:
-        out.masked_fill_(pad_tokens(meta, t)[:, None, None], 0.0)
+    zero_pad_tokens(out, meta)
     return out.to(x.dtype)
 
 

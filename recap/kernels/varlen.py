@@ -151,3 +151,10 @@ def pad_tokens(meta: SSMMetadata, num_tokens: int) -> torch.Tensor:
     """[T] bool: tokens of padding rows (running slot PAD_SLOT_ID)."""
     pad_rows = meta.state_indices == PAD_SLOT_ID
     return torch.repeat_interleave(pad_rows, meta.query_start_loc.diff(), output_size=num_tokens)
+
+
+def zero_pad_tokens(out: torch.Tensor, meta: SSMMetadata) -> None:
+    """Zero, in place, the rows of out [T, ...] that belong to padding rows (a scan's PAD rows output zeros)."""
+    if PAD_SLOT_ID in meta.state_indices_list:
+        mask = pad_tokens(meta, out.shape[0])
+        out.masked_fill_(mask.view(-1, *([1] * (out.dim() - 1))), 0.0)

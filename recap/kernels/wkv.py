@@ -34,10 +34,10 @@ from recap.kernels.recurrence_ref import Step, scan_ref, update_ref
 from recap.kernels.varlen import (
     copy_decode_checkpoints,
     decode_rows,
-    pad_tokens,
     read_initial,
     record_decode_positions,
     write_ssm_states,
+    zero_pad_tokens,
 )
 
 NEG = -1e38  # the empty state's max exponent and a reset's log decay (finite: no inf - inf anywhere)
@@ -117,8 +117,7 @@ def wkv_scan(
     prev.index_copy_(0, starts, init)  # ... or, at a row start, the row's initial state
     out = _output(prev, kf, vf, u.float())
     write_ssm_states(state, s.index_select(0, meta.cu_chunk_seqlens[1:] - 1), meta, slot_positions)
-    if PAD_SLOT_ID in meta.state_indices_list:
-        out.masked_fill_(pad_tokens(meta, t)[:, None], 0.0)
+    zero_pad_tokens(out, meta)
     return out.to(k.dtype)
 
 
