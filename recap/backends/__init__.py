@@ -19,15 +19,15 @@ from recap.model.loader import LoadedModel
 
 
 def backend_for(loaded: LoadedModel, device: str = "cpu", kernels: KernelSet = TORCH_KERNELS) -> Backend:
-    """The backend a loaded model's flags, the device and the kernel set ask for (not yet prepared): on a CPU
-    with torch's kernels, the CPU fast path when `native_decode` is on, the linear backend is not the torch
-    reference and the native kernels build here (else a warning said why, once); otherwise the module path
-    every step with `kernels` (on a GPU: the Triton kernels, recap/kernels/triton/)."""
+    """The backend a loaded model's flags (the output head's backend among them), the device and the kernel set
+    ask for (not yet prepared): on a CPU with torch's kernels, the CPU fast path when `native_decode` is on, the
+    linear backend is not the torch reference and the native kernels build here (else a warning said why, once);
+    otherwise the module path every step with `kernels` (on a GPU: the Triton kernels, recap/kernels/triton/)."""
     on_cpu = torch.device(device).type == "cpu"
     if on_cpu and kernels is TORCH_KERNELS and loaded.native_decode and loaded.linear_backend != "torch" \
             and linear_rows_available():  # fmt: skip
-        return CpuBackend(loaded.linear_backend)
-    return TorchBackend(loaded.linear_backend, kernels)
+        return CpuBackend(loaded.linear_backend, loaded.head_backend)
+    return TorchBackend(loaded.linear_backend, kernels, loaded.head_backend)
 
 
 def prepare(loaded: LoadedModel, device: str = "cpu", kernels: KernelSet = TORCH_KERNELS) -> Backend:

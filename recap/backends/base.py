@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -44,15 +45,17 @@ def model_parts(model: CausalLM) -> list[nn.Module]:
 
 
 def set_linear_backend(parts: list[nn.Module], backend: str, native: bool | None = None,
-                       int8_embeddings: bool = True) -> None:
+                       int8_embeddings: bool = True, formats: Mapping[nn.Module, str] | None = None) -> None:
     """Every Linear of `parts` to `backend`: "torch" (reference), "onednn", "int8" or "int4" (layers/linear.py),
-    with the native kernels `native` (None: as they are), one layer at a time: each lays its weight out in its one
+    or to its own backend in `formats` (the output head at int8 under int4: model/head_format.py), with the
+    native kernels `native` (None: as they are), one layer at a time: each lays its weight out in its one
     serving layout and frees the parameter before the next (Linear.set_backend), so the peak is the model plus
     one layer. With a quantized backend the embeddings then become int8 rows (layers/embedding.py) unless
     `int8_embeddings` is False (its memory and perplexity cost: docs/performance.md, docs/default_model.md)."""
+    own = formats or {}
     for m in parts:
         if isinstance(m, Linear):
-            m.set_backend(backend, native)
+            m.set_backend(own.get(m, backend), native)
             return_free_heap()  # the replaced parameter, before the next layer allocates its layout
     if int8_embeddings and backend in QUANTIZATIONS:  # after the linears (a tied head)
         for m in parts:

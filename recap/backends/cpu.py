@@ -48,10 +48,10 @@ class CpuBackend(TorchBackend):
 
     name: ClassVar[str] = "cpu"
 
-    def __init__(self, linear_backend: str = "onednn") -> None:
+    def __init__(self, linear_backend: str = "onednn", head_backend: str | None = None) -> None:
         if not linear_rows_available():
             raise NativeKernelsUnavailableError("the native decode kernels do not build here; use TorchBackend")
-        super().__init__(linear_backend)
+        super().__init__(linear_backend, head_backend=head_backend)
         self.on_huge_pages = False  # whether prepare moved the weights (the pools then follow: cache_zeros)
         # The decode graphs captured for one model and cache set, by row count (None where one could not be):
         # (weak references to that model and those caches, graphs). Dropped whenever the kernels are bound anew.
@@ -63,7 +63,8 @@ class CpuBackend(TorchBackend):
         """Every linear layer on `linear_backend`, the native kernels on, then the weights moved to huge pages
         and the kernels bound again to them (a Mamba2 step bound before the move would read freed memory)."""
         parts = model_parts(model)
-        set_linear_backend(parts, self.linear_backend, native=True)  # laid out once, for the native kernels
+        formats = self.layer_formats(model)  # the output head's own backend
+        set_linear_backend(parts, self.linear_backend, native=True, formats=formats)  # laid out once, natively
         switch_native(parts, True)
         self._graphs = None  # they hold the old kernels' addresses
         self.on_huge_pages = _move_weights_to_huge_pages(model, parts)

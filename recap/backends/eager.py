@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from torch import nn
+
 from recap.backends.base import Backend, model_parts, set_linear_backend, switch_native
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.model.layers.linear import LINEAR_BACKENDS
@@ -16,19 +18,26 @@ from recap.model.models import CausalLM
 
 class TorchBackend(Backend):
     """`kernels` for the layers' ops; `linear_backend` is one of LINEAR_BACKENDS ("torch": the F.linear
-    reference, the only one off the CPU)."""
+    reference, the only one off the CPU); `head_backend` the output head's where it differs (LoadedModel's:
+    int8 under int4, model/head_format.py; None: as the other linears)."""
 
     name: ClassVar[str] = "torch"
 
-    def __init__(self, linear_backend: str = "torch", kernels: KernelSet = TORCH_KERNELS) -> None:
-        if linear_backend not in LINEAR_BACKENDS:
-            raise ValueError(f"unknown linear backend {linear_backend!r}; choose one of {LINEAR_BACKENDS}")
-        self.linear_backend = linear_backend
+    def __init__(self, linear_backend: str = "torch", kernels: KernelSet = TORCH_KERNELS,
+                 head_backend: str | None = None) -> None:  # fmt: skip
+        for b in (linear_backend, head_backend or linear_backend):
+            if b not in LINEAR_BACKENDS:
+                raise ValueError(f"unknown linear backend {b!r}; choose one of {LINEAR_BACKENDS}")
+        self.linear_backend, self.head_backend = linear_backend, head_backend
         self.kernels = kernels
+
+    def layer_formats(self, model: CausalLM) -> dict[nn.Module, str]:
+        """The layers whose backend is not `linear_backend`: set_linear_backend's `formats`."""
+        return {} if self.head_backend is None else {model.head(): self.head_backend}
 
     def _prepare(self, model: CausalLM) -> None:
         """Every linear layer on `linear_backend` with the native kernels off (int8: quantized here unless the
         loader already did), then every other part's native kernels off."""
         parts = model_parts(model)
-        set_linear_backend(parts, self.linear_backend, native=False)
+        set_linear_backend(parts, self.linear_backend, native=False, formats=self.layer_formats(model))
         switch_native(parts, False)

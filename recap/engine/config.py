@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recap.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from recap.model.head_format import check_head_quantization
 from recap.model.quant import QUANTIZATIONS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -18,6 +19,8 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: str = "float32"
     quantization: str | None = None  # "int8" (recap/model/quant.py) or "int4" (recap/kernels/linear_int4.py)
+    # The output head's precision under a quantization (model/head_format.py): "auto" (int8), "int8", "same".
+    head_quantization: str = "auto"
     # Batch-1 decode's fp32 and int8 linears through recap's native kernels (recap/kernels/linear_rows.py,
     # built once per machine in about a second); False: torch's kernels only (vLLM's --enforce-eager).
     native_decode: bool = True
@@ -52,6 +55,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
+        check_head_quantization(self.head_quantization)  # with no quantization, "int8" is refused at load
         if self.kernels not in KERNEL_SETS:
             raise ValueError(f"kernels must be one of {KERNEL_SETS}, got {self.kernels!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

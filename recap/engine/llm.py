@@ -85,6 +85,7 @@ class LLM:
         enforce_eager: bool = False,
         trust_remote_code: bool = False,
         quantization: str | None = None,  # None, "int8" (model/quant.py) or "int4" (kernels/linear_int4.py)
+        head_quantization: str = "auto",  # the output head's precision under it: "auto" (int8), "int8", "same"
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
     ) -> None:
@@ -103,6 +104,7 @@ class LLM:
         )  # fmt: skip
         self.engine = LLMEngine(EngineConfig(
             model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,
+            head_quantization=head_quantization,
             native_decode=not enforce_eager, device=device, kernels=kernels,
             gpu_memory_utilization=gpu_memory_utilization, memory_limit_bytes=memory_limit_bytes,
             seed=0 if seed is None else seed, cache=cache,

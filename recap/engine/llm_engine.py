@@ -23,6 +23,7 @@ from recap.engine.model_defaults import derived_max_model_len, generation_defaul
 from recap.engine.output_processor import OutputProcessor, ParentState, child_id
 from recap.engine.outputs import RequestOutput
 from recap.kernels.kernel_set import kernel_set
+from recap.model.head_format import head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
 from recap.model.loader import LoadedModel, load_model, load_tokenizer, resolve_model_path
 from recap.model.prequantized import prequantized_format, serving_format
@@ -72,10 +73,11 @@ def _load_within_memory(
         limit = MemoryLimit(given, "the given memory limit") if given is not None else process_memory_limit()
         fmt = prequantized_format(hf)  # a pre-quantized checkpoint is planned in the format it will run in
         quant = config.quantization if fmt is None else serving_format(fmt, config.quantization, False, True)
-        plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, quant, limit)
+        head = head_backend(quant, config.head_quantization)
+        plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, quant, limit, head)
         plan.check(remedies(dtype, quant, plan.pools))
     loaded = load_model(path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
-                        device=device)  # fmt: skip
+                        device=device, head_quantization=config.head_quantization)  # fmt: skip
     return loaded, config, limit
 
 

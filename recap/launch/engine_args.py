@@ -8,6 +8,7 @@ from pathlib import Path
 from recap.config import CHECKPOINT_POLICIES, CacheConfig, SchedulerConfig, SpeculativeConfig
 from recap.engine.config import DTYPES, KERNEL_SETS, EngineConfig
 from recap.engine.vllm_compat import MAMBA_CACHE_MODES, checkpoint_policy_for, resolve_dtype
+from recap.model.head_format import HEAD_QUANTIZATIONS
 from recap.model.quant import QUANTIZATIONS
 from recap.units import positive_bytes
 
@@ -46,6 +47,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "weights leave (--kv-cache-bytes / --state-cache-bytes fix them instead)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None,
                    help="int8: per-channel int8 linear weights; int4: group-wise 4-bit ones")
+    p.add_argument("--head-quantization", choices=HEAD_QUANTIZATIONS, default="auto",
+                   help="the output head's precision under --quantization (llama-quantize's --output-tensor-type): "
+                        "auto (int8), int8, or same (as the other linear weights)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="torch's kernels only: batch-1 decode does not take recap's native kernels "
                         "(recap/kernels/linear_rows.py)")
@@ -119,6 +123,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         served_model_name=args.served_model_name,
         dtype=resolve_dtype(args.dtype, args.device),
         quantization=args.quantization,
+        head_quantization=args.head_quantization,
         native_decode=not args.enforce_eager,
         device=args.device,
         kernels=args.kernels,

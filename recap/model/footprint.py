@@ -136,29 +136,46 @@ def held_weight_bytes(model: nn.Module) -> WeightBytes:
     return WeightBytes(parameters, count.total - parameters)
 
 
-def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None) -> int:
+def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None, head: str | None = None) -> int:
     """At least what `model` (built on the meta device, in the serving dtype) will hold once loaded: every
     parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width plus a
-    scale per row, an embedding table then as int8 rows (layers/embedding.py) (a tied head's quantized copy and any
-    packed copy come on top). A quantization whose width is not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices
-    as nothing: still a lower bound."""
-    width = QUANTIZED_BYTES_PER_WEIGHT.get(quantization or "", 0.0)
+    scale per row, the output head at `head`'s width (None: `quantization`'s; model/head_format.py), tied or
+    not, an embedding table then as int8 rows (layers/embedding.py) (any packed copy comes on top). A
+    quantization whose width is not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower
+    bound."""
     widths: dict[int, float] = {}
     if quantization:
+        width = QUANTIZED_BYTES_PER_WEIGHT.get(quantization, 0.0)
         widths = {id(m.weight): width for m in model.modules() if isinstance(m, Linear)}
         widths |= {id(m.weight): 1.0 for m in model.modules() if isinstance(m, Embedding)}
-    total = 0
-    seen: set[int] = set()
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        w = widths.get(id(t)) if t.dim() == 2 else None
-        if w is not None:
-            total += int(t.numel() * w) + (t.shape[0] * SCALE_BYTES_PER_ROW if w else 0)
-        else:
-            total += t.numel() * t.element_size()
+    total = sum(_bytes_at(t, widths.get(id(t)) if t.dim() == 2 else None) for t in _unique_tensors(model))
+    if quantization:
+        head_width = QUANTIZED_BYTES_PER_WEIGHT.get(head or quantization, 0.0)
+        for layer in linear_layers(model):
+            if layer.shares_weight:  # a tied head: its quantized copy beside the embedding's int8 rows
+                total += _bytes_at(layer.weight, head_width)
+            elif _is_head(model, layer):
+                total += _bytes_at(layer.weight, head_width) - _bytes_at(layer.weight, widths[id(layer.weight)])
     return total
+
+
+def _unique_tensors(model: nn.Module) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _bytes_at(t: torch.Tensor, width: float | None) -> int:
+    """A tensor's bytes at its dtype (width None), or as a matrix of `width` bytes a weight with a scale per row."""
+    if width is None:
+        return t.numel() * t.element_size()
+    return int(t.numel() * width) + (t.shape[0] * SCALE_BYTES_PER_ROW if width else 0)
+
+
+def _is_head(model: nn.Module, layer: Linear) -> bool:
+    head = getattr(model, "head", None)
+    return callable(head) and head() is layer
 
 
 def widest_linear(model: nn.Module, vocab_size: int) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from recap.model.families import family
+from recap.model.head_format import check_head_quantization, head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
@@ -61,6 +62,9 @@ class LoadedModel:
     # layers' backend ("torch", "onednn" or "int8") and whether decode takes the native fast path.
     linear_backend: str = "torch"
     native_decode: bool = False
+    # The output head's backend where the model is quantized (model/head_format.py: int8 under int4 by default);
+    # None: as `linear_backend`.
+    head_backend: str | None = None
 
 
 def resolve_model_path(model: str | Path) -> Path:
@@ -179,13 +183,17 @@ def _copy_checked(f: Any, stored: StoredTensor, dst: torch.Tensor, shard: str) -
         raise WeightLoadError(str(e)) from e
 
 
-def quantize_when_loaded(quantization: str) -> Callable[[nn.Module], None]:
-    """load_weights' `on_loaded` for a quantized model: each Linear quantized (its fp32 weight freed and handed
-    back to the OS) as soon as it is loaded; the backend's prepare keeps it (Linear.set_backend)."""
+def quantize_when_loaded(quantization: str, formats: Mapping[nn.Module, str] | None = None
+                         ) -> Callable[[nn.Module], None]:  # fmt: skip
+    """load_weights' `on_loaded` for a quantized model: each Linear quantized to its format in `formats` (an
+    untied output head: model/head_format.py), else to `quantization`, its fp32 weight freed and handed back to
+    the OS as soon as it is loaded; the backend's prepare keeps it (Linear.set_backend). A layer a pre-quantized
+    checkpoint's codes built (already quantized) keeps them: quantizing them again would add error, not precision."""
+    own = formats or {}
 
     def done(module: nn.Module) -> None:
-        if isinstance(module, Linear) and not module.reads_weight:
-            module.set_backend(quantization)
+        if isinstance(module, Linear) and not module.reads_weight and module.backend not in QUANTIZATIONS:
+            module.set_backend(own.get(module, quantization))
             return_free_heap()
 
     return done
@@ -200,10 +208,11 @@ def build_model(
 
 
 def _load_into(net: CausalLM, path: Path, fmt: Prequantized | None, quantization: str | None,
-               on_cpu: bool) -> dict[str, int]:  # fmt: skip
-    """load_weights with each layer quantized as it is loaded (on the CPU), and for a pre-quantized checkpoint
-    its layers' parts converted (model/prequantized_load.py) and the conversion logged."""
-    on_loaded = quantize_when_loaded(quantization) if quantization and on_cpu else None
+               on_cpu: bool, head: str | None) -> dict[str, int]:  # fmt: skip
+    """load_weights with each layer quantized as it is loaded (on the CPU; an untied head to `head`), and for a
+    pre-quantized checkpoint its layers' parts converted (model/prequantized_load.py) and the conversion logged."""
+    formats = {} if head is None or net.config.tie_word_embeddings else {net.head(): head}
+    on_loaded = quantize_when_loaded(quantization, formats) if quantization and on_cpu else None
     if fmt is None:
         return load_weights(net, path, on_loaded)
     try:
@@ -224,6 +233,7 @@ def load_model(
     native_decode: bool = True,
     device: str | torch.device = "cpu",
     dequantize: bool = False,
+    head_quantization: str = "auto",
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly (the modules on their
     reference paths); the flags below are checked and recorded in the result, and the backend the runner
@@ -244,7 +254,10 @@ def load_model(
     and scales), FP8 dequantized and quantized again as int8; a quantization named runs that instead, and
     `dequantize` (or a device other than the CPU) keeps the dequantized weights in `dtype`. One log line says
     which conversion ran; UnsupportedQuantizationError for a method recap does not read.
+    head_quantization: the output head's precision under a quantization (model/head_format.py): "auto" (int8),
+    "int8" or "same" (the linears'); ValueError for another value, or "int8" where the model is not quantized.
     """
+    check_head_quantization(head_quantization)
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
     if linear_backend not in ("auto", *LINEAR_BACKENDS):
@@ -259,9 +272,13 @@ def load_model(
     on_cpu = torch.device(device).type == "cpu"
     if fmt is not None:
         quantization = serving_format(fmt, quantization, dequantize, on_cpu)
+    head = head_backend(quantization, head_quantization)
     net = build_model(config, dtype, device)
-    ignored = _load_into(net, path, fmt, quantization, on_cpu)
+    ignored = _load_into(net, path, fmt, quantization, on_cpu, head)
     return_free_heap()
+    if head is not None and on_cpu and not config.tie_word_embeddings and net.head().backend != head:
+        head = net.head().backend  # the checkpoint's own int4 codes, kept (quantize_when_loaded)
+        logger.info("%s: the output head keeps the checkpoint's %s codes", path, head)
     if quantization is not None:
         linear_backend = quantization
     elif not on_cpu:
@@ -270,7 +287,7 @@ def load_model(
         fast = dtype in (torch.float32, torch.bfloat16) and onednn_available(dtype)
         linear_backend = "onednn" if fast else "torch"
     return LoadedModel(model=net, config=config, path=path, ignored_weights=ignored, linear_backend=linear_backend,
-                       native_decode=native_decode and on_cpu)  # fmt: skip
+                       native_decode=native_decode and on_cpu, head_backend=head)  # fmt: skip
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -199,9 +199,12 @@ def pool_share_base(limit: MemoryLimit, weight_bytes: int, overhead_bytes: int) 
     return max(limit.bytes - weight_bytes - overhead_bytes, MIN_POOL_SHARE_BASE)
 
 
-def weight_format(dtype: torch.dtype, quantization: str | None) -> str:
+def weight_format(dtype: torch.dtype, quantization: str | None, head: str | None = None) -> str:
+    """The weights' format in words; `head`: the output head's backend where it is not `quantization`'s."""
     name = str(dtype).removeprefix("torch.")
-    return name if quantization is None else f"{name} + {quantization} linear weights"
+    if quantization is None:
+        return name
+    return f"{name} + {quantization} linear weights" + ("" if head in (None, quantization) else f", {head} head")
 
 
 def remedies(dtype: torch.dtype, quantization: str | None, pools: PoolSizes) -> str:
@@ -219,12 +222,13 @@ def remedies(dtype: torch.dtype, quantization: str | None, pools: PoolSizes) -> 
 
 def plan_before_load(
     config: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, dtype: torch.dtype, quantization: str | None,
-    limit: MemoryLimit,
+    limit: MemoryLimit, head: str | None = None,
 ) -> MemoryPlan:
     """The plan from the model's config alone (built on the meta device: no weight read): the weights' lower
-    bound in the serving format, the pools as the runner will size them, the runtime overhead."""
+    bound in the serving format (the output head at `head`'s width: model/head_format.py), the pools as the
+    runner will size them, the runtime overhead."""
     meta = build_model(config, dtype, "meta")
-    weights = serving_weight_bytes_lower_bound(meta, quantization)
+    weights = serving_weight_bytes_lower_bound(meta, quantization, head)
     overhead = RUNTIME_OVERHEAD_BYTES + prefill_activation_bytes(
         sched.max_num_batched_tokens, widest_linear(meta, config.vocab_size))
     pools = size_pools(
@@ -232,5 +236,5 @@ def plan_before_load(
         available=pool_share_base(limit, weights, overhead),
         window_bytes_per_token=config.window_bytes_per_token(dtype),
     )  # fmt: skip
-    return MemoryPlan(weights, 0, pools, cache.block_size, overhead, limit, weight_format(dtype, quantization),
+    return MemoryPlan(weights, 0, pools, cache.block_size, overhead, limit, weight_format(dtype, quantization, head),
                       before_load=True)  # fmt: skip
