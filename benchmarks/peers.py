@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from peers_llama import TARGETS, LlamaCpp, batched_tok_s, convert_to_gguf, decode_ms, ensure_llama, prefill_tok_s  # noqa: E402
-from peers_real import measure_real, print_real  # noqa: E402
+from peers_real import RECAP_FORMATS, measure_real, print_real  # noqa: E402
 from peers_servers import (  # noqa: E402  # noqa: E402
     LlamaServer,
     RecapServer,
@@ -263,6 +263,8 @@ def main() -> None:
                     help="real shapes: measure only these (default: all three)")
     ap.add_argument("--quants", nargs="+", default=None,
                     help="real shapes: llama.cpp's GGUF types, each on every metric (e.g. Q4_K_M Q8_0)")
+    ap.add_argument("--recap-formats", nargs="+", choices=tuple(RECAP_FORMATS), default=None,
+                    help="real shapes: recap's formats (default: all; int4's output head is int8, int4+head4's int4)")
     ap.add_argument("--reprint", type=Path, help="print the table of an earlier run's JSON and exit")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "peers.json")
     args = ap.parse_args()
@@ -309,7 +311,8 @@ def main_real(args: argparse.Namespace) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.models:  # the JSON after each model: a long run stopped half-way keeps what it measured
         rows += measure_real(name, args.threads, args.reps, llama, REAL_CACHE, args.build_dir / "gguf-real", metrics,
-                             tuple(args.quants) if args.quants else None)  # fmt: skip
+                             tuple(args.quants) if args.quants else None,
+                             tuple(args.recap_formats) if args.recap_formats else None)  # fmt: skip
         args.out.write_text(json.dumps({"real": True, "start": start, "argv": sys.argv, "rows": rows}, indent=1))
     print(f"\n{start}, torch {torch.__version__}, medians of {args.reps} alternating rounds, 1-min load per sample")
     print_real(rows)

@@ -7,7 +7,8 @@ The shapes are benchmarks/real_shapes.py's random bf16 checkpoints (granite-h-1b
 lfm2-1.2b: LFM2, 1.17B). llama.cpp gets them through convert_hf_to_gguf.py (bf16, its built-in GPT-NeoX vocabulary
 padded to the checkpoint's size: peers_llama.convert_padded_vocab) and llama-quantize.
 
-recap runs in one worker subprocess per format (int4, int8), loaded once per model and kept alive across
+recap runs in one worker subprocess per format (RECAP_FORMATS: int4 with its int8 output head, int4 head
+included, int8), loaded once per model and kept alive across
 rounds; each request sets the thread count. Its peak RSS is the worker's VmHWM (the load included: recap
 quantizes the bf16 checkpoint as it loads). llama.cpp's peak RSS is each tool run's ru_maxrss (os.wait4 of
 the child; llama.cpp maps the GGUF, the mapped pages it touches count). recap's steady RSS (VmRSS between
@@ -35,7 +36,9 @@ from peers_llama import LlamaCpp, convert_padded_vocab  # noqa: E402
 REAL_PREFILL = 512
 REAL_PROMPT = 64  # context before the decode rows (short: batched-bench prefills 8 x this at 1 thread)
 REAL_STEPS = 16  # decode steps per measurement (recap drops the first two)
-RECAP_FORMATS = ("int4", "int8")
+# recap's formats: name -> (quantization, head_quantization); "int4" is the default int4 (its output head at int8,
+# model/head_format.py), "int4+head4" the head at int4 too
+RECAP_FORMATS = {"int4": ("int4", "auto"), "int4+head4": ("int4", "same"), "int8": ("int8", "auto")}
 PREFILL_GGUF = ("Q4_K_M", "Q4_0")  # q8_0 on the decode row only (cheap there)
 DECODE_GGUF = ("Q4_K_M", "Q4_0", "Q8_0")
 
@@ -50,7 +53,7 @@ def _status(pid: int | str = "self") -> dict[str, int]:
 
 
 # ---- recap's worker (runs in its own process) ---------------------------------------------------------------
-def worker(path: Path, quant: str) -> None:
+def worker(path: Path, fmt: str) -> None:
     """Load once, then answer one JSON line per request line ("prefill|decode|batch8 THREADS")."""
     import profile_decode
     import torch
@@ -65,7 +68,8 @@ def worker(path: Path, quant: str) -> None:
     retain_freed_memory()  # as `recap serve` does
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    lm = load_model(path, quantization=quant)
+    quant, head = RECAP_FORMATS[fmt]
+    lm = load_model(path, quantization=quant, head_quantization=head)
     backend, model = prepare(lm), lm.model
     print(json.dumps({"load_s": time.perf_counter() - t0, **_status()}), flush=True)
     profile_decode.PROMPT = REAL_PROMPT
@@ -169,16 +173,17 @@ def _note(samples: dict, key: tuple[int, str, str], value_rss: tuple[float, int]
 
 def measure_real(name: str, threads_list: list[int], reps: int, llama: LlamaCpp | None, cache: Path,
                  gguf_dir: Path, metrics: tuple[str, ...] = tuple(METRICS),
-                 quants: tuple[str, ...] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                 quants: tuple[str, ...] | None = None, formats: tuple[str, ...] | None = None,
+                 ) -> list[dict[str, Any]]:  # fmt: skip
     """`metrics` for one shape at each thread count; engines alternate within each round (one runs at a
     time: recap's idle workers hold their memory but no CPU). `quants`: llama.cpp's formats, each on every
-    metric (default: DECODE_GGUF on decode, PREFILL_GGUF on the others)."""
+    metric (default: DECODE_GGUF on decode, PREFILL_GGUF on the others); `formats`: recap's (RECAP_FORMATS)."""
     from real_shapes import build_checkpoint
 
     path = build_checkpoint(name, cache)
     names = quants or DECODE_GGUF
     ggufs = {} if llama is None else {q: convert_padded_vocab(llama, path, gguf_dir, q) for q in names}
-    workers = {q: RecapWorker(path, q) for q in RECAP_FORMATS}
+    workers = {q: RecapWorker(path, q) for q in formats or RECAP_FORMATS}
     samples: dict[tuple[int, str, str], list[tuple[float, int, float]]] = {}
     try:
         for threads in threads_list:

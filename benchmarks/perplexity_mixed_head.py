@@ -1,6 +1,7 @@
-"""Perplexity of the trained default model with int4 weights everywhere vs int4 with the output head at int8
-(the embedding as int8 rows in both), beside fp32: llama.cpp's protocol (chunks of `--ctx`, second halves scored),
-so the figures sit beside `benchmarks/perplexity_peers.py`'s Q4_K_M row (docs/default_model.md).
+"""Perplexity of the trained default model with int4 weights everywhere (`head_quantization="same"`) vs int4 with
+the output head at int8 (`head_quantization="int8"`, int4's default: model/head_format.py), the embedding as int8
+rows in both, beside fp32: llama.cpp's protocol (chunks of `--ctx`, second halves scored), so the figures sit
+beside `benchmarks/perplexity_peers.py`'s Q4_K_M row (docs/default_model.md).
 
     python benchmarks/perplexity_mixed_head.py --data heldout.txt [--model draft] [--ctx 512 --chunks 32]
 """
@@ -16,27 +17,21 @@ from transformers import AutoTokenizer
 
 from recap.backends import prepare
 from recap.backends.base import Backend
-from recap.backends.cpu import CpuBackend
 from recap.bench.perplexity import llama_cpp_score_from, llama_cpp_windows
 from recap.model.cache import ModelCaches
 from recap.model.loader import load_model
 from recap.model.testing import SeqSpec, forward_step
 from recap.model.trained_default import default_model_path, draft_model_path
 
-MODES = ("fp32", "int4", "int4+head8")
+# mode -> load_model's (quantization, head_quantization)
+MODES = {"fp32": (None, "auto"), "int4": ("int4", "same"), "int4+head8": ("int4", "int8")}
 
 
 def prepared(path: Path, mode: str) -> tuple[torch.nn.Module, Backend]:
     """The model in `mode` and the backend that prepared it."""
-    lm = load_model(path, quantization="int4" if mode == "int4" else None)
-    if mode != "int4+head8":
-        return lm.model, prepare(lm)
-    head = lm.model.head()
-    head.set_backend("int8", True)
-    head.reads_weight = True  # the int4 backend's pass then leaves it as it is (Linear.set_backend)
-    backend = CpuBackend("int4")
-    backend.prepare(lm.model)
-    return lm.model, backend
+    quantization, head = MODES[mode]
+    lm = load_model(path, quantization=quantization, head_quantization=head)
+    return lm.model, prepare(lm)
 
 
 def perplexity(model: torch.nn.Module, backend: Backend, windows: list[list[int]], first: int) -> float:

@@ -82,6 +82,7 @@ class Backend(ABC):
 
     name: ClassVar[str]
     kernels: KernelSet  # the step's kernel set (build_forward_batch(kernels=...))
+    head_backend: str | None = None  # the output head's linear backend where not the others' (model/head_format.py)
 
     def prepare(self, model: CausalLM) -> None:
         """Make `model` run this backend's way (call after loading its weights, again after reloading them).

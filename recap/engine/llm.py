@@ -80,8 +80,7 @@ class LLM:
         memory_limit_bytes: int | None = None,
         speculative_config: dict[str, Any] | str | None = None,  # vLLM's: {"method": "ngram", ...}
         # vLLM's names for what one recap process has no use for: accepted at their neutral values.
-        tensor_parallel_size: int = 1,
-        pipeline_parallel_size: int = 1,
+        tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         enforce_eager: bool = False,
         trust_remote_code: bool = False,
         quantization: str | None = None,  # None, "int8" (model/quant.py) or "int4" (kernels/linear_int4.py)
@@ -104,8 +103,7 @@ class LLM:
         )  # fmt: skip
         self.engine = LLMEngine(EngineConfig(
             model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,
-            head_quantization=head_quantization,
-            native_decode=not enforce_eager, device=device, kernels=kernels,
+            native_decode=not enforce_eager, device=device, kernels=kernels, head_quantization=head_quantization,
             gpu_memory_utilization=gpu_memory_utilization, memory_limit_bytes=memory_limit_bytes,
             seed=0 if seed is None else seed, cache=cache,
             scheduler=scheduler, check_integrity=check_integrity, num_threads=num_threads, max_n=max_n,

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from recap.model.families import family
-from recap.model.head_format import check_head_quantization, head_backend
+from recap.model.head_format import head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
@@ -225,6 +225,15 @@ def _load_into(net: CausalLM, path: Path, fmt: Prequantized | None, quantization
     return ignored
 
 
+def _served_head(net: CausalLM, head: str | None, on_cpu: bool, path: Path) -> str | None:
+    """The head's backend as loaded: `head`, or a pre-quantized checkpoint's own int4 codes for an untied head
+    (kept by quantize_when_loaded: int8 from them would cost bytes and gain nothing)."""
+    if head is None or not on_cpu or net.config.tie_word_embeddings or net.head().backend == head:
+        return head
+    logger.info("%s: the output head keeps the checkpoint's %s codes", path, net.head().backend)
+    return net.head().backend
+
+
 def load_model(
     model: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -257,7 +266,6 @@ def load_model(
     head_quantization: the output head's precision under a quantization (model/head_format.py): "auto" (int8),
     "int8" or "same" (the linears'); ValueError for another value, or "int8" where the model is not quantized.
     """
-    check_head_quantization(head_quantization)
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
     if linear_backend not in ("auto", *LINEAR_BACKENDS):
@@ -276,9 +284,7 @@ def load_model(
     net = build_model(config, dtype, device)
     ignored = _load_into(net, path, fmt, quantization, on_cpu, head)
     return_free_heap()
-    if head is not None and on_cpu and not config.tie_word_embeddings and net.head().backend != head:
-        head = net.head().backend  # the checkpoint's own int4 codes, kept (quantize_when_loaded)
-        logger.info("%s: the output head keeps the checkpoint's %s codes", path, head)
+    head = _served_head(net, head, on_cpu, path)
     if quantization is not None:
         linear_backend = quantization
     elif not on_cpu:

@@ -104,7 +104,6 @@ class ModelRunner:
         spec_rows = drafting_rows(scheduler_config.max_num_seqs)
         self.num_scratch_slots = runner_config.num_speculative_tokens * spec_rows if self.state_bytes_per_slot else 0
         self.quantization = loaded.linear_backend if loaded.linear_backend in QUANTIZATIONS else None
-        self.head_backend = loaded.head_backend
         plan = self.memory_plan()
         plan.check(remedies(dtype, self.quantization, self.pools))  # before a byte of the pools is allocated
         self.caches = ModelCaches.allocate(
@@ -139,7 +138,7 @@ class ModelRunner:
         w = self.weights
         return MemoryPlan(w.parameters, w.linear_copies, self.pools, self.cache_config.block_size,
                           self.overhead_bytes, self.memory_limit,
-                          weight_format(self.runner_config.dtype, self.quantization, self.head_backend),
+                          weight_format(self.runner_config.dtype, self.quantization, self.backend.head_backend),
                           num_scratch_slots=self.num_scratch_slots,
                           draft_bytes=self.drafter.total_bytes if self.drafter is not None else 0)  # fmt: skip
 
