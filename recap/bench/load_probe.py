@@ -1,4 +1,5 @@
-"""Load a checkpoint in this process and report its memory: `python -m recap.bench.load_probe PATH DTYPE QUANT`.
+"""Load a checkpoint in this process and report its memory:
+`python -m recap.bench.load_probe PATH DTYPE QUANT [HEAD]` (HEAD: head_quantization, model/head_format.py).
 
 Prints one JSON line: the process's peak (VmHWM) and resident (VmRSS) bytes after importing torch and recap
 (the baseline), after loading, and after the backend's preparation (the serving layouts), with the bytes the
@@ -21,7 +22,7 @@ def proc_status() -> tuple[int, int]:
     return int(fields["VmHWM"].split()[0]) << 10, int(fields["VmRSS"].split()[0]) << 10
 
 
-def probe(path: str, dtype: str, quantization: str | None) -> dict[str, int]:
+def probe(path: str, dtype: str, quantization: str | None, head: str = "auto") -> dict[str, int]:
     import torch
 
     torch.set_num_threads(1)
@@ -30,7 +31,7 @@ def probe(path: str, dtype: str, quantization: str | None) -> dict[str, int]:
     from recap.model.loader import load_model
 
     base_peak, base_rss = proc_status()
-    loaded = load_model(path, getattr(torch, dtype), quantization=quantization)
+    loaded = load_model(path, getattr(torch, dtype), quantization=quantization, head_quantization=head)
     loaded_peak, loaded_rss = proc_status()
     prepare(loaded)
     peak, rss = proc_status()
@@ -40,8 +41,8 @@ def probe(path: str, dtype: str, quantization: str | None) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    path, dtype, quant = argv if argv is not None else sys.argv[1:4]
-    print(json.dumps(probe(path, dtype, None if quant == "-" else quant)))
+    path, dtype, quant, *head = argv if argv is not None else sys.argv[1:5]
+    print(json.dumps(probe(path, dtype, None if quant == "-" else quant, *head)))
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
     tile of 8 rows. Read in place, the row-major weight streamed at half the rate of fp32 (8 short streams)."""
     out, k = q.shape
     outp, kp = -(-out // PACK_ROWS) * PACK_ROWS, -(-k // CHUNK) * CHUNK
-    padded = F.pad(q, (0, kp - k, 0, outp - out))
+    padded = q if (outp, kp) == (out, k) else F.pad(q, (0, kp - k, 0, outp - out))  # no copy where none is padded
     return padded.view(outp // PACK_ROWS, PACK_ROWS, kp // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
 
 
