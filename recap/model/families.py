@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from recap.model.model_config import ModelConfig
 from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
-from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
+from recap.model.translators.gated_deltanet import _minicpm_v, _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
 from recap.model.translators.inkling import _inkling, _inkling2, _inkling2_vl, _inkling_vl
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm, _lfm_vl
@@ -216,6 +216,9 @@ _OMNI_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "nu
                                  "intermediate_size": 64, "subsampling_conv_channels": 8, "num_mel_bins": 16,
                                  "projection_hidden_size": 32, "projection_bias": False},
                 "projector_hidden_size": 32, "vision_hidden_size": 32}  # fmt: skip
+# MiniCPM-V 4.6 / 4.7 / MiniCPM-OCR's SigLIP2 vision tower, as small as its config allows (skipped by recap)
+_MINICPM_TOWERS = {"vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                     "num_attention_heads": 2}}  # fmt: skip
 # xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
 # chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init, its zero gate weights too
 _TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
@@ -250,6 +253,13 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("qwen3_5_vl", "Qwen3_5Config", _GDN, vision=True)),
     Family("Qwen3_5MoeForConditionalGeneration", _qwen3_5_vl, "qwen3_5", ("qwen3_5_moe",),
            TinyConfig("qwen3_5_moe_vl", "Qwen3_5MoeConfig", {**_GDN, **_QWEN_MOE}, vision=True)),
+    # one layout (Qwen3.5 under model.language_model, SigLIP2 tower, merger): one class, registered per name
+    Family("MiniCPMV4_6ForConditionalGeneration", _minicpm_v, "qwen3_5", ("minicpmv4_6",),
+           TinyConfig("minicpmv4_6", "MiniCPMV4_6Config", _GDN, vision=True, towers=_MINICPM_TOWERS)),
+    Family("MiniCPMV4_7ForConditionalGeneration", _minicpm_v, "qwen3_5", ("minicpmv4_7",),
+           TinyConfig("minicpmv4_7", "MiniCPMV4_7Config", _GDN, vision=True, towers=_MINICPM_TOWERS)),
+    Family("MiniCPMOcrForConditionalGeneration", _minicpm_v, "qwen3_5", ("minicpm_ocr",),  # head tied by default
+           TinyConfig("minicpm_ocr", "MiniCPMOcrConfig", _GDN, vision=True, towers=_MINICPM_TOWERS)),
     Family("OlmoHybridForCausalLM", _olmo_hybrid, "olmo_hybrid", ("olmo_hybrid",),
            TinyConfig("olmo_hybrid", "OlmoHybridConfig", _TINY_OLMO)),
     Family("Zamba2ForCausalLM", _zamba2, "zamba2", ("zamba2",),
