@@ -44,8 +44,7 @@ def test_towers_are_skipped_by_name_and_the_text_model_is_the_language_model(arc
 
 
 @pytest.mark.parametrize("extra", ["model.resampler.proj", "vpm.encoder.layers.0.mlp.fc1.weight",
-                                   "model.layers.0.input_layernorm.weight", "model.language_model.merger.x",
-                                   "mtp.fc.weight"])  # fmt: skip
+                                   "model.layers.0.input_layernorm.weight", "model.language_model.merger.x"])
 def test_an_undeclared_weight_is_refused(extra, tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
     path = _with_extra(tiny_checkpoint("minicpmv4_6"), tmp_path / "ckpt", {extra: torch.ones(64)})
     with pytest.raises(WeightLoadError, match=f"unexpected key '{re.escape(extra)}'"):
@@ -69,3 +68,8 @@ def test_the_config_is_its_qwen3_5_text_config(arch, tiny_checkpoint) -> None:  
         translate_config(other)
     with pytest.raises(ValueError, match="config.json has no text_config"):
         translate_config({k: v for k, v in cfg.items() if k != "text_config"})
+
+
+def test_a_kept_mtp_head_is_skipped_like_qwen3_5s(tiny_checkpoint, tmp_path) -> None:  # noqa: ANN001
+    path = _with_extra(tiny_checkpoint("minicpmv4_6"), tmp_path / "ckpt", {"mtp.fc.weight": torch.ones(64)})
+    assert load_model(path).ignored_weights["mtp."] == 1

@@ -74,8 +74,9 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
 
 
 # What the MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR checkpoints hold besides the language model, none of it used text-only:
-# the SigLIP2 vision tower (its window-attention merger included) and the merger projecting into the text width.
-MINICPM_TOWERS = ("model.vision_tower.", "model.merger.")
+# the SigLIP2 vision tower (its window-attention merger included) and the merger projecting into the text width;
+# and, as in the Qwen3.5 checkpoints they are built from, a multi-token-prediction head if one was kept (`mtp.*`).
+MINICPM_TOWERS = ("model.vision_tower.", "model.merger.", "mtp.")
 
 
 class MiniCPMV4_6ForConditionalGeneration(Qwen3_5ForCausalLM):  # noqa: N801 (transformers' class name)
