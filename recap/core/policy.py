@@ -24,10 +24,10 @@ proven position of the same request is not written: that position is the measure
 Tail ladder: where lower tiers exist (`tier_capacity` checkpoints, set by core/tiers.py), one tail misses
 every sharer that diverges between it and the prompt end, and the first sharer of a chain whose tail lies
 past its divergence. The tail then becomes a ladder of rungs E - x_1 > E - x_2 > ..., added greedily by
-expected saving over the same recent distances (the first rung is the single tail), as many as maximize
-the saving times the share of recent reuse intervals (requests between a chain's writer and a sharer) that
-a checkpoint outlives in the tiers when every request writes that many more (core/tail_ladder.py). Without
-lower tiers the ladder is the single tail: the read pool's slots are rationed by value and learned yield.
+expected saving over the same recent distances (the first rung is the single tail), as many as still let
+the tiers keep every checkpoint for the longest recent reuse interval (requests between a chain's writer
+and a sharer) when every request writes that many more (core/tail_ladder.py). Without lower tiers the
+ladder is the single tail: the read pool's slots are rationed by value and learned yield.
 Sharing evidence makes a checkpoint "proven" (segment boundaries, learned branch points): the state
 pool protects those from speculative ones (state_pool.py).
 Learned yield: the state pool reports, per source, whether each checkpoint was hit before it left.
@@ -230,9 +230,9 @@ class CheckpointPolicy:
         if not rungs:
             return [0]
         if len(rungs) > 1:
-            intervals = sorted(self._intervals.get(cache_salt, ()))
+            longest = max(self._intervals.get(cache_salt, ()), default=0)
             writes = self._num_sites / self._serial if self._serial else 1.0
-            rungs = rungs[: ladder_size([g for _, g in rungs], intervals, self.tier_capacity, writes)]
+            rungs = rungs[: ladder_size(len(rungs), longest, self.tier_capacity, writes)]
         bs = self.block_size
         return [-(-x // bs) * bs for x, _ in rungs]
 

@@ -86,6 +86,9 @@ class StatePool:
         self.on_outcome: Callable[[int, bool], None] | None = None
         # Told (slot, hash, position, stranded) of a checkpoint evicted while its data is still in place.
         self.on_spill: Callable[[int, int, int, bool], None] | None = None
+        # Sources whose checkpoints go straight down (spilled once registered): speculative positions the lower
+        # tiers budget for (the policy's tail ladder), which would otherwise crowd the read pool.
+        self.write_through: frozenset[int] = frozenset()
         self.slot_source = [0] * num_slots
         self.num_slots = num_slots
         self.block_size = block_size
@@ -106,6 +109,7 @@ class StatePool:
         self._queue: EvictionOrder = queue(num_slots, self.pins)
         self.num_created = 0
         self.num_evicted = 0
+        self.num_written_through = 0  # registered and spilled at once (`write_through`)
         self.num_refused = 0  # registrations refused for provenance
         self.num_declined = 0  # checkpoints not written: worth less than every evictable one, or none evictable
         self.num_already_registered = 0  # checkpoints not written: their key is registered already
@@ -271,6 +275,12 @@ class StatePool:
         self._queue.push(pushed, utilities)  # L does not move while registering
         self._num_checkpoints += len(pushed)
         self.num_created += len(pushed)
+        if self.write_through and self.on_spill is not None:
+            for slot in pushed:
+                if slot_source[slot] in self.write_through:
+                    self.on_spill(slot, slot_hash[slot], slot_position[slot], False)  # type: ignore[arg-type]
+                    self._release(slot, report=False)
+                    self.num_written_through += 1
         return out
 
     def _reports(

@@ -3,8 +3,6 @@ rule maximizes its objective, and the policy writes rungs only where lower tiers
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +13,8 @@ from recap.core.request import Request
 from recap.core.state_manager import StateManager
 from recap.core.state_pool import StatePool
 from recap.core.tail_ladder import greedy_ladder, ladder_reference, ladder_size
+from recap.core.tier_index import EntryKind
+from tests.core.helpers import Harness, make_scheduler, req
 
 BS = 4
 distances_st = st.lists(st.integers(0, 40).map(lambda b: b * BS), max_size=40)
@@ -50,40 +50,37 @@ def test_the_first_rung_is_the_single_tail(distances: list[int], end: int) -> No
 
 @settings(max_examples=300, deadline=None)
 @given(
-    gains=st.lists(st.integers(1, 1000), max_size=12).map(lambda g: sorted(g, reverse=True)),
-    intervals=st.lists(st.integers(0, 500), max_size=30).map(sorted),
+    num_rungs=st.integers(0, 12),
+    longest=st.integers(0, 500),
     capacity=st.integers(0, 5000),
     base=st.floats(0.0, 8.0),
 )
-def test_the_ladder_size_maximizes_saving_times_the_share_that_outlives_its_reuse(
-    gains: list[int], intervals: list[int], capacity: int, base: float
+def test_the_ladder_size_is_the_most_rungs_that_outlive_the_longest_reuse(
+    num_rungs: int, longest: int, capacity: int, base: float
 ) -> None:
-    m = ladder_size(gains, intervals, capacity, base)
-    if not gains:
+    m = ladder_size(num_rungs, longest, capacity, base)
+    if num_rungs == 0:
         assert m == 0
         return
-    assert 1 <= m <= len(gains)
-    if not intervals or capacity <= 0:
+    assert 1 <= m <= num_rungs
+    if longest == 0 or capacity == 0:
         assert m == 1
         return
-
-    def objective(k: int) -> float:
-        return sum(gains[:k]) * bisect_right(intervals, capacity / (base + k)) / len(intervals)
-
-    assert all(objective(m) >= objective(k) for k in range(1, len(gains) + 1))
-    assert all(objective(m) > objective(k) for k in range(1, m))  # the smallest such size
+    if m > 1:
+        assert capacity / (base + m) >= longest  # every checkpoint outlives the longest recent reuse
+    if m < num_rungs:
+        assert capacity / (base + m + 1) < longest  # one more rung would not
+    assert ladder_size(num_rungs, longest, capacity + 1000, base) >= m  # more capacity, never fewer rungs
 
 
 def test_enough_capacity_writes_every_rung_and_none_writes_one() -> None:
-    gains = [50, 30, 10]
-    assert ladder_size(gains, [5, 10, 20], capacity=10_000, base_writes=2) == 3
-    assert ladder_size(gains, [5, 10, 20], capacity=0, base_writes=2) == 1
-    # 30 checkpoints over 3 + m writes a request: one rung lives 7.5 requests (a third of the reuses),
-    # three live 5 (a third too): three rungs. 20 checkpoints over 2 + m: two rungs live 5 requests (a
-    # third), three live 4 (none of the reuses): two.
-    assert ladder_size(gains, [5, 10, 20], capacity=30, base_writes=3) == 3
-    assert ladder_size(gains, [5, 10, 20], capacity=20, base_writes=2) == 2
-    assert ladder_size(gains, [5, 10, 20], capacity=12, base_writes=2) == 1  # 4 requests for one: none held
+    assert ladder_size(3, 20, capacity=10_000, base_writes=2) == 3
+    assert ladder_size(3, 20, capacity=0, base_writes=2) == 1
+    assert ladder_size(3, 0, capacity=10_000, base_writes=2) == 1  # no reuse seen: nothing to size by
+    # 100 checkpoints over 2 + m writes a request, reuses up to 20 requests apart: 3 checkpoints a request
+    assert ladder_size(3, 20, capacity=100, base_writes=2) == 3
+    assert ladder_size(3, 25, capacity=100, base_writes=2) == 2
+    assert ladder_size(3, 50, capacity=100, base_writes=2) == 1  # not even the base writes live that long
 
 
 def _policy(tier_capacity: int) -> CheckpointPolicy:
@@ -140,3 +137,27 @@ def test_a_rung_counts_from_the_hit_and_is_no_base_for_later_positions() -> None
     # rungs 12 and 28 count from the hit (4, 20); the tail from the hit too (12), the prompt end from the tail
     assert values == [4, 12, 20, 16]
     assert sm._base["b"] == 36
+
+
+def test_rungs_go_straight_to_the_tier_and_a_sharer_hits_one_from_there() -> None:
+    sched = make_scheduler("hybrid", "recap", BS, 200, 8, max_num_seqs=2, max_num_batched_tokens=64,
+                           cache_disk_bytes=1000, kv_bytes_per_token=1, state_bytes_per_slot=10)  # fmt: skip
+    h = Harness(sched)
+    assert sched.cache.policy.tier_capacity == 100
+    doc = list(range(100, 140))
+    h.run_one(req("a", doc + list(range(500, 510)), max_tokens=1))  # prompt end 48
+    for i, n in enumerate((36, 28, 20)):  # sharers leave a's chain 12, 20 and 28 tokens before its end
+        h.run_one(req(f"s{i}", doc[:n] + list(range(600 + 20 * i, 610 + 20 * i)), max_tokens=1))
+    # distances 12, 20, 28: d (prompt end 56) has its tail at 56 - 28 (3 x 28 beats 2 x 36, 1 x 44), rungs 36, 44
+    d = h.run_one(req("d", list(range(1000, 1058)), max_tokens=1))
+    pool, tiers = sched.cache.state.pool, sched.tiers  # type: ignore[union-attr]
+    assert tiers is not None and pool.num_written_through >= 2
+    h.step()  # registered after d's last step: the saves go out with the next one
+    h.step()  # and are reported one step after their order
+    disk = tiers.tier("disk")
+    mine = set(d.block_hashes)
+    on_disk = {k.position for k in disk.iter_keys() if k.kind == EntryKind.CHECKPOINT and k.block_hash in mine}
+    held = {pool.slot_position[s] for s in map(pool.lookup, d.block_hashes) if s is not None}
+    assert on_disk == {36, 44} and all(disk.is_ready(k) for k in disk.iter_keys()) and 28 in held  # the rungs written through; the tail stays in the read pool
+    e = h.run_one(req("e", d.prompt_token_ids[:40] + list(range(2000, 2012)), max_tokens=2))
+    assert e.num_cached_tokens == 36  # the rung, promoted from the disk tier (the executor checks its state)
