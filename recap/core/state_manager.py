@@ -30,6 +30,10 @@ class StateManager:
         self._base: dict[str, int] = {}  # request -> position of its deepest checkpoint so far (hit or own)
         self._hit: dict[str, int] = {}  # request -> position of the checkpoint it hit (0: none)
         self.num_planned = 0
+        # Sources whose checkpoints go straight to the lower tiers once registered (the tiers set it): speculative
+        # positions the tiers budget for (the policy's tail ladder), which would crowd the read pool.
+        self.write_through: frozenset[int] = frozenset()
+        self.num_written_through = 0
 
     def find_checkpoint(self, block_hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """(k, slot) of the deepest checkpoint after k <= max_blocks blocks of this chain; (0, PAD)."""
@@ -141,6 +145,11 @@ class StateManager:
             self.pool.num_refused += len(written)  # writes nobody planned: never registered
             return 0
         registered = self.pool.register(plans, written, request.block_hashes)
+        if self.write_through and self.pool.on_spill is not None:
+            for plan, ok in zip(plans, registered):
+                if ok and plan.source in self.write_through:
+                    self.pool.spill(plan.write.slot)
+                    self.num_written_through += 1
         prompt_len = request.num_prompt_tokens
         if plans[-1].write.position >= prompt_len:  # sorted, and snapshots lie past the prompt
             for plan, ok in zip(plans, registered):

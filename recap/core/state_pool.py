@@ -23,9 +23,7 @@ better one (it raises L like an eviction). Equal priorities evict the older entr
 A checkpoint whose KV block (the one its key names) is evicted is dropped at once (`strand`): a hybrid
 hit needs that block, so it could never be used again. At 72 + 8 GB on the Mooncake trace 78% of the
 held checkpoints were such orphans; dropping them lets a 2-3 GB state pool do the work of 8 GB.
-With lower tiers (core/tiers.py) an evicted checkpoint is demoted, not lost, and may still hit from
-there, so its eviction is no miss either: the policy's speculative sources are then rationed by the
-tiers' capacity (its tail ladder), not by their read-pool yield.
+An eviction into a lower tier (core/tiers.py) is no miss either: the checkpoint may still hit from there.
 A stranded checkpoint is not reported to the policy's learned yield as a miss: its KV left, which says
 nothing about its position. Reported, it shut off the policy's tails whenever KV was the tight budget,
 and a document with no checkpoint is the first KV to go (a feedback loop worth ~0.5 point at 80 GB).
@@ -86,9 +84,6 @@ class StatePool:
         self.on_outcome: Callable[[int, bool], None] | None = None
         # Told (slot, hash, position, stranded) of a checkpoint evicted while its data is still in place.
         self.on_spill: Callable[[int, int, int, bool], None] | None = None
-        # Sources whose checkpoints go straight down (spilled once registered): speculative positions the lower
-        # tiers budget for (the policy's tail ladder), which would otherwise crowd the read pool.
-        self.write_through: frozenset[int] = frozenset()
         self.slot_source = [0] * num_slots
         self.num_slots = num_slots
         self.block_size = block_size
@@ -109,7 +104,6 @@ class StatePool:
         self._queue: EvictionOrder = queue(num_slots, self.pins)
         self.num_created = 0
         self.num_evicted = 0
-        self.num_written_through = 0  # registered and spilled at once (`write_through`)
         self.num_refused = 0  # registrations refused for provenance
         self.num_declined = 0  # checkpoints not written: worth less than every evictable one, or none evictable
         self.num_already_registered = 0  # checkpoints not written: their key is registered already
@@ -275,12 +269,6 @@ class StatePool:
         self._queue.push(pushed, utilities)  # L does not move while registering
         self._num_checkpoints += len(pushed)
         self.num_created += len(pushed)
-        if self.write_through and self.on_spill is not None:
-            for slot in pushed:
-                if slot_source[slot] in self.write_through:
-                    self.on_spill(slot, slot_hash[slot], slot_position[slot], False)  # type: ignore[arg-type]
-                    self._release(slot, report=False)
-                    self.num_written_through += 1
         return out
 
     def _reports(
@@ -344,6 +332,11 @@ class StatePool:
             return False
         self._release(slot, report=False)  # superseded by a newer snapshot: not a verdict on the source
         return True
+
+    def spill(self, slot: int) -> None:
+        """Demote checkpoint `slot` to the lower tiers now and free it; no miss: it may hit from there."""
+        self.on_spill(slot, self.slot_hash[slot], self.slot_position[slot], False)  # type: ignore[misc,arg-type]
+        self._release(slot, report=False)
 
     def strand(self, block_hash: int) -> None:
         """The KV block `block_hash` names was evicted: a hybrid's checkpoint there can never hit again.

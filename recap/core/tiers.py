@@ -73,7 +73,7 @@ class TierManager:
             cache.lower_kv = self.has_kv  # a block only in a tier still ends a KV hit: the tail learner keeps it
         if cache.state is not None:
             cache.state.pool.on_spill = self.demote_checkpoint
-            cache.state.pool.write_through = frozenset({Source.LADDER})  # the tiers' own budget: straight down
+            cache.state.write_through = frozenset({Source.LADDER})  # the tiers' own budget: straight down
         self._size_ladder()
 
     def _size_ladder(self) -> None:
