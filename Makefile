@@ -33,9 +33,12 @@ venv: $(SERVE_STAMP)
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/recap serve $(ARGS)
 
+# One pytest worker per core (at most 4), a test file per worker: a file's module-level references and the
+# session's tiny checkpoints are built once per worker, not once per test (per-test distribution rebuilt them
+# and ran slower than one process). `pytest` alone still runs serially.
 test: $(TEST_STAMP)
 	$(PY) -m ruff check recap tests benchmarks
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check recap tests benchmarks

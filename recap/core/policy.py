@@ -21,6 +21,13 @@ request diverging within d of the end and saves E - d tokens to each. A long pro
 (a re-rendered last message, a trace hashed on a coarser grid, a document with different questions)
 the tail lands inside the shared part on the first sharing, not one turn late. A tail at or before a
 proven position of the same request is not written: that position is the measured version of it.
+Tail ladder: where lower tiers exist (`tier_capacity` checkpoints, set by core/tiers.py), one tail misses
+every sharer that diverges between it and the prompt end, and the first sharer of a chain whose tail lies
+past its divergence. The tail then becomes a ladder of rungs E - x_1 > E - x_2 > ..., added greedily by
+expected saving over the same recent distances (the first rung is the single tail), as many as still let
+the tiers keep every checkpoint for the longest recent reuse interval (requests between a chain's writer
+and a sharer) when every request writes that many more (core/tail_ladder.py). Without lower tiers the
+ladder is the single tail: the read pool's slots are rationed by value and learned yield.
 Sharing evidence makes a checkpoint "proven" (segment boundaries, learned branch points): the state
 pool protects those from speculative ones (state_pool.py).
 Learned yield: the state pool reports, per source, whether each checkpoint was hit before it left.
@@ -41,6 +48,7 @@ from typing import NamedTuple
 
 from recap.config import CacheConfig
 from recap.core.request import Request
+from recap.core.tail_ladder import greedy_ladder, ladder_size
 
 TAIL_WINDOW = 256  # recent divergence distances kept
 # Block hashes remembered with the prompt end that last extended them. A request reads the entry at the
@@ -70,6 +78,7 @@ class Source(enum.IntEnum):
     EVERY_BLOCK = 7  # policy "all"
     REMOTE = 8  # received from a prefill instance
     TIER = 9  # promoted from a lower tier (core/tiers.py)
+    LADDER = 10  # a further tail rung, written only where lower tiers hold them (core/tail_ladder.py)
 
 
 PROVEN_SOURCES = frozenset({Source.SEGMENT, Source.BRANCH})
@@ -114,13 +123,19 @@ class CheckpointPolicy:
         self.num_branch_points = 0
         self._learn_tail = self.name == "recap"
         self.learns_yield = self.enabled and self.name == "recap"  # wants the state pool's per-source outcomes
-        self._extent: OrderedDict[int, int] = OrderedDict()  # block hash -> prompt end of its last extender
+        # block hash -> (prompt end, admission serial) of its last extender
+        self._extent: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self.extent_capacity = extent_capacity
         self._holds = holds
         self._writing: dict[str, tuple[Sequence[int], int, int]] = {}  # request -> (hashes, start, stop) it wrote
         self.num_extent_sweeps = 0
         # Per cache salt: tenants learn from their own traffic only (salts isolate, DESIGN invariant 6).
         self._distances: dict[str | None, deque[int]] = {}
+        self._intervals: dict[str | None, deque[int]] = {}  # requests between a chain's writer and a sharer
+        self.tier_capacity = 0  # checkpoints the lower tiers hold: the tail ladder's budget (0: one tail)
+        self._serial = 0  # requests admitted (recap): the clock of reuse intervals
+        self._num_sites = 0  # positions other than ladder rungs, over admitted requests: writes per request
+        self.num_ladder_rungs = 0  # rungs past the single tail, written or not
         self.outcomes: dict[Source, list[int]] = {src: [0, 0] for src in Source}  # [hits, misses]
         self._explore: dict[Source, int] = {src: 0 for src in Source}
 
@@ -153,7 +168,7 @@ class CheckpointPolicy:
         sites: dict[int, Source] = {}
 
         def add(position: int, source: Source) -> None:
-            if position > 0 and source < sites.get(position, Source.REMOTE + 1):
+            if position > 0 and source < sites.get(position, len(Source)):
                 sites[position] = source
 
         wanted = {src: self.pays(src) for src in (Source.PROMPT_END, Source.TAIL, Source.GEOMETRIC, Source.INTERVAL)}
@@ -169,10 +184,12 @@ class CheckpointPolicy:
             if self._geometric and wanted[Source.GEOMETRIC]:
                 for g in self._geometric_positions(sorted(segments | {0}), end):
                     add(g, Source.GEOMETRIC)
-            tail = self._tail(request, kv_hit_tokens, end)
+            tails = self._tail(request, kv_hit_tokens, end)
             measured = max((p for p, src in sites.items() if src in PROVEN_SOURCES), default=0)
-            if tail > max(hit_tokens, measured) and wanted[Source.TAIL]:
-                add(tail, Source.TAIL)
+            if wanted[Source.TAIL]:
+                for i, tail in enumerate(tails):
+                    if tail > max(hit_tokens, measured):
+                        add(tail, Source.TAIL if i == 0 else Source.LADDER)
             if seen_tokens > max(kv_hit_tokens, hit_tokens):
                 # Shared past the KV hit, through blocks KV evicted: this request recomputes the prefix
                 # and diverges there. Not a bound on the tail, unlike a KV branch point: with one, the
@@ -184,44 +201,64 @@ class CheckpointPolicy:
                     add(p, Source.INTERVAL)
         self._static[request.request_id] = sites
         self._decode[request.request_id] = self.name == "recap" and self.pays(Source.DECODE_END)
+        if self.name == "recap":
+            self._serial += 1
+            self._num_sites += sum(src != Source.LADDER for src in sites.values()) + self._decode[request.request_id]
 
-    def observe_divergence(self, distance: int, cache_salt: str | None = None) -> None:
-        """A request diverged `distance` tokens before the prompt end of the chain it shared."""
+    def observe_divergence(self, distance: int, cache_salt: str | None = None, interval: int | None = None) -> None:
+        """A request diverged `distance` tokens before the prompt end of the chain it shared, `interval`
+        requests after that chain's writer was admitted."""
         self._distances.setdefault(cache_salt, deque(maxlen=TAIL_WINDOW)).append(distance)
+        if interval is not None:
+            self._intervals.setdefault(cache_salt, deque(maxlen=TAIL_WINDOW)).append(interval)
 
     def tail_distance(self, prompt_end: int, cache_salt: str | None = None) -> int:
         """The learned divergence distance for a prompt ending at `prompt_end` (a multiple of block_size).
 
         argmax over the recent distances d of F(d) * (prompt_end - d); 0 before any sharing was seen.
         """
-        ranked = sorted(self._distances.get(cache_salt, ()))
-        best, choice = -1.0, 0
-        for i, d in enumerate(ranked):
-            if d >= prompt_end:
-                break
-            saving = (i + 1) * (prompt_end - d)  # F(d) * n * (E - d); ties keep the shorter distance
-            if saving > best:
-                best, choice = saving, d
-        return -(-choice // self.block_size) * self.block_size
+        rungs = greedy_ladder(self._distances.get(cache_salt, ()), prompt_end, 1)
+        return -(-rungs[0][0] // self.block_size) * self.block_size if rungs else 0
 
-    def _tail(self, request: Request, kv_hit_tokens: int, end: int) -> int:
-        """Observe this request's divergence from the chain it shares; return its own tail position."""
+    def tail_distances(self, prompt_end: int, cache_salt: str | None = None) -> list[int]:
+        """The ladder's distances (block multiples), the single tail's first; [0] before any sharing was seen.
+
+        More than one only with lower tiers: as many greedy rungs as `ladder_size` finds worth their slots.
+        """
+        distances = self._distances.get(cache_salt, ())
+        rungs = greedy_ladder(distances, prompt_end, len(distances) if self.tier_capacity > 0 else 1)
+        if not rungs:
+            return [0]
+        if len(rungs) > 1:
+            longest = max(self._intervals.get(cache_salt, ()), default=0)
+            writes = self._num_sites / self._serial if self._serial else 1.0
+            rungs = rungs[: ladder_size(len(rungs), longest, self.tier_capacity, writes)]
+        bs = self.block_size
+        return [-(-x // bs) * bs for x, _ in rungs]
+
+    def _tail(self, request: Request, kv_hit_tokens: int, end: int) -> list[int]:
+        """Observe this request's divergence from the chain it shares; return its own tail positions (the
+        single tail first, then further ladder rungs)."""
         if not self._learn_tail or end <= 0:
-            return 0
+            return []
         bs, hashes, extent = self.block_size, request.block_hashes, self._extent
         k = kv_hit_tokens // bs
         if 0 < k <= len(hashes):
-            previous_end = extent.get(hashes[k - 1])
-            if previous_end is not None:
-                self.observe_divergence(max(0, previous_end - kv_hit_tokens), request.cache_salt)
+            previous = extent.get(hashes[k - 1])
+            if previous is not None:
+                previous_end, writer = previous
+                self.observe_divergence(max(0, previous_end - kv_hit_tokens), request.cache_salt, self._serial - writer)
+        mark = (end, self._serial)  # one tuple per request, shared by its entries
         for h in hashes[k : end // bs]:  # the new part of the chain now ends at this prompt's end
-            extent[h] = end
+            extent[h] = mark
             extent.move_to_end(h)
         if end // bs > k:  # not cached yet: a sweep must keep them while the request runs
             self._writing[request.request_id] = (hashes, k, end // bs)
         if len(extent) > self.extent_capacity:
             self._bound_extent()
-        return max(0, end - self.tail_distance(end, request.cache_salt))
+        tails = [max(0, end - x) for x in self.tail_distances(end, request.cache_salt)]
+        self.num_ladder_rungs += len(tails) - 1
+        return tails
 
     def _bound_extent(self) -> None:
         """Drop the entries whose hashes the cache no longer holds (running requests' kept), then, if still

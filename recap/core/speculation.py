@@ -30,6 +30,12 @@ from recap.core.request import Request
 # (runner/speculative.py), so this bounds their memory whatever max_num_seqs is.
 MAX_DRAFTING_ROWS = 16
 
+# A request's first verify steps carry at most this many drafts (or num_speculative_tokens, if fewer); a step that
+# accepts all it carried doubles the request's cap, up to num_speculative_tokens. So a large k costs a drafter
+# that keeps missing no more than k = 4 does (its probes stay short), and one that keeps being right (prompt
+# lookup on a rewrite) reaches long verify rows within a few steps.
+FIRST_DRAFTS = 4
+
 
 def drafting_rows(max_num_seqs: int) -> int:
     return min(max_num_seqs, MAX_DRAFTING_ROWS)
@@ -78,7 +84,10 @@ class Speculator:
         self.counters = SpecCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._misses: dict[str, int] = {}  # request -> verify steps in a row that accepted nothing
         self._skip: dict[str, int] = {}  # request -> decode steps left without drafts (backoff)
-        self._cap: dict[str, int] = {}  # request -> most drafts per step after misses (halved by each)
+        # request -> most drafts per step: FIRST_DRAFTS at first, doubled by a step accepting all, halved by a miss
+        self._cap: dict[str, int] = {}
+        # request -> (position, token): what the drafter proposed at a step skipped by the backoff (`_probe`)
+        self._shadow: dict[str, tuple[int, int]] = {}
 
     def max_drafts(self, request: Request, budget: int) -> int:
         """How many drafts the request's next decode step may carry (0: a plain decode)."""
@@ -98,21 +107,50 @@ class Speculator:
         return self.drafter is None
 
     def _num_drafts(self, request: Request, budget: int) -> int:
-        if not request.speculate or self._rows >= self.max_rows:
+        if not request.speculate or self._rows >= self.max_rows or self.backing_off(request):
             return 0
+        return max(0, min(self.max_drafts(request, budget), self.cap(request.request_id)))
+
+    def cap(self, request_id: str) -> int:
+        """The most drafts the request's next drafting step may carry (FIRST_DRAFTS)."""
+        return self._cap.get(request_id, self._first)
+
+    @property
+    def _first(self) -> int:
+        return min(self.config.num_speculative_tokens, FIRST_DRAFTS)
+
+    def backing_off(self, request: Request) -> bool:
+        """Whether this decode step goes without drafts for the backoff (counted down here). A step skipped
+        ends the backoff early when the token the drafter proposed at the skipped step before came true
+        (`_probe`): the drafter has started to predict this output, so the next verify step pays."""
         rid = request.request_id
-        if self._skip.get(rid, 0) > 0:
-            self._skip[rid] -= 1
-            return 0
-        return max(0, min(self.max_drafts(request, budget), self._cap.get(rid, self.config.num_speculative_tokens)))
+        seen = self._shadow.pop(rid, None)
+        if self._skip.get(rid, 0) <= 0:
+            return False
+        if seen is not None and request.num_tokens > seen[0] and request.token_slice(seen[0], seen[0] + 1) == [seen[1]]:
+            self._skip[rid] = 0  # probe now; a miss still lengthens the backoff (accept)
+            return False
+        self._skip[rid] -= 1
+        return True
 
     def draft(self, request: Request, budget: int) -> list[int]:
         """Drafts for a request whose next step is a decode (its last token is its only uncomputed one)."""
         assert self.drafter is not None, "the runner proposes this method's drafts (runner_drafts)"
+        skipped = self._skip.get(request.request_id, 0) > 0
         k = self._num_drafts(request, budget)
+        if not k and skipped and request.speculate:
+            self._probe(request)
         drafts = [int(t) for t in self.drafter.propose(request, k)[:k]] if k else []
         self._rows += bool(drafts)
         return drafts
+
+    def _probe(self, request: Request) -> None:
+        """A step the backoff skips: note the drafter's next token, to be checked against the token this step
+        commits (one proposal of one token: the n-gram drafter's lookup, no verify row)."""
+        assert self.drafter is not None
+        proposal = self.drafter.propose(request, 1)
+        if proposal:
+            self._shadow[request.request_id] = (request.num_tokens, int(proposal[0]))
 
     def runner_drafts(self, request: Request, budget: int) -> int:
         """How many drafts the runner's draft model may propose for this decode (0: a plain decode)."""
@@ -142,8 +180,10 @@ class Speculator:
             self._skip[rid] = min((1 << min(misses, 16)) - 1, self.config.max_draft_backoff)
             if self.config.max_draft_backoff:  # and the probes draft less: a short verify row costs less
                 self._cap[rid] = max(1, len(drafts) // 2)
-        else:
-            self._cap.pop(rid, None)
+        else:  # at least the first cap again; all accepted: twice the cap (FIRST_DRAFTS)
+            cap = self.cap(rid)
+            grown = min(self.config.num_speculative_tokens, 2 * cap if a == len(drafts) else cap)
+            self._cap[rid] = max(self._first, grown)
 
     def forget(self, request_id: str) -> None:
         if self.drafter is not None:
@@ -151,3 +191,4 @@ class Speculator:
         self._misses.pop(request_id, None)
         self._skip.pop(request_id, None)
         self._cap.pop(request_id, None)
+        self._shadow.pop(request_id, None)

@@ -28,7 +28,12 @@ class StateManager:
         self.pending: dict[str, list[PlannedWrite]] = {}
         self._provisional: dict[str, tuple[int, int]] = {}  # request -> (slot, hash) of its last snapshot
         self._base: dict[str, int] = {}  # request -> position of its deepest checkpoint so far (hit or own)
+        self._hit: dict[str, int] = {}  # request -> position of the checkpoint it hit (0: none)
         self.num_planned = 0
+        # Sources whose checkpoints go straight to the lower tiers once registered (the tiers set it): speculative
+        # positions the tiers budget for (the policy's tail ladder), which would crowd the read pool.
+        self.write_through: frozenset[int] = frozenset()
+        self.num_written_through = 0
 
     def find_checkpoint(self, block_hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """(k, slot) of the deepest checkpoint after k <= max_blocks blocks of this chain; (0, PAD)."""
@@ -52,11 +57,11 @@ class StateManager:
     def admit(self, request_id: str, hit_slot: int) -> tuple[int, int] | None:
         """Take a running slot; on a hit, pin the checkpoint and return the (src, dst) copy to perform."""
         assert request_id not in self.running, f"{request_id} already holds a running slot"
-        self._base[request_id] = 0
+        self._base[request_id] = self._hit[request_id] = 0
         if hit_slot != PAD_SLOT_ID:
             self.pool.pin(hit_slot)  # before allocating: the allocation must not evict it
             self.pool.touch(hit_slot)
-            self._base[request_id] = self.pool.slot_position[hit_slot]
+            self._base[request_id] = self._hit[request_id] = self.pool.slot_position[hit_slot]
         slot = self.pool.allocate_running()
         assert slot is not None, "admit without can_admit"
         self.running[request_id] = slot
@@ -68,15 +73,20 @@ class StateManager:
         """Fresh PENDING slots for a chunk's checkpoint positions (sorted); skipped where registered or no slot.
 
         A write's eviction value counts the tokens past the request's deepest checkpoint so far (the one it
-        hit or its own previous one): what holding it saves over what the chain already has.
+        hit or its own previous one): what holding it saves over what the chain already has. A tail ladder
+        rung (Source.LADDER) counts from the hit and is no base for later positions: a sharer diverging
+        below the tail finds the rung and not the tail, so the tail keeps the value it had alone, and a
+        rung past the tail is worth what it saves a sharer that has only the hit.
         One call per chunk: under policy `all` a replay plans millions of writes.
         """
         bs = self.block_size
         base = self._base.get(request_id, 0)
+        hit = self._hit.get(request_id, 0)
         asks = []
-        for position, provisional, proven, _ in positions:
-            asks.append((block_hashes[position // bs - 1], position - base if position - base > bs else bs, proven))
-            if not provisional and position > base:  # a snapshot is superseded: no base for later positions
+        for position, provisional, proven, source in positions:
+            below = hit if source == Source.LADDER else base
+            asks.append((block_hashes[position // bs - 1], position - below if position - below > bs else bs, proven))
+            if not provisional and position > base and source != Source.LADDER:  # a snapshot is superseded
                 base = position
         self._base[request_id] = base
         out: list[CheckpointWrite] = []
@@ -135,6 +145,11 @@ class StateManager:
             self.pool.num_refused += len(written)  # writes nobody planned: never registered
             return 0
         registered = self.pool.register(plans, written, request.block_hashes)
+        if self.write_through and self.pool.on_spill is not None:
+            for plan, ok in zip(plans, registered):
+                if ok and plan.source in self.write_through:
+                    self.pool.spill(plan.write.slot)
+                    self.num_written_through += 1
         prompt_len = request.num_prompt_tokens
         if plans[-1].write.position >= prompt_len:  # sorted, and snapshots lie past the prompt
             for plan, ok in zip(plans, registered):
@@ -159,6 +174,7 @@ class StateManager:
             self.pool.free(plan.write.slot)
         self._provisional.pop(request_id, None)
         self._base.pop(request_id, None)
+        self._hit.pop(request_id, None)
 
     def forget_provisional(self) -> None:
         self._provisional.clear()

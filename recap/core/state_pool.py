@@ -23,6 +23,7 @@ better one (it raises L like an eviction). Equal priorities evict the older entr
 A checkpoint whose KV block (the one its key names) is evicted is dropped at once (`strand`): a hybrid
 hit needs that block, so it could never be used again. At 72 + 8 GB on the Mooncake trace 78% of the
 held checkpoints were such orphans; dropping them lets a 2-3 GB state pool do the work of 8 GB.
+An eviction into a lower tier (core/tiers.py) is no miss either: the checkpoint may still hit from there.
 A stranded checkpoint is not reported to the policy's learned yield as a miss: its KV left, which says
 nothing about its position. Reported, it shut off the policy's tails whenever KV was the tight budget,
 and a document with no checkpoint is the first KV to go (a feedback loop worth ~0.5 point at 80 GB).
@@ -200,7 +201,7 @@ class StatePool:
             self._queue.evict(slot, top_priority)
             if self.on_spill is not None:
                 self.on_spill(slot, self.slot_hash[slot], self.slot_position[slot], False)
-            self._unregister(slot, discard=False)
+            self._unregister(slot, report=self.on_spill is None, discard=False)  # demoted: it may still hit
             self.num_evicted += 1
         self.kind[slot] = SlotKind.PENDING
         return slot
@@ -331,6 +332,11 @@ class StatePool:
             return False
         self._release(slot, report=False)  # superseded by a newer snapshot: not a verdict on the source
         return True
+
+    def spill(self, slot: int) -> None:
+        """Demote checkpoint `slot` to the lower tiers now and free it; no miss: it may hit from there."""
+        self.on_spill(slot, self.slot_hash[slot], self.slot_position[slot], False)  # type: ignore[misc,arg-type]
+        self._release(slot, report=False)
 
     def strand(self, block_hash: int) -> None:
         """The KV block `block_hash` names was evicted: a hybrid's checkpoint there can never hit again.

@@ -73,6 +73,13 @@ class TierManager:
             cache.lower_kv = self.has_kv  # a block only in a tier still ends a KV hit: the tail learner keeps it
         if cache.state is not None:
             cache.state.pool.on_spill = self.demote_checkpoint
+            cache.state.write_through = frozenset({Source.LADDER})  # the tiers' own budget: straight down
+        self._size_ladder()
+
+    def _size_ladder(self) -> None:
+        """The policy's tail ladder is budgeted by the checkpoints the enabled tiers can hold (core/policy.py)."""
+        budget = sum(t.budget_bytes for i, t in enumerate(self.indexes) if i not in self.disabled)
+        self.cache.policy.tier_capacity = budget // max(1, self.checkpoint_entry_bytes) if self.cache.state else 0
 
     @property
     def enabled(self) -> bool:
@@ -316,3 +323,4 @@ class TierManager:
         """The runner turned tier `level`'s store off (unwritable, full): forget that tier; nothing more goes there."""
         self.disabled.add(level)
         self.indexes[level].clear()
+        self._size_ladder()

@@ -15,6 +15,7 @@ paths.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -23,7 +24,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -42,6 +45,7 @@ def _compiler() -> str:
     raise NativeUnavailableError("no C compiler (cc, gcc or clang) on PATH")
 
 
+@functools.cache
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -73,15 +77,12 @@ def load_library(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         raise NativeUnavailableError(f"native kernels are built for Linux only, not {platform.system()}")
     src = CSRC / f"{name}.c"
     cc = _compiler()
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise NativeUnavailableError(f"{cc} --version failed: {e}") from e
+    version = _compiler_version(cc)
     flags = (*FLAGS, *extra_flags)
     key = hashlib.sha256(b"\0".join(s.encode() for s in (src.read_text(), version, " ".join(flags), _cpu_flags())))
     out = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not out.is_file():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # a builder per process and thread
         try:
             done = subprocess.run([cc, *flags, "-o", str(tmp), str(src), "-lm"], capture_output=True, text=True,
                                   timeout=300)
@@ -95,6 +96,28 @@ def load_library(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         return ctypes.CDLL(str(out))
     except OSError as e:
         raise NativeUnavailableError(f"loading {out} failed: {e}") from e
+
+
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    """`cc --version`, asked once per process (each library's cache key holds it)."""
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeUnavailableError(f"{cc} --version failed: {e}") from e
+
+
+def build_libraries(names: Sequence[str]) -> None:
+    """`load_library(name)` for each of `names` at once, a compiler per core: on a machine with no cached
+    library a start otherwise compiled them one after another (about a second each, several under load) as
+    each part turned its kernels on. Each success stays in load_library's cache; a failure is not cached, so
+    the library's own load raises it again where its caller decides what to do."""
+    def build(name: str) -> None:
+        with contextlib.suppress(NativeUnavailableError):
+            load_library(name)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        list(pool.map(build, names))
 
 
 def raw_function(lib: ctypes.CDLL, name: str, restype: type | None = None) -> ctypes._CFuncPtr:

@@ -17,12 +17,19 @@ from typing import TYPE_CHECKING, Any
 from recap.model.model_config import ModelConfig
 from recap.model.translators.bailing import _bailing_hybrid
 from recap.model.translators.common import UnsupportedArchitectureError
-from recap.model.translators.gated_deltanet import _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
+from recap.model.translators.gated_deltanet import _minicpm_v, _olmo_hybrid, _qwen3_5_vl, _qwen_gdn
 from recap.model.translators.glm5_next import _glm5_next
 from recap.model.translators.inkling import _inkling, _inkling2, _inkling2_vl, _inkling_vl
 from recap.model.translators.lfm_kimi import _kimi_linear, _lfm, _lfm_vl
 from recap.model.translators.mamba import _bamba, _jamba, _mamba, _mamba2
-from recap.model.translators.mamba2_hybrids import _falcon_h1, _granite_moe_hybrid, _nemotron_h, _zamba, _zamba2
+from recap.model.translators.mamba2_hybrids import (
+    _falcon_h1,
+    _granite_moe_hybrid,
+    _nemotron_h,
+    _nemotron_h_omni,
+    _zamba,
+    _zamba2,
+)
 from recap.model.translators.minimax import _minimax
 from recap.model.translators.qwen4_exp import _qwen4_exp, _qwen4_exp_vl
 from recap.model.translators.recurrent_gemma import _recurrent_gemma
@@ -200,6 +207,18 @@ _INKLING2_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1,
 # ranks token 2 (LFM2's eos) first mid-continuation, which generate's min_new_tokens forbids: eos moved to 511
 _LFM_VL_TOWERS = {"vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                                     "num_attention_heads": 2, "num_key_value_heads": 2}, "projector_hidden_size": 32}
+# Nemotron-3 Nano Omni's towers, as small as their configs allow (skipped by recap): RADIO (patches of 4, its video
+# patch size as the wrapper's), its projector, and the Parakeet audio encoder with its projector's sizes.
+_OMNI_TOWERS = {"vision_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "patch_size": 4, "image_size": 16, "max_img_size": 32,
+                                  "video_temporal_patch_size": 2},
+                "audio_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                 "intermediate_size": 64, "subsampling_conv_channels": 8, "num_mel_bins": 16,
+                                 "projection_hidden_size": 32, "projection_bias": False},
+                "projector_hidden_size": 32, "vision_hidden_size": 32}  # fmt: skip
+# MiniCPM-V 4.6 / 4.7 / MiniCPM-OCR's SigLIP2 vision tower, as small as its config allows (skipped by recap)
+_MINICPM_TOWERS = {"vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                     "num_attention_heads": 2}}  # fmt: skip
 # xLSTM: 3 layers of 4 heads (qk head 8, v head 16), chunk 16 in transformers (so its parity prompts cross its
 # chunkwise and sequential paths); gate biases jittered off transformers' -10 / 3..6 init, its zero gate weights too
 _TINY_XLSTM = {"num_hidden_layers": 3, "num_heads": 4, "chunk_size": 16, "pad_token_id": 1, "bos_token_id": 0,
@@ -214,6 +233,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("JambaForCausalLM", _jamba, "jamba", ("jamba",), TinyConfig("jamba", "JambaConfig", _TINY_JAMBA)),
     Family("NemotronHForCausalLM", _nemotron_h, "nemotron_h", ("nemotron_h",),
            TinyConfig("nemotron_h", "NemotronHConfig", _TINY_NEMOTRON_H, jitter=True)),
+    Family("NemotronH_Omni_Reasoning_V3", _nemotron_h_omni, "nemotron_h",
+           ("nemotron_h_omni", "NemotronH_Nano_Omni_Reasoning_V3"),
+           TinyConfig("nemotron_h_omni", "NemotronH_Omni_Reasoning_V3_Config", _TINY_NEMOTRON_H, jitter=True,
+                      vision=True, towers=_OMNI_TOWERS),
+           aliases=("NemotronH_Nano_Omni_Reasoning_V3",)),  # the released (remote-code) configs' name and type
     Family("GraniteMoeHybridForCausalLM", _granite_moe_hybrid, "granite_moe_hybrid", ("granitemoehybrid",),
            TinyConfig("granite_hybrid", "GraniteMoeHybridConfig", _TINY_GRANITE, jitter=True)),
     Family("FalconH1ForCausalLM", _falcon_h1, "falcon_h1", ("falcon_h1",),
@@ -229,6 +253,13 @@ FAMILIES: tuple[Family, ...] = (
            TinyConfig("qwen3_5_vl", "Qwen3_5Config", _GDN, vision=True)),
     Family("Qwen3_5MoeForConditionalGeneration", _qwen3_5_vl, "qwen3_5", ("qwen3_5_moe",),
            TinyConfig("qwen3_5_moe_vl", "Qwen3_5MoeConfig", {**_GDN, **_QWEN_MOE}, vision=True)),
+    # one layout (Qwen3.5 under model.language_model, SigLIP2 tower, merger): one class, registered per name
+    Family("MiniCPMV4_6ForConditionalGeneration", _minicpm_v, "qwen3_5", ("minicpmv4_6",),
+           TinyConfig("minicpmv4_6", "MiniCPMV4_6Config", _GDN, vision=True, towers=_MINICPM_TOWERS)),
+    Family("MiniCPMV4_7ForConditionalGeneration", _minicpm_v, "qwen3_5", ("minicpmv4_7",),
+           TinyConfig("minicpmv4_7", "MiniCPMV4_7Config", _GDN, vision=True, towers=_MINICPM_TOWERS)),
+    Family("MiniCPMOcrForConditionalGeneration", _minicpm_v, "qwen3_5", ("minicpm_ocr",),  # head tied by default
+           TinyConfig("minicpm_ocr", "MiniCPMOcrConfig", _GDN, vision=True, towers=_MINICPM_TOWERS)),
     Family("OlmoHybridForCausalLM", _olmo_hybrid, "olmo_hybrid", ("olmo_hybrid",),
            TinyConfig("olmo_hybrid", "OlmoHybridConfig", _TINY_OLMO)),
     Family("Zamba2ForCausalLM", _zamba2, "zamba2", ("zamba2",),

@@ -40,6 +40,7 @@ from recap.model.prequantized import (
 from recap.model.prequantized_load import QuantizedLinears
 from recap.model.quant import QUANTIZATIONS
 from recap.model.safetensors_file import SafetensorsFormatError, StoredTensor, copy_stored, stored_tensors
+from recap.model.trained_default import WEIGHTS_DIR
 from recap.process.heap import return_free_heap
 
 logger = logging.getLogger(__name__)
@@ -297,7 +298,33 @@ def load_model(
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The checkpoint's tokenizer through transformers' AutoTokenizer."""
+    """The checkpoint's tokenizer: what transformers' AutoTokenizer loads (`load_tokenizer_auto`). For the
+    shipped default models, whose tokenizer_config names TokenizersBackend, that class directly: importing
+    AutoTokenizer scans every model folder of transformers (~1 s of CPU, half of a warm `recap serve` start's
+    tokenizer time); the test compares the two."""
+    if bundled_tokenizers_backend(path):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(path))
+    return load_tokenizer_auto(path)
+
+
+def load_tokenizer_auto(path: str | Path) -> Any:
+    """The checkpoint's tokenizer through transformers' AutoTokenizer (the reference of `load_tokenizer`)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def bundled_tokenizers_backend(path: str | Path) -> bool:
+    """Whether `path` is one of the shipped default models' folders (recap/model/weights/) and its
+    tokenizer_config.json names TokenizersBackend with no remote code: AutoTokenizer's pick for it."""
+    folder = Path(path).resolve()
+    if folder.parent != WEIGHTS_DIR.resolve():
+        return False
+    try:
+        with open(folder / "tokenizer_config.json") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return cfg.get("tokenizer_class") == "TokenizersBackend" and "auto_map" not in cfg

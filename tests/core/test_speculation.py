@@ -14,7 +14,7 @@ from recap.config import SpeculativeConfig
 from recap.core.drafter import NgramDrafter, ngram_propose_ref
 from recap.core.fake_executor import FakeExecutor
 from recap.core.request import Request
-from recap.core.speculation import Speculator
+from recap.core.speculation import FIRST_DRAFTS, Speculator
 from tests.core.helpers import Harness, make_scheduler, req
 
 
@@ -132,6 +132,70 @@ def test_backoff_after_verify_steps_that_accept_nothing() -> None:
     spec.forget("a")
     assert spec.draft(r, budget=64) == [0, 0]
     assert Speculator(SpeculativeConfig(max_draft_backoff=0), 16, 1000, Always()).draft(r, 64) == [0] * 4
+
+
+def test_cap_starts_short_and_doubles_while_every_draft_is_accepted() -> None:
+    """k = 15: the first step carries FIRST_DRAFTS (4), each step accepting all it carried doubles the cap up to
+    k, a partial acceptance keeps it, a miss halves it (and backs off), an acceptance after that restores at
+    least the first cap."""
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=15, max_draft_backoff=1), 1000, 10_000, Always())
+    r = Request("a", [1, 2, 3], max_tokens=5000, speculate=True)
+    sizes = []
+
+    def step(accepted: int | None) -> None:
+        drafts = spec.draft(r, budget=64)
+        sizes.append(len(drafts))
+        if drafts:
+            a = len(drafts) if accepted is None else accepted
+            spec.accept(r, drafts, [*drafts[:a], 9], len(drafts))
+
+    for accepted in (None, None, None, None, 3, 0, None, 1, None):
+        step(accepted)
+    # 4 -> 8 -> 15 (k) -> 15; a partial acceptance (3 of 15) keeps 15; a miss: one skipped step, then 7; 1 of 7
+    # accepted keeps 7; all 7 accepted: 14, then all 14: 15
+    assert sizes == [FIRST_DRAFTS, 8, 15, 15, 15, 15, 0, 7, 7]
+    step(None)
+    assert sizes[-1] == 14 and spec.cap("a") == 15
+    small = Speculator(SpeculativeConfig(num_speculative_tokens=2), 1000, 10_000, Always())
+    assert small.draft(r, budget=64) == [0, 0]  # k below FIRST_DRAFTS: k from the first step, as before
+
+
+class Echo:
+    """Proposes `token` max_tokens times."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, request: Request, max_tokens: int) -> list[int]:
+        return [self.token] * max_tokens
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+def _after_two_misses(committed: int) -> list[int]:
+    """Drafts at the step after a skipped one that committed `committed`, two misses into a backoff (which skips
+    3 steps after the second miss); the drafter always proposes 7, the target emits 5 where it misses."""
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=2, max_draft_backoff=64), 16, 10_000, Echo(7))
+    r = Request("a", [1, 2, 3], max_tokens=500, speculate=True)
+    assert spec.draft(r, budget=64) == [7, 7]
+    spec.accept(r, [7, 7], [5], 2)  # miss: skip 1 step, cap 1
+    r.output_token_ids.append(5)
+    assert spec.draft(r, budget=64) == []  # skipped: the drafter's 7 noted, 5 committed
+    r.output_token_ids.append(5)
+    assert spec.draft(r, budget=64) == [7]
+    spec.accept(r, [7], [5], 1)  # second miss: skip 3 steps
+    r.output_token_ids.append(5)
+    assert spec.draft(r, budget=64) == []  # skipped: 7 noted
+    r.output_token_ids.append(committed)
+    return spec.draft(r, budget=64)
+
+
+def test_a_backoff_ends_when_the_skipped_steps_proposal_comes_true() -> None:
+    """While backing off, the drafter's next token is noted at each skipped step and checked against the token
+    that step commits: a right one ends the skip (the next step drafts again); a wrong one does not."""
+    assert _after_two_misses(committed=7) == [7]
+    assert _after_two_misses(committed=5) == []
 
 
 def test_ngram_drafter_matches_reference() -> None:

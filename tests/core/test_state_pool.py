@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from recap.bench.replay_pool import ReplayStatePool
 from recap.core.output import CheckpointWrite
 from recap.core.state_pool import PlannedWrite, SlotKind, StatePool
 
@@ -229,6 +230,21 @@ def test_a_stranded_checkpoint_is_no_verdict_on_its_source() -> None:
     put(pool, 12, 3)  # the freed slot
     put(pool, 16, 4)  # evicts checkpoint 2, never hit: that one is a miss of its source
     assert pool.lookup(2) is None and outcomes == [(0, False)]
+    pool.check()
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_checkpoint_demoted_to_a_lower_tier_is_no_miss(replay: bool) -> None:
+    # It may still hit from the tier: the policy's tiers rationed speculative sources (its tail ladder);
+    # reported as misses, a ladder's rungs shut the single tail off (docs/replay.md, lower tiers).
+    pool = ReplayStatePool.adopt(make(1)) if replay else make(1)
+    outcomes: list[tuple[int, bool]] = []
+    spilled: list[int] = []
+    pool.on_outcome = lambda source, hit: outcomes.append((source, hit))
+    pool.on_spill = lambda slot, h, position, stranded: spilled.append(h)
+    put(pool, 8, 1)
+    put(pool, 16, 2)  # evicts checkpoint 1 into the tier
+    assert spilled == [1] and outcomes == [] and pool.num_evicted == 1
     pool.check()
 
 

@@ -128,7 +128,7 @@ def cluster(disagg_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                      logs)
     decode = launch("decode", [*serve, "--role", "decode", "--kv-transfer-timeout", "20", *trust,
                                "--kv-peer", kv_prefill, "--kv-peer", kv_slow], logs)
-    slow = launch("slow-prefill", [*serve, "--role", "prefill", "--kv-send-delay", "1.5", *trust,
+    slow = launch("slow-prefill", [*serve, "--role", "prefill", "--kv-send-delay", "5", *trust,
                                    "--kv-port", kv_slow.rsplit(":", 1)[1]], logs)
     instances = [single, prefill, decode, slow]
     try:

@@ -124,7 +124,7 @@ def test_instances_leak_nothing(cluster: Cluster) -> None:
 
 
 def test_killed_prefill_fails_only_its_request(cluster: Cluster) -> None:
-    """The slow prefill instance delays every send by 1.5 s: kill it while the decode side waits for one."""
+    """The slow prefill instance delays every send by 5 s: kill it while the decode side waits for one."""
     proxy, decode = cluster.slow_proxy.url, cluster.decode.url
     long_body = {"model": MODEL_NAME, "prompt": "Count with me: one two three", "max_tokens": 400,
                  "temperature": 0, "ignore_eos": True, "stream": True}

@@ -14,6 +14,7 @@ import torch
 
 from recap import LLM, SamplingParams
 from recap.core.request import Request
+from recap.core.speculation import FIRST_DRAFTS
 from recap.engine.outputs import RequestOutput
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.workloads import drain, rnd
@@ -44,10 +45,12 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-def make(path: Path, spec: bool, caching: bool = True, **kw: object) -> LLM:
+def make(path: Path, spec: bool | dict[str, object], caching: bool = True, **kw: object) -> LLM:
+    """spec: True for SPEC, or a speculative config of its own."""
     opts: dict[str, object] = {"block_size": 16, "max_model_len": 256, "check_integrity": True, "seed": 0,
                                "max_num_seqs": 8, "num_threads": 1, **kw}
-    return LLM(str(path), enable_prefix_caching=caching, speculative_config=SPEC if spec else None, **opts)  # type: ignore[arg-type]
+    config = SPEC if spec is True else spec or None
+    return LLM(str(path), enable_prefix_caching=caching, speculative_config=config, **opts)  # type: ignore[arg-type]
 
 
 def tokens(outs: Sequence[RequestOutput]) -> list[list[int]]:
@@ -174,6 +177,28 @@ def test_ngram_drafts_are_accepted_where_the_output_repeats(models: dict[str, Pa
     assert tokens(llm.generate(prompts, GREEDY)) == want
     stats = llm.engine.scheduler.stats
     assert stats.spec.num_accepted_tokens > 0 and stats.spec.mean_acceptance_length > 2.0
+
+
+@pytest.mark.parametrize("arch", ["bamba"])
+def test_long_adaptive_drafts_equal_plain_greedy(models: dict[str, Path], arch: str) -> None:
+    """k = 15 with the default backoff: a request's cap starts at FIRST_DRAFTS and doubles while its drafts are all
+    accepted (verify rows of 5, 9 and up to 16 tokens: the verify graphs of those sizes), halves on misses; greedy
+    output equals the plain run's for drafts all, none or partly right, and for the n-gram drafter."""
+    path = models[arch]
+    prompts = _prompts()
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    want = reference(path, prompts, params)
+    ref = {tuple(p): w for p, w in zip(prompts, want)}
+    long = {"method": "ngram", "num_speculative_tokens": 15, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    for name, accept in (("all", lambda request, call: 15), ("mixed", lambda request, call: (15, 15, 2, 0)[call % 4])):
+        drafter = ScriptedDrafter(ref, accept)
+        llm = with_drafter(make(path, spec=long, max_num_batched_tokens=64, max_num_seqs=1), drafter)
+        assert tokens(llm.generate(prompts, params)) == want, f"{arch}/{name}"
+        if name == "all":
+            longest = max(max(a) for a in drafter.accepted.values())
+            assert longest > 2 * FIRST_DRAFTS, f"{arch}: the cap never grew past {2 * FIRST_DRAFTS}"
+    llm = make(path, spec=long, max_num_batched_tokens=64)
+    assert tokens(llm.generate(prompts, params)) == want, f"{arch}/ngram"
 
 
 @pytest.mark.slow

@@ -182,7 +182,7 @@ def test_a_failed_build_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 @pytest.mark.parametrize(("out_f", "in_f"), SHAPES)
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 31, 64, 65, 131])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 65, 131])
 def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: int) -> None:
     g = torch.Generator().manual_seed(torch.seed() % 2**31)  # fresh inputs every run
     w = torch.randn(out_f, in_f, generator=g)
@@ -199,6 +199,20 @@ def test_f32_panels_match_f_linear(out_f: int, in_f: int, rows: int, threads: in
     assert (err <= bound + 1e-30).all(), f"max error {err.max():.3g} above its bound at {(err / bound).argmax()}"
     with pytest.raises(ValueError, match="do not fit"):
         lr.linear_panels_f32(torch.randn(rows, in_f + 1), panels, b, out_f)
+
+
+@pytest.mark.skipif(" avx512f" in native._cpu_flags() or " avx2" not in native._cpu_flags(),
+                    reason="the AVX2 panel kernels (the AVX-512 one-row kernel sums k in two halves)")
+@pytest.mark.parametrize("rows", [2, 3, 5, 8, 9, 16])
+def test_f32_panels_avx2_rows_do_not_depend_on_their_batch(rows: int) -> None:
+    """On AVX2 every output is one FMA chain over k in order at any row count: each row of a batch equals that
+    row alone, bit for bit (a verify step's logits then equal a decode step's)."""
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(200, 300, generator=g), torch.randn(rows, 300, generator=g)
+    panels = lr.pack_panels(w)
+    batched = lr.linear_panels_f32(x, panels, None, 200)
+    alone = torch.cat([lr.linear_panels_f32(x[r : r + 1], panels, None, 200) for r in range(rows)])
+    assert torch.equal(batched, alone)
 
 
 def test_linear_layer_routes_every_row_count_to_the_panels() -> None:

@@ -72,6 +72,15 @@ VARIANTS: list[tuple[str, dict]] = [
                     "topk_group": 1, "norm_topk_prob": False, "moe_latent_size": 24, "mlp_bias": True}),
     ("nemotron_h", {"layers_block_type": ["moe", "attention", "mamba"], "n_routed_experts": 6, "n_group": 3,
                     "topk_group": 2, "num_experts_per_tok": 3, "mlp_hidden_act": "gelu"}),
+    # Nemotron-3 Nano Omni whose language model carries MTP layers (transformers then builds a vision norm that
+    # recap skips), attention first
+    ("nemotron_h_omni", {"text_config": {"num_nextn_predict_layers": 1,
+                                         "layers_block_type": ["attention", "mamba", "moe", "mamba"]}}),
+    # MiniCPM-V 4.6 with its head tied; MiniCPM-OCR untied though its text config ties (the outer flag governs),
+    # attention first
+    ("minicpmv4_6", {"tie_word_embeddings": True}),
+    ("minicpm_ocr", {"tie_word_embeddings": False, "text_config": {"tie_word_embeddings": True, "layer_types": [
+        "full_attention", "linear_attention", "linear_attention", "full_attention"]}}),
     ("granite_hybrid", {"position_embedding_type": "rope", "attention_bias": True, "tie_word_embeddings": True}),
     ("granite_hybrid", {"num_local_experts": 0, "layer_types": ["attention", "mamba", "attention", "mamba"]}),
     ("granite_hybrid", {"layer_types": ["mamba", "mamba", "attention"], "num_hidden_layers": 3,

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -151,7 +151,8 @@ void recap_linear_f32(const float *x, int64_t n, const float *w, int64_t out, in
 #define PANEL_ROWS 8
 
 #if defined(__AVX512F__)
-static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out) {
+static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out, int nr) {
+    (void)nr;
     __m512 a[PANEL_ROWS][2];
     for (int r = 0; r < PANEL_ROWS; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; kk++) {
@@ -170,10 +171,61 @@ static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_ou
         _mm512_storeu_ps(acc_out + r * PANEL + 16, a[r][1]);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 (16 ymm registers): an 8 x 32 tile of accumulators (32 registers) spills, and a group ran at about twice
+ * one row's cost whatever its rows (docs/speculative.md). So a group's nr real rows (no padded rows) go over the
+ * panel in passes of at most 3 rows: 4R accumulators + a broadcast stay in registers (the weight vectors are
+ * FMA memory operands from L1). The first pass streams the panel from memory in order, the others find it in
+ * L1/L2 (k x 128 bytes). Each output is one FMA chain over k in order, as in f32_panel_1, so on AVX2 a row's
+ * result does not depend on the rows batched with it: a verify step's logits equal a decode step's, bit for
+ * bit. Named accumulators: gcc keeps an array of vectors on the stack, storing it every k. */
+#define PASS_ROW(r)                                                                                            \
+    if (R > r) {                                                                                               \
+        const __m256 xb = _mm256_broadcast_ss(x8 + kk * PANEL_ROWS + r);                                       \
+        a##r##0 = _mm256_fmadd_ps(_mm256_loadu_ps(w), xb, a##r##0);                                            \
+        a##r##1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8), xb, a##r##1);                                        \
+        a##r##2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 16), xb, a##r##2);                                       \
+        a##r##3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 24), xb, a##r##3);                                       \
+    }
+#define PASS_STORE(r)                                                                                          \
+    if (R > r) {                                                                                               \
+        _mm256_storeu_ps(acc_out + r * PANEL, a##r##0);                                                        \
+        _mm256_storeu_ps(acc_out + r * PANEL + 8, a##r##1);                                                    \
+        _mm256_storeu_ps(acc_out + r * PANEL + 16, a##r##2);                                                   \
+        _mm256_storeu_ps(acc_out + r * PANEL + 24, a##r##3);                                                   \
+    }
+#define F32_PASS(NR)                                                                                           \
+    static void f32_pass_##NR(const float *wp, int64_t k, const float *x8, float *acc_out) {                   \
+        const int R = NR;                                                                                      \
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,    \
+               a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00;                                          \
+        for (int64_t kk = 0; kk < k; kk++) {                                                                   \
+            const float *w = wp + kk * PANEL;                                                                  \
+            _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);                                                 \
+            _mm_prefetch((const char *)w + 1088, _MM_HINT_T0);                                                 \
+            PASS_ROW(0) PASS_ROW(1) PASS_ROW(2)                                                                \
+        }                                                                                                      \
+        PASS_STORE(0) PASS_STORE(1) PASS_STORE(2)                                                              \
+    }
+F32_PASS(1)
+F32_PASS(2)
+F32_PASS(3)
+
+static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out, int nr) {
+    for (int r0 = 0; r0 < nr; r0 += 3) {
+        const int R = nr - r0 < 3 ? nr - r0 : 3;
+        const float *x = x8 + r0;
+        float *o = acc_out + r0 * PANEL;
+        if (R == 3) f32_pass_3(wp, k, x, o);
+        else if (R == 2) f32_pass_2(wp, k, x, o);
+        else f32_pass_1(wp, k, x, o);
+    }
+}
 #else
-/* Without AVX-512 (an AVX2 machine): the same outer product over the panel's contiguous 32 columns, which the
- * compiler vectorizes (a column-at-a-time dot product strode the panel and ran scalar: ~100x slower). */
-static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out) {
+/* Without AVX-512 or AVX2: the same outer product over the panel's contiguous 32 columns, which the compiler
+ * vectorizes (a column-at-a-time dot product strode the panel and ran scalar: ~100x slower). */
+static void f32_panel(const float *wp, int64_t k, const float *x8, float *acc_out, int nr) {
+    (void)nr;
     float a[PANEL_ROWS][PANEL];
     for (int r = 0; r < PANEL_ROWS; r++)
         for (int c = 0; c < PANEL; c++) a[r][c] = 0.0f;
@@ -214,6 +266,23 @@ static void f32_panel_1(const float *wp, int64_t k, const float *x, float *acc_o
     }
     _mm512_storeu_ps(acc_out, _mm512_add_ps(a0, b0));
     _mm512_storeu_ps(acc_out + 16, _mm512_add_ps(a1, b1));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* One FMA chain per output over k in order, as f32_half_R: bound by reading the panel. */
+static void f32_panel_1(const float *wp, int64_t k, const float *x, float *acc_out) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float *w = wp + kk * PANEL;
+        const __m256 xb = _mm256_broadcast_ss(x + kk);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w), xb, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8), xb, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 16), xb, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + 24), xb, a3);
+    }
+    _mm256_storeu_ps(acc_out, a0);
+    _mm256_storeu_ps(acc_out + 8, a1);
+    _mm256_storeu_ps(acc_out + 16, a2);
+    _mm256_storeu_ps(acc_out + 24, a3);
 }
 #else
 static void f32_panel_1(const float *wp, int64_t k, const float *x, float *acc_out) {
@@ -269,9 +338,9 @@ int recap_linear_f32_panels(const float *x, int64_t n, const float *wp, int64_t 
                 float acc[PANEL_ROWS * PANEL];
                 const int64_t o = p * PANEL, nc = out - o < PANEL ? out - o : PANEL;
                 for (int64_t g = 0; g < nb; g++) {
-                    f32_panel(wp + p * k * PANEL, k, x8 + g * k * PANEL_ROWS, acc);
                     const int64_t first = (g0 + g) * PANEL_ROWS;
                     const int64_t nr = n - first < PANEL_ROWS ? n - first : PANEL_ROWS;
+                    f32_panel(wp + p * k * PANEL, k, x8 + g * k * PANEL_ROWS, acc, (int)nr);
                     for (int64_t r = 0; r < nr; r++) {
                         float *yr = y + (first + r) * out + o;
                         for (int64_t c = 0; c < nc; c++) yr[c] = b ? acc[r * PANEL + c] + b[o + c] : acc[r * PANEL + c];

@@ -17,3 +17,23 @@ class NemotronHForCausalLM(MambaForCausalLM):
     @staticmethod
     def rename_checkpoint_key(key: str) -> str | None:
         return None if key.startswith("mtp.") else key
+
+
+# What the Omni checkpoints hold besides the language model, none of it used text-only: the RADIO vision tower and
+# its projector, the Parakeet audio tower and its projector, each under the hub's name (what save_pretrained
+# writes) and transformers' in-memory one; the vision norm only MTP-carrying checkpoints build.
+_OMNI_TOWERS = ("vision_model.", "mlp1.", "multi_modal_projector.", "vision_final_layernorm.",
+                "sound_encoder.", "sound_projection.", "audio_tower.", "embed_audio.")  # fmt: skip
+
+
+class NemotronH_Omni_Reasoning_V3(NemotronHForCausalLM):  # noqa: N801 (transformers' class name)
+    """Nemotron-3 Nano Omni, loaded text-only: `language_model.*` is a NemotronHForCausalLM checkpoint (its MTP
+    weights skipped as there); the vision and audio towers and their projectors are skipped by name."""
+
+    ignored_checkpoint_prefixes = _OMNI_TOWERS
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str | None:
+        if not key.startswith("language_model."):
+            return "(outside language_model) " + key  # no weight of the text model's: the loader refuses it
+        return NemotronHForCausalLM.rename_checkpoint_key(key.removeprefix("language_model."))

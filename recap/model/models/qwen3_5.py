@@ -71,3 +71,28 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
     """The MoE vision-language checkpoint, loaded text-only."""
+
+
+# What the MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR checkpoints hold besides the language model, none of it used text-only:
+# the SigLIP2 vision tower (its window-attention merger included) and the merger projecting into the text width;
+# and, as in the Qwen3.5 checkpoints they are built from, a multi-token-prediction head if one was kept (`mtp.*`).
+MINICPM_TOWERS = ("model.vision_tower.", "model.merger.", "mtp.")
+
+
+class MiniCPMV4_6ForConditionalGeneration(Qwen3_5ForCausalLM):  # noqa: N801 (transformers' class name)
+    """MiniCPM-V 4.6 (and 4.7, MiniCPM-OCR: the same layout), loaded text-only: `model.language_model.*` is a
+    Qwen3.5 text model, `lm_head` on top (absent when tied); the vision tower and merger are skipped by name."""
+
+    ignored_checkpoint_prefixes = MINICPM_TOWERS
+
+    @staticmethod
+    def rename_checkpoint_key(key: str) -> str:
+        if key.startswith("model.language_model."):
+            return "model." + key.removeprefix("model.language_model.")
+        if key == "lm_head.weight":
+            return key
+        return "(outside language_model) " + key  # no weight of the text model's: the loader refuses it
+
+
+MiniCPMV4_7ForConditionalGeneration = MiniCPMV4_6ForConditionalGeneration
+MiniCPMOcrForConditionalGeneration = MiniCPMV4_6ForConditionalGeneration

@@ -1,4 +1,5 @@
-"""Gated DeltaNet hybrids: Qwen3.5 / 3.6 (dense, MoE, hub ConditionalGeneration layouts), Qwen3-Next, OLMo-Hybrid."""
+"""Gated DeltaNet hybrids: Qwen3.5 / 3.6 (dense, MoE, hub ConditionalGeneration layouts), Qwen3-Next, OLMo-Hybrid,
+and the MiniCPM-V 4.6 / 4.7 / MiniCPM-OCR wrappers around a Qwen3.5 text model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from recap.model.mixer_configs import GatedDeltaNetConfig
 from recap.model.model_config import ModelConfig
 from recap.model.translators.common import (
     GDN_CHUNK,
+    UnsupportedArchitectureError,
     _attention,
     _common,
     _rope,
@@ -89,6 +91,20 @@ def _qwen3_5_vl(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     text = nested_text_config(cfg, arch)
     causal = arch.replace("ForConditionalGeneration", "ForCausalLM")
     return dataclasses.replace(_qwen_gdn(text, causal), architecture=arch)
+
+
+def _minicpm_v(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """MiniCPM-V 4.6 / 4.7 and MiniCPM-OCR: the Qwen3.5 text model of `text_config` (transformers builds whatever
+    its model_type names: only Qwen3.5's is this layout). MiniCPM-V 4.7's canvas M-RoPE moves image tokens only;
+    text positions are Qwen3.5's. The outer tie flag governs the head (save_pretrained writes it; a config without
+    one has its class's default: tied for MiniCPM-OCR only)."""
+    if cfg.get("tie_word_embeddings") is None:
+        cfg = {**cfg, "tie_word_embeddings": arch == "MiniCPMOcrForConditionalGeneration"}
+    text = nested_text_config(cfg, arch)
+    if text.get("model_type", "qwen3_5_text") != "qwen3_5_text":
+        raise UnsupportedArchitectureError(f"{arch}: text model {text['model_type']!r} is not supported "
+                                           "(only qwen3_5_text)")  # fmt: skip
+    return dataclasses.replace(_qwen_gdn(text, "Qwen3_5ForCausalLM"), architecture=arch)
 
 
 def _olmo_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:

@@ -17,6 +17,7 @@ from recap.model.translators.common import (
     _mamba2_prefixed,
     _pick,
     _rope,
+    nested_text_config,
 )
 
 _NEMOTRON_PATTERN = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
@@ -81,6 +82,14 @@ def _nemotron_h(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         moe=moe if "moe" in mlp_types else None,
         mamba2=m2 if "mamba2" in layer_types else None,
     )
+
+
+def _nemotron_h_omni(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
+    """Nemotron-3 Nano Omni: the NemotronH text model of its `text_config` (`llm_config` in the released
+    checkpoints' configs, which predate transformers' name), loaded text-only."""
+    if "text_config" not in cfg and isinstance(cfg.get("llm_config"), Mapping):
+        cfg = {**cfg, "text_config": cfg["llm_config"]}
+    return _nemotron_h(nested_text_config(cfg, arch), arch)
 
 
 _GRANITE_KINDS = {"mamba": "mamba2", "linear_attention": "mamba2",
