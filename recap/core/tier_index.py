@@ -67,6 +67,8 @@ class TierCounters:
     promotions: int = 0  # entries read back and registered in the read pool
     promotions_failed: int = 0  # loads the runner reported failed (missing, corrupt, foreign)
     evictions: int = 0  # READY entries dropped to make room
+    stored_bytes: int = 0  # bytes of the saves ordered from the read pools (not from a faster tier)
+    loaded_bytes: int = 0  # bytes of the entries promoted into the read pools
 
 
 class TierIndex:

@@ -29,7 +29,6 @@ sliding-window group have no tier yet (its blocks are not saved).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -169,6 +168,8 @@ class TierManager:
         drop = TierDrop(save.key, save.level)
         if drop in self.drops:
             self.drops.remove(drop)
+        if save.from_level < 0:
+            self.indexes[save.level].counters.stored_bytes += self.entry_bytes(save.key)
         self.saves.append(save)
 
     def take_orders(self) -> tuple[list[TierSave], list[TierDrop]]:
@@ -282,16 +283,18 @@ class TierManager:
         kv, state = self.cache.kv, self.cache.state
         if kv is not None and num_ok:
             kv.pool.cache_blocks([b for _, b in load.kv[:num_ok]], [k.block_hash for k, _ in load.kv[:num_ok]])
-        promoted = Counter(level_of[key] for key, _ in load.kv[:num_ok])
+        promoted = [key for key, _ in load.kv[:num_ok]]
         if load.checkpoint is not None:
             assert state is not None
             (key, slot), written = load.checkpoint, report.checkpoint
             write = CheckpointWrite(key.position, slot)
             plan = PlannedWrite(write, key.block_hash, False, True, Source.TIER, key.position)
             reports = [written] if written is not None and key in loaded else []
-            promoted[level_of[key]] += sum(state.pool.register([plan], reports, request.block_hashes))
-        for level, n in promoted.items():
-            self.indexes[level].counters.promotions += n
+            promoted += [key] * sum(state.pool.register([plan], reports, request.block_hashes))
+        for key in promoted:
+            counters = self.indexes[level_of[key]].counters
+            counters.promotions += 1
+            counters.loaded_bytes += self.entry_bytes(key)
         if kv is not None:
             kv.pool.free(promotion.held_blocks)
 

@@ -63,6 +63,16 @@ class MetricsSnapshot:
     host_tier_bytes: int = 0
     host_tier: TierCounters = field(default_factory=TierCounters)
 
+    @property
+    def offload_load_bytes(self) -> int:
+        """Bytes promoted from any lower tier into the read pools (vLLM's kv_offload_load_bytes)."""
+        return self.tier.loaded_bytes + self.host_tier.loaded_bytes
+
+    @property
+    def offload_store_bytes(self) -> int:
+        """Bytes saved from the read pools into a lower tier (vLLM's kv_offload_store_bytes)."""
+        return self.tier.stored_bytes + self.host_tier.stored_bytes
+
 
 class EngineMetrics:
     """Collected by the engine thread; snapshots are safe to take from any thread."""

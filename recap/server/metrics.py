@@ -45,6 +45,12 @@ _COUNTERS = (
      "host_tier.promotions"),
     ("recap:host_tier_evictions", "Host-memory tier entries moved to the disk tier or dropped for room.",
      "host_tier.evictions"),
+    ("recap:disk_tier_load_bytes", "Bytes promoted from the disk tier into the read pools.", "tier.loaded_bytes"),
+    ("recap:disk_tier_store_bytes", "Bytes saved from the read pools into the disk tier.", "tier.stored_bytes"),
+    ("recap:host_tier_load_bytes", "Bytes promoted from the host-memory tier into the read pools.",
+     "host_tier.loaded_bytes"),
+    ("recap:host_tier_store_bytes", "Bytes saved from the read pools into the host-memory tier.",
+     "host_tier.stored_bytes"),
 )
 _GAUGES = (
     ("recap:checkpoints", "Recurrent-state checkpoints held now.", "checkpoints"),

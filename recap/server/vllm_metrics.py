@@ -28,6 +28,12 @@ _COUNTERS = (
     ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "spec.num_drafts"),
     ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "spec.num_draft_tokens"),
     ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "spec.num_accepted_tokens"),
+    # vLLM's KV offloading connector's transfer counters; recap's lower tiers (host, disk) hold KV blocks and state
+    # checkpoints, both counted. Per-tier series: recap:{host,disk}_tier_{load,store}_bytes (metrics.py).
+    ("vllm:kv_offload_load_bytes", "Total bytes loaded from offload storage into the read pools.",
+     "offload_load_bytes"),
+    ("vllm:kv_offload_store_bytes", "Total bytes stored from the read pools to offload storage.",
+     "offload_store_bytes"),
 )
 _GAUGES = (
     ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),

@@ -14,6 +14,7 @@ import pytest
 from recap import LLM
 from recap.engine.outputs import RequestOutput
 from recap.server.metrics import EngineCollector
+from recap.server.vllm_metrics import VllmCollector
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import GREEDY, rnd
@@ -84,6 +85,14 @@ def test_hits_from_disk_equal_uncached(bamba: Path, sizes: tuple[int, int], tmp_
     collector = EngineCollector(SimpleNamespace(metrics=lambda: snap), "m", {})  # type: ignore[arg-type]
     series = {m.name: m.samples[0].value for m in collector.collect() if m.samples}
     assert series["recap:disk_tier_promotions"] == counters.promotions and series["recap:disk_tier_entries"] > 0
+    # bytes moved each way, also under vLLM's offloading names: what was promoted is what the store read
+    assert counters.loaded_bytes == store.bytes_read == snap.offload_load_bytes > 0
+    assert series["recap:disk_tier_load_bytes"] == counters.loaded_bytes
+    assert series["recap:disk_tier_store_bytes"] == counters.stored_bytes == snap.offload_store_bytes > 0
+    vllm = {m.name: m.samples[0].value for m in VllmCollector(SimpleNamespace(metrics=lambda: snap), "m", {}).collect()
+            if m.samples}  # fmt: skip
+    assert vllm["vllm:kv_offload_load_bytes"] == counters.loaded_bytes
+    assert vllm["vllm:kv_offload_store_bytes"] == counters.stored_bytes
     no_tier = conversations(make(bamba, None, sizes=sizes))
     assert sum(o.num_cached_tokens for o in got) > sum(o.num_cached_tokens for o in no_tier)
     llm.close()

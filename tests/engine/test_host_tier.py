@@ -43,6 +43,7 @@ def test_host_tier_alone_equals_uncached(bamba: Path, sizes: tuple[int, int]) ->
     assert store.host.stats.bytes == host.num_bytes and store.host.stats.entries == host.num_entries
     snap = llm.engine.metrics_snapshot()
     assert snap.host_tier.promotions == host.counters.promotions and snap.host_tier_bytes == host.num_bytes
+    assert snap.offload_load_bytes == host.counters.loaded_bytes > 0 and snap.offload_store_bytes > 0
     collector = EngineCollector(SimpleNamespace(metrics=lambda: snap), "m", {})  # type: ignore[arg-type]
     series = {m.name: m.samples[0].value for m in collector.collect() if m.samples}
     assert series["recap:host_tier_promotions"] == host.counters.promotions and series["recap:host_tier_entries"] > 0

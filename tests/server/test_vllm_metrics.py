@@ -22,6 +22,8 @@ VLLM_NAMES = {
     "vllm:request_decode_time_seconds", "vllm:cache_config_info", "vllm:gpu_cache_usage_perc",
     "vllm:time_per_prefill_token_request_seconds", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos",
+    # the KV offloading connector's (vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py)
+    "vllm:kv_offload_load_bytes", "vllm:kv_offload_store_bytes",
 }
 # What recap measures and must export under those names.
 REQUIRED = {
