@@ -4,8 +4,8 @@ formats keep `output.weight` wider: q6_K in Q4_K_M, Q4_0's own q6_K too).
 `head_quantization` (load_model, EngineConfig, LLM, `recap serve --head-quantization`):
 - "auto" (default): int8 under int4 and under int8. The head is the one linear layer whose error lands on the
   logits directly: on the trained default model int4 everywhere lost 0.53% perplexity to fp32 and int4 with an
-  int8 head 0.27%, ahead of llama.cpp's Q4_K_M (docs/default_model.md); at 1B shapes it costs a few percent of
-  batch-1 decode time (docs/performance.md).
+  int8 head 0.27%, ahead of llama.cpp's Q4_K_M (docs/default_model.md); at 1B shapes it costs 10-14% of
+  batch-1 decode time under int4 (docs/performance.md); "same" gives that back.
 - "int8": the head as per-channel int8 (model/quant.py) whatever the other linears' quantization.
 - "same": the head in the other linears' quantization.
 Without a quantization the head stays as the other linears are: "int8" is refused there (a dense model's head
