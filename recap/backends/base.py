@@ -83,6 +83,9 @@ class Backend(ABC):
     name: ClassVar[str]
     kernels: KernelSet  # the step's kernel set (build_forward_batch(kernels=...))
     head_backend: str | None = None  # the output head's linear backend where not the others' (model/head_format.py)
+    # The most tokens of a step with drafts this backend runs as cheaply as it can (the CPU backend's captured
+    # verify graph); the scheduler keeps a step's rows and drafts within it (core/speculation.py). None: any.
+    max_verify_tokens: int | None = None
 
     def prepare(self, model: CausalLM) -> None:
         """Make `model` run this backend's way (call after loading its weights, again after reloading them).

@@ -50,6 +50,7 @@ class CpuBackend(TorchBackend):
     """Native decode kernels, weights and pools on huge pages, decode graphs (see the module docstring)."""
 
     name: ClassVar[str] = "cpu"
+    max_verify_tokens = MAX_VERIFY_TOKENS
 
     def __init__(self, linear_backend: str = "onednn", head_backend: str | None = None) -> None:
         if not linear_rows_available():

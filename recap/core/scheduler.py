@@ -179,7 +179,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
         plan: list[Step] = []
         copies: list[tuple[int, int]] = []
         if self.speculator is not None:
-            self.speculator.begin_step()
+            self.speculator.begin_step(len(self._running))
         budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens)
         if not preempted:  # memory is short: let the running requests drain first
             self._schedule_waiting(plan, copies, budget)

@@ -74,10 +74,19 @@ class Speculator:
     """The scheduler's speculation: drafts per decode step (capped), and acceptance bookkeeping."""
 
     def __init__(self, config: SpeculativeConfig, block_size: int, max_model_len: int,
-                 drafter: Drafter | None = None, max_rows: int = MAX_DRAFTING_ROWS) -> None:  # fmt: skip
+                 drafter: Drafter | None = None, max_rows: int = MAX_DRAFTING_ROWS,
+                 max_step_tokens: int | None = None) -> None:  # fmt: skip
         self.config = config
         self.max_rows = max_rows  # drafting rows per step (the runner's scratch slots)
         self._rows = 0  # drafting rows in the step being scheduled
+        # The most tokens of a decode step with drafts (its rows and their drafts) that the backend runs fast: the
+        # CPU backend's verify graph holds 16, and a larger step ran the module path at ~3 decode steps' cost (at
+        # batch 8, k = 4: 0.45x plain decoding); None: no limit. The drafts of a step share what is left once
+        # every running request has its decode token (`begin_step`), evenly: a row's first drafts are the likeliest
+        # to be accepted, so 8 rows with one draft each gain more than 2 rows with four.
+        self.max_step_tokens = max_step_tokens
+        self._draft_room: int | None = None  # drafts the step being scheduled may still carry (None: any)
+        self._rows_left = 0  # decode rows of the step not asked yet (they share _draft_room)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.drafter: Drafter | None = drafter if drafter is not None else make_drafter(config)
@@ -109,7 +118,17 @@ class Speculator:
     def _num_drafts(self, request: Request, budget: int) -> int:
         if not request.speculate or self._rows >= self.max_rows or self.backing_off(request):
             return 0
-        return max(0, min(self.max_drafts(request, budget), self.cap(request.request_id)))
+        k = min(self.max_drafts(request, budget), self.cap(request.request_id))
+        if self._draft_room is not None:  # an even share of the room left among the rows left (rounded up)
+            k = min(k, -(-self._draft_room // max(1, self._rows_left)))
+        return max(0, k)
+
+    def _took(self, drafts: int) -> None:
+        """A decode row of the step was asked and carries `drafts` drafts."""
+        self._rows += bool(drafts)
+        self._rows_left -= 1
+        if self._draft_room is not None:
+            self._draft_room -= drafts
 
     def cap(self, request_id: str) -> int:
         """The most drafts the request's next drafting step may carry (FIRST_DRAFTS)."""
@@ -141,7 +160,7 @@ class Speculator:
         if not k and skipped and request.speculate:
             self._probe(request)
         drafts = [int(t) for t in self.drafter.propose(request, k)[:k]] if k else []
-        self._rows += bool(drafts)
+        self._took(len(drafts))
         return drafts
 
     def _probe(self, request: Request) -> None:
@@ -155,11 +174,14 @@ class Speculator:
     def runner_drafts(self, request: Request, budget: int) -> int:
         """How many drafts the runner's draft model may propose for this decode (0: a plain decode)."""
         k = self._num_drafts(request, budget)
-        self._rows += bool(k)
+        self._took(k)
         return k
 
-    def begin_step(self) -> None:
+    def begin_step(self, decode_rows: int = 0) -> None:
+        """A new step, whose running requests take `decode_rows` tokens before any draft (max_step_tokens)."""
         self._rows = 0
+        self._rows_left = decode_rows
+        self._draft_room = None if self.max_step_tokens is None else max(0, self.max_step_tokens - decode_rows)
 
     def accept(self, request: Request, drafts: Sequence[int], emitted: Sequence[int], planned: int) -> None:
         """Check what the runner emitted for a verify step against its drafts (at most `planned`); count it."""

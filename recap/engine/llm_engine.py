@@ -125,7 +125,8 @@ class LLMEngine:
         speculator = None
         if config.speculative is not None:
             speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,
-                                    max_rows=drafting_rows(config.scheduler.max_num_seqs))
+                                    max_rows=drafting_rows(config.scheduler.max_num_seqs),
+                                    max_step_tokens=self.runner.backend.max_verify_tokens)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout, speculator)
         if self.runner.tier is not None and self.runner.tier.disk is not None and self.scheduler.tiers is not None:
             self.scheduler.tiers.restore(self.runner.tier.scan(), self.runner.tier.disk_level)  # a restart finds them

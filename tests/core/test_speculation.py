@@ -240,3 +240,58 @@ def test_speculative_config_parses_vllm_json() -> None:
     cfg = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}')
     assert cfg == SpeculativeConfig("ngram", 5, 1, 3)
     assert SpeculativeConfig.parse(None) is None and SpeculativeConfig.parse({"method": "ngram"}) == SpeculativeConfig()
+
+
+def test_a_steps_drafts_share_the_room_max_step_tokens_leaves() -> None:
+    """max_step_tokens 16 (the CPU verify graph's): with 8 decode rows the step's drafts total at most 8, shared
+    evenly (what a row leaves goes to the rows after it), each row's own cap still holding; one row may take 15;
+    None keeps every row's own cap."""
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=15), 1000, 10_000, Always(), max_step_tokens=16)
+    rows = [Request(f"r{i}", [1, 2, 3], max_tokens=500, speculate=True) for i in range(8)]
+    spec.begin_step(decode_rows=8)
+    assert [len(spec.draft(r, budget=64)) for r in rows] == [1] * 8
+    spec.begin_step(decode_rows=4)  # 12 left for 4 rows: 3 each
+    assert [spec.runner_drafts(r, budget=64) for r in rows[:4]] == [3] * 4
+    spec.begin_step(decode_rows=8)
+    plain = Request("p", [1, 2, 3], max_tokens=50, speculate=False)  # asked first, drafts nothing: its share
+    assert [spec.runner_drafts(r, budget=64) for r in (plain, *rows[1:8])] == [0, 2, 1, 1, 1, 1, 1, 1]
+    spec.begin_step(decode_rows=2)  # 14 for 2 rows: each row's own cap (4) is the bound
+    assert spec.draft(rows[0], budget=64) == [0] * FIRST_DRAFTS and len(spec.draft(rows[1], budget=64)) == 4
+    for want in (FIRST_DRAFTS, 8, 15):  # r0 alone, every draft accepted: its cap grows to k, the room holds it
+        spec.begin_step(decode_rows=1)
+        drafts = spec.draft(rows[0], budget=64)
+        assert len(drafts) == want
+        spec.accept(rows[0], drafts, [*drafts, 9], len(drafts))
+    spec.begin_step(decode_rows=20)  # more rows than the limit: no drafts at all
+    assert spec.draft(rows[0], budget=64) == []
+    free = Speculator(SpeculativeConfig(num_speculative_tokens=15), 1000, 10_000, Always())
+    free.begin_step(decode_rows=8)
+    assert [len(free.draft(r, budget=64)) for r in rows] == [FIRST_DRAFTS] * 8
+
+
+def test_scheduled_verify_steps_stay_within_max_step_tokens() -> None:
+    """Eight requests whose drafts are always right (caps growing to k = 15): every step with drafts whose rows
+    are all decodes holds at most max_step_tokens tokens, drafts still run, and the outputs are the plain ones."""
+    outputs = []
+    for limit in (None, 16):
+        h = _speculating("hybrid", "recap", k=15, block_size=64, num_kv_blocks=40, max_num_batched_tokens=256)
+        spec = h.sched.speculator
+        assert spec is not None
+        spec.max_step_tokens = limit
+        spec.drafter = MixedDrafter(h.executor, random.Random(3), p_good=1.0)
+        rng = random.Random(5)
+        requests = [h.add(req(f"q{i}", [rng.randrange(3, 200) for _ in range(6)], max_tokens=60, speculate=True))
+                    for i in range(8)]  # fmt: skip
+        widest = 0
+        while h.sched.has_unfinished_requests():
+            h.step()
+            out = h.sched.last_output
+            drafts = sum(sr.num_draft_tokens for sr in out.scheduled)
+            if drafts and all(len(sr.token_ids) - sr.num_draft_tokens == 1 for sr in out.scheduled):
+                tokens = sum(len(sr.token_ids) for sr in out.scheduled)
+                widest = max(widest, tokens)
+                assert limit is None or tokens <= limit
+        assert spec.counters.num_accepted_tokens > 0
+        assert widest > 16 if limit is None else 8 < widest <= 16
+        outputs.append([r.output_token_ids for r in requests])
+    assert outputs[0] == outputs[1]
