@@ -13,10 +13,14 @@ draft (the draft model, --draft-k); draft-self (the target as its own draft: acc
 model reaches at its cost); garbage (an n-gram engine whose drafter never proposes the target's token:
 acceptance 0, what a useless drafter costs with the default backoff). Every output is asserted equal to off's.
 llama.cpp modes (benchmarks/peers_spec.py; 1 thread, greedy, EOS banned as recap's ignore_eos makes every run
-`--tokens` long): plain (llama-completion), ngram (llama-speculative-simple --spec-type ngram-cache, llama-lookup's
-n-gram cache in a loop that restores the recurrent state; at most 8 drafts), draft (-md the draft GGUF, --draft-k),
-draft-self (-md the target GGUF). llama.cpp's tools run one sequence: at batch 8 its rows run the 8 prompts one
-after another (tokens/s = all tokens over all decode time), so its batch-8 speedups are batch-1 ones on 8 prompts.
+`--tokens` long), all but one llama-speculative-simple: plain (its n-gram drafter set never to match, a
+1024-gram: the speculative rows' own loop and timer, the baseline of their speedups); completion
+(llama-completion's `eval time`, the single-token decode passes alone: 20-50% above plain's wall time here);
+ngram (`--spec-type ngram-cache`: llama-lookup's n-gram cache, n = 1..4 as recap's prompt_lookup_min/max, 8
+drafts, fixed in the tool); ngram-simple (the last 4 tokens looked up, max(--ngram-k) drafts: recap's
+prompt_lookup_max and k); draft (-md the draft GGUF, --draft-k); draft-self (-md the target GGUF). llama.cpp's
+tools run one sequence: at batch 8 its rows run the 8 prompts one after another (tokens/s = all tokens over all
+decode time), so its batch-8 speedups are batch-1 ones on 8 prompts.
 Each llama.cpp speculative output is checked against its plain output (`same_as_plain`).
 """
 
@@ -26,21 +30,25 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.bench_speculative import GarbageDrafter, run, text_prompts, timed
-from benchmarks.peers_spec import LlamaRun, LlamaSpecTools, plain, same_prefix, speculative
 from recap.config import SpeculativeConfig
 from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.model.trained_default import default_model_path, draft_model_path
 from recap.sampling_params import SamplingParams
 
-LLAMA_MODES = ("plain", "ngram", "draft", "draft-self")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is scripts, not a package
+
+from bench_speculative import GarbageDrafter, run, text_prompts, timed  # noqa: E402
+from peers_spec import LlamaRun, LlamaSpecTools, plain, same_prefix, speculative  # noqa: E402
+
+LLAMA_MODES = ("plain", "completion", "ngram", "ngram-simple", "draft", "draft-self")
 
 
 def recap_engines(args: argparse.Namespace) -> dict[str, LLMEngine]:
@@ -55,13 +63,15 @@ def recap_engines(args: argparse.Namespace) -> dict[str, LLMEngine]:
 
 
 def llama_run(args: argparse.Namespace, tools: LlamaSpecTools, mode: str, prompt: str) -> LlamaRun:
-    if mode == "plain":
+    if mode == "completion":
         return plain(tools, args.target_gguf, prompt, args.tokens)
-    draft = {"draft": args.draft_gguf, "draft-self": args.target_gguf}
-    if mode == "ngram":
-        spec = ["--spec-type", "ngram-cache", "--spec-draft-n-max", str(max(args.ngram_k))]
-    else:
-        spec = ["--spec-type", "draft-simple", "-md", str(draft[mode]), "--spec-draft-n-max", str(args.draft_k)]
+    k, draft = str(max(args.ngram_k)), {"draft": args.draft_gguf, "draft-self": args.target_gguf}
+    spec = {
+        "plain": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024"],  # never matches: no drafts
+        "ngram": ["--spec-type", "ngram-cache"],  # llama-lookup's cache, n = 1..4; 8 drafts (fixed in the tool)
+        "ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
+                         "--spec-ngram-simple-size-m", k, "--spec-draft-n-max", k],
+    }.get(mode) or ["--spec-type", "draft-simple", "-md", str(draft[mode]), "--spec-draft-n-max", str(args.draft_k)]
     return speculative(tools, args.target_gguf, prompt, args.tokens, spec)
 
 
