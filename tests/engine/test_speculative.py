@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from recap import LLM, SamplingParams
+from recap.core.output import SchedulerOutput
 from recap.core.request import Request
 from recap.core.speculation import FIRST_DRAFTS
 from recap.engine.outputs import RequestOutput
@@ -346,3 +347,28 @@ def test_memory_plan_names_the_scratch_slots(models: dict[str, Path]) -> None:
     assert runner.num_scratch_slots == K * 4
     assert runner.caches.num_state_slots == runner.pools.num_state_slots + K * 4
     assert f"{K * 4} scratch slots for speculation" in runner.memory_plan().describe()
+
+
+def test_a_steps_drafts_fit_the_backends_verify_step(models: dict[str, Path]) -> None:
+    """The scheduler keeps a step's rows and drafts within the backend's fast verify step (the CPU verify graph's
+    16 tokens): 8 rows whose drafts are always right verify at most 16 tokens a step, with the plain outputs."""
+    path = models["mamba2"]
+    prompts = _prompts() * 2
+    want = reference(path, prompts)
+    llm = with_drafter(make(path, spec=True), ScriptedDrafter({tuple(p): w for p, w in zip(prompts, want)}, ALL))
+    sched = llm.engine.scheduler
+    limit = llm.engine.runner.backend.max_verify_tokens
+    assert sched.speculator is not None and sched.speculator.max_step_tokens == limit
+    widest: list[int] = []
+    schedule = sched.schedule
+
+    def recording() -> SchedulerOutput:
+        out = schedule()
+        decodes = all(len(sr.token_ids) - sr.num_draft_tokens == 1 for sr in out.scheduled)
+        if decodes and any(sr.num_draft_tokens for sr in out.scheduled):  # what a verify graph would take
+            widest.append(sum(len(sr.token_ids) for sr in out.scheduled))
+        return out
+
+    sched.schedule = recording  # type: ignore[method-assign]
+    assert tokens(llm.generate(prompts, GREEDY)) == want
+    assert widest and (limit is None or max(widest) <= limit)
