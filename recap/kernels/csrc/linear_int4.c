@@ -119,6 +119,34 @@ TGT512 static void quant_group_512(const float *x, int64_t G, int8_t *q, float *
     *xsum = s;
     *e = d * (float)s;
 }
+
+/* quant_group for a full group of 32 or 64 values in 8-lane vectors (the same ops: max is exact in any order). */
+TGT256 static void quant_group_256(const float *x, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mv = _mm256_setzero_ps();
+    for (int64_t i = 0; i < G; i += 8) mv = _mm256_max_ps(mv, _mm256_and_ps(_mm256_loadu_ps(x + i), sign));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float d = _mm_cvtss_f32(m4) / 127.0f;
+    if (!(d > 0.0f)) d = 1.0f;
+    const __m256 vd = _mm256_set1_ps(d), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256i sv = _mm256_setzero_si256();
+    for (int64_t i = 0; i < G; i += 8) {
+        __m256 t = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+        sv = _mm256_add_epi32(sv, c);
+        const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)); /* exact: |c| <= 127 */
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(p, p));
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    const int32_t s = _mm_cvtsi128_si32(s4);
+    *dx = d;
+    *xsum = s;
+    *e = d * (float)s;
+}
 #endif
 
 static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int isa, int threads, int8_t *xs,
@@ -131,6 +159,10 @@ static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int i
 #if defined(X86)
             if (isa == ISA_AVX512_VNNI && len == G) {
                 quant_group_512(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+                continue;
+            }
+            if (isa != ISA_SCALAR && len == G) {
+                quant_group_256(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
                 continue;
             }
 #endif
