@@ -4,9 +4,10 @@ called alternately within every round on the same packed weights (both builds re
 
     .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main] [--rows 1 64] [--rounds 7] [--shapes granite]
 
-Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time), GB/s of weight bytes and ns per output (one
-row), and the ratio. Weights are cycled through >= 128 MB so that a one-row call reads its weight from memory,
-as a decode step does. 1 thread (torch and the kernels). Also checks that both builds give equal outputs.
+Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time: the other
+processes of a shared box do not count, their memory traffic does), GB/s of weight bytes, ns per output and the
+ratio. Weights are cycled through >= 128 MB so that a one-row call reads its weight from memory, as a decode step
+does (--hot: one copy, from cache where it fits). 1 thread. Also checks that both builds give equal outputs.
 """
 
 from __future__ import annotations
