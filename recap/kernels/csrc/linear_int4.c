@@ -12,8 +12,9 @@
  * Per group g of a row: S = sum q x_q (int32, exact), X = sum x_q; symmetric w = s (q - 8):
  *   acc += float(S - 8 X) * (s * dx);  asymmetric w = s q + m: acc += float(S) * (s * dx); acc += m * (dx * X)
  * in fp32, group after group, then + b: every path does these operations in this order, so they agree exactly.
- * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs + madd:
- * exact here, a pair of products is at most 2 * 15 * 127), 0 portable scalar.
+ * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs pairs summed
+ * in int16 over 4 chunks, then one madd: exact, see pairs16; one row reads a whole tile per pass), 0 portable
+ * scalar.
  * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
  */
 #include <math.h>
@@ -37,7 +38,7 @@
 #define TILE 16      /* output rows per tile */
 #define ROW_BLOCK 64 /* input rows whose activations are kept in L2 while the weight tiles stream by */
 #ifndef PF_DIST
-#define PF_DIST 2048 /* one AVX2 row: bytes ahead in the weight stream to prefetch (8.2 -> 9.7 GB/s at 1536 x 8192) */
+#define PF_DIST 2048 /* one AVX2 row: bytes prefetched ahead in the weight stream (8.2 -> 9.7 GB/s, 1536 x 8192) */
 #endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512_VNNI = 3 };
@@ -133,10 +134,12 @@ TGT256 static void quant_group_256(const float *x, int64_t G, int8_t *q, float *
     const __m256 vd = _mm256_set1_ps(d), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
     __m256i sv = _mm256_setzero_si256();
     for (int64_t i = 0; i < G; i += 8) {
-        __m256 t = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 t = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
         sv = _mm256_add_epi32(sv, c);
-        const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)); /* exact: |c| <= 127 */
+        /* |c| <= 127: the saturating packs are exact */
+        const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
         _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(p, p));
     }
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
@@ -452,9 +455,9 @@ HALF256(half_vnni, TGT256V, _mm256_dpbusd_avx_epi32)
     }
 
 /* AVX2 without VNNI: vpmaddubsw's pairs (|pair| <= 2 * 15 * 127 = 3810) summed in int16 over 4 chunks (8 pairs,
- * |sum| <= 30480 < 2^15: exact), then widened by one vpmaddwd with ones: a quarter of dot4_avx2's widening
- * multiplies (the multiply pipes bound this path). The integer sums and every fp32 step are those of the other
- * paths, so the results are the same bit for bit. */
+ * |sum| <= 30480 < 2^15: exact), then widened by one vpmaddwd with ones: a quarter of the widening multiplies of
+ * one vpmaddwd per vpmaddubsw (the former path; the multiply pipes bound it). The integer sums and every fp32
+ * step are those of the other paths, so the results are the same bit for bit. */
 INLINE TGT256 __m256i pairs16(__m256i s, __m256i v, const int8_t *x, __m256i m4) {
     int32_t x0, x1;
     memcpy(&x0, x, 4);
@@ -471,8 +474,12 @@ INLINE TGT256 __m256i widen16(__m256i s) { return _mm256_madd_epi16(s, _mm256_se
 
 /* One group's fp32 step for 8 outputs (scales at sc, mins at sc + 32): tile512's operations. */
 INLINE TGT256 __m256 group_f32(__m256 facc, __m256i s, const uint8_t *sc, const W4 *W, const Acts *A, int64_t gi) {
-    const __m256 c = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), _mm256_set1_ps(A->dx[gi]));
-    if (!W->asym) return _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(8 * A->xsum[gi]))), c));
+    const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+    const __m256 c = _mm256_mul_ps(ws, _mm256_set1_ps(A->dx[gi]));
+    if (!W->asym) {
+        const __m256i t = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * A->xsum[gi]));
+        return _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(t), c));
+    }
     facc = _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(s), c));
     const __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
     return _mm256_add_ps(facc, _mm256_mul_ps(wm, _mm256_set1_ps(A->e[gi])));

@@ -17,9 +17,9 @@
  *   reduced once per k-block. At 2-8 rows with the weights from memory it ran 1.1-1.4x the former pairs-of-
  *   rows decode path; at 64-2048 rows at fbgemm's rate or above (docs/performance.md).
  * Tiles are split across OpenMP threads in contiguous shares (the runtime torch itself loaded).
- * Paths: AVX-512 VNNI; AVX2 (2 rows x 4 outputs x 8 lanes, GEMM at every row count) with AVX-VNNI's dot
- * product or, without it, vpmaddubsw + vpmaddwd over 7-bit activations (the grid without VNNI; an 8-bit grid
- * there takes the portable loops); otherwise portable scalar loops.
+ * Paths: AVX-512 VNNI; AVX2 (one row: i8_row_avx2, a tile per pass; 2+ rows: the GEMM, 2 rows x 4 outputs x 8
+ * lanes) with AVX-VNNI's dot product or, without it, vpmaddubsw + vpmaddwd over 7-bit activations (the grid
+ * without VNNI; an 8-bit grid there takes the portable loops); otherwise portable scalar loops.
  * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
  */
 #include <math.h>
