@@ -70,7 +70,9 @@ def main() -> None:
     kw = {"quantization": args.quant} if args.quant else {}
     kw |= {"native_decode": False} if args.enforce_eager else {}
     kw |= {"linear_backend": args.backend} if args.backend else {}
-    lm = load_model(build_checkpoint(args.model, args.cache_dir / args.model), getattr(torch, args.dtype), **kw)
+    path = args.cache_dir / args.model  # a real-shape checkpoint (real_shapes.py) is there already
+    path = path if (path / "config.json").exists() else build_checkpoint(args.model, path)
+    lm = load_model(path, getattr(torch, args.dtype), **kw)
     backend = prepare(lm)  # as the engine's runner does
     print(f"backend {backend.name}, linear backend {lm.linear_backend}")
     step = decoder(lm.model, backend, args.batch, args.steps + 12)

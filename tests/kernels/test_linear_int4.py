@@ -113,6 +113,30 @@ def test_kernel_equals_its_reference_on_every_path(out_f: int, in_f: int, rows: 
             assert torch.equal(y, ref), f"{L.ISAS[isa]} asym={asym} g{group}: {(y - ref).abs().max()}"
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize(("asym", "group"), FORMATS)
+def test_extreme_codes_sum_exactly_on_every_path(asym: bool, group: int, rows: int) -> None:
+    """Every code 15 (or 0) against every activation code +-127: the largest integer sums of a group, where the AVX2
+    path's int16 pair sums are nearest to overflowing; any wrap would break the equality with the reference."""
+    if not L.int4_native_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    out_f, in_f = 19, 3 * group
+    q = torch.full((32, in_f // group, group), 15, dtype=torch.uint8)
+    q[16:] = 0  # the second tile: the smallest code (symmetric: -8)
+    scales = torch.ones(32, in_f // group, dtype=torch.float16)
+    mins = torch.zeros_like(scales) if asym else None
+    w = L.Int4Weight(L.pack(q, scales, mins), out_f, in_f, group, asym, None)
+    x = torch.ones(rows, in_f)
+    x[:, group : 2 * group] = -1  # codes -127 in the middle group
+    if rows > 1:
+        x[1] *= -1
+    ref = L.int4_linear_ref(x, w)
+    for isa in _isas():
+        assert torch.equal(L.int4_linear(x, w, isa), ref), L.ISAS[isa]
+    sym = 15 - (0 if asym else 8)
+    assert ref[0, 0].item() == pytest.approx(sym * in_f / 3, rel=1e-2)  # +g, -g, +g groups of codes 127
+
+
 def test_a_row_does_not_depend_on_its_batch(threads: int) -> None:
     if not L.int4_native_available():
         pytest.skip("the native kernels cannot be built here (no C compiler)")

@@ -12,8 +12,9 @@
  * Per group g of a row: S = sum q x_q (int32, exact), X = sum x_q; symmetric w = s (q - 8):
  *   acc += float(S - 8 X) * (s * dx);  asymmetric w = s q + m: acc += float(S) * (s * dx); acc += m * (dx * X)
  * in fp32, group after group, then + b: every path does these operations in this order, so they agree exactly.
- * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs + madd:
- * exact here, a pair of products is at most 2 * 15 * 127), 0 portable scalar.
+ * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs pairs summed
+ * in int16 over 4 chunks, then one madd: exact, see pairs16; one row reads a whole tile per pass), 0 portable
+ * scalar.
  * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
  */
 #include <math.h>
@@ -36,6 +37,9 @@
 
 #define TILE 16      /* output rows per tile */
 #define ROW_BLOCK 64 /* input rows whose activations are kept in L2 while the weight tiles stream by */
+#ifndef PF_DIST
+#define PF_DIST 2048 /* one AVX2 row: bytes prefetched ahead in the weight stream (8.2 -> 9.7 GB/s, 1536 x 8192) */
+#endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512_VNNI = 3 };
 
@@ -116,6 +120,36 @@ TGT512 static void quant_group_512(const float *x, int64_t G, int8_t *q, float *
     *xsum = s;
     *e = d * (float)s;
 }
+
+/* quant_group for a full group of 32 or 64 values in 8-lane vectors (the same ops: max is exact in any order). */
+TGT256 static void quant_group_256(const float *x, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mv = _mm256_setzero_ps();
+    for (int64_t i = 0; i < G; i += 8) mv = _mm256_max_ps(mv, _mm256_and_ps(_mm256_loadu_ps(x + i), sign));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float d = _mm_cvtss_f32(m4) / 127.0f;
+    if (!(d > 0.0f)) d = 1.0f;
+    const __m256 vd = _mm256_set1_ps(d), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256i sv = _mm256_setzero_si256();
+    for (int64_t i = 0; i < G; i += 8) {
+        const __m256 t = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
+        sv = _mm256_add_epi32(sv, c);
+        /* |c| <= 127: the saturating packs are exact */
+        const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(p, p));
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    const int32_t s = _mm_cvtsi128_si32(s4);
+    *dx = d;
+    *xsum = s;
+    *e = d * (float)s;
+}
 #endif
 
 static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int isa, int threads, int8_t *xs,
@@ -128,6 +162,10 @@ static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int i
 #if defined(X86)
             if (isa == ISA_AVX512_VNNI && len == G) {
                 quant_group_512(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+                continue;
+            }
+            if (isa != ISA_SCALAR && len == G) {
+                quant_group_256(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
                 continue;
             }
 #endif
@@ -357,12 +395,7 @@ TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, 
 
 /* ---------------------------------------------------------------- AVX2 (8 lanes: a tile as two halves) */
 
-INLINE TGT256 __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
-    /* u8 x s8 pairs to s16 (exact: |pair| <= 2 * 15 * 127), pairs of those to s32 */
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-
-/* NR <= 4 input rows x half h (outputs o + 8h .. o + 8h + 7) of one tile; VNNI: dpbusd, else dot4_avx2. */
+/* NR <= 4 input rows x half h (outputs o + 8h .. o + 8h + 7) of one tile with AVX-VNNI's dpbusd. */
 #define HALF256(NAME, TGT, DOT)                                                                               \
     INLINE TGT void NAME(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int h,      \
                          int64_t o, float *y) {                                                               \
@@ -410,7 +443,6 @@ INLINE TGT256 __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
                 y[(r0 + r) * W->out + oh + j] = W->b ? v[j] + W->b[oh + j] : v[j];                            \
         }                                                                                                     \
     }
-HALF256(half_avx2, TGT256, dot4_avx2)
 #if defined(HAVE_AVXVNNI)
 HALF256(half_vnni, TGT256V, _mm256_dpbusd_avx_epi32)
 #endif
@@ -421,8 +453,112 @@ HALF256(half_vnni, TGT256V, _mm256_dpbusd_avx_epi32)
         HALF(tw, W, A, r0, NR, 0, o, y);                                                                      \
         if (o + 8 < W->out) HALF(tw, W, A, r0, NR, 1, o, y);                                                  \
     }
-TILE256(tile_avx2, TGT256, half_avx2, 1) TILE256(tile_avx2, TGT256, half_avx2, 2)
-TILE256(tile_avx2, TGT256, half_avx2, 3) TILE256(tile_avx2, TGT256, half_avx2, 4)
+
+/* AVX2 without VNNI: vpmaddubsw's pairs (|pair| <= 2 * 15 * 127 = 3810) summed in int16 over 4 chunks (8 pairs,
+ * |sum| <= 30480 < 2^15: exact), then widened by one vpmaddwd with ones: a quarter of the widening multiplies of
+ * one vpmaddwd per vpmaddubsw (the former path; the multiply pipes bound it). The integer sums and every fp32
+ * step are those of the other paths, so the results are the same bit for bit. */
+INLINE TGT256 __m256i pairs16(__m256i s, __m256i v, const int8_t *x, __m256i m4) {
+    int32_t x0, x1;
+    memcpy(&x0, x, 4);
+    memcpy(&x1, x + 4, 4);
+    const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
+                                       _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+    s = _mm256_add_epi16(s, p);
+    __asm__("" : "+x"(s)); /* a chain: gcc reassociated the unrolled sums into a tree of live products (spills) */
+    return s;
+}
+
+INLINE TGT256 __m256i widen16(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
+
+/* One group's fp32 step for 8 outputs (scales at sc, mins at sc + 32): tile512's operations. */
+INLINE TGT256 __m256 group_f32(__m256 facc, __m256i s, const uint8_t *sc, const W4 *W, const Acts *A, int64_t gi) {
+    const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
+    const __m256 c = _mm256_mul_ps(ws, _mm256_set1_ps(A->dx[gi]));
+    if (!W->asym) {
+        const __m256i t = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * A->xsum[gi]));
+        return _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(t), c));
+    }
+    facc = _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(s), c));
+    const __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+    return _mm256_add_ps(facc, _mm256_mul_ps(wm, _mm256_set1_ps(A->e[gi])));
+}
+
+/* 8 outputs o..o+7 of row r (masked at the end of the weight), + bias. */
+INLINE TGT256 void store8(__m256 f, const W4 *W, int64_t r, int64_t o, float *y) {
+    float v[8];
+    _mm256_storeu_ps(v, f);
+    for (int j = 0; j < 8 && o + j < W->out; j++) y[r * W->out + o + j] = W->b ? v[j] + W->b[o + j] : v[j];
+}
+
+/* One input row x a whole tile (16 outputs) in one pass over its stream: two 8-output halves per 64-byte chunk
+ * sharing the broadcast activations. CPG (chunks per group, 4 or 8) a constant. */
+INLINE TGT256 void row_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r, int64_t o, float *y,
+                            const int CPG) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+    for (int64_t g = 0; g < W->ng; g++) {
+        const uint8_t *blk = tw + g * W->block;
+        const int8_t *xg = A->xs + r * A->kp + g * 8 * CPG;
+        for (int l = 0; l < W->block; l += 64) _mm_prefetch((const char *)blk + PF_DIST + l, _MM_HINT_T0);
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int q = 0; q < CPG; q += 4) {
+            __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+            for (int c = q; c < q + 4; c++) {
+                p0 = pairs16(p0, _mm256_loadu_si256((const __m256i *)(blk + 64 * c)), xg + 8 * c, m4);
+                p1 = pairs16(p1, _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32)), xg + 8 * c, m4);
+            }
+            s0 = _mm256_add_epi32(s0, widen16(p0));
+            s1 = _mm256_add_epi32(s1, widen16(p1));
+        }
+        const int64_t gi = r * A->ng + g;
+        f0 = group_f32(f0, s0, blk + 64 * CPG, W, A, gi);
+        f1 = group_f32(f1, s1, blk + 64 * CPG + 16, W, A, gi);
+    }
+    store8(f0, W, r, o, y);
+    if (o + 8 < W->out) store8(f1, W, r, o + 8, y);
+}
+
+/* NR (2-4) input rows x half h of a tile (8 outputs), the rows sharing each unpacked weight vector. */
+INLINE TGT256 void half16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int h,
+                               int64_t o, float *y, const int CPG) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 facc[4];
+    for (int r = 0; r < NR; r++) facc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < W->ng; g++) {
+        const uint8_t *blk = tw + g * W->block;
+        const int8_t *xg = A->xs + r0 * A->kp + g * 8 * CPG;
+        __m256i s[4];
+        for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
+        for (int q = 0; q < CPG; q += 4) {
+            __m256i p[4];
+            for (int r = 0; r < NR; r++) p[r] = _mm256_setzero_si256();
+            for (int c = q; c < q + 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
+                for (int r = 0; r < NR; r++) p[r] = pairs16(p[r], v, xg + r * A->kp + 8 * c, m4);
+            }
+            for (int r = 0; r < NR; r++) s[r] = _mm256_add_epi32(s[r], widen16(p[r]));
+        }
+        for (int r = 0; r < NR; r++)
+            facc[r] = group_f32(facc[r], s[r], blk + 64 * CPG + 16 * h, W, A, (r0 + r) * A->ng + g);
+    }
+    for (int r = 0; r < NR; r++) store8(facc[r], W, r0 + r, o + 8 * h, y);
+}
+
+#define TILE_AVX2(NR)                                                                                         \
+    TGT256 static void tile_avx2_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,   \
+                                      float *y) {                                                             \
+        for (int h = 0; h < (o + 8 < W->out ? 2 : 1); h++) {                                                  \
+            if (W->cpg == 4) half16_avx2(tw, W, A, r0, NR, h, o, y, 4);                                       \
+            else half16_avx2(tw, W, A, r0, NR, h, o, y, 8);                                                   \
+        }                                                                                                     \
+    }
+TGT256 static void tile_avx2_1(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
+    if (W->cpg == 4) row_avx2(tw, W, A, r0, o, y, 4);
+    else row_avx2(tw, W, A, r0, o, y, 8);
+}
+TILE_AVX2(2) TILE_AVX2(3) TILE_AVX2(4)
 static const TileFn TILES_AVX2[5] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4};
 #if defined(HAVE_AVXVNNI)
 TILE256(tile_vnni, TGT256V, half_vnni, 1) TILE256(tile_vnni, TGT256V, half_vnni, 2)

@@ -17,9 +17,9 @@
  *   reduced once per k-block. At 2-8 rows with the weights from memory it ran 1.1-1.4x the former pairs-of-
  *   rows decode path; at 64-2048 rows at fbgemm's rate or above (docs/performance.md).
  * Tiles are split across OpenMP threads in contiguous shares (the runtime torch itself loaded).
- * Paths: AVX-512 VNNI; AVX2 (2 rows x 4 outputs x 8 lanes, GEMM at every row count) with AVX-VNNI's dot
- * product or, without it, vpmaddubsw + vpmaddwd over 7-bit activations (the grid without VNNI; an 8-bit grid
- * there takes the portable loops); otherwise portable scalar loops.
+ * Paths: AVX-512 VNNI; AVX2 (one row: i8_row_avx2, a tile per pass; 2+ rows: the GEMM, 2 rows x 4 outputs x 8
+ * lanes) with AVX-VNNI's dot product or, without it, vpmaddubsw + vpmaddwd over 7-bit activations (the grid
+ * without VNNI; an 8-bit grid there takes the portable loops); otherwise portable scalar loops.
  * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
  */
 #include <math.h>
@@ -262,6 +262,34 @@ static void i8_epilogue8(const int32_t *s8, int64_t o, int64_t out, float a, con
     }
 }
 #define EPILOGUE(s8, o, a, yr) i8_epilogue8(s8, o, out, a, wsum, wscale, b, yr, qscale, zp)
+
+/* One row (decode): each tile's 8 weight rows in one pass over its stream, 8 accumulators, the stream prefetched
+ * I8_PF bytes ahead. The GEMM's micro-kernel reads a tile as two 4-row halves (4 of each 8 cache lines per pass):
+ * from memory that ran at 8 GB/s against 12 for a plain read. The same integer sums and epilogue. */
+#define I8_PF 2048
+static void i8_row_avx2(const int8_t *wp, int64_t t0, int64_t t1, int64_t kp, const uint8_t *xq, float a,
+                        const int32_t *wsum, const float *wscale, int64_t out, const float *b, float *y,
+                        double qscale, int zp) {
+    int32_t s8[8] __attribute__((aligned(32)));
+    for (int64_t t = t0; t < t1; t++) {
+        const int8_t *wt = wp + t * PACK_ROWS * kp;
+        __m256i acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
+        for (int64_t kk = 0; kk < kp; kk += CHUNK) {
+            const int8_t *c = wt + kk * PACK_ROWS;
+            for (int l = 0; l < PACK_ROWS; l++) _mm_prefetch((const char *)c + I8_PF + l * CHUNK, _MM_HINT_T0);
+            const __m256i x0 = _mm256_load_si256((const __m256i *)(xq + kk));
+            const __m256i x1 = _mm256_load_si256((const __m256i *)(xq + kk + 32));
+            for (int i = 0; i < 8; i++) {
+                acc[i] = DPBUSD(acc[i], x0, _mm256_load_si256((const __m256i *)(c + i * CHUNK)));
+                acc[i] = DPBUSD(acc[i], x1, _mm256_load_si256((const __m256i *)(c + i * CHUNK + 32)));
+            }
+        }
+        _mm_store_si128((__m128i *)s8, reduce4(acc));
+        _mm_store_si128((__m128i *)(s8 + 4), reduce4(acc + 4));
+        EPILOGUE(s8, t * PACK_ROWS, a, y);
+    }
+}
 #endif
 
 #if defined(I8_AVX512)
@@ -381,7 +409,9 @@ int recap_linear_i8(const float *x, int64_t n, const int8_t *wp, const int32_t *
         else
             i8_gemm(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
 #elif defined(I8_AVX2)
-        if (simd)
+        if (simd && n == 1)
+            i8_row_avx2(wp, t0, t1, kp, xq, a[0], wsum, wscale, out, b, y, (double)qscale, zp);
+        else if (simd)
             i8_gemm(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);
         else
             i8_portable(wp, t0, t1, kp, xq, n, a, wsum, wscale, out, b, y, (double)qscale, zp);

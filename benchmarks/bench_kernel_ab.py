@@ -1,0 +1,142 @@
+"""One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two builds side by side: the
+csrc sources of a git revision (default main) and of this checkout, each compiled with native.py's flags and
+called alternately within every round on the same packed weights (both builds read one layout).
+
+    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main] [--rows 1 64] [--rounds 7] [--shapes granite]
+
+Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time: the other
+processes of a shared box do not count, their memory traffic does), GB/s of weight bytes, ns per output and the
+ratio. Weights are cycled through >= 128 MB so that a one-row call reads its weight from memory, as a decode step
+does (--hot: one copy, from cache where it fits). 1 thread. Also checks that both builds give equal outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from recap.kernels.linear_int4 import quantize_int4  # noqa: E402
+from recap.kernels.linear_rows import activation_grid, pack_int8  # noqa: E402
+from recap.kernels.native import FLAGS, _compiler  # noqa: E402
+from recap.model.quant import int8_activation_bits, quantize_int8_weight, row_sums  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+_P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+# (in, out) of granite-h-1b's linears: mamba in_proj / out_proj, shared MLP in / out, the int8 head
+SHAPES = {"granite": [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)], "head": [(1536, 100352)]}
+
+
+def build(src: str, name: str, tmp: Path) -> ctypes.CDLL:
+    c, so = tmp / f"{name}.c", tmp / f"{name}.so"
+    c.write_text(src)
+    subprocess.run([_compiler(), *FLAGS, "-o", str(so), str(c), "-lm"], check=True)
+    lib = ctypes.CDLL(str(so))
+    if hasattr(lib, "recap_linear_int4"):
+        lib.recap_linear_int4.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _INT, _P, _P, _INT, _INT]
+        lib.recap_linear_int4.restype = _INT
+    else:
+        lib.recap_linear_i8.argtypes = [_P, _I64, _P, _P, _P, _I64, _I64, _P, _P, _F32, _INT, _INT, _INT]
+        lib.recap_linear_i8.restype = _INT
+    return lib
+
+
+def int4_call(lib: ctypes.CDLL, k: int, out: int):  # type: ignore[no-untyped-def]
+    def call(x: torch.Tensor, w, y: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+        rc = lib.recap_linear_int4(x.data_ptr(), x.shape[0], k, w.packed.data_ptr(), out, w.group, int(w.asym),
+                                   None, y.data_ptr(), 1, 1)
+        assert rc == 0, rc
+    return call
+
+
+def int8_call(lib: ctypes.CDLL, k: int, out: int):  # type: ignore[no-untyped-def]
+    qscale, zp, qmax = activation_grid(int8_activation_bits() == 7)
+
+    def call(x: torch.Tensor, w, y: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+        tiles, sums, scales = w
+        rc = lib.recap_linear_i8(x.data_ptr(), x.shape[0], tiles.data_ptr(), sums.data_ptr(), scales.data_ptr(),
+                                 out, k, None, y.data_ptr(), qscale, zp, qmax, 1)
+        assert rc == 0, rc
+    return call
+
+
+def weights(kind: str, k: int, out: int, copies: int) -> list:  # type: ignore[type-arg]
+    g = torch.Generator().manual_seed(0)
+    res = []
+    for _ in range(copies):
+        w = torch.randn(out, k, generator=g) * 0.02
+        if kind == "int4":
+            res.append(quantize_int4(w, 32))
+        else:
+            q, s = quantize_int8_weight(w)
+            res.append((pack_int8(q), row_sums(q), s))
+    return res
+
+
+def bench(kind: str, k: int, out: int, rows: int, libs: dict, rounds: int, hot: bool) -> None:  # type: ignore[type-arg]
+    nbytes = out * k * (0.5 + 2 / 32 if kind == "int4" else 1)
+    copies = max(1, min(16, int(128e6 // nbytes) + 1)) if rows == 1 and not hot else 1
+    ws = weights(kind, k, out, copies)
+    x = torch.randn(rows, k)
+    calls = {n: (int4_call if kind == "int4" else int8_call)(lib, k, out) for n, lib in libs.items()}
+    ys = {n: torch.empty(rows, out) for n in libs}
+    for n, c in calls.items():
+        c(x, ws[0], ys[n])
+    same = all(torch.equal(ys[n], next(iter(ys.values()))) for n in ys)
+    reps = max(1, int(3e8 // (nbytes * max(rows, 8))))
+    times: dict[str, list[float]] = {n: [] for n in libs}
+    for _ in range(rounds):
+        for n, c in calls.items():
+            t = time.thread_time()  # this thread's CPU time: the other processes of a shared box do not count
+            for i in range(reps):
+                c(x, ws[i % copies], ys[n])
+            times[n].append((time.thread_time() - t) / reps)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    cells = [f"{n} {m * 1e3:7.3f} ms {nbytes / m / 1e9:5.1f} GB/s {m / out / rows * 1e9:6.2f} ns/out" for n, m in
+             med.items()]
+    names = list(med)
+    ratio = med[names[0]] / med[names[-1]] if len(names) > 1 else 1.0
+    print(f"{kind} {k}->{out} rows {rows}: " + " | ".join(cells) + f" | speedup {ratio:.2f}x equal={same}",
+          flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", default="main", help="git revision of the other build ('' for this checkout only)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--shapes", nargs="+", default=["granite", "head"], choices=sorted(SHAPES))
+    ap.add_argument("--hot", action="store_true", help="one copy of each weight (from cache where it fits)")
+    ap.add_argument("--kinds", nargs="+", default=["int4", "int8"], choices=["int4", "int8"])
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        libs: dict[str, dict[str, ctypes.CDLL]] = {}
+        for kind, name in (("int4", "linear_int4"), ("int8", "linear_int8")):
+            path = f"recap/kernels/csrc/{name}.c"
+            libs[kind] = {}
+            if args.ref:
+                src = subprocess.run(["git", "show", f"{args.ref}:{path}"], cwd=ROOT, check=True, capture_output=True,
+                                     text=True).stdout
+                libs[kind][args.ref] = build(src, f"{name}_ref", tmp)
+            libs[kind]["this"] = build((ROOT / path).read_text(), f"{name}_this", tmp)
+        for kind in args.kinds:
+            for shape in args.shapes:
+                for k, out in SHAPES[shape]:
+                    if kind == "int4" and shape == "head":
+                        continue
+                    for rows in args.rows:
+                        bench(kind, k, out, rows, libs[kind], args.rounds, args.hot)
+
+
+if __name__ == "__main__":
+    main()
