@@ -17,11 +17,12 @@ mixers, MLPs, norms and linear layers each record their own arithmetic on this b
 module knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
 (layers/linear.py's RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus
 csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
-compares them). Supported today: fp32 activations; embedding (fp32 or int8 table), RMSNorm, Linear (fp32,
-int8 or int4 weights), Mamba2 mixers (the native step), attention (GQA, RoPE or none; no q/k norm, head gate or
-sliding window) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
-relu2: Nemotron-H's), in MixerBlock and HybridBlock layouts. Any other part (another mixer, a multiplier, a model
-that overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
+compares them). Supported today: fp32 activations; embedding (fp32 or int8 table, times a multiplier), RMSNorm,
+residual adds (times a multiplier: muP's, Granite's), Linear (fp32, int8 or int4 weights), Mamba2 mixers (the
+native step), attention (GQA, RoPE or none; no q/k norm, head gate or sliding window) and MLPs, gated or not, with
+an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu, relu2: Nemotron-H's), in MixerBlock, HybridBlock
+and GraniteBlock layouts. Any other part (another mixer, a mixer's own multipliers, a MoE, a model that overrides
+its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations
@@ -113,9 +114,17 @@ class DecodeGraph:
         self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
         return y
 
-    def add(self, h: torch.Tensor, x: torch.Tensor) -> None:
-        self.record((raw_function(decode_ops_library(), "recap_add_f32"), (_addr(h), _addr(x), _I64(h.numel())),
-                     None))  # fmt: skip
+    def add(self, h: torch.Tensor, x: torch.Tensor, multiplier: float = 1.0) -> None:
+        if multiplier == 1.0:  # the plain add, as the module path's h + x
+            call = (raw_function(decode_ops_library(), "recap_add_f32"), (_addr(h), _addr(x), _I64(h.numel())))
+        else:
+            call = (raw_function(decode_ops_library(), "recap_add_scaled_f32"),
+                    (_addr(h), _addr(x), _F32(multiplier), _I64(h.numel())))  # fmt: skip
+        self.record((*call, None))
+
+    def scale(self, x: torch.Tensor, multiplier: float) -> None:
+        self.record((raw_function(decode_ops_library(), "recap_scale_f32"), (_addr(x), _F32(multiplier),
+                     _I64(x.numel())), None))  # fmt: skip
 
     def activation(self, name: str, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
         op = NATIVE_ACTIVATIONS.get(name)

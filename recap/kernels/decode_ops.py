@@ -1,8 +1,8 @@
-"""The small operations of a captured decode step (csrc/decode_ops.c): embedding rows (fp32 or int8), residual
-add, an MLP's act(gate) * up or act(x) per activation, and RoPE with the K/V write. backends/decode_graph.py
-replays them by address; the wrappers here call them on tensors, for tests against their torch references
-(F.embedding, layers/embedding.embedding_int8_ref, +, layers/activation.py's activations, RotaryEmbedding.apply
-with paged_attention.write_kv)."""
+"""The small operations of a captured decode step (csrc/decode_ops.c): embedding rows (fp32 or int8) and an
+embedding multiplier, the residual add (scaled or not), an MLP's act(gate) * up or act(x) per activation, and RoPE
+with the K/V write. backends/decode_graph.py replays them by address; the wrappers here call them on tensors, for
+tests against their torch references (F.embedding, layers/embedding.embedding_int8_ref, x * m, h + x, h + x * m,
+layers/activation.py's activations, RotaryEmbedding.apply with paged_attention.write_kv)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ def add_(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """h += x for contiguous fp32 tensors of one size; returns h."""
     decode_ops_library().recap_add_f32(_p(h), _p(x), _i64(h.numel()))
     return h
+
+
+def add_scaled_(h: torch.Tensor, x: torch.Tensor, m: float) -> torch.Tensor:
+    """h += x * m for contiguous fp32 tensors of one size (torch's h + x * m, rounded alike); returns h."""
+    decode_ops_library().recap_add_scaled_f32(_p(h), _p(x), ctypes.c_float(m), _i64(h.numel()))
+    return h
+
+
+def scale_(x: torch.Tensor, m: float) -> torch.Tensor:
+    """x *= m for a contiguous fp32 tensor; returns x."""
+    decode_ops_library().recap_scale_f32(_p(x), ctypes.c_float(m), _i64(x.numel()))
+    return x
 
 
 # HF activation names (model/layers/activation.py) -> the csrc op computing them (recap_<op>_f32); the others

@@ -59,8 +59,12 @@ class DecodeCapture(Protocol):
         """weight * x / rms(x) over x's rows -> a new buffer."""
         ...
 
-    def add(self, h: torch.Tensor, x: torch.Tensor) -> None:
-        """h += x (the residual stream)."""
+    def add(self, h: torch.Tensor, x: torch.Tensor, multiplier: float = 1.0) -> None:
+        """h += x * multiplier (the residual stream; x * m rounded before the add, as torch's h + x * m)."""
+        ...
+
+    def scale(self, x: torch.Tensor, multiplier: float) -> None:
+        """x *= multiplier, in place (an embedding multiplier)."""
         ...
 
     def activation(self, name: str, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,8 +120,9 @@ def capture_norm(norm: object, builder: DecodeCapture, x: torch.Tensor) -> torch
 
 
 def capture_residual(
-    builder: DecodeCapture, h: torch.Tensor, norm: object, part: object, caches: ModelCaches, layer: int
+    builder: DecodeCapture, h: torch.Tensor, norm: object, part: object, caches: ModelCaches, layer: int,
+    multiplier: float = 1.0,
 ) -> None:
-    """h += part(norm(h)), the pre-norm residual step of a block."""
+    """h += part(norm(h)) * multiplier, the pre-norm residual step of a block."""
     out = capture_part(part, f"layer {layer}: mixer", builder, capture_norm(norm, builder, h), caches, layer)
-    builder.add(h, out)
+    builder.add(h, out, multiplier)

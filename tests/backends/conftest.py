@@ -1,6 +1,7 @@
 """Tiny checkpoints the graph tests add to tests/conftest.py's: MLP activations and layouts the families' tiny
-configs do not have (Nemotron-H without its MoE layers: its non-gated
-MLP with relu2, gelu_tanh or gelu; gated MLPs are Bamba's silu, and the activation ops' tests cover the others)."""
+configs do not have (Nemotron-H without its MoE layers: its non-gated MLP with relu2, gelu_tanh or gelu; gated
+MLPs are Bamba's silu, and the activation ops' tests cover the others), and Granite-4.0-H without its MoE (the
+shared MLP alone, as Granite-4.0-H-1B), with NoPE or RoPE attention."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemotron_h_gelu": ("nemotron_h", {"layers_block_type": ["attention", "mlp", "mamba", "mlp"],
                                        "mlp_hidden_act": "gelu"}),
     "nemotron_h_gelu_fast": ("nemotron_h", {"layers_block_type": ["mamba", "mlp"], "mlp_hidden_act": "gelu_fast"}),
+    # Granite-4.0-H-1B's layout: the shared MLP alone (no experts), muP multipliers from the tiny config
+    "granite_dense": ("granite_hybrid", {"num_local_experts": 0, "num_experts_per_tok": 0}),
+    "granite_dense_rope": ("granite_hybrid", {"num_local_experts": 0, "num_experts_per_tok": 0,
+                                              "position_embedding_type": "rope",
+                                              "layer_types": ["attention", "mamba", "attention", "mamba"]}),
 }  # fmt: skip
 
 

@@ -84,6 +84,8 @@ def _decode_both(
         ("nemotron_h_relu2", None, 1, False), ("nemotron_h_relu2", None, 4, False),
         ("nemotron_h_relu2", "int8", 2, False), ("nemotron_h_gelu_tanh", None, 1, False),
         ("nemotron_h_gelu", None, 3, False),
+        ("granite_dense", None, 1, False), ("granite_dense", None, 4, False), ("granite_dense", "int8", 2, False),
+        ("granite_dense", "int4", 1, False), ("granite_dense_rope", None, 3, False),
     ],
 )  # fmt: skip
 def test_graph_replays_the_module_path(
@@ -93,7 +95,7 @@ def test_graph_replays_the_module_path(
     """Every step's hidden states and every cache after the run equal the module path's: bit for bit where the
     graph runs the same kernels (Mamba2), to fp32 rounding where it has its own activation and RoPE (Bamba's
     gated silu; Nemotron-H's non-gated MLP with relu2, gelu_tanh or gelu, and its attention); int8 weights at
-    every row count."""
+    every row count; Granite-4.0-H's dense variant with its embedding, residual and attention multipliers."""
     model, backend = _prepared(graph_checkpoint(arch), quantization=quantization)
     replays: list[int] = []
     real = DecodeGraph.run
@@ -117,7 +119,8 @@ def test_graph_replays_the_module_path(
     torch.testing.assert_close(graph_c.slot_positions, module_c.slot_positions, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("arch", "why"), [("nemotron_h", "MoE"), ("nemotron_h_gelu_fast", "activation 'gelu_fast'")])
+@pytest.mark.parametrize(("arch", "why"), [("nemotron_h", "MoE"), ("nemotron_h_gelu_fast", "activation 'gelu_fast'"),
+                                         ("granite_hybrid", "MoE")])
 def test_a_model_with_parts_it_does_not_capture_keeps_the_module_path(
     arch: str, why: str, graph_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
@@ -204,6 +207,9 @@ def test_small_ops_match_torch(rows: int, n: int) -> None:
     g = torch.Generator().manual_seed(n)
     h, x = torch.randn(rows, n, generator=g), torch.randn(rows, n, generator=g)
     torch.testing.assert_close(decode_ops.add_(h.clone(), x), h + x, rtol=0, atol=0)
+    for m in (0.22, 12.0, 1.0 / 3):  # muP multipliers (Granite's residual and embedding ones): rounded as torch's
+        torch.testing.assert_close(decode_ops.add_scaled_(h.clone(), x, m), h + x * m, rtol=0, atol=0)
+        torch.testing.assert_close(decode_ops.scale_(x.clone(), m), x * m, rtol=0, atol=0)
     weight = torch.randn(11, n, generator=g)
     ids = torch.randint(0, 11, (rows,), generator=g)
     assert torch.equal(decode_ops.embed_rows(weight, ids), F.embedding(ids, weight))

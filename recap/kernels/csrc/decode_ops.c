@@ -1,5 +1,5 @@
 /* The small one-row operations of a captured decode step (recap/backends/decode_graph.py) that have no kernel
- * of their own: the embedding row, the residual add, the MLP's activation (gated or not) and RoPE with the K/V
+ * of their own: the embedding row and its multiplier, the residual add (scaled or not), the MLP's activation (gated or not) and RoPE with the K/V
  * write. Each is the fp32 arithmetic of the torch code it stands in for (references in
  * recap/kernels/decode_ops.py); exp, erf, tanh, cos and sin are libm's, so they agree with torch to fp32
  * rounding. Built by recap/kernels/native.py. */
@@ -35,6 +35,19 @@ int recap_embed_rows_i8(const int8_t *q, const float *scales, int64_t vocab, int
 void recap_add_f32(float *h, const float *x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) h[i] += x[i];
+}
+
+/* h[n] += x[n] * m: a residual branch scaled as muP models scale it (Granite's residual_multiplier); the product
+ * is rounded before the add (the build turns contraction off), as torch's h + x * m rounds it. */
+void recap_add_scaled_f32(float *h, const float *x, float m, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) h[i] += x[i] * m;
+}
+
+/* x[n] *= m (an embedding multiplier) */
+void recap_scale_f32(float *x, float m, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] *= m;
 }
 
 /* The MLP activations (recap/model/layers/activation.py), each written as torch's CPU kernel writes it so the

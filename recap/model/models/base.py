@@ -100,16 +100,19 @@ class CausalLM(nn.Module):
     def capture_decode(self, builder: DecodeCapture, caches: ModelCaches) -> torch.Tensor:
         """Record `forward`'s decode step (embed -> blocks -> final norm) on `builder` over `caches`
         (model/capture.py) -> the final hidden buffer [rows, D]. GraphUnsupportedError names the first part it
-        cannot record: a family that overrides forward or embed, activations other than fp32, a multiplier."""
+        cannot record: a family that overrides forward or embed, activations other than fp32. The embedding
+        multiplier is recorded as the scale of the looked-up rows (the logits multiplier is compute_logits')."""
         cls = type(self)
         if cls.forward is not CausalLM.forward or cls.embed is not CausalLM.embed:
             raise GraphUnsupportedError(f"{cls.__name__} overrides forward or embed")
-        if self.dtype != torch.float32 or self.config.embedding_multiplier != 1.0:
-            raise GraphUnsupportedError("activations other than fp32, or an embedding multiplier")
+        if self.dtype != torch.float32:
+            raise GraphUnsupportedError("activations other than fp32")
         embedding = self.embedding()
         if not hasattr(embedding, "capture_decode"):
             raise GraphUnsupportedError(f"embedding {type(embedding).__name__}")
         h = embedding.capture_decode(builder)
+        if self.config.embedding_multiplier != 1.0:
+            builder.scale(h, self.config.embedding_multiplier)
         for i, block in enumerate(self.blocks()):
             capture_part(block, f"layer {i}: block", builder, h, caches, i)
         return capture_norm(self.final_norm(), builder, h)

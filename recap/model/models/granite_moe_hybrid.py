@@ -15,6 +15,7 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, capture_residual, require_type
 from recap.model.layer_kinds import build_mixer
 from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
@@ -55,6 +56,18 @@ class GraniteBlock(nn.Module):
         if self.block_sparse_moe is not None:
             ff = self.block_sparse_moe(x) + ff
         return h + ff * r
+
+    def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record both residual steps, each branch times the residual multiplier, on the residual buffer h
+        (model/capture.py). The dense variant only: the builder has no MoE (no family captures one)."""
+        require_type(self, GraniteBlock, f"layer {layer}: block")
+        if self.block_sparse_moe is not None:
+            raise GraphUnsupportedError(f"layer {layer}: MoE {type(self.block_sparse_moe).__name__}")
+        mixer = self.self_attn if self.is_attention else self.mamba
+        r = self.residual_multiplier
+        capture_residual(builder, h, self.input_layernorm, mixer, caches, layer, r)
+        capture_residual(builder, h, self.post_attention_layernorm, self.shared_mlp, caches, layer, r)
+        return h
 
 
 class GraniteMoeHybridForCausalLM(HybridForCausalLM):
