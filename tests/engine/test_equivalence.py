@@ -12,7 +12,7 @@ import pytest
 
 from recap import LLM
 from recap.engine.outputs import RequestOutput
-from tests.engine.conftest import ARCHS
+from tests.engine.conftest import ARCHS, tiny_model_dir
 from tests.engine.workloads import SCRIPTS, prompt_end
 
 POLICIES = ["align", "all", "recap"]
@@ -90,3 +90,25 @@ def test_odd_chunk_budgets(tiny_models: dict[str, Path], arch: str, budget: int)
         assert_same(got, reference(path, arch, script), f"{arch}/budget {budget}/{script}")
         if script == "sysprompt_marked":
             assert [o.num_cached_tokens for o in got] == [0, 32, 32]
+
+
+def test_a_captured_decode_step_keeps_caching_on_equal_to_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """Granite-4.0-H without its MoE (as Granite-4.0-H-1B; its muP multipliers in the graph) decodes through the
+    CPU backend's captured graph, and prefix caching still changes nothing."""
+    from recap.backends.decode_graph import DecodeGraph
+    from recap.kernels.decode_ops import decode_ops_available
+
+    if not decode_ops_available():
+        pytest.skip("no C compiler for the native decode ops")
+    path = tiny_model_dir(tmp_path, "granite_hybrid", num_local_experts=0, num_experts_per_tok=0)
+    replays: list[int] = []
+    real = DecodeGraph.run
+    monkeypatch.setattr(DecodeGraph, "run", lambda self, b, c: (replays.append(1), real(self, b, c))[1])
+    for script in ("multiturn", "concurrent_mix"):
+        want = SCRIPTS[script](make_llm(path, caching=False))
+        assert replays, f"{script}: no decode step replayed a graph"
+        replays.clear()
+        assert_same(SCRIPTS[script](make_llm(path, caching=True)), want, f"granite dense/{script}")
+        assert replays, f"{script}: no cached decode step replayed a graph"
