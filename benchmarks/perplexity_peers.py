@@ -18,6 +18,7 @@ Perplexity is deterministic: no rounds; the load average is printed beside the r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -111,18 +112,28 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None, env: dict[str, str]
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
 
+def checkpoint_digest(ckpt: Path) -> str:
+    """A short digest of the files a conversion reads, so a retrained checkpoint never meets a stale GGUF."""
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        h.update((ckpt / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
 def ggufs(llama: LlamaCpp, ckpt: Path, out_dir: Path, site: Path) -> dict[str, Path]:
-    """f32, bf16 and q8_0 from the converter, Q4_K_M from f32 by llama-quantize; each cached."""
+    """f32, bf16 and q8_0 from the converter, Q4_K_M from f32 by llama-quantize; each cached under the
+    checkpoint's digest."""
     out: dict[str, Path] = {}
     env = {**os.environ, "PYTHONPATH": str(site)}
+    stem = f"{ckpt.name}-{checkpoint_digest(ckpt)}"
     for t in ("f32", "bf16", "q8_0"):
-        out[t] = out_dir / f"{ckpt.name}-{t}.gguf"
+        out[t] = out_dir / f"{stem}-{t}.gguf"
         if not out[t].is_file():
             tmp = out[t].with_suffix(".tmp")
             cmd = [sys.executable, "-c", _CONVERT, str(llama.src), str(ckpt), "--outtype", t, "--outfile", str(tmp)]
             _run(cmd, out_dir / "convert.log", cwd=llama.src, env=env)
             tmp.rename(out[t])
-    out["Q4_K_M"] = out_dir / f"{ckpt.name}-Q4_K_M.gguf"
+    out["Q4_K_M"] = out_dir / f"{stem}-Q4_K_M.gguf"
     if not out["Q4_K_M"].is_file():
         tmp = out["Q4_K_M"].with_suffix(".tmp")
         _run([str(llama.tool("llama-quantize")), str(out["f32"]), str(tmp), "Q4_K_M", "1"], out_dir / "quantize.log")
@@ -131,15 +142,16 @@ def ggufs(llama: LlamaCpp, ckpt: Path, out_dir: Path, site: Path) -> dict[str, P
 
 
 def llama_ids(llama: LlamaCpp, gguf: Path, data: Path) -> list[int]:
-    """The file's token ids through llama.cpp's tokenizer (no BOS)."""
+    """The file's token ids through llama.cpp's tokenizer (no BOS). Its tools read -f text as a C string with
+    escapes by default (a literal backslash-n in the text became a newline); --no-escape reads it as written."""
     res = subprocess.run([str(llama.tool("llama-tokenize")), "-m", str(gguf), "-f", str(data), "--ids", "--no-bos",
-                          "--log-disable"], check=True, capture_output=True, text=True)  # fmt: skip
+                          "--log-disable", "--no-escape"], check=True, capture_output=True, text=True)  # fmt: skip
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def llama_perplexity(llama: LlamaCpp, gguf: Path, data: Path, ctx: int, chunks: int, threads: int) -> dict[str, Any]:
     cmd = [str(llama.tool("llama-perplexity")), "-m", str(gguf), "-f", str(data), "-c", str(ctx), "-b", str(ctx),
-           "--chunks", str(chunks), "-t", str(threads)]  # fmt: skip
+           "--chunks", str(chunks), "-t", str(threads), "--no-escape"]  # fmt: skip
     out = gguf.with_suffix(f".ppl-c{ctx}.log")  # a file, not a pipe: through a pipe the last lines went missing
     with open(out, "w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
