@@ -87,21 +87,27 @@ def documents(batch: int, doc_len: int, workload: str = "rewrite") -> list[list[
     return out
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, list[list[int]]]:
+# "cpu": the calling thread's CPU time (engine steps, drafting and the native kernels run in it at 1 thread):
+# time taken by other processes on a shared machine does not count, so a few-percent overhead can be seen.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+        clock: Callable[[], float] = time.perf_counter) -> tuple[float, int, list[list[int]]]:  # fmt: skip
     """(decode seconds, decode tokens, outputs): the steps after every request has its first token."""
     ids = [engine.add_request(p, params) for p in prompts]
     tokens: dict[str, list[int]] = {i: [] for i in ids}
     decode_s, t_start = 0.0, None
     while engine.has_unfinished_requests():
-        t0 = time.perf_counter()
+        t0 = clock()
         outs = engine.step()
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         if t_start is not None:
             decode_s += dt
         for o in outs:
             tokens[o.request_id] = list(o.outputs[0].token_ids)
         if t_start is None and all(tokens[i] for i in ids):
-            t_start = time.perf_counter()  # every prompt done: decode from here
+            t_start = clock()  # every prompt done: decode from here
     generated = sum(len(t) - 1 for t in tokens.values())
     return decode_s, generated, [tokens[i] for i in ids]
 
@@ -110,7 +116,8 @@ Sample = tuple[float, int, float]  # decode tok/s, verify steps, mean accepted l
 
 
 def timed(engines: dict[str, LLMEngine], prompts: list[list[int]], params: SamplingParams, rounds: int,
-          ref: list[list[int]], before_run: Callable[[str, LLMEngine], None] | None = None) -> dict[str, list[Sample]]:
+          ref: list[list[int]], before_run: Callable[[str, LLMEngine], None] | None = None,
+          clock: Callable[[], float] = time.perf_counter) -> dict[str, list[Sample]]:
     """`rounds` rounds, the modes alternating inside each; every output checked against the plain run's."""
     samples: dict[str, list[Sample]] = {m: [] for m in engines}
     for _ in range(rounds):
@@ -118,7 +125,7 @@ def timed(engines: dict[str, LLMEngine], prompts: list[list[int]], params: Sampl
             if before_run is not None:
                 before_run(mode, engine)
             before = engine.scheduler.stats
-            seconds, generated, outs = run(engine, prompts, params)
+            seconds, generated, outs = run(engine, prompts, params, clock)
             assert outs == ref, f"{mode} at batch {len(prompts)}: output differs from the plain run"
             after = engine.scheduler.stats
             steps = after.spec.num_drafts - before.spec.num_drafts
@@ -128,13 +135,15 @@ def timed(engines: dict[str, LLMEngine], prompts: list[list[int]], params: Sampl
 
 
 def rows(batch: int, samples: dict[str, list[Sample]]) -> list[dict]:
-    """Medians per mode, and each mode's ratio to the median of "off"."""
+    """Medians per mode, each mode's ratio to the median of "off", and the median of its per-round ratios to the
+    "off" run of the same round (paired: slow drift of a shared machine cancels)."""
     base_tps = statistics.median(s[0] for s in samples["off"])
     out = []
     for mode, got in samples.items():
         tps = statistics.median(s[0] for s in got)
         out.append({
             "batch": batch, "mode": mode, "decode_tok_s": round(tps, 2), "speedup": round(tps / base_tps, 3),
+            "paired_speedup": round(statistics.median(s[0] / o[0] for s, o in zip(got, samples["off"])), 3),
             "mean_accepted_length": round(statistics.median(s[2] for s in got), 3), "verify_steps": got[-1][1],
             "runs_tok_s": [round(s[0], 2) for s in got],
         })  # fmt: skip
@@ -166,7 +175,7 @@ def measure(args: argparse.Namespace) -> dict:
 
         modes = ["off", *(m for m in args.modes if m != "off")]
         engines = {m: base if m == "off" else speculating for m in modes}
-        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref, use))
+        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref, use, CLOCKS[args.clock]))
     return results
 
 
@@ -237,7 +246,7 @@ def measure_trained(args: argparse.Namespace) -> dict:
         _, _, ref = run(engines["off"], prompts, params)  # the plain outputs
         for engine in engines.values():
             run(engine, prompts, params)  # warm-up (decode and verify graphs captured)
-        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref))
+        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref, clock=CLOCKS[args.clock]))
     return results
 
 
@@ -255,6 +264,8 @@ def main() -> None:
                    help=f"off always runs (the baseline); default: random {MODES}, trained {TRAINED_MODES}")
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests (seeded, top_p 0.95)")
     p.add_argument("--tokens", type=int, default=128, help="max_tokens per request")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or the thread's CPU time (other processes' load left out)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args()
     if args.quick:
@@ -268,10 +279,11 @@ def main() -> None:
     print(f"{res['model']} model  k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "
           f"{res['tokens']} generated per request, 1 thread, "
           "fp32")
-    print(f"{'batch':>5} {'mode':>18} {'decode tok/s':>13} {'vs off':>7} {'mean accepted len':>18} "
-          f"{'verify steps':>13}")
+    print(f"{'batch':>5} {'mode':>18} {'decode tok/s':>13} {'vs off':>7} {'paired':>7} {'mean accepted len':>18} "
+          f"{'verify steps':>13}   ({args.clock} clock)")
     for r in res["rows"]:
         print(f"{r['batch']:>5} {r['mode']:>18} {r['decode_tok_s']:>13.1f} {r['speedup']:>6.2f}x "
+              f"{r['paired_speedup']:>6.3f}x "
               f"{r['mean_accepted_length']:>18.2f} {r['verify_steps']:>13}")  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
