@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from recap.kernels.kernel_set import KernelSet
-from recap.kernels.metadata import ForwardBatch
+from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches, TensorAllocator
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import Linear
@@ -104,6 +104,11 @@ class Backend(ABC):
     def cache_zeros(self) -> TensorAllocator | None:
         """The allocator of the KV/state pools (ModelCaches.allocate's `zeros`); None: torch.zeros."""
         return None
+
+    def shape_rows(self, specs: Sequence[SeqSpec]) -> Sequence[SeqSpec]:
+        """The step's rows as this backend runs them, before the batch is built: a backend that replays steps of
+        a few captured shapes pads a step to one (padding rows, PAD_SLOT_ID tables). Default: as they are."""
+        return specs
 
     def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """The step's final hidden states [T, D]; updates `caches` as the model's forward does."""

@@ -126,31 +126,55 @@ def _ssm_metadata(seqs: Sequence[SeqSpec], qsl: list[int], chunk_size: int) -> S
 
 
 _PARTS = ("attn", "window_attn", "ssm")  # the ForwardBatch fields that hold metadata dataclasses
+# Last in the packed order: its length is the step's sampled rows, not a function of the rows' shape, so the
+# tensors before it keep their offsets across steps of one shape (a captured step's inputs: backends/cuda_graph.py).
+_VARIABLE = "logits_indices"
 
 
 def _tensor_fields(obj: object) -> list[str]:
-    return [f.name for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)]  # type: ignore[arg-type]
+    """The metadata tensors of a ForwardBatch or one of its parts (not the buffer they are views of)."""
+    return [f.name for f in fields(obj) if f.name != "packed" and isinstance(getattr(obj, f.name), torch.Tensor)]  # type: ignore[arg-type]
+
+
+def _parts(batch: ForwardBatch) -> list[object]:
+    return [batch] + [getattr(batch, p) for p in _PARTS if getattr(batch, p) is not None]
+
+
+def packed_fields(batch: ForwardBatch) -> list[tuple[object, str]]:
+    """(owner, field name) of every metadata tensor of `batch` in the packed order: the batch's fields, then
+    attention's, window attention's and the SSM's, logits_indices last."""
+    out = [(o, n) for o in _parts(batch) for n in _tensor_fields(o) if (o, n) != (batch, _VARIABLE)]
+    return out + [(batch, _VARIABLE)]
+
+
+def pack_batch(batch: ForwardBatch) -> torch.Tensor:
+    """Every metadata tensor of `batch` flattened into one int64 tensor on the batch's device, in packed_fields
+    order (bools as 0/1)."""
+    return torch.cat([getattr(o, n).reshape(-1).to(torch.int64) for o, n in packed_fields(batch)])
+
+
+def batch_on(batch: ForwardBatch, packed: torch.Tensor) -> ForwardBatch:
+    """`batch` with every metadata tensor a view of `packed` (pack_batch's layout; a bool tensor is a copy, the
+    one exception), and `packed` recorded as the batch's buffer."""
+    views: dict[tuple[int, str], torch.Tensor] = {}
+    off = 0
+    for o, n in packed_fields(batch):
+        x = getattr(o, n)
+        v = packed[off : off + x.numel()].view(x.shape)
+        views[(id(o), n)] = v.bool() if x.dtype == torch.bool else v
+        off += x.numel()
+    new = [replace(o, **{n: views[(id(o), n)] for n in _tensor_fields(o)}) for o in _parts(batch)]  # type: ignore[type-var]
+    parts = {p: new[1 + i] for i, p in enumerate(q for q in _PARTS if getattr(batch, q) is not None)}
+    return replace(new[0], **parts, packed=packed)
 
 
 def batch_to_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
     """The batch with every metadata tensor on `device`, moved in one host-to-device copy (a GPU step would
     otherwise pay one transfer per tensor, ~20 per step); the Python lists stay on the host."""
-    objs = [batch] + [getattr(batch, p) for p in _PARTS if getattr(batch, p) is not None]
-    names = [_tensor_fields(o) for o in objs]
-    host = [getattr(o, n) for o, ns in zip(objs, names) for n in ns]
-    flat = torch.cat([x.reshape(-1).to(torch.int64) for x in host])
+    flat = pack_batch(batch)
     if device.type == "cuda":
         flat = flat.pin_memory()
-    moved = flat.to(device, non_blocking=True)
-    views, off = [], 0
-    for x in host:
-        v = moved[off : off + x.numel()].view(x.shape)
-        views.append(v.bool() if x.dtype == torch.bool else v)
-        off += x.numel()
-    it = iter(views)
-    new = [replace(o, **{n: next(it) for n in ns}) for o, ns in zip(objs, names)]  # type: ignore[type-var]
-    parts = {p: new[1 + i] for i, p in enumerate(q for q in _PARTS if getattr(batch, q) is not None)}
-    return replace(new[0], **parts)
+    return batch_on(batch, flat.to(device, non_blocking=True))
 
 
 def _slot_mapping(

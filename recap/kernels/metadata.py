@@ -132,3 +132,5 @@ class ForwardBatch:
     # Draft tokens among the step's tokens (docs/speculative.md): a row with d of them is a verify row of
     # [decode token, d drafts]; set by the runner, 0 in any other step.
     num_draft_tokens: int = 0
+    # The one device buffer the metadata tensors are views of (kernels/batch.py's batch_on), or None (a host batch).
+    packed: torch.Tensor | None = None

@@ -173,7 +173,7 @@ class ModelRunner:
     def build_batch(self, out: SchedulerOutput, verify: list[VerifyRow] | None = None) -> ForwardBatch:
         by_row = {v.row: v for v in verify or ()}
         batch = build_forward_batch(
-            [self._spec(s, by_row.get(row)) for row, s in enumerate(out.scheduled)],
+            self.backend.shape_rows([self._spec(s, by_row.get(row)) for row, s in enumerate(out.scheduled)]),
             block_size=self.cache_config.block_size,
             chunk_size=self.config.ssm_chunk_size,
             with_attention=self.has_kv,
@@ -210,8 +210,8 @@ class ModelRunner:
         hidden = self.backend.forward(self.model, batch, self.caches)
         result = ModelRunnerOutput()
         if batch.sample_rows:
-            # The sampler works on the host (per-row settings, seeded generators): one copy of the rows' logits.
-            logits = self.model.compute_logits(hidden[batch.logits_indices]).cpu()
+            # On a GPU the sampler takes greedy rows' argmax there, else one copy of the rows' logits to the host.
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
             rows = [out.scheduled[r] for r in batch.sample_rows]
             sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
             self._collect_samples(rows, sampled, result)

@@ -108,6 +108,13 @@ def sample_ref(logits: torch.Tensor, rows: list[SampleRow], shared: torch.Genera
     return SampleResult(tokens, lps)
 
 
+def _argmax_only(row: SampleRow) -> bool:
+    """Whether a row's token is the argmax of its raw logits and nothing else is asked of them."""
+    p = row.params
+    return (p.greedy and not p.has_penalties and row.allowed is None and not row.banned_token_ids
+            and p.logprobs is None)  # fmt: skip
+
+
 class Sampler:
     """Batched sampling: greedy rows in one argmax, others per row (their filters differ)."""
 
@@ -119,10 +126,14 @@ class Sampler:
             self.generator.seed()
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
-        raw = logits.float()
-        logits = raw
+        """Tokens for `rows` from their logits [R, V], which may live on a GPU: rows that only take the argmax
+        are decided there (R ids come back, not R x V logits); any other row brings the logits to the host."""
         if not rows:
             return SampleResult([], [])
+        if logits.device.type != "cpu" and not all(_argmax_only(r) for r in rows):
+            logits = logits.cpu()
+        raw = logits.float()
+        logits = raw
         banned = [r.banned_token_ids for r in rows]
         penalized = [r.params.has_penalties for r in rows]
         masked = [r.allowed is not None for r in rows]

@@ -52,6 +52,8 @@ def test_kernel_sets() -> None:
 
 def _equal(a: object, b: object) -> None:
     for f in dataclasses.fields(a):  # type: ignore[arg-type]
+        if f.name == "packed":  # the moved batch's one buffer (checked below)
+            continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, torch.Tensor):
             assert x.dtype == y.dtype and torch.equal(x, y.to(x.device)), f.name
@@ -74,6 +76,8 @@ def test_batch_moves_in_one_copy_unchanged() -> None:
     parts = (moved.input_ids, moved.attn.slot_mapping, moved.ssm.cu_chunk_seqlens)
     bases = {t.untyped_storage().data_ptr() for t in parts}
     assert len(bases) == 1
+    assert moved.packed is not None and moved.packed.untyped_storage().data_ptr() in bases
+    assert torch.equal(moved.packed[-moved.logits_indices.numel():], batch.logits_indices)  # the variable one last
 
 
 def test_gpu_budget_is_split_between_the_pools() -> None:

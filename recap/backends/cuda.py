@@ -1,0 +1,121 @@
+"""The CUDA backend: the module path with the Triton kernels, decode steps replayed from CUDA graphs.
+
+A decode step's rows are padded to the next of GRAPH_ROWS with padding rows and its block tables to a
+power-of-two width (`shape_rows`, before the batch is built), so that a few captured shapes serve every decode
+step; each shape is captured the first time a step of it runs (backends/cuda_graph.py) and replayed after.
+Prefill, mixed and verify steps, steps with sliding-window paging and models a graph cannot capture (a layer
+that reads the host mid-step, e.g. a MoE's per-expert loop) run the module path, as --enforce-eager runs every
+step (the torch backend, eager.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from recap.backends.cuda_graph import Capture, CapturedStep, cuda_graph_capture, shape_key
+from recap.backends.eager import TorchBackend
+from recap.kernels.batch import build_forward_batch
+from recap.kernels.kernel_set import KernelSet
+from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SeqSpec
+from recap.model.cache import ModelCaches
+from recap.model.models import CausalLM
+
+logger = logging.getLogger(__name__)
+
+# Decode row counts captured (vLLM's sizes up to 256): a step of r rows runs the graph of the next one up.
+GRAPH_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+MIN_TABLE_BLOCKS = 8  # block tables are padded to a power of two of at least this many entries
+MAX_GRAPHS = 64  # shapes captured per model and cache set (row counts x table widths); beyond: module path
+
+
+def table_width(blocks: int) -> int:
+    """The block-table width a decode step of rows with at most `blocks` blocks is padded to."""
+    return max(MIN_TABLE_BLOCKS, 1 << max(blocks - 1, 0).bit_length())
+
+
+class CudaBackend(TorchBackend):
+    """The torch backend's module path plus CUDA graphs for decode steps (see the module docstring).
+
+    `capture`: how a step is captured (None: a CUDA graph, all graphs sharing one memory pool;
+    cuda_graph.rerun_capture, the eager reference, where there is no GPU: the tests)."""
+
+    name: ClassVar[str] = "cuda"
+
+    def __init__(self, linear_backend: str = "torch", kernels: KernelSet | None = None,
+                 head_backend: str | None = None, capture: Capture | None = None) -> None:  # fmt: skip
+        if kernels is None:
+            from recap.kernels.kernel_set import kernel_set
+
+            kernels = kernel_set("triton", torch.device("cuda"))
+        super().__init__(linear_backend, kernels, head_backend)
+        self._capture = capture
+        self._bound: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches]] | None = None
+        self._graphs: dict[tuple[tuple[int, ...], ...], CapturedStep | None] = {}
+
+    def _prepare(self, model: CausalLM) -> None:
+        super()._prepare(model)
+        self._bound, self._graphs = None, {}  # captured over the old weights' addresses
+
+    def shape_rows(self, specs: Sequence[SeqSpec]) -> Sequence[SeqSpec]:
+        """A decode step's rows (one token each) padded to the next captured row count with padding rows, and
+        every row's block table to table_width; any other step's rows as they are."""
+        if not specs or len(specs) > GRAPH_ROWS[-1] or any(len(s.token_ids) != 1 for s in specs):
+            return specs
+        rows = next(r for r in GRAPH_ROWS if r >= len(specs))
+        width = table_width(max(len(s.block_ids) for s in specs))
+        padded = [replace(s, block_ids=[*s.block_ids, *[PAD_SLOT_ID] * (width - len(s.block_ids))]) for s in specs]
+        pad = SeqSpec([0], padding=True, block_ids=[PAD_SLOT_ID] * width)
+        return padded + [pad] * (rows - len(specs))
+
+    def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """A decode step of a captured shape is replayed; any other step runs the modules."""
+        step = self.captured(model, batch, caches)
+        return model(batch, caches) if step is None else step.run(batch, caches)
+
+    def captured(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> CapturedStep | None:
+        """The graph of this step's shape (captured now if it is new), or None: the module path runs."""
+        attn = batch.attn
+        if (batch.num_draft_tokens or batch.window_attn is not None or batch.num_tokens != batch.num_seqs
+                or batch.num_seqs not in GRAPH_ROWS
+                or (attn is not None and attn.block_tables.shape[1] != table_width(attn.block_tables.shape[1]))):
+            return None  # fmt: skip
+        if not self.serves(model):
+            raise RuntimeError(f"the {self.name} backend runs the model it prepared last; prepare this one again")
+        if self._bound is None or self._bound[0]() is not model or self._bound[1]() is not caches:
+            self._bound, self._graphs = (weakref.ref(model), weakref.ref(caches)), {}
+        key = shape_key(batch)
+        if key not in self._graphs:
+            if len(self._graphs) >= MAX_GRAPHS:
+                return None
+            self._graphs[key] = self._capture_step(model, batch, caches)
+        return self._graphs[key]
+
+    def _capture_step(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> CapturedStep | None:
+        if self._capture is None:
+            self._capture = cuda_graph_capture(torch.cuda.graph_pool_handle())
+        try:
+            return CapturedStep(model, caches, padding_template(batch), self._capture)
+        except Exception as e:  # a part that reads the host mid-step cannot be captured: its model runs eagerly
+            logger.warning("decode graph not captured for %d rows, the module path runs: %s", batch.num_seqs, e)
+            return None
+
+
+def padding_template(batch: ForwardBatch) -> ForwardBatch:
+    """A batch of `batch`'s shape whose rows are all padding rows, on its device: what a graph is captured over.
+    Its first row's length is the table's whole width, so that kernels that size their work from the rows'
+    lengths on the host (attention's key splits) size it for the longest row the shape can hold."""
+    attn, ssm = batch.attn, batch.ssm
+    width = 1 if attn is None else attn.block_tables.shape[1]
+    block_size = 1 if attn is None else attn.block_size
+    rows = [SeqSpec([0], context_len=width * block_size - 1 if r == 0 else 0, padding=True,
+                    block_ids=[PAD_SLOT_ID] * width) for r in range(batch.num_seqs)]  # fmt: skip
+    return build_forward_batch(rows, block_size=block_size, chunk_size=1 if ssm is None else ssm.chunk_size,
+                               with_attention=attn is not None, with_ssm=ssm is not None,
+                               device=batch.input_ids.device, kernels=batch.kernels)  # fmt: skip

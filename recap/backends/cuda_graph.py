@@ -1,0 +1,125 @@
+"""A decode step of a fixed shape captured as a CUDA graph: the GPU's decode fast path (vLLM's CUDA graphs).
+
+At batch 1 a decode step of a 1B hybrid on an H100 spent ~98% of its time launching kernels from Python (20.9
+tok/s, 1.5% of the weight-streaming bound): the card waited for the host. A graph records every kernel launch
+of a step once and replays them with one call. Its launches read fixed addresses, so a captured step owns its
+inputs: one int64 buffer laid out as kernels/batch.py packs a ForwardBatch (`packed`), whose views are the
+metadata tensors of the batch the graph was captured over. A step of the same shape (the same rows, block-table
+width and metadata layout: `shape_key`) is replayed by copying its packed buffer into the graph's (one copy)
+and replaying. Shapes are few: the CUDA backend pads a decode step's rows to a captured row count with padding
+rows (PAD_SLOT_ID everywhere, so kernels read and write no slot for them) and its block tables to a power-of-two
+width (backends/cuda.py).
+
+What a graph cannot do is read the host: the layers' host-list decisions are frozen at capture, so the graph
+is captured over padding rows only, where they take the general path (padding masks recorded, no checkpoint
+copy), and the kernels decide per row from the device tensors. The checkpoints a step plans (a row whose token
+completes a block) are copied after the replay from the rows' running slots, every layer's state at once, as the
+CPU decode graph does (backends/decode_graph.py), and their positions checked (provenance).
+
+`Capture` makes a replay from a step: `cuda_graph_capture` on a GPU, `rerun_capture` (the reference: the same
+step over the same static inputs, run eagerly) where there is no GPU (the tests, under Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from recap.kernels.batch import batch_on, pack_batch, packed_fields
+from recap.kernels.metadata import ForwardBatch
+from recap.model.cache import ModelCaches
+
+Step = Callable[[], torch.Tensor]  # one decode step over the graph's static inputs -> hidden [rows, D]
+Replay = Callable[[], torch.Tensor]  # run the captured step again -> its hidden states (the graph's own buffer)
+Capture = Callable[[Step], Replay]
+
+
+def shape_key(batch: ForwardBatch) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the batch's packed metadata tensors but the last (logits_indices): steps with equal keys
+    have the same packed layout, so one graph replays them all."""
+    return tuple(tuple(getattr(o, n).shape) for o, n in packed_fields(batch)[:-1])
+
+
+def rerun_capture(step: Step) -> Replay:
+    """The reference capture: each replay runs the step again, eagerly, over the same static inputs."""
+    step()  # as a capture runs it once (warm-up)
+    return step
+
+
+def cuda_graph_capture(pool: object | None = None, warmup: int = 2) -> Capture:
+    """Capture on the current CUDA device: `warmup` eager runs on a side stream (Triton compiles its kernels
+    there, torch's allocator settles), then the recorded step; graphs captured with one `pool` share memory
+    (they never run at once)."""
+
+    def capture(step: Step) -> Replay:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # the engine's other threads
+            out = step()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+
+        return replay
+
+    return capture
+
+
+class CapturedStep:
+    """One model's decode step of one shape over one cache set, captured (see the module docstring)."""
+
+    def __init__(self, model: Callable[[ForwardBatch, ModelCaches], torch.Tensor], caches: ModelCaches,
+                 template: ForwardBatch, capture: Capture) -> None:  # fmt: skip
+        """`template`: a batch of the shape to capture whose rows are all padding rows (it reads and writes no
+        slot while it is captured), on the device the graph runs on."""
+        if template.ssm is not None and any(s != -1 for s in template.ssm.state_indices_list):
+            raise ValueError("a decode graph is captured over padding rows only")
+        self.key = shape_key(template)
+        self.rows = template.num_seqs
+        self._size = sum(getattr(o, n).numel() for o, n in packed_fields(template)[:-1])
+        static = batch_on(template, pack_batch(template))
+        assert static.packed is not None
+        self._packed = static.packed
+        # bool tensors are copies, not views, of the packed buffer: refreshed from it after each load
+        self._bools = [(getattr(o, n), off) for o, n, off in self._bool_fields(static)]
+        self.batch = static
+        self._caches = caches
+        self.replay = capture(lambda: model(static, caches))
+
+    @staticmethod
+    def _bool_fields(batch: ForwardBatch) -> list[tuple[object, str, int]]:
+        out, off = [], 0
+        for o, n in packed_fields(batch):
+            t = getattr(o, n)
+            if t.dtype == torch.bool:
+                out.append((o, n, off))
+            off += t.numel()
+        return out
+
+    def takes(self, batch: ForwardBatch) -> bool:
+        """Whether `batch` has this graph's shape and no drafts (a verify step keeps the module path)."""
+        return batch.num_draft_tokens == 0 and batch.num_seqs == self.rows and shape_key(batch) == self.key
+
+    def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """The step's hidden states [rows, D] (the graph's buffer: read before the next replay); `caches` (the set
+        it was captured over) are updated as the module path does, checkpoints included."""
+        assert caches is self._caches and self.takes(batch), "a decode graph runs steps of its shape over its caches"
+        packed = batch.packed if batch.packed is not None else pack_batch(batch)
+        self._packed[: self._size].copy_(packed[: self._size], non_blocking=True)
+        for t, off in self._bools:
+            t.copy_(self._packed[off : off + t.numel()].view(t.shape), non_blocking=True)
+        hidden = self.replay()
+        if batch.planned_checkpoints:  # a row's token completed a block: its new state, every layer's, is one
+            assert batch.ssm is not None
+            for row, position, slot in batch.planned_checkpoints:
+                caches.copy_state(batch.ssm.state_indices_list[row], slot)
+                written = int(caches.slot_positions[slot])
+                assert written == position, f"checkpoint slot {slot} holds position {written}, planned {position}"
+        return hidden
