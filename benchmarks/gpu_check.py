@@ -255,11 +255,32 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
             if batch == 1:
                 res[f"decode_b1_hbm_fraction{suffix}"] = 2 * n_params * rate / hbm
         res[f"decode_backend{'' if backend is None else '_eager'}"] = label
+        if backend is None:
+            res.update(_replay_time(eng, device, 2 * n_params, hbm))
     del eng
     _free()
     res["transformers"] = _transformers_speed(arch, overrides, path, device, prompt, smoke)
     print(f"  {name}: {json.dumps(res)}", flush=True)
     return res
+
+
+def _replay_time(engine: LLMEngine, device: torch.device, weight_bytes: int, hbm: float) -> dict[str, Any]:
+    """The batch-1 decode graph's replay alone (ms, and its share of the weight-streaming bound): what the step
+    costs on the card, against which the engine's whole step (scheduler, batch, sampler) is measured."""
+    graphs = getattr(engine.runner.backend, "_graphs", {})
+    one = [g for g in graphs.values() if g is not None and g.rows == 1]
+    if not one:
+        return {"replay_b1_ms": None}
+    from recap.backends.cuda import padding_template
+
+    one[0].run(padding_template(one[0].batch), engine.runner.caches)  # padding rows: no request's slot is touched
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        one[0].replay()
+    _sync(device)
+    ms = (time.perf_counter() - t0) / 50 * 1e3
+    return {"replay_b1_ms": ms, "replay_b1_hbm_fraction": weight_bytes / (ms / 1e3) / hbm}
 
 
 def _transformers_speed(arch: str, overrides: dict[str, Any], path: Path, device: torch.device, prompt: list[int],

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from recap.backends.cuda_graph import Capture, CapturedStep, cuda_graph_capture, shape_key
+from recap.backends.cuda_graph import Capture, CapturedStep, HostReadError, cuda_graph_capture, shape_key
 from recap.backends.eager import TorchBackend
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import KernelSet
@@ -58,10 +58,12 @@ class CudaBackend(TorchBackend):
         self._capture = capture
         self._bound: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches]] | None = None
         self._graphs: dict[tuple[tuple[int, ...], ...], CapturedStep | None] = {}
+        self._uncapturable = False  # a step of the prepared model read the host while warming up (HostReadError)
 
     def _prepare(self, model: CausalLM) -> None:
         super()._prepare(model)
         self._bound, self._graphs = None, {}  # captured over the old weights' addresses
+        self._uncapturable = False
 
     def shape_rows(self, specs: Sequence[SeqSpec]) -> Sequence[SeqSpec]:
         """A decode step's rows (one token each) padded to the next captured row count with padding rows, and
@@ -100,11 +102,16 @@ class CudaBackend(TorchBackend):
     def _capture_step(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> CapturedStep | None:
         if self._capture is None:
             self._capture = cuda_graph_capture(torch.cuda.graph_pool_handle())
+        if self._uncapturable:
+            return None
         try:
             return CapturedStep(model, caches, padding_template(batch), self._capture)
-        except Exception as e:  # a part that reads the host mid-step cannot be captured: its model runs eagerly
+        except HostReadError as e:  # a part reads the host mid-step (a MoE's per-expert loop): no shape captures
+            self._uncapturable = True
+            logger.warning("decode graphs off for this model, every step runs the module path: %s", e)
+        except Exception as e:  # noqa: BLE001 - this shape runs eagerly, the reason logged
             logger.warning("decode graph not captured for %d rows, the module path runs: %s", batch.num_seqs, e)
-            return None
+        return None
 
 
 def padding_template(batch: ForwardBatch) -> ForwardBatch:

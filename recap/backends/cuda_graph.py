@@ -35,6 +35,10 @@ Replay = Callable[[], torch.Tensor]  # run the captured step again -> its hidden
 Capture = Callable[[Step], Replay]
 
 
+class HostReadError(RuntimeError):
+    """The step reads a device tensor's value on the host: it cannot be captured, for any shape."""
+
+
 def shape_key(batch: ForwardBatch) -> tuple[tuple[int, ...], ...]:
     """The shapes of the batch's packed metadata tensors but the last (logits_indices): steps with equal keys
     have the same packed layout, so one graph replays them all."""
@@ -50,14 +54,23 @@ def rerun_capture(step: Step) -> Replay:
 def cuda_graph_capture(pool: object | None = None, warmup: int = 2) -> Capture:
     """Capture on the current CUDA device: `warmup` eager runs on a side stream (Triton compiles its kernels
     there, torch's allocator settles), then the recorded step; graphs captured with one `pool` share memory
-    (they never run at once)."""
+    (they never run at once). The warm-up runs with torch's sync debug mode at "error": a step that reads the
+    device from the host (a MoE's per-expert loop) fails there with HostReadError, before a capture is begun
+    (a capture that fails midway can leave the caching allocator's pool unusable)."""
 
     def capture(step: Step) -> Replay:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                step()
+        mode = torch.cuda.get_sync_debug_mode()
+        try:
+            with torch.cuda.stream(side):
+                torch.cuda.set_sync_debug_mode("error")
+                for _ in range(warmup):
+                    step()
+        except RuntimeError as e:
+            raise HostReadError(str(e)) from e
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # the engine's other threads
