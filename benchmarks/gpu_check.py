@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -99,9 +100,10 @@ def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
 
 def kernel_tests(timeout: int) -> dict[str, Any]:
     """The Triton kernel tests, compiled on this machine's device (the interpreter only where there is none)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/triton"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line", "tests/kernels/triton"]
+    env = {**os.environ, "COLUMNS": "400"}  # the failure lines whole, reasons included
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
         text, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:  # what ran before the limit still tells which kernels pass
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -109,7 +111,8 @@ def kernel_tests(timeout: int) -> dict[str, Any]:
     lines = text.strip().splitlines()
     failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
     progress = "".join(ln for ln in lines if ln and set(ln.split()[0]) <= set(".FEsx"))
-    return {"returncode": code, "summary": lines[-1] if lines else "", "failed": failed[:40],
+    reasons = sorted({ln.split(" - ", 1)[1][:300] for ln in failed if " - " in ln})
+    return {"returncode": code, "summary": lines[-1] if lines else "", "failed": failed[:40], "reasons": reasons[:20],
             "passed_dots": progress.count("."), "failed_marks": progress.count("F") + progress.count("E")}
 
 
@@ -264,6 +267,7 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
     return res
 
 
+@torch.inference_mode()
 def _replay_time(engine: LLMEngine, device: torch.device, weight_bytes: int, hbm: float) -> dict[str, Any]:
     """The batch-1 decode graph's replay alone (ms, and its share of the weight-streaming bound): what the step
     costs on the card, against which the engine's whole step (scheduler, batch, sampler) is measured."""

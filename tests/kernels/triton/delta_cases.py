@@ -123,7 +123,7 @@ def check_step(
 
 def check_update(delta: Delta, seed: int, num_slots: int, tol: float = 2e-5) -> None:
     """The decode update = its reference: pad rows, rows without initial state, positions recorded."""
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     b = rng.randint(1, 6)
     slots = [PAD_SLOT_ID if rng.random() < 0.25 else s for s in rng.sample(range(num_slots), b)]
     idx, pos = torch.tensor(slots, device=DEVICE), torch.tensor([rng.randint(0, 90) for _ in slots], device=DEVICE)

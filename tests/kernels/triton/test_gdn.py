@@ -22,7 +22,7 @@ SHAPES = [(2, 2, 16, 24), (1, 2, 8, 5), (1, 3, 32, 16)]  # (Hk, Hv, Dk, Dv): GQA
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fixed_rows_match_reference(shape: tuple[int, ...], piece: int) -> None:
     delta = gdn_delta(*shape, piece=piece)
-    gen = torch.Generator().manual_seed(piece + shape[3])
+    gen = torch.Generator(DEVICE).manual_seed(piece + shape[3])
     check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen)
 
 
@@ -30,7 +30,7 @@ def test_fixed_rows_match_reference(shape: tuple[int, ...], piece: int) -> None:
 @pytest.mark.parametrize("piece", [1, 16])
 def test_random_steps_match_reference(seed: int, piece: int) -> None:
     """1-4 rows of 1-60 tokens from random contexts, up to 3 checkpoints each, pad rows, chunk grid 16 or 64."""
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     delta = gdn_delta(*SHAPES[seed % len(SHAPES)], piece=piece)
     check_step(delta, random_rows(delta, rng, gen, SLOTS, max_len=60), rng.choice([16, 64]), SLOTS, gen)
 
@@ -38,7 +38,7 @@ def test_random_steps_match_reference(seed: int, piece: int) -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_decode_batch_matches_reference(seed: int) -> None:
     """One token per row (the per-token path), checkpoints at the token, pad rows, rows from scratch."""
-    rng, gen = random.Random(100 + seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(100 + seed), torch.Generator(DEVICE).manual_seed(seed)
     delta = gdn_delta(1, 2, 16, 24)
     check_step(delta, random_rows(delta, rng, gen, SLOTS, max_len=1), 16, SLOTS, gen)
 
@@ -60,7 +60,7 @@ def _fused_views(x: Tensors) -> Tensors:
 @pytest.mark.parametrize("piece", [1, 16])
 def test_strided_inputs_match_reference(piece: int) -> None:
     delta = gdn_delta(1, 2, 16, 24, piece=piece)
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator(DEVICE).manual_seed(3)
     check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen, layout=_fused_views)
 
 
@@ -71,7 +71,7 @@ def test_update_matches_reference(seed: int) -> None:
 
 def test_update_needs_positions_with_slot_positions() -> None:
     delta = gdn_delta(1, 1, 16, 16)
-    x = delta.token_inputs(1, torch.Generator().manual_seed(0))
+    x = delta.token_inputs(1, torch.Generator(DEVICE).manual_seed(0))
     x = {k: v.to(DEVICE) for k, v in x.items()}
     cache, sp = torch.zeros(2, 1, 16, 16, device=DEVICE), torch.zeros(2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(ValueError, match="positions"):
@@ -82,5 +82,5 @@ def test_update_needs_positions_with_slot_positions() -> None:
 @pytest.mark.parametrize("piece", [1, 16])
 def test_bf16_inputs_match_reference(piece: int) -> None:
     delta = gdn_delta(2, 4, 64, 64, piece=piece)
-    gen = torch.Generator().manual_seed(piece)
+    gen = torch.Generator(DEVICE).manual_seed(piece)
     check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen, torch.bfloat16, 3e-2)

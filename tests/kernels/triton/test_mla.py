@@ -16,6 +16,8 @@ from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.mla import paged_mla_attention_ref
 from recap.kernels.triton.mla import paged_mla_attention
 
+from .device_rows import DEVICE
+
 BLOCK, NUM_BLOCKS = 4, 48
 R, P, DN, DV = 6, 4, 5, 7
 
@@ -56,7 +58,7 @@ def _random_rows(rng: random.Random, gen: torch.Generator, lat: torch.Tensor, ro
 
 @pytest.mark.parametrize("seed", range(12))
 def test_mixed_batches_match_the_reference(seed: int) -> None:
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     h, r = rng.choice([1, 3, 20]), rng.choice([6, 16])
     w = torch.randn(h * (DN + DV), r, generator=gen) * 0.3
     lat, rop = _caches(r)
@@ -78,7 +80,7 @@ def test_mixed_batches_match_the_reference(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_chunked_steps_equal_whole_sequence_attention(seed: int) -> None:
     """One sequence in random steps (decodes among them), each reading the earlier ones from the cache."""
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     length, h = rng.randint(2, 45), 3
     w = torch.randn(h * (DN + DV), R, generator=gen) * 0.3
     q, c, kr = _inputs(gen, length, h)
@@ -102,7 +104,7 @@ def test_chunked_steps_equal_whole_sequence_attention(seed: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu(dtype: torch.dtype) -> None:
     """Every tensor on the GPU by construction, DeepSeek-like widths (rank 512, rope 64), fp32 and bf16."""
-    rng, gen = random.Random(1), torch.Generator().manual_seed(1)
+    rng, gen = random.Random(1), torch.Generator(DEVICE).manual_seed(1)
     h, r = 16, 512
     w = torch.randn(h * (DN + DV), r, generator=gen) * 0.05
     lat, rop = _caches(r)
@@ -114,4 +116,4 @@ def test_on_the_gpu(dtype: torch.dtype) -> None:
     args = [x.cuda().to(dtype) for x in (q, c, kr, lat, rop)]
     out = paged_mla_attention(*args, meta_gpu, w.cuda().to(dtype), DN, 0.1)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
-    torch.testing.assert_close(out.float().cpu(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(out.float(), ref.to(out.device).float(), rtol=tol, atol=tol)

@@ -25,6 +25,8 @@ from recap.kernels.paged_attention import paged_attention_ref
 from recap.kernels.triton import paged_attention as pa
 from recap.kernels.triton.paged_attention import attend, paged_attention, write_kv
 
+from .device_rows import DEVICE
+
 HKV, NUM_BLOCKS = 2, 48
 
 
@@ -84,7 +86,7 @@ def _random_batch(
 
 @pytest.mark.parametrize("seed", range(16))
 def test_mixed_batches_match_the_reference(seed: int) -> None:
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     block = rng.choice([4, 16])
     dh = rng.choice([8, 20, 32])
     hq = HKV * rng.choice([1, 2, 3, 4, 20])  # 20: two head blocks per kv head
@@ -110,7 +112,7 @@ def test_mixed_batches_match_the_reference(seed: int) -> None:
 def test_steps_equal_whole_sequence_attention(seed: int) -> None:
     """Sequences advance together in random steps (prefill chunks over their cached prefix, decodes); the
     window group's tables null what left the window, and what left it is poisoned before the next step."""
-    rng, gen = random.Random(100 + seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(100 + seed), torch.Generator(DEVICE).manual_seed(seed)
     block, dh = rng.choice([4, 16]), rng.choice([16, 24])
     hq = HKV * rng.choice([1, 2, 4])
     window = rng.choice([None, 2, 5, 9, 64])
@@ -149,7 +151,7 @@ def test_steps_equal_whole_sequence_attention(seed: int) -> None:
 def test_decode_batch_with_gqa_and_a_padding_row(window: int | None, splits: int | None) -> None:
     """An all-decode batch (one program per row, kv head and key split) with a non-power-of-two group and
     head dim; 4 splits of the longest row leave one split empty (and, windowed, two or three)."""
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator(DEVICE).manual_seed(7)
     block, dh, hq, num_blocks = 16, 20, HKV * 3, 128
     lengths = [1, 5, 17, 33, 300]
     seqs = [[torch.randn(n, h, dh, generator=gen) for h in (hq, HKV, HKV)] for n in lengths]
@@ -177,7 +179,7 @@ def test_decode_batch_with_gqa_and_a_padding_row(window: int | None, splits: int
 
 
 def test_write_kv_skips_padding_slots_and_casts() -> None:
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator(DEVICE).manual_seed(1)
     kc, vc = torch.randn(8, 4, HKV, 20, generator=gen), torch.randn(8, 4, HKV, 20, generator=gen)
     kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
     kc0, vc0 = kc.clone(), vc.clone()
@@ -191,7 +193,7 @@ def test_write_kv_skips_padding_slots_and_casts() -> None:
 
 def test_fp32_queries_over_a_bf16_cache() -> None:
     """Queries in fp32 over a bf16 cache: both read as fp32, as the reference does."""
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator(DEVICE).manual_seed(3)
     specs = [SeqSpec(token_ids=[0] * 7, context_len=5, block_ids=[9, 2, 30]), SeqSpec(token_ids=[0], block_ids=[7])]
     meta = _meta(specs, 4)
     q, k, v = (torch.randn(8, h, 24, generator=gen) for h in (4, HKV, HKV))
@@ -208,7 +210,7 @@ def test_fp32_queries_over_a_bf16_cache() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu(dtype: torch.dtype) -> None:
     """Every tensor on the GPU by construction (metadata included), in fp32 and bf16."""
-    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    rng, gen = random.Random(0), torch.Generator(DEVICE).manual_seed(0)
     specs, kc, vc = _random_batch(rng, gen, 16, 80, HKV * 4, None)
     meta, meta_gpu = _meta(specs, 16), _meta(specs, 16, "cuda")
     t = meta.query_start_loc_list[-1]
@@ -218,7 +220,7 @@ def test_on_the_gpu(dtype: torch.dtype) -> None:
     args = (x.cuda().to(dtype) for x in (q, k, v, kc, vc))
     out = paged_attention(*args, meta_gpu, 0.1)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(out.float().cpu(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(out.float(), ref.to(out.device).float(), rtol=tol, atol=tol)
 
 
 def _compile_for_hopper(fn: triton.JITFunction, pointers: dict[str, str], consts: dict, num_warps: int = 4) -> str:

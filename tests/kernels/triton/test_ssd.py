@@ -23,6 +23,7 @@ from recap.kernels.ssd_decode import ssd_state_update_ref
 from recap.kernels.triton.ssd import ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update
 
+
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
 H, P, N = 4, 16, 16
@@ -100,7 +101,7 @@ def _check_step(step: Step, cache: torch.Tensor, sub_chunk: int | None = None) -
 
 @pytest.mark.parametrize("seed", range(6))
 def test_ssd_varlen_matches_reference(seed: int) -> None:
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(DEVICE).manual_seed(seed)
     specs = _random_specs(rng)
     meta = _meta(specs, rng.choice([32, 64, 128]))
     d_shape = [None, (H,), (H, P)][seed % 3]
@@ -111,7 +112,7 @@ def test_ssd_varlen_matches_reference(seed: int) -> None:
 
 def test_ssd_varlen_long_row_in_64_token_chunks() -> None:
     """One row over several 64-token chunks of a 128 grid, from a slot, checkpoints at every block."""
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator(DEVICE).manual_seed(11)
     spec = SeqSpec([0] * 75, context_len=9, state_slot=3, checkpoints=[(p, 4 + p // 16) for p in range(16, 85, 16)])
     meta = _meta([spec, SeqSpec([0] * 3, context_len=0, state_slot=1)], 128)
     step = Step(meta, _tensors(gen, 78, 2, (H,), (0.0, 4.0), True))
@@ -120,7 +121,7 @@ def test_ssd_varlen_long_row_in_64_token_chunks() -> None:
 
 def test_chunked_prefill_continues_from_the_slot() -> None:
     """A row in two steps (the second from the running slot) equals the row in one step, states included."""
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator(DEVICE).manual_seed(5)
     args = _tensors(gen, 53, 2, (H,), (0.0, 3.0), True)
     cache = torch.randn(SLOTS, H, P, N, generator=gen).to(DEVICE)
     whole = cache.clone()
@@ -139,7 +140,7 @@ def test_chunked_prefill_continues_from_the_slot() -> None:
 
 def _decode_case(seed: int) -> tuple[tuple, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """5 one-token rows (a padding row, a row from zeros): (args, cache, slots, positions, has_initial_state)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(DEVICE).manual_seed(seed)
     args = _tensors(gen, 5, [1, 2][seed % 2], [(H,), (H, P)][seed % 2], (0.0, 2.0), True)
     idx = torch.tensor([6, PAD_SLOT_ID, 0, 11, 3], device=DEVICE)
     positions = torch.tensor([15, 4, 0, 31, 7], device=DEVICE)
@@ -182,7 +183,7 @@ def test_ssd_varlen_decode_batch_copies_block_checkpoints() -> None:
 
 def test_strided_inputs_as_the_layer_passes_them() -> None:
     """x, B, C as views into one projection (the Mamba2 layer splits xBC), dt_bias None, no softplus."""
-    gen = torch.Generator().manual_seed(8)
+    gen = torch.Generator(DEVICE).manual_seed(8)
     meta = _meta([SeqSpec([0] * 23, context_len=4, state_slot=1, checkpoints=[(16, 2)])], 64)
     xbc = torch.randn(23, H * P + 2 * N, generator=gen).to(DEVICE)
     x, b, c = xbc.split([H * P, N, N], dim=-1)
@@ -196,7 +197,7 @@ def test_strided_inputs_as_the_layer_passes_them() -> None:
 @pytest.mark.skipif(not ON_GPU, reason="bf16 products need the compiled kernels (a GPU)")
 def test_bf16_inputs_on_the_gpu() -> None:
     """bf16 activations on CUDA tensors (tf32/bf16 products): within bf16 tolerance of the fp32 reference."""
-    gen = torch.Generator().manual_seed(21)
+    gen = torch.Generator(DEVICE).manual_seed(21)
     meta = _meta(_random_specs(random.Random(21), max_len=200), 64)
     args = _tensors(gen, meta.query_start_loc_list[-1], 2, (H,), (0.0, 4.0), True)
     low = tuple(v.to(torch.bfloat16) if i in (0, 3, 4) else v for i, v in enumerate(args))
