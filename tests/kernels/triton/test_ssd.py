@@ -23,7 +23,6 @@ from recap.kernels.ssd_decode import ssd_state_update_ref
 from recap.kernels.triton.ssd import ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update
 
-
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
 H, P, N = 4, 16, 16
