@@ -2,7 +2,7 @@
 or oneDNN over a packed weight; int8 layers keep the native int8 kernel where it builds: its tiles are their one
 copy of the weight, fbgemm's dynamic linear elsewhere); no decode graphs, no huge pages, the weights where the
 loader put them. With the reference kernel set (TORCH_KERNELS) it is vLLM's --enforce-eager on a CPU; with
-the Triton kernel set it runs a GPU (CUDA graphs for decode are the next step: docs/gpu.md)."""
+the Triton kernel set it runs a GPU eagerly (--enforce-eager; the CUDA backend, cuda.py, replays decode steps)."""
 
 from __future__ import annotations
 

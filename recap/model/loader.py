@@ -257,8 +257,7 @@ def load_model(
     native_decode: decode takes recap's CPU fast path (recap/backends/cpu.py: native kernels, weights on huge
     pages, decode graphs), built once per machine with the C compiler (about a second). Where it cannot be
     built, or with the "torch" linear backend, the model keeps torch's kernels (a warning says why). False:
-    torch's kernels only (vLLM's --enforce-eager). On a GPU: decode steps replayed from CUDA graphs
-    (recap/backends/cuda.py); False: every step eagerly.
+    torch's kernels only (vLLM's --enforce-eager; on a GPU: no CUDA graphs, recap/backends/cuda.py).
     device: where the weights live; off the CPU the linears are torch's and the CPU fast path does not apply.
     A pre-quantized checkpoint (config.json's `quantization_config`: model/prequantized.py) runs, with
     quantization None, in recap's nearest format: GPTQ / AWQ / compressed-tensors 4-bit as int4 (its own codes

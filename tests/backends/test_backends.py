@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import recap.model
-from recap.backends import CpuBackend, TorchBackend, backend_for
+from recap.backends import CpuBackend, CudaBackend, TorchBackend, backend_for
 from recap.backends.decode_graph import DecodeGraph
 from recap.config import CacheConfig, SchedulerConfig
 from recap.core.output import ScheduledRequest, SchedulerOutput
@@ -66,11 +66,13 @@ def test_the_loaded_flags_pick_the_backend(tiny_checkpoint: Callable[[str], Path
     assert type(backend_for(load_model(path, native_decode=False))) is TorchBackend
     eager = backend_for(load_model(path, linear_backend="torch"))  # the reference linears take no native kernels
     assert type(eager) is TorchBackend and eager.linear_backend == "torch" and eager.kernels is TORCH_KERNELS
-    # Off the CPU fast path's ground (a GPU, or another kernel set) the module path runs with the given kernels.
+    # Off the CPU fast path's ground the module path runs with the given kernels: another kernel set on a CPU, a
+    # GPU with --enforce-eager; a GPU otherwise replays decode steps from CUDA graphs (backends/cuda.py).
     triton_set = dataclasses.replace(TORCH_KERNELS, name="triton")
-    for device, kernels in (("cuda", triton_set), ("cpu", triton_set)):
-        other = backend_for(load_model(path), device, kernels)
-        assert type(other) is TorchBackend and other.kernels is kernels
+    cases = (("cpu", True, TorchBackend), ("cuda", False, TorchBackend), ("cuda", True, CudaBackend))
+    for device, native, want in cases:
+        other = backend_for(load_model(path, native_decode=native), device, triton_set)
+        assert type(other) is want and other.kernels is triton_set
     if linear_rows_available():
         fast = backend_for(load_model(path, quantization="int8"))
         assert isinstance(fast, CpuBackend) and fast.linear_backend == "int8"

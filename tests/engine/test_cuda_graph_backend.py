@@ -55,7 +55,7 @@ def script(llm: LLM) -> list:
     return first + llm.generate([follow], PARAMS)
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["nemotron_h", pytest.param("qwen3_5", marks=pytest.mark.slow)])  # 35 s each
 def test_graph_decode_equals_eager(tiny_models: dict[str, Path], arch: str) -> None:
     path = tiny_models[arch]
     want = script(make_llm(path, "torch", caching=False))
