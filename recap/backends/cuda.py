@@ -58,7 +58,9 @@ class CudaBackend(TorchBackend):
         self._capture = capture
         self._bound: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches]] | None = None
         self._graphs: dict[tuple[tuple[int, ...], ...], CapturedStep | None] = {}
-        self._uncapturable = False  # a step of the prepared model read the host while warming up (HostReadError)
+        # Graphs off for the prepared model: a step read the host while warming up (HostReadError), or it has
+        # sliding-window layers; its decode steps are then not padded either.
+        self._uncapturable = False
 
     def _prepare(self, model: CausalLM) -> None:
         super()._prepare(model)
@@ -68,8 +70,9 @@ class CudaBackend(TorchBackend):
     def shape_rows(self, specs: Sequence[SeqSpec]) -> Sequence[SeqSpec]:
         """A decode step's rows (one token each) padded to the next captured row count with padding rows, and
         every row's block table to table_width; any other step's rows as they are."""
-        if not specs or len(specs) > GRAPH_ROWS[-1] or any(len(s.token_ids) != 1 for s in specs):
-            return specs
+        if (self._uncapturable or not specs or len(specs) > GRAPH_ROWS[-1]
+                or any(len(s.token_ids) != 1 for s in specs)):
+            return specs  # fmt: skip
         rows = next(r for r in GRAPH_ROWS if r >= len(specs))
         width = table_width(max(len(s.block_ids) for s in specs))
         padded = [replace(s, block_ids=[*s.block_ids, *[PAD_SLOT_ID] * (width - len(s.block_ids))]) for s in specs]
@@ -84,7 +87,9 @@ class CudaBackend(TorchBackend):
     def captured(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> CapturedStep | None:
         """The graph of this step's shape (captured now if it is new), or None: the module path runs."""
         attn = batch.attn
-        if (batch.num_draft_tokens or batch.window_attn is not None or batch.num_tokens != batch.num_seqs
+        if batch.window_attn is not None:  # sliding-window paging is not padded (shape_rows): no graph, no padding
+            self._uncapturable = True
+        if (self._uncapturable or batch.num_draft_tokens or batch.num_tokens != batch.num_seqs
                 or batch.num_seqs not in GRAPH_ROWS
                 or (attn is not None and attn.block_tables.shape[1] != table_width(attn.block_tables.shape[1]))):
             return None  # fmt: skip

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from recap import LLM, SamplingParams
 from recap.backends.cuda import GRAPH_ROWS, CudaBackend, table_width
-from recap.backends.cuda_graph import rerun_capture
+from recap.backends.cuda_graph import HostReadError, Step, rerun_capture
 from recap.kernels.metadata import SeqSpec
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import rnd
@@ -119,3 +119,24 @@ def test_shape_rows_pads_decode_steps_only() -> None:
     prefill = [SeqSpec([1, 2], block_ids=[1], state_slot=0)]
     assert b.shape_rows(prefill) is prefill
     assert table_width(9) == 16 and table_width(0) == 8 and GRAPH_ROWS[-1] == 256
+
+
+def test_a_model_that_reads_the_host_runs_eagerly_unpadded(tiny_models: dict[str, Path]) -> None:
+    """A capture that finds a host read (on a GPU: the warm-up under sync debug mode "error", e.g. a MoE's expert
+    loop) turns graphs off for the model: every step runs the module path, decode steps are no longer padded,
+    and the tokens are the eager run's."""
+
+    def host_read(step: Step) -> Step:
+        raise HostReadError("called a synchronizing CUDA operation")
+
+    path = tiny_models["nemotron_h"]
+    want = make_llm(path, "torch", caching=False).generate([rnd(7, 25), rnd(8, 30)], PARAMS)
+    llm = make_llm(path, "torch", caching=True)
+    runner = llm.engine.runner
+    backend = CudaBackend(kernels=runner.backend.kernels, capture=host_read)
+    backend.prepare(runner.model)
+    runner.backend = backend
+    assert_same(llm.generate([rnd(7, 25), rnd(8, 30)], PARAMS), want, "host-read/eager")
+    assert backend._uncapturable and set(backend._graphs.values()) == {None}
+    rows = [SeqSpec([5], context_len=3, block_ids=[1], state_slot=0)] * 3
+    assert backend.shape_rows(rows) is rows  # no padding once graphs are off
