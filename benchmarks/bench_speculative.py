@@ -27,7 +27,8 @@ With --model trained: the shipped trained default (NemotronH 9.2M, recap/model/w
 modes off / ngram / draft (the shipped 2.6M draft, recap/model/weights/default-draft) / draft-self (the target as its
 own draft: every draft accepted, the bound a draft model reaches at its cost). Workloads, through the chat template:
 "rewrite" asks to repeat a document of about --doc-len tokens (the answer has begun with its first sentence); "chat"
-asks a short question. Each mode has its own engine; modes alternate inside each round.
+asks a short question. Each mode has its own engine; modes alternate inside each round (--interleave steps:
+--modes off ngram, two n-gram engines crossing over as above).
 """
 
 from __future__ import annotations
@@ -321,16 +322,29 @@ def measure_trained(args: argparse.Namespace) -> dict:
              "draft-self": SpeculativeConfig("draft_model", args.k, model=target)}  # fmt: skip
     modes = ["off", *(m for m in args.modes if m != "off")]
     engines = {m: LLMEngine(EngineConfig(speculative=specs[m], **common)) for m in modes}  # type: ignore[arg-type]
+    pair = (engines["off"], engines[modes[-1]])
+    if args.interleave == "steps":  # off and ngram only (main): two n-gram engines, "off" with the speculator detached
+        engines["off"] = LLMEngine(EngineConfig(speculative=specs["ngram"], **common))  # type: ignore[arg-type]
+        pair = (engines["off"], engines["ngram"])
+    speculators = {id(e): e.scheduler.speculator for e in pair}
+
+    def use(mode: str, engine: LLMEngine) -> None:
+        engine.scheduler.speculator = None if mode == "off" else speculators[id(engine)]
+
     params = sampling(args)
     results: dict = {"model": "trained", "temperature": args.temperature, "k": args.k, "doc_len": args.doc_len,
-                     "tokens": args.tokens, "workload": args.workload, "rows": []}  # fmt: skip
+                     "tokens": args.tokens, "workload": args.workload, "rows": [], "interleave": args.interleave}
     for batch in args.batches:
         prompts = text_prompts(engines["off"].tokenizer, batch, args.doc_len, args.workload)
         results["prompt_tokens"] = [len(p) for p in prompts]
+        use("off", engines["off"])
         _, _, ref = run(engines["off"], prompts, params)  # the plain outputs
         for engine in engines.values():
             run(engine, prompts, params)  # warm-up (decode and verify graphs captured)
-        samples = timed(engines, prompts, params, args.rounds, ref, clock=CLOCKS[args.clock])
+        if args.interleave == "steps":
+            samples = crossover(pair, modes, prompts, params, args.rounds, ref, use, CLOCKS[args.clock])
+        else:
+            samples = timed(engines, prompts, params, args.rounds, ref, clock=CLOCKS[args.clock])
         results["rows"] += rows(batch, samples)
     return results
 
@@ -362,8 +376,9 @@ def main() -> None:
     args.modes = args.modes or list(allowed)
     if set(args.modes) - set(allowed):
         p.error(f"--model {args.model} runs the modes {allowed}")
-    if args.model == "trained" and args.interleave != "runs":
-        p.error("--interleave steps runs the random model's modes (the trained model's engines differ per mode)")
+    if args.model == "trained" and args.interleave != "runs" and set(args.modes) != {"off", "ngram"}:
+        p.error("--interleave steps with --model trained runs --modes off ngram (a draft model's engine follows "
+                "prefills whether it drafts or not)")
     res = measure(args) if args.model == "random" else measure_trained(args)
     prompt = f"document {res['doc_len']} tokens" if res["workload"] == "rewrite" else "a short prompt"
     print(f"{res['model']} model  k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "
