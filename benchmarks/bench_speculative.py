@@ -13,7 +13,12 @@ drafter (its real acceptance on this model, about 0: what proposing costs) two t
   keeps missing drafts less often) this is what a useless drafter costs; `garbage-every-step` turns the backoff off
   (max_draft_backoff 0): k drafts verified at every step, the worst-case overhead of a verify step.
 Decode tokens/s counts the tokens generated after each request's first one over the time of the steps after the
-last prefill. Configurations alternate inside each round; medians over rounds.
+last prefill. Configurations alternate inside each round; medians over rounds. With --interleave steps (random
+model) two speculating engines take both roles in turn: each mode's run goes step by step in lockstep (ABBA) with a
+plain run on the other engine ("off": its speculator detached), then the engines swap; "paired" is the median over
+rounds of the geometric mean of the two ratios. Two engines of one process run up to ~10% apart (measured with both
+plain: where their memory landed), which the swap cancels, and the lockstep cancels the machine's load: with
+--clock cpu that resolves a 1% overhead where alternating whole runs of two engines spreads over +-10%.
 With --temperature > 0 the requests are sampled (top_p 0.95, a seed each): verification is rejection sampling, and
 a seeded request's output with speculation equals the plain run's (docs/speculative.md), which the benchmark
 asserts as for greedy; the oracle proposes that seeded output.
@@ -22,13 +27,15 @@ With --model trained: the shipped trained default (NemotronH 9.2M, recap/model/w
 modes off / ngram / draft (the shipped 2.6M draft, recap/model/weights/default-draft) / draft-self (the target as its
 own draft: every draft accepted, the bound a draft model reaches at its cost). Workloads, through the chat template:
 "rewrite" asks to repeat a document of about --doc-len tokens (the answer has begun with its first sentence); "chat"
-asks a short question. Each mode has its own engine; modes alternate inside each round.
+asks a short question. Each mode has its own engine; modes alternate inside each round (--interleave steps:
+--modes off ngram, two n-gram engines crossing over as above).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import time
@@ -92,24 +99,52 @@ def documents(batch: int, doc_len: int, workload: str = "rewrite") -> list[list[
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
+class Run:
+    """One run of the prompts through an engine, a step at a time: the decode seconds are the steps' after every
+    request has its first token."""
+
+    def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        self.engine, self.clock = engine, clock
+        self.ids = [engine.add_request(p, params) for p in prompts]
+        self.tokens: dict[str, list[int]] = {i: [] for i in self.ids}
+        self.decode_s, self.decoding = 0.0, False
+
+    def step(self) -> bool:
+        """One engine step (False: every request had finished)."""
+        if not self.engine.has_unfinished_requests():
+            return False
+        t0 = self.clock()
+        outs = self.engine.step()
+        dt = self.clock() - t0
+        if self.decoding:
+            self.decode_s += dt
+        for o in outs:
+            self.tokens[o.request_id] = list(o.outputs[0].token_ids)
+        self.decoding = self.decoding or all(self.tokens[i] for i in self.ids)  # every prompt done: decode from here
+        return True
+
+    def result(self) -> tuple[float, int, list[list[int]]]:
+        """(decode seconds, decode tokens, outputs)."""
+        generated = sum(len(t) - 1 for t in self.tokens.values())
+        return self.decode_s, generated, [self.tokens[i] for i in self.ids]
+
+
 def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
         clock: Callable[[], float] = time.perf_counter) -> tuple[float, int, list[list[int]]]:  # fmt: skip
     """(decode seconds, decode tokens, outputs): the steps after every request has its first token."""
-    ids = [engine.add_request(p, params) for p in prompts]
-    tokens: dict[str, list[int]] = {i: [] for i in ids}
-    decode_s, t_start = 0.0, None
-    while engine.has_unfinished_requests():
-        t0 = clock()
-        outs = engine.step()
-        dt = clock() - t0
-        if t_start is not None:
-            decode_s += dt
-        for o in outs:
-            tokens[o.request_id] = list(o.outputs[0].token_ids)
-        if t_start is None and all(tokens[i] for i in ids):
-            t_start = clock()  # every prompt done: decode from here
-    generated = sum(len(t) - 1 for t in tokens.values())
-    return decode_s, generated, [tokens[i] for i in ids]
+    r = Run(engine, prompts, params, clock)
+    while r.step():
+        pass
+    return r.result()
+
+
+def lockstep(a: Run, b: Run) -> None:
+    """Both runs to the end, one step of each in turn, which goes first alternating (ABBA): a shared machine's
+    load then falls on both alike, at the scale of a step rather than of a run."""
+    turn = 0
+    while any([r.step() for r in ((a, b) if turn % 2 == 0 else (b, a))]):
+        turn += 1
 
 
 Sample = tuple[float, int, float]  # decode tok/s, verify steps, mean accepted length
@@ -117,21 +152,55 @@ Sample = tuple[float, int, float]  # decode tok/s, verify steps, mean accepted l
 
 def timed(engines: dict[str, LLMEngine], prompts: list[list[int]], params: SamplingParams, rounds: int,
           ref: list[list[int]], before_run: Callable[[str, LLMEngine], None] | None = None,
-          clock: Callable[[], float] = time.perf_counter) -> dict[str, list[Sample]]:
+          clock: Callable[[], float] = time.perf_counter) -> dict[str, list[Sample]]:  # fmt: skip
     """`rounds` rounds, the modes alternating inside each; every output checked against the plain run's."""
     samples: dict[str, list[Sample]] = {m: [] for m in engines}
     for _ in range(rounds):
         for mode, engine in engines.items():
             if before_run is not None:
                 before_run(mode, engine)
-            before = engine.scheduler.stats
-            seconds, generated, outs = run(engine, prompts, params, clock)
-            assert outs == ref, f"{mode} at batch {len(prompts)}: output differs from the plain run"
-            after = engine.scheduler.stats
-            steps = after.spec.num_drafts - before.spec.num_drafts
-            acc = after.spec.num_accepted_tokens - before.spec.num_accepted_tokens
-            samples[mode].append((generated / seconds, steps, 1.0 + acc / steps if steps else 1.0))
+            before, r = _counts(engine), Run(engine, prompts, params, clock)
+            while r.step():
+                pass
+            samples[mode].append(_sample(r, ref, mode, before, _counts(engine)))
     return samples
+
+
+def crossover(pair: tuple[LLMEngine, LLMEngine], modes: list[str], prompts: list[list[int]], params: SamplingParams,
+              rounds: int, ref: list[list[int]], use: Callable[[str, LLMEngine], None],
+              clock: Callable[[], float]) -> dict[str, list[Sample]]:  # fmt: skip
+    """Each round and speculating mode m: m on one engine in lockstep with "off" on the other, then the engines'
+    roles swapped. Two engines of one process differ in speed by up to ~10% (where their memory landed; measured
+    with both plain): the swap cancels that, the lockstep the machine's load. A sample is the geometric mean of a
+    mode's two runs; samples["off"] holds one per speculating mode per round, in order (`rows` pairs them)."""
+    samples: dict[str, list[Sample]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode in modes[1:]:
+            got: dict[str, list[Sample]] = {mode: [], "off": []}
+            for on, off in (pair, pair[::-1]):
+                use(mode, on)
+                use("off", off)
+                before, r, plain = _counts(on), Run(on, prompts, params, clock), Run(off, prompts, params, clock)
+                lockstep(plain, r)
+                got["off"].append(_sample(plain, ref, "off", (0, 0), (0, 0)))
+                got[mode].append(_sample(r, ref, mode, before, _counts(on)))
+            for m, (x, y) in got.items():
+                samples[m].append((math.sqrt(x[0] * y[0]), y[1], math.sqrt(x[2] * y[2])))
+    return samples
+
+
+def _counts(engine: LLMEngine) -> tuple[int, int]:
+    """The engine's verify steps and accepted drafts so far (0, 0 without a speculator)."""
+    spec = engine.scheduler.stats.spec
+    return (spec.num_drafts, spec.num_accepted_tokens) if spec is not None else (0, 0)
+
+
+def _sample(r: Run, ref: list[list[int]], mode: str, before: tuple[int, int], after: tuple[int, int]) -> Sample:
+    """A finished run's decode tok/s, verify steps and mean accepted length (its output checked)."""
+    seconds, generated, outs = r.result()
+    assert outs == ref, f"{mode} at batch {len(ref)}: output differs from the plain run"
+    steps, accepted = after[0] - before[0], after[1] - before[1]
+    return generated / seconds, steps, 1.0 + accepted / steps if steps else 1.0
 
 
 def rows(batch: int, samples: dict[str, list[Sample]]) -> list[dict]:
@@ -139,11 +208,13 @@ def rows(batch: int, samples: dict[str, list[Sample]]) -> list[dict]:
     "off" run of the same round (paired: slow drift of a shared machine cancels)."""
     base_tps = statistics.median(s[0] for s in samples["off"])
     out = []
-    for mode, got in samples.items():
+    n = len(samples) - 1  # modes paired with "off" (interleave "steps": off's samples cycle through them)
+    for i, (mode, got) in enumerate(samples.items()):
+        offs = samples["off"] if mode == "off" or len(samples["off"]) == len(got) else samples["off"][i - 1 :: n]
         tps = statistics.median(s[0] for s in got)
         out.append({
             "batch": batch, "mode": mode, "decode_tok_s": round(tps, 2), "speedup": round(tps / base_tps, 3),
-            "paired_speedup": round(statistics.median(s[0] / o[0] for s, o in zip(got, samples["off"])), 3),
+            "paired_speedup": round(statistics.median(s[0] / o[0] for s, o in zip(got, offs)), 3),
             "mean_accepted_length": round(statistics.median(s[2] for s in got), 3), "verify_steps": got[-1][1],
             "runs_tok_s": [round(s[0], 2) for s in got],
         })  # fmt: skip
@@ -154,28 +225,42 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     common = {"model": str(ensure_random_model()), "num_threads": 1, "seed": 0}  # the measured random hybrid
     spec = SpeculativeConfig("ngram", args.k, 1, 4)
-    base = LLMEngine(EngineConfig(**common))  # type: ignore[arg-type]
-    speculating = LLMEngine(EngineConfig(speculative=spec, **common))  # type: ignore[arg-type]
+    crossing = args.interleave == "steps"  # two speculating engines, "off" with the speculator detached (crossover)
+    pair = (LLMEngine(EngineConfig(speculative=spec if crossing else None, **common)),  # type: ignore[arg-type]
+            LLMEngine(EngineConfig(speculative=spec, **common)))  # type: ignore[arg-type]  # fmt: skip
+    speculators = {id(e): e.scheduler.speculator for e in pair}
+    ngrams = {id(e): s.drafter for e in pair if (s := e.scheduler.speculator) is not None}  # one index each
     params = sampling(args)
     results: dict = {"model": "random", "temperature": args.temperature, "k": args.k, "doc_len": args.doc_len,
-                     "tokens": args.tokens, "workload": args.workload, "rows": []}  # fmt: skip
-    ngram = speculating.scheduler.speculator.drafter  # type: ignore[union-attr]
+                     "tokens": args.tokens, "workload": args.workload, "rows": [], "interleave": args.interleave}
+    modes = ["off", *(m for m in args.modes if m != "off")]
     for batch in args.batches:
         prompts = documents(batch, args.doc_len, args.workload)
-        _, _, ref = run(base, prompts, params)  # the plain greedy outputs, and a warm-up
-        reference = {tuple(p): r for p, r in zip(prompts, ref)}
-        drafters = {"ngram": ngram, "oracle": OracleDrafter(reference), "garbage": GarbageDrafter(reference)}
+        reference: dict[tuple[int, ...], list[int]] = {}
+        drafters = {"oracle": OracleDrafter(reference), "garbage": GarbageDrafter(reference)}
 
         def use(mode: str, engine: LLMEngine, drafters: dict[str, Any] = drafters) -> None:
+            speculator = engine.scheduler.speculator = None if mode == "off" else speculators[id(engine)]
             if mode != "off":
-                speculator = engine.scheduler.speculator
                 assert speculator is not None
-                speculator.drafter = drafters[mode.removesuffix("-every-step")]
+                kind = mode.removesuffix("-every-step")
+                speculator.drafter = ngrams[id(engine)] if kind == "ngram" else drafters[kind]
                 speculator.config = replace(spec, max_draft_backoff=0) if mode.endswith("every-step") else spec
 
-        modes = ["off", *(m for m in args.modes if m != "off")]
-        engines = {m: base if m == "off" else speculating for m in modes}
-        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref, use, CLOCKS[args.clock]))
+        refs = []
+        for engine in pair:  # the plain greedy outputs, and a warm-up of both engines
+            use("off", engine)
+            refs.append(run(engine, prompts, params)[2])
+        ref = refs[0]
+        assert refs[1] == ref, "two engines of one model gave different plain outputs"
+        reference.update((tuple(p), r) for p, r in zip(prompts, ref))
+        clock = CLOCKS[args.clock]
+        if crossing:
+            samples = crossover(pair, modes, prompts, params, args.rounds, ref, use, clock)
+        else:
+            engines = {m: pair[0] if m == "off" else pair[1] for m in modes}
+            samples = timed(engines, prompts, params, args.rounds, ref, use, clock)
+        results["rows"] += rows(batch, samples)
     return results
 
 
@@ -237,16 +322,30 @@ def measure_trained(args: argparse.Namespace) -> dict:
              "draft-self": SpeculativeConfig("draft_model", args.k, model=target)}  # fmt: skip
     modes = ["off", *(m for m in args.modes if m != "off")]
     engines = {m: LLMEngine(EngineConfig(speculative=specs[m], **common)) for m in modes}  # type: ignore[arg-type]
+    pair = (engines["off"], engines[modes[-1]])
+    if args.interleave == "steps":  # off and ngram only (main): two n-gram engines, "off" with the speculator detached
+        engines["off"] = LLMEngine(EngineConfig(speculative=specs["ngram"], **common))  # type: ignore[arg-type]
+        pair = (engines["off"], engines["ngram"])
+    speculators = {id(e): e.scheduler.speculator for e in pair}
+
+    def use(mode: str, engine: LLMEngine) -> None:
+        engine.scheduler.speculator = None if mode == "off" else speculators[id(engine)]
+
     params = sampling(args)
     results: dict = {"model": "trained", "temperature": args.temperature, "k": args.k, "doc_len": args.doc_len,
-                     "tokens": args.tokens, "workload": args.workload, "rows": []}  # fmt: skip
+                     "tokens": args.tokens, "workload": args.workload, "rows": [], "interleave": args.interleave}
     for batch in args.batches:
         prompts = text_prompts(engines["off"].tokenizer, batch, args.doc_len, args.workload)
         results["prompt_tokens"] = [len(p) for p in prompts]
+        use("off", engines["off"])
         _, _, ref = run(engines["off"], prompts, params)  # the plain outputs
         for engine in engines.values():
             run(engine, prompts, params)  # warm-up (decode and verify graphs captured)
-        results["rows"] += rows(batch, timed(engines, prompts, params, args.rounds, ref, clock=CLOCKS[args.clock]))
+        if args.interleave == "steps":
+            samples = crossover(pair, modes, prompts, params, args.rounds, ref, use, CLOCKS[args.clock])
+        else:
+            samples = timed(engines, prompts, params, args.rounds, ref, clock=CLOCKS[args.clock])
+        results["rows"] += rows(batch, samples)
     return results
 
 
@@ -266,6 +365,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128, help="max_tokens per request")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time, or the thread's CPU time (other processes' load left out)")
+    p.add_argument("--interleave", choices=("runs", "steps"), default="runs",
+                   help="alternate the modes run by run, or step each mode's run in lockstep with a plain run "
+                        "(steps: the paired ratio then sees a few-percent overhead through a shared machine's load)")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = p.parse_args()
     if args.quick:
@@ -274,6 +376,9 @@ def main() -> None:
     args.modes = args.modes or list(allowed)
     if set(args.modes) - set(allowed):
         p.error(f"--model {args.model} runs the modes {allowed}")
+    if args.model == "trained" and args.interleave != "runs" and set(args.modes) != {"off", "ngram"}:
+        p.error("--interleave steps with --model trained runs --modes off ngram (a draft model's engine follows "
+                "prefills whether it drafts or not)")
     res = measure(args) if args.model == "random" else measure_trained(args)
     prompt = f"document {res['doc_len']} tokens" if res["workload"] == "rewrite" else "a short prompt"
     print(f"{res['model']} model  k={res['k']}  {res['workload']}  temperature {res['temperature']}  {prompt}, "

@@ -130,9 +130,10 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    # recap's: after a verify step that accepts nothing, a request skips drafting for 1, 3, 7, ... decode steps
-    # (up to this many; 0: always draft), and each such step halves its next probes' drafts (an accepted draft
-    # resets both). Acceptance history lowers the cost of a drafter that keeps missing.
+    # recap's: after verify steps in a row that accept nothing, a request skips drafting for 1, 7, 31, 127, ...
+    # decode steps (up to this many; 0: always draft), and its probes carry half the missed step's drafts after
+    # one miss, 1 after more (an accepted draft resets both; core/speculation.backoff_steps). Acceptance history
+    # lowers the cost of a drafter that keeps missing.
     max_draft_backoff: int = 64
     model: str | None = None  # method "draft_model": the draft model
 

@@ -83,9 +83,6 @@ class Backend(ABC):
     name: ClassVar[str]
     kernels: KernelSet  # the step's kernel set (build_forward_batch(kernels=...))
     head_backend: str | None = None  # the output head's linear backend where not the others' (model/head_format.py)
-    # The most tokens of a step with drafts this backend runs as cheaply as it can (the CPU backend's captured
-    # verify graph); the scheduler keeps a step's rows and drafts within it (core/speculation.py). None: any.
-    max_verify_tokens: int | None = None
 
     def prepare(self, model: CausalLM) -> None:
         """Make `model` run this backend's way (call after loading its weights, again after reloading them).
@@ -100,6 +97,12 @@ class Backend(ABC):
 
     @abstractmethod
     def _prepare(self, model: CausalLM) -> None: ...
+
+    def max_verify_tokens(self, model: CausalLM, caches: ModelCaches) -> int | None:
+        """The most tokens of a step with drafts this backend runs `model` over `caches` as cheaply as it can (the
+        CPU backend's captured verify graph, where the model's verify steps take one); the scheduler keeps a step's
+        rows and drafts within it (core/speculation.py). None: no such limit, every step size runs the same path."""
+        return None
 
     def cache_zeros(self) -> TensorAllocator | None:
         """The allocator of the KV/state pools (ModelCaches.allocate's `zeros`); None: torch.zeros."""

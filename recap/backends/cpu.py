@@ -50,7 +50,6 @@ class CpuBackend(TorchBackend):
     """Native decode kernels, weights and pools on huge pages, decode graphs (see the module docstring)."""
 
     name: ClassVar[str] = "cpu"
-    max_verify_tokens = MAX_VERIFY_TOKENS
 
     def __init__(self, linear_backend: str = "onednn", head_backend: str | None = None) -> None:
         if not linear_rows_available():
@@ -101,6 +100,12 @@ class CpuBackend(TorchBackend):
             g = self._graphs = (weakref.ref(model), weakref.ref(caches), capture(model, caches, logger.info))
             self._verify_graphs = {}
         return g[2][rows]
+
+    def max_verify_tokens(self, model: CausalLM, caches: ModelCaches) -> int | None:
+        """MAX_VERIFY_TOKENS where the model's verify steps replay a captured graph (capturing the smallest one
+        over `caches` to find out); None where they run the module path (a GDN or KDA hybrid, which the graphs
+        do not capture), whose cost does not jump past any token count."""
+        return MAX_VERIFY_TOKENS if self.verify_graph(model, caches, 2) is not None else None
 
     def verify_graph(self, model: CausalLM, caches: ModelCaches, tokens: int) -> VerifyGraph | None:
         """The verify graph of `tokens` tokens over `caches`, captured the first time a verify step of that many

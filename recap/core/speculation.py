@@ -37,6 +37,14 @@ MAX_DRAFTING_ROWS = 16
 FIRST_DRAFTS = 4
 
 
+def backoff_steps(misses: int, bound: int) -> int:
+    """Decode steps without drafts after `misses` verify steps in a row that accepted nothing: 1, 7, 31, 127, ...
+    (four times the last skip, plus 3), at most `bound` (max_draft_backoff; 0: none). A drafter that is never
+    right is then probed about log4(3 N) times in a request's first N steps until the skips reach the bound,
+    once per bound + 1 steps after that; one isolated miss costs a single skipped step."""
+    return min((1 << min(2 * misses - 1, 31)) - 1, bound)
+
+
 def drafting_rows(max_num_seqs: int) -> int:
     return min(max_num_seqs, MAX_DRAFTING_ROWS)
 
@@ -93,7 +101,8 @@ class Speculator:
         self.counters = SpecCounters(accepted_per_position=[0] * config.num_speculative_tokens)
         self._misses: dict[str, int] = {}  # request -> verify steps in a row that accepted nothing
         self._skip: dict[str, int] = {}  # request -> decode steps left without drafts (backoff)
-        # request -> most drafts per step: FIRST_DRAFTS at first, doubled by a step accepting all, halved by a miss
+        # request -> most drafts per step: FIRST_DRAFTS at first, doubled by a step accepting all, halved by a
+        # first miss, 1 after more misses in a row (the probes of a drafter that keeps missing: a 1 + 1 verify row)
         self._cap: dict[str, int] = {}
         # request -> (position, token): what the drafter proposed at a step skipped by the backoff (`_probe`)
         self._shadow: dict[str, tuple[int, int]] = {}
@@ -198,10 +207,10 @@ class Speculator:
             c.accepted_per_position[j] += 1
         rid = request.request_id
         misses = self._misses[rid] = self._misses.get(rid, 0) + 1 if a == 0 else 0
-        if misses:  # 1, 3, 7, ... decode steps without drafts, at most max_draft_backoff
-            self._skip[rid] = min((1 << min(misses, 16)) - 1, self.config.max_draft_backoff)
+        if misses:
+            self._skip[rid] = backoff_steps(misses, self.config.max_draft_backoff)
             if self.config.max_draft_backoff:  # and the probes draft less: a short verify row costs less
-                self._cap[rid] = max(1, len(drafts) // 2)
+                self._cap[rid] = max(1, len(drafts) // 2) if misses == 1 else 1
         else:  # at least the first cap again; all accepted: twice the cap (FIRST_DRAFTS)
             cap = self.cap(rid)
             grown = min(self.config.num_speculative_tokens, 2 * cap if a == len(drafts) else cap)

@@ -124,9 +124,10 @@ class LLMEngine:
                 str(device), kernels, config.native_decode))  # fmt: skip
         speculator = None
         if config.speculative is not None:
+            # the verify graph's size, where this model's verify steps take one (Backend.max_verify_tokens)
+            max_step = self.runner.backend.max_verify_tokens(self.runner.model, self.runner.caches)
             speculator = Speculator(config.speculative, config.cache.block_size, config.scheduler.max_model_len,
-                                    max_rows=drafting_rows(config.scheduler.max_num_seqs),
-                                    max_step_tokens=self.runner.backend.max_verify_tokens)
+                                    max_rows=drafting_rows(config.scheduler.max_num_seqs), max_step_tokens=max_step)
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.layout, speculator)
         if self.runner.tier is not None and self.runner.tier.disk is not None and self.scheduler.tiers is not None:
             self.scheduler.tiers.restore(self.runner.tier.scan(), self.runner.tier.disk_level)  # a restart finds them

@@ -6,6 +6,7 @@ check around every step."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -14,7 +15,7 @@ from recap.config import SpeculativeConfig
 from recap.core.drafter import NgramDrafter, ngram_propose_ref
 from recap.core.fake_executor import FakeExecutor
 from recap.core.request import Request
-from recap.core.speculation import FIRST_DRAFTS, Speculator
+from recap.core.speculation import FIRST_DRAFTS, Speculator, backoff_steps
 from tests.core.helpers import Harness, make_scheduler, req
 
 
@@ -127,8 +128,9 @@ def test_backoff_after_verify_steps_that_accept_nothing() -> None:
         pattern.append(len(drafts))
         if drafts:
             spec.accept(r, drafts, [7] if len(pattern) < 20 else [0, 7], len(drafts))  # misses, then one accepted draft
-    # misses skip 1, 3, then 5 (the cap) steps and halve the drafts (2 -> 1); an accepted draft resets both
-    assert pattern == [2, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2]
+    # misses skip 1, then 5 (7 capped by max_draft_backoff) steps, and halve the drafts (2 -> 1); an accepted
+    # draft resets both
+    assert pattern == [2, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2]
     spec.forget("a")
     assert spec.draft(r, budget=64) == [0, 0]
     assert Speculator(SpeculativeConfig(max_draft_backoff=0), 16, 1000, Always()).draft(r, 64) == [0] * 4
@@ -160,6 +162,50 @@ def test_cap_starts_short_and_doubles_while_every_draft_is_accepted() -> None:
     assert small.draft(r, budget=64) == [0, 0]  # k below FIRST_DRAFTS: k from the first step, as before
 
 
+def _verify_steps(bound: int, n: int, right_from: int | None = None) -> list[tuple[int, int]]:
+    """(step, drafts) of each verify step in a request's first n decode steps (k = 15, no block boundary in
+    reach): the drafter always proposes 0; the target emits 7 until step `right_from`, 0 from there on."""
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=15, max_draft_backoff=bound), 1 << 20, 1 << 22, Always())
+    r = Request("a", [1, 2, 3], max_tokens=n + 100, speculate=True)
+    out = []
+    for step in range(n):
+        right = right_from is not None and step >= right_from
+        spec.begin_step(decode_rows=1)
+        drafts = spec.draft(r, budget=64)
+        emitted = [*drafts, 0] if right else [7]
+        if drafts:
+            out.append((step, len(drafts)))
+            spec.accept(r, drafts, emitted, len(drafts))
+        r.output_token_ids += emitted if drafts else emitted[-1:]
+    return out
+
+
+def test_probes_of_a_drafter_that_is_never_right_thin_out_geometrically() -> None:
+    """Nothing ever accepted: verify steps after skips of 1, 7, 31, 127, ... steps (backoff_steps), the first
+    carrying FIRST_DRAFTS, the second half as many, the rest 1 draft. Unbounded, their number in the first N
+    steps is at most 1 + log4(1.5 N + 1): O(log N); with the bound B, once the skips reach it, one per B + 1."""
+    steps = _verify_steps(bound=1 << 30, n=20_000)
+    assert [s for s, _ in steps] == [0, 2, 10, 42, 170, 682, 2730, 10922]
+    assert [d for _, d in steps] == [FIRST_DRAFTS, FIRST_DRAFTS // 2, 1, 1, 1, 1, 1, 1]
+    for n in (1, 3, 10, 128, 1000, 20_000):
+        assert sum(s < n for s, _ in steps) <= 1 + math.log(1.5 * n + 1, 4)
+    bounded = [s for s, _ in _verify_steps(bound=64, n=1000)]
+    assert bounded[:6] == [0, 2, 10, 42, 107, 172]  # 5 verify steps in 128 (the backoff before: 6)
+    assert len(bounded) == 4 + (1000 - 1 - 42) // 65
+    assert [backoff_steps(m, 64) for m in range(1, 6)] == [1, 7, 31, 64, 64]
+    assert [backoff_steps(m, 0) for m in range(1, 4)] == [0, 0, 0]
+
+
+def test_drafts_grow_back_once_a_request_that_kept_missing_is_right_again() -> None:
+    """Four misses (probes down to 1 draft, the skips grown to 31 steps), then the drafter's token is committed
+    at step 100: the skipped step's noted proposal ends the backoff at step 101, not at the next probe (107),
+    and the cap doubles back to k while every draft is accepted."""
+    steps = _verify_steps(bound=64, n=110, right_from=100)
+    assert steps[:4] == [(0, FIRST_DRAFTS), (2, 2), (10, 1), (42, 1)]
+    assert steps[4][0] == 101
+    assert [d for _, d in steps[4:8]] == [1, FIRST_DRAFTS, 8, 15]
+
+
 class Echo:
     """Proposes `token` max_tokens times."""
 
@@ -175,7 +221,7 @@ class Echo:
 
 def _after_two_misses(committed: int) -> list[int]:
     """Drafts at the step after a skipped one that committed `committed`, two misses into a backoff (which skips
-    3 steps after the second miss); the drafter always proposes 7, the target emits 5 where it misses."""
+    7 steps after the second miss); the drafter always proposes 7, the target emits 5 where it misses."""
     spec = Speculator(SpeculativeConfig(num_speculative_tokens=2, max_draft_backoff=64), 16, 10_000, Echo(7))
     r = Request("a", [1, 2, 3], max_tokens=500, speculate=True)
     assert spec.draft(r, budget=64) == [7, 7]
@@ -184,7 +230,7 @@ def _after_two_misses(committed: int) -> list[int]:
     assert spec.draft(r, budget=64) == []  # skipped: the drafter's 7 noted, 5 committed
     r.output_token_ids.append(5)
     assert spec.draft(r, budget=64) == [7]
-    spec.accept(r, [7], [5], 1)  # second miss: skip 3 steps
+    spec.accept(r, [7], [5], 1)  # second miss: skip 7 steps
     r.output_token_ids.append(5)
     assert spec.draft(r, budget=64) == []  # skipped: 7 noted
     r.output_token_ids.append(committed)

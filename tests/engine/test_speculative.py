@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from recap import LLM, SamplingParams
+from recap.backends import CpuBackend
+from recap.backends.verify_graph import MAX_VERIFY_TOKENS
 from recap.core.output import SchedulerOutput
 from recap.core.request import Request
 from recap.core.speculation import FIRST_DRAFTS
@@ -349,6 +351,16 @@ def test_memory_plan_names_the_scratch_slots(models: dict[str, Path]) -> None:
     assert f"{K * 4} scratch slots for speculation" in runner.memory_plan().describe()
 
 
+def test_the_step_cap_is_the_verify_graph_the_backend_captured(models: dict[str, Path]) -> None:
+    """The scheduler caps a step's drafts at the CPU verify graph's size only for a model whose verify steps take
+    the graph (Mamba2); a GDN hybrid's run the module path, where no step size costs a jump: no cap."""
+    for arch, want in (("mamba2", MAX_VERIFY_TOKENS), ("qwen3_5", None)):
+        engine = make(models[arch], spec=True).engine
+        assert isinstance(engine.runner.backend, CpuBackend), arch
+        assert engine.runner.backend.max_verify_tokens(engine.runner.model, engine.runner.caches) == want, arch
+        assert engine.scheduler.speculator is not None and engine.scheduler.speculator.max_step_tokens == want, arch
+
+
 def test_a_steps_drafts_fit_the_backends_verify_step(models: dict[str, Path]) -> None:
     """The scheduler keeps a step's rows and drafts within the backend's fast verify step (the CPU verify graph's
     16 tokens): 8 rows whose drafts are always right verify at most 16 tokens a step, with the plain outputs."""
@@ -357,8 +369,9 @@ def test_a_steps_drafts_fit_the_backends_verify_step(models: dict[str, Path]) ->
     want = reference(path, prompts)
     llm = with_drafter(make(path, spec=True), ScriptedDrafter({tuple(p): w for p, w in zip(prompts, want)}, ALL))
     sched = llm.engine.scheduler
-    limit = llm.engine.runner.backend.max_verify_tokens
-    assert sched.speculator is not None and sched.speculator.max_step_tokens == limit
+    assert sched.speculator is not None
+    limit = sched.speculator.max_step_tokens
+    assert limit == MAX_VERIFY_TOKENS  # Mamba2's verify steps replay the CPU verify graph
     widest: list[int] = []
     schedule = sched.schedule
 
