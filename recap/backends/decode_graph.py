@@ -212,10 +212,7 @@ class DecodeGraph:
                     None if attn is None else attn.block_tables, None if attn is None else attn.seq_lens)  # fmt: skip
         if batch.planned_checkpoints:  # a row's token completed a block: its new state, every layer's, is one
             assert batch.ssm is not None
-            for row, position, slot in batch.planned_checkpoints:
-                caches.copy_state(batch.ssm.state_indices_list[row], slot)
-                written = int(caches.slot_positions[slot])
-                assert written == position, f"checkpoint slot {slot} holds position {written}, planned {position}"
+            caches.copy_checkpoints((batch.ssm.state_indices_list[r], p, s) for r, p, s in batch.planned_checkpoints)
         return self.hidden.clone()
 
 

@@ -11,7 +11,7 @@ into slot s; the runner reads it to report checkpoint provenance (DESIGN invaria
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -133,6 +133,14 @@ class ModelCaches:
         for t in self.state_tensors():
             t[dst_slot].copy_(t[src_slot])
         self.slot_positions[dst_slot] = self.slot_positions[src_slot]
+
+    def copy_checkpoints(self, writes: Iterable[tuple[int, int, int]]) -> None:
+        """For each (running slot, position, checkpoint slot): copy the running slot's state, every layer's, to the
+        checkpoint slot (a captured decode step's block-completing rows), checking the position it holds."""
+        for src, position, dst in writes:
+            self.copy_state(src, dst)
+            written = int(self.slot_positions[dst])
+            assert written == position, f"checkpoint slot {dst} holds position {written}, planned {position}"
 
     @torch.inference_mode()
     def clear_slot(self, slot: int) -> None:
