@@ -113,6 +113,23 @@ def test_kernel_equals_its_reference_on_every_path(out_f: int, in_f: int, rows: 
             assert torch.equal(y, ref), f"{L.ISAS[isa]} asym={asym} g{group}: {(y - ref).abs().max()}"
 
 
+@pytest.mark.parametrize("rows", [6, 70])
+def test_long_rows_over_several_input_blocks_equal_the_reference(rows: int) -> None:
+    """Inputs over several of the AVX2 prefill's K blocks (1024 inputs; the last group ragged) and, at 70 rows, more
+    rows than a row block (64) with a remainder of 2: the accumulators carried across blocks are exact."""
+    if not L.int4_native_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    g = _gen()
+    out_f, in_f = 40, 2500
+    w = torch.randn(out_f, in_f, generator=g)
+    x = torch.randn(rows, in_f, generator=g)
+    for asym, group in FORMATS:
+        q = L.quantize_int4(w, group, asym, torch.randn(out_f, generator=g))
+        ref = L.int4_linear_ref(x, q)
+        for isa in _isas():
+            assert torch.equal(L.int4_linear(x, q, isa), ref), f"{L.ISAS[isa]} asym={asym} g{group}"
+
+
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize(("asym", "group"), FORMATS)
 def test_extreme_codes_sum_exactly_on_every_path(asym: bool, group: int, rows: int) -> None:

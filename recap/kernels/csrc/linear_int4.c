@@ -13,8 +13,8 @@
  *   acc += float(S - 8 X) * (s * dx);  asymmetric w = s q + m: acc += float(S) * (s * dx); acc += m * (dx * X)
  * in fp32, group after group, then + b: every path does these operations in this order, so they agree exactly.
  * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs pairs summed
- * in int16 over 4 chunks, then one madd: exact, see pairs16; one row reads a whole tile per pass), 0 portable
- * scalar.
+ * in int16 over 4 chunks, then one madd: exact, see pairs16; one row reads a whole tile per pass, 2+ rows go 4
+ * at a time over a whole tile, K_BLOCK inputs at a time: quad16_avx2), 0 portable scalar.
  * Built by recap/kernels/native.py with -O3 -march=native -ffp-contract=off.
  */
 #include <math.h>
@@ -36,7 +36,12 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define TILE 16      /* output rows per tile */
+#ifndef ROW_BLOCK
 #define ROW_BLOCK 64 /* input rows whose activations are kept in L2 while the weight tiles stream by */
+#endif
+#ifndef K_BLOCK
+#define K_BLOCK 1024 /* AVX2 prefill: inputs of a tile's block kept in L1 while a row block passes over it */
+#endif
 #ifndef PF_DIST
 #define PF_DIST 2048 /* one AVX2 row: bytes prefetched ahead in the weight stream (8.2 -> 9.7 GB/s, 1536 x 8192) */
 #endif
@@ -487,6 +492,10 @@ INLINE TGT256 __m256 group_f32(__m256 facc, __m256i s, const uint8_t *sc, const 
 
 /* 8 outputs o..o+7 of row r (masked at the end of the weight), + bias. */
 INLINE TGT256 void store8(__m256 f, const W4 *W, int64_t r, int64_t o, float *y) {
+    if (o + 8 <= W->out) {
+        _mm256_storeu_ps(y + r * W->out + o, W->b ? _mm256_add_ps(f, _mm256_loadu_ps(W->b + o)) : f);
+        return;
+    }
     float v[8];
     _mm256_storeu_ps(v, f);
     for (int j = 0; j < 8 && o + j < W->out; j++) y[r * W->out + o + j] = W->b ? v[j] + W->b[o + j] : v[j];
@@ -546,6 +555,126 @@ INLINE TGT256 void half16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, in
     for (int r = 0; r < NR; r++) store8(facc[r], W, r0 + r, o + 8 * h, y);
 }
 
+/* 4 activation codes at x in every 32-bit lane: one broadcast load (gcc turned memcpy + set1 into a scalar load,
+ * a move and a register broadcast). */
+INLINE TGT256 __m256i bcast4(const int8_t *x) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)x)); }
+
+/* p += maddubs(w, x), kept a chain (see pairs16); first: p = the product (no add to zero). */
+INLINE TGT256 __m256i mac16(__m256i p, __m256i w, __m256i x, int first) {
+    const __m256i t = _mm256_maddubs_epi16(w, x);
+    if (first) return t;
+    p = _mm256_add_epi16(p, t);
+    __asm__("" : "+x"(p));
+    return p;
+}
+
+/* One group's fp32 step for a row's 16 outputs (two halves: sums s0, s1, scales w0, w1, mins m0, m1) on its
+ * accumulators fa[0..15] in memory, the row's step dx, code sum xsum and e = dx * xsum: group_f32's operations. */
+INLINE TGT256 void group16_f32(float *restrict fa, __m256i s0, __m256i s1, __m256 w0, __m256 w1, __m256 m0,
+                               __m256 m1, const float *dx, const int32_t *xsum, const float *e, const int ASYM) {
+    const __m256 d = _mm256_broadcast_ss(dx);
+    if (!ASYM) {
+        const __m256i x8 = _mm256_slli_epi32(_mm256_castps_si256(_mm256_broadcast_ss((const float *)xsum)), 3);
+        s0 = _mm256_sub_epi32(s0, x8);
+        s1 = _mm256_sub_epi32(s1, x8);
+    }
+    __m256 f0 = _mm256_add_ps(_mm256_load_ps(fa), _mm256_mul_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(w0, d)));
+    __m256 f1 = _mm256_add_ps(_mm256_load_ps(fa + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(w1, d)));
+    if (ASYM) {
+        const __m256 ev = _mm256_broadcast_ss(e);
+        f0 = _mm256_add_ps(f0, _mm256_mul_ps(m0, ev));
+        f1 = _mm256_add_ps(f1, _mm256_mul_ps(m1, ev));
+    }
+    _mm256_store_ps(fa, f0);
+    _mm256_store_ps(fa + 8, f1);
+}
+
+INLINE TGT256 __m256 half8_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* NR (<= 4) input rows x a whole tile (16 outputs), groups [g0, g1), onto their fp32 accumulators fa (16 a row,
+ * in L1). Each chunk's two 32-byte halves are unpacked once for the NR rows and each broadcast activation word
+ * serves both halves: a third fewer instructions per product than half16_avx2 (these loops issue ~5
+ * instructions a cycle: their count is what bounds them, not one pipe). The 2 NR int16 sums and the 4 unpacked
+ * vectors fill the 16 registers, hence the accumulators in memory. The integer sums (the bounds of pairs16) and
+ * every fp32 step are those of the other paths, in the same order: equal results bit for bit. */
+INLINE TGT256 void quad16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t g0,
+                               int64_t g1, float *restrict fa, const int CPG, const int ASYM) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int64_t kp = A->kp, ng = A->ng, block = W->block;
+    const int8_t *xs = A->xs + r0 * kp;
+    const float *dx = A->dx + r0 * ng, *e = A->e + r0 * ng;
+    const int32_t *xsum = A->xsum + r0 * ng;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *blk = tw + g * block;
+        const int8_t *xg = xs + g * 8 * CPG;
+        __m256i s0[4], s1[4];
+#pragma GCC unroll 2
+        for (int q = 0; q < CPG; q += 4) {
+            __m256i p0[4], p1[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const uint8_t *wc = blk + 64 * (q + c);
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)wc);
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wc + 32));
+                const __m256i lo0 = _mm256_and_si256(v0, m4), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
+                const __m256i lo1 = _mm256_and_si256(v1, m4), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *xr = xg + r * kp + 8 * (q + c);
+                    const __m256i b0 = bcast4(xr);
+                    p0[r] = mac16(p0[r], lo0, b0, c == 0);
+                    p1[r] = mac16(p1[r], lo1, b0, c == 0);
+                    const __m256i b1 = bcast4(xr + 4);
+                    p0[r] = mac16(p0[r], hi0, b1, 0);
+                    p1[r] = mac16(p1[r], hi1, b1, 0);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                s0[r] = q ? _mm256_add_epi32(s0[r], widen16(p0[r])) : widen16(p0[r]);
+                s1[r] = q ? _mm256_add_epi32(s1[r], widen16(p1[r])) : widen16(p1[r]);
+            }
+        }
+        const uint8_t *sc = blk + 64 * CPG;
+        const __m256 w0 = half8_ps(sc), w1 = half8_ps(sc + 16);
+        const __m256 m0 = ASYM ? half8_ps(sc + 32) : w0, m1 = ASYM ? half8_ps(sc + 48) : w1;
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            group16_f32(fa + 16 * r, s0[r], s1[r], w0, w1, m0, m1, dx + r * ng + g, xsum + r * ng + g,
+                        e + r * ng + g, ASYM);
+    }
+}
+
+#define QUAD_AVX2(NR)                                                                                         \
+    TGT256 static void quad_avx2_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t g0,  \
+                                      int64_t g1, float *fa) {                                                \
+        if (W->cpg == 4 && !W->asym) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 4, 0);                         \
+        else if (W->cpg == 4) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 4, 1);                                \
+        else if (!W->asym) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 8, 0);                                   \
+        else quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 8, 1);                                                 \
+    }
+QUAD_AVX2(1) QUAD_AVX2(2) QUAD_AVX2(3) QUAD_AVX2(4)
+typedef void (*QuadFn)(const uint8_t *, const W4 *, const Acts *, int64_t, int64_t, int64_t, float *);
+static const QuadFn QUADS_AVX2[5] = {0, quad_avx2_1, quad_avx2_2, quad_avx2_3, quad_avx2_4};
+
+/* Rows [rb, re) (re - rb <= ROW_BLOCK) x tile t on AVX2 without VNNI: the groups in blocks of K_BLOCK inputs (the
+ * tile's block stays in L1 while every 4 rows of the row block pass over it), the rows' accumulators in fa. */
+TGT256 static void rows_tile_avx2(int64_t t, const W4 *W, const Acts *A, int64_t rb, int64_t re, float *y) {
+    __attribute__((aligned(32))) float fa[ROW_BLOCK * 16];
+    memset(fa, 0, sizeof(float) * 16 * (size_t)(re - rb));
+    const uint8_t *tw = W->w + t * W->ng * W->block;
+    const int64_t gb = K_BLOCK / (8 * W->cpg) > 0 ? K_BLOCK / (8 * W->cpg) : 1;
+    for (int64_t g0 = 0; g0 < W->ng; g0 += gb) {
+        const int64_t g1 = g0 + gb < W->ng ? g0 + gb : W->ng;
+        for (int64_t r = rb; r < re; r += 4)
+            QUADS_AVX2[re - r < 4 ? re - r : 4](tw, W, A, r, g0, g1, fa + 16 * (r - rb));
+    }
+    for (int64_t r = rb; r < re; r++) {
+        store8(_mm256_load_ps(fa + 16 * (r - rb)), W, r, t * TILE, y);
+        if (t * TILE + 8 < W->out) store8(_mm256_load_ps(fa + 16 * (r - rb) + 8), W, r, t * TILE + 8, y);
+    }
+}
+
 #define TILE_AVX2(NR)                                                                                         \
     TGT256 static void tile_avx2_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,   \
                                       float *y) {                                                             \
@@ -590,7 +719,8 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
 /* x [n, k] fp32 times the packed weight w (out outputs, groups of `group` inputs, asym: with mins), b [out] or
  * NULL -> y [n, out] fp32. Threads split the tiles; rows go in blocks of ROW_BLOCK (their codes stay in L2
  * while the thread's tiles stream by), each block 8 rows per pass over a tile (read from L1 for the others),
- * or with AVX-512 from 8 rows on, 4 rows per pass over two tiles (tile512_pair4).
+ * or with AVX-512 from 8 rows on, 4 rows per pass over two tiles (tile512_pair4), or with AVX2 (no VNNI) from 2
+ * rows on, 4 rows per pass over K_BLOCK inputs of a tile (rows_tile_avx2).
  * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64; -3 for a path
  * this CPU lacks. */
 int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int asym,
@@ -628,6 +758,8 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
                         run_tile(isa, t + 1, &W, &A, r, nr, y);
                     }
                 }
+            if (isa == ISA_AVX2 && n >= 2) /* 2+ rows: 4 rows x 16 outputs a pass over a K block */
+                for (; t < t1; t++) rows_tile_avx2(t, &W, &A, rb, re, y);
 #endif
             for (; t < t1; t++)
                 for (int64_t r = rb; r < re; r += 8) run_tile(isa, t, &W, &A, r, re - r < 8 ? (int)(re - r) : 8, y);
