@@ -529,32 +529,6 @@ INLINE TGT256 void row_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64
     if (o + 8 < W->out) store8(f1, W, r, o + 8, y);
 }
 
-/* NR (2-4) input rows x half h of a tile (8 outputs), the rows sharing each unpacked weight vector. */
-INLINE TGT256 void half16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int h,
-                               int64_t o, float *y, const int CPG) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 facc[4];
-    for (int r = 0; r < NR; r++) facc[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < W->ng; g++) {
-        const uint8_t *blk = tw + g * W->block;
-        const int8_t *xg = A->xs + r0 * A->kp + g * 8 * CPG;
-        __m256i s[4];
-        for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
-        for (int q = 0; q < CPG; q += 4) {
-            __m256i p[4];
-            for (int r = 0; r < NR; r++) p[r] = _mm256_setzero_si256();
-            for (int c = q; c < q + 4; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * c + 32 * h));
-                for (int r = 0; r < NR; r++) p[r] = pairs16(p[r], v, xg + r * A->kp + 8 * c, m4);
-            }
-            for (int r = 0; r < NR; r++) s[r] = _mm256_add_epi32(s[r], widen16(p[r]));
-        }
-        for (int r = 0; r < NR; r++)
-            facc[r] = group_f32(facc[r], s[r], blk + 64 * CPG + 16 * h, W, A, (r0 + r) * A->ng + g);
-    }
-    for (int r = 0; r < NR; r++) store8(facc[r], W, r0 + r, o + 8 * h, y);
-}
-
 /* 4 activation codes at x in every 32-bit lane: one broadcast load (gcc turned memcpy + set1 into a scalar load,
  * a move and a register broadcast). */
 INLINE TGT256 __m256i bcast4(const int8_t *x) { return _mm256_castps_si256(_mm256_broadcast_ss((const float *)x)); }
@@ -593,10 +567,10 @@ INLINE TGT256 __m256 half8_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loa
 
 /* NR (<= 4) input rows x a whole tile (16 outputs), groups [g0, g1), onto their fp32 accumulators fa (16 a row,
  * in L1). Each chunk's two 32-byte halves are unpacked once for the NR rows and each broadcast activation word
- * serves both halves: a third fewer instructions per product than half16_avx2 (these loops issue ~5
- * instructions a cycle: their count is what bounds them, not one pipe). The 2 NR int16 sums and the 4 unpacked
- * vectors fill the 16 registers, hence the accumulators in memory. The integer sums (the bounds of pairs16) and
- * every fp32 step are those of the other paths, in the same order: equal results bit for bit. */
+ * serves both halves: a third fewer instructions per product than the former half tile a pass (these loops
+ * issue ~5 instructions a cycle: their count is what bounds them, not one pipe). The 2 NR int16 sums and the 4
+ * unpacked vectors fill the 16 registers, hence the accumulators in memory. The integer sums (the bounds of
+ * pairs16) and every fp32 step are those of the other paths, in the same order: equal results bit for bit. */
 INLINE TGT256 void quad16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t g0,
                                int64_t g1, float *restrict fa, const int CPG, const int ASYM) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -675,26 +649,14 @@ TGT256 static void rows_tile_avx2(int64_t t, const W4 *W, const Acts *A, int64_t
     }
 }
 
-#define TILE_AVX2(NR)                                                                                         \
-    TGT256 static void tile_avx2_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,   \
-                                      float *y) {                                                             \
-        for (int h = 0; h < (o + 8 < W->out ? 2 : 1); h++) {                                                  \
-            if (W->cpg == 4) half16_avx2(tw, W, A, r0, NR, h, o, y, 4);                                       \
-            else half16_avx2(tw, W, A, r0, NR, h, o, y, 8);                                                   \
-        }                                                                                                     \
-    }
 TGT256 static void tile_avx2_1(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
     if (W->cpg == 4) row_avx2(tw, W, A, r0, o, y, 4);
     else row_avx2(tw, W, A, r0, o, y, 8);
 }
-TILE_AVX2(2) TILE_AVX2(3) TILE_AVX2(4)
-static const TileFn TILES_AVX2[5] = {0, tile_avx2_1, tile_avx2_2, tile_avx2_3, tile_avx2_4};
 #if defined(HAVE_AVXVNNI)
 TILE256(tile_vnni, TGT256V, half_vnni, 1) TILE256(tile_vnni, TGT256V, half_vnni, 2)
 TILE256(tile_vnni, TGT256V, half_vnni, 3) TILE256(tile_vnni, TGT256V, half_vnni, 4)
 static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4};
-#else
-#define TILES_VNNI TILES_AVX2 /* never chosen: best_isa stops at ISA_AVX2 */
 #endif
 #endif
 
@@ -707,11 +669,17 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
         TILES512[nr](tw, W, A, r0, o, y);
         return;
     }
-    if (isa == ISA_AVX2 || isa == ISA_AVX2_VNNI) {
-        const TileFn *fns = isa == ISA_AVX2 ? TILES_AVX2 : TILES_VNNI;
-        for (int r = 0; r < nr; r += 4) fns[nr - r < 4 ? nr - r : 4](tw, W, A, r0 + r, o, y);
+    if (isa == ISA_AVX2) {
+        if (nr == 1) tile_avx2_1(tw, W, A, r0, o, y);
+        else rows_tile_avx2(t, W, A, r0, r0 + nr, y);
         return;
     }
+#if defined(HAVE_AVXVNNI)
+    if (isa == ISA_AVX2_VNNI) {
+        for (int r = 0; r < nr; r += 4) TILES_VNNI[nr - r < 4 ? nr - r : 4](tw, W, A, r0 + r, o, y);
+        return;
+    }
+#endif
 #endif
     tile_scalar(tw, W, A, r0, nr, o, y);
 }
