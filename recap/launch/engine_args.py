@@ -82,7 +82,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-config", type=_speculative_config, default=None,
                    help='speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_min": 1, "prompt_lookup_max": 4}\', or a draft model with the same tokenizer: '
-                        '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' '
+                        '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\', or the '
+                        'checkpoint\'s MTP head: \'{"method": "mtp", "num_speculative_tokens": 2}\' '
                         '(docs/speculative.md)')
     p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
     p.add_argument(
