@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from recap.core.output import PAD_SLOT_ID
 from recap.kernels.batch import build_forward_batch
-from recap.kernels.metadata import ForwardBatch, SeqSpec
+from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
 from recap.model.model_config import ModelConfig
