@@ -63,7 +63,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     plain = tiny_model_dir(root, "qwen3_5")
     attn = unit_rms_embedding(tiny_model_dir(root / "attn", "qwen3_5", num_hidden_layers=1,
                                              layer_types=["full_attention"]))  # fmt: skip
-    return {"plain": plain, "mtp": with_mtp(plain, root / "mtp"),
+    nxt = tiny_model_dir(root, "qwen3_next")  # layer 3: full attention with a MoE
+    return {"plain": plain, "mtp": with_mtp(plain, root / "mtp"), "next": nxt,
+            "next-mtp": with_mtp(nxt, root / "next-mtp", layer=3),
             "copy": with_mtp(attn, root / "copy", layer=0, copy=True)}
 
 
@@ -100,10 +102,12 @@ def test_loader_reads_the_head_only_when_asked(models: dict[str, Path]) -> None:
         make(models["plain"], spec())
 
 
-def test_drafts_equal_the_one_row_reference(models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("name", ["mtp", "next-mtp"])
+def test_drafts_equal_the_one_row_reference(models: dict[str, Path], name: str) -> None:
     """Every step's drafts (folded chunks across steps and requests, paged K/V, chained rows) equal the reference's
-    from scratch over the request's committed tokens; caching off (a hit leaves the head's rows unfilled)."""
-    llm = make(models["mtp"], spec(), caching=False, max_num_batched_tokens=24)
+    from scratch over the request's committed tokens; caching off (a hit leaves the head's rows unfilled). Qwen3.5
+    (dense) and Qwen3-Next (the head's layer a MoE)."""
+    llm = make(models[name], spec(), caching=False, max_num_batched_tokens=24)
     drafter = llm.engine.runner.drafter
     assert isinstance(drafter, MTPDrafter)
     seen: list[tuple[list[int], list[int]]] = []
@@ -125,13 +129,13 @@ def test_drafts_equal_the_one_row_reference(models: dict[str, Path]) -> None:
         assert drafts == reference_drafts(drafter.head, drafter.config, drafter.target, committed, len(drafts))
 
 
-@pytest.mark.parametrize("chunk", [24, 512])
-def test_mtp_equals_plain_greedy(models: dict[str, Path], chunk: int) -> None:
+@pytest.mark.parametrize(("name", "chunk"), [("mtp", 24), ("mtp", 512), ("next-mtp", 24)])
+def test_mtp_equals_plain_greedy(models: dict[str, Path], name: str, chunk: int) -> None:
     """Prefix caching on (prompts sharing a 40-token prefix, run twice: the second pass hits), chunked prefill
     (a 24-token budget), a batch of five; the drafter's pool is whole again once the requests leave."""
     prompts = _prompts()
-    want = tokens(make(models["plain"], None, caching=False), prompts)
-    llm = make(models["mtp"], spec(), max_num_batched_tokens=chunk)
+    want = tokens(make(models[{"mtp": "plain", "next-mtp": "next"}[name]], None, caching=False), prompts)
+    llm = make(models[name], spec(), max_num_batched_tokens=chunk)
     drafter = llm.engine.runner.drafter
     assert isinstance(drafter, MTPDrafter)
     free = drafter.num_free_blocks
@@ -171,3 +175,26 @@ def test_preemption_under_mtp(models: dict[str, Path]) -> None:
     assert tokens(llm, prompts, params) == want
     stats = llm.engine.scheduler.stats
     assert stats.preemptions > 0 and stats.spec.num_accepted_tokens > 0
+
+
+def test_a_request_the_heads_pool_cannot_hold_decodes_plainly(models: dict[str, Path]) -> None:
+    """Four free blocks in the head's pool: the first request holds them (64 rows), the others are refused (no
+    drafts until they leave); the output is unchanged and the blocks all come back."""
+    prompts = [rnd(80, 30), rnd(81, 20), rnd(82, 25)]
+    want = tokens(make(models["copy"], None, caching=False), prompts)
+    llm = make(models["copy"], spec())
+    drafter = llm.engine.runner.drafter
+    assert isinstance(drafter, MTPDrafter)
+    drafter._free_blocks = drafter._free_blocks[-4:]
+    refused: set[str] = set()
+    forget = drafter.forget
+
+    def recording(rid: str) -> None:
+        if rid in drafter._refused:
+            refused.add(rid)
+        forget(rid)
+
+    drafter.forget = recording  # type: ignore[method-assign]
+    assert tokens(llm, prompts) == want
+    llm.engine.step()
+    assert refused and drafter.num_free_blocks == 4 and llm.engine.scheduler.stats.spec.num_accepted_tokens > 0
