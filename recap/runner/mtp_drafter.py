@@ -28,6 +28,7 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
+from recap.model.footprint import held_weight_bytes
 from recap.model.layers.mtp import MTPHead
 from recap.model.loader import LoadedModel
 from recap.model.models.base import CausalLM
@@ -74,17 +75,11 @@ class MTPDrafter:
     @property
     def total_bytes(self) -> int:
         """The head's weights and KV pool, for the runner's memory plan (embedding and head are the target's)."""
-        weights = sum(t.numel() * t.element_size() for t in self.head.state_dict().values())
-        return weights + self.caches.total_bytes()
+        return held_weight_bytes(self.head).total + self.caches.total_bytes()
 
     @property
     def num_free_blocks(self) -> int:
         return len(self._free_blocks)
-
-    def position(self, rid: str) -> int | None:
-        """The rows of the request's head KV filled from the target's hidden states (None: it holds none)."""
-        seq = self._seqs.get(rid)
-        return None if seq is None else seq.pos
 
     def forget(self, rid: str) -> None:
         """Finished, aborted or preempted: its blocks go back (a preempted request's rows refill as it recomputes)."""

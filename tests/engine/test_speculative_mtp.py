@@ -139,6 +139,7 @@ def test_mtp_equals_plain_greedy(models: dict[str, Path], name: str, chunk: int)
     drafter = llm.engine.runner.drafter
     assert isinstance(drafter, MTPDrafter)
     free = drafter.num_free_blocks
+    assert llm.engine.runner.memory_plan().draft_bytes == drafter.total_bytes > 0  # the head and its pool
     assert tokens(llm, prompts) == want
     assert tokens(llm, prompts) == want  # cache hits now
     llm.engine.step()  # the runner hears of the last finished requests
@@ -198,3 +199,14 @@ def test_a_request_the_heads_pool_cannot_hold_decodes_plainly(models: dict[str, 
     assert tokens(llm, prompts) == want
     llm.engine.step()
     assert refused and drafter.num_free_blocks == 4 and llm.engine.scheduler.stats.spec.num_accepted_tokens > 0
+
+
+def test_sampled_requests_with_mtp(models: dict[str, Path]) -> None:
+    """A seeded sampled request: verification of the (deterministic) drafts draws as the plain sampler does (a low
+    temperature: the tiny model's distributions are flat, and the head drafts its argmax)."""
+    params = SamplingParams(temperature=0.1, max_tokens=20, seed=3, ignore_eos=True)
+    prompts = [rnd(11, 30), rnd(12, 50) * 2]
+    want = [tokens(make(models["copy"], None, caching=False), [p], params)[0] for p in prompts]
+    llm = make(models["copy"], spec())
+    assert tokens(llm, prompts, params) == want
+    assert llm.engine.scheduler.stats.spec.num_accepted_tokens > 0
