@@ -113,7 +113,7 @@ class CacheLayout:
             raise ValueError("need at least one state slot")
 
 
-SPECULATIVE_METHODS = ("ngram", "draft_model")
+SPECULATIVE_METHODS = ("ngram", "draft_model", "mtp")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,9 @@ class SpeculativeConfig:
     method "ngram" (prompt lookup): the longest n-gram, n from `prompt_lookup_max` down to `prompt_lookup_min`,
     ending the request's tokens that occurred earlier in them proposes the tokens that followed it.
     method "draft_model": `model` (a folder or hub id of a smaller model with the target's tokenizer) proposes them
-    greedily, run by the runner beside the target (runner/draft_model.py)."""
+    greedily, run by the runner beside the target (runner/draft_model.py).
+    method "mtp": the checkpoint's multi-token-prediction head (Qwen3.5 / Qwen3-Next `mtp.*`) proposes them greedily
+    from the target's hidden states, in the runner (runner/mtp_drafter.py)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4

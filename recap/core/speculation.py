@@ -12,9 +12,10 @@ Drafts never cross a block boundary past N: the hash of a block that ends inside
 that are not committed yet, so no checkpoint (and no full KV block) can depend on a draft token. A boundary at N
 itself is the last committed token's, planned as in a plain decode.
 
-A draft model (method "draft_model") runs in the runner, which owns models: the scheduler decides how many drafts a
-row may carry and budgets them (ScheduledRequest.num_runner_drafts); the runner proposes them before its forward
-pass and reports them with the emitted tokens (ModelRunnerOutput.draft_token_ids), checked here as any drafts.
+A draft model (method "draft_model") or an MTP head (method "mtp") runs in the runner, which owns models: the
+scheduler decides how many drafts a row may carry and budgets them (ScheduledRequest.num_runner_drafts); the runner
+proposes them before its forward pass and reports them with the emitted tokens (ModelRunnerOutput.draft_token_ids),
+checked here as any drafts.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def make_drafter(config: SpeculativeConfig) -> Drafter | None:
     """The scheduler's drafter for `config`; None where the runner proposes (a draft model)."""
     if config.method == "ngram":
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
-    if config.method == "draft_model":
+    if config.method in ("draft_model", "mtp"):
         return None
     raise ValueError(f"no drafter for speculative method {config.method!r}")
 

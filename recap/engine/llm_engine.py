@@ -33,6 +33,7 @@ from recap.runner.grammar import GrammarBackend
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import plan_before_load, remedies
 from recap.runner.model_runner import ModelRunner, RunnerConfig
+from recap.runner.mtp_drafter import load_mtp_drafter
 from recap.sampling_params import SamplingParams
 
 
@@ -114,14 +115,14 @@ class LLMEngine:
         )  # fmt: skip
         self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
         spec = config.speculative
-        if spec is not None and spec.method == "draft_model":
-            assert spec.model is not None
+        if spec is not None and spec.method in ("draft_model", "mtp"):
             pools = draft_pools(config.cache.block_size, config.scheduler.max_num_seqs, config.scheduler.max_model_len,
                                 self.runner.pools.num_kv_blocks, spec.num_speculative_tokens,
                                 drafting_rows(config.scheduler.max_num_seqs))  # fmt: skip
             self.runner.attach_drafter(load_draft_runner(
                 spec.model, loaded.config.vocab_size, self.tokenizer, pools, config.cache.block_size, dtype,
-                str(device), kernels, config.native_decode))  # fmt: skip
+                str(device), kernels, config.native_decode) if spec.model is not None else load_mtp_drafter(
+                loaded, pools, config.cache.block_size, dtype, str(device), kernels))  # fmt: skip
         speculator = None
         if config.speculative is not None:
             # the verify graph's size, where this model's verify steps take one (Backend.max_verify_tokens)

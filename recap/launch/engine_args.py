@@ -30,6 +30,12 @@ def _speculative_config(text: str) -> SpeculativeConfig | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+SPECULATIVE_HELP = ('speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                    '"prompt_lookup_min": 1, "prompt_lookup_max": 4}\', or a draft model with the same tokenizer: '
+                    '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\', or the checkpoint\'s '
+                    'MTP head: \'{"method": "mtp", "num_speculative_tokens": 2}\' (docs/speculative.md)')
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Model and cache flags shared by `serve` (and usable by other subcommands)."""
     sched, cache = SchedulerConfig(), CacheConfig()
@@ -80,10 +86,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     _add_memory_args(p)
     p.add_argument("--speculative-config", type=_speculative_config, default=None,
-                   help='speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                        '"prompt_lookup_min": 1, "prompt_lookup_max": 4}\', or a draft model with the same tokenizer: '
-                        '\'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' '
-                        '(docs/speculative.md)')
+                   help=SPECULATIVE_HELP)
     p.add_argument("--num-threads", type=_positive, default=None, help="torch intra-op threads")
     p.add_argument(
         "--check-integrity",

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from recap.backends import Backend, backend_for
-from recap.core.output import PAD_SLOT_ID, ScheduledRequest, SchedulerOutput
+from recap.core.output import PAD_SLOT_ID, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
-from recap.kernels.metadata import SeqSpec
+from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.footprint import held_weight_bytes
 from recap.model.hf_config import read_hf_config, translate_config
@@ -238,6 +238,12 @@ class DraftModelRunner:
                 if spec.sample:
                     r.drafts.append(int(next(nexts)))
             active = [r for r in active if len(r.drafts) < r.k]
+
+    def after_step(self, out: SchedulerOutput, batch: ForwardBatch, hidden: torch.Tensor,
+                   result: ModelRunnerOutput) -> None:  # fmt: skip
+        """The runner's hook after the target's verification: commit each proposing row's accepted drafts."""
+        for rid in list(self._rows):
+            self.commit(rid, len(result.spec_token_ids[rid]) - 1)
 
     def commit(self, rid: str, accepted: int) -> None:
         """The target accepted `accepted` of the request's drafts this step: the state after N + min(accepted,

@@ -38,6 +38,7 @@ from recap.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine builds and attaches it
     from recap.runner.draft_model import DraftModelRunner
+    from recap.runner.mtp_drafter import MTPDrafter
 
 _GREEDY = SamplingParams(temperature=0.0)
 
@@ -62,7 +63,8 @@ class ModelRunner:
     the device), its KV/state tensors and the sampler. Stateless across steps otherwise, except per-request
     seeded generators (dropped when the scheduler reports a request gone)."""
 
-    drafter: DraftModelRunner | None = None  # speculative method "draft_model" (runner/draft_model.py): the engine's
+    # speculative method "draft_model" (runner/draft_model.py) or "mtp" (runner/mtp_drafter.py): the engine's
+    drafter: DraftModelRunner | MTPDrafter | None = None
 
     def __init__(
         self,
@@ -125,8 +127,8 @@ class ModelRunner:
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
 
-    def attach_drafter(self, drafter: DraftModelRunner) -> None:
-        """Use this draft model (speculative method "draft_model"); the memory plan, with it, is checked again
+    def attach_drafter(self, drafter: DraftModelRunner | MTPDrafter) -> None:
+        """Use this drafter (speculative method "draft_model" or "mtp"); the memory plan, with it, is checked again
         (MemoryPlanError when it no longer fits)."""
         self.drafter = drafter
         self.memory_plan().check(remedies(self.runner_config.dtype, self.quantization, self.pools))
@@ -219,10 +221,9 @@ class ModelRunner:
                 result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
         if verify:
             self._verify(out, batch, hidden, verify, result)
-        if drafted and self.drafter is not None:
+        if self.drafter is not None:  # it commits its drafts and takes the hidden states it needs (an MTP head)
             result.draft_token_ids = drafted
-            for rid in drafted:
-                self.drafter.commit(rid, len(result.spec_token_ids[rid]) - 1)
+            self.drafter.after_step(out, batch, hidden, result)
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:

@@ -66,13 +66,17 @@ def test_serve_flags_build_the_engine_config() -> None:
     spec = engine_config(_serve_args("--speculative-config", '{"method": "draft_model", "model": "/m/draft", '
                                      '"num_speculative_tokens": 5}')).speculative
     assert spec is not None and (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "/m/draft", 5)
+    spec = engine_config(_serve_args("--speculative-config",
+                                     '{"method": "mtp", "num_speculative_tokens": 2}')).speculative
+    assert spec is not None and (spec.method, spec.model, spec.num_speculative_tokens) == ("mtp", None, 2)
 
 
 @pytest.mark.parametrize("argv", [["--kv-cache-bytes", "lots"], ["--checkpoint-policy", "sometimes"],
                                   ["--max-num-seqs", "0"], ["--dtype", "int3"], ["--unknown-flag"],
                                   ["--speculative-config", "{bad"], ["--speculative-config", '{"method": "medusa"}'],
                                   ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
-                                  ["--speculative-config", '{"method": "draft_model"}']])
+                                  ["--speculative-config", '{"method": "draft_model"}'],
+                                  ["--speculative-config", '{"method": "mtp", "model": "/m/draft"}']])
 def test_bad_serve_flags_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         _serve_args(*argv)

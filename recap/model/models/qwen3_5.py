@@ -7,7 +7,8 @@ Layout `model.{embed_tokens, layers.i.*, norm}` + `lm_head`; block i:
 Every RMSNorm here but GDN's output norm is zero-centred: (1 + w).
 The hub's Qwen3.5 / 3.6 checkpoints are vision-language (`Qwen3_5*ForConditionalGeneration`): the language
 model sits under `model.language_model.*`; it is loaded text-only, and the vision tower (`model.visual.*`)
-and the multi-token-prediction head (`mtp.*`) are skipped by declared prefix (counted and logged).
+and the multi-token-prediction head (`mtp.*`) are skipped by declared prefix (counted and logged); speculative
+method "mtp" reads the head separately (model/mtp_load.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
 
-# Weights of the checkpoint that the text-only language model does not use (skipped, counted, logged).
+# Weights of the checkpoint that the text-only language model does not use (skipped, counted, logged; the MTP head
+# is read by model/mtp_load.py when speculative method "mtp" asks for it).
 NOT_LANGUAGE_MODEL = ("model.visual.", "mtp.")
 
 
