@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from recap import LLM, SamplingParams
+from recap import SamplingParams
 from recap.model.layers.mtp import reference_drafts
 from recap.model.loader import load_model
 from recap.model.mtp_load import MTPWeightsMissingError, load_mtp_head
 from recap.runner.mtp_drafter import MTPDrafter
 from tests.engine.conftest import tiny_model_dir
+from tests.engine.test_speculative_draft import make, tokens
 from tests.engine.workloads import rnd
 
 K = 3
@@ -71,16 +72,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def spec(k: int = K, backoff: int = 0) -> dict[str, object]:
     return {"method": "mtp", "num_speculative_tokens": k, "max_draft_backoff": backoff}
-
-
-def make(path: Path, speculative: dict[str, object] | None, caching: bool = True, **kw: object) -> LLM:
-    opts: dict[str, object] = {"block_size": 16, "max_model_len": 256, "check_integrity": True, "seed": 0,
-                               "max_num_seqs": 8, "num_threads": 1, **kw}
-    return LLM(str(path), enable_prefix_caching=caching, speculative_config=speculative, **opts)  # type: ignore[arg-type]
-
-
-def tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
 def _prompts() -> list[list[int]]:
