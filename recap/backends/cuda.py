@@ -22,7 +22,7 @@ from torch import nn
 from recap.backends.cuda_graph import Capture, CapturedStep, HostReadError, cuda_graph_capture, shape_key
 from recap.backends.eager import TorchBackend
 from recap.kernels.batch import build_forward_batch
-from recap.kernels.kernel_set import KernelSet
+from recap.kernels.kernel_set import KernelSet, kernel_set
 from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
 from recap.model.models import CausalLM
@@ -50,11 +50,7 @@ class CudaBackend(TorchBackend):
 
     def __init__(self, linear_backend: str = "torch", kernels: KernelSet | None = None,
                  head_backend: str | None = None, capture: Capture | None = None) -> None:  # fmt: skip
-        if kernels is None:
-            from recap.kernels.kernel_set import kernel_set
-
-            kernels = kernel_set("triton", torch.device("cuda"))
-        super().__init__(linear_backend, kernels, head_backend)
+        super().__init__(linear_backend, kernels or kernel_set("triton", torch.device("cuda")), head_backend)
         self._capture = capture
         self._bound: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches]] | None = None
         self._graphs: dict[tuple[tuple[int, ...], ...], CapturedStep | None] = {}

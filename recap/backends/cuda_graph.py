@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from recap.kernels.batch import batch_on, pack_batch, packed_fields
-from recap.kernels.metadata import ForwardBatch
+from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch
 from recap.model.cache import ModelCaches
 
 Step = Callable[[], torch.Tensor]  # one decode step over the graph's static inputs -> hidden [rows, D]
@@ -92,7 +92,7 @@ class CapturedStep:
                  template: ForwardBatch, capture: Capture) -> None:  # fmt: skip
         """`template`: a batch of the shape to capture whose rows are all padding rows (it reads and writes no
         slot while it is captured), on the device the graph runs on."""
-        if template.ssm is not None and any(s != -1 for s in template.ssm.state_indices_list):
+        if template.ssm is not None and any(s != PAD_SLOT_ID for s in template.ssm.state_indices_list):
             raise ValueError("a decode graph is captured over padding rows only")
         self.key = shape_key(template)
         self.rows = template.num_seqs
