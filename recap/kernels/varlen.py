@@ -128,10 +128,17 @@ def record_decode_positions(
         return
     if positions is None:
         raise ValueError("slot_positions needs positions")
-    if PAD_SLOT_ID in state_indices.tolist():
-        keep = state_indices != PAD_SLOT_ID
-        state_indices, positions = state_indices[keep], positions[keep]
-    slot_positions.index_copy_(0, state_indices, (positions + 1).to(slot_positions.dtype))
+    if state_indices.numel() == 0:
+        return
+    # Without reading the device from the host (a CUDA graph replays this): a padding row writes the first real
+    # row's slot with that row's value (duplicates of one value are harmless), or slot 0's own value when every
+    # row is padding.
+    keep = state_indices != PAD_SLOT_ID
+    j = torch.argmax(keep.to(torch.int8))
+    first = torch.where(keep[j], state_indices[j], 0)
+    first_value = torch.where(keep[j], positions[j] + 1, slot_positions[first].to(positions.dtype))
+    index = torch.where(keep, state_indices, first)
+    slot_positions.index_copy_(0, index, torch.where(keep, positions + 1, first_value).to(slot_positions.dtype))
 
 
 def copy_decode_checkpoints(cache: torch.Tensor, meta: SSMMetadata, slot_positions: torch.Tensor | None) -> None:

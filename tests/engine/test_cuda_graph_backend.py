@@ -22,6 +22,7 @@ from recap import LLM, SamplingParams
 from recap.backends.cuda import GRAPH_ROWS, CudaBackend, table_width
 from recap.backends.cuda_graph import HostReadError, Step, rerun_capture
 from recap.kernels.metadata import SeqSpec
+from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import rnd
 
@@ -55,9 +56,13 @@ def script(llm: LLM) -> list:
     return first + llm.generate([follow], PARAMS)
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h", pytest.param("qwen3_5", marks=pytest.mark.slow)])  # 35 s each
-def test_graph_decode_equals_eager(tiny_models: dict[str, Path], arch: str) -> None:
-    path = tiny_models[arch]
+# 35 s each under the interpreter; lfm2: the short-conv hybrid without sliding windows (LFM3 has them: no graphs)
+_SLOW = [pytest.param(a, marks=pytest.mark.slow) for a in ("qwen3_5", "lfm2")]
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", *_SLOW])
+def test_graph_decode_equals_eager(tiny_models: dict[str, Path], tmp_path: Path, arch: str) -> None:
+    path = tiny_models[arch] if arch in tiny_models else tiny_model_dir(tmp_path, arch)
     want = script(make_llm(path, "torch", caching=False))
     llm, backend = graph_llm(path)
     got = script(llm)
