@@ -116,14 +116,11 @@ class CapturedStep:
             off += t.numel()
         return out
 
-    def takes(self, batch: ForwardBatch) -> bool:
-        """Whether `batch` has this graph's shape and no drafts (a verify step keeps the module path)."""
-        return batch.num_draft_tokens == 0 and batch.num_seqs == self.rows and shape_key(batch) == self.key
-
     def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """The step's hidden states [rows, D] (the graph's buffer: read before the next replay); `caches` (the set
-        it was captured over) are updated as the module path does, checkpoints included."""
-        assert caches is self._caches and self.takes(batch), "a decode graph runs steps of its shape over its caches"
+        it was captured over) are updated as the module path does, checkpoints included. The caller found this
+        graph by the batch's shape_key (CudaBackend.captured), so the shape is not checked again per step."""
+        assert caches is self._caches and batch.num_seqs == self.rows, "a decode graph runs steps of its shape"
         packed = batch.packed if batch.packed is not None else pack_batch(batch)
         self._packed[: self._size].copy_(packed[: self._size], non_blocking=True)
         for t, off in self._bools:
