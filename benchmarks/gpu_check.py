@@ -11,7 +11,10 @@ Sections, each timed and isolated (a failure is recorded and the next section ru
 3. speed: ~1.3B Nemotron-H-like and ~1.5B Qwen3.5-like shapes with random bf16 weights: prefill tok/s at
    8k tokens, decode tok/s at batch 1/32/128, time to first token on a cached 8k prefix (+64 new tokens)
    against the cold 8k prefill; transformers on the same shape side by side (prefill 8k, decode batch 1);
-   each figure as a fraction of the card's limits (HBM bytes/s for decode, dense bf16 FLOP/s for prefill).
+   each figure as a fraction of the card's limits (HBM bytes/s for decode, dense bf16 FLOP/s for prefill);
+4. profile (on request: --sections profile): on the same shapes, the kernels of the batch-1 decode graph's
+   replay and of an eager batch-1 step, the host's functions over 30 decode steps (cProfile), and the kernels
+   of a cold 8k prefill and of a cached 8k prefix + 64 new tokens: where the time goes.
 
 Imports stay light (torch, triton, transformers, tokenizers, safetensors, xxhash): the GPU machine has no
 network. The card's limits are the H100 SXM's datasheet figures unless --hbm-bytes-s / --bf16-flops say else.
@@ -267,12 +270,17 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
     return res
 
 
+def _b1_graphs(engine: LLMEngine) -> list[Any]:
+    """The CUDA backend's captured batch-1 decode steps (none on another backend)."""
+    graphs = getattr(engine.runner.backend, "_graphs", None)
+    return [g for g in graphs.values() if g is not None and g.rows == 1] if isinstance(graphs, dict) else []
+
+
 @torch.inference_mode()
 def _replay_time(engine: LLMEngine, device: torch.device, weight_bytes: int, hbm: float) -> dict[str, Any]:
     """The batch-1 decode graph's replay alone (ms, and its share of the weight-streaming bound): what the step
     costs on the card, against which the engine's whole step (scheduler, batch, sampler) is measured."""
-    graphs = getattr(engine.runner.backend, "_graphs", {})
-    one = [g for g in graphs.values() if g is not None and g.rows == 1]
+    one = _b1_graphs(engine)
     if not one:
         return {"replay_b1_ms": None}
     from recap.backends.cuda import padding_template
@@ -315,6 +323,116 @@ def _transformers_speed(arch: str, overrides: dict[str, Any], path: Path, device
     return out
 
 
+# 4. profile ---------------------------------------------------------------------------------------------------
+
+
+def _kernel_table(fn: Callable[[], Any], device: torch.device, per: int, top: int = 25) -> dict[str, Any]:
+    """The device kernels `fn` launches (torch.profiler), per one of its `per` repetitions: wall ms, kernel ms,
+    kernel count, and the `top` kernels by time (us per repetition, launches per repetition)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+               and e.self_device_time_total > 0]  # fmt: skip
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in kernels)
+    return {"wall_ms": wall / per * 1e3, "kernel_ms": total / per / 1e3,
+            "kernels": sum(e.count for e in kernels) / per,
+            "top": [[e.key[:140], round(e.self_device_time_total / per, 1), round(e.count / per, 2)]
+                    for e in kernels[:top]]}  # fmt: skip
+
+
+def _host_profile(fn: Callable[[], Any], top: int = 30) -> dict[str, Any]:
+    """Where the host's time goes in `fn` (cProfile, by own time): the rows as pstats prints them."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.runcall(fn)
+    wall = time.perf_counter() - t0
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    lines = [ln.rstrip()[:200] for ln in out.getvalue().splitlines() if ln.strip()]
+    return {"wall_s": wall, "rows": lines[: top + 12]}
+
+
+@torch.inference_mode()
+def profile_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.device, tmp: Path,
+                  smoke: bool) -> dict[str, Any]:  # fmt: skip
+    """Where a batch-1 decode step and an 8k prefill spend their time on the card and on the host: the kernels of
+    the b1 graph's replay and of one eager b1 step, the host's functions over 32 graph-replayed steps, and the
+    kernels of a cold 8k prefill and of a cached 8k prefix + 64 new tokens."""
+    path = tmp / name
+    if not (path / "config.json").is_file():
+        _save_random(arch, overrides, path)
+    tok = str(ensure_random_model(tmp / "default"))
+    vocab = int(overrides["vocab_size"])
+    n = 512 if smoke else 8192
+    eng = LLMEngine(EngineConfig(
+        model=str(path), tokenizer=tok, device=str(device), dtype="bfloat16", seed=0, generation_config="vllm",
+        cache=CacheConfig(block_size=16, kv_cache_bytes=8 << 30, state_cache_bytes=8 << 30),
+        scheduler=SchedulerConfig(max_num_seqs=128, max_model_len=n + 128, max_num_batched_tokens=n + 64),
+    ))  # fmt: skip
+    res = _profile(eng, device, vocab, n)
+    res["shape"] = name
+    del eng
+    _free()
+    print(f"  {name}: {json.dumps(res)[:4000]}", flush=True)
+    return res
+
+
+def _profile(eng: LLMEngine, device: torch.device, vocab: int, n: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(3, vocab, (n,), generator=g).tolist()
+    other = torch.randint(3, vocab, (n,), generator=g).tolist()
+    suffix = torch.randint(3, vocab, (64,), generator=g).tolist()
+    _timed_request(eng, other, 1, device)  # compiles
+    _timed_request(eng, other + suffix, 1, device)
+    _decode_rate(eng, 1, 8, device, vocab)  # captures the b1 graph
+    res: dict[str, Any] = {}
+    graphs = _b1_graphs(eng)
+    if graphs:
+        from recap.backends.cuda import padding_template
+
+        one = graphs[0]
+        one.run(padding_template(one.batch), eng.runner.caches)
+        res["replay_b1"] = _kernel_table(lambda: [one.replay() for _ in range(20)], device, 20)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    eng.add_request(torch.randint(3, vocab, (16,), generator=g).tolist(), params)
+    eng.step()
+    eng.step()
+
+    def steps(k: int) -> None:
+        for _ in range(k):
+            eng.step()
+        _sync(device)
+
+    res["step_b1_kernels"] = _kernel_table(lambda: steps(4), device, 4)
+    res["step_b1_host"] = _host_profile(lambda: steps(30))
+    while eng.has_unfinished_requests():
+        eng.step()
+    res["prefill_cold"] = _kernel_table(lambda: _timed_request(eng, prompt, 1, device), device, 1)
+    res["prefill_cached_host"] = _host_profile(lambda: _timed_request(eng, prompt + suffix, 1, device))
+    res["prefill_cached"] = _kernel_table(lambda: _timed_request(eng, prompt + suffix[:32] + suffix, 1, device),
+                                          device, 1)  # fmt: skip
+    eager = TorchBackend(kernels=eng.runner.backend.kernels)
+    eager.prepare(eng.runner.model)
+    eng.runner.backend = eager
+    eng.add_request(torch.randint(3, vocab, (16,), generator=g).tolist(), params)
+    eng.step()
+    eng.step()
+    res["step_b1_eager_kernels"] = _kernel_table(lambda: steps(4), device, 4)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -350,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
                 over = {**shape, **small} if args.smoke else shape
                 section(results, f"speed:{name}", lambda a=arch, o=over, n=name: speed_shape(
                     n, a, o, device, tmp, args.smoke, limits))  # fmt: skip
+        if "profile" in wanted:
+            for name, arch, shape, small in (("nemotron-h-1.3b", "nemotron_h", NEMOTRON_1B, SMOKE_NEMOTRON),
+                                             ("qwen3.5-1.5b", "qwen3_5", QWEN35_1B, SMOKE_QWEN35)):  # fmt: skip
+                over = {**shape, **small} if args.smoke else shape
+                section(results, f"profile:{name}", lambda a=arch, o=over, n=name: profile_shape(
+                    n, a, o, device, tmp, args.smoke))  # fmt: skip
         if "kernels" in wanted:  # last: the time that is left (the whole check runs under --budget-s)
             left = int(args.budget_s - (time.perf_counter() - start))
             section(results, "kernels", lambda: kernel_tests(max(left, 30)))
