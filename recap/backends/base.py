@@ -4,7 +4,8 @@ A backend prepares a loaded model (the linear layers' implementation, native ker
 weights live), places the KV/state pools (`cache_zeros`, ModelCaches.allocate's allocator), names the kernel
 set the step's ForwardBatch carries (every layer calls `batch.kernels.<op>`), and runs a step
 (`forward`: the model's forward, or a replay of a captured step). The model holds no device branch: a
-backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`)
+backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`,
+`set_norm_kernel`)
 and the decode-capture protocol (recap/model/capture.py). The runner owns one backend and runs every step
 through it; a device is one more Backend subclass.
 """
@@ -19,7 +20,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from recap.kernels.kernel_set import KernelSet
+from recap.kernels.kernel_set import Kernel, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches, TensorAllocator
 from recap.model.layers.embedding import Embedding
@@ -64,6 +65,20 @@ def set_linear_backend(parts: list[nn.Module], backend: str, native: bool | None
                 return_free_heap()
 
 
+@runtime_checkable
+class NormKernelSwitch(Protocol):
+    """A norm that runs the kernel set's fused norm kernel where one is given (model/layers/norm.py)."""
+
+    def set_norm_kernel(self, kernel: Kernel | None) -> None: ...
+
+
+def switch_norm_kernel(parts: list[nn.Module], kernel: Kernel | None) -> None:
+    """Every norm of `parts` on `kernel` (None: their torch ops)."""
+    for m in parts:
+        if isinstance(m, NormKernelSwitch):
+            m.set_norm_kernel(kernel)
+
+
 def switch_native(parts: list[nn.Module], on: bool) -> None:
     """Every part with native decode kernels on or off (bound again to the weights' current addresses)."""
     for m in parts:
@@ -88,6 +103,7 @@ class Backend(ABC):
         """Make `model` run this backend's way (call after loading its weights, again after reloading them).
         The model is then this backend's to run (`serves`) until another backend prepares it."""
         self._prepare(model)
+        switch_norm_kernel(model_parts(model), self.kernels.rms_norm)  # the kernel set's, for every backend
         _PREPARED_BY[model] = self
         return_free_heap()  # the parameters and copies the layouts replaced: back to the OS before serving
 

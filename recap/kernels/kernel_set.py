@@ -8,7 +8,7 @@ written, PAD_SLOT_ID rows skipped), so layers call `batch.kernels.<op>(...)` and
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import torch
@@ -53,10 +53,14 @@ class KernelSet:
     wkv_scan: Kernel
     paged_rel_bias_attention: Kernel
     mlstm_scan: Kernel
+    # The norm modules' fused kernel (kernels/triton/rms_norm.py's signature), which a backend hands them
+    # (Backend.prepare); None: their own torch ops (the reference; on a CPU, with the native fp32 norm).
+    rms_norm: Kernel | None = None
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls) if f.name != "name")
+        """The ops every kernel set provides (the optional ones, whose default is None, are not among them)."""
+        return tuple(f.name for f in fields(cls) if f.name != "name" and f.default is MISSING)
 
 
 TORCH_KERNELS = KernelSet(

@@ -1,4 +1,8 @@
-"""RMS norms, computed in fp32 and cast back (the HF order of operations, for close agreement)."""
+"""RMS norms, computed in fp32 and cast back (the HF order of operations, for close agreement).
+
+A backend may hand the norms one fused kernel (`set_norm_kernel`: the kernel set's `rms_norm`, e.g. the Triton
+one of kernels/triton/rms_norm.py); each module's torch ops below are that kernel's reference.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recap.kernels.kernel_set import Kernel
 from recap.kernels.rms_norm import rms_norm_available, rms_norm_rows, use_rms_norm_rows
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous
 from recap.model.layers.linear import empty_param
@@ -28,7 +33,23 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * _inv_rms(x, eps)
 
 
-class RMSNorm(nn.Module):
+class FusedNorm(nn.Module):
+    """A norm that a backend may run through one fused kernel (the kernel set's `rms_norm` signature)."""
+
+    weight: torch.Tensor
+    norm_kernel: Kernel | None = None
+
+    def set_norm_kernel(self, kernel: Kernel | None) -> None:
+        """`kernel` for this norm from now on (None: the module's torch ops)."""
+        self.norm_kernel = kernel
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        """Whether the fused kernel runs x: one is set and the weight is x's dtype (or x is fp32: the torch ops
+        then keep fp32 too), so that both give a result of x's dtype."""
+        return self.norm_kernel is not None and (x.dtype == self.weight.dtype or x.dtype == torch.float32)
+
+
+class RMSNorm(FusedNorm):
     """weight * x / rms(x)."""
 
     def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
@@ -41,6 +62,9 @@ class RMSNorm(nn.Module):
         self.native = on and rms_norm_available()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused(x):
+            assert self.norm_kernel is not None
+            return self.norm_kernel(x, self.weight, self.eps, weight_in_dtype=True)
         if self.native and use_rms_norm_rows(x, self.weight):
             return rms_norm_rows(x, self.weight, self.eps)
         y = rms_normalize(x, self.eps)
@@ -53,7 +77,7 @@ class RMSNorm(nn.Module):
         return builder.rms_norm(x, f32_contiguous(self.weight, "a norm weight"), self.eps)
 
 
-class GatedRMSNorm(nn.Module):
+class GatedRMSNorm(FusedNorm):
     """Mamba2's norm before out_proj: weight * groupnorm(x * silu(z)), RMS over groups of `group_size`.
 
     With `norm_before_gate` (Falcon-H1's mamba_norm_before_gate): weight * groupnorm(x) * silu(z).
@@ -70,6 +94,11 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if self._fused(x):
+            assert self.norm_kernel is not None
+            return self.norm_kernel(x, self.weight, self.eps, group=self.group_size, gate=z,
+                                    gate_first=not self.norm_before_gate,
+                                    weight_in_dtype=not self.norm_before_gate)  # fmt: skip
         if self.norm_before_gate:  # Falcon-H1's order: weight and gate applied in fp32, then cast
             h = x.float().clone()
             groups = h.view(*h.shape[:-1], -1, self.group_size)
@@ -88,10 +117,12 @@ class OffsetRMSNorm(RMSNorm):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_kernel is not None:  # the product in fp32 and one cast: any weight dtype
+            return self.norm_kernel(x, self.weight, self.eps, offset=True)
         return rms_normalize(x, self.eps).mul_(1.0 + self.weight.float()).to(x.dtype)
 
 
-class HeadGatedRMSNorm(nn.Module):
+class HeadGatedRMSNorm(FusedNorm):
     """Gated DeltaNet's output norm: (weight * x / rms(x)) * silu(z), the RMS over each head's `dim` channels.
 
     Norm before gate (unlike Mamba2's GatedRMSNorm); x and z are [..., heads * dim] or [..., heads, dim].
@@ -104,5 +135,9 @@ class HeadGatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype, shape = x.dtype, x.shape
+        if self._fused(x):
+            assert self.norm_kernel is not None
+            return self.norm_kernel(x, self.weight, self.eps, group=self.weight.shape[0], gate=z.reshape(shape),
+                                    weight_in_dtype=True)  # fmt: skip
         h = rms_normalize(x.reshape(*shape[:-1], -1, self.weight.shape[0]), self.eps).to(dtype) * self.weight
         return h.float().mul_(F.silu(z.reshape(h.shape).float())).to(dtype).reshape(shape)
