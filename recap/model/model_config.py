@@ -130,11 +130,18 @@ class ModelConfig:
     # Rows of the embedding and head on disk when padded past vocab_size (Inkling); logits past vocab_size are
     # dropped. None: vocab_size rows.
     padded_vocab_size: int | None = None
+    # The blocks of one step of the checkpoint's multi-token-prediction head where its config declares one (each
+    # block's layer type and mlp type, run in order); () where it declares none. Read only by speculative method
+    # "mtp" (model/mtp_load.py); the target's own layers never include them.
+    mtp_layer_types: tuple[str, ...] = ()
+    mtp_mlp_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != len(self.mlp_types):
             raise ValueError("layer_types and mlp_types must have one entry per layer")
-        for name in self.layer_types:
+        if len(self.mtp_layer_types) != len(self.mtp_mlp_types):
+            raise ValueError("mtp_layer_types and mtp_mlp_types must have one entry per MTP block")
+        for name in (*self.layer_types, *self.mtp_layer_types):
             if not layer_kind(name).configured(self):
                 raise ValueError(f"layer type {name!r} used without its config")
         if self.mla is not None and (self.attention is not None or self.layer_attention or self.attention_windows):
@@ -151,7 +158,7 @@ class ModelConfig:
             for kind, w in zip(self.layer_types, self.attention_windows):
                 if w < 0 or (w and "attention" not in layer_kind(kind).kv):
                     raise ValueError(f"a sliding window ({w}) needs an attention layer, not {kind!r}")
-        for kind in self.mlp_types:
+        for kind in (*self.mlp_types, *self.mtp_mlp_types):
             if kind not in MLP_TYPES:
                 raise ValueError(f"unknown mlp type {kind!r}")
             if {"none": True, "dense": self.mlp, "moe": self.moe}[kind] is None:

@@ -1,70 +1,86 @@
-"""Read a checkpoint's multi-token-prediction head (`mtp.*`) for speculative method "mtp".
+"""Read a checkpoint's multi-token-prediction head for speculative method "mtp".
 
-The target model's own load skips `mtp.*` (its `ignored_checkpoint_prefixes`); asking for MTP speculation reads
-them here into an MTPHead (model/layers/mtp.py), strictly: every head weight present, no unexpected key.
-Families with an MTP head: Qwen3.5 / 3.6 (dense and MoE) and Qwen3-Next."""
+The config declares the head's blocks (ModelConfig.mtp_layer_types / mtp_mlp_types, from the translator); the
+family builds them with its own block class (`build_layers` over the head's config) and names where each head
+weight lives on disk (`CausalLM.mtp_weight_name`). The target's own load skips those keys; asking for MTP
+speculation reads them here into an MTPHead (model/layers/mtp.py), strictly: every head weight present, no
+unexpected key under the head's names. Families with a head: Qwen3.5 / 3.6 and Qwen3-Next (`mtp.*`), Nemotron-H
+and Nemotron-3 (`mtp.layers.*`), Ling 3.0 (DeepSeek-V3 style, `model.layers.{N}.*`)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from recap.model.layers.mtp import MTPHead
-from recap.model.layers.norm import OffsetRMSNorm
 from recap.model.loader import WeightLoadError, _copy_checked, iter_checkpoint
 from recap.model.model_config import ModelConfig
-from recap.model.models.qwen3_5 import Qwen3_5Block, Qwen3_5ForCausalLM
+from recap.model.models.base import CausalLM
 
-MTP_PREFIX = "mtp."
+logger = logging.getLogger(__name__)
 
 
 class MTPWeightsMissingError(ValueError):
     """Speculative method "mtp" asked of a checkpoint without an MTP head (or of a family recap has none for)."""
 
 
+class UnsupportedMTPHeadError(ValueError):
+    """The config declares an MTP head recap cannot run as a drafter (a recurrent block: it would need state
+    slots the drafter does not keep)."""
+
+
 def mtp_layer_config(config: ModelConfig) -> ModelConfig:
-    """The head's own config: one full-attention layer (index 0) with the target's attention settings and the
-    feed-forward kind of the target's last layer (a MoE in a MoE model)."""
-    last = config.num_layers - 1
-    attention = config.attention_for(max(config.full_attention_layers, default=last))
-    return replace(config, layer_types=("attention",), mlp_types=(config.mlp_types[last],), layer_attention=(),
-                   attention=attention, attention_windows=())  # fmt: skip
+    """The head's own config: its blocks as the layers 0..B-1, with the target's settings (the attention of the
+    target's last full-attention layer, for a family whose layers differ)."""
+    if not config.mtp_layer_types:
+        raise MTPWeightsMissingError(f"speculative method 'mtp': {config.architecture}'s config declares no "
+                                     f"multi-token-prediction layers")  # fmt: skip
+    attention = config.attention
+    if config.layer_attention and config.full_attention_layers:
+        attention = config.attention_for(max(config.full_attention_layers))
+    head = replace(config, layer_types=config.mtp_layer_types, mlp_types=config.mtp_mlp_types, layer_attention=(),
+                   attention=attention, attention_windows=(), shared_index_layers=(), mtp_layer_types=(),
+                   mtp_mlp_types=())  # fmt: skip
+    if head.ssm_layers:  # the drafter keeps K/V blocks only, no state slots
+        raise UnsupportedMTPHeadError(f"speculative method 'mtp': {config.architecture}'s MTP head has recurrent "
+                                      f"blocks {config.mtp_layer_types}; recap drafts with attention-only heads")
+    return head
 
 
-def build_mtp_head(config: ModelConfig, dtype: torch.dtype) -> MTPHead:
+def build_mtp_head(target: CausalLM, dtype: torch.dtype) -> MTPHead:
+    """The head's modules, uninitialised: the family's blocks for the head's config, the norms of its final norm's
+    class."""
+    config = target.config
     head_config = mtp_layer_config(config)
-    block = Qwen3_5Block(head_config, 0, dtype)
-    return MTPHead(config.hidden_size, block, OffsetRMSNorm, config.norm_eps, dtype)
+    blocks = target.build_layers(head_config, dtype)
+    return MTPHead(config.hidden_size, blocks, type(target.final_norm()), config.norm_eps, dtype)
 
 
-def load_mtp_head(path: Path, target: torch.nn.Module, config: ModelConfig, dtype: torch.dtype,
+def load_mtp_head(path: Path, target: CausalLM, config: ModelConfig, dtype: torch.dtype,
                   device: str | torch.device = "cpu") -> MTPHead:  # fmt: skip
-    """The checkpoint's `mtp.*` weights as an MTPHead on `device` (MTPWeightsMissingError where there are none;
-    WeightLoadError for a missing, unexpected or misshapen one)."""
-    if not isinstance(target, Qwen3_5ForCausalLM):
-        raise MTPWeightsMissingError(f"speculative method 'mtp': recap reads MTP heads of Qwen3.5 / Qwen3-Next "
-                                     f"checkpoints, not of {config.architecture}")  # fmt: skip
-    head = build_mtp_head(config, dtype)
+    """The checkpoint's MTP head weights as an MTPHead on `device` (MTPWeightsMissingError where there are none;
+    WeightLoadError for a missing, unexpected or misshapen one). Logs what it read."""
+    head = build_mtp_head(target, dtype)
     params = head.state_dict(keep_vars=True)
     seen: set[str] = set()
-    layers: set[str] = set()
     for stored, f, shard in iter_checkpoint(path):
-        if not stored.key.startswith(MTP_PREFIX):
+        key = target.mtp_weight_name(stored.key)
+        if key is None:
             continue
-        key = stored.key.removeprefix(MTP_PREFIX)
-        if key.startswith("layers."):
-            layers.add(key.split(".")[1])
         if key not in params or key in seen:
-            if len(layers) > 1:
-                raise WeightLoadError(f"{path}: an MTP head of {len(layers)} layers; recap reads heads of one")
-            raise WeightLoadError(f"unexpected or duplicate MTP key {stored.key!r} in {shard}")
+            raise WeightLoadError(f"unexpected or duplicate MTP key {stored.key!r} in {shard} (the head built from "
+                                  f"the config has blocks {config.mtp_layer_types})")  # fmt: skip
         _copy_checked(f, stored, params[key], shard)
         seen.add(key)
     if not seen:
-        raise MTPWeightsMissingError(f"speculative method 'mtp': {path} holds no MTP head (no `mtp.*` weights)")
+        raise MTPWeightsMissingError(f"speculative method 'mtp': {path} holds no MTP head weights "
+                                     f"({config.architecture})")  # fmt: skip
     missing = sorted(set(params) - seen)
     if missing:
-        raise WeightLoadError(f"{path}: MTP head weights missing: {', '.join('mtp.' + k for k in missing[:5])}")
+        raise WeightLoadError(f"{path}: MTP head weights missing: {', '.join(missing[:5])}")
+    logger.info("%s: read the MTP head (%d tensors; blocks %s)", path, len(seen),
+                ", ".join(f"{t}/{m}" for t, m in zip(config.mtp_layer_types, config.mtp_mlp_types)))  # fmt: skip
     return head.to(device).eval()

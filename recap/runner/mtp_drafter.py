@@ -2,8 +2,9 @@
 proposes each verify row's drafts greedily, in the runner, before the target's forward pass of the step; the
 scheduler plans how many (ScheduledRequest.num_runner_drafts), as for a draft model (runner/draft_model.py).
 
-The head's row i reads the target's final hidden state h_i and the token x_{i+1}, at position i. Its layer is
-attention only, so a request's draft state is a KV block table in the drafter's own small pool, filled for the
+The head's row i reads the target's final hidden state h_i and the token x_{i+1}, at position i. Its blocks are
+attention and feed-forwards only, so a request's draft state is a KV block table in the drafter's own small pool
+(shared by the head's attention blocks), filled for the
 rows 0..pos-1 from the target's hidden states (never from drafts), and the hidden states the target computed for
 committed positions not yet folded in (`pending`, from position `start`). A step:
 1. after the target's forward (`after_step`): the hidden states of the step's committed positions (a prefill
@@ -101,8 +102,9 @@ class MTPDrafter:
         """Rows the target computed no hidden state for: zero K/V, so the drafts never read another request's."""
         pos = torch.arange(start, end)
         blocks = torch.tensor(seq.blocks, dtype=torch.long)[pos // self.block_size]
-        for t in self.caches.kv[0].tensors.values():
-            t[blocks.to(t.device), (pos % self.block_size).to(t.device)] = 0
+        for cache in self.caches.kv.values():  # every attention block of the head
+            for t in cache.tensors.values():
+                t[blocks.to(t.device), (pos % self.block_size).to(t.device)] = 0
 
     # -- a step ---------------------------------------------------------------------------------------
     def _run(self, specs: list[SeqSpec], hidden: list[torch.Tensor]) -> tuple[ForwardBatch, torch.Tensor]:

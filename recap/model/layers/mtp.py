@@ -1,12 +1,17 @@
-"""A multi-token-prediction head (Qwen3-Next / Qwen3.5 `mtp.*`, as vLLM's qwen3_next_mtp runs it): one decoder layer
-that predicts the token after next from the target's final hidden state and the next token's embedding.
+"""A multi-token-prediction head, as vLLM runs them as drafters (Qwen3-Next / Qwen3.5 `mtp.*`, Nemotron-H
+`mtp.layers.*`, DeepSeek-V3-style `model.layers.{N}.*`): a fusion of the target's final hidden state with the next
+token's embedding, then one or more of the family's own decoder blocks, then a norm; it predicts the token after
+next.
 
 Row i of an MTP sequence pairs the target's final hidden state h_i (after its final norm: what the target's
 lm_head reads) with the embedding of token x_{i+1}, at position i:
     u_i = fc(cat(pre_fc_norm_embedding(embed(x_{i+1})), pre_fc_norm_hidden(h_i)))
-    o_i = norm(layer(u_i))        (a full-attention decoder layer with its MLP / MoE, over the rows 0..i)
+    o_i = norm(block_{B-1}(... block_0(u_i)))   (each block over the rows 0..i: attention, MLP / MoE)
 and lm_head(o_i) predicts x_{i+2}. Further drafts chain: o_i stands in for h_{i+1}, the draft for x_{i+2}.
-The embedding and lm_head are the target's. The layer's KV lives in the drafter's own pool (runner/mtp_drafter.py).
+The parts keep Qwen's names (`fc`, `pre_fc_norm_*`, `layers.b`, `norm`); each family maps its checkpoint's names
+onto them (CausalLM.mtp_weight_name): DeepSeek's `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`, Nemotron-H's
+`final_layernorm`. The embedding and lm_head are the target's. The blocks' K/V live in the drafter's own pool
+(runner/mtp_drafter.py).
 """
 
 from __future__ import annotations
@@ -27,25 +32,27 @@ if TYPE_CHECKING:
 
 
 class MTPHead(nn.Module):
-    """The `mtp.*` weights: `fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers.0` (the family's decoder
-    block, built as a full-attention layer of layer index 0 of the head's own config) and `norm`."""
+    """`fc`, `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `layers` (the family's decoder blocks, built as the
+    layers 0..B-1 of the head's own config: model/mtp_load.py) and `norm`."""
 
-    def __init__(self, hidden_size: int, block: nn.Module, norm_cls: type[nn.Module], eps: float,
+    def __init__(self, hidden_size: int, blocks: list[nn.Module], norm_cls: type[nn.Module], eps: float,
                  dtype: torch.dtype) -> None:  # fmt: skip
         super().__init__()
         self.fc = Linear(2 * hidden_size, hidden_size, False, dtype)
         self.pre_fc_norm_embedding = norm_cls(hidden_size, eps, dtype)
         self.pre_fc_norm_hidden = norm_cls(hidden_size, eps, dtype)
-        self.layers = nn.ModuleList([block])
+        self.layers = nn.ModuleList(blocks)
         self.norm = norm_cls(hidden_size, eps, dtype)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, batch: ForwardBatch,
                 caches: ModelCaches) -> torch.Tensor:  # fmt: skip
-        """embeds [T, D] (of x_{i+1}), hidden [T, D] (h_i) for the batch's rows -> o [T, D]; writes the layer's
+        """embeds [T, D] (of x_{i+1}), hidden [T, D] (h_i) for the batch's rows -> o [T, D]; writes the blocks'
         K/V at the rows' positions."""
         u = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden.to(embeds.dtype))],
                               dim=-1))  # fmt: skip
-        return self.norm(self.layers[0](u, batch, caches, 0))
+        for b, block in enumerate(self.layers):
+            u = block(u, batch, caches, b)
+        return self.norm(u)
 
 
 def _one_row(tokens: list[int], config: ModelConfig) -> tuple[ForwardBatch, ModelCaches]:

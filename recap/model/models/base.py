@@ -66,6 +66,15 @@ class CausalLM(nn.Module):
             return self._tied_head
         return self.lm_head
 
+    def build_layers(self, config: ModelConfig, dtype: torch.dtype) -> list[nn.Module]:
+        """The family's blocks for every layer of `config` (also the blocks of an MTP head: model/mtp_load.py)."""
+        raise NotImplementedError
+
+    def mtp_weight_name(self, key: str) -> str | None:
+        """The MTP head parameter (model/layers/mtp.py's names) that checkpoint key `key` holds, for speculative
+        method "mtp"; None: not a head weight. The family's layout decides; by default it has no head."""
+        return None
+
     @staticmethod
     def rename_checkpoint_key(key: str) -> str | None:
         """Map a legacy on-disk key to this layout's key (identity by default); None: a weight the family

@@ -57,11 +57,13 @@ class MambaForCausalLM(CausalLM):
         super().__init__(config, dtype)
         self.backbone = nn.Module()
         self.backbone.embeddings = Embedding(config.vocab_size, config.hidden_size, dtype)
-        blocks = (MixerBlock(config, i, dtype, **self.moe_names) for i in range(config.num_layers))
-        self.backbone.layers = nn.ModuleList(blocks)
+        self.backbone.layers = nn.ModuleList(self.build_layers(config, dtype))
         self.backbone.norm_f = RMSNorm(config.hidden_size, config.norm_eps, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+
+    def build_layers(self, config: ModelConfig, dtype: torch.dtype) -> list[nn.Module]:
+        return [MixerBlock(config, i, dtype, **self.moe_names) for i in range(config.num_layers)]
 
     def embedding(self) -> Embedding:
         return self.backbone.embeddings

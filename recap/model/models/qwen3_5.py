@@ -54,6 +54,9 @@ class Qwen3_5ForCausalLM(HybridForCausalLM):
     final_norm_name = "norm"
     final_norm_class = OffsetRMSNorm
 
+    def mtp_weight_name(self, key: str) -> str | None:
+        return key.removeprefix("mtp.") if key.startswith("mtp.") else None  # the head's names are Qwen's
+
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     """Same layout; every layer's mlp is a MoE (the translator says so)."""

@@ -83,6 +83,9 @@ def _qwen_gdn(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         mlp=dense,
         moe=moe,
         gdn=_gdn_config(cfg, projection, eps),
+        # the `mtp.*` head a checkpoint may ship: one full-attention layer with the last layer's feed-forward
+        mtp_layer_types=("attention",),
+        mtp_mlp_types=(mlp_types[-1],),
     )
 
 

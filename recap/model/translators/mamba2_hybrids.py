@@ -36,6 +36,7 @@ def _nemotron_h(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     if set(kinds) - set(_NEMOTRON_KINDS):
         raise ValueError(f"{arch}: unknown layer kinds {sorted(set(kinds) - set(_NEMOTRON_KINDS))}")
     layer_types, mlp_types = zip(*(_NEMOTRON_KINDS[k] for k in kinds))
+    mtp_layers, mtp_mlps = _nemotron_mtp(cfg, arch)
     eps, act = float(cfg.get("layer_norm_epsilon", 1e-5)), cfg.get("mlp_hidden_act", "relu2")
     m2 = Mamba2Config(
         num_heads=int(cfg.get("mamba_num_heads", 128)),
@@ -77,11 +78,31 @@ def _nemotron_h(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         tie_word_embeddings=False,  # transformers' NemotronH never ties: lm_head is its own weight on disk
 
         ssm_chunk_size=m2.chunk_size,
-        attention=attn if "attention" in layer_types else None,
+        attention=attn if "attention" in (*layer_types, *mtp_layers) else None,
         mlp=MLPConfig(int(cfg.get("intermediate_size", 21504)), act, bool(cfg.get("mlp_bias", False)), gated=False),
-        moe=moe if "moe" in mlp_types else None,
-        mamba2=m2 if "mamba2" in layer_types else None,
+        moe=moe if "moe" in (*mlp_types, *mtp_mlps) else None,
+        mamba2=m2 if "mamba2" in (*layer_types, *mtp_layers) else None,
+        mtp_layer_types=mtp_layers,
+        mtp_mlp_types=mtp_mlps,
     )
+
+
+def _nemotron_mtp(cfg: Mapping[str, Any], arch: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The blocks of one step of the `mtp.*` head (layer types, mlp types) where `num_nextn_predict_layers` > 0:
+    `mtp_layers_block_type` (transformers' default: attention, then a MoE), or the legacy pattern string."""
+    if int(cfg.get("num_nextn_predict_layers") or 0) <= 0:
+        return (), ()
+    kinds = cfg.get("mtp_layers_block_type")
+    if kinds is None and cfg.get("mtp_hybrid_override_pattern"):
+        pattern = cfg["mtp_hybrid_override_pattern"]
+        if set(pattern) - set(_NEMOTRON_PATTERN):
+            raise ValueError(f"{arch}: bad mtp_hybrid_override_pattern {pattern!r} (characters M, E, *, -)")
+        kinds = [_NEMOTRON_PATTERN[c] for c in pattern]
+    kinds = kinds or ["full_attention", "moe"]
+    if set(kinds) - set(_NEMOTRON_KINDS):
+        raise ValueError(f"{arch}: unknown MTP layer kinds {sorted(set(kinds) - set(_NEMOTRON_KINDS))}")
+    layers, mlps = zip(*(_NEMOTRON_KINDS[k] for k in kinds))
+    return tuple(layers), tuple(mlps)
 
 
 def _nemotron_h_omni(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
