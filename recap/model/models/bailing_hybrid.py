@@ -6,7 +6,8 @@ MLP or an MoE with a shared expert after every mixer: Kimi-Linear's block.
 On disk (the hub's names, which transformers renames on load): `model.word_embeddings`, `layers.i.attention.*`
 with `attention.dense` for o_proj, `mlp.gate.expert_bias` for the router's correction bias; routed experts
 `mlp.experts.{e}.{gate,up,down}_proj`. The multi-token-prediction layers the hub stores after the last layer
-(`model.layers.N`, `model.mtp.*`) are skipped, as transformers skips them.
+(`model.layers.N`, `model.mtp.*`) are skipped, as transformers skips them; speculative method "mtp" reads module N
+(models/nextn.py: its final norm is `final_layernorm`, as vLLM's bailing_mtp reads it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 
 from recap.model.models.hybrid import HybridForCausalLM
 from recap.model.models.kimi_linear import KimiBlock
+from recap.model.models.nextn import nextn_weight_name
 
 _RENAMES = (
     (re.compile(r"^model\.word_embeddings\."), "model.embed_tokens."),
@@ -40,3 +42,6 @@ class BailingHybridForCausalLM(HybridForCausalLM):
         for pattern, new in _RENAMES:
             key = pattern.sub(new, key)
         return key
+
+    def mtp_weight_name(self, key: str) -> str | None:
+        return nextn_weight_name(key, self.config.num_layers, self.rename_checkpoint_key, "final_layernorm")

@@ -64,6 +64,10 @@ def _bailing_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         raise UnsupportedArchitectureError(f"{arch}: hidden_act {cfg['hidden_act']!r} (KDA convs need silu)")
     eps = float(cfg.get("rms_norm_eps", 1e-6))
     bound = float(cfg.get("kda_lower_bound", -5.0)) if cfg.get("kda_safe_gate", True) else None
+    # the DeepSeek-V3-style MTP module (models/nextn.py): the last layer's attention with a MoE (transformers'
+    # get_mtp_config drops first_k_dense_replace for it), a dense MLP where the model has no MoE
+    nextn = int(_pick(cfg, 0, "num_nextn_predict_layers", "num_mtp_layers")) > 0
+    mtp_mlp = "moe" if cfg.get("moe_intermediate_size") else "dense"
     return ModelConfig(
         **{**_common(cfg, arch), "max_position_embeddings": _pick(cfg, None, "max_position_embeddings",
                                                                    "model_max_length")},
@@ -73,8 +77,10 @@ def _bailing_hybrid(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         tie_word_embeddings=False,  # transformers' class ties nothing (_tied_weights_keys = {}), whatever it says
         ssm_chunk_size=LINEAR_CHUNK,
         mlp=MLPConfig(int(cfg["intermediate_size"]), cfg.get("hidden_act", "silu")),
-        moe=_bailing_moe(cfg) if "moe" in mlps else None,
-        mla=_bailing_mla(cfg, arch, eps) if "attention" in kinds else None,
+        moe=_bailing_moe(cfg) if "moe" in mlps or (nextn and mtp_mlp == "moe") else None,
+        mla=_bailing_mla(cfg, arch, eps) if "attention" in kinds or nextn else None,
+        mtp_layer_types=("attention",) if nextn else (),
+        mtp_mlp_types=(mtp_mlp,) if nextn else (),
         kda=KDAConfig(
             num_heads=int(_pick(cfg, cfg["num_attention_heads"], "linear_num_heads")),
             head_dim=int(_pick(cfg, 128, "linear_head_dim", "head_dim")),

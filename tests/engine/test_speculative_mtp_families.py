@@ -1,0 +1,196 @@
+"""Speculative method "mtp" beyond Qwen (tests/engine/test_speculative_mtp.py): the heads Nemotron-H (`mtp.layers.*`:
+an attention block, then a MoE block) and Ling 3.0 (DeepSeek-V3 style, `model.layers.{N}.*`: an MLA + MoE decoder
+layer) checkpoints ship where their configs declare next-token-prediction layers. transformers drops these weights,
+so they are written by hand beside a save_pretrained checkpoint, under the hub's names. The loader reads them only
+when asked and logs it; the drafter's drafts equal the plain one-row reference; greedy output equals the
+unspeculated run token for token; a checkpoint without a head gets a typed error."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from recap.model.layers.mtp import reference_drafts
+from recap.model.loader import load_model
+from recap.model.mtp_load import MTPWeightsMissingError, UnsupportedMTPHeadError, load_mtp_head
+from recap.runner.mtp_drafter import MTPDrafter
+from tests.engine.conftest import tiny_model_dir
+from tests.engine.test_speculative_draft import GREEDY, make, tokens
+from tests.engine.test_speculative_mtp import _prompts, spec
+
+Head = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
+
+
+def _block(weights: dict[str, torch.Tensor], src: str, dst: str, g: torch.Generator | None) -> dict[str, torch.Tensor]:
+    """Layer `src`'s weights renamed under `dst`: random N(0, 0.1) (norm weights 1 + that), or copied (g None)."""
+    out = {}
+    for k, t in weights.items():
+        if k.startswith(src):
+            rand = torch.randn(t.shape, generator=g) * 0.1 if g is not None else None
+            out[dst + k.removeprefix(src)] = t.clone() if rand is None else rand + (k.endswith("norm.weight") * 1.0)
+    assert out, src
+    return out
+
+
+def _fusion(prefix: str, d: int, g: torch.Generator | None) -> dict[str, torch.Tensor]:
+    """enorm, hnorm, eh_proj: random, or (g None) the embedding alone through unit norms: fc = [I, 0]."""
+    if g is None:
+        return {f"{prefix}enorm.weight": torch.ones(d), f"{prefix}hnorm.weight": torch.ones(d),
+                f"{prefix}eh_proj.weight": torch.cat([torch.eye(d), torch.zeros(d, d)], dim=1)}  # fmt: skip
+    return {f"{prefix}enorm.weight": 1 + torch.randn(d, generator=g) * 0.1,
+            f"{prefix}hnorm.weight": 1 + torch.randn(d, generator=g) * 0.1,
+            f"{prefix}eh_proj.weight": torch.randn(d, 2 * d, generator=g) * 0.1}  # fmt: skip
+
+
+def nemotron_head(weights: dict[str, torch.Tensor], g: torch.Generator | None, attn: int = 2,
+                  moe: int = 1) -> dict[str, torch.Tensor]:  # fmt: skip
+    """`mtp.layers.0` shaped as attention layer `attn` (with the fusion), `mtp.layers.1` as MoE layer `moe` (with
+    final_layernorm): Nemotron-3's default mtp_layers_block_type."""
+    d = weights["backbone.norm_f.weight"].shape[0]
+    head = {**_block(weights, f"backbone.layers.{attn}.", "mtp.layers.0.", g), **_fusion("mtp.layers.0.", d, g),
+            **_block(weights, f"backbone.layers.{moe}.", "mtp.layers.1.", g)}  # fmt: skip
+    final = weights["backbone.norm_f.weight"]
+    head["mtp.layers.1.final_layernorm.weight"] = final.clone() if g is None else 1 + torch.randn(d, generator=g) * 0.1
+    return head
+
+
+def ling_head(weights: dict[str, torch.Tensor], g: torch.Generator | None, n: int = 4) -> dict[str, torch.Tensor]:
+    """`model.layers.{n}`: the fusion, a decoder layer shaped as the last one (MLA + MoE), final_layernorm, and the
+    shared embedding and head copies the hub stores there too (skipped by the loader)."""
+    d = weights["model.norm.weight"].shape[0]
+    p = f"model.layers.{n}."
+    head = {**_block(weights, f"model.layers.{n - 1}.", p, g), **_fusion(p, d, g)}
+    head[p + "final_layernorm.weight"] = 1 + torch.randn(d, generator=g) * 0.1
+    head[p + "embed_tokens.weight"] = weights["model.word_embeddings.weight"].clone()
+    head[p + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    return head
+
+
+def with_head(src: Path, dst: Path, head: Head | Callable[..., dict[str, torch.Tensor]], seed: int | None = 0) -> Path:
+    """A copy of `src` with the head's weights added to its safetensors file (seed None: the copy head)."""
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    save_file({**weights, **head(weights, g)}, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def _quiet_mamba(path: Path) -> Path:
+    """Layer 0's (Mamba2) output projection scaled by 0.05 and every embedding row to RMS 1: the copy head (unit
+    norms, fc = [I, 0]), which lacks layer 0, then drafts what the target computes, mostly."""
+    weights = load_file(str(path / "model.safetensors"))
+    weights["backbone.layers.0.mixer.out_proj.weight"] *= 0.05
+    e = weights["backbone.embeddings.weight"]
+    weights["backbone.embeddings.weight"] = e / e.pow(2).mean(-1, keepdim=True).sqrt()
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("spec_mtp_families")
+    nh = tiny_model_dir(root / "nh", "nemotron_h", num_nextn_predict_layers=1)
+    ling = tiny_model_dir(root / "ling", "bailing_hybrid", num_mtp_layers=1)
+    small = _quiet_mamba(tiny_model_dir(root / "small", "nemotron_h", num_nextn_predict_layers=1,
+                                        layers_block_type=["mamba", "attention", "moe"]))
+    return {"nemotron": nh, "nemotron-mtp": with_head(nh, root / "nemotron-mtp", nemotron_head),
+            "ling": ling, "ling-mtp": with_head(ling, root / "ling-mtp", ling_head),
+            "small": small, "copy": with_head(small, root / "copy", lambda w, g: nemotron_head(w, g, 1, 2), None),
+            "nemotron-plain": tiny_model_dir(root / "plain", "nemotron_h")}  # fmt: skip
+
+
+PAIRS = {"nemotron-mtp": "nemotron", "ling-mtp": "ling", "copy": "small"}
+
+
+@pytest.mark.parametrize("name", ["nemotron-mtp", "ling-mtp"])
+def test_loader_reads_the_head_only_when_asked(models: dict[str, Path], name: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """The target's load skips the head; load_mtp_head reads every weight of it (the fusion, each block, the final
+    norm) under the hub's names, skips the shared embedding / head copies, and logs what it read."""
+    loaded = load_model(models[name])
+    stored = load_file(str(models[name] / "model.safetensors"))
+    if name == "nemotron-mtp":  # skipped by declared prefix, counted
+        assert loaded.ignored_weights["mtp."] == sum(k.startswith("mtp.") for k in stored)
+    with caplog.at_level(logging.INFO, logger="recap.model.mtp_load"):
+        head = load_mtp_head(loaded.path, loaded.model, loaded.config, torch.float32)
+    params = head.state_dict()
+    assert f"read the MTP head ({len(params)} tensors" in caplog.text
+    by_head_name = {loaded.model.mtp_weight_name(k): t for k, t in stored.items()}
+    by_head_name.pop(None)
+    assert set(by_head_name) == set(params) and len(head.layers) == len(loaded.config.mtp_layer_types)
+    assert {k.split(".")[0] for k in params} == {"fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "layers", "norm"}
+    for key, t in params.items():
+        torch.testing.assert_close(t, by_head_name[key])
+
+
+def test_a_checkpoint_without_a_head_gets_a_typed_error(models: dict[str, Path], tmp_path: Path) -> None:
+    """Config declaring no MTP layers; declaring them without the weights; a head with a recurrent block."""
+    plain = load_model(models["nemotron-plain"])
+    with pytest.raises(MTPWeightsMissingError, match="declares no multi-token-prediction layers"):
+        load_mtp_head(plain.path, plain.model, plain.config, torch.float32)
+    with pytest.raises(MTPWeightsMissingError, match="declares no multi-token-prediction layers"):
+        make(models["nemotron-plain"], spec())
+    for bare in ("nemotron", "ling"):
+        with pytest.raises(MTPWeightsMissingError, match="holds no MTP head weights"):
+            make(models[bare], spec())
+    mamba = tiny_model_dir(tmp_path, "nemotron_h", num_nextn_predict_layers=1, mtp_layers_block_type=["mamba", "moe"])
+    loaded = load_model(mamba)
+    assert loaded.config.mtp_layer_types == ("mamba2", "none")
+    with pytest.raises(UnsupportedMTPHeadError, match="recurrent blocks"):
+        load_mtp_head(loaded.path, loaded.model, loaded.config, torch.float32)
+
+
+@pytest.mark.parametrize("name", ["nemotron-mtp", "ling-mtp"])
+def test_drafts_equal_the_one_row_reference(models: dict[str, Path], name: str) -> None:
+    """Every step's drafts (folded chunks across steps and requests, paged K/V of each attention block, chained
+    rows) equal the reference's from scratch over the request's committed tokens; caching off."""
+    llm = make(models[name], spec(), caching=False, max_num_batched_tokens=24)
+    drafter = llm.engine.runner.drafter
+    assert isinstance(drafter, MTPDrafter)
+    seen: list[tuple[list[int], list[int]]] = []
+    propose = drafter.propose
+
+    def recording(out):  # type: ignore[no-untyped-def]
+        step, drafts = propose(out)
+        for s in out.scheduled:
+            if s.request_id in drafts:
+                n = s.num_computed_tokens + len(s.token_ids)
+                seen.append(([*s.prompt_token_ids, *s.output_token_ids][:n], drafts[s.request_id]))
+        return step, drafts
+
+    drafter.propose = recording  # type: ignore[method-assign]
+    tokens(llm, _prompts()[:4])
+    assert len(seen) > 10
+    for committed, drafts in seen:
+        assert drafts == reference_drafts(drafter.head, drafter.config, drafter.target, committed, len(drafts))
+
+
+@pytest.mark.parametrize("name", ["nemotron-mtp", "ling-mtp", "copy"])
+def test_mtp_equals_plain_greedy(models: dict[str, Path], name: str) -> None:
+    """Prefix caching on (prompts sharing a 40-token prefix, run twice: the second pass hits a checkpoint), chunked
+    prefill (a 24-token budget), a batch of five; the drafter's pool is whole again once the requests leave. The
+    copy head (Nemotron-H's attention and MoE layers copied, the Mamba2 layer nearly silent) has most drafts
+    accepted, so accepted drafts are exercised as well as rejected ones."""
+    prompts = _prompts()
+    want = tokens(make(models[PAIRS[name]], None, caching=False), prompts)
+    llm = make(models[name], spec(), max_num_batched_tokens=24)
+    drafter = llm.engine.runner.drafter
+    assert isinstance(drafter, MTPDrafter)
+    free = drafter.num_free_blocks
+    assert tokens(llm, prompts) == want
+    again = llm.generate(prompts, GREEDY)  # the repeated prompts hit the checkpoints the first pass wrote
+    assert [o.outputs[0].token_ids for o in again] == want
+    assert all(o.num_cached_tokens > 0 for o, p in zip(again, prompts) if len(p) > 16)
+    llm.engine.step()
+    assert drafter.num_free_blocks == free and not drafter._seqs
+    s = llm.engine.scheduler.stats.spec
+    assert s.num_drafts > 10 and s.num_draft_tokens >= s.num_drafts
+    if name == "copy":
+        assert s.num_accepted_tokens > 0.5 * s.num_draft_tokens, s
+
