@@ -140,10 +140,24 @@ def test_a_checkpoint_without_a_head_gets_a_typed_error(models: dict[str, Path],
         with pytest.raises(MTPWeightsMissingError, match="holds no MTP head weights"):
             make(models[bare], spec())
     mamba = tiny_model_dir(tmp_path, "nemotron_h", num_nextn_predict_layers=1, mtp_layers_block_type=["mamba", "moe"])
-    loaded = load_model(mamba)
-    assert loaded.config.mtp_layer_types == ("mamba2", "none")
-    with pytest.raises(UnsupportedMTPHeadError, match="recurrent blocks"):
-        load_mtp_head(loaded.path, loaded.model, loaded.config, torch.float32)
+    inkling = tiny_model_dir(tmp_path, "inkling", num_mtp_layers=1)  # conv-attention: its output convs keep state
+    for path, kinds in ((mamba, ("mamba2", "none")), (inkling, ("conv_attention",))):
+        loaded = load_model(path)
+        assert loaded.config.mtp_layer_types == kinds
+        with pytest.raises(UnsupportedMTPHeadError, match="recurrent blocks"):
+            load_mtp_head(loaded.path, loaded.model, loaded.config, torch.float32)
+
+
+def test_omni_names_its_head_under_language_model(tmp_path: Path) -> None:
+    """Nemotron-3 Nano Omni: the text model's `mtp.layers.*` under `language_model.`, skipped by the target's load."""
+    loaded = load_model(tiny_model_dir(tmp_path, "nemotron_h_omni", text_config={"num_nextn_predict_layers": 1}))
+    assert loaded.config.mtp_layer_types == ("attention", "none")
+    name = loaded.model.mtp_weight_name
+    assert "language_model.mtp." in loaded.model.ignored_checkpoint_prefixes
+    assert name("language_model.mtp.layers.0.eh_proj.weight") == "fc.weight"
+    assert name("language_model.mtp.layers.1.mixer.gate.weight") == "layers.1.mixer.gate.weight"
+    assert name("language_model.mtp.layers.1.final_layernorm.weight") == "norm.weight"
+    assert name("mtp.layers.0.eh_proj.weight") is None and name("language_model.backbone.norm_f.weight") is None
 
 
 @pytest.mark.parametrize("name", ["nemotron-mtp", "ling-mtp"])

@@ -82,6 +82,9 @@ def _inkling(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
     swa = _attention(cfg, True, kernel, window)
     mlp, moe = _feed_forwards(cfg, arch)
     common = _common(cfg, arch)
+    # MTP modules (transformers' mtp_layer_types): conv-attention layers with a dense MLP. Declared so that asking
+    # for them names why recap cannot draft with them (their output convs keep state: model/mtp_load.py).
+    mtp = ("conv_attention",) if int(cfg.get("num_mtp_layers") or 0) > 0 else ()
     vocab, unpadded = common["vocab_size"], cfg.get("unpadded_vocab_size")
     if unpadded is not None and int(unpadded) < vocab:
         common["vocab_size"] = int(unpadded)
@@ -97,9 +100,11 @@ def _inkling(cfg: Mapping[str, Any], arch: str) -> ModelConfig:
         attention=_attention(cfg, False, kernel, window),
         layer_attention=tuple(swa if k == "hybrid_sliding" else None for k in kinds),
         attention_windows=tuple(window if k == "hybrid_sliding" else 0 for k in kinds),
-        mlp=mlp if "dense" in mlps else None,
+        mlp=mlp if "dense" in mlps or mtp else None,
         moe=moe if "sparse" in mlps else None,
         output_convs=OutputConvsConfig(int(cfg["hidden_size"]), kernel),
+        mtp_layer_types=mtp,
+        mtp_mlp_types=("dense",) * len(mtp),
     )
 
 
