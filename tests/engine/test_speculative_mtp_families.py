@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from recap.model.layers.mtp import reference_drafts
+from recap.model.layers.mtp import _one_row, reference_drafts
 from recap.model.loader import load_model
-from recap.model.mtp_load import MTPWeightsMissingError, UnsupportedMTPHeadError, load_mtp_head
+from recap.model.mtp_load import MTPWeightsMissingError, UnsupportedMTPHeadError, load_mtp_head, mtp_layer_config
+from recap.model.testing import tiny_hf_config
 from recap.runner.mtp_drafter import MTPDrafter
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_speculative_draft import GREEDY, make, tokens
@@ -208,3 +209,44 @@ def test_mtp_equals_plain_greedy(models: dict[str, Path], name: str) -> None:
     if name == "copy":
         assert s.num_accepted_tokens > 0.5 * s.num_draft_tokens, s
 
+
+
+@torch.inference_mode()
+def test_ling_head_equals_transformers_mtp_layer(tmp_path: Path) -> None:
+    """recap's Ling 3.0 head (fusion, MLA + MoE block, final_layernorm) equals transformers' MtpLayer (enorm first,
+    the family's decoder layer, post norm) over one row, given the same target hidden states. transformers cannot
+    derive the module's layer types for bailing_hybrid (its get_mtp_config asks for mtp_layer_types), so the test
+    names them; the module's block is saved through the main model's layer 3 to get the hub's names."""
+    import transformers as tf
+    from transformers.modeling_layers import MtpModel
+
+    cfg = tiny_hf_config("bailing_hybrid", num_mtp_layers=1)
+    torch.manual_seed(0)
+    hf = tf.BailingHybridForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path / "base")
+    cfg.mtp_layer_types, cfg.mtp_mlp_layer_types = ["full_attention"], ["sparse"]
+    mtp = MtpModel(hf, 1).eval()
+    g = torch.Generator().manual_seed(1)
+    for n, p in mtp.layers.named_parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if n.endswith("norm.weight") else 0.0))
+    layer = mtp.layers[0]
+    hf.model.layers[3].load_state_dict(layer.mtp_block.state_dict())
+    hf.save_pretrained(tmp_path / "moved")
+    moved = load_file(str(tmp_path / "moved" / "model.safetensors"))
+    head = {k.replace("model.layers.3.", "model.layers.4."): t for k, t in moved.items() if ".layers.3." in k}
+    parts = {"enorm": layer.enorm, "hnorm": layer.hnorm, "eh_proj": layer.eh_proj, "final_layernorm": layer.post_norm}
+    head.update({f"model.layers.4.{k}.weight": m.weight.detach().clone() for k, m in parts.items()})
+    path = tmp_path / "ckpt"
+    shutil.copytree(tmp_path / "base", path)
+    save_file({**load_file(str(path / "model.safetensors")), **head}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+
+    loaded = load_model(path)
+    ours = load_mtp_head(loaded.path, loaded.model, loaded.config, torch.float32)
+    ids = torch.randint(3, 500, (21,), generator=g).tolist()
+    batch, caches = _one_row(ids[:-1], loaded.config)
+    hidden = loaded.model(batch, caches)  # h_0..h_19
+    batch, caches = _one_row(ids[1:], mtp_layer_config(loaded.config))  # row i: x_{i+1} at position i
+    got = ours(loaded.model.embed(batch.input_ids), hidden, batch, caches)
+    want = mtp.forward_layer(0, hidden[None], torch.arange(len(ids) - 1)[None], None, input_ids=torch.tensor([ids[1:]]))
+    torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
