@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,22 +103,45 @@ def section(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
 # 1. kernels ---------------------------------------------------------------------------------------------------
 
 
+# pytest's last line: "199 failed, 107 passed, 4 skipped in 300.12s (0:05:00)" (bare under -q, in "=" otherwise)
+_PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+)(?:, \d+ [a-z]+)*) in ([\d.]+)s")
+
+
+def parse_pytest_output(text: str) -> dict[str, Any]:
+    """The summary line (found by its shape: with -rfE and --durations it need not be the last line), its counts,
+    every FAILED/ERROR line, the failures per test file and each distinct reason with how many tests gave it."""
+    lines = text.strip().splitlines()
+    summary = next((ln.strip("= ") for ln in reversed(lines) if _PYTEST_SUMMARY.match(ln)), "")
+    counts: dict[str, int] = {}
+    if summary:
+        found = _PYTEST_SUMMARY.match(summary)
+        assert found is not None
+        for part in found.group(1).split(", "):
+            n, what = part.split(" ", 1)
+            counts[what] = int(n)
+    failed = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    per_file = Counter(ln.split(" ", 1)[1].split("::", 1)[0].split(" - ", 1)[0] for ln in failed)
+    reasons = Counter(ln.split(" - ", 1)[1][:300] for ln in failed if " - " in ln)
+    progress = "".join(ln.split()[0] for ln in lines if ln.strip() and set(ln.split()[0]) <= set(".FEsx"))
+    return {
+        "summary": summary, "counts": counts, "failed": failed, "failed_per_file": dict(sorted(per_file.items())),
+        "reasons": dict(reasons.most_common()), "passed_dots": progress.count("."),
+        "failed_marks": progress.count("F") + progress.count("E"),
+    }  # fmt: skip
+
+
 def kernel_tests(timeout: int) -> dict[str, Any]:
     """The Triton kernel tests, compiled on this machine's device (the interpreter only where there is none)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line", "tests/kernels/triton"]
+    # no -q: pyproject's addopts has one, and -qq drops the "N failed, M passed in S s" line
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", "--tb=line", "tests/kernels/triton"]
     env = {**os.environ, "COLUMNS": "400"}  # the failure lines whole, reasons included
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-        text, code = proc.stdout + proc.stderr, proc.returncode
+        text, code = proc.stdout + "\n" + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:  # what ran before the limit still tells which kernels pass
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         text, code = out + f"\n(stopped after {timeout} s)", None
-    lines = text.strip().splitlines()
-    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
-    progress = "".join(ln for ln in lines if ln and set(ln.split()[0]) <= set(".FEsx"))
-    reasons = sorted({ln.split(" - ", 1)[1][:300] for ln in failed if " - " in ln})
-    return {"returncode": code, "summary": lines[-1] if lines else "", "failed": failed[:40], "reasons": reasons[:20],
-            "passed_dots": progress.count("."), "failed_marks": progress.count("F") + progress.count("E")}
+    return {"returncode": code, **parse_pytest_output(text)}
 
 
 # 2. backends --------------------------------------------------------------------------------------------------

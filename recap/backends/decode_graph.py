@@ -84,7 +84,7 @@ class DecodeGraph:
     # ---------------------------------------------------------------- the builder's operations
 
     def buffer(self, n: int) -> torch.Tensor:
-        t = torch.zeros(self.rows, n)
+        t = torch.zeros(self.rows, n, device="cpu")
         self._keep.append(t)
         return t
 

@@ -68,7 +68,7 @@ def token_inputs(batch: ForwardBatch) -> TokenInputs:
     src = dst = tables = seq_lens = None
     if batch.ssm is not None:
         s, d = chain_slots(batch.ssm)
-        src, dst = torch.tensor(s, dtype=torch.int64), torch.tensor(d, dtype=torch.int64)
+        src, dst = torch.tensor(s, dtype=torch.int64, device="cpu"), torch.tensor(d, dtype=torch.int64, device="cpu")
     attn = batch.attn
     if attn is not None:
         counts = torch.diff(batch.query_start_loc)

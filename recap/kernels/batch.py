@@ -172,7 +172,7 @@ def batch_to_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
     """The batch with every metadata tensor on `device`, moved in one host-to-device copy (a GPU step would
     otherwise pay one transfer per tensor, ~20 per step); the Python lists stay on the host."""
     flat = pack_batch(batch)
-    if device.type == "cuda":
+    if device.type == "cuda" and flat.device.type == "cpu":  # a host batch (only host memory can be pinned)
         flat = flat.pin_memory()
     return batch_on(batch, flat.to(device, non_blocking=True))
 

@@ -36,7 +36,7 @@ def _i64(v: int) -> ctypes.c_int64:
 
 def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """weight [V, D] fp32, ids [n] int64 -> [n, D]; ValueError for an id outside the vocabulary."""
-    out = torch.empty(ids.numel(), weight.shape[1])
+    out = torch.empty(ids.numel(), weight.shape[1], device="cpu")
     if decode_ops_library().recap_embed_rows(_p(weight), _i64(weight.shape[0]), _i64(weight.shape[1]), _p(ids),
                                              _i64(ids.numel()), _p(out)):  # fmt: skip
         raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {weight.shape[0]}")
@@ -46,7 +46,7 @@ def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def embed_rows_int8(q: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """q [V, D] int8, scales [V] fp32, ids [n] int64 -> q[ids] * scales[ids] [n, D] fp32 (embedding_int8_ref);
     ValueError for an id outside the vocabulary."""
-    out = torch.empty(ids.numel(), q.shape[1])
+    out = torch.empty(ids.numel(), q.shape[1], device="cpu")
     if decode_ops_library().recap_embed_rows_i8(_p(q), _p(scales), _i64(q.shape[0]), _i64(q.shape[1]), _p(ids),
                                                 _i64(ids.numel()), _p(out)):  # fmt: skip
         raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {q.shape[0]}")
@@ -91,7 +91,7 @@ def activation_mul(name: str, x: torch.Tensor, up: torch.Tensor | None = None) -
     another), x and up fp32 column views with one row stride."""
     rows, n = x.shape
     fn = getattr(decode_ops_library(), f"recap_{NATIVE_ACTIVATIONS[name]}_f32")
-    out = torch.empty(rows, n)
+    out = torch.empty(rows, n, device="cpu")
     fn(_p(x), None if up is None else _p(up), _p(out), _i64(rows), _i64(n), _i64(row_stride(x, up)))
     return out
 

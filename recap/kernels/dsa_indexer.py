@@ -87,7 +87,7 @@ def dsa_select_ref(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, gates: 
     """Plain twin of dsa_select: one query and one pool at a time."""
     _check(q, w, keys, gates, ctx)
     n, s, p = q.shape[0], keys.shape[0], shape.kpool
-    mask = torch.zeros(n, s, dtype=torch.bool)
+    mask = torch.zeros(n, s, dtype=torch.bool, device=q.device)
     for i in range(n):
         t = ctx + i
         visible = (t + 1) // p  # complete pools ending at or before t

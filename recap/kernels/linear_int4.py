@@ -100,7 +100,7 @@ def _sym_scales(w: torch.Tensor) -> torch.Tensor:
     the time of the rounding); else m / -8 (m: the group's largest-magnitude value)."""
     if int4_native_available():
         w = w.contiguous()
-        out = torch.empty(w.shape[:2])
+        out = torch.empty(w.shape[:2], device="cpu")
         _lib().recap_int4_sym_scales(w.data_ptr(), out.numel(), w.shape[2], out.data_ptr(), torch.get_num_threads())
         return out
     return w.gather(-1, w.abs().argmax(-1, keepdim=True))[..., 0] / -8
@@ -229,7 +229,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, isa: int | None = None) -> torch
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"x {tuple(x.shape)} does not fit a weight of {w.in_features} inputs")
     _check_packed(w)
-    y = torch.empty(x.shape[0], w.out_features)
+    y = torch.empty(x.shape[0], w.out_features, device="cpu")
     b = None if w.bias is None else w.bias.data_ptr()
     _check(_lib().recap_linear_int4(x.data_ptr(), x.shape[0], w.in_features, w.packed.data_ptr(), w.out_features,
                                     w.group, int(w.asym), b, y.data_ptr(), torch.get_num_threads(),

@@ -90,7 +90,7 @@ def linear_rows_f32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     x = x.contiguous()
     n, k = x.shape
     out = weight.shape[0]
-    y = torch.empty(n, out, dtype=torch.float32)
+    y = torch.empty(n, out, dtype=torch.float32, device="cpu")
     _lib().recap_linear_f32(x.data_ptr(), n, weight.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
                             torch.get_num_threads())
     return y
@@ -109,7 +109,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     one sequential stream per 32 output columns. Written in place: no other copy of the weight on the way."""
     out, k = weight.shape
     full, rest = divmod(out, PANEL)
-    panels = torch.empty(full + (rest > 0), k, PANEL, dtype=weight.dtype)
+    panels = torch.empty(full + (rest > 0), k, PANEL, dtype=weight.dtype, device="cpu")
     w = weight.detach()
     panels[:full].copy_(w[: full * PANEL].view(full, PANEL, k).transpose(1, 2))
     if rest:
@@ -131,7 +131,7 @@ def linear_panels_f32(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor 
     n, k = x.shape
     if n < 1 or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
         raise ValueError(f"panels {tuple(panels.shape)} do not fit x {tuple(x.shape)} and {out} outputs")
-    y = torch.empty(n, out, dtype=torch.float32)
+    y = torch.empty(n, out, dtype=torch.float32, device="cpu")
     if _lib().recap_linear_f32_panels(x.data_ptr(), n, panels.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
                                       torch.get_num_threads()):  # fmt: skip
         raise MemoryError(f"linear_panels_f32: no memory for a {k} x {n} scratch buffer")
@@ -185,7 +185,7 @@ def linear_rows_int8(x: torch.Tensor, packed: torch.Tensor, row_sums: torch.Tens
     if k > MAX_INT8_IN:
         raise ValueError(f"int8 weights take at most {MAX_INT8_IN} input features, not {k}")
     qscale, zp, qmax = activation_grid(reduce_range)
-    y = torch.empty(n, out, dtype=torch.float32)
+    y = torch.empty(n, out, dtype=torch.float32, device="cpu")
     lib = int8_library() if library is None else library
     rc = lib.recap_linear_i8(x.data_ptr(), n, packed.data_ptr(), row_sums.data_ptr(), scales.data_ptr(), out, k,
                              _ptr(bias), y.data_ptr(), qscale, zp, qmax, torch.get_num_threads())
@@ -232,7 +232,7 @@ class RowKernel:
         n, k = x.shape
         if k > self.k or (not self._post and k != self.k):  # int8: self.k is the padded width
             raise ValueError(f"{k} input features for a weight of {self.k}")
-        y = torch.empty(n, self.out)
+        y = torch.empty(n, self.out, device="cpu")
         if self._post:
             rc = self._fn(x.data_ptr(), n, *self._int8, self.out, k, self._bias, y.data_ptr(), *self._post,
                           torch.get_num_threads())  # fmt: skip

@@ -110,7 +110,7 @@ class Mamba2Step:
         if slots.dtype != torch.int64 or positions.dtype != torch.int64 or slot_positions.dtype != torch.int64:
             raise ValueError("Mamba2Step takes int64 slots and positions")
         (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
-        scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))  # [t, conv out] | [t, dt] | [t, y]
+        scratch = torch.empty(t * (self.conv_dim + h + self.d_inner), device="cpu")  # [t, conv out] | [t, dt] | [t, y]
         work = scratch.data_ptr()
         _lib().recap_mamba2_step(
             t, slots.data_ptr(), positions.data_ptr(), slot_positions.data_ptr(), proj.data_ptr(), proj.shape[1],
@@ -131,7 +131,7 @@ class Mamba2Step:
         self._check(proj, conv_state, ssm_state)
         t = proj.shape[0]
         (cw, cb, k, h, p, g, n, dtb, alog, d, lo, hi, nw, mode, gs, eps) = self._static
-        scratch = torch.empty(t * (self.conv_dim + h + self.d_inner))
+        scratch = torch.empty(t * (self.conv_dim + h + self.d_inner), device="cpu")
         work = scratch.data_ptr()
         lead = (_I64(t), slots) if dst_slots is None else (_I64(t), slots, dst_slots)
         args = (

@@ -97,7 +97,7 @@ def paged_mla_attention_ref(
         values = kv[..., qk_nope_head_dim:]  # (s, h, dv)
         start, end = meta.query_start_loc_list[r], meta.query_start_loc_list[r + 1]
         logits = torch.einsum("nhd,shd->hns", q[start:end].float(), keys) * scale  # (h, n, s)
-        qpos = torch.arange(ctx, seq)[:, None]
-        logits = logits.masked_fill(torch.arange(seq)[None, :] > qpos, -torch.inf)
+        qpos = torch.arange(ctx, seq, device=q.device)[:, None]
+        logits = logits.masked_fill(torch.arange(seq, device=q.device)[None, :] > qpos, -torch.inf)
         out[start:end] = torch.einsum("hns,shd->nhd", logits.softmax(-1), values).to(q.dtype)
     return out

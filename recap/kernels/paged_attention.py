@@ -226,14 +226,14 @@ def paged_attention_ref(
         lo = 0 if sliding_window is None else max(0, ctx - sliding_window + 1)
         first = lo // bs
         blocks = [int(b) for b in meta.block_tables[r][first : -(-seq // bs)]]
-        kpos = torch.arange(first * bs, seq)
+        kpos = torch.arange(first * bs, seq, device=q.device)
         visible = (kpos >= lo)[:, None, None]
         kk = torch.cat([k_cache[b] for b in blocks])[: seq - first * bs].float().repeat_interleave(group, dim=1)
         vv = torch.cat([v_cache[b] for b in blocks])[: seq - first * bs].float().repeat_interleave(group, dim=1)
         kk, vv = kk.where(visible, 0.0), vv.where(visible, 0.0)  # (s, hq, dh)
         start, end = meta.query_start_loc_list[r], meta.query_start_loc_list[r + 1]
         logits = torch.einsum("nhd,shd->hns", q[start:end].float(), kk) * scale  # (hq, n, s)
-        qpos = torch.arange(ctx, seq)[:, None]
+        qpos = torch.arange(ctx, seq, device=q.device)[:, None]
         hidden = kpos[None, :] > qpos
         if sliding_window is not None:
             hidden |= kpos[None, :] <= qpos - sliding_window

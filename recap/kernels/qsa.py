@@ -87,7 +87,7 @@ def qsa_select_ref(q: torch.Tensor, keys: torch.Tensor, norm_w: torch.Tensor, in
     """Plain twin of qsa_select: one query and one block at a time."""
     n, s, r = q.shape[0], keys.shape[0], shape.ratio
     bk = block_keys(keys, norm_w, inv_freq, shape).float()
-    mask = torch.zeros(n, s, dtype=torch.bool)
+    mask = torch.zeros(n, s, dtype=torch.bool, device=q.device)
     for i in range(n):
         t = ctx + i
         scored = []

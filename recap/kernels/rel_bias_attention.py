@@ -100,7 +100,7 @@ def rel_bias_attention_ref(
     with sinks [S, Hq], the softmax also counts exp(sinks[i, h])."""
     s, hq, _ = q.shape
     group, e = hq // k.shape[1], rel.shape[-1]
-    out = torch.zeros(q.shape, dtype=torch.float32)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for i in range(s):
         lo = 0 if sliding_window is None else max(0, i - sliding_window + 1)
         for h in range(hq):

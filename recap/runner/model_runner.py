@@ -246,7 +246,7 @@ class ModelRunner:
         """Verify every verify row from one logits computation (greedy acceptance, or rejection sampling for a
         sampled request); the state after the accepted tokens becomes the running state (runner/speculative.py)."""
         qsl = batch.query_start_loc.tolist()
-        index = torch.cat([torch.arange(qsl[v.row], qsl[v.row + 1]) for v in verify]).to(hidden.device)
+        index = torch.cat([torch.arange(qsl[v.row], qsl[v.row + 1], device="cpu") for v in verify]).to(hidden.device)
         logits = self.model.compute_logits(hidden[index]).float()
         targets = torch.argmax(logits, dim=-1).tolist()
         host: torch.Tensor | None = None  # the sampler works on the host: one copy, if a row needs it

@@ -21,11 +21,12 @@ def apply_penalties(
     """Penalize one float32 row ([V]) in place; returns it. Ids outside the vocabulary are ignored."""
     vocab = logits.numel()
     if p.repetition_penalty != 1.0 and (prompt_ids or output_ids):
-        seen = torch.tensor(sorted({t for t in (*prompt_ids, *output_ids) if 0 <= t < vocab}), dtype=torch.long)
+        seen = torch.tensor(sorted({t for t in (*prompt_ids, *output_ids) if 0 <= t < vocab}), dtype=torch.long,
+                            device=logits.device)  # fmt: skip
         vals = logits[seen]
         logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and output_ids:
-        ids = torch.tensor([t for t in output_ids if 0 <= t < vocab], dtype=torch.long)
+        ids = torch.tensor([t for t in output_ids if 0 <= t < vocab], dtype=torch.long, device=logits.device)
         counts = torch.bincount(ids, minlength=vocab).to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     if p.logit_bias:

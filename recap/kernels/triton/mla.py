@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from recap.kernels.metadata import AttentionMetadata
-from recap.kernels.triton.paged_attention import attend, write_kv
+from recap.kernels.triton.paged_attention import attend, check_devices, write_kv
 
 
 def paged_mla_attention(
@@ -34,6 +34,8 @@ def paged_mla_attention(
 
     Padding rows output zeros and read nothing.
     """
+    check_devices(q.device, c=c, kr=kr, latent_cache=latent_cache, rope_cache=rope_cache, w_kv_b=w_kv_b,
+                  slot_mapping=meta.slot_mapping, block_tables=meta.block_tables)  # fmt: skip
     write_kv(c[:, None, :], kr[:, None, :], latent_cache, rope_cache, meta.slot_mapping)
     t, h = q.shape[:2]
     dn, rank = qk_nope_head_dim, w_kv_b.shape[1]

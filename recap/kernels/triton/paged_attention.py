@@ -64,6 +64,15 @@ def _store_kv_kernel(
                  HV, DV, BLOCK_HV, BLOCK_DV)  # fmt: skip
 
 
+def check_devices(device: torch.device, **tensors: torch.Tensor | None) -> None:
+    """ValueError naming the first tensor not on `device`: Triton's own error names only an argument index
+    ("Pointer argument (at 2) cannot be accessed from Triton (cpu tensor?)"), and a torch op mixing devices
+    fails further on. A few attribute reads a call."""
+    for name, x in tensors.items():
+        if x is not None and x.device != device:
+            raise ValueError(f"{name} is on {x.device}, not {device}: the kernel needs every tensor on one device")
+
+
 def _token_major(x: torch.Tensor, cache: torch.Tensor, t: int) -> torch.Tensor:
     """x [T, H, D] in the cache's dtype with a contiguous last dim, checked against the cache [NB, bs, H, D]."""
     assert x.shape == (t, *cache.shape[2:]), f"tokens {tuple(x.shape)} vs cache {tuple(cache.shape)}"
@@ -80,6 +89,7 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Store each token's K/V at its slot; tokens with slot PAD_SLOT_ID are skipped."""
+    check_devices(k_cache.device, k=k, v=v, v_cache=v_cache, slot_mapping=slot_mapping)
     t = slot_mapping.shape[0]
     k, v = _token_major(k, k_cache, t), _token_major(v, v_cache, t)
     if t == 0:
@@ -282,6 +292,9 @@ def attend(
     is written to the caches). rope = (q2 [T, Hq, P], rope_cache [NB, bs, 1, P]): MLA's latent form, where
     the score adds q2 . rope key and v_cache is k_cache (the latents). splits: key splits per program of a
     decode batch (a power of two; None: chosen from the shapes)."""
+    check_devices(q.device, k_cache=k_cache, v_cache=v_cache, out=out, block_tables=meta.block_tables,
+                  context_lens=meta.context_lens, query_start_loc=meta.query_start_loc,
+                  q2=None if rope is None else rope[0], rope_cache=None if rope is None else rope[1])  # fmt: skip
     t, hq, dh = q.shape
     hkv = k_cache.shape[2]
     assert hq % hkv == 0 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()

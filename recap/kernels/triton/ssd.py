@@ -223,7 +223,8 @@ def _index(meta: SSMMetadata, sub_chunk: int, device: torch.device) -> _Index:
         [int(a == 0) for _, a, _ in plan.segments], seg_dest, seg_pos, row_seg0, row_nseg, row_pos,
         chunk_tok0, chunk_len, chunk_seg0, [valid[plan.seg_rows[s]] for s in plan.chunk_last_seg],
     ]  # fmt: skip
-    flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64)
+    # built on the host whatever torch's default device is (pinned below; a CUDA default would put it there)
+    flat = torch.tensor([v for part in parts for v in part], dtype=torch.int64, device="cpu")
     if device.type == "cuda":  # pinned: an asynchronous copy
         flat = flat.pin_memory().to(device, non_blocking=True)
     return _Index(*flat.split([len(part) for part in parts]), max_len=max(chunk_len), max_seg=max(parts[1]))

@@ -1,11 +1,10 @@
 """Shared checks of the Triton gated delta rule kernels (GDN and KDA) against their torch references: one
 packed step (outputs, every slot, slot_positions; slots not written bit-identical) and one decode update.
-Inputs are drawn on the CPU and moved to `device` (the GPU where there is one: Triton's compiled kernels
-need CUDA tensors; without one the interpreter runs them on CPU tensors)."""
+Everything is made on the test device (device_rows.DEVICE, torch's default in these tests: the GPU where there
+is one, as Triton's compiled kernels need CUDA tensors; without one the interpreter runs them on CPU tensors)."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,13 +15,11 @@ from recap.core.output import PAD_SLOT_ID
 from recap.kernels.gdn import gated_delta_rule_ref, gdn_gates, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update_ref
 from recap.kernels.kda import kda_ref, kda_state_update_ref
-from recap.kernels.metadata import SSMMetadata
 from recap.kernels.triton.gdn import gated_delta_rule, gated_delta_rule_update
 from recap.kernels.triton.kda import kda, kda_state_update
 
 from ..cases import Row, Tensors, build_meta
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from .device_rows import DEVICE
 
 
 @dataclass
@@ -83,12 +80,6 @@ def kda_delta(h: int, dk: int, dv: int, decay: float = 2.0) -> Delta:
     )
 
 
-def meta_to(meta: SSMMetadata, device: str) -> SSMMetadata:
-    """The metadata with its tensors on device (the runner builds it there)."""
-    tensors = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta) if f.init}
-    return dataclasses.replace(meta, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
-
-
 def check_step(
     delta: Delta,
     rows: list[Row],
@@ -100,7 +91,7 @@ def check_step(
     layout: Callable[[Tensors], Tensors] = dict,
 ) -> None:
     """fast = reference on one packed step of rows (inputs in dtype, then laid out by `layout`; states fp32)."""
-    meta = meta_to(build_meta(rows, chunk_size), DEVICE)
+    meta = build_meta(rows, chunk_size)  # on the test device (torch's default)
     inputs = layout({k: torch.cat([r.inputs[k] for r in rows]).to(DEVICE, dtype) for k in rows[0].inputs})
     before = torch.randn(num_slots, *delta.cache_shape, generator=gen).to(DEVICE)
     ys, caches, sps = [], [], []

@@ -22,8 +22,9 @@ BLOCK, NUM_BLOCKS = 4, 48
 R, P, DN, DV = 6, 4, 5, 7
 
 
-def _meta(specs: list[SeqSpec], device: str = "cpu") -> AttentionMetadata:
-    fb = build_forward_batch(specs, block_size=BLOCK, chunk_size=16, with_attention=True, with_ssm=False, device=device)
+def _meta(specs: list[SeqSpec]) -> AttentionMetadata:
+    """The step's paging on the test device (torch's default: build_forward_batch's device=None)."""
+    fb = build_forward_batch(specs, block_size=BLOCK, chunk_size=16, with_attention=True, with_ssm=False)
     assert fb.attn is not None
     return fb.attn
 
@@ -100,20 +101,32 @@ def test_chunked_steps_equal_whole_sequence_attention(seed: int) -> None:
     assert torch.equal(lat[blocks[0], 0, 0], c[0]) and torch.equal(rop[blocks[0], 0, 0], kr[0])  # latents cached
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_tensor_on_another_device_is_named() -> None:
+    """A cache off the queries' device is refused by name (the meta device stands for the CPU of a CUDA run)."""
+    gen = torch.Generator(DEVICE).manual_seed(0)
+    meta = _meta([SeqSpec(token_ids=[0] * 2, context_len=1, block_ids=[3])])
+    q, c, kr = _inputs(gen, 2, 3)
+    lat, rop = _caches()
+    with pytest.raises(ValueError, match="rope_cache is on meta"):
+        paged_mla_attention(q, c, kr, lat, rop.to("meta"), meta, torch.zeros(3 * (DN + DV), R), DN, 0.4)
+    assert lat.isnan().all()  # refused before anything was written
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu(dtype: torch.dtype) -> None:
-    """Every tensor on the GPU by construction, DeepSeek-like widths (rank 512, rope 64), fp32 and bf16."""
+    """Every tensor on the GPU (metadata included), DeepSeek-like widths (rank 512, rope 64), fp32 and bf16,
+    against the fp32 reference."""
     rng, gen = random.Random(1), torch.Generator(DEVICE).manual_seed(1)
     h, r = 16, 512
     w = torch.randn(h * (DN + DV), r, generator=gen) * 0.05
     lat, rop = _caches(r)
     specs = _random_rows(rng, gen, lat, rop)
     lat, rop = lat.nan_to_num(0.0), rop.nan_to_num(0.0)
-    meta, meta_gpu = _meta(specs), _meta(specs, "cuda")
+    meta = _meta(specs)
+    assert meta.block_tables.device.type == "cuda"
     q, c, kr = _inputs(gen, meta.query_start_loc_list[-1], h, r)
     ref = paged_mla_attention_ref(q, c, kr, lat.clone(), rop.clone(), meta, w, DN, 0.1)
-    args = [x.cuda().to(dtype) for x in (q, c, kr, lat, rop)]
-    out = paged_mla_attention(*args, meta_gpu, w.cuda().to(dtype), DN, 0.1)
+    out = paged_mla_attention(*(x.to(dtype) for x in (q, c, kr, lat, rop)), meta, w.to(dtype), DN, 0.1)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
-    torch.testing.assert_close(out.float(), ref.to(out.device).float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)

@@ -7,6 +7,7 @@ and block 0 must stay untouched."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -30,15 +31,16 @@ from .device_rows import DEVICE
 HKV, NUM_BLOCKS = 2, 48
 
 
-def _meta(specs: list[SeqSpec], block: int, device: str = "cpu") -> AttentionMetadata:
-    fb = build_forward_batch(specs, block_size=block, chunk_size=16, with_attention=True, with_ssm=False, device=device)
+def _meta(specs: list[SeqSpec], block: int) -> AttentionMetadata:
+    """The step's paging on the test device (torch's default: build_forward_batch's device=None)."""
+    fb = build_forward_batch(specs, block_size=block, chunk_size=16, with_attention=True, with_ssm=False)
     assert fb.attn is not None
     return fb.attn
 
 
-def _nan_caches(block: int, dh: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def _nan_caches(block: int, dh: int) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (NUM_BLOCKS, block, HKV, dh)
-    return torch.full(shape, torch.nan, device=device), torch.full(shape, torch.nan, device=device)
+    return torch.full(shape, torch.nan), torch.full(shape, torch.nan)
 
 
 def _oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None) -> torch.Tensor:
@@ -206,21 +208,37 @@ def test_fp32_queries_over_a_bf16_cache() -> None:
     assert torch.equal(kc, kr) and torch.equal(vc, vr)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_tensor_on_another_device_is_named() -> None:
+    """A tensor off the kernel's device is refused by name (Triton's own error names an argument index only);
+    the meta device stands for the CPU of a CUDA run."""
+    meta = _meta([SeqSpec(token_ids=[0] * 3, context_len=2, block_ids=[5, 6])], 4)
+    q, k, v = (torch.zeros(3, HKV, 8) for _ in range(3))
+    kc, vc = _nan_caches(4, 8)
+    with pytest.raises(ValueError, match="slot_mapping is on meta"):
+        paged_attention(q, k, v, kc, vc, dataclasses.replace(meta, slot_mapping=meta.slot_mapping.to("meta")), 0.3)
+    with pytest.raises(ValueError, match="v_cache is on meta"):
+        paged_attention(q, k, v, kc, vc.to("meta"), meta, 0.3)
+    tables_elsewhere = dataclasses.replace(meta, block_tables=meta.block_tables.to("meta"))
+    with pytest.raises(ValueError, match="block_tables is on meta"):
+        attend(q, kc, vc, torch.empty_like(q), tables_elsewhere, 0.3)
+    assert kc.isnan().all() and vc.isnan().all()  # refused before anything was written
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu(dtype: torch.dtype) -> None:
-    """Every tensor on the GPU by construction (metadata included), in fp32 and bf16."""
+    """Every tensor on the GPU (metadata included), in fp32 and bf16, against the fp32 reference."""
     rng, gen = random.Random(0), torch.Generator(DEVICE).manual_seed(0)
     specs, kc, vc = _random_batch(rng, gen, 16, 80, HKV * 4, None)
-    meta, meta_gpu = _meta(specs, 16), _meta(specs, 16, "cuda")
+    meta = _meta(specs, 16)
+    assert meta.block_tables.device.type == "cuda"
     t = meta.query_start_loc_list[-1]
     q, k, v = (torch.randn(t, h, 80, generator=gen) for h in (HKV * 4, HKV, HKV))
     kc, vc = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
     ref = paged_attention_ref(q, k, v, kc.clone(), vc.clone(), meta, 0.1)
-    args = (x.cuda().to(dtype) for x in (q, k, v, kc, vc))
-    out = paged_attention(*args, meta_gpu, 0.1)
+    out = paged_attention(*(x.to(dtype) for x in (q, k, v, kc, vc)), meta, 0.1)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(out.float(), ref.to(out.device).float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
 
 
 def _compile_for_hopper(fn: triton.JITFunction, pointers: dict[str, str], consts: dict, num_warps: int = 4) -> str:

@@ -8,7 +8,6 @@ per channel, finite dt_limit. Under the interpreter (no GPU) on CPU tensors; on 
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
@@ -23,8 +22,9 @@ from recap.kernels.ssd_decode import ssd_state_update_ref
 from recap.kernels.triton.ssd import ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update
 
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-DEVICE = "cuda" if ON_GPU else "cpu"
+from .device_rows import DEVICE
+
+ON_GPU = DEVICE.type == "cuda"
 H, P, N = 4, 16, 16
 SLOTS = 32
 UNWRITTEN = -7

@@ -1,0 +1,57 @@
+"""benchmarks/gpu_check.py's reading of a pytest run: the summary line wherever -rfE and --durations put it, every
+failure line kept, failures per file and each distinct reason counted."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module() -> ModuleType:  # benchmarks/ is scripts, not a package
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PIN = "RuntimeError: cannot pin 'torch.cuda.LongTensor' only dense CPU tensors can be pinned"
+PTR = "ValueError: Pointer argument (at 2) cannot be accessed from Triton (cpu tensor?)"
+# -q -rfE --tb=line with the project's --durations: the summary line before the durations and the stderr
+RUN = "\n".join([
+    "..F.F.s" + "." * 40 + "F  [ 40%]",
+    "FF.....  [100%]",
+    "/work/tests/kernels/triton/test_ssd.py:120: " + PIN,
+    *(f"FAILED tests/kernels/triton/test_ssd.py::test_ssd_varlen_matches_reference[{i}] - {PIN}" for i in range(45)),
+    f"FAILED tests/kernels/triton/test_paged_attention.py::test_mixed_batches_match_the_reference[0] - {PTR}",
+    "ERROR tests/kernels/triton/test_mla.py - ImportError: no module named x",
+    "47 failed, 52 passed, 1 skipped, 1 error in 81.27s (0:01:21)",
+    "============================= slowest 25 durations =============================",
+    "2.57s call     tests/kernels/triton/test_paged_attention.py::test_decode_batch_with_gqa_and_a_padding_row[100-1]",
+    "",
+    "a warning on stderr",
+])  # fmt: skip
+
+
+def test_summary_counts_and_every_failure_line() -> None:
+    got = _module().parse_pytest_output(RUN)
+    assert got["summary"] == "47 failed, 52 passed, 1 skipped, 1 error in 81.27s (0:01:21)"
+    assert got["counts"] == {"failed": 47, "passed": 52, "skipped": 1, "error": 1}
+    assert len(got["failed"]) == 47  # all of them, not the first 40
+    assert got["failed_per_file"] == {
+        "tests/kernels/triton/test_mla.py": 1,
+        "tests/kernels/triton/test_paged_attention.py": 1,
+        "tests/kernels/triton/test_ssd.py": 45,
+    }
+    assert got["reasons"] == {PIN: 45, PTR: 1, "ImportError: no module named x": 1}
+    assert got["failed_marks"] == 5
+
+
+def test_a_run_stopped_before_its_summary() -> None:
+    got = _module().parse_pytest_output("....F\n(stopped after 30 s)")
+    assert got["summary"] == "" and got["counts"] == {} and got["failed_marks"] == 1 and got["passed_dots"] == 4
