@@ -181,6 +181,8 @@ def _lib() -> ctypes.CDLL:
     lib.recap_int4_sym_scales.restype = None
     lib.recap_int4_best_isa.argtypes = []
     lib.recap_int4_best_isa.restype = _INT
+    lib.recap_int4_isa_supported.argtypes = [_INT]
+    lib.recap_int4_isa_supported.restype = _INT
     return lib
 
 
@@ -198,6 +200,13 @@ def int4_native_available() -> bool:
 def best_isa() -> int:
     """The fastest path this CPU runs: an index into ISAS."""
     return int(_lib().recap_int4_best_isa())
+
+
+@functools.cache
+def supported_isas() -> tuple[int, ...]:
+    """Every path this CPU runs (indices into ISAS): not always all those below best_isa (an AVX-512 VNNI CPU
+    may lack AVX-VNNI)."""
+    return tuple(i for i in range(len(ISAS)) if _lib().recap_int4_isa_supported(i))
 
 
 _ERRORS = {-1: "no memory for the activation codes", -2: "a group other than 32 or 64",

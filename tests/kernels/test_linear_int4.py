@@ -25,7 +25,7 @@ def _gen() -> torch.Generator:
 
 
 def _isas() -> list[int]:
-    return list(range(L.best_isa() + 1)) if L.int4_native_available() else []
+    return list(L.supported_isas()) if L.int4_native_available() else []
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
@@ -195,8 +195,9 @@ def test_bad_inputs_raise_typed_errors() -> None:
     if L.int4_native_available():
         with pytest.raises(ValueError, match="does not fit"):
             L.int4_linear(torch.randn(2, 39), q)
-        with pytest.raises(ValueError, match="instruction set"):
-            L.int4_linear(torch.randn(2, 40), q, isa=L.best_isa() + 1)
+        for isa in sorted(set(range(len(L.ISAS) + 1)) - set(L.supported_isas())):  # refused, never run
+            with pytest.raises(ValueError, match="instruction set"):
+                L.int4_linear(torch.randn(2, 40), q, isa=isa)
         with pytest.raises(ValueError, match="is not the"):  # the kernel would read past the tiles
             L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, packed=q.packed[:, :1]))
         with pytest.raises(ValueError, match="is not the"):

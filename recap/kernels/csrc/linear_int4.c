@@ -48,6 +48,25 @@
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512_VNNI = 3 };
 
+/* Whether this CPU runs path `isa`. The paths do not nest: an AVX-512 VNNI CPU may lack AVX-VNNI (Zen 4, Ice
+ * Lake: 256-bit VEX dpbusd is a separate extension), so a path below the best one is not always there. */
+int recap_int4_isa_supported(int isa) {
+    if (isa == ISA_SCALAR) return 1;
+#if defined(X86)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (isa == ISA_AVX2) return avx2;
+#if defined(HAVE_AVXVNNI)
+    if (isa == ISA_AVX2_VNNI) return avx2 && __builtin_cpu_supports("avxvnni");
+#endif
+    if (isa == ISA_AVX512_VNNI)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni");
+#endif
+    return 0;
+}
+
 int recap_int4_best_isa(void) {
 #if defined(X86)
     __builtin_cpu_init();
@@ -694,7 +713,7 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
 int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int asym,
                       const float *b, float *y, int threads, int isa) {
     if (group != 32 && group != 64) return -2;
-    if (isa < 0 || isa > recap_int4_best_isa()) return -3;
+    if (!recap_int4_isa_supported(isa)) return -3;
     if (n <= 0 || out <= 0) return 0;
     const int64_t ng = (k + group - 1) / group, kp = ng * group, tiles = (out + TILE - 1) / TILE;
     int8_t *xs = (int8_t *)aligned_alloc(64, (size_t)((n * kp + 63) / 64 * 64));
