@@ -53,12 +53,16 @@ def gated_delta_rule(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
     piece: int = PIECE,
+    normalize_qk: bool = False,
 ) -> torch.Tensor:
     """Chunked gated delta rule of every row from its slot state; writes running and checkpoint slots.
 
-    Returns o [T, Hv, Dv] in v's dtype; padding rows output zeros and touch no slot. Reference:
-    gated_delta_rule_ref (same signature and side effects).
+    Returns o [T, Hv, Dv] in v's dtype; padding rows output zeros and touch no slot. `normalize_qk`: q and k
+    are L2-normalised here (q scaled by Dk^-1/2; normalize_qk_inputs), as the GDN layer needs; a fused kernel does
+    it where it reads them. Reference: gated_delta_rule_ref (same signature and side effects).
     """
+    if normalize_qk:
+        q, k = normalize_qk_inputs(q, k)
     if meta.is_decode:
         y = gated_delta_rule_update(
             state, q, k, v, g, beta, meta.state_indices, slot_positions, meta.chunk_end_positions - 1,
@@ -178,8 +182,11 @@ def gated_delta_rule_ref(
     state: torch.Tensor,
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
+    normalize_qk: bool = False,
 ) -> torch.Tensor:
     """Sequential per-token reference of gated_delta_rule (same signature and side effects)."""
+    if normalize_qk:
+        q, k = normalize_qk_inputs(q, k)
     t, hv, dv = v.shape
     qf, kf = expand_heads(q, hv).float(), expand_heads(k, hv).float()
     y = torch.zeros(t, hv, dv, dtype=torch.float32, device=v.device)
@@ -212,6 +219,11 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum x^2 + eps) over the last dim, in fp32 (the FLA / transformers form, eps inside the root)."""
     x = x.float()
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def normalize_qk_inputs(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(l2_normalize(q) * Dk^-1/2, l2_normalize(k)) in fp32: the GDN layer's q and k as the recurrence takes them."""
+    return l2_normalize(q) * q.shape[-1] ** -0.5, l2_normalize(k)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, ...]:

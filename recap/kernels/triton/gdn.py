@@ -324,13 +324,15 @@ def gated_delta_rule(
     meta: SSMMetadata,
     slot_positions: torch.Tensor | None = None,
     piece: int = PIECE,
+    normalize_qk: bool = False,
 ) -> torch.Tensor:
     """Gated delta rule of every row from its slot state (or zeros); writes checkpoint and running slots.
 
-    q, k already L2-normalised (q scaled) as the GDN layer hands them; g the log decay. Returns o [T, Hv, Dv]
-    in v's dtype, zeros for padding rows. piece 1 runs per token. Reference: gated_delta_rule_ref.
+    q, k L2-normalised (q scaled by Dk^-1/2) by the caller, or here, as the kernel loads them, with
+    `normalize_qk`; g the log decay. Returns o [T, Hv, Dv] in v's dtype, zeros for padding rows. piece 1 runs
+    per token. Reference: gated_delta_rule_ref.
     """
-    return run_varlen(q, k, v, g, beta, state, meta, slot_positions, piece, False)
+    return run_varlen(q, k, v, g, beta, state, meta, slot_positions, piece, normalize_qk)
 
 
 def gated_delta_rule_update(

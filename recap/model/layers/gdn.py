@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from recap.kernels.gdn import gdn_gates, l2_normalize
+from recap.kernels.gdn import gdn_gates
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import ModelCaches
@@ -97,13 +97,13 @@ class GatedDeltaNetMixer(Mixer):
         qkv, z, b, a = self._project(hidden)
         qkv = self._conv(qkv.contiguous(), state["conv"], batch)
         q, k, v = qkv.split([c.key_dim, c.key_dim, c.value_dim], dim=-1)
-        q = l2_normalize(q.reshape(t, c.num_k_heads, c.head_k_dim)) * c.head_k_dim**-0.5
-        k = l2_normalize(k.reshape(t, c.num_k_heads, c.head_k_dim))
+        q, k = (x.reshape(t, c.num_k_heads, c.head_k_dim) for x in (q, k))  # normalised by the kernel
         g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
         if c.beta_scale != 1.0:
             beta = beta * c.beta_scale
         v = v.reshape(t, c.num_v_heads, c.head_v_dim)
         # (t, hv, dv)
-        o = batch.kernels.gated_delta_rule(q, k, v, g, beta, state["recurrent"], meta, slot_positions)
+        o = batch.kernels.gated_delta_rule(q, k, v, g, beta, state["recurrent"], meta, slot_positions,
+                                           normalize_qk=True)  # fmt: skip
         o = getattr(self, self._norm_name)(o.reshape(t, c.value_dim), z)
         return getattr(self, self._out_name)(o.to(hidden.dtype))

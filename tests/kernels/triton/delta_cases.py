@@ -38,21 +38,25 @@ def _args(x: Tensors) -> tuple[torch.Tensor, ...]:
     return x["q"], x["k"], x["v"], x["g"], x["beta"]
 
 
-def gdn_delta(hk: int, hv: int, dk: int, dv: int, piece: int = 16) -> Delta:
-    """GDN as its layer calls it: q, k L2-normalised (q scaled), g = the log decay per value head."""
+def gdn_delta(hk: int, hv: int, dk: int, dv: int, piece: int = 16, normalize_qk: bool = False) -> Delta:
+    """GDN: q, k L2-normalised (q scaled) before the op, or raw and normalised by it (`normalize_qk`, as the
+    layer calls it); g = the log decay per value head."""
 
     def token_inputs(n: int, gen: torch.Generator) -> Tensors:
         g, beta = gdn_gates(torch.randn(n, hv, generator=gen), torch.randn(n, hv, generator=gen),
                             torch.rand(hv, generator=gen) * 2 - 1, torch.randn(hv, generator=gen))  # fmt: skip
-        q = l2_normalize(torch.randn(n, hk, dk, generator=gen)) * dk**-0.5
-        k = l2_normalize(torch.randn(n, hk, dk, generator=gen))
+        q, k = torch.randn(n, hk, dk, generator=gen) * 2, torch.randn(n, hk, dk, generator=gen) * 2
+        if not normalize_qk:
+            q, k = l2_normalize(q) * dk**-0.5, l2_normalize(k)
         return {"q": q, "k": k, "v": torch.randn(n, hv, dv, generator=gen), "g": g, "beta": beta}
 
     return Delta(
         token_inputs=token_inputs,
         cache_shape=(hv, dk, dv),
-        varlen=lambda x, cache, meta, sp: gated_delta_rule(*_args(x), cache, meta, sp, piece=piece),
-        varlen_ref=lambda x, cache, meta, sp: gated_delta_rule_ref(*_args(x), cache, meta, sp),
+        varlen=lambda x, cache, meta, sp: gated_delta_rule(*_args(x), cache, meta, sp, piece=piece,
+                                                           normalize_qk=normalize_qk),  # fmt: skip
+        varlen_ref=lambda x, cache, meta, sp: gated_delta_rule_ref(*_args(x), cache, meta, sp,
+                                                                   normalize_qk=normalize_qk),  # fmt: skip
         update=lambda x, cache, *rest: gated_delta_rule_update(cache, *_args(x), *rest),
         update_ref=lambda x, cache, *rest: gated_delta_rule_update_ref(cache, *_args(x), *rest),
     )

@@ -35,6 +35,15 @@ def test_random_steps_match_reference(seed: int, piece: int) -> None:
     check_step(delta, random_rows(delta, rng, gen, SLOTS, max_len=60), rng.choice([16, 64]), SLOTS, gen)
 
 
+@pytest.mark.parametrize(("seed", "piece"), [(0, 1), (1, 16), (2, 16)])
+def test_q_k_normalised_in_the_kernel_match_reference(seed: int, piece: int) -> None:
+    """Raw q, k (normalize_qk, as the GDN layer calls the op): normalised as the kernel loads them, per token and
+    per piece, equal to the reference normalising them first."""
+    rng, gen = random.Random(50 + seed), torch.Generator(DEVICE).manual_seed(seed)
+    delta = gdn_delta(*SHAPES[seed % len(SHAPES)], piece=piece, normalize_qk=True)
+    check_step(delta, random_rows(delta, rng, gen, SLOTS, max_len=40), rng.choice([16, 64]), SLOTS, gen)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_decode_batch_matches_reference(seed: int) -> None:
     """One token per row (the per-token path), checkpoints at the token, pad rows, rows from scratch."""
