@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from recap.kernels.conv1d import causal_conv1d, causal_conv1d_update
-from recap.kernels.gdn import gated_delta_rule
+from recap.kernels.gdn import gated_delta_rule, gdn_gates
 from recap.kernels.indexed_mla import paged_dsa_select, paged_sparse_mla_attention
 from recap.kernels.kda import kda
 from recap.kernels.mla import paged_mla_attention
@@ -43,6 +43,7 @@ class KernelSet:
     causal_conv1d: Kernel
     causal_conv1d_update: Kernel
     gated_delta_rule: Kernel
+    gdn_gates: Kernel
     kda: Kernel
     paged_attention: Kernel
     paged_mla_attention: Kernel
@@ -72,6 +73,7 @@ TORCH_KERNELS = KernelSet(
     causal_conv1d=causal_conv1d,
     causal_conv1d_update=causal_conv1d_update,
     gated_delta_rule=gated_delta_rule,
+    gdn_gates=gdn_gates,
     kda=kda,
     paged_attention=paged_attention,
     paged_mla_attention=paged_mla_attention,

@@ -13,6 +13,7 @@ from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 from recap.kernels.triton.gdn import gated_delta_rule
+from recap.kernels.triton.gdn_gates import gdn_gates
 from recap.kernels.triton.kda import kda
 from recap.kernels.triton.mla import paged_mla_attention
 from recap.kernels.triton.paged_attention import paged_attention
@@ -31,6 +32,7 @@ TRITON_KERNELS = KernelSet(
     causal_conv1d=causal_conv1d,
     causal_conv1d_update=causal_conv1d_update,
     gated_delta_rule=gated_delta_rule,
+    gdn_gates=gdn_gates,
     kda=kda,
     paged_attention=paged_attention,
     paged_mla_attention=paged_mla_attention,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from recap.kernels.gdn import gdn_gates
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import ModelCaches
@@ -98,7 +97,7 @@ class GatedDeltaNetMixer(Mixer):
         qkv = self._conv(qkv.contiguous(), state["conv"], batch)
         q, k, v = qkv.split([c.key_dim, c.key_dim, c.value_dim], dim=-1)
         q, k = (x.reshape(t, c.num_k_heads, c.head_k_dim) for x in (q, k))  # normalised by the kernel
-        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
+        g, beta = batch.kernels.gdn_gates(a, b, self.A_log, self.dt_bias)
         if c.beta_scale != 1.0:
             beta = beta * c.beta_scale
         v = v.reshape(t, c.num_v_heads, c.head_v_dim)
