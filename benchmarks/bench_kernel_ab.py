@@ -1,8 +1,11 @@
-"""One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two builds side by side: the
-csrc sources of a git revision (default main) and of this checkout, each compiled with native.py's flags and
-called alternately within every round on the same packed weights (both builds read one layout).
+"""One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two variants side by side,
+called alternately within every round on the same packed weights (both read one layout). Variants: the csrc
+sources of a git revision (default main) and of this checkout, each compiled with native.py's flags and run on
+this CPU's fastest path; or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4 through the
+kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has it; without,
+vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
 
-    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main] [--rows 1 64] [--rounds 7] [--shapes granite]
+    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main | --isa] [--rows 1 64] [--rounds 7] [--shapes granite]
 
 Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time: the other
 processes of a shared box do not count, their memory traffic does), GB/s of weight bytes, ns per output and the
@@ -19,12 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from recap.kernels.linear_int4 import quantize_int4  # noqa: E402
+from recap.kernels.linear_int4 import ISAS, best_isa, quantize_int4, supported_isas  # noqa: E402
 from recap.kernels.linear_rows import activation_grid, pack_int8  # noqa: E402
 from recap.kernels.native import FLAGS, _compiler  # noqa: E402
 from recap.model.quant import int8_activation_bits, quantize_int8_weight, row_sums  # noqa: E402
@@ -35,10 +40,10 @@ _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 SHAPES = {"granite": [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)], "head": [(1536, 100352)]}
 
 
-def build(src: str, name: str, tmp: Path) -> ctypes.CDLL:
+def build(src: str, name: str, tmp: Path, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
     c, so = tmp / f"{name}.c", tmp / f"{name}.so"
     c.write_text(src)
-    subprocess.run([_compiler(), *FLAGS, "-o", str(so), str(c), "-lm"], check=True)
+    subprocess.run([_compiler(), *FLAGS, *extra, "-o", str(so), str(c), "-lm"], check=True)
     lib = ctypes.CDLL(str(so))
     if hasattr(lib, "recap_linear_int4"):
         lib.recap_linear_int4.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _INT, _P, _P, _INT, _INT]
@@ -49,16 +54,16 @@ def build(src: str, name: str, tmp: Path) -> ctypes.CDLL:
     return lib
 
 
-def int4_call(lib: ctypes.CDLL, k: int, out: int):  # type: ignore[no-untyped-def]
+def int4_call(lib: ctypes.CDLL, isa: int, k: int, out: int):  # type: ignore[no-untyped-def]
     def call(x: torch.Tensor, w, y: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
         rc = lib.recap_linear_int4(x.data_ptr(), x.shape[0], k, w.packed.data_ptr(), out, w.group, int(w.asym),
-                                   None, y.data_ptr(), 1, 1)
+                                   None, y.data_ptr(), 1, isa)
         assert rc == 0, rc
     return call
 
 
-def int8_call(lib: ctypes.CDLL, k: int, out: int):  # type: ignore[no-untyped-def]
-    qscale, zp, qmax = activation_grid(int8_activation_bits() == 7)
+def int8_call(lib: ctypes.CDLL, seven_bit: bool, k: int, out: int):  # type: ignore[no-untyped-def]
+    qscale, zp, qmax = activation_grid(seven_bit)
 
     def call(x: torch.Tensor, w, y: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
         tiles, sums, scales = w
@@ -81,18 +86,18 @@ def weights(kind: str, k: int, out: int, copies: int) -> list:  # type: ignore[t
     return res
 
 
-def bench(kind: str, k: int, out: int, rows: int, libs: dict, rounds: int, hot: bool) -> None:  # type: ignore[type-arg]
+def bench(kind: str, k: int, out: int, rows: int, variants: dict, rounds: int, hot: bool) -> None:  # type: ignore[type-arg]
     nbytes = out * k * (0.5 + 2 / 32 if kind == "int4" else 1)
     copies = max(1, min(16, int(128e6 // nbytes) + 1)) if rows == 1 and not hot else 1
     ws = weights(kind, k, out, copies)
     x = torch.randn(rows, k)
-    calls = {n: (int4_call if kind == "int4" else int8_call)(lib, k, out) for n, lib in libs.items()}
-    ys = {n: torch.empty(rows, out) for n in libs}
+    calls = {n: make(k, out) for n, make in variants.items()}
+    ys = {n: torch.empty(rows, out) for n in variants}
     for n, c in calls.items():
         c(x, ws[0], ys[n])
     same = all(torch.equal(ys[n], next(iter(ys.values()))) for n in ys)
     reps = max(1, int(3e8 // (nbytes * max(rows, 8))))
-    times: dict[str, list[float]] = {n: [] for n in libs}
+    times: dict[str, list[float]] = {n: [] for n in variants}
     for _ in range(rounds):
         for n, c in calls.items():
             t = time.thread_time()  # this thread's CPU time: the other processes of a shared box do not count
@@ -108,9 +113,44 @@ def bench(kind: str, k: int, out: int, rows: int, libs: dict, rounds: int, hot: 
           flush=True)
 
 
+Variants = dict[str, dict[str, Callable]]  # kind -> name -> (k, out) -> call(x, w, y)
+
+
+def build_variants(tmp: Path, ref: str) -> Variants:
+    """The csrc of git revision `ref` ('' none) and of this checkout, each on this CPU's fastest path."""
+    variants: Variants = {}
+    seven = int8_activation_bits() == 7
+    for kind, name in (("int4", "linear_int4"), ("int8", "linear_int8")):
+        path = f"recap/kernels/csrc/{name}.c"
+        srcs = {"this": (ROOT / path).read_text()}
+        if ref:
+            srcs = {ref: subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True,
+                                        text=True).stdout, **srcs}
+        libs = {n: build(src, f"{name}_{i}", tmp) for i, (n, src) in enumerate(srcs.items())}
+        variants[kind] = {n: (partial(int4_call, lib, best_isa()) if kind == "int4" else partial(int8_call, lib, seven))
+                          for n, lib in libs.items()}  # fmt: skip
+    return variants
+
+
+def isa_variants(tmp: Path) -> Variants:
+    """This checkout's AVX2 and AVX-512 VNNI paths (int4: the isa argument; int8: a -mno-avx512f build, with the
+    activation grid an AVX2 CPU uses: 8 bits with AVX-VNNI, 7 without)."""
+    avx2, avx512 = ISAS.index("avx2"), ISAS.index("avx512_vnni")
+    if avx512 not in supported_isas():
+        raise SystemExit("--isa: this CPU has no AVX-512 VNNI")
+    int4 = build((ROOT / "recap/kernels/csrc/linear_int4.c").read_text(), "linear_int4", tmp)
+    src = (ROOT / "recap/kernels/csrc/linear_int8.c").read_text()
+    int8_avx2, int8_avx512 = build(src, "linear_int8_avx2", tmp, ("-mno-avx512f",)), build(src, "linear_int8", tmp)
+    avxvnni = "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
+    return {"int4": {"avx2": partial(int4_call, int4, avx2), "avx512vnni": partial(int4_call, int4, avx512)},
+            "int8": {"avx2": partial(int8_call, int8_avx2, not avxvnni),
+                     "avx512vnni": partial(int8_call, int8_avx512, False)}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default="main", help="git revision of the other build ('' for this checkout only)")
+    ap.add_argument("--isa", action="store_true", help="this checkout's AVX2 path against its AVX-512 VNNI one")
     ap.add_argument("--rows", type=int, nargs="+", default=[1])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--shapes", nargs="+", default=["granite", "head"], choices=sorted(SHAPES))
@@ -120,22 +160,14 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        libs: dict[str, dict[str, ctypes.CDLL]] = {}
-        for kind, name in (("int4", "linear_int4"), ("int8", "linear_int8")):
-            path = f"recap/kernels/csrc/{name}.c"
-            libs[kind] = {}
-            if args.ref:
-                src = subprocess.run(["git", "show", f"{args.ref}:{path}"], cwd=ROOT, check=True, capture_output=True,
-                                     text=True).stdout
-                libs[kind][args.ref] = build(src, f"{name}_ref", tmp)
-            libs[kind]["this"] = build((ROOT / path).read_text(), f"{name}_this", tmp)
+        variants = isa_variants(tmp) if args.isa else build_variants(tmp, args.ref)
         for kind in args.kinds:
             for shape in args.shapes:
                 for k, out in SHAPES[shape]:
                     if kind == "int4" and shape == "head":
                         continue
                     for rows in args.rows:
-                        bench(kind, k, out, rows, libs[kind], args.rounds, args.hot)
+                        bench(kind, k, out, rows, variants[kind], args.rounds, args.hot)
 
 
 if __name__ == "__main__":

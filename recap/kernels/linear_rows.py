@@ -43,9 +43,10 @@ _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 
 
 @functools.cache
-def _lib() -> ctypes.CDLL:
-    """The fp32 library with its signatures set; raises NativeUnavailableError."""
-    lib = load_library("linear_rows")
+def _lib(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The fp32 library with its signatures set (extra_flags: native.load_library's, for the paths of other
+    instruction sets); raises NativeUnavailableError."""
+    lib = load_library("linear_rows", extra_flags)
     lib.recap_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _INT]
     lib.recap_linear_f32.restype = None
     lib.recap_linear_f32_panels.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _INT]
@@ -124,16 +125,19 @@ def unpack_panels(panels: torch.Tensor, out: int) -> torch.Tensor:
     return panels.transpose(1, 2).reshape(p * width, k)[:out].contiguous()
 
 
-def linear_panels_f32(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+def linear_panels_f32(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out: int,
+                      library: ctypes.CDLL | None = None) -> torch.Tensor:  # fmt: skip
     """x [n, in] fp32 (n >= 1) times the weight [out, in] packed by pack_panels -> [n, out]; agrees with F.linear
-    to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate."""
+    to fp32 rounding (another summation order). Batched decode: at 8 rows about 1.8x oneDNN's rate. `library`:
+    another build of the fp32 library (tests), else this CPU's."""
     x = x.contiguous()
     n, k = x.shape
     if n < 1 or panels.shape[1:] != (k, PANEL) or panels.shape[0] * PANEL < out:
         raise ValueError(f"panels {tuple(panels.shape)} do not fit x {tuple(x.shape)} and {out} outputs")
     y = torch.empty(n, out, dtype=torch.float32, device="cpu")
-    if _lib().recap_linear_f32_panels(x.data_ptr(), n, panels.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
-                                      torch.get_num_threads()):  # fmt: skip
+    lib = _lib() if library is None else library
+    if lib.recap_linear_f32_panels(x.data_ptr(), n, panels.data_ptr(), out, k, _ptr(bias), y.data_ptr(),
+                                   torch.get_num_threads()):  # fmt: skip
         raise MemoryError(f"linear_panels_f32: no memory for a {k} x {n} scratch buffer")
     return y
 

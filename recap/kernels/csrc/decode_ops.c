@@ -104,8 +104,8 @@ int recap_rope_write_kv(float *q, float *k, const float *v, int64_t rows, int64_
             const float pos = (float)positions[r];
             for (int64_t i = 0; i < half; i++) {
                 const float f = pos * inv_freq[i];
-                c[i] = cosf(f);
-                sn[i] = sinf(f);
+                c[i] = (float)cos((double)f); /* fp64, rounded: as RotaryEmbedding.cos_sin, bit for bit */
+                sn[i] = (float)sin((double)f);
             }
             for (int64_t h = 0; h < hq + hkv; h++) {
                 float *x = h < hq ? qr + h * dh : kr + (h - hq) * dh;

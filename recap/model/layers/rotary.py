@@ -23,10 +23,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, rotary_dim] for absolute positions [T]."""
+        """cos, sin [T, rotary_dim] for absolute positions [T]: the fp32 angle's cos and sin evaluated in fp64
+        and rounded. fp32 cos/sin are only faithful (torch's SLEEF and libm's cosf differ in the last bit for ~10%
+        of angles, torch even between a tensor's vector body and its tail), and a last-bit difference can move an
+        int8-quantized activation a whole step; rounded fp64 values are the same from any correct library, so
+        the native RoPE (csrc/decode_ops.c, which does the same) matches this bit for bit."""
         freqs = positions[:, None].float() * self.inv_freq  # (t, r/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (t, r)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        wide = freqs.double()
+        cos, sin = wide.cos().to(dtype), wide.sin().to(dtype)
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, H, Dh] -> same, first rotary_dim dims rotated."""
