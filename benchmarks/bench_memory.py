@@ -83,12 +83,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     ids = torch.randint(10, llm.engine.model_config.vocab_size, (32,), generator=torch.Generator().manual_seed(0))
     params = SamplingParams(max_tokens=args.decode_steps, temperature=0.0, ignore_eos=True)
     t1 = time.perf_counter()
-    llm.generate([ids.tolist()], params)
+    (out,) = llm.generate([ids.tolist()], params)
     decode_s = time.perf_counter() - t1
     steady = _status()
+    m, n = out.metrics, len(out.outputs[0].token_ids)
+    # batch-1 decode: the tokens after the first (which the prompt's prefill produced)
+    per_token = (m.finished_time - m.first_token_time) / (n - 1) if m and m.finished_time and n > 1 else None
     return {
         "start_rss": start.get("VmRSS", 0), "load_peak": loaded.get("VmHWM", 0), "loaded_rss": loaded.get("VmRSS", 0),
         "steady_rss": steady.get("VmRSS", 0), "peak": steady.get("VmHWM", 0), "load_s": load_s, "decode_s": decode_s,
+        "decode_ms_per_token": None if per_token is None else 1e3 * per_token,
         "plan_weights": plan.weight_bytes, "plan_copies": plan.packed_bytes, "kv": plan.pools.kv_bytes,
         "state": plan.pools.state_bytes, "plan_overhead": getattr(plan, "overhead_bytes", None),
         "plan_total": getattr(plan, "total_bytes", None), "plan": plan.describe(),
@@ -150,8 +154,8 @@ def judge(row: dict[str, Any], own: int) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| model | format | own weights | plan weights + copies | pools | load peak | steady RSS | "
-            "steady / (own + pools) | target (1.15x + 0.5 GiB) | meets |")  # fmt: skip
-    lines = [head, "|" + "---|" * 10]
+            "steady / (own + pools) | target (1.15x + 0.5 GiB) | meets | plan total | decode ms/token |")  # fmt: skip
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         g = lambda n: f"{n / GIB:.2f}"  # noqa: E731
         if "steady_rss" not in r:
@@ -161,7 +165,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['model']} | {r['format']} | {g(r['own_weights'])} | {g(r['plan_weights'])} + "
             f"{g(r['plan_copies'])} | {g(r['kv'] + r['state'])} | {g(r['load_peak'])} | {g(r['steady_rss'])} | "
-            f"{r['ratio']:.2f} | {g(r['target'])} | {'yes' if r['meets_target'] else 'no'} |"
+            f"{r['ratio']:.2f} | {g(r['target'])} | {'yes' if r['meets_target'] else 'no'} | "
+            f"{g(r['plan_total']) if r.get('plan_total') else ''} | "
+            f"{'' if r.get('decode_ms_per_token') is None else format(r['decode_ms_per_token'], '.0f')} |"
         )
     return "\n".join(lines) + "\n(GiB)"
 
@@ -171,7 +177,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", choices=SHAPES, default=["granite-h-1b", "lfm2-1.2b"],
-                   help="default: the two ~1.2B shapes (granite-h-7b: the 7B one, 14 GB of bf16 on disk)")
+                   help="default: the two ~1.2B shapes (granite-h-7b, nemotron-h-8b: 7-8B ones, 14-16 GB of "
+                        "bf16 on disk)")
     p.add_argument("--formats", nargs="+", choices=list(FORMATS), default=None,
                    help="default: fp32 bf16 int8, and int4 where this recap offers it")
     p.add_argument("--quick", action="store_true", help="one shape (lfm2-1.2b), one format (bf16)")
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{shape} {fmt}: MemAvailable {_mem_available() / GIB:.1f} GiB ...", file=sys.stderr, flush=True)
             row = judge({"model": shape, "format": fmt, **run_one(folder, fmt, args)}, own_weight_bytes(folder, fmt))
             rows.append(row)
+            if "plan" in row:
+                print(f"memory plan: {row['plan']}", file=sys.stderr, flush=True)
             print(json.dumps({k: v for k, v in row.items() if k != "plan"}), file=sys.stderr, flush=True)
     print(table(rows))
     if args.out is not None:
