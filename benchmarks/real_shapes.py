@@ -9,12 +9,17 @@
 - granite-h-7b: the granite-h-1b design at a 7B size (d_model 4096, 32 layers, attention at 4, 12, 20 and 28,
   Mamba2 of 128 heads x 64, shared MLP 8192, 32 heads (8 KV), vocab 100352, tied): 6.9B params, for the issue's
   "a 7B hybrid loads and decodes in int4 within 8 GiB"
+- nemotron-h-8b: NemotronH dense, shaped like nvidia/Nemotron-H-8B-Base-8K's config.json: d_model 4096, 52 layers
+  of hybrid_override_pattern "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-" (24 Mamba2 of 128 heads x 64,
+  8 groups, state 128, conv 4; 24 relu2 MLPs of 21504; 4 attention layers, 32 heads (8 KV) of 128, no RoPE),
+  vocab 131072, untied head: 8.10B params (16.2 GB of bf16 on disk)
 
 Each model is described by transformers' own config and model classes, built on the meta device (no memory),
 and its tensors are written one shard at a time under the names `save_pretrained` uses for these classes (the
-state dict's: GraniteMoeHybrid and LFM2 have no legacy renames), in bf16 (half the bytes to write; each is cast
-to the serving dtype at load): a 7B checkpoint is written without holding the model. The values are random
-normal(0, 0.02) for matrices and the usual constants for norms, decays and biases: shapes are what matters here.
+state dict's: GraniteMoeHybrid and LFM2 have no legacy renames; NemotronH's `model.` is `backbone.` on disk), in
+bf16 (half the bytes to write; each is cast to the serving dtype at load): a 7B checkpoint is written without
+holding the model. The values are random normal(0, 0.02) for matrices and the usual constants for norms, decays
+and biases: shapes are what matters here.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 import torch
 
-SHAPES = ("granite-h-1b", "lfm2-1.2b", "granite-h-7b")
+SHAPES = ("granite-h-1b", "lfm2-1.2b", "granite-h-7b", "nemotron-h-8b")
 SHARD_BYTES = 2 << 30
 DEFAULT_CACHE = Path.home() / ".cache" / "recap" / "bench-models"
 
@@ -54,6 +59,23 @@ def _granite_h_7b() -> tuple[Any, Any]:
     return _granite_h(32, {4, 12, 20, 28}, 4096, 32, 8, 8192, 128)
 
 
+NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
+
+def _nemotron_h_8b() -> tuple[Any, Any]:
+    import transformers as tf
+
+    cfg = tf.NemotronHConfig(
+        vocab_size=131072, hidden_size=4096, num_hidden_layers=52, hybrid_override_pattern=NEMOTRON_H_8B_PATTERN,
+        intermediate_size=21504, mlp_hidden_act="relu2", num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, mamba_num_heads=128, mamba_head_dim=64, n_groups=8, ssm_state_size=128, conv_kernel=4,
+        expand=2, chunk_size=128, use_conv_bias=True, use_bias=False, mamba_proj_bias=False, attention_bias=False,
+        mlp_bias=False, layer_norm_epsilon=1e-5, max_position_embeddings=8192, tie_word_embeddings=False,
+        initializer_range=0.02,
+    )  # fmt: skip
+    return tf.NemotronHForCausalLM, cfg
+
+
 def _lfm2_1_2b() -> tuple[Any, Any]:
     import transformers as tf
 
@@ -67,7 +89,10 @@ def _lfm2_1_2b() -> tuple[Any, Any]:
     return tf.Lfm2ForCausalLM, cfg
 
 
-_BUILDERS = {"granite-h-1b": _granite_h_1b, "lfm2-1.2b": _lfm2_1_2b, "granite-h-7b": _granite_h_7b}
+_BUILDERS = {"granite-h-1b": _granite_h_1b, "lfm2-1.2b": _lfm2_1_2b, "granite-h-7b": _granite_h_7b,
+             "nemotron-h-8b": _nemotron_h_8b}
+# What save_pretrained writes in place of the in-memory prefix (transformers' legacy checkpoint layout).
+_DISK_PREFIX = {"NemotronHForCausalLM": ("model.", "backbone.")}
 
 
 def build_checkpoint(name: str, cache: Path = DEFAULT_CACHE) -> Path:
@@ -121,8 +146,10 @@ def write_random_weights(cls: Any, cfg: Any, folder: Path) -> None:
 
     from safetensors.torch import save_file
 
+    memory, disk = _DISK_PREFIX.get(cls.__name__, ("", ""))
     with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+        shapes = {(disk + k.removeprefix(memory) if memory and k.startswith(memory) else k): tuple(v.shape)
+                  for k, v in cls(cfg).state_dict().items()}  # fmt: skip
     if getattr(cfg, "tie_word_embeddings", False):
         shapes.pop("lm_head.weight", None)
     folder.mkdir(parents=True, exist_ok=True)

@@ -64,9 +64,12 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
     out, k = weight.shape
     outp = -(-out // TILE) * TILE
     # Rows a chunk at a time (tiles are independent): the fp32 temporaries stay a chunk's size beside a large weight
-    packed = [_pack_rows(weight.detach()[lo : lo + _QUANT_ROWS], group, asym) for lo in range(0, outp, _QUANT_ROWS)]
-    return Int4Weight(packed[0] if len(packed) == 1 else torch.cat(packed), out, k, group, asym,
-                      None if bias is None else bias.detach().float().contiguous())
+    # and the chunks go straight into the packed weight (no list of them beside it to concatenate)
+    packed = torch.empty(outp // TILE, -(-k // group), _block_bytes(group, asym), dtype=torch.uint8)
+    w = weight.detach()
+    for lo in range(0, outp, _QUANT_ROWS):
+        packed[lo // TILE : (lo + _QUANT_ROWS) // TILE] = _pack_rows(w[lo : lo + _QUANT_ROWS], group, asym)
+    return Int4Weight(packed, out, k, group, asym, None if bias is None else bias.detach().float().contiguous())
 
 
 _QUANT_ROWS = 4096  # rows quantized at a time (a multiple of TILE)

@@ -20,11 +20,14 @@ import torch
 from torch import nn
 
 from recap.model.layers.embedding import Embedding
+from recap.model.layers.int4_linear import INT4_ASYM, INT4_GROUP
 from recap.model.layers.linear import Linear
 
-# Bytes per weight of a quantized linear layer's matrix, and its per-output-row scale.
-QUANTIZED_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5}
-SCALE_BYTES_PER_ROW = 4
+# Bytes per weight of a quantized linear layer's matrix, its scales included: int4 keeps an fp16 scale (and, if
+# asymmetric, an fp16 min) per group of INT4_GROUP inputs (4.5 bits a weight at g32), int8 one fp32 scale per
+# output row (SCALE_BYTES_PER_ROW; its row sums come on top).
+QUANTIZED_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + (4 if INT4_ASYM else 2) / INT4_GROUP}
+SCALE_BYTES_PER_ROW = {"int8": 4, "int4": 0}
 
 
 @dataclass(frozen=True)
@@ -138,24 +141,23 @@ def held_weight_bytes(model: nn.Module) -> WeightBytes:
 
 def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None, head: str | None = None) -> int:
     """At least what `model` (built on the meta device, in the serving dtype) will hold once loaded: every
-    parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width plus a
-    scale per row, the output head at `head`'s width (None: `quantization`'s; model/head_format.py), tied or
-    not, an embedding table then as int8 rows (layers/embedding.py) (any packed copy comes on top). A
-    quantization whose width is not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower
-    bound."""
-    widths: dict[int, float] = {}
+    parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width with its
+    scales (QUANTIZED_BYTES_PER_WEIGHT, SCALE_BYTES_PER_ROW), the output head at `head`'s format (None:
+    `quantization`'s; model/head_format.py), tied or not, an embedding table then as int8 rows
+    (layers/embedding.py) (any packed copy comes on top). A quantization whose width is not in
+    QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower bound."""
+    formats: dict[int, str] = {}
     if quantization:
-        width = QUANTIZED_BYTES_PER_WEIGHT.get(quantization, 0.0)
-        widths = {id(m.weight): width for m in model.modules() if isinstance(m, Linear)}
-        widths |= {id(m.weight): 1.0 for m in model.modules() if isinstance(m, Embedding)}
-    total = sum(_bytes_at(t, widths.get(id(t)) if t.dim() == 2 else None) for t in _unique_tensors(model))
+        formats = {id(m.weight): quantization for m in model.modules() if isinstance(m, Linear)}
+        formats |= {id(m.weight): "int8" for m in model.modules() if isinstance(m, Embedding)}
+    total = sum(_bytes_at(t, formats.get(id(t)) if t.dim() == 2 else None) for t in _unique_tensors(model))
     if quantization:
-        head_width = QUANTIZED_BYTES_PER_WEIGHT.get(head or quantization, 0.0)
+        head_format = head or quantization
         for layer in linear_layers(model):
             if layer.shares_weight:  # a tied head: its quantized copy beside the embedding's int8 rows
-                total += _bytes_at(layer.weight, head_width)
+                total += _bytes_at(layer.weight, head_format)
             elif _is_head(model, layer):
-                total += _bytes_at(layer.weight, head_width) - _bytes_at(layer.weight, widths[id(layer.weight)])
+                total += _bytes_at(layer.weight, head_format) - _bytes_at(layer.weight, formats[id(layer.weight)])
     return total
 
 
@@ -166,11 +168,11 @@ def _unique_tensors(model: nn.Module) -> list[torch.Tensor]:
     return list(seen.values())
 
 
-def _bytes_at(t: torch.Tensor, width: float | None) -> int:
-    """A tensor's bytes at its dtype (width None), or as a matrix of `width` bytes a weight with a scale per row."""
-    if width is None:
+def _bytes_at(t: torch.Tensor, fmt: str | None) -> int:
+    """A tensor's bytes at its dtype (fmt None), or as a matrix in quantization `fmt` (its scales included)."""
+    if fmt is None:
         return t.numel() * t.element_size()
-    return int(t.numel() * width) + (t.shape[0] * SCALE_BYTES_PER_ROW if width else 0)
+    return int(t.numel() * QUANTIZED_BYTES_PER_WEIGHT.get(fmt, 0.0)) + t.shape[0] * SCALE_BYTES_PER_ROW.get(fmt, 0)
 
 
 def _is_head(model: nn.Module, layer: Linear) -> bool:

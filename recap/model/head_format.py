@@ -10,8 +10,8 @@ formats keep `output.weight` wider: q6_K in Q4_K_M, Q4_0's own q6_K too).
 - "same": the head in the other linears' quantization.
 Without a quantization the head stays as the other linears are: "int8" is refused there (a dense model's head
 is not quantized on its own).
-A tied head (a view of the embedding's table) and an untied `lm_head` both take it: an untied one is quantized
-as it is loaded, a tied one when the backend prepares the model (the embedding reads the table until then).
+A tied head (a view of the embedding's table) and an untied `lm_head` both take it, each as it is loaded (on the
+CPU; a tied one from the table as soon as that is in, before the table becomes int8: model/loader.py).
 """
 
 from __future__ import annotations

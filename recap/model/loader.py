@@ -8,8 +8,10 @@ Memory: no second copy of the model at any time. Each tensor is read straight in
 (model/safetensors_file.py: no mapped file, no intermediate buffer where the file's dtype is the model's), and
 the parameters `build_model` allocated are not resident until written. With a quantization, each linear layer
 is quantized as soon as its weight and bias are in and its full-precision weight freed at once
-(`Linear.set_backend`, Linear.release_weight), so the peak is the quantized model plus one layer; the freed
-memory goes back to the OS (recap/process/heap.py) before the next layer is read.
+(`Linear.set_backend`, Linear.release_weight), and the embedding made int8 rows as soon as its table is in, so
+the peak is the quantized model plus one layer (read in the checkpoint's dtype where that widens exactly to the
+model's: QuantizeWhenLoaded); the freed memory goes back to the OS (recap/process/heap.py) before the next
+layer is read.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from torch import nn
 from recap.model.families import family
 from recap.model.head_format import head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
+from recap.model.layers.embedding import Embedding
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM
@@ -110,13 +113,16 @@ def checkpoint_keys(path: Path) -> list[str]:
 
 
 def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], None] | None = None,
-                 quantized: QuantizedLinears | None = None) -> dict[str, int]:  # fmt: skip
+                 quantized: QuantizedLinears | None = None,
+                 reads_stored: Callable[[nn.Module], bool] | None = None) -> dict[str, int]:  # fmt: skip
     """Read every checkpoint tensor into the model, strictly (cast to the model's dtype).
 
     Keys under the model's `ignored_checkpoint_prefixes` (a vision tower, an MTP head) are skipped; returns how
     many were skipped per prefix (also logged). `on_loaded(module)` runs as soon as every tensor of a module's
     own (a Linear's weight and bias) is in, before the next tensor is read. `quantized`: a pre-quantized
     checkpoint's layers, whose parts (model/prequantized_load.py) stand in for their `weight` keys.
+    `reads_stored(module)`: a module whose `weight` is read in the checkpoint's dtype where that widens exactly
+    to the model's (QuantizeWhenLoaded.reads_stored: `on_loaded` quantizes it, reading it as fp32 either way).
     """
     params = model.state_dict(keep_vars=True)  # each entry dropped once filled: a released weight is then freed
     expected = set(params)
@@ -154,7 +160,12 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
             raise WeightLoadError(f"unexpected key {raw_key!r} in {shard} (the model has no such weight)")
         if key in seen:
             raise WeightLoadError(f"duplicate key {raw_key!r} in {shard}")
-        _copy_checked(f, stored, params.pop(key), shard)
+        dst = params.pop(key)
+        if reads_stored is not None and _widens_exactly(stored.dtype, dst.dtype) and key.endswith(".weight"):
+            module = modules[owner[key]]
+            if reads_stored(module) and module.weight is dst:
+                dst.data = torch.empty(dst.shape, dtype=stored.dtype)  # read in place: no cast buffer either
+        _copy_checked(f, stored, dst, shard)
         filled(key)
     missing = sorted(expected - seen)
     if missing:
@@ -184,20 +195,53 @@ def _copy_checked(f: Any, stored: StoredTensor, dst: torch.Tensor, shard: str) -
         raise WeightLoadError(str(e)) from e
 
 
-def quantize_when_loaded(quantization: str, formats: Mapping[nn.Module, str] | None = None
-                         ) -> Callable[[nn.Module], None]:  # fmt: skip
-    """load_weights' `on_loaded` for a quantized model: each Linear quantized to its format in `formats` (an
-    untied output head: model/head_format.py), else to `quantization`, its fp32 weight freed and handed back to
-    the OS as soon as it is loaded; the backend's prepare keeps it (Linear.set_backend). A layer a pre-quantized
-    checkpoint's codes built (already quantized) keeps them: quantizing them again would add error, not precision."""
-    own = formats or {}
+class QuantizeWhenLoaded:
+    """load_weights' `on_loaded` for a model served quantized on the CPU (`quantization`, the output head at
+    `head`: model/head_format.py): each Linear is quantized as soon as it is loaded, its full-precision weight
+    freed and handed back to the OS; the backend's prepare keeps it (Linear.set_backend). A layer a pre-quantized
+    checkpoint's codes built (already quantized) keeps them: quantizing them again would add error, not precision.
+    The embedding becomes int8 rows as soon as its table is in (a tied head first takes its own layout from it),
+    as the backend's prepare would make it (backends/base.py): a 7B model's fp32 table is 2 GiB that would
+    otherwise stay beside the whole quantized model until then.
+    `reads_stored(module)`: whether `module`'s weight (a Linear's, the embedding's table) is read in the
+    checkpoint's own dtype where that widens exactly to the model's (bf16 or fp16 into fp32) rather than cast
+    first: quantizing it gives the same codes (every quantizer reads its rows as fp32), and a bf16 head or table
+    is half the fp32 one beside the model (it is the load's largest transient)."""
 
-    def done(module: nn.Module) -> None:
-        if isinstance(module, Linear) and not module.reads_weight and module.backend not in QUANTIZATIONS:
-            module.set_backend(own.get(module, quantization))
+    def __init__(self, net: CausalLM, quantization: str, head: str | None) -> None:
+        self.net, self.quantization = net, quantization
+        self.head = head or quantization
+        self.tied = net.config.tie_word_embeddings
+        self.formats = {} if head is None or self.tied else {net.head(): head}
+        self.embedding = net.embedding() if _has_embedding(net) else None
+
+    def reads_stored(self, module: nn.Module) -> bool:
+        if isinstance(module, Linear):
+            return not module.reads_weight and module.backend not in QUANTIZATIONS
+        return module is self.embedding and not self.embedding.released
+
+    def __call__(self, module: nn.Module) -> None:
+        if isinstance(module, Linear):
+            if self.reads_stored(module):
+                module.set_backend(self.formats.get(module, self.quantization))
+                return_free_heap()
+        elif module is self.embedding and not self.embedding.released:
+            if self.tied:  # the head's own layout from the table before the table goes
+                self.net.head().set_backend(self.head)
+            self.embedding.quantize_int8()
             return_free_heap()
 
-    return done
+
+def _has_embedding(net: CausalLM) -> bool:
+    try:
+        return isinstance(net.embedding(), Embedding)
+    except (NotImplementedError, AttributeError):
+        return False
+
+
+def _widens_exactly(stored: torch.dtype, dtype: torch.dtype) -> bool:
+    """Whether every `stored` value is exactly a `dtype` value (bf16 or fp16 into fp32), and they differ."""
+    return stored != dtype and stored.is_floating_point and torch.promote_types(stored, dtype) == dtype
 
 
 def build_model(
@@ -212,15 +256,15 @@ def _load_into(net: CausalLM, path: Path, fmt: Prequantized | None, quantization
                on_cpu: bool, head: str | None) -> dict[str, int]:  # fmt: skip
     """load_weights with each layer quantized as it is loaded (on the CPU; an untied head to `head`), and for a
     pre-quantized checkpoint its layers' parts converted (model/prequantized_load.py) and the conversion logged."""
-    formats = {} if head is None or net.config.tie_word_embeddings else {net.head(): head}
-    on_loaded = quantize_when_loaded(quantization, formats) if quantization and on_cpu else None
+    on_loaded = QuantizeWhenLoaded(net, quantization, head) if quantization and on_cpu else None
+    reads_stored = None if on_loaded is None else on_loaded.reads_stored
     if fmt is None:
-        return load_weights(net, path, on_loaded)
+        return load_weights(net, path, on_loaded, reads_stored=reads_stored)
     try:
         quantized = QuantizedLinears(fmt, net, checkpoint_keys(path), quantization, on_cpu)
     except PrequantizedCheckpointError as e:
         raise WeightLoadError(str(e)) from e
-    ignored = load_weights(net, path, quantized.on_loaded(on_loaded), quantized)
+    ignored = load_weights(net, path, quantized.on_loaded(on_loaded), quantized, reads_stored)
     dtype = str(net.dtype).removeprefix("torch.")
     logger.info("%s: %s", path, quantized.summary(dtype))
     return ignored

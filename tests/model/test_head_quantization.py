@@ -17,7 +17,12 @@ from recap.backends.decode_graph import DecodeGraph
 from recap.engine.config import EngineConfig
 from recap.kernels.linear_rows import linear_rows_available
 from recap.launch.engine_args import engine_config
-from recap.model.footprint import QUANTIZED_BYTES_PER_WEIGHT, held_weight_bytes, serving_weight_bytes_lower_bound
+from recap.model.footprint import (
+    QUANTIZED_BYTES_PER_WEIGHT,
+    SCALE_BYTES_PER_ROW,
+    held_weight_bytes,
+    serving_weight_bytes_lower_bound,
+)
 from recap.model.head_format import head_backend
 from recap.model.hf_config import read_hf_config, translate_config
 from recap.model.layers.int4_linear import Int4Linear
@@ -128,13 +133,14 @@ def test_decode_graph_replays_the_module_path_with_the_int8_head(
 @pytest.mark.parametrize("tied", [True, False])
 def test_the_memory_figures_count_the_head_at_its_format(tied: bool, mamba2: Callable[[bool], Path]) -> None:
     """The pre-load bound counts the head (tied: its quantized copy beside the embedding's int8 rows) at int8
-    rather than int4: exactly vocab x hidden / 2 bytes more; the measured bytes of the prepared models differ by
-    at least that; the plan's format line names the head."""
+    rather than int4: exactly vocab x hidden x (1 - 4.5 / 8) bytes and the int8 row scales more; the measured
+    bytes of the prepared models differ by at least that; the plan's format line names the head."""
     path = mamba2(tied)
     config = translate_config(read_hf_config(path))
     meta = build_model(config, torch.float32, "meta")
     v, d = config.vocab_size, config.hidden_size
-    extra = int(v * d * (QUANTIZED_BYTES_PER_WEIGHT["int8"] - QUANTIZED_BYTES_PER_WEIGHT["int4"]))
+    extra = int(v * d * QUANTIZED_BYTES_PER_WEIGHT["int8"]) + v * SCALE_BYTES_PER_ROW["int8"] - int(
+        v * d * QUANTIZED_BYTES_PER_WEIGHT["int4"])
     bound8 = serving_weight_bytes_lower_bound(meta, "int4", "int8")
     assert bound8 - serving_weight_bytes_lower_bound(meta, "int4", "int4") == extra
     assert serving_weight_bytes_lower_bound(meta, "int4") == serving_weight_bytes_lower_bound(meta, "int4", "int4")

@@ -124,13 +124,14 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
 ) -> None:
     """Every linear layer of a served model holds only its own layout; the tied head's table is the embedding's
     while the head is dense, and once quantized the embedding holds it as int8 rows (no full-precision table
-    left; `int8_embeddings=False` keeps it); the huge-page move and the decode graphs run without the released
-    parameters."""
+    left, from the load on; `int8_embeddings=False` keeps it where the backend quantizes); the huge-page move and
+    the decode graphs run without the released parameters."""
     if quantization and not int8_available():
         pytest.skip("no fbgemm in this torch")
     path = tiny_checkpoint("mamba")  # tied embeddings; Mamba1's dt_proj is read by its mixer (kept)
+    table = load_model(path, linear_backend="torch").model.embedding().weight.detach().clone()
     lm = load_model(path, quantization=quantization)
-    table = lm.model.embedding().weight.detach().clone()
+    assert lm.model.embedding().released == bool(quantization)  # int8 as loaded (model/loader.py)
     backend = prepare(lm)
     model = lm.model
     head, embedding = model.head(), model.embedding()
@@ -138,7 +139,7 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
     if quantization:
         assert head.released and embedding.released and embedding.qweight.dtype == torch.int8
         assert not any(p.dtype == torch.float32 and p.shape == table.shape for p in model.parameters())
-        kept = load_model(path, quantization=quantization).model
+        kept = load_model(path, linear_backend="torch").model  # quantized by the backend, not as loaded
         set_linear_backend(model_parts(kept), quantization, native=False, int8_embeddings=False)
         assert kept.head().released and torch.equal(kept.embedding().weight, table)
         rows = torch.tensor([0, 3, table.shape[0] - 1])
