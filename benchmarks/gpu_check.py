@@ -14,7 +14,9 @@ Sections, each timed and isolated (a failure is recorded and the next section ru
    each figure as a fraction of the card's limits (HBM bytes/s for decode, dense bf16 FLOP/s for prefill);
 4. profile (on request: --sections profile): on the same shapes, the kernels of the batch-1 decode graph's
    replay and of an eager batch-1 step, the host's functions over 30 decode steps (cProfile), and the kernels
-   of a cold 8k prefill and of a cached 8k prefix + 64 new tokens: where the time goes.
+   of a cold 8k prefill and of a cached 8k prefix + 64 new tokens: where the time goes;
+5. tune (on request): the 8k prefill's paged attention (head_dim 256) and gated delta rule kernels at other
+   tilings than the shipped ones, each timed alone.
 
 Imports stay light (torch, triton, transformers, tokenizers, safetensors, xxhash): the GPU machine has no
 network. The card's limits are the H100 SXM's datasheet figures unless --hbm-bytes-s / --bf16-flops say else.
@@ -458,6 +460,75 @@ def _profile(eng: LLMEngine, device: torch.device, vocab: int, n: int) -> dict[s
     return res
 
 
+# 5. tune -------------------------------------------------------------------------------------------------------
+
+
+def _time_ms(fn: Callable[[], Any], device: torch.device, reps: int = 3) -> float:
+    """Median ms of `fn` after one warm-up run (the compile)."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
+    """The two prefill kernels that bound the Qwen3.5-like 8k prefill, at other tilings than the shipped ones:
+    paged attention (head_dim 256, GQA 8) at (BLOCK_M, BLOCK_N, warps) and the gated delta rule at pieces of
+    16 / 32 / 64 tokens. Each configuration is timed alone (median of 3 after a compile); a failure (e.g. a
+    tile that does not fit the card's shared memory) is recorded and the next one runs."""
+    from recap.kernels.batch import build_forward_batch
+    from recap.kernels.metadata import SeqSpec
+    from recap.kernels.triton.gdn import gated_delta_rule
+    from recap.kernels.triton.paged_attention import attend
+
+    n, bs = (64, 16) if smoke else (8192, 16)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    g = torch.Generator(device).manual_seed(0)
+    spec = SeqSpec(list(range(n)), block_ids=list(range(1, n // bs + 1)), state_slot=0,
+                   checkpoints=[(p, 1) for p in range(32, n, 4096)])  # fmt: skip
+    batch = build_forward_batch([spec], block_size=bs, chunk_size=64, with_attention=True, with_ssm=True,
+                                device=device)  # fmt: skip
+    assert batch.attn is not None and batch.ssm is not None
+    res: dict[str, Any] = {"tokens": n, "attention": [], "gdn": []}
+    hq, hkv, dh = 16, 2, 256
+    q = torch.randn(n, hq, dh, generator=g, device=device).to(dtype)
+    kc = torch.randn(n // bs + 1, bs, hkv, dh, generator=g, device=device).to(dtype)
+    vc = torch.randn(n // bs + 1, bs, hkv, dh, generator=g, device=device).to(dtype)
+    out = torch.empty_like(q)
+    flops = 4 * n * n / 2 * dh * hq
+    for tiles in (None, (64, 32, 8), (64, 64, 8), (128, 32, 8), (32, 64, 4)):
+        row: dict[str, Any] = {"tiles": tiles or "shipped"}
+        try:
+            ms = _time_ms(lambda t=tiles: attend(q, kc, vc, out, batch.attn, dh**-0.5, tiles=t), device)
+            row.update(ms=ms, tflops=flops / ms / 1e9)
+        except Exception as e:  # noqa: BLE001 - a tiling the card cannot run is a result too
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        res["attention"].append(row)
+        print(f"  attention {row}", flush=True)
+    hk, hv, dk, dv = 16, 32, 128, 128
+    qk = [torch.randn(n, hk, dk, generator=g, device=device).to(dtype) for _ in range(2)]
+    v = torch.randn(n, hv, dv, generator=g, device=device).to(dtype)
+    gate = -torch.rand(n, hv, generator=g, device=device) * 0.1
+    beta = torch.rand(n, hv, generator=g, device=device)
+    state = torch.zeros(2, hv, dk, dv, device=device)
+    for piece in (16, 32, 64):
+        row = {"piece": piece}
+        try:
+            row["ms"] = _time_ms(lambda p=piece: gated_delta_rule(qk[0], qk[1], v, gate, beta, state, batch.ssm,
+                                                                  piece=p, normalize_qk=True), device)  # fmt: skip
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        res["gdn"].append(row)
+        print(f"  gdn {row}", flush=True)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -499,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
                 over = {**shape, **small} if args.smoke else shape
                 section(results, f"profile:{name}", lambda a=arch, o=over, n=name: profile_shape(
                     n, a, o, device, tmp, args.smoke))  # fmt: skip
+        if "tune" in wanted:
+            section(results, "tune", lambda: tune_kernels(device, args.smoke))
         if "kernels" in wanted:  # last: the time that is left (the whole check runs under --budget-s)
             left = int(args.budget_s - (time.perf_counter() - start))
             section(results, "kernels", lambda: kernel_tests(max(left, 30)))

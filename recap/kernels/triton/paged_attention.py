@@ -287,11 +287,14 @@ def attend(
     sliding_window: int | None = None,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     splits: int | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> None:
     """out[T, Hq, D] = causal attention of q [T, Hq, D] over the cached keys/values of every row (nothing
     is written to the caches). rope = (q2 [T, Hq, P], rope_cache [NB, bs, 1, P]): MLA's latent form, where
     the score adds q2 . rope key and v_cache is k_cache (the latents). splits: key splits per program of a
-    decode batch (a power of two; None: chosen from the shapes)."""
+    decode batch (a power of two; None: chosen from the shapes). tiles: (BLOCK_M, BLOCK_N, num_warps) of a
+    prefill step instead of _tiles' (benchmarks/gpu_check.py's tile study; any tiling gives the same result
+    up to rounding)."""
     check_devices(q.device, k_cache=k_cache, v_cache=v_cache, out=out, block_tables=meta.block_tables,
                   context_lens=meta.context_lens, query_start_loc=meta.query_start_loc,
                   q2=None if rope is None else rope[0], rope_cache=None if rope is None else rope[1])  # fmt: skip
@@ -308,6 +311,11 @@ def attend(
     num_rows, group = len(meta.seq_lens_list), hq // hkv
     block_d = max(16, triton.next_power_of_2(dh))
     heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode)
+    if tiles is not None and not meta.is_decode:
+        block_m, block_n, warps = tiles
+        if block_m % heads or block_m < 16 or block_n < 16:
+            raise ValueError(f"prefill tiles {tiles}: BLOCK_M a multiple of the {heads} heads per program, >= 16")
+        block_q = block_m // heads
     grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv * triton.cdiv(group, heads))
     splits = _splits(meta, grid[0] * grid[1]) if splits is None else splits
     assert splits == 1 or (meta.is_decode and splits == triton.next_power_of_2(splits))
