@@ -24,7 +24,7 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.metadata import AttentionMetadata, SeqSpec
 from recap.kernels.paged_attention import paged_attention_ref
 from recap.kernels.triton import paged_attention as pa
-from recap.kernels.triton.paged_attention import attend, paged_attention, write_kv
+from recap.kernels.triton.paged_attention import HD256_PREFILL_TILES, attend, paged_attention, write_kv
 
 from .device_rows import DEVICE
 
@@ -108,6 +108,25 @@ def test_mixed_batches_match_the_reference(seed: int) -> None:
     for r, s in enumerate(specs):
         if s.padding:
             assert not out[meta.query_start_loc_list[r] : meta.query_start_loc_list[r + 1]].any()
+
+
+@pytest.mark.parametrize(("seed", "tiles"), [(0, HD256_PREFILL_TILES), (1, HD256_PREFILL_TILES), (2, (64, 16, 4))])
+def test_prefill_tiles_match_the_reference(seed: int, tiles: tuple[int, int, int]) -> None:
+    """The prefill tiles chosen for 16-bit head_dim-256 queries (128 rows: up to 128 queries of one head per
+    tile) and another tiling, here in fp32 at small head dims: the tiling changes no result but rounding."""
+    rng, gen = random.Random(300 + seed), torch.Generator(DEVICE).manual_seed(seed)
+    block, dh, hq = rng.choice([4, 16]), 16, HKV * rng.choice([1, 3, 8])
+    specs, kc, vc = _random_batch(rng, gen, block, dh, hq, None)
+    specs = [s for s in specs if len(s.token_ids) > 1] or [SeqSpec(token_ids=[0] * 9, block_ids=[1, 2, 3])]
+    meta = _meta(specs, block)
+    t = meta.query_start_loc_list[-1]
+    q = torch.randn(t, hq, dh, generator=gen)
+    ref = paged_attention_ref(q, torch.zeros(t, HKV, dh), torch.zeros(t, HKV, dh), kc.clone(), vc.clone(), meta, 0.4)
+    write_kv(torch.zeros(t, HKV, dh), torch.zeros(t, HKV, dh), kc, vc, meta.slot_mapping)
+    out = torch.empty_like(q)
+    attend(q, kc, vc, out, meta, 0.4, tiles=tiles)
+    assert not meta.is_decode
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(8))
