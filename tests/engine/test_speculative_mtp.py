@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from recap import SamplingParams
+from recap import LLM, SamplingParams
 from recap.model.layers.mtp import reference_drafts
 from recap.model.loader import load_model
 from recap.model.mtp_load import MTPWeightsMissingError, load_mtp_head
@@ -98,7 +98,12 @@ def test_drafts_equal_the_one_row_reference(models: dict[str, Path], name: str) 
     """Every step's drafts (folded chunks across steps and requests, paged K/V, chained rows) equal the reference's
     from scratch over the request's committed tokens; caching off (a hit leaves the head's rows unfilled). Qwen3.5
     (dense) and Qwen3-Next (the head's layer a MoE)."""
-    llm = make(models[name], spec(), caching=False, max_num_batched_tokens=24)
+    assert_drafts_equal_the_reference(make(models[name], spec(), caching=False, max_num_batched_tokens=24), _prompts())
+
+
+def assert_drafts_equal_the_reference(llm: LLM, prompts: list[list[int]]) -> None:
+    """Run `prompts`, recording every step's drafts; each equals the head's one-row reference from scratch over
+    the request's committed tokens."""
     drafter = llm.engine.runner.drafter
     assert isinstance(drafter, MTPDrafter)
     seen: list[tuple[list[int], list[int]]] = []
@@ -109,12 +114,11 @@ def test_drafts_equal_the_one_row_reference(models: dict[str, Path], name: str) 
         for s in out.scheduled:
             if s.request_id in drafts:
                 n = s.num_computed_tokens + len(s.token_ids)
-                committed = [*s.prompt_token_ids, *s.output_token_ids][:n]
-                seen.append((committed, drafts[s.request_id]))
+                seen.append(([*s.prompt_token_ids, *s.output_token_ids][:n], drafts[s.request_id]))
         return step, drafts
 
     drafter.propose = recording  # type: ignore[method-assign]
-    tokens(llm, _prompts())
+    tokens(llm, prompts)
     assert len(seen) > 10
     for committed, drafts in seen:
         assert drafts == reference_drafts(drafter.head, drafter.config, drafter.target, committed, len(drafts))

@@ -16,14 +16,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from recap.model.layers.mtp import _one_row, reference_drafts
+from recap.model.layers.mtp import _one_row
 from recap.model.loader import load_model
 from recap.model.mtp_load import MTPWeightsMissingError, UnsupportedMTPHeadError, load_mtp_head, mtp_layer_config
 from recap.model.testing import tiny_hf_config
 from recap.runner.mtp_drafter import MTPDrafter
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_speculative_draft import GREEDY, make, tokens
-from tests.engine.test_speculative_mtp import _prompts, spec
+from tests.engine.test_speculative_mtp import _prompts, assert_drafts_equal_the_reference, spec
 
 Head = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 
@@ -165,25 +165,8 @@ def test_omni_names_its_head_under_language_model(tmp_path: Path) -> None:
 def test_drafts_equal_the_one_row_reference(models: dict[str, Path], name: str) -> None:
     """Every step's drafts (folded chunks across steps and requests, paged K/V of each attention block, chained
     rows) equal the reference's from scratch over the request's committed tokens; caching off."""
-    llm = make(models[name], spec(), caching=False, max_num_batched_tokens=24)
-    drafter = llm.engine.runner.drafter
-    assert isinstance(drafter, MTPDrafter)
-    seen: list[tuple[list[int], list[int]]] = []
-    propose = drafter.propose
-
-    def recording(out):  # type: ignore[no-untyped-def]
-        step, drafts = propose(out)
-        for s in out.scheduled:
-            if s.request_id in drafts:
-                n = s.num_computed_tokens + len(s.token_ids)
-                seen.append(([*s.prompt_token_ids, *s.output_token_ids][:n], drafts[s.request_id]))
-        return step, drafts
-
-    drafter.propose = recording  # type: ignore[method-assign]
-    tokens(llm, _prompts()[:4])
-    assert len(seen) > 10
-    for committed, drafts in seen:
-        assert drafts == reference_drafts(drafter.head, drafter.config, drafter.target, committed, len(drafts))
+    assert_drafts_equal_the_reference(make(models[name], spec(), caching=False, max_num_batched_tokens=24),
+                                      _prompts()[:4])  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["nemotron-mtp", "ling-mtp", "copy"])
