@@ -1,5 +1,6 @@
-"""`--dist loadfile` with two changes (Makefile's `make test`): files that share a costly session fixture run as
-one work unit, and the longest units are handed out first.
+"""`--dist loadfile` with three changes (Makefile's `make test`): files that share a costly session fixture run as
+one work unit, the longest units are handed out first, and a worker that dies neither hangs the run nor takes
+its replacement down with it (see SharedFixtureFileScheduling's methods).
 
 loadfile sends each test file to one worker, so a session fixture is built once per worker that runs a file
 using it. The disaggregation suites' process cluster (six `recap serve`/`recap proxy` processes,
