@@ -39,3 +39,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
         return built[arch]
 
     return get
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` runs the files sharing a process cluster on one worker, long files first
+    (tests/xdist_schedule.py); other modes are xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.xdist_schedule import SharedFixtureFileScheduling
+
+    return SharedFixtureFileScheduling(config, log)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from recap.model.testing import make_tiny_checkpoint
+from tests.tiny_tokenizer import save_tiny_tokenizer
 
 ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba", "nemotron_h", "granite_hybrid", "falcon_h1", "zamba2",
          "zamba", "minimax", "qwen3_5", "lfm3", "kimi_linear", "glm5_next", "recurrent_gemma",
@@ -14,10 +15,8 @@ ARCHS = ["mamba", "falcon_mamba", "mamba2", "bamba", "jamba", "nemotron_h", "gra
 
 
 def tiny_model_dir(root: Path, arch: str, **overrides: object) -> Path:
-    from recap.model.default_model import save_tokenizer
-
     path = make_tiny_checkpoint(arch, root / arch, **overrides)
-    save_tokenizer(path, vocab_size=512)
+    save_tiny_tokenizer(path, vocab_size=512)
     return path
 
 

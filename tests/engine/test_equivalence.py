@@ -58,8 +58,16 @@ def assert_same(got: list[RequestOutput], want: list[RequestOutput], where: str)
             assert abs(la - lb) <= 1e-3, f"{where} request {i}: logprob {la} vs {lb}"
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("policy", POLICIES)
+# Every architecture runs every script under the recap policy by default. The hits of align and all depend on
+# blocks and the policy, not on the layer kinds (DESIGN §4), so by default they run on one architecture per kind
+# of state (Mamba1, Mamba2 + KV, GDN, short conv + window, KDA + MLA, lightning, RG-LRU + local, RWKV, xLSTM;
+# test_family_scenarios.py runs every policy on the newest families); the rest of the matrix is `-m slow`.
+POLICY_ARCHS = ("mamba", "bamba", "qwen3_5", "lfm3", "kimi_linear", "minimax", "recurrent_gemma", "rwkv", "xlstm")
+MATRIX = [pytest.param(policy, arch, marks=() if policy == "recap" or arch in POLICY_ARCHS else pytest.mark.slow)
+          for policy in POLICIES for arch in ARCHS]  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "arch"), MATRIX)
 def test_caching_on_equals_off(tiny_models: dict[str, Path], arch: str, policy: str) -> None:
     path = tiny_models[arch]
     for script, run in SCRIPTS.items():

@@ -61,9 +61,10 @@ def tiny_bamba_dir(root: Path) -> Path:
     """A tiny random Bamba (attention + Mamba2) with the default model's tokenizer and chat template."""
     from recap.model import default_model
     from recap.model.testing import make_tiny_checkpoint
+    from tests.tiny_tokenizer import save_tiny_tokenizer
 
     path = make_tiny_checkpoint("bamba", root / "bamba", vocab_size=default_model.VOCAB_SIZE)
-    default_model.save_tokenizer(path, default_model.SEED)
+    save_tiny_tokenizer(path, default_model.SEED)
     return path
 
 

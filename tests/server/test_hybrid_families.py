@@ -18,6 +18,7 @@ from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
 from tests.server.conftest import ServerThread, engine_config
 from tests.server.serve_process import recap_serve
+from tests.tiny_tokenizer import save_tiny_tokenizer
 
 # Chat templates in the style of each family's hub tokenizer_config (role markers differ from recap's default).
 TEMPLATES = {
@@ -72,7 +73,7 @@ def family_dir(root: Path, arch: str) -> Path:
     from recap.model.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(arch, root / arch, vocab_size=default_model.VOCAB_SIZE)
-    default_model.save_tokenizer(path, default_model.SEED)
+    save_tiny_tokenizer(path, default_model.SEED)
     (path / "chat_template.jinja").write_text(TEMPLATES[arch])
     return path
 
