@@ -70,6 +70,14 @@ def gated_delta_rule(
         )  # fmt: skip
         copy_decode_checkpoints(state, meta, slot_positions)
         return y
+    return _chunked(q, k, v, g, beta, state, meta, slot_positions, piece)
+
+
+def _chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+    meta: SSMMetadata, slot_positions: torch.Tensor | None, piece: int,
+) -> torch.Tensor:
+    """gated_delta_rule of a step that is not a decode batch: every chunk cut into pieces in the WY form."""
     t, hv, dv = v.shape
     pieces = cut_pieces(meta.chunks, piece)
     cu = [p.start for p in pieces] + [t]

@@ -131,7 +131,6 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
     modules = dict(model.named_modules())
     seen: set[str] = set()
     ignored: Counter[str] = Counter()
-    tied = model.config.tie_word_embeddings
 
     def filled(key: str) -> None:
         seen.add(key)
@@ -151,15 +150,9 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
                 del params[done]
                 filled(done)
             continue
-        key = model.rename_checkpoint_key(raw_key)
+        key = _model_key(model, raw_key, expected, seen, shard)
         if key is None:
-            continue  # the family declares this weight unused (e.g. Nemotron-H's MTP head)
-        if key not in expected:
-            if tied and key == "lm_head.weight":
-                continue  # some hub checkpoints store the tied head too; it equals the embedding
-            raise WeightLoadError(f"unexpected key {raw_key!r} in {shard} (the model has no such weight)")
-        if key in seen:
-            raise WeightLoadError(f"duplicate key {raw_key!r} in {shard}")
+            continue
         dst = params.pop(key)
         if reads_stored is not None and _widens_exactly(stored.dtype, dst.dtype) and key.endswith(".weight"):
             module = modules[owner[key]]
@@ -175,6 +168,19 @@ def load_weights(model: CausalLM, path: Path, on_loaded: Callable[[nn.Module], N
         logger.info("%s: skipped %d checkpoint tensors under %r (not part of %s)", path, n, prefix,
                     model.config.architecture)  # fmt: skip
     return dict(ignored)
+
+
+def _model_key(model: CausalLM, raw_key: str, expected: set[str], seen: set[str], shard: str) -> str | None:
+    """The model's name of checkpoint tensor `raw_key`, or None where the model does not read it (a weight the
+    family declares unused, e.g. Nemotron-H's MTP head; a tied head stored too, equal to the embedding)."""
+    key = model.rename_checkpoint_key(raw_key)
+    if key is None or (key not in expected and model.config.tie_word_embeddings and key == "lm_head.weight"):
+        return None
+    if key not in expected:
+        raise WeightLoadError(f"unexpected key {raw_key!r} in {shard} (the model has no such weight)")
+    if key in seen:
+        raise WeightLoadError(f"duplicate key {raw_key!r} in {shard}")
+    return key
 
 
 def _claim(quantized: QuantizedLinears, stored: StoredTensor, f: Any, shard: str) -> str | None:
