@@ -262,17 +262,23 @@ def _merge_splits_kernel(
 HD256_PREFILL_TILES = (128, 32, 8)
 
 
-def _tiles(group: int, block_d: int, decode: bool, half: bool = False) -> tuple[int, int, int, int, int]:
+def _tiles(group: int, block_d: int, decode: bool, half: bool = False,
+           prefill: tuple[int, int, int] | None = None) -> tuple[int, int, int, int, int]:  # fmt: skip
     """(HEADS, BLOCK_Q, BLOCK_M, BLOCK_N, num_warps): query heads per program (the GQA group, padded, up to
     16), queries per tile, tile rows (queries x heads, >= 16 for tl.dot), keys per step; smaller tiles and
-    more warps for wide heads (MLA latents); `half`: 16-bit queries (HD256_PREFILL_TILES at head_dim 256)."""
+    more warps for wide heads (MLA latents); `half`: 16-bit queries (HD256_PREFILL_TILES at head_dim 256);
+    `prefill`: (BLOCK_M, BLOCK_N, num_warps) of a prefill step instead (attend's `tiles`)."""
     heads = min(triton.next_power_of_2(group), 16)
     wide = block_d > 128
     if decode:
         block_m = max(16, heads)
         return heads, 1, block_m, 32 if wide else 64, 8 if wide else 4
-    if half and block_d == 256:
-        block_m, block_n, warps = HD256_PREFILL_TILES
+    if prefill is None and half and block_d == 256:
+        prefill = HD256_PREFILL_TILES
+    if prefill is not None:
+        block_m, block_n, warps = prefill
+        if block_m % heads or block_m < 16 or block_n < 16:
+            raise ValueError(f"prefill tiles {prefill}: BLOCK_M a multiple of the {heads} heads per program, >= 16")
         return heads, block_m // heads, block_m, block_n, warps
     block_m = max(32 if wide else 64, heads)
     return heads, block_m // heads, block_m, 32 if wide else 64, 8 if wide else 4
@@ -320,12 +326,9 @@ def attend(
         assert cache.stride(0) == cache.shape[1] * cache.stride(1) and cache.shape[1] == meta.block_size
     num_rows, group = len(meta.seq_lens_list), hq // hkv
     block_d = max(16, triton.next_power_of_2(dh))
-    heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode, q.element_size() == 2)
-    if tiles is not None and not meta.is_decode:
-        block_m, block_n, warps = tiles
-        if block_m % heads or block_m < 16 or block_n < 16:
-            raise ValueError(f"prefill tiles {tiles}: BLOCK_M a multiple of the {heads} heads per program, >= 16")
-        block_q = block_m // heads
+    # the measured tiles (HD256_PREFILL_TILES) for plain 16-bit heads only: MLA's latent form was not measured
+    half = q.element_size() == 2 and rope is None
+    heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode, half, tiles)
     grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv * triton.cdiv(group, heads))
     splits = _splits(meta, grid[0] * grid[1]) if splits is None else splits
     assert splits == 1 or (meta.is_decode and splits == triton.next_power_of_2(splits))
