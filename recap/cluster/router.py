@@ -157,8 +157,10 @@ class CheckpointRouter:
         if entry is None:
             return
         entry.in_flight = max(0, entry.in_flight - 1)
-        if entry.stats is not None:  # only needed to discount what the stats counted
-            entry.completions.append(self.clock())
+        # Kept even before the replica's first stats: stats taken while this request ran may arrive after its
+        # completion, and must not count it (a session's next turn then saw its home loaded and moved away).
+        now = self.clock()
+        entry.completions = [t for t in entry.completions if now - t <= self.config.max_stats_age_s] + [now]
         prediction = entry.predictions.get(request_key)
         if prediction is not None:
             prediction.completed_at = self.clock()

@@ -106,6 +106,21 @@ def test_stats_load_less_what_finished_since() -> None:
     assert r.load("home") == 2
 
 
+def test_a_completion_seen_before_the_first_stats_still_discounts_them() -> None:
+    """The replica's first stats, taken while the request ran, arrive after its completion: the request is over,
+    so the replica is idle and the session's next turn stays where its checkpoint is."""
+    clock = Clock()
+    r = router(clock)
+    r.on_routed("home", "k", RouteRequest(PROMPT[:21]))
+    taken = clock.now + 0.05
+    clock.now += 0.1
+    r.on_completed("home", "k")
+    r.update_stats("home", stats_for(PROMPT[:21], [5], taken, running=1))
+    r.update_stats("other", stats_for(PROMPT, [], clock.now))
+    assert r.load("home") == 0
+    assert r.rank(["home", "other"], RouteRequest(PROMPT))[0] == "home"
+
+
 def test_ties_spread_then_fall_to_lower_id() -> None:
     clock = Clock()
     r = router(clock)
