@@ -49,11 +49,15 @@ def with_mtp(src: Path, dst: Path, seed: int = 0, layer: int = 1, copy: bool = F
     return dst
 
 
-def unit_rms_embedding(path: Path) -> Path:
-    """Every embedding row scaled to RMS 1: the head's pre-fc norm (weight 0, so 1 + 0) then leaves it unchanged."""
+def unit_rms_embedding(path: Path, key: str = "model.embed_tokens.weight",
+                       scaled: dict[str, float] | None = None) -> Path:  # fmt: skip
+    """Every embedding row (`key`) scaled to RMS 1: the head's pre-fc norm (weight 0, so 1 + 0) then leaves it
+    unchanged; each tensor of `scaled` multiplied by its factor."""
     weights = load_file(str(path / "model.safetensors"))
-    e = weights["model.embed_tokens.weight"]
-    weights["model.embed_tokens.weight"] = e / e.pow(2).mean(-1, keepdim=True).sqrt()
+    for name, factor in (scaled or {}).items():
+        weights[name] *= factor
+    e = weights[key]
+    weights[key] = e / e.pow(2).mean(-1, keepdim=True).sqrt()
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
 

@@ -23,7 +23,7 @@ from recap.model.testing import tiny_hf_config
 from recap.runner.mtp_drafter import MTPDrafter
 from tests.engine.conftest import tiny_model_dir
 from tests.engine.test_speculative_draft import GREEDY, make, tokens
-from tests.engine.test_speculative_mtp import _prompts, assert_drafts_equal_the_reference, spec
+from tests.engine.test_speculative_mtp import _prompts, assert_drafts_equal_the_reference, spec, unit_rms_embedding
 
 Head = Callable[[dict[str, torch.Tensor], torch.Generator], dict[str, torch.Tensor]]
 
@@ -85,12 +85,7 @@ def with_head(src: Path, dst: Path, head: Head | Callable[..., dict[str, torch.T
 def _quiet_mamba(path: Path) -> Path:
     """Layer 0's (Mamba2) output projection scaled by 0.05 and every embedding row to RMS 1: the copy head (unit
     norms, fc = [I, 0]), which lacks layer 0, then drafts what the target computes, mostly."""
-    weights = load_file(str(path / "model.safetensors"))
-    weights["backbone.layers.0.mixer.out_proj.weight"] *= 0.05
-    e = weights["backbone.embeddings.weight"]
-    weights["backbone.embeddings.weight"] = e / e.pow(2).mean(-1, keepdim=True).sqrt()
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return unit_rms_embedding(path, "backbone.embeddings.weight", {"backbone.layers.0.mixer.out_proj.weight": 0.05})
 
 
 @pytest.fixture(scope="module")
