@@ -47,7 +47,7 @@ def _heads(x_ptr, w_ptr, o_ptr, t, stride_t, stride_h, cos, sin, eps,
     mask = (h < H) & (c < D)
     base = x_ptr + t * stride_t + h * stride_h
     x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
-    half: tl.constexpr = R // 2
+    half = R // 2
     partner = tl.where(c < half, c + half, c - half)  # the other dim of c's rotated pair (c < R)
     pmask = mask & (c < R)
     xp = tl.load(base + partner, mask=pmask, other=0.0).to(tl.float32)

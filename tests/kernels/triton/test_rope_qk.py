@@ -61,6 +61,7 @@ def _inputs(rng: random.Random, cfg: AttentionConfig, dtype: torch.dtype, rows: 
     qg = (torch.randn(rows, h, 2 * d) * 2.0).to(dtype)
     k = (torch.randn(rows, hk * d + 5) * 2.0).to(dtype)[:, 3 : 3 + hk * d].view(rows, hk, d)
     positions = torch.tensor([rng.choice([0, 1, rng.randrange(4096), rng.randrange(1 << 18)]) for _ in range(rows)])
+    positions[-1] = (1 << 18) - 1  # the longest context served (256k)
     return {"q": qg[..., :d], "k": k, "gate": qg[..., d:], "positions": positions}
 
 
