@@ -29,11 +29,12 @@ NORM_NONE, NORM_WEIGHT_IN_DTYPE, NORM_OFFSET = 0, 1, 2
 
 
 @triton.jit
-def _normed(x, w, inv, NORM: tl.constexpr, DT: tl.constexpr):
-    """x * inv times the weight as the norm modules take it, rounded to DT (returned in fp32)."""
+def _normed(x, w, inv, o_ptr, NORM: tl.constexpr):
+    """x * inv times the weight as the norm modules take it, rounded to o_ptr's dtype (returned in fp32)."""
+    dt = o_ptr.dtype.element_ty
     y = x * inv
-    y = w * y.to(DT).to(tl.float32) if NORM == 1 else y * (1.0 + w)
-    return y.to(DT).to(tl.float32)
+    y = w * y.to(dt).to(tl.float32) if NORM == 1 else y * (1.0 + w)
+    return y.to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -55,8 +56,8 @@ def _heads(x_ptr, w_ptr, o_ptr, t, stride_t, stride_h, cos, sin, eps,
         inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]  # (h, 1)
         w = tl.load(w_ptr + c, mask=c < D, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + partner, mask=c < R, other=0.0).to(tl.float32)
-        x = _normed(x, w, inv, NORM, dt)
-        xp = _normed(xp, wp, inv, NORM, dt)
+        x = _normed(x, w, inv, o_ptr, NORM)
+        xp = _normed(xp, wp, inv, o_ptr, NORM)
     if R > 0:
         rotated = tl.where(c < half, -xp, xp)  # rotate_half: (-x2, x1)
         out = (x * cos).to(dt).to(tl.float32) + (rotated * sin).to(dt).to(tl.float32)
