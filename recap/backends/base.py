@@ -5,9 +5,8 @@ weights live), places the KV/state pools (`cache_zeros`, ModelCaches.allocate's 
 set the step's ForwardBatch carries (every layer calls `batch.kernels.<op>`), and runs a step
 (`forward`: the model's forward, or a replay of a captured step). The model holds no device branch: a
 backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`,
-`set_norm_kernel`)
-and the decode-capture protocol (recap/model/capture.py). The runner owns one backend and runs every step
-through it; a device is one more Backend subclass.
+`set_norm_kernel`, `set_rope_kernel`) and the decode-capture protocol (recap/model/capture.py). The runner owns
+one backend and runs every step through it; a device is one more Backend subclass.
 """
 
 from __future__ import annotations
@@ -79,6 +78,23 @@ def switch_norm_kernel(parts: list[nn.Module], kernel: Kernel | None) -> None:
             m.set_norm_kernel(kernel)
 
 
+@runtime_checkable
+class RopeKernelSwitch(Protocol):
+    """An attention layer that prepares q/k through the kernel set's fused kernel where one is given
+    (model/layers/qk_rope.py)."""
+
+    def set_rope_kernel(self, kernel: Kernel | None) -> None: ...
+
+
+def switch_fused_kernels(parts: list[nn.Module], kernels: KernelSet) -> None:
+    """Every norm of `parts` on the kernel set's `rms_norm`, every attention layer's q/k preparation on its
+    `rope_qk` (None: their torch ops)."""
+    switch_norm_kernel(parts, kernels.rms_norm)
+    for m in parts:
+        if isinstance(m, RopeKernelSwitch):
+            m.set_rope_kernel(kernels.rope_qk)
+
+
 def switch_native(parts: list[nn.Module], on: bool) -> None:
     """Every part with native decode kernels on or off (bound again to the weights' current addresses)."""
     for m in parts:
@@ -103,7 +119,7 @@ class Backend(ABC):
         """Make `model` run this backend's way (call after loading its weights, again after reloading them).
         The model is then this backend's to run (`serves`) until another backend prepares it."""
         self._prepare(model)
-        switch_norm_kernel(model_parts(model), self.kernels.rms_norm)  # the kernel set's, for every backend
+        switch_fused_kernels(model_parts(model), self.kernels)  # the kernel set's, for every backend
         _PREPARED_BY[model] = self
         return_free_heap()  # the parameters and copies the layouts replaced: back to the OS before serving
 

@@ -2,7 +2,8 @@
 
 The same scripts as the equivalence tests, on a Mamba2 hybrid, a Gated DeltaNet hybrid and a short-conv
 hybrid (plus Mamba1 and KDA + MLA once each): the Triton backend gives the torch backend's greedy tokens, with
-caching on or off, at any prefill split, under preemption and after an abort.
+caching on or off, at any prefill split, under preemption and after an abort. The Qwen3.5 and LFM3 hybrids' attention
+layers run the fused q/k preparation there (kernels/triton/rope_qk.py).
 
 Under the interpreter these cost 25-190 s each on the 2-core CI box (760 s in all), so the default suite runs
 the multiturn script on each hybrid and Mamba1; the other scripts, KDA, preemption and abort are `-m slow`.
@@ -16,10 +17,12 @@ import pytest
 
 from recap import LLM, SamplingParams
 from recap.engine.outputs import RequestOutput
+from recap.model.layers.qk_rope import QKRope
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import GREEDY, SCRIPTS, drain, rnd
 
 pytest.importorskip("triton")
+from recap.kernels.triton.rope_qk import rope_qk  # noqa: E402
 
 HYBRIDS = ["nemotron_h", "qwen3_5", "lfm3"]
 _TORCH: dict[tuple[str, str], list[RequestOutput]] = {}
@@ -37,6 +40,13 @@ def torch_reference(path: Path, arch: str, script: str) -> list[RequestOutput]:
     return _TORCH[(arch, script)]
 
 
+def assert_fused_attention(llm: LLM, arch: str) -> None:
+    """Every attention layer holds the kernel set's fused q/k preparation (the Qwen3.5 and LFM3 hybrids' layers
+    run it; Nemotron-H's, with no RoPE or q/k norm, have nothing to fuse)."""
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QKRope)]
+    assert layers and all(m.rope_kernel is rope_qk for m in layers), arch
+
+
 _SLOW = pytest.mark.slow
 
 
@@ -49,7 +59,9 @@ def test_triton_equals_torch_cached_and_chunked(tiny_models: dict[str, Path], ar
     """Cached = uncached on the Triton kernels, whole prompts or split into 24-token chunks."""
     path = tiny_models[arch]
     want = torch_reference(path, arch, script)
-    assert_same(SCRIPTS[script](make_llm(path, "triton")), want, f"{arch}/{script}/triton")
+    llm = make_llm(path, "triton")
+    assert_fused_attention(llm, arch)
+    assert_same(SCRIPTS[script](llm), want, f"{arch}/{script}/triton")
     chunked = make_llm(path, "triton", max_num_batched_tokens=24)
     assert_same(SCRIPTS[script](chunked), want, f"{arch}/{script}/triton-chunked")
 

@@ -1,7 +1,8 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
 the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, Inkling's relative-bias attention, the
 RG-LRU scan, RWKV's WKV scan and xLSTM's mLSTM scan: their torch kernels, which run on any device, until Triton
-ones exist. The norm modules run one fused Triton kernel each (`rms_norm`)."""
+ones exist. The norm modules run one fused Triton kernel each (`rms_norm`), and the attention layers' q/k norms,
+RoPE and gate one per layer (`rope_qk`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from recap.kernels.triton.kda import kda
 from recap.kernels.triton.mla import paged_mla_attention
 from recap.kernels.triton.paged_attention import paged_attention
 from recap.kernels.triton.rms_norm import rms_norm
+from recap.kernels.triton.rope_qk import rope_qk
 from recap.kernels.triton.selective_scan import selective_scan, selective_state_update
 from recap.kernels.triton.ssd import ssd
 from recap.kernels.triton.ssd_decode import ssd_state_update
@@ -44,4 +46,5 @@ TRITON_KERNELS = KernelSet(
     paged_rel_bias_attention=paged_rel_bias_attention,
     mlstm_scan=mlstm_scan,
     rms_norm=rms_norm,
+    rope_qk=rope_qk,
 )

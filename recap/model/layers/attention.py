@@ -15,6 +15,7 @@ from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contig
 from recap.model.layers.linear import Linear
 from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm
+from recap.model.layers.qk_rope import QKRope
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.mixer_configs import AttentionConfig
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from recap.model.cache import ModelCaches
 
 
-class Attention(Mixer):
+class Attention(QKRope, Mixer):
     """q/k/v/o projections; K/V are written to the cache by the kernel through the slot mapping."""
 
     def __init__(self, hidden_size: int, cfg: AttentionConfig, dtype: torch.dtype, window: int = 0) -> None:
@@ -80,11 +81,7 @@ class Attention(Mixer):
         q = qkv[0].view(t, c.num_heads, c.head_dim)  # (t, hq, dh)
         k = qkv[1].view(t, c.num_kv_heads, c.head_dim)  # (t, hkv, dh)
         v = qkv[2].view(t, c.num_kv_heads, c.head_dim)
-        if c.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
-            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        q, k, _ = self.prepare_qk(q, k, batch.positions, (self.q_norm, self.k_norm) if c.qk_norm == "head" else None)
         window = self.window or None
         out = batch.kernels.paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, window, self.native)
         if head_gate is not None:

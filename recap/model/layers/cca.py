@@ -26,6 +26,7 @@ from recap.model.cache import ModelCaches
 from recap.model.layers.conv import TokenShift, causal_conv, conv_windows
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
+from recap.model.layers.qk_rope import QKRope
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.mixer_configs import AttentionConfig
 from recap.model.zaya_config import CCAConfig
@@ -52,7 +53,7 @@ def cca_conv(windows: torch.Tensor, depthwise: nn.Module, grouped: nn.Module, he
     return out.reshape(t, c) + grouped.bias.float()
 
 
-class CCAAttention(Mixer):
+class CCAAttention(QKRope, Mixer):
     def __init__(self, hidden_size: int, cfg: CCAConfig, attn: AttentionConfig, dtype: torch.dtype,
                  window: int = 0) -> None:  # fmt: skip
         super().__init__()
@@ -120,9 +121,7 @@ class CCAAttention(Mixer):
         eps, scale = torch.finfo(q.dtype).eps, cfg.head_dim**0.5
         q = q * (scale / q.norm(p=2, dim=-1, keepdim=True).clamp_min(eps))
         k = k * (scale / k.norm(p=2, dim=-1, keepdim=True).clamp_min(eps)) * self.qk_norm.temp[:, None]
-        if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
-            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        q, k, _ = self.prepare_qk(q, k, batch.positions)  # RoPE (its L2 norms are not the fused kernel's)
         kv = self.layer_cache(caches, layer)
         out = batch.kernels.paged_attention(q, k, v, kv.k_cache, kv.v_cache, meta, self.attn.softmax_scale,
                                             self.window or None, False)  # fmt: skip

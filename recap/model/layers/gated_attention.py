@@ -16,13 +16,14 @@ from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
 from recap.model.layers.mixer import Mixer
 from recap.model.layers.norm import RMSNorm
+from recap.model.layers.qk_rope import QKRope
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.mixer_configs import AttentionConfig
 
 QK_NORMS = ("none", "head", "all")
 
 
-class GatedAttention(Mixer):
+class GatedAttention(QKRope, Mixer):
     cache_group = "kv"
 
     def __init__(
@@ -53,27 +54,23 @@ class GatedAttention(Mixer):
             raise ValueError("an attention layer needs batch.attn metadata")
         t, c = x.shape[0], self.cfg
         gate = None
-        if c.output_gate:
+        if c.output_gate:  # q_proj's rows per head: [q | gate]; both stay strided views until prepare_qk
             q, gate = self.q_proj(x).view(t, c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(t, c.num_heads * c.head_dim)
         else:
             q = self.q_proj(x)
         k, v = self.k_proj(x), self.v_proj(x)
         if c.qk_norm == "all":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.reshape(t, c.num_heads, c.head_dim)  # (t, hq, dh)
+            q, k = self.q_norm(q.reshape(t, -1)), self.k_norm(k)
+        q = q.reshape(t, c.num_heads, c.head_dim)  # (t, hq, dh); the gated q's strided view stays one
         k = k.reshape(t, c.num_kv_heads, c.head_dim)
-        if c.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
+        head_norms = (self.q_norm, self.k_norm) if c.qk_norm == "head" else None
+        q, k, gate = self.prepare_qk(q, k, batch.positions, head_norms, gate)
         v = v.view(t, c.num_kv_heads, c.head_dim)
-        if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(batch.positions, q.dtype)
-            q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         kv = self.layer_cache(caches, layer)
         out = batch.kernels.paged_attention(
             q.contiguous(), k.contiguous(), v, kv.k_cache, kv.v_cache, batch.attn, self.scale, None, self.native
         )
         out = out.reshape(t, c.num_heads * c.head_dim)
         if gate is not None:
-            out = out * torch.sigmoid(gate)
+            out = out * gate
         return self.o_proj(out)
