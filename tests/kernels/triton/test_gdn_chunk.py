@@ -84,3 +84,20 @@ def test_per_channel_decay_is_refused() -> None:
     g = x["g"][..., None].expand(-1, -1, 16)
     with pytest.raises(ValueError, match="one decay per head"):
         gated_delta_rule(x["q"], x["k"], x["v"], g, x["beta"], torch.zeros(1, 1, 16, 16), meta, chunk=16)
+
+
+def test_chunk_not_a_power_of_two_is_refused() -> None:
+    delta = gdn_delta(1, 1, 16, 16, chunk=24)
+    gen = torch.Generator(DEVICE).manual_seed(7)
+    with pytest.raises(ValueError, match="power of two"):
+        check_step(delta, [Row(delta.token_inputs(4, gen), 0, 0)], 16, SLOTS, gen)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot needs a GPU (garbage under the interpreter)")
+def test_bf16_inputs_match_reference() -> None:
+    """bf16 q/k/v (W, U, V' and the piece-start states stored in bf16, as fla does) at the GPU's tolerance."""
+    delta = gdn_delta(2, 4, 64, 64, chunk=64)
+    gen = torch.Generator(DEVICE).manual_seed(8)
+    x = delta.token_inputs
+    rows = [*fixed_rows(delta, gen), Row(x(150, gen), 7, 8, [(70, 9), (100, 10)])]
+    check_step(delta, rows, 64, SLOTS, gen, torch.bfloat16, 3e-2)
