@@ -33,6 +33,7 @@ from recap.kernels.triton.delta_parts import l2norm_rows, unit_lower_inverse, wr
 
 CHUNK = 64  # tokens per piece of the chunk form (fla's chunk size)
 BLOCK_V = 32  # Dv tile of the state walk: Hv * Dv / 32 programs per row
+BLOCK_V_OUT = 64  # Dv tile of the outputs and of W/U: each tile recomputes q k^T, so wider than the walk's
 
 
 @dataclass(frozen=True)
@@ -221,12 +222,12 @@ def chunk_gated_delta_rule(
     cum = torch.empty(t, hv, dtype=torch.float32, device=dev)
     hs = torch.empty(npieces, hv, dk, dv, dtype=dt, device=dev)  # each piece's start state
     out = torch.empty(t, hv, dv, dtype=dt, device=dev)
-    bk, bv = _pow2(dk), min(_pow2(dv), BLOCK_V)
+    bk, bv, bv_out = _pow2(dk), min(_pow2(dv), BLOCK_V), min(_pow2(dv), BLOCK_V_OUT)
     kw = {"BT": chunk, "BK": bk, "NORM_QK": normalize_qk, "PREC": "ieee" if dt == torch.float32 else "tf32"}
     group, strides = hv // hk, (*k.stride()[:2], *w.stride()[:2], *u.stride()[:2], cum.stride(0))
     _wy_kernel[(npieces, hv)](
         k, v, g, beta, w, u, cum, ix.tok0, ix.length, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), *strides[2:], group, dk, dv, BV=min(_pow2(dv), 64),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), *strides[2:], group, dk, dv, BV=bv_out,
         **kw,
     )  # fmt: skip
     sp = meta.state_indices if slot_positions is None else slot_positions  # never written without HAS_SP
@@ -235,8 +236,9 @@ def chunk_gated_delta_rule(
         meta.chunk_dest_slots, meta.chunk_end_positions, ix.tok0, ix.length, ix.ends_chunk, ix.row_p0, ix.row_np,
         *strides, *hs.stride()[:3], *state.stride(), group, dk, dv, BV=bv, HAS_SP=slot_positions is not None, **kw,
     )  # fmt: skip
-    _output_kernel[(npieces, hv, triton.cdiv(dv, bv))](
+    _output_kernel[(npieces, hv, triton.cdiv(dv, bv_out))](
         q, k, u, cum, hs, out, ix.tok0, ix.length, ix.valid, q.stride(0), q.stride(1), *strides[:2], *strides[4:],
-        *hs.stride()[:3], out.stride(0), out.stride(1), group, dk, dv, dk**-0.5 if normalize_qk else 1.0, BV=bv, **kw,
+        *hs.stride()[:3], out.stride(0), out.stride(1), group, dk, dv, dk**-0.5 if normalize_qk else 1.0, BV=bv_out,
+        **kw,
     )  # fmt: skip
     return out

@@ -18,10 +18,11 @@ from .delta_cases import DEVICE, check_step, fixed_rows, fused_views, gdn_delta
 
 SLOTS = 16
 SHAPES = [(2, 2, 16, 24), (1, 2, 8, 5), (1, 3, 32, 16)]  # (Hk, Hv, Dk, Dv): GQA, dims padded to 16
+WIDE_V = (1, 2, 16, 72)  # Dv over several tiles: 3 of the state walk's 32, 2 of the outputs' and W/U's 64
 
 
 @pytest.mark.parametrize("chunk", [16, 32])
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [*SHAPES, WIDE_V])
 def test_fixed_rows_match_reference(shape: tuple[int, ...], chunk: int) -> None:
     """Rows straddling the 32-token block grid, checkpoints inside chunks, a pad row, a one-token row."""
     delta = gdn_delta(*shape, chunk=chunk)
