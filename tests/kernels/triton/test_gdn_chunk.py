@@ -52,6 +52,14 @@ def test_strided_inputs_match_reference() -> None:
     check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen, layout=fused_views)
 
 
+def test_strong_decay_matches_reference() -> None:
+    """Log decays ~40x the usual (cum down to ~-1e3 inside a chunk): every exponent stays <= 0, so the terms
+    underflow to 0 instead of overflowing, and the outputs and states are still the reference's."""
+    delta = gdn_delta(1, 2, 16, 24, chunk=32)
+    gen = torch.Generator(DEVICE).manual_seed(9)
+    check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen, layout=lambda x: {**x, "g": x["g"] * 40})
+
+
 def test_decode_batch_in_the_chunk_form_matches_reference() -> None:
     """One-token pieces: checkpoints at the token, pad rows, rows from scratch."""
     rng, gen = random.Random(400), torch.Generator(DEVICE).manual_seed(4)
