@@ -2,14 +2,15 @@
 speed at ~1-3B hybrid shapes, and the prefill's distance from the torch fast path (fp32 math).
 
     python benchmarks/bench_triton_gated_delta.py [--tokens 8192] [--reps 10] [--pieces 16 32 64 1]
-        [--out bench_out/bench_triton_gated_delta.json]
+        [--chunks 32 64] [--out bench_out/bench_triton_gated_delta.json]
 
 Shapes (bf16 q/k/v, fp32 g/beta and states, seeded):
 - gdn: a Qwen3.5-like GDN layer (16 key heads, 32 value heads, dims 128, one decay per head);
 - kda: a Kimi-Linear-like KDA layer (32 heads, dims 128, one decay per key channel; q, k normalised inside).
-Prefill: one --tokens row from a zero state, chunk grid 64, a checkpoint every 1024 tokens; GDN at each
---pieces size (1: the per-token form). Decode: gated_delta_rule_update at batch 1, 32 and 128 (state traffic
-in GB/s: read + write of every fp32 state). Medians of CUDA-event times. Needs a CUDA device.
+Prefill: one --tokens row from a zero state, chunk grid 64, a checkpoint every 1024 tokens; GDN's per-row walk
+at each --pieces size (1: the per-token form) and its chunk-parallel form at each --chunks size. Decode:
+gated_delta_rule_update at batch 1, 32 and 128 (state traffic in GB/s: read + write of every fp32 state).
+Medians of CUDA-event times. Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def _inputs(t: int, hk: int, per_channel: bool) -> tuple[torch.Tensor, ...]:
     return q, k, v, g, torch.rand(t, HV, device="cuda", generator=gen)
 
 
-def prefill(t: int, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
-    from recap.kernels.triton.gdn import gated_delta_rule
+def prefill(t: int, reps: int, pieces: list[int], chunks: list[int]) -> list[dict[str, Any]]:
+    from recap.kernels.triton.gdn import run_varlen
+    from recap.kernels.triton.gdn_chunk import chunk_gated_delta_rule
     from recap.kernels.triton.kda import kda
 
     meta, rows = _meta(t), []
@@ -60,13 +62,17 @@ def prefill(t: int, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
     ref_ms = cuda_median_ms(lambda: torch_varlen(*(x.float() for x in args), ref_state, meta), 1)
     y_ref = torch_varlen(*(x.float() for x in args), ref_state, meta)
     rows.append({"op": "gdn prefill", "impl": "torch fast path (fp32)", "tokens": t, "ms": ref_ms})
-    for piece in pieces:
+    forms = [(f"triton piece {p}", partial(run_varlen, *args, slot_positions=None, piece=p, norm_qk=False))
+             for p in pieces]  # fmt: skip
+    forms += [(f"triton chunk {c}", partial(chunk_gated_delta_rule, *args, slot_positions=None, chunk=c))
+              for c in chunks]  # fmt: skip
+    for name, fn in forms:
         state = torch.zeros_like(ref_state)
-        ms = cuda_median_ms(partial(gated_delta_rule, *args, state, meta, piece=piece), reps)
-        y = gated_delta_rule(*args, state, meta, piece=piece).float()
+        ms = cuda_median_ms(partial(fn, state=state, meta=meta), reps)
+        y = fn(state=state, meta=meta).float()
         err = {"out_rel_err": ((y - y_ref).abs().max() / y_ref.abs().max()).item(),
                "state_rel_err": ((state - ref_state).abs().max() / ref_state.abs().max()).item()}  # fmt: skip
-        rows.append({"op": "gdn prefill", "impl": f"triton piece {piece}", "tokens": t, "ms": ms, **err})
+        rows.append({"op": "gdn prefill", "impl": name, "tokens": t, "ms": ms, **err})
     state = torch.zeros_like(ref_state)
     kargs = _inputs(t, HV, True)
     ms = cuda_median_ms(lambda: kda(*kargs, state, meta), reps)
@@ -94,11 +100,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--pieces", type=int, nargs="+", default=[16, 32, 64, 1])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--out", type=Path, default=Path("bench_out/bench_triton_gated_delta.json"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_triton_gated_delta needs a CUDA device")
-    rows = prefill(a.tokens, a.reps, a.pieces) + decode(a.reps)
+    rows = prefill(a.tokens, a.reps, a.pieces, a.chunks) + decode(a.reps)
     for r in rows:
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
     a.out.parent.mkdir(parents=True, exist_ok=True)

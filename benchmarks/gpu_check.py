@@ -16,7 +16,8 @@ Sections, each timed and isolated (a failure is recorded and the next section ru
    replay and of an eager batch-1 step, the host's functions over 30 decode steps (cProfile), and the kernels
    of a cold 8k prefill and of a cached 8k prefix + 64 new tokens: where the time goes;
 5. tune (on request): the 8k prefill's paged attention (head_dim 256) and gated delta rule kernels at other
-   tilings than the shipped ones, each timed alone.
+   tilings than the shipped ones (the gated delta rule: the 16-token per-row walk vs the chunk-parallel form),
+   each timed alone.
 
 Imports stay light (torch, triton, transformers, tokenizers, safetensors, xxhash): the GPU machine has no
 network. The card's limits are the H100 SXM's datasheet figures unless --hbm-bytes-s / --bf16-flops say else.
@@ -479,12 +480,15 @@ def _time_ms(fn: Callable[[], Any], device: torch.device, reps: int = 3) -> floa
 @torch.inference_mode()
 def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
     """The two prefill kernels that bound the Qwen3.5-like 8k prefill, at other tilings than the shipped ones:
-    paged attention (head_dim 256, GQA 8) at (BLOCK_M, BLOCK_N, warps) and the gated delta rule at pieces of
-    16 / 32 / 64 tokens. Each configuration is timed alone (median of 3 after a compile); a failure (e.g. a
-    tile that does not fit the card's shared memory) is recorded and the next one runs."""
+    paged attention (head_dim 256, GQA 8) at (BLOCK_M, BLOCK_N, warps) and the gated delta rule in its per-row
+    walk of 16-token pieces against the chunk-parallel form at chunks of 32 / 64 and the op's own choice (the
+    outputs' max error relative to the 16-token walk beside each). Each configuration is timed alone (median of 3
+    after a compile); a failure (e.g. a tile that does not fit the card's shared memory) is recorded and the next
+    one runs."""
     from recap.kernels.batch import build_forward_batch
     from recap.kernels.metadata import SeqSpec
-    from recap.kernels.triton.gdn import gated_delta_rule
+    from recap.kernels.triton.gdn import gated_delta_rule, run_varlen
+    from recap.kernels.triton.gdn_chunk import chunk_gated_delta_rule
     from recap.kernels.triton.paged_attention import attend
 
     n, bs = (64, 16) if smoke else (8192, 16)
@@ -517,11 +521,20 @@ def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
     gate = -torch.rand(n, hv, generator=g, device=device) * 0.1
     beta = torch.rand(n, hv, generator=g, device=device)
     state = torch.zeros(2, hv, dk, dv, device=device)
-    for piece in (16, 32, 64):
-        row = {"piece": piece}
+    forms: list[tuple[str, Callable[[], torch.Tensor]]] = [
+        ("piece 16 (per-row walk)", lambda: run_varlen(*qk, v, gate, beta, state, batch.ssm, None, 16, True)),
+        *[(f"chunk {c}", lambda c=c: chunk_gated_delta_rule(*qk, v, gate, beta, state, batch.ssm, None, c, True))
+          for c in (32, 64)],
+        ("op default", lambda: gated_delta_rule(*qk, v, gate, beta, state, batch.ssm, normalize_qk=True)),
+    ]  # fmt: skip
+    base: torch.Tensor | None = None
+    for name, fn in forms:
+        row = {"form": name}
         try:
-            row["ms"] = _time_ms(lambda p=piece: gated_delta_rule(qk[0], qk[1], v, gate, beta, state, batch.ssm,
-                                                                  piece=p, normalize_qk=True), device)  # fmt: skip
+            row["ms"] = _time_ms(fn, device)
+            y = fn().float()
+            base = y if base is None else base
+            row["out_rel_err_vs_piece16"] = ((y - base).abs().max() / base.abs().max()).item()
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         res["gdn"].append(row)

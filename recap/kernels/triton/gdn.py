@@ -1,6 +1,7 @@
 """Triton kernels for the gated delta rule over packed rows (GPU twins of recap/kernels/gdn.py and
 gdn_decode.py; glossary and recurrence there). One kernel serves Gated DeltaNet (a decay per head, g [T, Hv])
-and KDA (a decay per key channel, g [T, Hv, Dk]: the PER_CHANNEL flag), in two forms:
+and KDA (a decay per key channel, g [T, Hv, Dk]: the PER_CHANNEL flag), in two forms (GDN steps of
+CHUNK_MIN_TOKENS tokens or more go to the chunk-parallel form of triton/gdn_chunk.py instead):
 
 - per token (piece 1): S = Diag(exp g) S;  S += k (beta (v - S^T k))^T;  o = S^T q, one token at a time. Used
   for decode batches and by gated_delta_rule_update.
@@ -29,9 +30,15 @@ import triton
 import triton.language as tl
 
 from recap.kernels.metadata import SSMMetadata
+from recap.kernels.triton.delta_parts import l2norm_rows, unit_lower_inverse, write_state_tile
+from recap.kernels.triton.gdn_chunk import CHUNK, chunk_gated_delta_rule
 
 PIECE = 16  # tokens per chunked piece (tl.dot needs >= 16)
 BLOCK_V = 32  # Dv tile: Hv * Dv / 32 programs per row keeps an H100 busy on one long row
+# A step of this many tokens or more runs the chunk-parallel form: at 8k tokens on an H100 the per-row walk of
+# 16-token pieces took ~3.4 ms per Qwen3.5-like layer. The threshold itself is not measured yet
+# (benchmarks/gpu_check.py's tune section times both forms).
+CHUNK_MIN_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -66,28 +73,6 @@ class RowChunks:
 
 
 @triton.jit
-def _l2norm(x, NORM: tl.constexpr, BT: tl.constexpr):
-    """x / sqrt(sum x^2 + 1e-6) over the channels (recap.kernels.gdn.l2_normalize) when NORM (KDA's q and k);
-    x is [BT, BK] (a piece) or [BK] (one token, BT 1)."""
-    if NORM:
-        if BT > 1:
-            x = x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
-        if BT == 1:
-            x = x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
-    return x
-
-
-@triton.jit
-def _write_state(state_ptr, sp_ptr, slot, pos, s, ss_s, s_off, s_mask, first, HAS_SP: tl.constexpr):
-    """state[slot] tile = s, and slot_positions[slot] = pos by the first program, unless slot is a pad."""
-    ok = slot >= 0
-    base = tl.where(ok, slot, 0).to(tl.int64) * ss_s
-    tl.store(state_ptr + base + s_off, s.to(state_ptr.dtype.element_ty), mask=tl.where(ok, s_mask, False))
-    if HAS_SP:
-        tl.store(sp_ptr + tl.where(ok, slot, 0), pos.to(sp_ptr.dtype.element_ty), mask=ok & first)
-
-
-@triton.jit
 def _token_step(s, q, k, v, g, beta, PER_CHANNEL: tl.constexpr):
     """One token: s [BK, BV]; q, k [BK]; v [BV]; g [BK] or scalar; beta scalar -> (s, o [BV])."""
     decay = tl.exp(g)
@@ -97,19 +82,6 @@ def _token_step(s, q, k, v, g, beta, PER_CHANNEL: tl.constexpr):
     delta = (v - tl.sum(s * k[:, None], 0)) * beta
     s = s + k[:, None] * delta[None, :]
     return s, tl.sum(s * q[:, None], 0)
-
-
-@triton.jit
-def _unit_lower_inverse(m, BT: tl.constexpr):
-    """(I + m)^-1 for a strictly lower m [BT, BT], by forward substitution one row at a time."""
-    r = tl.arange(0, BT)
-    t = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, BT):
-        row = r[:, None] == i
-        mi = tl.sum(tl.where(row, m, 0.0), 0)  # row i of m: zeros at j >= i, so rows j >= i of t are unused
-        ti = tl.where(r == i, 1.0, 0.0) - tl.sum(mi[:, None] * t, 0)
-        t = tl.where(row, ti[None, :], t)
-    return t
 
 
 @triton.jit
@@ -150,7 +122,7 @@ def _piece_step(s, q, k, v, g, beta, BT: tl.constexpr, PER_CHANNEL: tl.constexpr
         dec = tl.exp(cum)[:, None]
         k_dec = k * tl.exp(last - cum)[:, None]
         s_dec = tl.exp(last)
-    t = _unit_lower_inverse(m, BT)
+    t = unit_lower_inverse(m, BT)
     u = tl.dot(t, v * beta[:, None], input_precision=PREC)  # (BT, BV)
     w = tl.dot(t, kb * dec, input_precision=PREC)  # (BT, BK)
     v_new = u - tl.dot(w, s, input_precision=PREC)
@@ -175,8 +147,8 @@ def _advance(
         tt, tm, tc = start, start < end, start
         kmask, vmask = km, vm
     q = tl.load(q_ptr + tc * sq_t + kh * sq_h + ck, mask=kmask, other=0.0).to(tl.float32)
-    q = _l2norm(q, NORM_QK, BT) * q_scale
-    k = _l2norm(tl.load(k_ptr + tc * sk_t + kh * sk_h + ck, mask=kmask, other=0.0).to(tl.float32), NORM_QK, BT)
+    q = l2norm_rows(q, NORM_QK, BT) * q_scale
+    k = l2norm_rows(tl.load(k_ptr + tc * sk_t + kh * sk_h + ck, mask=kmask, other=0.0).to(tl.float32), NORM_QK, BT)
     v = tl.load(v_ptr + tc * sv_t + h * sv_h + cv, mask=vmask, other=0.0).to(tl.float32)
     beta = tl.load(b_ptr + tt * sb_t + h * sb_h, mask=tm, other=0.0).to(tl.float32)
     if PER_CHANNEL:
@@ -225,8 +197,8 @@ def _gated_delta_kernel(
                 BT, PER_CHANNEL, NORM_QK, PREC,
             )  # fmt: skip
         dest = tl.load(dest_ptr + c)
-        _write_state(state_ptr, sp_ptr, dest, tl.load(pos_ptr + c), s, ss_s, s_off, s_mask, first, HAS_SP)
-    _write_state(state_ptr, sp_ptr, run, tl.load(pos_ptr + c1 - 1), s, ss_s, s_off, s_mask, first, HAS_SP)
+        write_state_tile(state_ptr, sp_ptr, dest, tl.load(pos_ptr + c), s, ss_s, s_off, s_mask, first, HAS_SP)
+    write_state_tile(state_ptr, sp_ptr, run, tl.load(pos_ptr + c1 - 1), s, ss_s, s_off, s_mask, first, HAS_SP)
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -325,13 +297,18 @@ def gated_delta_rule(
     slot_positions: torch.Tensor | None = None,
     piece: int = PIECE,
     normalize_qk: bool = False,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Gated delta rule of every row from its slot state (or zeros); writes checkpoint and running slots.
 
     q, k L2-normalised (q scaled by Dk^-1/2) by the caller, or here, as the kernel loads them, with
-    `normalize_qk`; g the log decay. Returns o [T, Hv, Dv] in v's dtype, zeros for padding rows. piece 1 runs
-    per token. Reference: gated_delta_rule_ref.
+    `normalize_qk`; g the log decay. Returns o [T, Hv, Dv] in v's dtype, zeros for padding rows. Steps of
+    CHUNK_MIN_TOKENS tokens or more (not decode batches) run the chunk-parallel form (triton/gdn_chunk.py) in
+    chunks of `chunk` tokens (None: CHUNK); shorter ones this module's kernel in pieces of `piece` (1: per
+    token). An explicit `chunk` runs the chunk form whatever the step. Reference: gated_delta_rule_ref.
     """
+    if chunk is not None or (not meta.is_decode and v.shape[0] >= CHUNK_MIN_TOKENS):
+        return chunk_gated_delta_rule(q, k, v, g, beta, state, meta, slot_positions, chunk or CHUNK, normalize_qk)
     return run_varlen(q, k, v, g, beta, state, meta, slot_positions, piece, normalize_qk)
 
 

@@ -38,9 +38,12 @@ def _args(x: Tensors) -> tuple[torch.Tensor, ...]:
     return x["q"], x["k"], x["v"], x["g"], x["beta"]
 
 
-def gdn_delta(hk: int, hv: int, dk: int, dv: int, piece: int = 16, normalize_qk: bool = False) -> Delta:
+def gdn_delta(
+    hk: int, hv: int, dk: int, dv: int, piece: int = 16, normalize_qk: bool = False, chunk: int | None = None
+) -> Delta:
     """GDN: q, k L2-normalised (q scaled) before the op, or raw and normalised by it (`normalize_qk`, as the
-    layer calls it); g = the log decay per value head."""
+    layer calls it); g = the log decay per value head. `chunk`: the chunk-parallel form in chunks of that size
+    (None: the op's choice by token count, the piece kernel on these short steps)."""
 
     def token_inputs(n: int, gen: torch.Generator) -> Tensors:
         g, beta = gdn_gates(torch.randn(n, hv, generator=gen), torch.randn(n, hv, generator=gen),
@@ -54,7 +57,7 @@ def gdn_delta(hk: int, hv: int, dk: int, dv: int, piece: int = 16, normalize_qk:
         token_inputs=token_inputs,
         cache_shape=(hv, dk, dv),
         varlen=lambda x, cache, meta, sp: gated_delta_rule(*_args(x), cache, meta, sp, piece=piece,
-                                                           normalize_qk=normalize_qk),  # fmt: skip
+                                                           normalize_qk=normalize_qk, chunk=chunk),  # fmt: skip
         varlen_ref=lambda x, cache, meta, sp: gated_delta_rule_ref(*_args(x), cache, meta, sp,
                                                                    normalize_qk=normalize_qk),  # fmt: skip
         update=lambda x, cache, *rest: gated_delta_rule_update(cache, *_args(x), *rest),
@@ -152,3 +155,17 @@ def fixed_rows(delta: Delta, gen: torch.Generator) -> list[Row]:
         Row(x(1, gen), 40, 2),
         Row(x(19, gen), 0, 3),
     ]
+
+
+def fused_views(x: Tensors) -> Tensors:
+    """q, k, v as views of one fused projection row (token stride > row width), g and beta head-major."""
+    t = x["v"].shape[0]
+    fused = torch.cat([x[n].flatten(1) for n in ("q", "k", "v")] + [torch.zeros_like(x["v"].flatten(1))], 1)
+    views, at = {}, 0
+    for n in ("q", "k", "v"):
+        width = x[n][0].numel()
+        views[n] = fused[:, at : at + width].view(t, *x[n].shape[1:])
+        at += width
+    views["g"], views["beta"] = x["g"].t().contiguous().t(), x["beta"].t().contiguous().t()
+    assert not views["q"].is_contiguous() and views["g"].stride(0) == 1
+    return views

@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from ..cases import Tensors, random_rows
-from .delta_cases import DEVICE, check_step, check_update, fixed_rows, gdn_delta
+from ..cases import random_rows
+from .delta_cases import DEVICE, check_step, check_update, fixed_rows, fused_views, gdn_delta
 
 SLOTS = 16
 
@@ -52,25 +52,11 @@ def test_decode_batch_matches_reference(seed: int) -> None:
     check_step(delta, random_rows(delta, rng, gen, SLOTS, max_len=1), 16, SLOTS, gen)
 
 
-def _fused_views(x: Tensors) -> Tensors:
-    """q, k, v as views of one fused projection row (token stride > row width), g and beta head-major."""
-    t = x["v"].shape[0]
-    fused = torch.cat([x[n].flatten(1) for n in ("q", "k", "v")] + [torch.zeros_like(x["v"].flatten(1))], 1)
-    views, at = {}, 0
-    for n in ("q", "k", "v"):
-        width = x[n][0].numel()
-        views[n] = fused[:, at : at + width].view(t, *x[n].shape[1:])
-        at += width
-    views["g"], views["beta"] = x["g"].t().contiguous().t(), x["beta"].t().contiguous().t()
-    assert not views["q"].is_contiguous() and views["g"].stride(0) == 1
-    return views
-
-
 @pytest.mark.parametrize("piece", [1, 16])
 def test_strided_inputs_match_reference(piece: int) -> None:
     delta = gdn_delta(1, 2, 16, 24, piece=piece)
     gen = torch.Generator(DEVICE).manual_seed(3)
-    check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen, layout=_fused_views)
+    check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen, layout=fused_views)
 
 
 @pytest.mark.parametrize("seed", range(4))
