@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recap.core.request import FINISH_REASONS, RequestStatus
-from recap.engine.detokenizer import IncrementalDetokenizer
+from recap.engine.detokenizer import IncrementalDetokenizer, tokenizer_decode
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
 
@@ -59,6 +59,7 @@ class ParentState:
 class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._decode = tokenizer_decode(tokenizer)  # once: every request's detokenizer calls it
         self.parents: dict[str, ParentState] = {}
         self.child_to_parent: dict[str, str] = {}
         self._token_text: dict[int, str] = {}
@@ -88,7 +89,7 @@ class OutputProcessor:
         for i in range(p.params.n):
             cid = child_id(p.request_id, i)
             want_lp = p.params.logprobs is not None
-            kids[cid] = _Child(i, IncrementalDetokenizer(self.tokenizer, p.params), CompletionOutput(
+            kids[cid] = _Child(i, IncrementalDetokenizer(self.tokenizer, p.params, self._decode), CompletionOutput(
                 index=i, logprobs=[] if want_lp else None))
             self.child_to_parent[cid] = p.request_id
         state = ParentState(p, kids, RequestMetrics(arrival_time=p.arrival_time),
