@@ -240,8 +240,7 @@ class LLMEngine:
             self.scheduler.finish_requests(errored, RequestStatus.FINISHED_ERROR)
         if self.config.check_integrity:
             self.scheduler.check_integrity()
-        finishing = [p for p in self.outputs.parents.values() if p.dirty and p.finished]
-        results = self.outputs.collect()
+        results, finishing = self.outputs.collect()
         for r in results:
             if r.finished:
                 self.metrics.observe_finished(len(r.prompt_token_ids),

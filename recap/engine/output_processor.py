@@ -41,19 +41,15 @@ class ParentState:
     def finished(self) -> bool:
         return all(c.output.finished for c in self.children.values())
 
-    def to_output(self) -> RequestOutput:
-        outs = [c.output for c in sorted(self.children.values(), key=lambda c: c.index)]
-        return RequestOutput(
-            request_id=self.prepared.request_id,
-            prompt=self.prepared.prompt,
-            prompt_token_ids=self.prepared.prompt_token_ids,
-            outputs=outs,
-            finished=self.finished,
-            num_cached_tokens=self.num_cached_tokens,
-            metrics=self.metrics,
-            prompt_logprobs=self.prompt_logprobs,
-            error=self.error,
-        )
+    def snapshot(self, finished: bool) -> RequestOutput:
+        """The request's output now, as copies (outputs cross threads in the async engine: never the live objects);
+        `finished`: self.finished, which the caller has."""
+        kids = self.children.values()
+        outs = [_copy(c.output) for c in (kids if len(kids) == 1 else sorted(kids, key=lambda c: c.index))]
+        p = self.prepared
+        return RequestOutput(p.request_id, p.prompt, list(p.prompt_token_ids), outs, finished, self.num_cached_tokens,
+                             self.metrics, self.error,
+                             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
 
 class OutputProcessor:
@@ -162,24 +158,29 @@ class OutputProcessor:
         parent.error = message
         parent.dirty = True
 
-    def collect(self) -> list[RequestOutput]:
-        """Outputs of parents that changed since the last call; finished parents are dropped."""
-        results = []
-        for rid in [r for r, p in self.parents.items() if p.dirty]:
-            parent = self.parents[rid]
+    def collect(self) -> tuple[list[RequestOutput], list[ParentState]]:
+        """Outputs of parents that changed since the last call, and the parents among them that finished (dropped
+        here)."""
+        results, done = [], []
+        for rid, parent in [(r, p) for r, p in self.parents.items() if p.dirty]:
+            finished = True
             for c in parent.children.values():
-                c.output.text_delta = c.detok.take_delta(c.output.finished)
-                c.output.text = c.detok.text if c.output.finished else c.detok.text[: c.detok._sent]
-            if parent.finished:
+                out = c.output
+                ended = out.finish_reason is not None  # CompletionOutput.finished
+                finished = finished and ended
+                out.text_delta = c.detok.take_delta(ended)
+                out.text = c.detok.text if ended else c.detok.text[: c.detok._sent]
+            if finished:
                 parent.metrics.finished_time = time.monotonic()
-            results.append(_snapshot(parent.to_output()))
+            results.append(parent.snapshot(finished))
             for c in parent.children.values():
                 c.output.token_ids_delta = []
                 c.output.logprobs_delta = []
             parent.dirty = False
-            if parent.finished:
+            if finished:
                 self.remove(rid)
-        return results
+                done.append(parent)
+        return results, done
 
     def remove(self, rid: str) -> None:
         parent = self.parents.pop(rid, None)
@@ -188,17 +189,10 @@ class OutputProcessor:
                 self.child_to_parent.pop(cid, None)
 
 
-def _snapshot(out: RequestOutput) -> RequestOutput:
-    # Outputs cross threads (async engine): hand out copies, never the live objects.
-    outs = [
-        CompletionOutput(
-            index=o.index, text=o.text, token_ids=list(o.token_ids),
-            logprobs=None if o.logprobs is None else list(o.logprobs), finish_reason=o.finish_reason,
-            stop_reason=o.stop_reason, text_delta=o.text_delta, token_ids_delta=list(o.token_ids_delta),
-            logprobs_delta=list(o.logprobs_delta),
-        )
-        for o in out.outputs
-    ]
-    return RequestOutput(out.request_id, out.prompt, list(out.prompt_token_ids), outs, out.finished,
-                         out.num_cached_tokens, out.metrics, out.error,
-                         prompt_logprobs=None if out.prompt_logprobs is None else list(out.prompt_logprobs))
+def _copy(o: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(
+        index=o.index, text=o.text, token_ids=list(o.token_ids),
+        logprobs=None if o.logprobs is None else list(o.logprobs), finish_reason=o.finish_reason,
+        stop_reason=o.stop_reason, text_delta=o.text_delta, token_ids_delta=list(o.token_ids_delta),
+        logprobs_delta=list(o.logprobs_delta),
+    )  # fmt: skip
