@@ -46,7 +46,6 @@ from recap.model.testing import make_tiny_checkpoint  # noqa: E402
 from recap.sampling_params import SamplingParams  # noqa: E402
 
 PARTS = ("schedule", "batch", "forward", "head", "sample", "update", "output", "other")
-PROMPT = 24
 
 
 class PartTimer:
@@ -117,11 +116,11 @@ def instrument(engine: LLMEngine) -> PartTimer:
     return timer
 
 
-def measure(engine: LLMEngine, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+def measure(engine: LLMEngine, batch: int, steps: int, warmup: int, prompt: int) -> dict[str, Any]:
     """Medians (us) per part over `steps` decode steps of `batch` requests, after `warmup` decode steps."""
     g = torch.Generator().manual_seed(batch)
     params = SamplingParams(temperature=0.0, max_tokens=steps + warmup + 4, ignore_eos=True)
-    ids = [engine.add_request(torch.randint(3, 500, (PROMPT,), generator=g).tolist(), params) for _ in range(batch)]
+    ids = [engine.add_request(torch.randint(3, 500, (prompt,), generator=g).tolist(), params) for _ in range(batch)]
     started: set[str] = set()
     while len(started) < batch:  # the prefills: each request's first token comes with its prompt's last chunk
         started.update(r.request_id for r in engine.step() if r.outputs[0].token_ids)
@@ -167,6 +166,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--prompt", type=int, default=24, help="prompt tokens per request")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -175,12 +175,12 @@ def main() -> None:
         rows = []
         for b in args.batch:
             engine = make_engine(path, args.backend, b)
-            rows.append(measure(engine, b, args.steps, args.warmup))
+            rows.append(measure(engine, b, args.steps, args.warmup, args.prompt))
             del engine
     load = os.getloadavg()[0]
     print(f"backend {args.backend}, torch threads 1, medians in us per decode step (load average {load:.2f})")
     print(table(rows))
-    result = {"bench": "host_step", "backend": args.backend, "load_avg_1m": load, "rows": rows}
+    result = {"bench": "host_step", "backend": args.backend, "prompt": args.prompt, "load_avg_1m": load, "rows": rows}
     print(json.dumps(result))
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(result, indent=1))

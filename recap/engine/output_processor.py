@@ -36,6 +36,9 @@ class ParentState:
     dirty: bool = False
     prompt_logprobs: PromptLogprobs | None = None
     error: str | None = None  # why a child ended with finish_reason "error"
+    # The prompt's ids as every output of the request hands them out: copied once, not per step (a long prompt
+    # would otherwise be copied for every streamed token); the engine never changes them.
+    prompt_token_ids: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -47,7 +50,7 @@ class ParentState:
         kids = self.children.values()
         outs = [_copy(c.output) for c in (kids if len(kids) == 1 else sorted(kids, key=lambda c: c.index))]
         p = self.prepared
-        return RequestOutput(p.request_id, p.prompt, list(p.prompt_token_ids), outs, finished, self.num_cached_tokens,
+        return RequestOutput(p.request_id, p.prompt, self.prompt_token_ids, outs, finished, self.num_cached_tokens,
                              self.metrics, self.error,
                              prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
@@ -89,7 +92,8 @@ class OutputProcessor:
                 index=i, logprobs=[] if want_lp else None))
             self.child_to_parent[cid] = p.request_id
         state = ParentState(p, kids, RequestMetrics(arrival_time=p.arrival_time),
-                            prompt_logprobs=None if p.params.prompt_logprobs is None else [None])
+                            prompt_logprobs=None if p.params.prompt_logprobs is None else [None],
+                            prompt_token_ids=list(p.prompt_token_ids))  # fmt: skip
         self.parents[p.request_id] = state
         return state
 
