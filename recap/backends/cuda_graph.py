@@ -134,8 +134,8 @@ class CapturedStep:
     def run(self, batch: ForwardBatch, caches: ModelCaches) -> StepOutput:
         """The step's hidden states [rows, D] and, where it takes the head, every row's token id [rows] (the graph's
         buffers: read before the next replay); `caches` (the set it was captured over) are updated as the module
-        path does, checkpoints included. The caller found this
-        graph by the batch's shape_key (CudaBackend.captured), so the shape is not checked again per step."""
+        path does, checkpoints included. The caller found this graph by the batch's shape_key
+        (CudaBackend.captured), so the shape is not checked again per step."""
         assert caches is self._caches and batch.num_seqs == self.rows, "a decode graph runs steps of its shape"
         packed = batch.packed if batch.packed is not None else pack_batch(batch)
         self._packed[: self._size].copy_(packed[: self._size], non_blocking=True)
