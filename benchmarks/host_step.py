@@ -9,8 +9,10 @@ request (the prompts were prefilled first). Its wall time is split, by wrapping 
 
 - schedule: Scheduler.schedule; update: Scheduler.update_from_output (the cache core's bookkeeping)
 - batch: ModelRunner.build_batch (SeqSpecs, the backend's padding, the ForwardBatch and its packing)
-- forward: Backend.forward (the model; on cuda-ref the captured step's host work and its eager rerun)
-- head: CausalLM.compute_logits outside the forward; sample: Sampler.__call__ with its rows' preparation
+- forward: Backend.forward or forward_greedy (the model; on cuda-ref the captured step's host work and its eager
+  rerun)
+- head: CausalLM.compute_logits (on cuda-ref the reference capture reruns a greedy graph's head eagerly: counted
+  here, where a CUDA graph would replay it); sample: Sampler.__call__ with its rows' preparation
 - output: OutputProcessor.on_tokens + collect (detokenizing, stop strings, the RequestOutputs)
 - other: the rest of LLMEngine.step and ModelRunner.execute (metrics, checkpoint reports, loops)
 
@@ -108,6 +110,8 @@ def instrument(engine: LLMEngine) -> PartTimer:
     timer.wrap(engine.scheduler, "update_from_output", "update")
     timer.wrap(runner, "build_batch", "batch")
     timer.wrap(runner.backend, "forward", "forward")
+    if hasattr(runner.backend, "forward_greedy"):  # a greedy step's forward with its head and argmax
+        timer.wrap(runner.backend, "forward_greedy", "forward")
     timer.wrap(runner.model, "compute_logits", "head")
     timer.wrap(runner, "_sample_row", "sample")
     timer.wrap(runner, "sampler", "sample")
