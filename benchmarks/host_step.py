@@ -123,7 +123,8 @@ def instrument(engine: LLMEngine) -> PartTimer:
 def measure(engine: LLMEngine, batch: int, steps: int, warmup: int, prompt: int) -> dict[str, Any]:
     """Medians (us) per part over `steps` decode steps of `batch` requests, after `warmup` decode steps."""
     g = torch.Generator().manual_seed(batch)
-    params = SamplingParams(temperature=0.0, max_tokens=steps + warmup + 4, ignore_eos=True)
+    # the first requests decode while the last ones prefill (at most a step each): none may finish while timed
+    params = SamplingParams(temperature=0.0, max_tokens=steps + warmup + batch + 4, ignore_eos=True)
     ids = [engine.add_request(torch.randint(3, 500, (prompt,), generator=g).tolist(), params) for _ in range(batch)]
     started: set[str] = set()
     while len(started) < batch:  # the prefills: each request's first token comes with its prompt's last chunk
