@@ -148,3 +148,15 @@ class Backend(ABC):
     def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """The step's final hidden states [T, D]; updates `caches` as the model's forward does."""
         return model(batch, caches)
+
+    def forward_greedy(
+        self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches
+    ) -> tuple[torch.Tensor, list[int]]:
+        """`forward`, and the argmax token of each sampled row (batch.sample_rows' order) on the host: for a step
+        whose sampled rows all take the argmax of their raw logits and nothing else of them (runner/sampler.py's
+        takes_argmax). The reference: the head and argmax on the forward's output; a backend that captures steps
+        folds them into the capture (backends/cuda.py)."""
+        hidden = self.forward(model, batch, caches)
+        if not batch.sample_rows:
+            return hidden, []
+        return hidden, model.greedy_tokens(hidden[batch.logits_indices]).tolist()

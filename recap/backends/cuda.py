@@ -6,6 +6,11 @@ step; each shape is captured the first time a step of it runs (backends/cuda_gra
 Prefill, mixed and verify steps, steps with sliding-window paging and models a graph cannot capture (a layer
 that reads the host mid-step, e.g. a MoE's per-expert loop) run the module path, as --enforce-eager runs every
 step (the torch backend, eager.py).
+
+A decode step whose sampled rows all take the argmax of their raw logits (greedy, no logprobs, penalties, bans or
+grammar: the runner decides, runner/model_runner.py) replays a graph of its shape that also takes the output head
+and the argmax (`forward_greedy`): one copy of the rows' token ids reaches the host, and nothing of the step runs
+outside the graph. Any other decode step replays the graph without them and the runner samples from the logits.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ logger = logging.getLogger(__name__)
 # Decode row counts captured (vLLM's sizes up to 256): a step of r rows runs the graph of the next one up.
 GRAPH_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MIN_TABLE_BLOCKS = 8  # block tables are padded to a power of two of at least this many entries
-MAX_GRAPHS = 64  # shapes captured per model and cache set (row counts x table widths); beyond: module path
+MAX_GRAPHS = 64  # graphs per model and cache set (row counts x table widths x head or not); beyond: module path
 
 
 def table_width(blocks: int) -> int:
@@ -53,7 +58,8 @@ class CudaBackend(TorchBackend):
         super().__init__(linear_backend, kernels or kernel_set("triton", torch.device("cuda")), head_backend)
         self._capture = capture
         self._bound: tuple[weakref.ref[nn.Module], weakref.ref[ModelCaches]] | None = None
-        self._graphs: dict[tuple[tuple[int, ...], ...], CapturedStep | None] = {}
+        # by (shape_key, whether the step takes the head and argmax)
+        self._graphs: dict[tuple[tuple[tuple[int, ...], ...], bool], CapturedStep | None] = {}
         # Graphs off for the prepared model: a step read the host while warming up (HostReadError), or it has
         # sliding-window layers; its decode steps are then not padded either.
         self._uncapturable = False
@@ -78,10 +84,25 @@ class CudaBackend(TorchBackend):
     def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """A decode step of a captured shape is replayed; any other step runs the modules."""
         step = self.captured(model, batch, caches)
-        return model(batch, caches) if step is None else step.run(batch, caches)
+        return model(batch, caches) if step is None else step.run(batch, caches)[0]
 
-    def captured(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> CapturedStep | None:
-        """The graph of this step's shape (captured now if it is new), or None: the module path runs."""
+    def forward_greedy(
+        self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches
+    ) -> tuple[torch.Tensor, list[int]]:
+        """A decode step of a captured shape replays its graph with the head and argmax: the rows' ids come to the
+        host in one copy; any other step runs the reference (the module path, then the head and argmax)."""
+        step = self.captured(model, batch, caches, head=True)
+        if step is None:
+            return super().forward_greedy(model, batch, caches)
+        hidden, ids = step.run(batch, caches)
+        assert ids is not None
+        every_row = ids.tolist()  # the one device-to-host copy of the step
+        return hidden, [every_row[r] for r in batch.sample_rows]
+
+    def captured(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches,
+                 head: bool = False) -> CapturedStep | None:  # fmt: skip
+        """The graph of this step's shape, with the head and argmax or without (captured now if it is new), or
+        None: the module path runs."""
         attn = batch.attn
         if batch.window_attn is not None:  # sliding-window paging is not padded (shape_rows): no graph, no padding
             self._uncapturable = True
@@ -93,20 +114,22 @@ class CudaBackend(TorchBackend):
             raise RuntimeError(f"the {self.name} backend runs the model it prepared last; prepare this one again")
         if self._bound is None or self._bound[0]() is not model or self._bound[1]() is not caches:
             self._bound, self._graphs = (weakref.ref(model), weakref.ref(caches)), {}
-        key = shape_key(batch)
+        key = (shape_key(batch), head)
         if key not in self._graphs:
             if len(self._graphs) >= MAX_GRAPHS:
                 return None
-            self._graphs[key] = self._capture_step(model, batch, caches)
+            self._graphs[key] = self._capture_step(model, batch, caches, head)
         return self._graphs[key]
 
-    def _capture_step(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> CapturedStep | None:
+    def _capture_step(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches,
+                      head: bool) -> CapturedStep | None:  # fmt: skip
         if self._capture is None:
             self._capture = cuda_graph_capture(torch.cuda.graph_pool_handle())
         if self._uncapturable:
             return None
         try:
-            return CapturedStep(model, caches, padding_template(batch), self._capture)
+            return CapturedStep(model, caches, padding_template(batch), self._capture,
+                                model.greedy_tokens if head else None)  # fmt: skip
         except HostReadError as e:  # a part reads the host mid-step (a MoE's per-expert loop): no shape captures
             self._uncapturable = True
             logger.warning("decode graphs off for this model, every step runs the module path: %s", e)

@@ -16,6 +16,11 @@ copy), and the kernels decide per row from the device tensors. The checkpoints a
 completes a block) are copied after the replay from the rows' running slots, every layer's state at once, as the
 CPU decode graph does (backends/decode_graph.py), and their positions checked (provenance).
 
+A step may also take its output head and each row's argmax inside the capture (`head`: the model's greedy_tokens),
+for steps whose sampled rows all take the argmax of their raw logits: the replay then yields the rows' token ids,
+and one copy of them (8 bytes a row) is what reaches the host, not the logits; the head runs on the card while the
+host waits for nothing but that copy (backends/cuda.py keeps a graph per shape with and without it).
+
 `Capture` makes a replay from a step: `cuda_graph_capture` on a GPU, `rerun_capture` (the reference: the same
 step over the same static inputs, run eagerly) where there is no GPU (the tests, under Triton's interpreter).
 """
@@ -30,9 +35,12 @@ from recap.kernels.batch import batch_on, pack_batch, packed_fields
 from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch
 from recap.model.cache import ModelCaches
 
-Step = Callable[[], torch.Tensor]  # one decode step over the graph's static inputs -> hidden [rows, D]
-Replay = Callable[[], torch.Tensor]  # run the captured step again -> its hidden states (the graph's own buffer)
+# What a captured step yields: its hidden states [rows, D] and, where it takes the head, each row's argmax [rows]
+StepOutput = tuple[torch.Tensor, torch.Tensor | None]
+Step = Callable[[], StepOutput]  # one decode step over the graph's static inputs
+Replay = Callable[[], StepOutput]  # run the captured step again -> its outputs (the graph's own buffers)
 Capture = Callable[[Step], Replay]
+Head = Callable[[torch.Tensor], torch.Tensor]  # hidden [rows, D] -> token ids [rows] (CausalLM.greedy_tokens)
 
 
 class HostReadError(RuntimeError):
@@ -76,7 +84,7 @@ def cuda_graph_capture(pool: object | None = None, warmup: int = 2) -> Capture:
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # the engine's other threads
             out = step()
 
-        def replay() -> torch.Tensor:
+        def replay() -> StepOutput:
             graph.replay()
             return out
 
@@ -89,9 +97,10 @@ class CapturedStep:
     """One model's decode step of one shape over one cache set, captured (see the module docstring)."""
 
     def __init__(self, model: Callable[[ForwardBatch, ModelCaches], torch.Tensor], caches: ModelCaches,
-                 template: ForwardBatch, capture: Capture) -> None:  # fmt: skip
+                 template: ForwardBatch, capture: Capture, head: Head | None = None) -> None:  # fmt: skip
         """`template`: a batch of the shape to capture whose rows are all padding rows (it reads and writes no
-        slot while it is captured), on the device the graph runs on."""
+        slot while it is captured), on the device the graph runs on; `head`: what the step also computes from its
+        hidden states, every row's (None: the step ends at the hidden states)."""
         if template.ssm is not None and any(s != PAD_SLOT_ID for s in template.ssm.state_indices_list):
             raise ValueError("a decode graph is captured over padding rows only")
         self.key = shape_key(template)
@@ -104,7 +113,13 @@ class CapturedStep:
         self._bools = [(getattr(o, n), off) for o, n, off in self._bool_fields(static)]
         self.batch = static
         self._caches = caches
-        self.replay = capture(lambda: model(static, caches))
+        self.takes_head = head is not None
+
+        def step() -> StepOutput:
+            hidden = model(static, caches)
+            return hidden, None if head is None else head(hidden)
+
+        self.replay = capture(step)
 
     @staticmethod
     def _bool_fields(batch: ForwardBatch) -> list[tuple[object, str, int]]:
@@ -116,17 +131,18 @@ class CapturedStep:
             off += t.numel()
         return out
 
-    def run(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        """The step's hidden states [rows, D] (the graph's buffer: read before the next replay); `caches` (the set
-        it was captured over) are updated as the module path does, checkpoints included. The caller found this
-        graph by the batch's shape_key (CudaBackend.captured), so the shape is not checked again per step."""
+    def run(self, batch: ForwardBatch, caches: ModelCaches) -> StepOutput:
+        """The step's hidden states [rows, D] and, where it takes the head, every row's token id [rows] (the graph's
+        buffers: read before the next replay); `caches` (the set it was captured over) are updated as the module
+        path does, checkpoints included. The caller found this graph by the batch's shape_key
+        (CudaBackend.captured), so the shape is not checked again per step."""
         assert caches is self._caches and batch.num_seqs == self.rows, "a decode graph runs steps of its shape"
         packed = batch.packed if batch.packed is not None else pack_batch(batch)
         self._packed[: self._size].copy_(packed[: self._size], non_blocking=True)
         for t, off in self._bools:
             t.copy_(self._packed[off : off + t.numel()].view(t.shape), non_blocking=True)
-        hidden = self.replay()
+        outputs = self.replay()
         if batch.planned_checkpoints:  # a row's token completed a block: its new state, every layer's, is one
             assert batch.ssm is not None
             caches.copy_checkpoints((batch.ssm.state_indices_list[r], p, s) for r, p, s in batch.planned_checkpoints)
-        return hidden
+        return outputs

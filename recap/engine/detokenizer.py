@@ -8,9 +8,12 @@ held back until they can no longer begin a stop string.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from recap.sampling_params import SamplingParams
+
+Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text: one tokenizer's decode
 
 # Tokens of context re-decoded with each new token, so merges across the boundary render right.
 _CONTEXT_TOKENS = 6
@@ -26,9 +29,38 @@ def special_token_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def tokenizer_decode(tokenizer: Any) -> Decode:
+    """`tokenizer.decode(ids, skip_special_tokens=...)` of one list of ids. Where that call comes down to the Rust
+    tokenizer's own decode (a transformers fast tokenizer with the stock decode that cleans up no spaces), the
+    Rust decode is called directly: transformers' wrapper (argument conversion and checks) is about two thirds of
+    a call, and the engine decodes twice per new token of every request (IncrementalDetokenizer.add)."""
+
+    def reference(ids: list[int], skip: bool) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=skip)
+
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return reference
+    cls = type(tokenizer)
+    stock = (isinstance(tokenizer, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
+             and cls._decode is TokenizersBackend._decode)  # fmt: skip
+    if not stock or tokenizer.clean_up_tokenization_spaces:
+        return reference
+    backend = tokenizer.backend_tokenizer
+
+    def rust(ids: list[int], skip: bool) -> str:
+        return backend.decode(ids, skip_special_tokens=skip)
+
+    return rust
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
+    def __init__(self, tokenizer: Any, params: SamplingParams, decode: Decode | None = None) -> None:
+        """`decode`: the tokenizer's decode (tokenizer_decode(tokenizer) where None; the engine makes it once)."""
         self.tokenizer = tokenizer
+        self._decode_ids = tokenizer_decode(tokenizer) if decode is None else decode
         self.params = params
         self.token_ids: list[int] = []
         self.text = ""
@@ -45,8 +77,8 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         if self._drop is not None:
-            return self.tokenizer.decode([i for i in ids if i not in self._drop], skip_special_tokens=False)
-        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens)
+            return self._decode_ids([i for i in ids if i not in self._drop], False)
+        return self._decode_ids(ids, self.params.skip_special_tokens)
 
     def add(self, new_ids: list[int]) -> bool:
         """Append tokens; returns True when a stop string ended the text."""

@@ -213,35 +213,38 @@ class LLMEngine:
         stopped: list[str] = []
         failed, errored = runner_out.extras.get("grammar_failed", {}), []
         new_tokens = 0
+        outputs = self.outputs
+        parents, child_to_parent = outputs.parents, outputs.child_to_parent  # looked up once, not per row
         for u in updates:
-            parent = self.outputs.parents.get(self.outputs.child_to_parent.get(u.request_id, ""))
+            rid = u.request_id
+            parent = parents.get(child_to_parent.get(rid, ""))
             if parent is None:
                 continue
-            if u.request_id in failed:  # its grammar broke: the token was drawn unconstrained, so it is dropped
-                self.outputs.on_error(u.request_id, failed[u.request_id])
-                errored += [u.request_id] if u.finished is None else []
+            if rid in failed:  # its grammar broke: the token was drawn unconstrained, so it is dropped
+                outputs.on_error(rid, failed[rid])
+                errored += [rid] if u.finished is None else []
                 self._release_forks(parent)
                 continue
             new_tokens += len(u.new_token_ids)
-            had_first = parent.metrics.first_token_time is not None
-            hit_stop = self.outputs.on_tokens(
-                u.request_id, list(u.new_token_ids), logprobs.get(u.request_id), u.num_cached_tokens
-            )
+            metrics = parent.metrics
+            had_first = metrics.first_token_time is not None
+            # on_tokens keeps no reference to the list (it extends the outputs' own lists)
+            hit_stop = outputs.on_tokens(rid, u.new_token_ids, logprobs.get(rid), u.num_cached_tokens)
             if u.finished is not None:
-                self.outputs.on_finished(u.request_id, u.finished)
+                outputs.on_finished(rid, u.finished)
             elif hit_stop:
-                stopped.append(u.request_id)
-            if not had_first and parent.metrics.first_token_time is not None:
-                self.metrics.observe_ttft(parent.metrics.first_token_time - parent.metrics.arrival_time)
-            self._release_forks(parent)
+                stopped.append(rid)
+            if not had_first and metrics.first_token_time is not None:
+                self.metrics.observe_ttft(metrics.first_token_time - metrics.arrival_time)
+            if parent.pending_forks:
+                self._release_forks(parent)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         if errored:
             self.scheduler.finish_requests(errored, RequestStatus.FINISHED_ERROR)
         if self.config.check_integrity:
             self.scheduler.check_integrity()
-        finishing = [p for p in self.outputs.parents.values() if p.dirty and p.finished]
-        results = self.outputs.collect()
+        results, finishing = self.outputs.collect()
         for r in results:
             if r.finished:
                 self.metrics.observe_finished(len(r.prompt_token_ids),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recap.core.request import FINISH_REASONS, RequestStatus
-from recap.engine.detokenizer import IncrementalDetokenizer
+from recap.engine.detokenizer import IncrementalDetokenizer, tokenizer_decode
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestMetrics, RequestOutput
 
@@ -36,29 +36,29 @@ class ParentState:
     dirty: bool = False
     prompt_logprobs: PromptLogprobs | None = None
     error: str | None = None  # why a child ended with finish_reason "error"
+    # The prompt's ids as every output of the request hands them out: copied once, not per step (a long prompt
+    # would otherwise be copied for every streamed token); the engine never changes them.
+    prompt_token_ids: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return all(c.output.finished for c in self.children.values())
 
-    def to_output(self) -> RequestOutput:
-        outs = [c.output for c in sorted(self.children.values(), key=lambda c: c.index)]
-        return RequestOutput(
-            request_id=self.prepared.request_id,
-            prompt=self.prepared.prompt,
-            prompt_token_ids=self.prepared.prompt_token_ids,
-            outputs=outs,
-            finished=self.finished,
-            num_cached_tokens=self.num_cached_tokens,
-            metrics=self.metrics,
-            prompt_logprobs=self.prompt_logprobs,
-            error=self.error,
-        )
+    def snapshot(self, finished: bool) -> RequestOutput:
+        """The request's output now, as copies (outputs cross threads in the async engine: never the live objects);
+        `finished`: self.finished, which the caller has."""
+        kids = self.children.values()
+        outs = [_copy(c.output) for c in (kids if len(kids) == 1 else sorted(kids, key=lambda c: c.index))]
+        p = self.prepared
+        return RequestOutput(p.request_id, p.prompt, self.prompt_token_ids, outs, finished, self.num_cached_tokens,
+                             self.metrics, self.error,
+                             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
 
 class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._decode = tokenizer_decode(tokenizer)  # once: every request's detokenizer calls it
         self.parents: dict[str, ParentState] = {}
         self.child_to_parent: dict[str, str] = {}
         self._token_text: dict[int, str] = {}
@@ -88,11 +88,12 @@ class OutputProcessor:
         for i in range(p.params.n):
             cid = child_id(p.request_id, i)
             want_lp = p.params.logprobs is not None
-            kids[cid] = _Child(i, IncrementalDetokenizer(self.tokenizer, p.params), CompletionOutput(
+            kids[cid] = _Child(i, IncrementalDetokenizer(self.tokenizer, p.params, self._decode), CompletionOutput(
                 index=i, logprobs=[] if want_lp else None))
             self.child_to_parent[cid] = p.request_id
         state = ParentState(p, kids, RequestMetrics(arrival_time=p.arrival_time),
-                            prompt_logprobs=None if p.params.prompt_logprobs is None else [None])
+                            prompt_logprobs=None if p.params.prompt_logprobs is None else [None],
+                            prompt_token_ids=list(p.prompt_token_ids))  # fmt: skip
         self.parents[p.request_id] = state
         return state
 
@@ -161,24 +162,29 @@ class OutputProcessor:
         parent.error = message
         parent.dirty = True
 
-    def collect(self) -> list[RequestOutput]:
-        """Outputs of parents that changed since the last call; finished parents are dropped."""
-        results = []
-        for rid in [r for r, p in self.parents.items() if p.dirty]:
-            parent = self.parents[rid]
+    def collect(self) -> tuple[list[RequestOutput], list[ParentState]]:
+        """Outputs of parents that changed since the last call, and the parents among them that finished (dropped
+        here)."""
+        results, done = [], []
+        for rid, parent in [(r, p) for r, p in self.parents.items() if p.dirty]:
+            finished = True
             for c in parent.children.values():
-                c.output.text_delta = c.detok.take_delta(c.output.finished)
-                c.output.text = c.detok.text if c.output.finished else c.detok.text[: c.detok._sent]
-            if parent.finished:
+                out = c.output
+                ended = out.finish_reason is not None  # CompletionOutput.finished
+                finished = finished and ended
+                out.text_delta = c.detok.take_delta(ended)
+                out.text = c.detok.text if ended else c.detok.text[: c.detok._sent]
+            if finished:
                 parent.metrics.finished_time = time.monotonic()
-            results.append(_snapshot(parent.to_output()))
+            results.append(parent.snapshot(finished))
             for c in parent.children.values():
                 c.output.token_ids_delta = []
                 c.output.logprobs_delta = []
             parent.dirty = False
-            if parent.finished:
+            if finished:
                 self.remove(rid)
-        return results
+                done.append(parent)
+        return results, done
 
     def remove(self, rid: str) -> None:
         parent = self.parents.pop(rid, None)
@@ -187,17 +193,10 @@ class OutputProcessor:
                 self.child_to_parent.pop(cid, None)
 
 
-def _snapshot(out: RequestOutput) -> RequestOutput:
-    # Outputs cross threads (async engine): hand out copies, never the live objects.
-    outs = [
-        CompletionOutput(
-            index=o.index, text=o.text, token_ids=list(o.token_ids),
-            logprobs=None if o.logprobs is None else list(o.logprobs), finish_reason=o.finish_reason,
-            stop_reason=o.stop_reason, text_delta=o.text_delta, token_ids_delta=list(o.token_ids_delta),
-            logprobs_delta=list(o.logprobs_delta),
-        )
-        for o in out.outputs
-    ]
-    return RequestOutput(out.request_id, out.prompt, list(out.prompt_token_ids), outs, out.finished,
-                         out.num_cached_tokens, out.metrics, out.error,
-                         prompt_logprobs=None if out.prompt_logprobs is None else list(out.prompt_logprobs))
+def _copy(o: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(
+        index=o.index, text=o.text, token_ids=list(o.token_ids),
+        logprobs=None if o.logprobs is None else list(o.logprobs), finish_reason=o.finish_reason,
+        stop_reason=o.stop_reason, text_delta=o.text_delta, token_ids_delta=list(o.token_ids_delta),
+        logprobs_delta=list(o.logprobs_delta),
+    )  # fmt: skip

@@ -4,7 +4,9 @@ slots and the SSM chunks (cut by kernels/tiling.py), built on the host and moved
 
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
@@ -15,9 +17,19 @@ from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import AttentionMetadata, ForwardBatch, SeqSpec, SSMMetadata
 from recap.kernels.tiling import RowTokens, chunk_rows
 
+_ARRAY_CODES = {torch.int64: "q", torch.bool: "b"}
+
 
 def _host(x: list[int] | list[bool] | list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    return torch.tensor(x, dtype=dtype, device="cpu")  # moved to the batch's device in one copy at the end
+    """`torch.tensor(x, dtype=dtype)` on the host (moved to the batch's device in one copy at the end), for a list
+    or a list of equal-length lists: through array.array and torch.frombuffer, ~3x cheaper than torch.tensor on
+    a list, and a step builds ~17 of them (the tensor owns the array)."""
+    nested = bool(x) and isinstance(x[0], list)
+    flat = array.array(_ARRAY_CODES[dtype], itertools.chain.from_iterable(x) if nested else x)  # type: ignore[arg-type]
+    if not flat:  # frombuffer refuses an empty buffer
+        return torch.tensor(x, dtype=dtype, device="cpu")
+    t = torch.frombuffer(flat, dtype=dtype)
+    return t.view(len(x), -1) if nested else t
 
 
 @dataclass(frozen=True)

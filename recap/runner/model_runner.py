@@ -31,7 +31,7 @@ from recap.runner.memory import (
     size_pools,
     weight_format,
 )
-from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs
+from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs, takes_argmax
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.runner.tier_stores import TierStepReport, open_tier_stores
 from recap.sampling_params import SamplingParams
@@ -207,18 +207,17 @@ class ModelRunner:
             out, drafted = self.drafter.propose(out)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
-        if self.has_state:
+        if self.has_state and batch.planned_checkpoints:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
-        hidden = self.backend.forward(self.model, batch, self.caches)
         result = ModelRunnerOutput()
-        if batch.sample_rows:
-            # On a GPU the sampler takes greedy rows' argmax there, else one copy of the rows' logits to the host.
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
-            rows = [out.scheduled[r] for r in batch.sample_rows]
-            sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
-            self._collect_samples(rows, sampled, result)
-            if self._grammar_failed:  # their tokens were drawn unconstrained: the engine drops them
-                result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
+        rows = [out.scheduled[r] for r in batch.sample_rows]
+        if rows and not verify and all(self._takes_argmax(s) for s in rows):  # the backend's head and argmax
+            hidden, tokens = self.backend.forward_greedy(self.model, batch, self.caches)
+            self._collect_samples(rows, SampleResult(tokens, [None] * len(tokens)), result)
+        else:
+            hidden = self.backend.forward(self.model, batch, self.caches)
+            if rows:
+                self._sample(rows, batch, hidden, result)
         if verify:
             self._verify(out, batch, hidden, verify, result)
         if self.drafter is not None:  # it commits its drafts and takes the hidden states it needs (an MTP head)
@@ -229,6 +228,22 @@ class ModelRunner:
         if self.has_state:
             self._report_checkpoints(out, batch, result)
         return _with_tier(result, tier)
+
+    def _sample(self, rows: list[ScheduledRequest], batch: ForwardBatch, hidden: torch.Tensor,
+                result: ModelRunnerOutput) -> None:  # fmt: skip
+        """Sample `rows` (the batch's sampled rows) from their logits. On a GPU the sampler takes greedy rows' argmax
+        there, else one copy of the rows' logits to the host."""
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
+        self._collect_samples(rows, sampled, result)
+        if self._grammar_failed:  # their tokens were drawn unconstrained: the engine drops them
+            result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
+
+    def _takes_argmax(self, s: ScheduledRequest) -> bool:
+        """Whether the row's token is the argmax of its raw logits and nothing else is asked of them."""
+        params: SamplingParams = s.sampling_params or _GREEDY
+        banned = s.num_output_tokens < params.min_tokens and bool(self._stop_ids(params))
+        return takes_argmax(params, banned, params.structured_outputs is not None)
 
     def close(self) -> None:
         """Finish the disk tier's queued writes (a restarted server finds them)."""

@@ -116,7 +116,7 @@ class MTPDrafter:
 
     def _argmax(self, batch: ForwardBatch, out: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         last = out[batch.logits_indices]
-        return torch.argmax(self.target.compute_logits(last), dim=-1).tolist(), last
+        return self.target.greedy_tokens(last).tolist(), last
 
     def _fold_spec(self, rid: str, s: ScheduledRequest, k: int) -> tuple[SeqSpec, torch.Tensor] | None:
         """The request's pending rows as one chunk (sampled where it drafts), or None: nothing to fold."""

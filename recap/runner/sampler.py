@@ -108,11 +108,16 @@ def sample_ref(logits: torch.Tensor, rows: list[SampleRow], shared: torch.Genera
     return SampleResult(tokens, lps)
 
 
+def takes_argmax(params: SamplingParams, banned: bool, constrained: bool) -> bool:
+    """Whether a row's token is the argmax of its raw logits and nothing else is asked of them: greedy, no
+    penalties or logit_bias, no logprobs, no banned ids (`banned`: min_tokens not yet reached) and no grammar
+    (`constrained`). Such rows need no logits on the host (Backend.forward_greedy)."""
+    return (params.greedy and not params.has_penalties and params.logprobs is None and not banned
+            and not constrained)  # fmt: skip
+
+
 def _argmax_only(row: SampleRow) -> bool:
-    """Whether a row's token is the argmax of its raw logits and nothing else is asked of them."""
-    p = row.params
-    return (p.greedy and not p.has_penalties and row.allowed is None and not row.banned_token_ids
-            and p.logprobs is None)  # fmt: skip
+    return takes_argmax(row.params, bool(row.banned_token_ids), row.allowed is not None)
 
 
 class Sampler:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from recap.engine.detokenizer import IncrementalDetokenizer, special_token_ids
+from recap.engine.detokenizer import IncrementalDetokenizer, special_token_ids, tokenizer_decode
 from recap.model.default_model import save_tokenizer
 from recap.sampling_params import SamplingParams
 from recap.server.tools import special_marker_ids
@@ -91,3 +91,22 @@ def test_special_tool_markers_are_kept_and_other_specials_skipped(tmp_path: Path
     erased = stream(SamplingParams())[1]
     assert "<tool_call>" not in erased and erased.startswith("Sure.")  # what a parser could not read
     assert stream(SamplingParams(skip_special_tokens=False))[1].endswith("</tool_call>" + tok.eos_token)
+
+
+@pytest.mark.parametrize("clean_up", [False, True])
+def test_direct_decode_equals_the_tokenizers_decode(tmp_path: Path, clean_up: bool) -> None:
+    """The Rust tokenizer's decode called directly (tokenizer_decode's fast path) gives transformers' decode, special
+    tokens and added tokens included; a tokenizer that cleans up spaces keeps transformers' decode."""
+    import torch
+
+    tok = _marker_tokenizer(tmp_path)
+    tok.clean_up_tokenization_spaces = clean_up
+    decode = tokenizer_decode(tok)
+    assert decode.__name__ == ("reference" if clean_up else "rust")
+    g = torch.Generator().manual_seed(0)
+    vocab = len(tok)
+    for n in (1, 2, 5, 17, 40):
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist() + [tok.eos_token_id, vocab - 1]
+        for skip in (True, False):
+            assert decode(ids, skip) == tok.decode(ids, skip_special_tokens=skip), (ids, skip)
+    assert tokenizer_decode(ByteTokenizer()).__name__ == "reference"  # not a transformers tokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recap.runner.sampler import Sampler, SampleRow, _filter_logits, sample_ref
+from recap.runner.sampler import Sampler, SampleRow, _filter_logits, sample_ref, takes_argmax
 from recap.sampling_params import SamplingParams
 
 
@@ -86,3 +86,26 @@ def test_a_temperature_below_eps_is_argmax(temperature: float) -> None:
     got = Sampler(seed=0)(logits, rows)
     assert got.token_ids == torch.argmax(logits, -1).tolist()
     assert got.token_ids == sample_ref(logits, rows, _gen(0)).token_ids
+
+
+@pytest.mark.parametrize(
+    ("params", "banned", "constrained", "want"),
+    [
+        (SamplingParams(temperature=0.0), False, False, True),
+        (SamplingParams(temperature=0.0, logprobs=0), False, False, False),
+        (SamplingParams(temperature=0.7), False, False, False),
+        (SamplingParams(temperature=0.0, repetition_penalty=1.1), False, False, False),
+        (SamplingParams(temperature=0.0, logit_bias={3: 1.0}), False, False, False),
+        (SamplingParams(temperature=0.0), True, False, False),
+        (SamplingParams(temperature=0.0), False, True, False),
+    ],
+)
+def test_takes_argmax_only_for_plain_greedy_rows(params: SamplingParams, banned: bool, constrained: bool,
+                                                 want: bool) -> None:  # fmt: skip
+    """The rows whose token a backend may take inside its step (Backend.forward_greedy): and for those, the
+    sampler's token is the argmax of the raw logits."""
+    assert takes_argmax(params, banned, constrained) is want
+    logits = torch.randn(3, 41, generator=_gen(5))
+    if want:
+        rows = [SampleRow(params, None) for _ in range(3)]
+        assert Sampler(0)(logits, rows).token_ids == torch.argmax(logits, dim=-1).tolist()

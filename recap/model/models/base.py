@@ -106,6 +106,11 @@ class CausalLM(nn.Module):
             logits.mul_(m)
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> each row's argmax token [N] (int64, on hidden's device): what a greedy row samples when
+        nothing else is asked of its logits. It reads nothing on the host, so a decode graph can capture it."""
+        return torch.argmax(self.compute_logits(hidden), dim=-1)
+
     def capture_decode(self, builder: DecodeCapture, caches: ModelCaches) -> torch.Tensor:
         """Record `forward`'s decode step (embed -> blocks -> final norm) on `builder` over `caches`
         (model/capture.py) -> the final hidden buffer [rows, D]. GraphUnsupportedError names the first part it
