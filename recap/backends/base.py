@@ -5,7 +5,7 @@ weights live), places the KV/state pools (`cache_zeros`, ModelCaches.allocate's 
 set the step's ForwardBatch carries (every layer calls `batch.kernels.<op>`), and runs a step
 (`forward`: the model's forward, or a replay of a captured step). The model holds no device branch: a
 backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`,
-`set_norm_kernel`)
+`set_norm_kernel`, `set_moe_kernel`)
 and the decode-capture protocol (recap/model/capture.py). The runner owns one backend and runs every step
 through it; a device is one more Backend subclass.
 """
@@ -79,6 +79,20 @@ def switch_norm_kernel(parts: list[nn.Module], kernel: Kernel | None) -> None:
             m.set_norm_kernel(kernel)
 
 
+@runtime_checkable
+class MoEKernelSwitch(Protocol):
+    """Routed experts that run the kernel set's fused experts where given and they can (model/layers/moe.py)."""
+
+    def set_moe_kernel(self, kernel: Kernel | None) -> None: ...
+
+
+def switch_moe_kernel(parts: list[nn.Module], kernel: Kernel | None) -> None:
+    """Every routed-expert module of `parts` on `kernel` (None: their per-expert loops)."""
+    for m in parts:
+        if isinstance(m, MoEKernelSwitch):
+            m.set_moe_kernel(kernel)
+
+
 def switch_native(parts: list[nn.Module], on: bool) -> None:
     """Every part with native decode kernels on or off (bound again to the weights' current addresses)."""
     for m in parts:
@@ -103,7 +117,9 @@ class Backend(ABC):
         """Make `model` run this backend's way (call after loading its weights, again after reloading them).
         The model is then this backend's to run (`serves`) until another backend prepares it."""
         self._prepare(model)
-        switch_norm_kernel(model_parts(model), self.kernels.rms_norm)  # the kernel set's, for every backend
+        parts = model_parts(model)
+        switch_norm_kernel(parts, self.kernels.rms_norm)  # the kernel set's, for every backend
+        switch_moe_kernel(parts, self.kernels.moe_experts)
         _PREPARED_BY[model] = self
         return_free_heap()  # the parameters and copies the layouts replaced: back to the OS before serving
 

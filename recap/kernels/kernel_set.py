@@ -57,6 +57,9 @@ class KernelSet:
     # The norm modules' fused kernel (kernels/triton/rms_norm.py's signature), which a backend hands them
     # (Backend.prepare); None: their own torch ops (the reference; on a CPU, with the native fp32 norm).
     rms_norm: Kernel | None = None
+    # The MoE modules' fused routed experts (kernels/triton/fused_moe.py's signature), handed to them likewise;
+    # None: their per-expert loop (the reference, which reads the host: no CUDA graph holds it).
+    moe_experts: Kernel | None = None
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:
