@@ -125,6 +125,8 @@ def _check(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, experts: to
         if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"the fused MoE takes fp32/bf16/fp16 {name}, got {t.dtype} (quantized experts run "
                             "the module's loop)")  # fmt: skip
+    if w_in.dtype != x.dtype or w_out.dtype != x.dtype:
+        raise TypeError(f"the fused MoE takes weights of x's dtype {x.dtype}: got {w_in.dtype}, {w_out.dtype}")
     e, n_in, d = w_in.shape
     i = n_in // 2 if gated else n_in
     if x.dim() != 2 or x.shape[1] != d or w_out.shape != (e, d, i) or (gated and n_in % 2):

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from recap.model.cache import ModelCaches
 
 logger = logging.getLogger(__name__)
+_REFUSALS_LOGGED: set[str] = set()
 
 
 def route(
@@ -97,11 +98,12 @@ class FusedExperts(nn.Module, ABC):
         self.moe_refusal = ("expert biases" if c.bias else "soft-capped SwiGLU experts" if c.softcaps is not None
                             else f"activation {c.activation!r}" if c.activation not in MOE_ACTIVATIONS
                             else self._fusable())  # fmt: skip
-        if self.moe_refusal is not None:
+        if self.moe_refusal is not None and self.moe_refusal not in _REFUSALS_LOGGED:  # once, not per layer
+            _REFUSALS_LOGGED.add(self.moe_refusal)
             logger.warning("routed experts keep their per-expert loop (it reads the host: no CUDA graph holds it), "
                            "the fused kernel does not serve %s", self.moe_refusal)  # fmt: skip
-            return
-        self.moe_kernel = kernel
+        if self.moe_refusal is None:
+            self.moe_kernel = kernel
 
     @abstractmethod
     def _fusable(self) -> str | None:
