@@ -95,7 +95,8 @@ def test_fused_experts_equal_the_loop(case: tuple, dtype: torch.dtype) -> None:
         got = experts_mod.run(x, ids, w.to(dtype))
         experts_mod.set_moe_kernel(None)
         assert torch.equal(experts_mod.run(x, ids, w.to(dtype)), want), "the loop is unchanged (list: stacked views)"
-        tol = TOL * 10 if dtype == torch.float32 else 3e-2
+        # bf16: the loop sums the k weighted outputs in bf16, the kernel in fp32 then rounds once
+        tol = TOL * 10 if dtype == torch.float32 else 6e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol, msg=f"{case} T={tokens}")
 
 
