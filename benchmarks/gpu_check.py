@@ -7,7 +7,9 @@ Sections, each timed and isolated (a failure is recorded and the next section ru
 1. kernels: the Triton kernel tests (tests/kernels/triton) compiled on the device: each kernel against its torch
    reference in fp32 (states, slots written and untouched) and in bf16 on the GPU-only cases;
 2. backends: end-to-end greedy tokens of the Triton and torch kernel sets on tiny hybrids (Mamba2, GDN and
-   short-conv), and cached = uncached (a repeated prompt hits its checkpoint and gives the same tokens);
+   short-conv; MoE ones whose routed experts run the fused kernel: Nemotron-H, Granite-4.0-H, Qwen3.5-MoE,
+   Kimi-Linear), the decode graphs captured, and cached = uncached (a repeated prompt hits its checkpoint and
+   gives the same tokens);
 3. speed: ~1.3B Nemotron-H-like and ~1.5B Qwen3.5-like shapes with random bf16 weights: prefill tok/s at
    8k tokens, decode tok/s at batch 1/32/128, time to first token on a cached 8k prefix (+64 new tokens)
    against the cold 8k prefill; transformers on the same shape side by side (prefill 8k, decode batch 1);
@@ -178,7 +180,7 @@ def backend_equality(device: str, tmp: Path) -> list[dict[str, Any]]:
     shared = torch.randint(3, 500, (70,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 23, 41)]
     rows = []
-    for arch in ("nemotron_h", "qwen3_5", "lfm2", "mamba", "kimi_linear"):
+    for arch in ("nemotron_h", "qwen3_5", "lfm2", "mamba", "kimi_linear", "granite_hybrid", "qwen3_5_moe"):
         path = str(make_tiny_checkpoint(arch, tmp / arch))
         got: dict[str, Any] = {}
         for name, kernels, graphs in (("torch", "torch", False), ("triton", "triton", True),
@@ -186,7 +188,8 @@ def backend_equality(device: str, tmp: Path) -> list[dict[str, Any]]:
             eng = _engine(path, tok, device, kernels, "float32", graphs)
             cold, _ = _run(eng, prompts, 12)
             warm, cached = _run(eng, prompts, 12)  # the same prompts again: hits on their prompt-end checkpoints
-            got[name] = (cold, warm, cached, type(eng.runner.backend).__name__)
+            graphs_held = getattr(eng.runner.backend, "_graphs", {}).values()  # the CUDA backend's only
+            got[name] = (cold, warm, cached, type(eng.runner.backend).__name__, sum(g is not None for g in graphs_held))
             del eng
             _free()
         row = {
@@ -196,6 +199,7 @@ def backend_equality(device: str, tmp: Path) -> list[dict[str, Any]]:
             "cached_equals_uncached": got["triton"][1] == got["triton"][0],
             "cached_tokens": got["triton"][2],
             "backends": [got[k][3] for k in ("torch", "triton", "triton-eager")],
+            "graphs_captured": got["triton"][4],
         }
         rows.append(row)
         print(f"  {arch:<12} {row}", flush=True)

@@ -5,8 +5,9 @@ weights live), places the KV/state pools (`cache_zeros`, ModelCaches.allocate's 
 set the step's ForwardBatch carries (every layer calls `batch.kernels.<op>`), and runs a step
 (`forward`: the model's forward, or a replay of a captured step). The model holds no device branch: a
 backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`,
-`set_norm_kernel`, `set_rope_kernel`) and the decode-capture protocol (recap/model/capture.py). The runner owns
-one backend and runs every step through it; a device is one more Backend subclass.
+`set_norm_kernel`, `set_rope_kernel`, `set_moe_kernel`) and the decode-capture protocol
+(recap/model/capture.py). The runner owns one backend and runs every step through it; a device is one
+more Backend subclass.
 """
 
 from __future__ import annotations
@@ -86,13 +87,22 @@ class RopeKernelSwitch(Protocol):
     def set_rope_kernel(self, kernel: Kernel | None) -> None: ...
 
 
+@runtime_checkable
+class MoEKernelSwitch(Protocol):
+    """Routed experts that run the kernel set's fused experts where given and they can (model/layers/moe.py)."""
+
+    def set_moe_kernel(self, kernel: Kernel | None) -> None: ...
+
+
 def switch_fused_kernels(parts: list[nn.Module], kernels: KernelSet) -> None:
     """Every norm of `parts` on the kernel set's `rms_norm`, every attention layer's q/k preparation on its
-    `rope_qk` (None: their torch ops)."""
+    `rope_qk`, every routed-expert module on its `moe_experts` (None: their torch ops / per-expert loops)."""
     switch_norm_kernel(parts, kernels.rms_norm)
     for m in parts:
         if isinstance(m, RopeKernelSwitch):
             m.set_rope_kernel(kernels.rope_qk)
+        if isinstance(m, MoEKernelSwitch):
+            m.set_moe_kernel(kernels.moe_experts)
 
 
 def switch_native(parts: list[nn.Module], on: bool) -> None:

@@ -4,8 +4,8 @@ A decode step's rows are padded to the next of GRAPH_ROWS with padding rows and 
 power-of-two width (`shape_rows`, before the batch is built), so that a few captured shapes serve every decode
 step; each shape is captured the first time a step of it runs (backends/cuda_graph.py) and replayed after.
 Prefill, mixed and verify steps, steps with sliding-window paging and models a graph cannot capture (a layer
-that reads the host mid-step, e.g. a MoE's per-expert loop) run the module path, as --enforce-eager runs every
-step (the torch backend, eager.py).
+that reads the host mid-step, e.g. a MoE's per-expert loop where the fused experts do not serve its experts:
+model/layers/moe.py) run the module path, as --enforce-eager runs every step (the torch backend, eager.py).
 
 A decode step whose sampled rows all take the argmax of their raw logits (greedy, no logprobs, penalties, bans or
 grammar: the runner decides, runner/model_runner.py) replays a graph of its shape that also takes the output head

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recap.kernels.batch import batch_on, pack_batch, packed_fields
 from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch
@@ -53,9 +54,30 @@ def shape_key(batch: ForwardBatch) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(getattr(o, n).shape) for o, n in packed_fields(batch)[:-1])
 
 
+_INDEX_OPS = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default)
+
+
+class HostReads(TorchDispatchMode):
+    """Raises HostReadError at an op whose result needs a tensor's value on the host (.item(), nonzero, unique,
+    bincount, a boolean mask's index): the ops a GPU runs with a sync, which a CUDA graph cannot record. On a CPU
+    (the reference capture) they cost nothing, so they are caught by what they are, not by a sync."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN204
+        tags = func.tags
+        data_dependent = torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
+        if data_dependent and func in _INDEX_OPS:  # integer indices have a fixed shape; boolean masks do not
+            data_dependent = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        if data_dependent:
+            raise HostReadError(f"{func} reads a tensor's value on the host")
+        return func(*args, **(kwargs or {}))
+
+
 def rerun_capture(step: Step) -> Replay:
-    """The reference capture: each replay runs the step again, eagerly, over the same static inputs."""
-    step()  # as a capture runs it once (warm-up)
+    """The reference capture: each replay runs the step again, eagerly, over the same static inputs. Its
+    warm-up run (as a capture runs it once) fails with HostReadError where the step reads the host (HostReads),
+    as cuda_graph_capture's warm-up does on a GPU."""
+    with HostReads():
+        step()
     return step
 
 

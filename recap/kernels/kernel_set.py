@@ -60,6 +60,9 @@ class KernelSet:
     # The attention layers' q/k preparation (per-head norms, RoPE, the gate's sigmoid) in one kernel
     # (kernels/triton/rope_qk.py's signature), handed over like `rms_norm`; None: their module ops (layers/qk_rope.py).
     rope_qk: Kernel | None = None
+    # The MoE modules' fused routed experts (kernels/triton/fused_moe.py's signature), handed to them likewise;
+    # None: their per-expert loop (the reference, which reads the host: no CUDA graph holds it).
+    moe_experts: Kernel | None = None
 
     @classmethod
     def op_names(cls) -> tuple[str, ...]:

@@ -133,10 +133,13 @@ def record_decode_positions(
     # Without reading the device from the host (a CUDA graph replays this): a padding row writes the first real
     # row's slot with that row's value (duplicates of one value are harmless), or slot 0's own value when every
     # row is padding.
+    # The first real row j is picked by index_select: indexing with a 0-dim tensor (t[j]) reads j on the host.
     keep = state_indices != PAD_SLOT_ID
-    j = torch.argmax(keep.to(torch.int8))
-    first = torch.where(keep[j], state_indices[j], 0)
-    first_value = torch.where(keep[j], positions[j] + 1, slot_positions[first].to(positions.dtype))
+    j = torch.argmax(keep.to(torch.int8)).view(1)
+    keep_j = keep.index_select(0, j)
+    first = torch.where(keep_j, state_indices.index_select(0, j), 0)
+    first_value = torch.where(keep_j, positions.index_select(0, j) + 1,
+                              slot_positions.index_select(0, first).to(positions.dtype))  # fmt: skip
     index = torch.where(keep, state_indices, first)
     slot_positions.index_copy_(0, index, torch.where(keep, positions + 1, first_value).to(slot_positions.dtype))
 

@@ -1,8 +1,9 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
 the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, Inkling's relative-bias attention, the
 RG-LRU scan, RWKV's WKV scan and xLSTM's mLSTM scan: their torch kernels, which run on any device, until Triton
-ones exist. The norm modules run one fused Triton kernel each (`rms_norm`), and the attention layers' q/k norms,
-RoPE and gate one per layer (`rope_qk`)."""
+ones exist. The norm modules run one fused Triton kernel each (`rms_norm`), the attention layers' q/k norms,
+RoPE and gate one per layer (`rope_qk`), the MoE modules' routed experts two grouped GEMMs over device-sorted
+pairs (`moe_experts`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from recap.kernels.qsa import paged_qsa_attention
 from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
+from recap.kernels.triton.fused_moe import fused_moe
 from recap.kernels.triton.gdn import gated_delta_rule
 from recap.kernels.triton.gdn_gates import gdn_gates
 from recap.kernels.triton.kda import kda
@@ -47,4 +49,5 @@ TRITON_KERNELS = KernelSet(
     mlstm_scan=mlstm_scan,
     rms_norm=rms_norm,
     rope_qk=rope_qk,
+    moe_experts=fused_moe,
 )

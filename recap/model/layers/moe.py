@@ -9,12 +9,16 @@ The routing kinds of the families recap loads are fields of `MoEConfig` (see its
 
 from __future__ import annotations
 
+import logging
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recap.kernels.kernel_set import Kernel
+from recap.kernels.moe import MOE_ACTIVATIONS
 from recap.model.feed_forward_configs import MLPConfig, MoEConfig
 from recap.model.layers.activation import activation
 from recap.model.layers.linear import Linear, empty_param
@@ -24,6 +28,9 @@ from recap.model.layers.mlp import MLP, clamp_swiglu, split_gate_up
 if TYPE_CHECKING:
     from recap.kernels.metadata import ForwardBatch
     from recap.model.cache import ModelCaches
+
+logger = logging.getLogger(__name__)
+_REFUSALS_LOGGED: set[str] = set()
 
 
 def route(
@@ -74,14 +81,87 @@ def _grouped(experts: torch.Tensor, weights: torch.Tensor, num_experts: int):  #
             start += n
 
 
-class ExpertList(nn.ModuleList):
-    """Routed experts as on disk in per-expert form: `experts.{e}.{gate_proj,up_proj,down_proj}.weight`."""
+class FusedExperts(nn.Module, ABC):
+    """Routed experts that a backend may run through the kernel set's fused experts (`set_moe_kernel`: one
+    fixed-shape call a CUDA graph can hold, kernels/moe.py); their per-expert loop (`run`) is its reference."""
+
+    cfg: MoEConfig
+    moe_kernel: Kernel | None = None
+    moe_refusal: str | None = None  # why the kernel handed was not taken: the loop runs
+
+    def set_moe_kernel(self, kernel: Kernel | None) -> None:
+        """`kernel` for these experts from now on, where it serves them (else, and for None: the loop)."""
+        self.moe_kernel, self.moe_refusal = None, None
+        if kernel is None:
+            return
+        c = self.cfg
+        self.moe_refusal = ("expert biases" if c.bias else "soft-capped SwiGLU experts" if c.softcaps is not None
+                            else f"activation {c.activation!r}" if c.activation not in MOE_ACTIVATIONS
+                            else self._fusable())  # fmt: skip
+        if self.moe_refusal is not None and self.moe_refusal not in _REFUSALS_LOGGED:  # once, not per layer
+            _REFUSALS_LOGGED.add(self.moe_refusal)
+            logger.warning("routed experts keep their per-expert loop (it reads the host: no CUDA graph holds it), "
+                           "the fused kernel does not serve %s", self.moe_refusal)  # fmt: skip
+        if self.moe_refusal is None:
+            self.moe_kernel = kernel
+
+    @abstractmethod
+    def _fusable(self) -> str | None:
+        """Ready the weights for the kernel; what it cannot serve (None: nothing)."""
+
+    @abstractmethod
+    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(w_in [E, 2I or I, D], w_out [E, D, I], gate/up rows interleaved) as the kernel takes them."""
+
+    def _fused(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        assert self.moe_kernel is not None
+        w_in, w_out, interleaved = self._stacked()
+        c = self.cfg
+        return self.moe_kernel(x, w_in, w_out, experts, weights, activation=c.activation, gated=c.gated,
+                               interleaved=interleaved, swiglu_limit=c.swiglu_limit)  # fmt: skip
+
+
+def _share(linear: Linear, weight: torch.Tensor) -> None:
+    """Serve `linear` from `weight` (its values, in other storage: a view of a stacked copy); dense layers only."""
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    linear.impl.weight = linear.weight
+
+
+class ExpertList(FusedExperts, nn.ModuleList):
+    """Routed experts as on disk in per-expert form: `experts.{e}.{gate_proj,up_proj,down_proj}.weight`.
+
+    For the fused kernel their weights are stacked once (`set_moe_kernel`) and each expert's layers then read
+    views of the stacks: one copy of the weights either way."""
 
     def __init__(self, dim: int, cfg: MoEConfig, dtype: torch.dtype) -> None:
         mlp = MLPConfig(cfg.intermediate_size, cfg.activation, cfg.bias, cfg.gated, swiglu_limit=cfg.swiglu_limit)
         super().__init__(MLP(dim, mlp, dtype) for _ in range(cfg.num_experts))
+        self.cfg = cfg
+        self._stacks: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _fusable(self) -> str | None:
+        names = ("gate_proj", "up_proj", "down_proj") if self.cfg.gated else ("up_proj", "down_proj")
+        layers = [[getattr(m, n) for n in names] for m in self]
+        if any(lin.backend != "torch" or lin.released for ls in layers for lin in ls):
+            return "quantized or packed expert layers (int8/int4/oneDNN): it takes dense fp32/bf16/fp16 weights"
+        with torch.no_grad():
+            w_in = torch.stack([torch.cat([lin.weight for lin in ls[:-1]]) for ls in layers])
+            w_out = torch.stack([ls[-1].weight for ls in layers])
+        i = self.cfg.intermediate_size
+        for e, ls in enumerate(layers):
+            for j, lin in enumerate(ls[:-1]):
+                _share(lin, w_in[e, j * i : (j + 1) * i])
+            _share(ls[-1], w_out[e])
+        self._stacks = (w_in, w_out)
+        return None
+
+    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        assert self._stacks is not None
+        return *self._stacks, False
 
     def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.moe_kernel is not None:
+            return self._fused(x, experts, weights)
         out = torch.zeros_like(x)
         for e, tok, w in _grouped(experts, weights, len(self)):
             out.index_add_(0, tok, self[e](x[tok]).mul_(w))
@@ -95,7 +175,7 @@ def softcapped_swiglu(gate: torch.Tensor, up: torch.Tensor, gate_cap: float, up_
     return out.to(gate.dtype)
 
 
-class StackedExperts(nn.Module):
+class StackedExperts(FusedExperts):
     """Routed experts as 3-D weights: `gate_up_proj` [E, 2I, D] (gate rows first; `up_proj` [E, I, D] when not
     gated) and `down_proj` [E, D, I]."""
 
@@ -109,6 +189,14 @@ class StackedExperts(nn.Module):
         self.down_proj = empty_param(cfg.num_experts, dim, i, dtype=dtype)
         self.act = activation(cfg.activation)
 
+    def _fusable(self) -> str | None:
+        dtype = self.down_proj.dtype
+        return None if dtype in (torch.float32, torch.bfloat16, torch.float16) else f"{dtype} expert weights"
+
+    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        w_in = self.gate_up_proj if self.cfg.gated else self.up_proj
+        return w_in, self.down_proj, self.cfg.interleaved_gate_up
+
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.gated:
             gate_up = F.linear(x, self.gate_up_proj[e])
@@ -119,6 +207,8 @@ class StackedExperts(nn.Module):
         return F.linear(self.act(F.linear(x, self.up_proj[e])), self.down_proj[e])
 
     def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.moe_kernel is not None:
+            return self._fused(x, experts, weights)
         out = torch.zeros_like(x)
         for e, tok, w in _grouped(experts, weights, self.num_experts):
             out.index_add_(0, tok, self._expert(e, x[tok]).mul_(w))

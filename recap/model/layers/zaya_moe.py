@@ -4,13 +4,16 @@
     p = softmax(router_mlp(r))   router_mlp: RMSNorm, fc1, gelu, fc2, gelu, out_proj over E + 1 classes
     e = argmax(p + balancing_biases)   (one expert per token; class E is the skip expert: output 0)
     out = p[e] * down_proj[e](silu(gate[e](x)) * up[e](x))
-r goes on to the next layer's router (within the same token; no state across tokens)."""
+r goes on to the next layer's router (within the same token; no state across tokens).
+A backend may hand the experts the kernel set's fused experts (`set_moe_kernel`): the skip expert's id (E) is
+outside the stack, so it computes nothing there too; the per-expert loop below is its reference."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from recap.kernels.kernel_set import Kernel
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.norm import RMSNorm
 
@@ -48,10 +51,18 @@ class ZayaMoE(nn.Module):
         self.experts = nn.Module()
         self.experts.gate_up_proj = empty_param(experts, 2 * intermediate, hidden, dtype=dtype)
         self.experts.down_proj = empty_param(experts, hidden, intermediate, dtype=dtype)
+        self.moe_kernel: Kernel | None = None
+
+    def set_moe_kernel(self, kernel: Kernel | None) -> None:
+        """The fused experts (kernels/triton/fused_moe.py's signature) from now on; None: the loop."""
+        self.moe_kernel = kernel
 
     def forward(self, x: torch.Tensor, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (output [T, D], the router state for the next layer)."""
         index, weight, r = self.gate(x, prev)
+        if self.moe_kernel is not None:
+            ex = self.experts
+            return self.moe_kernel(x, ex.gate_up_proj, ex.down_proj, index[:, None], weight[:, None]), r
         out = torch.zeros_like(x)
         num = self.experts.gate_up_proj.shape[0]
         for e in torch.unique(index).tolist():
