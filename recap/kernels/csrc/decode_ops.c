@@ -1,8 +1,8 @@
 /* The small one-row operations of a captured decode step (recap/backends/decode_graph.py) that have no kernel
- * of their own: the embedding row and its multiplier, the residual add (scaled or not), the MLP's activation (gated or not) and RoPE with the K/V
- * write. Each is the fp32 arithmetic of the torch code it stands in for (references in
- * recap/kernels/decode_ops.py); exp, erf, tanh, cos and sin are libm's, so they agree with torch to fp32
- * rounding. Built by recap/kernels/native.py. */
+ * of their own: the embedding row and its multiplier, the residual add (scaled or not), the MLP's activation (gated
+ * or not), RoPE with the K/V write and LFM2's gated short conv. Each is the fp32 arithmetic of the torch code it
+ * stands in for (references in recap/kernels/decode_ops.py); exp, erf, tanh, cos and sin are libm's, so they
+ * agree with torch to fp32 rounding. Built by recap/kernels/native.py. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -118,6 +118,41 @@ int recap_rope_write_kv(float *q, float *k, const float *v, int64_t rows, int64_
         }
         memcpy(k_cache + slots[r] * hkv * dh, kr, sizeof(float) * (size_t)(hkv * dh));
         memcpy(v_cache + slots[r] * hkv * dh, v + r * hkv * dh, sizeof(float) * (size_t)(hkv * dh));
+    }
+    return 0;
+}
+
+/* LFM2's gated short conv at one token per row (layers/short_conv.py's decode step, kernels/conv1d.py's
+ * causal_conv1d_update on the fp32 windows): proj [rows, 3d] = [B | C | x]; per row r and channel i, bx = B x,
+ * y = bx w[i, k-1], then y += window[j] w[i, j] for the older taps j = 0 .. k-2 (oldest first), then + bias[i]
+ * (NULL: none); out[r, i] = C y. The window [d, k-1] of state slot src[r] (state [num_slots, d, k-1]) rolls by
+ * one, bx the newest, into slot dst[r] (dst NULL: src[r]), and slot_positions[dst[r]] = positions[r] + 1. Rows
+ * go in order, so a row may continue the window the row before it wrote (a verify graph's chain).
+ * Returns -1 (nothing written) when a slot is outside [0, num_slots), -2 when k is not 2 .. 65. */
+int recap_short_conv_step(const float *proj, int64_t rows, int64_t d, const float *w, const float *bias, int64_t k,
+                          float *state, int64_t num_slots, const int64_t *src, const int64_t *dst,
+                          const int64_t *positions, int64_t *slot_positions, float *out) {
+    if (k < 2 || k > 65) return -2;
+    for (int64_t r = 0; r < rows; r++)
+        if (src[r] < 0 || src[r] >= num_slots || (dst && (dst[r] < 0 || dst[r] >= num_slots))) return -1;
+    const int64_t km = k - 1;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *b = proj + r * 3 * d, *c = b + d, *x = b + 2 * d;
+        const float *win = state + src[r] * d * km;
+        const int64_t to = dst ? dst[r] : src[r];
+        float *next = state + to * d * km;
+        for (int64_t i = 0; i < d; i++) {
+            float prev[64];
+            memcpy(prev, win + i * km, sizeof(float) * (size_t)km); /* read before a write into the same slot */
+            const float bx = b[i] * x[i];
+            float y = bx * w[i * k + km];
+            for (int64_t j = 0; j < km; j++) y = fmaf(prev[j], w[i * k + j], y); /* torch addcmul_ fuses it */
+            if (bias) y = y + bias[i];
+            out[r * d + i] = c[i] * y;
+            memcpy(next + i * km, prev + 1, sizeof(float) * (size_t)(km - 1));
+            next[i * km + km - 1] = bx;
+        }
+        slot_positions[to] = positions[r] + 1;
     }
     return 0;
 }
