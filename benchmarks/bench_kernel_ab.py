@@ -1,9 +1,9 @@
 """One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two variants side by side,
-called alternately within every round on the same packed weights (both read one layout). Variants: the csrc
-sources of a git revision (default main) and of this checkout, each compiled with native.py's flags and run on
-this CPU's fastest path; or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4 through the
-kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has it; without,
-vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
+called alternately (each first in turn) within every round on the same packed weights (both read one layout).
+Variants: the csrc sources of a git revision (default main) and of this checkout, each compiled with native.py's
+flags and run on this CPU's fastest path; or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4
+through the kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has
+it; without, vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
 
     .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main | --isa] [--rows 1 64] [--rounds 7] [--shapes lfm2]
 
@@ -115,8 +115,9 @@ def bench(kind: str, k: int, out: int, rows: int, variants: dict, rounds: int, h
     reps = max(1, int(3e8 // (nbytes * max(rows, 8))))
     times: dict[str, list[float]] = {n: [] for n in variants}
     reads: list[float] = []
-    for _ in range(rounds):
-        for n, c in calls.items():
+    for i in range(rounds):
+        # the order alternates (ABBA): the variant that ran first ran slower, the same build against itself 1.03-1.36x
+        for n, c in list(calls.items())[:: 1 if i % 2 == 0 else -1]:
             t = time.thread_time()  # this thread's CPU time: the other processes of a shared box do not count
             for i in range(reps):
                 c(x, ws[i % copies], ys[n])
