@@ -3,6 +3,7 @@ keeping of its graphs, and the graph's ops (kernels/decode_ops.py) against their
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from recap.kernels import decode_ops
 from recap.kernels.conv1d import causal_conv1d_update
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import SeqSpec
+from recap.kernels.native import load_library
 from recap.kernels.paged_attention import write_kv
 from recap.kernels.varlen import record_decode_positions
 from recap.model.cache import ModelCaches
@@ -292,3 +294,21 @@ def test_short_conv_step_matches_the_module_path(rows: int, d: int, k: int, bias
     torch.testing.assert_close(chained, one_by_one, rtol=0, atol=0)
     with pytest.raises(ValueError, match="outside the state"):
         decode_ops.short_conv_step(proj, w, b, state, torch.full((rows,), rows + 3), positions, sp)
+
+
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx2",)])
+def test_silu_vector_paths_match_torch_over_the_whole_range(flags: tuple[str, ...]) -> None:
+    """recap_silu_f32 built for AVX-512, AVX2 (+ FMA) and neither (the build falls back): torch's silu to fp32
+    rounding from -120 to 120, and its zeros, infinities and NaN, gated and not, with a tail past the lanes."""
+    if "-mno-avx512f" in flags and "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no AVX2 here")
+    fn = load_library("decode_ops", flags).recap_silu_f32
+    x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(1000) * 4,
+                   torch.tensor([0.0, -0.0, 1e30, -1e30, float("inf"), -float("inf"), float("nan"), -89.5, -105.0])])
+    up = torch.randn(x.numel())
+    for gate in (None, up):
+        out = torch.empty_like(x)
+        fn(ctypes.c_void_p(x.data_ptr()), None if gate is None else ctypes.c_void_p(gate.data_ptr()),
+           ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(1), ctypes.c_int64(x.numel()), ctypes.c_int64(x.numel()))
+        want = F.silu(x) if gate is None else F.silu(x) * gate
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-30, equal_nan=True)
