@@ -1,22 +1,25 @@
 """One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two variants side by side,
-called alternately within every round on the same packed weights (both read one layout). Variants: the csrc
-sources of a git revision (default main) and of this checkout, each compiled with native.py's flags and run on
-this CPU's fastest path; or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4 through the
-kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has it; without,
-vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
+called alternately (each first in turn) within every round on the same packed weights (both read one layout).
+Variants: the csrc sources of a git revision (default main) and of this checkout, each compiled with native.py's
+flags and run on this CPU's fastest path; or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4
+through the kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has
+it; without, vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
 
-    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main | --isa] [--rows 1 64] [--rounds 7] [--shapes granite]
+    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main | --isa] [--rows 1 64] [--rounds 7] [--shapes lfm2]
 
 Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time: the other
-processes of a shared box do not count, their memory traffic does), GB/s of weight bytes, ns per output and the
-ratio. Weights are cycled through >= 128 MB so that a one-row call reads its weight from memory, as a decode step
-does (--hot: one copy, from cache where it fits). 1 thread. Also checks that both builds give equal outputs.
+processes of a shared box do not count, their memory traffic does), GB/s of weight bytes and its share of a plain
+1 GiB read timed in the same rounds (torch.sum, 1 thread), ns per output and the ratio. Weights (and the read) are
+on huge pages, as the CPU backend puts a model's, and cycled through >= 128 MB so that a one-row call reads its
+weight from memory, as a decode step does (--hot: one copy, from cache where it fits). 1 thread. Also checks that
+both builds give equal outputs.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import statistics
 import subprocess
 import sys
@@ -29,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from recap.backends.huge_pages import move_to_huge_pages  # noqa: E402
 from recap.kernels.linear_int4 import ISAS, best_isa, quantize_int4, supported_isas  # noqa: E402
 from recap.kernels.linear_rows import activation_grid, pack_int8  # noqa: E402
 from recap.kernels.native import FLAGS, _compiler  # noqa: E402
@@ -37,7 +41,10 @@ from recap.model.quant import int8_activation_bits, quantize_int8_weight, row_su
 ROOT = Path(__file__).resolve().parent.parent
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 # (in, out) of granite-h-1b's linears: mamba in_proj / out_proj, shared MLP in / out, the int8 head
-SHAPES = {"granite": [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)], "head": [(1536, 100352)]}
+# lfm2-1.2b's: MLP gate or up / down, short conv in_proj, q / o and k / v projections; its tied int8 head
+SHAPES = {"granite": [(1536, 6448), (3072, 1536), (1536, 8192), (4096, 1536)], "head": [(1536, 100352)],
+          "lfm2": [(2048, 8192), (8192, 2048), (2048, 6144), (2048, 2048), (2048, 512)],
+          "lfm2_head": [(2048, 65536)]}
 
 
 def build(src: str, name: str, tmp: Path, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
@@ -74,16 +81,25 @@ def int8_call(lib: ctypes.CDLL, seven_bit: bool, k: int, out: int):  # type: ign
 
 
 def weights(kind: str, k: int, out: int, copies: int) -> list:  # type: ignore[type-arg]
+    """`copies` packed weights, on transparent huge pages as the CPU backend puts a model's (from 4 KiB pages a
+    one-row kernel streams well below the memory's rate: backends/huge_pages.py)."""
     g = torch.Generator().manual_seed(0)
     res = []
     for _ in range(copies):
         w = torch.randn(out, k, generator=g) * 0.02
         if kind == "int4":
-            res.append(quantize_int4(w, 32))
+            q4 = quantize_int4(w, 32)
+            q4.packed = on_huge_pages(q4.packed)
+            res.append(q4)
         else:
             q, s = quantize_int8_weight(w)
-            res.append((pack_int8(q), row_sums(q), s))
+            res.append((on_huge_pages(pack_int8(q)), row_sums(q), s))
     return res
+
+
+def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    moved = move_to_huge_pages([t])
+    return t if moved is None else moved[0]
 
 
 def bench(kind: str, k: int, out: int, rows: int, variants: dict, rounds: int, hot: bool) -> None:  # type: ignore[type-arg]
@@ -98,19 +114,40 @@ def bench(kind: str, k: int, out: int, rows: int, variants: dict, rounds: int, h
     same = all(torch.equal(ys[n], next(iter(ys.values()))) for n in ys)
     reps = max(1, int(3e8 // (nbytes * max(rows, 8))))
     times: dict[str, list[float]] = {n: [] for n in variants}
-    for _ in range(rounds):
-        for n, c in calls.items():
+    reads: list[float] = []
+    for i in range(rounds):
+        # the order alternates (ABBA): the variant that ran first ran slower, the same build against itself 1.03-1.36x
+        for n, c in list(calls.items())[:: 1 if i % 2 == 0 else -1]:
             t = time.thread_time()  # this thread's CPU time: the other processes of a shared box do not count
             for i in range(reps):
                 c(x, ws[i % copies], ys[n])
             times[n].append((time.thread_time() - t) / reps)
+        reads.append(read_seconds())
     med = {n: statistics.median(v) for n, v in times.items()}
-    cells = [f"{n} {m * 1e3:7.3f} ms {nbytes / m / 1e9:5.1f} GB/s {m / out / rows * 1e9:6.2f} ns/out" for n, m in
-             med.items()]
+    read_gbs = READ_BYTES / statistics.median(reads) / 1e9
+    cells = [f"{n} {m * 1e3:7.3f} ms {nbytes / m / 1e9:5.1f} GB/s ({nbytes / m / 1e9 / read_gbs:4.0%}) "
+             f"{m / out / rows * 1e9:6.2f} ns/out" for n, m in med.items()]  # fmt: skip
     names = list(med)
     ratio = med[names[0]] / med[names[-1]] if len(names) > 1 else 1.0
-    print(f"{kind} {k}->{out} rows {rows}: " + " | ".join(cells) + f" | speedup {ratio:.2f}x equal={same}",
-          flush=True)
+    print(f"{kind} {k}->{out} rows {rows}: " + " | ".join(cells) + f" | speedup {ratio:.2f}x equal={same} | "
+          f"plain read {read_gbs:.1f} GB/s", flush=True)
+
+
+READ_BYTES = 1 << 30
+
+
+@functools.cache
+def _read_buffer() -> torch.Tensor:
+    return on_huge_pages(torch.ones(READ_BYTES // 4))
+
+
+def read_seconds() -> float:
+    """This thread's CPU time to sum 1 GiB of fp32 (torch.sum: the streaming read bandwidth one thread gets from
+    memory, measured in the same rounds as the kernels, so under the same load)."""
+    buf = _read_buffer()
+    t = time.thread_time()
+    buf.sum()
+    return time.thread_time() - t
 
 
 Variants = dict[str, dict[str, Callable]]  # kind -> name -> (k, out) -> call(x, w, y)
@@ -164,7 +201,7 @@ def main() -> None:
         for kind in args.kinds:
             for shape in args.shapes:
                 for k, out in SHAPES[shape]:
-                    if kind == "int4" and shape == "head":
+                    if kind == "int4" and shape.endswith("head"):
                         continue
                     for rows in args.rows:
                         bench(kind, k, out, rows, variants[kind], args.rounds, args.hot)

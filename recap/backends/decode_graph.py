@@ -19,10 +19,11 @@ module knows no model class. What it captures is exactly the module path's arith
 csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
 compares them). Supported today: fp32 activations; embedding (fp32 or int8 table, times a multiplier), RMSNorm,
 residual adds (times a multiplier: muP's, Granite's), Linear (fp32, int8 or int4 weights), Mamba2 mixers (the
-native step), attention (GQA, RoPE or none; no q/k norm, head gate or sliding window) and MLPs, gated or not, with
-an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu, relu2: Nemotron-H's), in MixerBlock, HybridBlock
-and GraniteBlock layouts. Any other part (another mixer, a mixer's own multipliers, a MoE, a model that overrides
-its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
+native step), LFM2's gated short convs, attention (GQA, RoPE or none, per-head q/k RMSNorms or none; no head gate
+or sliding window) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
+relu2: Nemotron-H's), in MixerBlock, HybridBlock, GraniteBlock and LfmBlock (no post norms) layouts. Any other
+part (another mixer, a mixer's own multipliers, a MoE, a model that overrides its forward) raises
+GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations
@@ -113,6 +114,27 @@ class DecodeGraph:
         args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(weight), _F32(eps), _addr(y))
         self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
         return y
+
+    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dh = weight.numel()
+        y = self.buffer(x.shape[1])
+        args = (_addr(x), _I64(self.rows * x.shape[1] // dh), _I64(dh), _addr(weight), _F32(eps), _addr(y))
+        self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
+        return y
+
+    def short_conv(
+        self, proj: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+        slot_positions: torch.Tensor, dst: ctypes.c_void_p | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """(dst: a verify graph's per-token destination slots.)"""
+        d, k = weight.shape
+        out = self.buffer(d)
+        self.record((raw_function(decode_ops_library(), "recap_short_conv_step", _INT), (
+            _addr(proj), _I64(self.rows), _I64(d), _addr(weight), None if bias is None else _addr(bias), _I64(k),
+            _addr(state), _I64(state.shape[0]), self._slot, dst, self._pos, _addr(slot_positions), _addr(out),
+        ), "a state slot outside the cache"))  # fmt: skip
+        self.has_state = True
+        return out
 
     def add(self, h: torch.Tensor, x: torch.Tensor, multiplier: float = 1.0) -> None:
         if multiplier == 1.0:  # the plain add, as the module path's h + x

@@ -8,6 +8,7 @@ CPU, almost all of it Python around the kernels. Its arithmetic is a decode step
 - Mamba2: the native step over the tokens in order, token j reading the state token j - 1 wrote and writing
   its own into the slot the runner asked for (recap_mamba2_chain): the per-position state writes rollback needs
   (DESIGN invariant 9) cost no copy, and the running slot ends after the row's last token.
+- LFM2's short conv: likewise, token j's window read from the slot token j - 1 wrote (recap_short_conv_step).
 So a VerifyGraph is a DecodeGraph of T rows whose Mamba2 calls take a source and a destination slot per token,
 replayed with per-token block tables, sequence lengths and slots built from the step's metadata
 (`token_inputs`). The module path stays the reference (tests/backends/test_verify_graph.py compares them on
@@ -94,6 +95,12 @@ class VerifyGraph(DecodeGraph):
         self.record((fn, args, None))
         self.has_state = True
         return y
+
+    def short_conv(
+        self, proj: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+        slot_positions: torch.Tensor, dst: ctypes.c_void_p | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        return super().short_conv(proj, weight, bias, state, slot_positions, self._dst)  # token j continues j - 1
 
     def takes(self, batch: ForwardBatch) -> bool:
         """Whether this graph replays the step: `rows` tokens, each row its decode token and its drafts (no

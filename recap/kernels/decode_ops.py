@@ -1,8 +1,9 @@
 """The small operations of a captured decode step (csrc/decode_ops.c): embedding rows (fp32 or int8) and an
-embedding multiplier, the residual add (scaled or not), an MLP's act(gate) * up or act(x) per activation, and RoPE
-with the K/V write. backends/decode_graph.py replays them by address; the wrappers here call them on tensors, for
-tests against their torch references (F.embedding, layers/embedding.embedding_int8_ref, x * m, h + x, h + x * m,
-layers/activation.py's activations, RotaryEmbedding.apply with paged_attention.write_kv)."""
+embedding multiplier, the residual add (scaled or not), an MLP's act(gate) * up or act(x) per activation, RoPE
+with the K/V write, and LFM2's gated short conv step. backends/decode_graph.py replays them by address; the wrappers
+here call them on tensors, for tests against their torch references (F.embedding, layers/embedding.embedding_int8_ref,
+x * m, h + x, h + x * m, layers/activation.py's activations, RotaryEmbedding.apply with paged_attention.write_kv,
+conv1d.causal_conv1d_update with varlen.record_decode_positions)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,23 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: 
     if rc:
         raise ValueError(f"rope_write_kv: a slot of {slots.tolist()} outside the cache's {num_slots} slots"
                          if rc == -1 else f"rope_write_kv: rotary dim {rot} above 1024")  # fmt: skip
+
+
+def short_conv_step(proj: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+                    slots: torch.Tensor, positions: torch.Tensor, slot_positions: torch.Tensor,
+                    dst: torch.Tensor | None = None) -> torch.Tensor:
+    """LFM2's gated short conv at one token per row: proj [n, 3D] = [B | C | x] -> C * conv(B * x) [n, D] with the
+    conv weight [D, K] (bias [D] or None) over the windows state [S, D, K - 1] of slots [n], each rolled by one
+    into dst [n] (None: the same slots; rows in order) with slot_positions[dst] = positions + 1. ValueError for a
+    slot outside the state."""
+    n, d = proj.shape[0], weight.shape[0]
+    out = torch.empty(n, d, device="cpu")
+    rc = decode_ops_library().recap_short_conv_step(
+        _p(proj), _i64(n), _i64(d), _p(weight), None if bias is None else _p(bias), _i64(weight.shape[1]),
+        _p(state), _i64(state.shape[0]), _p(slots), None if dst is None else _p(dst), _p(positions),
+        _p(slot_positions), _p(out),
+    )  # fmt: skip
+    if rc:
+        raise ValueError(f"short_conv_step: a slot of {slots.tolist()} outside the state's {state.shape[0]} slots"
+                         if rc == -1 else f"short_conv_step: {weight.shape[1]} taps (2 to 65)")  # fmt: skip
+    return out

@@ -59,6 +59,17 @@ class DecodeCapture(Protocol):
         """weight * x / rms(x) over x's rows -> a new buffer."""
         ...
 
+    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / rms(x) over each head of x [rows, heads * Dh] (weight [Dh]: a q/k norm) -> a new buffer."""
+        ...
+
+    def short_conv(
+        self, proj: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
+        slot_positions: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """LFM2's gated short conv on in_proj's output [rows, 3D], in place on the step's state slots -> [rows, D]."""
+        ...
+
     def add(self, h: torch.Tensor, x: torch.Tensor, multiplier: float = 1.0) -> None:
         """h += x * multiplier (the residual stream; x * m rounded before the add, as torch's h + x * m)."""
         ...

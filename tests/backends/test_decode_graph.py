@@ -3,6 +3,7 @@ keeping of its graphs, and the graph's ops (kernels/decode_ops.py) against their
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -14,9 +15,12 @@ import torch.nn.functional as F
 from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.backends.decode_graph import MAX_ROWS, DecodeGraph
 from recap.kernels import decode_ops
+from recap.kernels.conv1d import causal_conv1d_update
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import SeqSpec
+from recap.kernels.native import load_library
 from recap.kernels.paged_attention import write_kv
+from recap.kernels.varlen import record_decode_positions
 from recap.model.cache import ModelCaches
 from recap.model.layers.activation import activation
 from recap.model.layers.embedding import embedding_int8_ref
@@ -86,6 +90,7 @@ def _decode_both(
         ("nemotron_h_gelu", None, 3, False),
         ("granite_dense", None, 1, False), ("granite_dense", None, 4, False), ("granite_dense", "int8", 2, False),
         ("granite_dense", "int4", 1, False), ("granite_dense_rope", None, 3, False),
+        ("lfm2", None, 1, False), ("lfm2", "int4", 1, False), ("lfm2", "int8", 3, False),
     ],
 )  # fmt: skip
 def test_graph_replays_the_module_path(
@@ -95,7 +100,8 @@ def test_graph_replays_the_module_path(
     """Every step's hidden states and every cache after the run equal the module path's: bit for bit where the
     graph runs the same kernels (Mamba2), to fp32 rounding where it has its own activation and RoPE (Bamba's
     gated silu; Nemotron-H's non-gated MLP with relu2, gelu_tanh or gelu, and its attention); int8 weights at
-    every row count; Granite-4.0-H's dense variant with its embedding, residual and attention multipliers."""
+    every row count; Granite-4.0-H's dense variant with its embedding, residual and attention multipliers; LFM2's
+    short convs and q/k-normed attention."""
     model, backend = _prepared(graph_checkpoint(arch), quantization=quantization)
     replays: list[int] = []
     real = DecodeGraph.run
@@ -258,3 +264,51 @@ def test_activation_ops_match_torch_gated_and_not(name: str, rows: int, n: int) 
         decode_ops.activation_mul(name, x, up)
     with pytest.raises(KeyError):
         decode_ops.activation_mul("gelu_fast", x)
+
+
+@pytest.mark.parametrize(("rows", "d", "k", "bias"), [(1, 1, 2, False), (1, 48, 3, True), (3, 37, 4, False),
+                                                      (2, 64, 65, True)])  # fmt: skip
+def test_short_conv_step_matches_the_module_path(rows: int, d: int, k: int, bias: bool) -> None:
+    """recap_short_conv_step against ShortConv's decode arithmetic (B * x, causal_conv1d_update, C * y,
+    record_decode_positions): outputs, windows and slot positions bit for bit; with destination slots, a chain
+    (row r reading what row r - 1 wrote) equals the rows stepped one at a time; bad slots are errors."""
+    g = torch.Generator().manual_seed(d + k)
+    proj, w = torch.randn(rows, 3 * d, generator=g), torch.randn(d, k, generator=g)
+    b = torch.randn(d, generator=g) if bias else None
+    state = torch.randn(rows + 3, d, k - 1, generator=g)
+    slots, positions = torch.randperm(rows + 3, generator=g)[:rows], torch.randint(0, 99, (rows,), generator=g)
+    sp, sp_ref, state_ref = torch.full((rows + 3,), -1), torch.full((rows + 3,), -1), state.clone()
+    out = decode_ops.short_conv_step(proj, w, b, state, slots, positions, sp)
+    bb, c, x = proj.chunk(3, dim=-1)
+    ref = c * causal_conv1d_update(bb * x, state_ref, w, b, slots, None)
+    record_decode_positions(sp_ref, slots, positions)
+    for got, want in ((out, ref), (state, state_ref), (sp, sp_ref)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    src, dst = torch.tensor([0] + [rows + r for r in range(rows - 1)]), torch.arange(rows) + rows  # a chain
+    chained, one_by_one = state.clone(), state.clone()
+    out = decode_ops.short_conv_step(proj, w, b, chained, src, positions, sp, dst)
+    for r in range(rows):
+        one_by_one[dst[r]] = one_by_one[src[r]]
+        want = decode_ops.short_conv_step(proj[r : r + 1], w, b, one_by_one, dst[r : r + 1], positions[r : r + 1], sp)
+        torch.testing.assert_close(out[r : r + 1], want, rtol=0, atol=0)
+    torch.testing.assert_close(chained, one_by_one, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="outside the state"):
+        decode_ops.short_conv_step(proj, w, b, state, torch.full((rows,), rows + 3), positions, sp)
+
+
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx2",)])
+def test_silu_vector_paths_match_torch_over_the_whole_range(flags: tuple[str, ...]) -> None:
+    """recap_silu_f32 built for AVX-512, AVX2 (+ FMA) and neither (the build falls back): torch's silu to fp32
+    rounding from -120 to 120, and its zeros, infinities and NaN, gated and not, with a tail past the lanes."""
+    if "-mno-avx512f" in flags and "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no AVX2 here")
+    fn = load_library("decode_ops", flags).recap_silu_f32
+    x = torch.cat([torch.linspace(-120, 120, 4001), torch.randn(1000) * 4,
+                   torch.tensor([0.0, -0.0, 1e30, -1e30, float("inf"), -float("inf"), float("nan"), -89.5, -105.0])])
+    up = torch.randn(x.numel())
+    for gate in (None, up):
+        out = torch.empty_like(x)
+        fn(ctypes.c_void_p(x.data_ptr()), None if gate is None else ctypes.c_void_p(gate.data_ptr()),
+           ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(1), ctypes.c_int64(x.numel()), ctypes.c_int64(x.numel()))
+        want = F.silu(x) if gate is None else F.silu(x) * gate
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-30, equal_nan=True)

@@ -92,7 +92,7 @@ def _run(model: CausalLM, backend: CpuBackend | None, prompts: list[list[int]],
     ("mamba2", None, 1, 1), ("bamba", None, 1, 2), ("bamba", None, 3, 3), ("mamba2", "int8", 2, 4),
     ("bamba", "int8", 1, 5), ("nemotron_h_relu2", None, 1, 6), ("nemotron_h_relu2", None, 2, 7),
     ("nemotron_h_gelu_tanh", None, 1, 8), ("nemotron_h_relu2", "int8", 1, 9), ("granite_dense", None, 1, 10),
-    ("granite_dense_rope", "int8", 2, 11),
+    ("granite_dense_rope", "int8", 2, 11), ("lfm2", None, 1, 12), ("lfm2", "int4", 2, 13),
 ])  # fmt: skip
 def test_verify_graph_matches_the_module_path(arch: str, quantization: str | None, rows: int, seed: int,
                                               graph_checkpoint: Callable[[str], Path],

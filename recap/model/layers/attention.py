@@ -90,19 +90,22 @@ class Attention(QKRope, Mixer):
         return out if c.output_multiplier == 1.0 else out * c.output_multiplier
 
     def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
-        """Record a decode step of plain attention (GQA, RoPE or none; no q/k norm, head gate, multiplier or
-        window): projections, RoPE and the K/V write, paged decode attention, o_proj (model/capture.py)."""
+        """Record a decode step of plain attention (GQA, RoPE or none, per-head q/k RMSNorms or none; no head gate,
+        multiplier or window): projections, q/k norms, RoPE and the K/V write, paged decode attention, o_proj
+        (model/capture.py)."""
         require_type(self, Attention, f"layer {layer}: mixer")
         c = self.cfg
-        plain = c.qk_norm == "none" and not c.head_gate and c.input_multiplier == 1.0 and c.output_multiplier == 1.0
+        plain = not c.head_gate and c.input_multiplier == 1.0 and c.output_multiplier == 1.0
         if not (plain and self.native and self.window == 0
                 and (self.rotary is None or type(self.rotary) is RotaryEmbedding)):  # fmt: skip
-            raise GraphUnsupportedError(f"layer {layer}: attention with q/k norms, a gate, multipliers or a window")
+            raise GraphUnsupportedError(f"layer {layer}: attention with a gate, multipliers or a window")
         kv = caches.kv[layer]
         k_cache, v_cache = (f32_contiguous(t, f"layer {layer}'s K/V") for t in (kv.k_cache, kv.v_cache))
         if tuple(k_cache.shape[2:]) != (c.num_kv_heads, c.head_dim):
             raise GraphUnsupportedError(f"layer {layer}: K/V cache {tuple(k_cache.shape)} does not fit the layer")
         q, k, v = (p.capture_decode(builder, x) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if c.qk_norm == "head":
+            q, k = self.q_norm.capture_decode_heads(builder, q), self.k_norm.capture_decode_heads(builder, k)
         inv_freq = None if self.rotary is None else f32_contiguous(self.rotary.inv_freq, "inv_freq")
         if inv_freq is not None and inv_freq.numel() > 512:
             raise GraphUnsupportedError(f"layer {layer}: rotary dim {2 * inv_freq.numel()} above 1024")

@@ -76,6 +76,12 @@ class RMSNorm(FusedNorm):
             raise GraphUnsupportedError(f"norm {type(self).__name__} (native: {self.native})")
         return builder.rms_norm(x, f32_contiguous(self.weight, "a norm weight"), self.eps)
 
+    def capture_decode_heads(self, builder: DecodeCapture, x: torch.Tensor) -> torch.Tensor:
+        """Record this norm over each head of x [rows, heads * D] (a q/k norm) through its native kernel."""
+        if type(self) is not RMSNorm or not self.native:
+            raise GraphUnsupportedError(f"q/k norm {type(self).__name__} (native: {self.native})")
+        return builder.head_rms_norm(x, f32_contiguous(self.weight, "a norm weight"), self.eps)
+
 
 class GatedRMSNorm(FusedNorm):
     """Mamba2's norm before out_proj: weight * groupnorm(x * silu(z)), RMS over groups of `group_size`.

@@ -14,6 +14,7 @@ import torch
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints, record_decode_positions
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous, require_type
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear
 from recap.model.layers.mixer import Mixer
@@ -52,3 +53,18 @@ class ShortConv(Mixer):
         else:
             y = batch.kernels.causal_conv1d(bx, w, self.conv.bias, conv_state, meta, None, slot_positions)
         return self.out_proj(c * y)
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record a plain decode step (model/capture.py): in_proj, the gated conv in place on the step's slots
+        (csrc/decode_ops.c's recap_short_conv_step: this forward's arithmetic), out_proj."""
+        require_type(self, ShortConv, f"layer {layer}: mixer")
+        conv_state = f32_contiguous(self.layer_cache(caches, layer)["conv"], f"layer {layer}'s conv state")
+        weight = f32_contiguous(self.conv.weight.squeeze(1), f"layer {layer}'s conv weight")  # (d, k)
+        bias = None if self.conv.bias is None else f32_contiguous(self.conv.bias, f"layer {layer}'s conv bias")
+        d, k = weight.shape
+        if tuple(conv_state.shape[1:]) != (d, k - 1) or not 2 <= k <= 65:
+            raise GraphUnsupportedError(f"layer {layer}: a short conv of {k} taps over a {tuple(conv_state.shape)} "
+                                        "state")  # fmt: skip
+        proj = self.in_proj.capture_decode(builder, x)
+        y = builder.short_conv(proj, weight, bias, conv_state, caches.slot_positions)
+        return self.out_proj.capture_decode(builder, y)

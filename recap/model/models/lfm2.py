@@ -14,6 +14,7 @@ from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, capture_residual, require_type
 from recap.model.layer_kinds import build_mixer
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
@@ -62,6 +63,17 @@ class LfmBlock(nn.Module):
         h = h + (self.post_operator_norm(out) if self.sandwich else out)
         out = self.feed_forward(self.ffn_norm(h))
         return h + (self.post_ffn_norm(out) if self.sandwich else out)
+
+    def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record the mixer's and the feed-forward's residual steps on the residual buffer h (model/capture.py);
+        LFM3's sandwich norms are not recorded."""
+        require_type(self, LfmBlock, f"layer {layer}: block")
+        if self.sandwich:
+            raise GraphUnsupportedError(f"layer {layer}: an LFM block with post norms")
+        capture_residual(builder, h, self.operator_norm, self.self_attn if self.is_attention else self.conv, caches,
+                         layer)  # fmt: skip
+        capture_residual(builder, h, self.ffn_norm, self.feed_forward, caches, layer)
+        return h
 
 
 class Lfm2ForCausalLM(HybridForCausalLM):
