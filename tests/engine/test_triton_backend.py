@@ -91,3 +91,36 @@ def test_triton_preemption_and_abort(tiny_models: dict[str, Path]) -> None:
     assert outs[a].outputs[0].finish_reason == "abort"
     assert outs[b].outputs[0].token_ids == alone.generate([prompts[0]], GREEDY)[0].outputs[0].token_ids
     eng.scheduler.check_integrity()
+
+
+def test_long_prompts_take_the_chunk_form_and_their_checkpoints_serve_hits(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt of CHUNK_MIN_TOKENS+ tokens runs the chunk-parallel gated delta rule (kernels/triton/gdn_chunk.py);
+    the checkpoints it writes inside that step serve later requests (their suffixes on the per-row walk), and every
+    output equals the torch kernels' uncached run."""
+    from recap.kernels.triton import gdn
+
+    calls: list[int] = []
+    chunk_form = gdn.chunk_gated_delta_rule
+
+    def counted(*args: object, **kw: object) -> object:
+        calls.append(1)
+        return chunk_form(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gdn, "chunk_gated_delta_rule", counted)
+    path = tiny_models["qwen3_5"]
+    n = gdn.CHUNK_MIN_TOKENS + 21
+    long = rnd(91, n)
+    prompts = [long, long[: n - 37] + rnd(92, 19), long + rnd(93, 5)]  # a hit mid-prompt, a hit at its end
+
+    def run(llm: LLM) -> list[RequestOutput]:
+        params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True)
+        return [llm.generate([p], params)[0] for p in prompts]
+
+    want = run(make_llm(path, "torch", caching=False, max_model_len=512))
+    llm = make_llm(path, "triton", max_model_len=512)
+    got = run(llm)
+    assert calls, "no step took the chunk form"
+    assert [o.num_cached_tokens for o in got[1:]] == [n - 37 - (n - 37) % 16, n - n % 16]
+    assert_same(got, want, "qwen3_5/long/triton")
