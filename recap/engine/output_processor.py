@@ -170,7 +170,7 @@ class OutputProcessor:
             finished = True
             for c in parent.children.values():
                 out = c.output
-                ended = out.finish_reason is not None  # CompletionOutput.finished
+                ended = out.finished
                 finished = finished and ended
                 out.text_delta = c.detok.take_delta(ended)
                 out.text = c.detok.text if ended else c.detok.text[: c.detok._sent]

@@ -28,6 +28,8 @@ def _host(x: list[int] | list[bool] | list[list[int]], dtype: torch.dtype = torc
     flat = array.array(_ARRAY_CODES[dtype], itertools.chain.from_iterable(x) if nested else x)  # type: ignore[arg-type]
     if not flat:  # frombuffer refuses an empty buffer
         return torch.tensor(x, dtype=dtype, device="cpu")
+    if nested and any(len(r) != len(x[0]) for r in x):  # type: ignore[arg-type]  # torch.tensor refuses them too
+        raise ValueError(f"{len(x)} rows of unequal lengths: a tensor needs equal rows")
     t = torch.frombuffer(flat, dtype=dtype)
     return t.view(len(x), -1) if nested else t
 

@@ -29,3 +29,11 @@ def test_host_equals_torch_tensor(x: list, dtype: torch.dtype) -> None:
     if got.numel():
         got.add_(1) if dtype == torch.int64 else got.logical_not_()  # writable, and it owns its memory
         assert not torch.equal(got, want)
+
+
+def test_ragged_rows_are_refused_as_torch_tensor_refuses_them() -> None:
+    """[[1, 2], [3], [4, 5, 6]] holds 6 values: a view of 3 rows of 2 would pass silently without the check."""
+    with pytest.raises(ValueError):
+        torch.tensor([[1, 2], [3], [4, 5, 6]])
+    with pytest.raises(ValueError, match="unequal lengths"):
+        _host([[1, 2], [3], [4, 5, 6]])
