@@ -329,16 +329,19 @@ INLINE TGT512 __mmask16 tile_mask(const W4 *W, int64_t o) {
     return W->out - o >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - o)) - 1u);
 }
 
+/* A row's integer sum for group g starts at -8 X in the symmetric format (the codes' offset: the sum ends at S - 8 X
+ * with no subtraction per tile), at 0 in the asymmetric one. */
+INLINE TGT512 __m512i acc_init512(const W4 *W, const Acts *A, int64_t row, int64_t g) {
+    return W->asym ? _mm512_setzero_si512() : _mm512_set1_epi32(-8 * A->xsum[row * A->ng + g]);
+}
+
 /* One group's fp32 step of NR rows' integer sums acc onto their block accumulators blk (scales at sc, mins at
  * sc + 32). */
 INLINE TGT512 void group_end512(const uint8_t *sc, const W4 *W, const Acts *A, int64_t r0, int64_t g, const int NR,
                                 const __m512i *acc, __m512 *blk) {
     const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
-    if (!W->asym) {
-        for (int r = 0; r < NR; r++) {
-            const __m512i s = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * A->xsum[(r0 + r) * A->ng + g]));
-            blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), ws));
-        }
+    if (!W->asym) { /* acc holds S - 8 X (acc_init512) */
+        for (int r = 0; r < NR; r++) blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), ws));
         return;
     }
     const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32)));
@@ -354,11 +357,10 @@ INLINE TGT512 void group_end512x2(const uint8_t *sc0, const uint8_t *sc1, const 
                                   __m512 *k1) {
     const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc0));
     const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc1));
-    if (!W->asym) {
+    if (!W->asym) { /* a0, a1 hold S - 8 X (acc_init512) */
         for (int r = 0; r < NR; r++) {
-            const __m512i x8 = _mm512_set1_epi32(8 * A->xsum[(r0 + r) * A->ng + g]);
-            k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0[r], x8)), w0));
-            k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1[r], x8)), w1));
+            k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), w0));
+            k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), w1));
         }
         return;
     }
@@ -438,7 +440,7 @@ INLINE TGT512 void tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_
             const uint8_t *bg = tw + g * W->block;
             const int8_t *xg = A->xs + r0 * A->kp + g * G;
             __m512i acc[8];
-            for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_si512();
+            for (int r = 0; r < NR; r++) acc[r] = acc_init512(W, A, r0 + r, g);
             for (int c = 0; c < W->cpg; c++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(bg + 64 * c));
                 const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -488,7 +490,7 @@ INLINE TGT512 void pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t 
             const uint8_t *b0 = tw + g * block, *b1 = b0 + stride;
             const int8_t *xg = xs + g * 8 * CPG;
             __m512i a0[NR], a1[NR];
-            for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+            for (int r = 0; r < NR; r++) a0[r] = a1[r] = acc_init512(&Wc, A, r0 + r, g);
             for (int c = 0; c < CPG; c++) {
                 const __m512i v0 = _mm512_loadu_si512((const void *)(b0 + 64 * c));
                 const __m512i v1 = _mm512_loadu_si512((const void *)(b1 + 64 * c));
