@@ -8,8 +8,9 @@ whole blocks and the whole step: on a tiny random checkpoint of each family, aft
 one decode step through TorchBackend with the kernel sets "torch", "triton, no add_rms_norm" (each residual add
 a launch of its own before the norm it feeds: the Triton set before the fused add + norm) and "triton". A block
 is counted from its entry (forward, or forward_residual where CausalLM.forward calls that) to its return, so the
-previous block's pending residual add, fused into this block's input norm, counts here. Blocks are grouped by
-layer kind (identical within a kind); "step" is the model's whole forward (embedding and final norm included).
+previous block's pending residual add, fused into this block's input norm, counts here. Each layer kind shows
+its last block (past the first block of the model, which has no pending add, a kind's blocks count the same);
+"step" is the model's whole forward (embedding and final norm included).
 """
 
 from __future__ import annotations

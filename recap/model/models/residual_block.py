@@ -13,6 +13,8 @@ anything else that runs one block calls) is `forward_residual` with the add done
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -35,16 +37,16 @@ def settle(h: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return h if out is None else h + out
 
 
-class ResidualBlock(nn.Module):
+class ResidualBlock(nn.Module, ABC):
     """A block that hands its last residual add to the next norm (module docstring)."""
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
         h, out = self.forward_residual(h, None, batch, caches, layer)
         return h + out
 
+    @abstractmethod
     def forward_residual(
         self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(stream, pending output) after this block, from the stream h and the previous block's pending `out`
         (None: none): the stream after the block is the returned stream + the returned output."""
-        raise NotImplementedError
