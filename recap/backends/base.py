@@ -5,7 +5,7 @@ weights live), places the KV/state pools (`cache_zeros`, ModelCaches.allocate's 
 set the step's ForwardBatch carries (every layer calls `batch.kernels.<op>`), and runs a step
 (`forward`: the model's forward, or a replay of a captured step). The model holds no device branch: a
 backend drives its parts through their public switches (`Linear.set_backend`, `set_native`, `Linear.impl`,
-`set_norm_kernel`, `set_rope_kernel`, `set_moe_kernel`) and the decode-capture protocol
+`set_norm_kernel`, `set_add_norm_kernel`, `set_rope_kernel`, `set_moe_kernel`) and the decode-capture protocol
 (recap/model/capture.py). The runner owns one backend and runs every step through it; a device is one
 more Backend subclass.
 """
@@ -80,6 +80,14 @@ def switch_norm_kernel(parts: list[nn.Module], kernel: Kernel | None) -> None:
 
 
 @runtime_checkable
+class AddNormKernelSwitch(Protocol):
+    """A residual norm that takes the residual add feeding it through the kernel set's fused add + norm where one
+    is given (model/layers/norm.py's `add_forward`)."""
+
+    def set_add_norm_kernel(self, kernel: Kernel | None) -> None: ...
+
+
+@runtime_checkable
 class RopeKernelSwitch(Protocol):
     """An attention layer that prepares q/k through the kernel set's fused kernel where one is given
     (model/layers/qk_rope.py)."""
@@ -95,10 +103,13 @@ class MoEKernelSwitch(Protocol):
 
 
 def switch_fused_kernels(parts: list[nn.Module], kernels: KernelSet) -> None:
-    """Every norm of `parts` on the kernel set's `rms_norm`, every attention layer's q/k preparation on its
-    `rope_qk`, every routed-expert module on its `moe_experts` (None: their torch ops / per-expert loops)."""
+    """Every norm of `parts` on the kernel set's `rms_norm` (the residual norms' adds on its `add_rms_norm`), every
+    attention layer's q/k preparation on its `rope_qk`, every routed-expert module on its `moe_experts` (None:
+    their torch ops / per-expert loops)."""
     switch_norm_kernel(parts, kernels.rms_norm)
     for m in parts:
+        if isinstance(m, AddNormKernelSwitch):
+            m.set_add_norm_kernel(kernels.add_rms_norm)
         if isinstance(m, RopeKernelSwitch):
             m.set_rope_kernel(kernels.rope_qk)
         if isinstance(m, MoEKernelSwitch):

@@ -57,6 +57,9 @@ class KernelSet:
     # The norm modules' fused kernel (kernels/triton/rms_norm.py's signature), which a backend hands them
     # (Backend.prepare); None: their own torch ops (the reference; on a CPU, with the native fp32 norm).
     rms_norm: Kernel | None = None
+    # The residual add and the norm that reads it in one kernel (kernels/triton/add_rms_norm.py's signature),
+    # handed to the residual norms likewise (their `add_forward`); None: the add, then the norm.
+    add_rms_norm: Kernel | None = None
     # The attention layers' q/k preparation (per-head norms, RoPE, the gate's sigmoid) in one kernel
     # (kernels/triton/rope_qk.py's signature), handed over like `rms_norm`; None: their module ops (layers/qk_rope.py).
     rope_qk: Kernel | None = None

@@ -3,7 +3,8 @@
 The same scripts as the equivalence tests, on a Mamba2 hybrid, a Gated DeltaNet hybrid and a short-conv
 hybrid (plus Mamba1 and KDA + MLA once each): the Triton backend gives the torch backend's greedy tokens, with
 caching on or off, at any prefill split, under preemption and after an abort. The Qwen3.5 and LFM3 hybrids' attention
-layers run the fused q/k preparation there (kernels/triton/rope_qk.py).
+layers run the fused q/k preparation there (kernels/triton/rope_qk.py), and every hybrid's residual norms take
+the residual add that feeds them in the same launch (kernels/triton/add_rms_norm.py).
 
 Under the interpreter these cost 25-190 s each on the 2-core CI box (760 s in all), so the default suite runs
 the multiturn script on each hybrid and Mamba1; the other scripts, KDA, preemption and abort are `-m slow`.
@@ -17,11 +18,13 @@ import pytest
 
 from recap import LLM, SamplingParams
 from recap.engine.outputs import RequestOutput
+from recap.model.layers.norm import RMSNorm
 from recap.model.layers.qk_rope import QKRope
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import GREEDY, SCRIPTS, drain, rnd
 
 pytest.importorskip("triton")
+from recap.kernels.triton.add_rms_norm import add_rms_norm  # noqa: E402
 from recap.kernels.triton.rope_qk import rope_qk  # noqa: E402
 
 HYBRIDS = ["nemotron_h", "qwen3_5", "lfm3"]
@@ -42,9 +45,11 @@ def torch_reference(path: Path, arch: str, script: str) -> list[RequestOutput]:
 
 def assert_fused_attention(llm: LLM, arch: str) -> None:
     """Every attention layer holds the kernel set's fused q/k preparation (the Qwen3.5 and LFM3 hybrids' layers
-    run it; Nemotron-H's, with no RoPE or q/k norm, have nothing to fuse)."""
+    run it; Nemotron-H's, with no RoPE or q/k norm, have nothing to fuse), every residual norm its fused add."""
     layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QKRope)]
     assert layers and all(m.rope_kernel is rope_qk for m in layers), arch
+    norms = [m for m in llm.engine.runner.model.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(m.add_norm_kernel is add_rms_norm for m in norms), arch
 
 
 _SLOW = pytest.mark.slow

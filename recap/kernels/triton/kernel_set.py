@@ -1,7 +1,8 @@
 """TRITON_KERNELS: the kernel set of the GPU backend, every op a Triton kernel with its reference's contract, but
 the indexed (DSA-style sparse) MLA ops, Qwen4-Exp's QSA attention, Inkling's relative-bias attention, the
 RG-LRU scan, RWKV's WKV scan and xLSTM's mLSTM scan: their torch kernels, which run on any device, until Triton
-ones exist. The norm modules run one fused Triton kernel each (`rms_norm`), the attention layers' q/k norms,
+ones exist. The norm modules run one fused Triton kernel each (`rms_norm`), and the residual add that feeds a
+residual norm runs in the same launch (`add_rms_norm`); the attention layers' q/k norms,
 RoPE and gate one per layer (`rope_qk`), the MoE modules' routed experts two grouped GEMMs over device-sorted
 pairs (`moe_experts`)."""
 
@@ -13,6 +14,7 @@ from recap.kernels.mlstm import mlstm_scan
 from recap.kernels.qsa import paged_qsa_attention
 from recap.kernels.rel_bias_attention import paged_rel_bias_attention
 from recap.kernels.rglru import rglru_scan
+from recap.kernels.triton.add_rms_norm import add_rms_norm
 from recap.kernels.triton.conv1d import causal_conv1d, causal_conv1d_update
 from recap.kernels.triton.fused_moe import fused_moe
 from recap.kernels.triton.gdn import gated_delta_rule
@@ -48,6 +50,7 @@ TRITON_KERNELS = KernelSet(
     paged_rel_bias_attention=paged_rel_bias_attention,
     mlstm_scan=mlstm_scan,
     rms_norm=rms_norm,
+    add_rms_norm=add_rms_norm,
     rope_qk=rope_qk,
     moe_experts=fused_moe,
 )

@@ -1,7 +1,9 @@
 """RMS norms, computed in fp32 and cast back (the HF order of operations, for close agreement).
 
 A backend may hand the norms one fused kernel (`set_norm_kernel`: the kernel set's `rms_norm`, e.g. the Triton
-one of kernels/triton/rms_norm.py); each module's torch ops below are that kernel's reference.
+one of kernels/triton/rms_norm.py); each module's torch ops below are that kernel's reference. The residual
+norms also take the residual add that feeds them (`add_forward`), through the kernel set's `add_rms_norm` where
+a backend hands it over (`set_add_norm_kernel`), else as the add and then the norm.
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ class FusedNorm(nn.Module):
         self.norm_kernel = kernel
 
     def _fused(self, x: torch.Tensor) -> bool:
-        """Whether the fused kernel runs x: one is set and the weight is x's dtype (or x is fp32: the torch ops
-        then keep fp32 too), so that both give a result of x's dtype."""
-        return self.norm_kernel is not None and (x.dtype == self.weight.dtype or x.dtype == torch.float32)
+        """Whether the fused kernel runs x: one is set and the weight fits x (`_weight_fits`)."""
+        return self.norm_kernel is not None and self._weight_fits(x)
+
+    def _weight_fits(self, x: torch.Tensor) -> bool:
+        """Whether a fused kernel gives the torch ops' result dtype on x: the weight is x's dtype (or x is fp32:
+        the torch ops then keep fp32 too)."""
+        return x.dtype == self.weight.dtype or x.dtype == torch.float32
 
 
 class RMSNorm(FusedNorm):
@@ -57,9 +63,30 @@ class RMSNorm(FusedNorm):
         self.eps = eps
         self.weight = empty_param(dim, dtype=dtype)
         self.native = False  # fp32 rows through kernels/rms_norm.py (any count: batch-invariant); set_native
+        self.add_norm_kernel: Kernel | None = None
 
     def set_native(self, on: bool) -> None:
         self.native = on and rms_norm_available()
+
+    def set_add_norm_kernel(self, kernel: Kernel | None) -> None:
+        """`kernel` (the kernel set's `add_rms_norm` signature) for `add_forward` from now on (None: the add, then
+        this norm's forward)."""
+        self.add_norm_kernel = kernel
+
+    def add_forward(self, h: torch.Tensor, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(h + out), h + out): a residual add and this norm of its result (out None: no add). The add is
+        the unfused one's (h's dtype when out is too); the fused kernel runs it where the dtypes let it."""
+        if out is None:
+            return self(h), h
+        kernel = self.add_norm_kernel
+        if kernel is not None and out.dtype == h.dtype and out.shape == h.shape and self._weight_fits(h):
+            return kernel(out, h, self.weight, self.eps, **self._weight_variant())
+        h = h + out
+        return self(h), h
+
+    def _weight_variant(self) -> dict[str, bool]:
+        """How `forward` takes the weight, in the fused kernels' words."""
+        return {"weight_in_dtype": True}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fused(x):
@@ -121,6 +148,12 @@ class OffsetRMSNorm(RMSNorm):
 
     The product is taken in fp32 and cast once, as transformers does for these families.
     """
+
+    def _weight_fits(self, x: torch.Tensor) -> bool:
+        return True  # the product in fp32 and one cast to x's dtype: any weight dtype
+
+    def _weight_variant(self) -> dict[str, bool]:
+        return {"offset": True}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.norm_kernel is not None:  # the product in fp32 and one cast: any weight dtype

@@ -19,6 +19,7 @@ from recap.model.layers.mlp import MLP
 from recap.model.layers.moe import SparseMoE
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
+from recap.model.models.residual_block import ResidualBlock, add_norm, settle
 
 
 def build_mlp(config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: str) -> nn.Module | None:
@@ -83,11 +84,15 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
-        """Run every layer over the packed tokens; updates KV/state caches as the metadata says."""
-        h = self.embed(batch.input_ids)
+        """Run every layer over the packed tokens; updates KV/state caches as the metadata says. A ResidualBlock
+        leaves its last residual add to the next block's input norm or the final norm (models/residual_block.py)."""
+        h, out = self.embed(batch.input_ids), None
         for i, block in enumerate(self.blocks()):
-            h = block(h, batch, caches, i)
-        return self.final_norm()(h)
+            if isinstance(block, ResidualBlock):
+                h, out = block.forward_residual(h, out, batch, caches, i)
+            else:
+                h, out = block(settle(h, out), batch, caches, i), None
+        return add_norm(self.final_norm(), h, out)[0]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.embedding()(ids)

@@ -11,7 +11,6 @@ final_layernorm}` + `lm_head`: layer i owns both a KV cache and a part of the st
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -21,9 +20,10 @@ from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 
-class FalconH1Block(nn.Module):
+class FalconH1Block(ResidualBlock):
     """x = norm(h);  h += mamba(x) + attn(x);  h += mlp(norm(h))."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
@@ -37,11 +37,13 @@ class FalconH1Block(nn.Module):
         self.pre_ff_layernorm = RMSNorm(h, config.norm_eps, dtype)
         self.feed_forward = MLP(h, config.mlp, dtype)
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        x = self.input_layernorm(h)
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = add_norm(self.input_layernorm, h, out)
         mixed = self.mamba(x, batch, caches, layer) + self.self_attn(x, batch, caches, layer)
-        h = h + mixed
-        return h + self.feed_forward(self.pre_ff_layernorm(h))
+        x, h = add_norm(self.pre_ff_layernorm, h, mixed)
+        return h, self.feed_forward(x)
 
 
 class FalconH1ForCausalLM(HybridForCausalLM):

@@ -11,7 +11,6 @@ shared MLP `input_linear` / `output_linear` too: renamed to the shared layers' n
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -22,6 +21,7 @@ from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 _RENAMES = (
     (".block_sparse_moe.input_linear.weight", ".block_sparse_moe.experts.gate_up_proj"),
@@ -32,7 +32,7 @@ _RENAMES = (
 )
 
 
-class GraniteBlock(nn.Module):
+class GraniteBlock(ResidualBlock):
     """h += mixer(norm(h)) * r;  x = norm(h);  h += (moe(x) + shared_mlp(x)) * r."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
@@ -47,15 +47,17 @@ class GraniteBlock(nn.Module):
         self.shared_mlp = MLP(config.hidden_size, config.mlp, dtype)
         self.block_sparse_moe = build_mlp(config, layer, dtype) if config.mlp_types[layer] == "moe" else None
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mixer = self.self_attn if self.is_attention else self.mamba
         r = self.residual_multiplier
-        h = h + mixer(self.input_layernorm(h), batch, caches, layer) * r
-        x = self.post_attention_layernorm(h)
+        x, h = add_norm(self.input_layernorm, h, out)
+        x, h = add_norm(self.post_attention_layernorm, h, mixer(x, batch, caches, layer) * r)
         ff = self.shared_mlp(x)
         if self.block_sparse_moe is not None:
             ff = self.block_sparse_moe(x) + ff
-        return h + ff * r
+        return h, ff * r
 
     def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
         """Record both residual steps, each branch times the residual multiplier, on the residual buffer h

@@ -18,9 +18,10 @@ from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM, build_mlp
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 
-class HybridBlock(nn.Module):
+class HybridBlock(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.is_attention = config.layer_types[layer] == "attention"
@@ -35,12 +36,16 @@ class HybridBlock(nn.Module):
             self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
             self.feed_forward = mlp
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mixer = self.self_attn if self.is_attention else self.mamba
-        h = h + mixer(self.input_layernorm(h), batch, caches, layer)
+        x, h = add_norm(self.input_layernorm, h, out)
+        out = mixer(x, batch, caches, layer)
         if hasattr(self, "feed_forward"):
-            h = h + self.feed_forward(self.pre_ff_layernorm(h))
-        return h
+            x, h = add_norm(self.pre_ff_layernorm, h, out)
+            out = self.feed_forward(x)
+        return h, out
 
     def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
         """Record the mixer's and the feed-forward's residual steps on the residual buffer h (model/capture.py)."""

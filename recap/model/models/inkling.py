@@ -24,6 +24,7 @@ from recap.model.layers.rel_bias_attention import RelBiasAttention, ResidualShor
 from recap.model.layers.sink_moe import ScaledMLP, SinkMoE
 from recap.model.model_config import ModelConfig
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 
 class NormedEmbedding(Embedding):
@@ -37,7 +38,7 @@ class NormedEmbedding(Embedding):
         return self.embed_norm(super().forward(ids))
 
 
-class InklingBlock(nn.Module):
+class InklingBlock(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         convs = config.output_convs
@@ -56,11 +57,13 @@ class InklingBlock(nn.Module):
             raise ValueError(f"Inkling layer {layer}: a dense or MoE feed-forward")
         self.mlp_sconv = ResidualShortConv(d, convs, dtype, "mlp")
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        out = self.self_attn(self.input_layernorm(h), batch, caches, layer)
-        h = h + self.attn_sconv(out, batch, caches, layer)
-        out = self.mlp(self.post_attention_layernorm(h))
-        return h + self.mlp_sconv(out, batch, caches, layer)
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = add_norm(self.input_layernorm, h, out)
+        out = self.attn_sconv(self.self_attn(x, batch, caches, layer), batch, caches, layer)
+        x, h = add_norm(self.post_attention_layernorm, h, out)
+        return h, self.mlp_sconv(self.mlp(x), batch, caches, layer)
 
 
 class InklingForCausalLM(HybridForCausalLM):

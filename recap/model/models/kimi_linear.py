@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -20,12 +19,13 @@ from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 _EXPERT_NAMES = re.compile(r"(\.experts\.\d+\.)w([123])\.")
 _W = {"1": "gate_proj", "3": "up_proj", "2": "down_proj"}
 
 
-class KimiBlock(nn.Module):
+class KimiBlock(ResidualBlock):
     """Pre-norm mixer then feed-forward (dense or MoE with shared experts), the feed-forward under `ff_name`."""
 
     family, ff_name = "Kimi-Linear", "block_sparse_moe"
@@ -40,9 +40,12 @@ class KimiBlock(nn.Module):
             raise ValueError(f"layer {layer}: {self.family} blocks always have a feed-forward")
         setattr(self, self.ff_name, ff)
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), batch, caches, layer)
-        return h + getattr(self, self.ff_name)(self.post_attention_layernorm(h))
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = add_norm(self.input_layernorm, h, out)
+        x, h = add_norm(self.post_attention_layernorm, h, self.self_attn(x, batch, caches, layer))
+        return h, getattr(self, self.ff_name)(x)
 
 
 class KimiLinearForCausalLM(HybridForCausalLM):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -20,6 +19,7 @@ from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 # On-disk names -> the shared layers' names (the MLP's and each expert's w1/w3/w2, LFM2's attention output and
 # q/k norms, LFM2-MoE's router bias).
@@ -34,7 +34,7 @@ _RENAMES = (
 )
 
 
-class LfmBlock(nn.Module):
+class LfmBlock(ResidualBlock):
     """`config.post_norms`: RMSNorms on the mixer's and the feed-forward's outputs too (LFM3's sandwich)."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
@@ -57,12 +57,15 @@ class LfmBlock(nn.Module):
             self.post_operator_norm = RMSNorm(config.hidden_size, eps, dtype)
             self.post_ffn_norm = RMSNorm(config.hidden_size, eps, dtype)
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mixer = self.self_attn if self.is_attention else self.conv
-        out = mixer(self.operator_norm(h), batch, caches, layer)
-        h = h + (self.post_operator_norm(out) if self.sandwich else out)
-        out = self.feed_forward(self.ffn_norm(h))
-        return h + (self.post_ffn_norm(out) if self.sandwich else out)
+        x, h = add_norm(self.operator_norm, h, out)
+        out = mixer(x, batch, caches, layer)
+        x, h = add_norm(self.ffn_norm, h, self.post_operator_norm(out) if self.sandwich else out)
+        out = self.feed_forward(x)
+        return h, self.post_ffn_norm(out) if self.sandwich else out
 
     def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
         """Record the mixer's and the feed-forward's residual steps on the residual buffer h (model/capture.py);

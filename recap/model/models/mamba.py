@@ -19,9 +19,10 @@ from recap.model.layers.linear import Linear
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM, build_mlp
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 
-class MixerBlock(nn.Module):
+class MixerBlock(ResidualBlock):
     """h + mixer(norm(h)); the residual stream is kept in fp32 when `residual_in_fp32`."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, **moe_names: str) -> None:
@@ -38,10 +39,14 @@ class MixerBlock(nn.Module):
                 raise ValueError(f"layer {layer}: this layout has one mixer per layer, no MLP after it")
             self.mixer = build_mixer(config, layer, dtype)
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        residual = h.float() if self.residual_in_fp32 and h.dtype != torch.float32 else h
-        x = h if h.dtype == self.dtype else h.to(self.dtype)
-        return residual + self.mixer(self.norm(x), batch, caches, layer)
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.residual_in_fp32 and self.dtype != torch.float32:  # an fp32 stream whose norm reads its cast
+            h = h.float() if out is None else h + out
+            return h, self.mixer(self.norm(h.to(self.dtype)), batch, caches, layer)
+        x, h = add_norm(self.norm, h, out)
+        return h, self.mixer(x, batch, caches, layer)
 
     def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
         """Record h += mixer(norm(h)) on the residual buffer h (model/capture.py); returns h."""

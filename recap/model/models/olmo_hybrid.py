@@ -11,7 +11,6 @@ is skipped by declared prefix (counted and logged); the checkpoint's OLMo-core n
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -21,9 +20,10 @@ from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm, settle
 
 
-class OlmoHybridBlock(nn.Module):
+class OlmoHybridBlock(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         d, eps = config.hidden_size, config.norm_eps
@@ -37,12 +37,16 @@ class OlmoHybridBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(d, eps, dtype)
         self.mlp = build_mlp(config, layer, dtype)
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        if self.is_attention:
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_attention:  # norms after the attention and the MLP: no add feeds a norm
+            h = settle(h, out)
             h = h + self.post_attention_layernorm(self.self_attn(h, batch, caches, layer))
-            return h + self.post_feedforward_layernorm(self.mlp(h))
-        h = h + self.linear_attn(self.input_layernorm(h), batch, caches, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+            return h, self.post_feedforward_layernorm(self.mlp(h))
+        x, h = add_norm(self.input_layernorm, h, out)
+        x, h = add_norm(self.post_attention_layernorm, h, self.linear_attn(x, batch, caches, layer))
+        return h, self.mlp(x)
 
 
 # On disk (OLMo-core names) -> this layout (transformers' names); transformers renames them the same way.

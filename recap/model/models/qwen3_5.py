@@ -14,7 +14,6 @@ method "mtp" reads the head separately (model/mtp_load.py).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -24,13 +23,14 @@ from recap.model.layers.norm import OffsetRMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 # Weights of the checkpoint that the text-only language model does not use (skipped, counted, logged; the MTP head
 # is read by model/mtp_load.py when speculative method "mtp" asks for it).
 NOT_LANGUAGE_MODEL = ("model.visual.", "mtp.")
 
 
-class Qwen3_5Block(nn.Module):
+class Qwen3_5Block(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.is_attention = config.layer_types[layer] == "attention"
@@ -42,10 +42,13 @@ class Qwen3_5Block(nn.Module):
         self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.norm_eps, dtype)
         self.mlp = build_mlp(config, layer, dtype, router_name="gate", shared_name="shared_expert")
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mixer = self.self_attn if self.is_attention else self.linear_attn
-        h = h + mixer(self.input_layernorm(h), batch, caches, layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x, h = add_norm(self.input_layernorm, h, out)
+        x, h = add_norm(self.post_attention_layernorm, h, mixer(x, batch, caches, layer))
+        return h, self.mlp(x)
 
 
 class Qwen3_5ForCausalLM(HybridForCausalLM):

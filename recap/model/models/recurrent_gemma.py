@@ -8,7 +8,6 @@ both are ModelConfig fields the translator sets.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -17,9 +16,10 @@ from recap.model.layers.norm import OffsetRMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 
-class RecurrentGemmaBlock(nn.Module):
+class RecurrentGemmaBlock(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.temporal_pre_norm = OffsetRMSNorm(config.hidden_size, config.norm_eps, dtype)
@@ -30,9 +30,12 @@ class RecurrentGemmaBlock(nn.Module):
             raise ValueError(f"RecurrentGemma layer {layer} has no MLP")
         self.mlp_block = mlp
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        h = h + self.temporal_block(self.temporal_pre_norm(h), batch, caches, layer)
-        return h + self.mlp_block(self.channel_pre_norm(h))
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = add_norm(self.temporal_pre_norm, h, out)
+        x, h = add_norm(self.channel_pre_norm, h, self.temporal_block(x, batch, caches, layer))
+        return h, self.mlp_block(x)
 
 
 class RecurrentGemmaForCausalLM(HybridForCausalLM):

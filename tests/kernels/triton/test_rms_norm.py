@@ -85,9 +85,11 @@ def test_shapes_it_cannot_serve_are_refused() -> None:
 
 def test_a_backend_hands_its_kernel_sets_norm_to_every_norm(tmp_path: Path) -> None:
     """The Triton kernel set's backend puts every norm of a Qwen3.5 hybrid (residual, q/k, GDN output norms) on the
-    fused kernel; preparing the model for the torch kernel set gives them back their torch ops."""
+    fused kernel, and the residual norms' adds on the fused add + norm; preparing the model for the torch kernel
+    set gives them back their torch ops."""
     from recap.backends.base import model_parts
     from recap.backends.eager import TorchBackend
+    from recap.kernels.triton.add_rms_norm import add_rms_norm
     from recap.kernels.triton.kernel_set import TRITON_KERNELS
     from recap.model.layers.norm import FusedNorm
     from recap.model.loader import load_model
@@ -98,5 +100,8 @@ def test_a_backend_hands_its_kernel_sets_norm_to_every_norm(tmp_path: Path) -> N
     assert {type(m) for m in norms} >= {OffsetRMSNorm, HeadGatedRMSNorm}
     TorchBackend(kernels=TRITON_KERNELS).prepare(model)
     assert all(m.norm_kernel is rms_norm for m in norms)
+    residual_norms = [m for m in norms if isinstance(m, RMSNorm)]
+    assert residual_norms and all(m.add_norm_kernel is add_rms_norm for m in residual_norms)
     TorchBackend().prepare(model)
     assert all(m.norm_kernel is None for m in norms)
+    assert all(m.add_norm_kernel is None for m in residual_norms)
