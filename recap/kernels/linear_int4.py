@@ -8,12 +8,15 @@ where the native library does not build) or asymmetric w ~ s q + m (m, s from th
 min and max; one more fp16 per group). The last group of a row whose length is not a multiple of the group is
 zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric g64), 5 (asymmetric g32), 4.25 (symmetric
 g64); benchmarks/bench_int4.py measures their error and speed.
-Activations: each row in groups of the same size quantized to int8 (d = max|x| / 127, codes rint(x / d)), like
-llama.cpp's q8 blocks: a row's result depends on that row only, and an outlier spoils one group, not its row.
-Per group, the integer product S = sum q x_q and the codes' sum X are exact; then in fp32, group after group:
-symmetric acc += float(S - 8 X) * (s * d), asymmetric acc += float(S) * (s * d), acc += m * (d * X).
-The kernel does these operations in this order on every path (AVX-512 VNNI, AVX2 with or without AVX-VNNI,
-scalar), so every path equals `int4_linear_ref` exactly.
+Activations: each row in blocks of ACT_BLOCK (256) inputs quantized to int8 (d = max|x| / 127, codes
+rint(x / d)), like llama.cpp's Q8_K blocks under its K-quants: a row's result depends on that row only, and an
+outlier spoils one block, not its row. Per group, the integer product S = sum q x_q and the codes' sum X are
+exact; then in fp32, group after group of a block: symmetric blk += float(S - 8 X) * s, asymmetric
+blk += float(S) * s, blk += m * float(X); then acc += blk * d. One step per block rather than per group (as this
+format had until 2026-11-28) takes one of the two fp32 multiplies per group and row off the pipes the integer dot
+products use (a 512-row prefill ~1.1x faster on AVX-512) for +0.03% perplexity on the trained default model
+(docs/performance.md). The kernel does these operations in this order on every path (AVX-512 VNNI, AVX2 with or
+without AVX-VNNI, scalar), so every path equals `int4_linear_ref` exactly.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 from recap.kernels.native import NativeUnavailableError, load_library, raw_function
 
 GROUPS = (32, 64)
+ACT_BLOCK = 256  # inputs per activation step (csrc/linear_int4.c): 8 groups of 32 or 4 of 64
 TILE = 16  # output rows per tile (csrc/linear_int4.c)
 ISAS = ("scalar", "avx2", "avx2_vnni", "avx512_vnni")  # the kernel's paths, by its isa number
 
@@ -144,13 +148,16 @@ def dequantize_int4(w: Int4Weight) -> torch.Tensor:
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [n, k] fp32 -> codes [n, ng, group] int32 (zero-padded), steps d [n, ng] fp32, code sums [n, ng] int64."""
+    """x [n, k] fp32 -> codes [n, ng, group] int32 (zero-padded), steps d [n, nb] fp32 (one per ACT_BLOCK inputs),
+    code sums [n, ng] int64."""
     n, k = x.shape
     ng = -(-k // group)
-    xg = F.pad(x, (0, ng * group - k)).view(n, ng, group)
-    d = xg.abs().amax(-1) / 127
+    nb = -(-k // ACT_BLOCK)
+    xb = F.pad(x, (0, nb * ACT_BLOCK - k)).view(n, nb, ACT_BLOCK)
+    d = xb.abs().amax(-1) / 127
     d = torch.where(d > 0, d, torch.ones_like(d))
-    xq = torch.round(xg / d[..., None]).clamp_(-127, 127).to(torch.int32)
+    xq = torch.round(xb / d[..., None]).clamp_(-127, 127).to(torch.int32)
+    xq = xq.view(n, nb * ACT_BLOCK // group, group)[:, :ng]
     return xq, d, xq.sum(-1, dtype=torch.int64)
 
 
@@ -164,14 +171,17 @@ def int4_linear_ref(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     q, s = q[:out].view(out, -1, g).double(), s[:out]
     xq, d, xsum = quantize_activations(x, g)
     acc = x.new_zeros(x.shape[0], out)
-    for j in range(xq.shape[1]):
-        prod = (xq[:, j].double() @ q[:, j].T).long()  # exact: |sum| < 2^17
-        c = s[None, :, j] * d[:, j, None]
-        if m is None:
-            acc = acc + (prod - 8 * xsum[:, j, None]).float() * c
-        else:
-            acc = acc + prod.float() * c
-            acc = acc + m[None, :out, j] * (d[:, j] * xsum[:, j].float())[:, None]
+    gpb = ACT_BLOCK // g
+    for b in range(d.shape[1]):
+        blk = x.new_zeros(x.shape[0], out)
+        for j in range(b * gpb, min(xq.shape[1], (b + 1) * gpb)):
+            prod = (xq[:, j].double() @ q[:, j].T).long()  # exact: |sum| < 2^17
+            if m is None:
+                blk = blk + (prod - 8 * xsum[:, j, None]).float() * s[None, :, j]
+            else:
+                blk = blk + prod.float() * s[None, :, j]
+                blk = blk + m[None, :out, j] * xsum[:, j, None].float()
+        acc = acc + blk * d[:, b, None]
     return acc if w.bias is None else acc + w.bias
 
 

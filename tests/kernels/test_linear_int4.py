@@ -17,7 +17,8 @@ from recap.model.layers.int4_linear import Int4Linear
 from recap.model.layers.linear import Linear, WeightReleasedError
 
 FORMATS = [(False, 32), (True, 32), (False, 64), (True, 64)]  # (asym, group)
-SHAPES = [(1, 1), (17, 33), (16, 64), (40, 100), (33, 129), (9, 200)]  # (out, in): ragged groups and tiles
+# (out, in): ragged groups and tiles; inputs straddling an activation block (256): one input, one ragged group past it
+SHAPES = [(1, 1), (17, 33), (16, 64), (40, 100), (33, 129), (9, 200), (24, 257), (31, 520)]
 
 
 def _gen() -> torch.Generator:
@@ -111,6 +112,27 @@ def test_kernel_equals_its_reference_on_every_path(out_f: int, in_f: int, rows: 
         for isa in _isas():
             y = L.int4_linear(x, q, isa)
             assert torch.equal(y, ref), f"{L.ISAS[isa]} asym={asym} g{group}: {(y - ref).abs().max()}"
+
+
+def test_an_outlier_spoils_its_activation_block_only() -> None:
+    """Activations take one step per ACT_BLOCK inputs: a large value changes its block's step and codes, not the
+    other blocks' (nor other rows')."""
+    g = _gen()
+    x = torch.randn(2, 3 * L.ACT_BLOCK - 40, generator=g)
+    spiked = x.clone()
+    spiked[0, L.ACT_BLOCK + 7] = 1000.0
+    for group in L.GROUPS:
+        (q0, d0, _), (q1, d1, sums) = L.quantize_activations(x, group), L.quantize_activations(spiked, group)
+        assert torch.equal(sums, q1.sum(-1))
+        assert d0.shape == (2, 3)
+        gpb = L.ACT_BLOCK // group
+        assert d1[0, 1] == pytest.approx(1000.0 / 127) and d1[0, 1] > 50 * d0[0, 1]
+        changed = (q0 != q1).any(-1)  # [rows, groups]
+        assert changed[0, gpb : 2 * gpb].any() and not changed[0, :gpb].any() and not changed[0, 2 * gpb :].any()
+        assert not changed[1].any() and torch.equal(d0[:, [0, 2]], d1[:, [0, 2]]) and torch.equal(d0[1], d1[1])
+        # the codes times their block's step give x back within half a step
+        step = d1.repeat_interleave(L.ACT_BLOCK, 1)[:, : x.shape[1]]
+        assert ((q1.flatten(1)[:, : x.shape[1]] * step - spiked).abs() <= step / 2 + 1e-6).all()
 
 
 @pytest.mark.parametrize("rows", [6, 70])

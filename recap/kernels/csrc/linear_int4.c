@@ -1,6 +1,7 @@
 /* Group-wise 4-bit weights: y[n, out] = x[n, in] W^T + b, W as 4-bit codes with one fp16 scale (and, asymmetric,
- * one fp16 min) per group of 32 or 64 inputs of an output row, x quantized per row and group to int8 (the
- * arithmetic of recap/kernels/linear_int4.py's int4_linear_ref, which every path here equals bit for bit).
+ * one fp16 min) per group of 32 or 64 inputs of an output row, x quantized to int8 with one step per row and block
+ * of ACT_BLOCK inputs (the arithmetic of recap/kernels/linear_int4.py's int4_linear_ref, which every path here
+ * equals bit for bit).
  *
  * Layout (linear_int4.pack): tiles of 16 output rows, each tile one sequential stream of group blocks; a block is
  * G/8 chunks of 64 bytes (16 rows x 4 bytes: byte b of row j holds code k = 8c + b in its low nibble and k + 4 in
@@ -10,8 +11,11 @@
  * 16 rows at once, so a group's integer sums land one per lane and its scaling is one vector op per 16 rows: no
  * horizontal reduction anywhere.
  * Per group g of a row: S = sum q x_q (int32, exact), X = sum x_q; symmetric w = s (q - 8):
- *   acc += float(S - 8 X) * (s * dx);  asymmetric w = s q + m: acc += float(S) * (s * dx); acc += m * (dx * X)
- * in fp32, group after group, then + b: every path does these operations in this order, so they agree exactly.
+ *   blk += float(S - 8 X) * s;  asymmetric w = s q + m: blk += float(S) * s; blk += m * float(X)
+ * in fp32, group after group of an activation block, then acc += blk * d (the block's step), then + b: every path
+ * does these operations in this order, so they agree exactly. One step per block rather than per group (llama.cpp's
+ * Q8_K blocks, not its Q8_0 ones) takes one of the two fp32 multiplies per group and row off the pipes the
+ * integer dot products use: a 512-row prefill ~1.1x faster on AVX-512 (benchmarks/bench_kernel_ab.py).
  * Paths (isa argument, checked against the CPU): 3 AVX-512 VNNI, 2 AVX2 + AVX-VNNI, 1 AVX2 (maddubs pairs summed
  * in int16 over 4 chunks, then one madd: exact, see pairs16; one row reads a whole tile per pass, 2+ rows go 4
  * at a time over a whole tile, K_BLOCK inputs at a time: quad16_avx2), 0 portable scalar.
@@ -42,6 +46,7 @@
 #ifndef K_BLOCK
 #define K_BLOCK 1024 /* AVX2 prefill: inputs of a tile's block kept in L1 while a row block passes over it */
 #endif
+#define ACT_BLOCK 256 /* inputs per activation step: 8 groups of 32 or 4 of 64 */
 #ifndef PF_DIST
 #define PF_DIST 2048 /* one AVX2 row: bytes prefetched ahead in the weight stream (8.2 -> 9.7 GB/s, 1536 x 8192) */
 #endif
@@ -83,14 +88,20 @@ int recap_int4_best_isa(void) {
     return ISA_SCALAR;
 }
 
-/* The activations of n rows: codes xs [n, kp] (zero past k), and per row and group dx (the step), X (the sum of
- * the codes) and e = dx * X. */
+/* The activations of n rows: codes xs [n, kp] (zero past k), per row and block d [n, nb] (the step), per row and
+ * group X [n, ng] (the sum of the codes) and xf = float(X); gpb groups a block. */
 typedef struct {
     const int8_t *xs;
-    const float *dx, *e;
+    const float *d, *xf;
     const int32_t *xsum;
-    int64_t kp, ng;
+    int64_t kp, ng, nb, gpb;
 } Acts;
+
+/* Groups [*g0, *g1) of activation block b. */
+INLINE void block_groups(const Acts *A, int64_t b, int64_t *g0, int64_t *g1) {
+    *g0 = b * A->gpb;
+    *g1 = *g0 + A->gpb < A->ng ? *g0 + A->gpb : A->ng;
+}
 
 /* The packed weight: tiles of ng blocks of `block` bytes; cpg = G / 8 chunks per group. */
 typedef struct {
@@ -102,98 +113,106 @@ typedef struct {
 
 /* ---------------------------------------------------------------- activations */
 
-/* One group of len <= G values: d = max|x| / 127 (1 where that is not positive), codes rint(x / d) clamped to
- * +-127, zero-padded to G. Division and round-half-even: the fp32 ops of the reference. */
-static void quant_group(const float *x, int64_t len, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+/* Per group of the block's codes q (ngb groups of G): their sum X and float(X). */
+static void group_sums(const int8_t *q, int64_t G, int64_t ngb, int32_t *xsum, float *xf) {
+    for (int64_t g = 0; g < ngb; g++) {
+        int32_t s = 0;
+        for (int64_t i = 0; i < G; i++) s += q[g * G + i];
+        xsum[g] = s;
+        xf[g] = (float)s;
+    }
+}
+
+/* One block of len <= ngb * G values: d = max|x| / 127 (1 where that is not positive), codes rint(x / d) clamped to
+ * +-127, zero-padded to ngb whole groups. Division and round-half-even: the fp32 ops of the reference. */
+static void quant_block(const float *x, int64_t len, int64_t G, int64_t ngb, int8_t *q, float *d, int32_t *xsum,
+                        float *xf) {
     float m = 0.0f;
     for (int64_t i = 0; i < len; i++) m = fmaxf(m, fabsf(x[i]));
-    float d = m / 127.0f;
-    if (!(d > 0.0f)) d = 1.0f;
-    int32_t s = 0;
+    float dd = m / 127.0f;
+    if (!(dd > 0.0f)) dd = 1.0f;
     for (int64_t i = 0; i < len; i++) {
-        float t = rintf(x[i] / d);
+        float t = rintf(x[i] / dd);
         t = t < -127.0f ? -127.0f : (t > 127.0f ? 127.0f : t);
         q[i] = (int8_t)t;
-        s += q[i];
     }
-    memset(q + len, 0, (size_t)(G - len));
-    *dx = d;
-    *xsum = s;
-    *e = d * (float)s;
+    memset(q + len, 0, (size_t)(ngb * G - len));
+    *d = dd;
+    group_sums(q, G, ngb, xsum, xf);
 }
 
 #if defined(X86)
-/* quant_group for a full group of 32 or 64 values in 16-lane vectors (the same ops). */
-TGT512 static void quant_group_512(const float *x, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+/* quant_block for len = ngb * G values (whole groups) in 16-lane vectors (the same ops: max is exact in any order). */
+TGT512 static void quant_block_512(const float *x, int64_t len, int64_t G, int64_t ngb, int8_t *q, float *d,
+                                   int32_t *xsum, float *xf) {
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 mv = _mm512_setzero_ps();
-    for (int64_t i = 0; i < G; i += 16) mv = _mm512_max_ps(mv, _mm512_and_ps(_mm512_loadu_ps(x + i), sign));
-    float d = _mm512_reduce_max_ps(mv) / 127.0f;
-    if (!(d > 0.0f)) d = 1.0f;
-    const __m512 vd = _mm512_set1_ps(d), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-    __m512i sv = _mm512_setzero_si512();
-    for (int64_t i = 0; i < G; i += 16) {
-        __m512 t = _mm512_div_ps(_mm512_loadu_ps(x + i), vd);
-        t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512i c = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, lo), hi));
-        sv = _mm512_add_epi32(sv, c);
-        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(c));
+    for (int64_t i = 0; i < len; i += 16) mv = _mm512_max_ps(mv, _mm512_and_ps(_mm512_loadu_ps(x + i), sign));
+    float dd = _mm512_reduce_max_ps(mv) / 127.0f;
+    if (!(dd > 0.0f)) dd = 1.0f;
+    const __m512 vd = _mm512_set1_ps(dd), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    for (int64_t g = 0; g < ngb; g++) {
+        __m512i sv = _mm512_setzero_si512();
+        for (int64_t i = g * G; i < (g + 1) * G; i += 16) {
+            __m512 t = _mm512_div_ps(_mm512_loadu_ps(x + i), vd);
+            t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i c = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(t, lo), hi));
+            sv = _mm512_add_epi32(sv, c);
+            _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(c));
+        }
+        xsum[g] = _mm512_reduce_add_epi32(sv);
+        xf[g] = (float)xsum[g];
     }
-    const int32_t s = _mm512_reduce_add_epi32(sv);
-    *dx = d;
-    *xsum = s;
-    *e = d * (float)s;
+    *d = dd;
 }
 
-/* quant_group for a full group of 32 or 64 values in 8-lane vectors (the same ops: max is exact in any order). */
-TGT256 static void quant_group_256(const float *x, int64_t G, int8_t *q, float *dx, int32_t *xsum, float *e) {
+/* quant_block_512 in 8-lane vectors. */
+TGT256 static void quant_block_256(const float *x, int64_t len, int64_t G, int64_t ngb, int8_t *q, float *d,
+                                   int32_t *xsum, float *xf) {
     const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 mv = _mm256_setzero_ps();
-    for (int64_t i = 0; i < G; i += 8) mv = _mm256_max_ps(mv, _mm256_and_ps(_mm256_loadu_ps(x + i), sign));
+    for (int64_t i = 0; i < len; i += 8) mv = _mm256_max_ps(mv, _mm256_and_ps(_mm256_loadu_ps(x + i), sign));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float d = _mm_cvtss_f32(m4) / 127.0f;
-    if (!(d > 0.0f)) d = 1.0f;
-    const __m256 vd = _mm256_set1_ps(d), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-    __m256i sv = _mm256_setzero_si256();
-    for (int64_t i = 0; i < G; i += 8) {
+    float dd = _mm_cvtss_f32(m4) / 127.0f;
+    if (!(dd > 0.0f)) dd = 1.0f;
+    const __m256 vd = _mm256_set1_ps(dd), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int64_t i = 0; i < len; i += 8) {
         const __m256 t = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vd),
                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(t, lo), hi));
-        sv = _mm256_add_epi32(sv, c);
         /* |c| <= 127: the saturating packs are exact */
         const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
         _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(p, p));
     }
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sv), _mm256_extracti128_si256(sv, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    const int32_t s = _mm_cvtsi128_si32(s4);
-    *dx = d;
-    *xsum = s;
-    *e = d * (float)s;
+    *d = dd;
+    group_sums(q, G, ngb, xsum, xf);
 }
 #endif
 
-static void quantize_acts(const float *x, int64_t n, int64_t k, int64_t G, int isa, int threads, int8_t *xs,
-                          float *dx, int32_t *xsum, float *e) {
-    const int64_t ng = (k + G - 1) / G, kp = ng * G;
+static void quantize_acts(const float *x, int64_t n, int64_t k, const Acts *A, int isa, int threads, int8_t *xs,
+                          float *d, int32_t *xsum, float *xf) {
+    const int64_t G = A->kp / A->ng;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n >= 16)
     for (int64_t r = 0; r < n; r++)
-        for (int64_t g = 0; g < ng; g++) {
-            const int64_t i = r * ng + g, len = k - g * G < G ? k - g * G : G;
+        for (int64_t b = 0; b < A->nb; b++) {
+            int64_t g0, g1;
+            block_groups(A, b, &g0, &g1);
+            const int64_t at = g0 * G, len = k - at < (g1 - g0) * G ? k - at : (g1 - g0) * G;
+            const int64_t gi = r * A->ng + g0;
+            int8_t *q = xs + r * A->kp + at;
 #if defined(X86)
-            if (isa == ISA_AVX512_VNNI && len == G) {
-                quant_group_512(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+            if (isa == ISA_AVX512_VNNI && len == (g1 - g0) * G) {
+                quant_block_512(x + r * k + at, len, G, g1 - g0, q, d + r * A->nb + b, xsum + gi, xf + gi);
                 continue;
             }
-            if (isa != ISA_SCALAR && len == G) {
-                quant_group_256(x + r * k + g * G, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+            if (isa != ISA_SCALAR && len == (g1 - g0) * G) {
+                quant_block_256(x + r * k + at, len, G, g1 - g0, q, d + r * A->nb + b, xsum + gi, xf + gi);
                 continue;
             }
 #endif
-            quant_group(x + r * k + g * G, len, G, xs + r * kp + g * G, dx + i, xsum + i, e + i);
+            quant_block(x + r * k + at, len, G, g1 - g0, q, d + r * A->nb + b, xsum + gi, xf + gi);
         }
 }
 
@@ -268,28 +287,34 @@ static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r
     const int64_t G = (int64_t)W->cpg * 8;
     for (int r = 0; r < nr; r++) {
         float acc[TILE] = {0};
-        for (int64_t g = 0; g < W->ng; g++) {
-            const uint8_t *blk = tw + g * W->block;
-            const int8_t *xg = A->xs + (r0 + r) * A->kp + g * G;
-            const int64_t gi = (r0 + r) * A->ng + g;
-            for (int j = 0; j < TILE; j++) {
-                int32_t s = 0;
-                for (int c = 0; c < W->cpg; c++)
-                    for (int b = 0; b < 4; b++) {
-                        const uint8_t v = blk[c * 64 + j * 4 + b];
-                        s += (int32_t)(v & 15) * xg[8 * c + b] + (int32_t)(v >> 4) * xg[8 * c + 4 + b];
+        for (int64_t b = 0; b < A->nb; b++) {
+            float blk[TILE] = {0};
+            int64_t g0, g1;
+            block_groups(A, b, &g0, &g1);
+            for (int64_t g = g0; g < g1; g++) {
+                const uint8_t *bg = tw + g * W->block;
+                const int8_t *xg = A->xs + (r0 + r) * A->kp + g * G;
+                const int64_t gi = (r0 + r) * A->ng + g;
+                for (int j = 0; j < TILE; j++) {
+                    int32_t s = 0;
+                    for (int c = 0; c < W->cpg; c++)
+                        for (int i = 0; i < 4; i++) {
+                            const uint8_t v = bg[c * 64 + j * 4 + i];
+                            s += (int32_t)(v & 15) * xg[8 * c + i] + (int32_t)(v >> 4) * xg[8 * c + 4 + i];
+                        }
+                    uint16_t h;
+                    memcpy(&h, bg + W->cpg * 64 + 2 * j, 2);
+                    const float sc = half_to_float(h);
+                    if (!W->asym) {
+                        blk[j] = blk[j] + (float)(s - 8 * A->xsum[gi]) * sc;
+                    } else {
+                        memcpy(&h, bg + W->cpg * 64 + 32 + 2 * j, 2);
+                        blk[j] = blk[j] + (float)s * sc;
+                        blk[j] = blk[j] + half_to_float(h) * A->xf[gi];
                     }
-                uint16_t h;
-                memcpy(&h, blk + W->cpg * 64 + 2 * j, 2);
-                const float c = half_to_float(h) * A->dx[gi];
-                if (!W->asym) {
-                    acc[j] = acc[j] + (float)(s - 8 * A->xsum[gi]) * c;
-                } else {
-                    memcpy(&h, blk + W->cpg * 64 + 32 + 2 * j, 2);
-                    acc[j] = acc[j] + (float)s * c;
-                    acc[j] = acc[j] + half_to_float(h) * A->e[gi];
                 }
             }
+            for (int j = 0; j < TILE; j++) acc[j] = acc[j] + blk[j] * A->d[(r0 + r) * A->nb + b];
         }
         for (int j = 0; j < TILE && o + j < W->out; j++)
             y[(r0 + r) * W->out + o + j] = W->b ? acc[j] + W->b[o + j] : acc[j];
@@ -299,53 +324,139 @@ static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r
 /* ---------------------------------------------------------------- AVX-512 VNNI */
 
 #if defined(X86)
-/* NR (constant) input rows x one tile of 16 outputs: NR int32 accumulators per group, NR fp32 ones across. */
+/* The 16 outputs from o (masked at the end of the weight). */
+INLINE TGT512 __mmask16 tile_mask(const W4 *W, int64_t o) {
+    return W->out - o >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - o)) - 1u);
+}
+
+/* A row's integer sum for group g starts at -8 X in the symmetric format (the codes' offset: the sum ends at S - 8 X
+ * with no subtraction per tile), at 0 in the asymmetric one. */
+INLINE TGT512 __m512i acc_init512(const W4 *W, const Acts *A, int64_t row, int64_t g) {
+    return W->asym ? _mm512_setzero_si512() : _mm512_set1_epi32(-8 * A->xsum[row * A->ng + g]);
+}
+
+/* One group's fp32 step of NR rows' integer sums acc onto their block accumulators blk (scales at sc, mins at
+ * sc + 32). */
+INLINE TGT512 void group_end512(const uint8_t *sc, const W4 *W, const Acts *A, int64_t r0, int64_t g, const int NR,
+                                const __m512i *acc, __m512 *blk) {
+    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc));
+    if (!W->asym) { /* acc holds S - 8 X (acc_init512) */
+        for (int r = 0; r < NR; r++) blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), ws));
+        return;
+    }
+    const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 32)));
+    for (int r = 0; r < NR; r++) {
+        blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), ws));
+        blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(wm, _mm512_set1_ps(A->xf[(r0 + r) * A->ng + g])));
+    }
+}
+
+/* group_end512 for two tiles (scales at sc0, sc1) sharing each row's broadcasts. */
+INLINE TGT512 void group_end512x2(const uint8_t *sc0, const uint8_t *sc1, const W4 *W, const Acts *A, int64_t r0,
+                                  int64_t g, const int NR, const __m512i *a0, const __m512i *a1, __m512 *k0,
+                                  __m512 *k1) {
+    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc0));
+    const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc1));
+    if (!W->asym) { /* a0, a1 hold S - 8 X (acc_init512) */
+        for (int r = 0; r < NR; r++) {
+            k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), w0));
+            k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), w1));
+        }
+        return;
+    }
+    const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc0 + 32)));
+    const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc1 + 32)));
+    for (int r = 0; r < NR; r++) {
+        const __m512 xf = _mm512_set1_ps(A->xf[(r0 + r) * A->ng + g]);
+        k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), w0));
+        k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(m0, xf));
+        k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), w1));
+        k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(m1, xf));
+    }
+}
+
+/* acc += blk * d for NR rows at block b; blk back to zero. */
+INLINE TGT512 void block_end512(const Acts *A, int64_t r0, int64_t b, const int NR, __m512 *blk, __m512 *facc) {
+    for (int r = 0; r < NR; r++) {
+        facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(blk[r], _mm512_set1_ps(A->d[(r0 + r) * A->nb + b])));
+        blk[r] = _mm512_setzero_ps();
+    }
+}
+
+/* y = facc (+ bias) for NR rows x the 16 outputs from o (masked at the end of the weight). */
+INLINE TGT512 void store512(const W4 *W, int64_t r0, const int NR, int64_t o, const __m512 *facc, float *y) {
+    const __mmask16 m = tile_mask(W, o);
+    const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + o) : _mm512_setzero_ps();
+    for (int r = 0; r < NR; r++)
+        _mm512_mask_storeu_ps(y + (r0 + r) * W->out + o, m, W->b ? _mm512_add_ps(facc[r], bv) : facc[r]);
+}
+
+/* block_end512 with the fp32 accumulators in y (the registers hold the block's): y = (b ? y : 0) + blk * d. */
+INLINE TGT512 void block_to_y512(const W4 *W, const Acts *A, int64_t r0, int64_t b, const int NR, int64_t o,
+                                 __m512 *blk, float *y) {
+    const __mmask16 m = tile_mask(W, o);
+    for (int r = 0; r < NR; r++) {
+        float *yr = y + (r0 + r) * W->out + o;
+        const __m512 acc = b ? _mm512_maskz_loadu_ps(m, yr) : _mm512_setzero_ps();
+        const __m512 v = _mm512_mul_ps(blk[r], _mm512_set1_ps(A->d[(r0 + r) * A->nb + b]));
+        _mm512_mask_storeu_ps(yr, m, _mm512_add_ps(acc, v));
+        blk[r] = _mm512_setzero_ps();
+    }
+}
+
+/* block_end512 with the fp32 accumulators in fa (16 a row; the registers hold the block's): fa = (b ? fa : 0) +
+ * blk * d. */
+INLINE TGT512 void block_to_fa512(const Acts *A, int64_t r0, int64_t b, const int NR, const __m512 *blk, float *fa) {
+    for (int r = 0; r < NR; r++) {
+        const __m512 acc = b ? _mm512_load_ps(fa + r * TILE) : _mm512_setzero_ps();
+        const __m512 v = _mm512_mul_ps(blk[r], _mm512_set1_ps(A->d[(r0 + r) * A->nb + b]));
+        _mm512_store_ps(fa + r * TILE, _mm512_add_ps(acc, v));
+    }
+}
+
+/* y += bias for NR rows x the 16 outputs from o. */
+INLINE TGT512 void bias512(const W4 *W, int64_t r0, const int NR, int64_t o, float *y) {
+    if (!W->b) return;
+    const __mmask16 m = tile_mask(W, o);
+    const __m512 bv = _mm512_maskz_loadu_ps(m, W->b + o);
+    for (int r = 0; r < NR; r++) {
+        float *yr = y + (r0 + r) * W->out + o;
+        _mm512_mask_storeu_ps(yr, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), bv));
+    }
+}
+
+/* NR (constant) input rows x one tile of 16 outputs: NR int32 accumulators per group, NR fp32 ones per block and
+ * NR across. */
 INLINE TGT512 void tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t o,
                            float *y) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int64_t G = (int64_t)W->cpg * 8;
-    __m512 facc[8];
-    for (int r = 0; r < NR; r++) facc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < W->ng; g++) {
-        const uint8_t *blk = tw + g * W->block;
-        const int8_t *xg = A->xs + r0 * A->kp + g * G;
-        __m512i acc[8];
-        for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_si512();
-        for (int c = 0; c < W->cpg; c++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * c));
-            const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            for (int r = 0; r < NR; r++) {
-                int32_t x0, x1;
-                memcpy(&x0, xg + r * A->kp + 8 * c, 4);
-                memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
-                acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(x0));
-                acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(x1));
+    __m512 facc[8], blk[8];
+    for (int r = 0; r < NR; r++) facc[r] = blk[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < A->nb; b++) {
+        int64_t g0, g1;
+        block_groups(A, b, &g0, &g1);
+        for (int64_t g = g0; g < g1; g++) {
+            const uint8_t *bg = tw + g * W->block;
+            const int8_t *xg = A->xs + r0 * A->kp + g * G;
+            __m512i acc[8];
+            for (int r = 0; r < NR; r++) acc[r] = acc_init512(W, A, r0 + r, g);
+            for (int c = 0; c < W->cpg; c++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(bg + 64 * c));
+                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                for (int r = 0; r < NR; r++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xg + r * A->kp + 8 * c, 4);
+                    memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(x0));
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(x1));
+                }
             }
+            group_end512(bg + 64 * W->cpg, W, A, r0, g, NR, acc, blk);
         }
-        const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 64 * W->cpg)));
-        if (!W->asym) {
-            for (int r = 0; r < NR; r++) {
-                const int64_t gi = (r0 + r) * A->ng + g;
-                const __m512i s = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * A->xsum[gi]));
-                const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
-                facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), c));
-            }
-        } else {
-            const __m512 wm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 64 * W->cpg + 32)));
-            for (int r = 0; r < NR; r++) {
-                const int64_t gi = (r0 + r) * A->ng + g;
-                const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
-                facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), c));
-                facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(wm, _mm512_set1_ps(A->e[gi])));
-            }
-        }
+        block_end512(A, r0, b, NR, blk, facc);
     }
-    const __mmask16 m = W->out - o >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - o)) - 1u);
-    const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + o) : _mm512_setzero_ps();
-    for (int r = 0; r < NR; r++) {
-        const __m512 v = W->b ? _mm512_add_ps(facc[r], bv) : facc[r];
-        _mm512_mask_storeu_ps(y + (r0 + r) * W->out + o, m, v);
-    }
+    store512(W, r0, NR, o, facc, y);
 }
 
 #define TILE512(NR)                                                                                           \
@@ -358,63 +469,59 @@ typedef void (*TileFn)(const uint8_t *, const W4 *, const Acts *, int64_t, int64
 static const TileFn TILES512[9] = {0, tile512_1, tile512_2, tile512_3, tile512_4,
                                    tile512_5, tile512_6, tile512_7, tile512_8};
 
-/* The group epilogue of one tile's accumulators (NR rows), as tile512's. */
-INLINE TGT512 void group_end512(const uint8_t *scales, const W4 *W, const Acts *A, int64_t r0, int64_t g,
-                                const int NR, const __m512i *acc, __m512 *facc) {
-    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)scales));
-    const __m512 wm = W->asym ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32))) : ws;
-    for (int r = 0; r < NR; r++) {
-        const int64_t gi = (r0 + r) * A->ng + g;
-        const __m512 c = _mm512_mul_ps(ws, _mm512_set1_ps(A->dx[gi]));
-        if (!W->asym) {
-            const __m512i s = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(8 * A->xsum[gi]));
-            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), c));
-        } else {
-            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), c));
-            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(wm, _mm512_set1_ps(A->e[gi])));
+/* Prefill: 4 input rows x two tiles at once, each broadcast activation word used by both tiles (half the
+ * broadcasts per product of tile512; the same operations per output). The block accumulators stay in registers,
+ * the fp32 ones in y (one read and write per block: 24 live accumulators spilled). CPG and ASYM constants: the
+ * chunk loop unrolls and the block ends are a mask test. */
+INLINE TGT512 void pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                         const int CPG, const int ASYM) {
+    enum { NR = 4 };
+    const int64_t stride = W->ng * W->block, kp = A->kp, block = W->block;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const W4 Wc = {W->w, W->b, W->ng, block, W->out, CPG, ASYM};
+    const int8_t *xs = A->xs + r0 * kp;
+    __attribute__((aligned(64))) float fa[2 * NR * TILE];
+    for (int64_t b = 0; b < A->nb; b++) {
+        int64_t g0, g1;
+        block_groups(A, b, &g0, &g1);
+        __m512 k0[NR], k1[NR];
+        for (int r = 0; r < NR; r++) k0[r] = k1[r] = _mm512_setzero_ps();
+        for (int64_t g = g0; g < g1; g++) {
+            const uint8_t *b0 = tw + g * block, *b1 = b0 + stride;
+            const int8_t *xg = xs + g * 8 * CPG;
+            __m512i a0[NR], a1[NR];
+            for (int r = 0; r < NR; r++) a0[r] = a1[r] = acc_init512(&Wc, A, r0 + r, g);
+            for (int c = 0; c < CPG; c++) {
+                const __m512i v0 = _mm512_loadu_si512((const void *)(b0 + 64 * c));
+                const __m512i v1 = _mm512_loadu_si512((const void *)(b1 + 64 * c));
+                const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+                const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+                for (int r = 0; r < NR; r++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xg + r * kp + 8 * c, 4);
+                    memcpy(&x1, xg + r * kp + 8 * c + 4, 4);
+                    const __m512i s0 = _mm512_set1_epi32(x0), s1 = _mm512_set1_epi32(x1);
+                    a0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0[r], lo0, s0), hi0, s1);
+                    a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
+                }
+            }
+            group_end512x2(b0 + 64 * CPG, b1 + 64 * CPG, &Wc, A, r0, g, NR, a0, a1, k0, k1);
         }
+        block_to_fa512(A, r0, b, NR, k0, fa);
+        block_to_fa512(A, r0, b, NR, k1, fa + NR * TILE);
+    }
+    __m512 f[NR];
+    for (int h = 0; h < 2; h++) {
+        for (int r = 0; r < NR; r++) f[r] = _mm512_load_ps(fa + (h * NR + r) * TILE);
+        store512(W, r0, NR, o + h * TILE, f, y);
     }
 }
 
-/* Prefill: 4 input rows x two tiles at once, each broadcast activation word used by both tiles (half the
- * broadcasts per product of tile512; the same operations per output). */
 TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
-    enum { NR = 4 };
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const int64_t G = (int64_t)W->cpg * 8, stride = W->ng * W->block;
-    __m512 f0[NR], f1[NR];
-    for (int r = 0; r < NR; r++) f0[r] = f1[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < W->ng; g++) {
-        const uint8_t *b0 = tw + g * W->block, *b1 = b0 + stride;
-        const int8_t *xg = A->xs + r0 * A->kp + g * G;
-        __m512i a0[NR], a1[NR];
-        for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_si512();
-        for (int c = 0; c < W->cpg; c++) {
-            const __m512i v0 = _mm512_loadu_si512((const void *)(b0 + 64 * c));
-            const __m512i v1 = _mm512_loadu_si512((const void *)(b1 + 64 * c));
-            const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
-            const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
-            for (int r = 0; r < NR; r++) {
-                int32_t x0, x1;
-                memcpy(&x0, xg + r * A->kp + 8 * c, 4);
-                memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
-                const __m512i s0 = _mm512_set1_epi32(x0), s1 = _mm512_set1_epi32(x1);
-                a0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0[r], lo0, s0), hi0, s1);
-                a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
-            }
-        }
-        group_end512(b0 + 64 * W->cpg, W, A, r0, g, NR, a0, f0);
-        group_end512(b1 + 64 * W->cpg, W, A, r0, g, NR, a1, f1);
-    }
-    for (int h = 0; h < 2; h++) {
-        const int64_t oh = o + h * TILE;
-        const __mmask16 m = W->out - oh >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << (W->out - oh)) - 1u);
-        const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + oh) : _mm512_setzero_ps();
-        for (int r = 0; r < NR; r++) {
-            const __m512 f = h ? f1[r] : f0[r];
-            _mm512_mask_storeu_ps(y + (r0 + r) * W->out + oh, m, W->b ? _mm512_add_ps(f, bv) : f);
-        }
-    }
+    if (W->cpg == 4 && !W->asym) pair4(tw, W, A, r0, o, y, 4, 0);
+    else if (W->cpg == 4) pair4(tw, W, A, r0, o, y, 4, 1);
+    else if (!W->asym) pair4(tw, W, A, r0, o, y, 8, 0);
+    else pair4(tw, W, A, r0, o, y, 8, 1);
 }
 
 /* ---------------------------------------------------------------- AVX2 (8 lanes: a tile as two halves) */
@@ -425,8 +532,8 @@ TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, 
                          int64_t o, float *y) {                                                               \
         const __m256i m4 = _mm256_set1_epi8(0x0F);                                                            \
         const int64_t G = (int64_t)W->cpg * 8;                                                                \
-        __m256 facc[4];                                                                                       \
-        for (int r = 0; r < NR; r++) facc[r] = _mm256_setzero_ps();                                           \
+        __m256 facc[4], fb[4];                                                                                \
+        for (int r = 0; r < NR; r++) facc[r] = fb[r] = _mm256_setzero_ps();                                  \
         for (int64_t g = 0; g < W->ng; g++) {                                                                 \
             const uint8_t *blk = tw + g * W->block;                                                           \
             const int8_t *xg = A->xs + r0 * A->kp + g * G;                                                    \
@@ -449,15 +556,20 @@ TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, 
                                       : _mm256_setzero_ps();                                                  \
             for (int r = 0; r < NR; r++) {                                                                    \
                 const int64_t gi = (r0 + r) * A->ng + g;                                                      \
-                const __m256 c = _mm256_mul_ps(ws, _mm256_set1_ps(A->dx[gi]));                                \
                 if (!W->asym) {                                                                               \
                     const __m256i s = _mm256_sub_epi32(acc[r], _mm256_set1_epi32(8 * A->xsum[gi]));           \
-                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s), c));                \
+                    fb[r] = _mm256_add_ps(fb[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s), ws));                   \
                 } else {                                                                                      \
-                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), c));           \
-                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(wm, _mm256_set1_ps(A->e[gi])));            \
+                    fb[r] = _mm256_add_ps(fb[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), ws));              \
+                    fb[r] = _mm256_add_ps(fb[r], _mm256_mul_ps(wm, _mm256_set1_ps(A->xf[gi])));               \
                 }                                                                                             \
             }                                                                                                 \
+            if ((g + 1) % A->gpb == 0 || g + 1 == W->ng)                                                      \
+                for (int r = 0; r < NR; r++) {                                                                \
+                    const __m256 d = _mm256_set1_ps(A->d[(r0 + r) * A->nb + g / A->gpb]);                     \
+                    facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(fb[r], d));                                \
+                    fb[r] = _mm256_setzero_ps();                                                              \
+                }                                                                                             \
         }                                                                                                     \
         const int64_t oh = o + 8 * h;                                                                         \
         for (int r = 0; r < NR; r++) {                                                                        \
@@ -496,17 +608,17 @@ INLINE TGT256 __m256i pairs16(__m256i s, __m256i v, const int8_t *x, __m256i m4)
 
 INLINE TGT256 __m256i widen16(__m256i s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 
-/* One group's fp32 step for 8 outputs (scales at sc, mins at sc + 32): tile512's operations. */
-INLINE TGT256 __m256 group_f32(__m256 facc, __m256i s, const uint8_t *sc, const W4 *W, const Acts *A, int64_t gi) {
+/* One group's fp32 step for 8 outputs onto their block accumulator fb (scales at sc, mins at sc + 32): the
+ * operations of group_end512. */
+INLINE TGT256 __m256 group_f32(__m256 fb, __m256i s, const uint8_t *sc, const W4 *W, const Acts *A, int64_t gi) {
     const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc));
-    const __m256 c = _mm256_mul_ps(ws, _mm256_set1_ps(A->dx[gi]));
     if (!W->asym) {
         const __m256i t = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * A->xsum[gi]));
-        return _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(t), c));
+        return _mm256_add_ps(fb, _mm256_mul_ps(_mm256_cvtepi32_ps(t), ws));
     }
-    facc = _mm256_add_ps(facc, _mm256_mul_ps(_mm256_cvtepi32_ps(s), c));
+    fb = _mm256_add_ps(fb, _mm256_mul_ps(_mm256_cvtepi32_ps(s), ws));
     const __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
-    return _mm256_add_ps(facc, _mm256_mul_ps(wm, _mm256_set1_ps(A->e[gi])));
+    return _mm256_add_ps(fb, _mm256_mul_ps(wm, _mm256_set1_ps(A->xf[gi])));
 }
 
 /* 8 outputs o..o+7 of row r (masked at the end of the weight), + bias. */
@@ -525,7 +637,7 @@ INLINE TGT256 void store8(__m256 f, const W4 *W, int64_t r, int64_t o, float *y)
 INLINE TGT256 void row_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r, int64_t o, float *y,
                             const int CPG) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+    __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps(), b0 = f0, b1 = f0;
     for (int64_t g = 0; g < W->ng; g++) {
         const uint8_t *blk = tw + g * W->block;
         const int8_t *xg = A->xs + r * A->kp + g * 8 * CPG;
@@ -541,8 +653,14 @@ INLINE TGT256 void row_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64
             s1 = _mm256_add_epi32(s1, widen16(p1));
         }
         const int64_t gi = r * A->ng + g;
-        f0 = group_f32(f0, s0, blk + 64 * CPG, W, A, gi);
-        f1 = group_f32(f1, s1, blk + 64 * CPG + 16, W, A, gi);
+        b0 = group_f32(b0, s0, blk + 64 * CPG, W, A, gi);
+        b1 = group_f32(b1, s1, blk + 64 * CPG + 16, W, A, gi);
+        if ((g + 1) % A->gpb == 0 || g + 1 == W->ng) {
+            const __m256 d = _mm256_set1_ps(A->d[r * A->nb + g / A->gpb]);
+            f0 = _mm256_add_ps(f0, _mm256_mul_ps(b0, d));
+            f1 = _mm256_add_ps(f1, _mm256_mul_ps(b1, d));
+            b0 = b1 = _mm256_setzero_ps();
+        }
     }
     store8(f0, W, r, o, y);
     if (o + 8 < W->out) store8(f1, W, r, o + 8, y);
@@ -561,41 +679,49 @@ INLINE TGT256 __m256i mac16(__m256i p, __m256i w, __m256i x, int first) {
     return p;
 }
 
-/* One group's fp32 step for a row's 16 outputs (two halves: sums s0, s1, scales w0, w1, mins m0, m1) on its
- * accumulators fa[0..15] in memory, the row's step dx, code sum xsum and e = dx * xsum: group_f32's operations. */
-INLINE TGT256 void group16_f32(float *restrict fa, __m256i s0, __m256i s1, __m256 w0, __m256 w1, __m256 m0,
-                               __m256 m1, const float *dx, const int32_t *xsum, const float *e, const int ASYM) {
-    const __m256 d = _mm256_broadcast_ss(dx);
+/* One group's fp32 step for a row's 16 outputs (two halves: sums s0, s1, scales w0, w1, mins m0, m1) on its block
+ * accumulators fb[0..15] in memory, the row's code sum xsum and xf = float(xsum): group_f32's operations. */
+INLINE TGT256 void group16_f32(float *restrict fb, __m256i s0, __m256i s1, __m256 w0, __m256 w1, __m256 m0,
+                               __m256 m1, const int32_t *xsum, const float *xf, const int ASYM) {
     if (!ASYM) {
         const __m256i x8 = _mm256_slli_epi32(_mm256_castps_si256(_mm256_broadcast_ss((const float *)xsum)), 3);
         s0 = _mm256_sub_epi32(s0, x8);
         s1 = _mm256_sub_epi32(s1, x8);
     }
-    __m256 f0 = _mm256_add_ps(_mm256_load_ps(fa), _mm256_mul_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(w0, d)));
-    __m256 f1 = _mm256_add_ps(_mm256_load_ps(fa + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(w1, d)));
+    __m256 f0 = _mm256_add_ps(_mm256_load_ps(fb), _mm256_mul_ps(_mm256_cvtepi32_ps(s0), w0));
+    __m256 f1 = _mm256_add_ps(_mm256_load_ps(fb + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(s1), w1));
     if (ASYM) {
-        const __m256 ev = _mm256_broadcast_ss(e);
-        f0 = _mm256_add_ps(f0, _mm256_mul_ps(m0, ev));
-        f1 = _mm256_add_ps(f1, _mm256_mul_ps(m1, ev));
+        const __m256 xv = _mm256_broadcast_ss(xf);
+        f0 = _mm256_add_ps(f0, _mm256_mul_ps(m0, xv));
+        f1 = _mm256_add_ps(f1, _mm256_mul_ps(m1, xv));
     }
-    _mm256_store_ps(fa, f0);
-    _mm256_store_ps(fa + 8, f1);
+    _mm256_store_ps(fb, f0);
+    _mm256_store_ps(fb + 8, f1);
+}
+
+/* fa += fb * d for a row's 16 outputs; fb back to zero. */
+INLINE TGT256 void block16_f32(float *restrict fa, float *restrict fb, const float *d) {
+    const __m256 dv = _mm256_broadcast_ss(d);
+    _mm256_store_ps(fa, _mm256_add_ps(_mm256_load_ps(fa), _mm256_mul_ps(_mm256_load_ps(fb), dv)));
+    _mm256_store_ps(fa + 8, _mm256_add_ps(_mm256_load_ps(fa + 8), _mm256_mul_ps(_mm256_load_ps(fb + 8), dv)));
+    _mm256_store_ps(fb, _mm256_setzero_ps());
+    _mm256_store_ps(fb + 8, _mm256_setzero_ps());
 }
 
 INLINE TGT256 __m256 half8_ps(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-/* NR (<= 4) input rows x a whole tile (16 outputs), groups [g0, g1), onto their fp32 accumulators fa (16 a row,
- * in L1). Each chunk's two 32-byte halves are unpacked once for the NR rows and each broadcast activation word
+/* NR (<= 4) input rows x a whole tile (16 outputs), groups [g0, g1), onto their fp32 accumulators fa and block
+ * accumulators fb (16 a row each, in L1). Each chunk's two 32-byte halves are unpacked once for the NR rows and each broadcast activation word
  * serves both halves: a third fewer instructions per product than the former half tile a pass (these loops
  * issue ~5 instructions a cycle: their count is what bounds them, not one pipe). The 2 NR int16 sums and the 4
  * unpacked vectors fill the 16 registers, hence the accumulators in memory. The integer sums (the bounds of
  * pairs16) and every fp32 step are those of the other paths, in the same order: equal results bit for bit. */
 INLINE TGT256 void quad16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t g0,
-                               int64_t g1, float *restrict fa, const int CPG, const int ASYM) {
+                               int64_t g1, float *restrict fa, float *restrict fb, const int CPG, const int ASYM) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const int64_t kp = A->kp, ng = A->ng, block = W->block;
     const int8_t *xs = A->xs + r0 * kp;
-    const float *dx = A->dx + r0 * ng, *e = A->e + r0 * ng;
+    const float *xf = A->xf + r0 * ng;
     const int32_t *xsum = A->xsum + r0 * ng;
     for (int64_t g = g0; g < g1; g++) {
         const uint8_t *blk = tw + g * block;
@@ -633,34 +759,36 @@ INLINE TGT256 void quad16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, in
         const __m256 m0 = ASYM ? half8_ps(sc + 32) : w0, m1 = ASYM ? half8_ps(sc + 48) : w1;
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
-            group16_f32(fa + 16 * r, s0[r], s1[r], w0, w1, m0, m1, dx + r * ng + g, xsum + r * ng + g,
-                        e + r * ng + g, ASYM);
+            group16_f32(fb + 16 * r, s0[r], s1[r], w0, w1, m0, m1, xsum + r * ng + g, xf + r * ng + g, ASYM);
+        if ((g + 1) % A->gpb == 0 || g + 1 == ng)
+            for (int r = 0; r < NR; r++) block16_f32(fa + 16 * r, fb + 16 * r, A->d + (r0 + r) * A->nb + g / A->gpb);
     }
 }
 
 #define QUAD_AVX2(NR)                                                                                         \
     TGT256 static void quad_avx2_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t g0,  \
-                                      int64_t g1, float *fa) {                                                \
-        if (W->cpg == 4 && !W->asym) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 4, 0);                         \
-        else if (W->cpg == 4) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 4, 1);                                \
-        else if (!W->asym) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 8, 0);                                   \
-        else quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, 8, 1);                                                 \
+                                      int64_t g1, float *fa, float *fb) {                                     \
+        if (W->cpg == 4 && !W->asym) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, fb, 4, 0);                     \
+        else if (W->cpg == 4) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, fb, 4, 1);                            \
+        else if (!W->asym) quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, fb, 8, 0);                               \
+        else quad16_avx2(tw, W, A, r0, NR, g0, g1, fa, fb, 8, 1);                                             \
     }
 QUAD_AVX2(1) QUAD_AVX2(2) QUAD_AVX2(3) QUAD_AVX2(4)
-typedef void (*QuadFn)(const uint8_t *, const W4 *, const Acts *, int64_t, int64_t, int64_t, float *);
+typedef void (*QuadFn)(const uint8_t *, const W4 *, const Acts *, int64_t, int64_t, int64_t, float *, float *);
 static const QuadFn QUADS_AVX2[5] = {0, quad_avx2_1, quad_avx2_2, quad_avx2_3, quad_avx2_4};
 
 /* Rows [rb, re) (re - rb <= ROW_BLOCK) x tile t on AVX2 without VNNI: the groups in blocks of K_BLOCK inputs (the
- * tile's block stays in L1 while every 4 rows of the row block pass over it), the rows' accumulators in fa. */
+ * tile's block stays in L1 while every 4 rows of the row block pass over it), the rows' accumulators in fa, fb. */
 TGT256 static void rows_tile_avx2(int64_t t, const W4 *W, const Acts *A, int64_t rb, int64_t re, float *y) {
-    __attribute__((aligned(32))) float fa[ROW_BLOCK * 16];
+    __attribute__((aligned(32))) float fa[ROW_BLOCK * 16], fb[ROW_BLOCK * 16];
     memset(fa, 0, sizeof(float) * 16 * (size_t)(re - rb));
+    memset(fb, 0, sizeof(float) * 16 * (size_t)(re - rb));
     const uint8_t *tw = W->w + t * W->ng * W->block;
     const int64_t gb = K_BLOCK / (8 * W->cpg) > 0 ? K_BLOCK / (8 * W->cpg) : 1;
     for (int64_t g0 = 0; g0 < W->ng; g0 += gb) {
         const int64_t g1 = g0 + gb < W->ng ? g0 + gb : W->ng;
         for (int64_t r = rb; r < re; r += 4)
-            QUADS_AVX2[re - r < 4 ? re - r : 4](tw, W, A, r, g0, g1, fa + 16 * (r - rb));
+            QUADS_AVX2[re - r < 4 ? re - r : 4](tw, W, A, r, g0, g1, fa + 16 * (r - rb), fb + 16 * (r - rb));
     }
     for (int64_t r = rb; r < re; r++) {
         store8(_mm256_load_ps(fa + 16 * (r - rb)), W, r, t * TILE, y);
@@ -716,16 +844,17 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
     if (!recap_int4_isa_supported(isa)) return -3;
     if (n <= 0 || out <= 0) return 0;
     const int64_t ng = (k + group - 1) / group, kp = ng * group, tiles = (out + TILE - 1) / TILE;
+    const int64_t gpb = ACT_BLOCK / group, nb = (ng + gpb - 1) / gpb;
     int8_t *xs = (int8_t *)aligned_alloc(64, (size_t)((n * kp + 63) / 64 * 64));
-    float *dx = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
-    float *e = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
+    float *d = (float *)malloc(sizeof(float) * (size_t)(n * nb + 1));
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
     int32_t *xsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n * ng + 1));
-    if (!xs || !dx || !e || !xsum) {
-        free(xs), free(dx), free(e), free(xsum);
+    if (!xs || !d || !xf || !xsum) {
+        free(xs), free(d), free(xf), free(xsum);
         return -1;
     }
-    quantize_acts(x, n, k, group, isa, threads, xs, dx, xsum, e);
-    const Acts A = {xs, dx, e, xsum, kp, ng};
+    const Acts A = {xs, d, xf, xsum, kp, ng, nb, gpb};
+    quantize_acts(x, n, k, &A, isa, threads, xs, d, xsum, xf);
     const W4 W = {w, b, ng, 8 * group + (asym ? 64 : 32), out, (int)(group / 8), asym};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
@@ -752,6 +881,6 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
                 for (int64_t r = rb; r < re; r += 8) run_tile(isa, t, &W, &A, r, re - r < 8 ? (int)(re - r) : 8, y);
         }
     }
-    free(xs), free(dx), free(e), free(xsum);
+    free(xs), free(d), free(xf), free(xsum);
     return 0;
 }
