@@ -1,5 +1,6 @@
 """Triton helpers shared by the gated delta rule kernels (triton/gdn.py: per token and per piece; triton/gdn_chunk.py:
-the chunk-parallel form): in-kernel L2 normalisation, one state tile's slot write, the unit lower inverse."""
+the chunk-parallel form): in-kernel L2 normalisation, one state tile's slot write, the unit lower inverse, and
+the intra-piece Gram matrix under a decay per key channel (KDA)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,22 @@ def unit_lower_inverse(m, BT: tl.constexpr):
         ti = tl.where(r == i, 1.0, 0.0) - tl.sum(mi[:, None] * t, 0)
         t = tl.where(row, ti[None, :], t)
     return t
+
+
+@triton.jit
+def channel_gram(x, k, cum, STRICT: tl.constexpr, BT: tl.constexpr):
+    """[BT, BT] lower: sum_c x_i[c] k_j[c] exp(cum_i[c] - cum_j[c]) for j < i (STRICT) or j <= i, zeros above.
+
+    x, k, cum [BT, BK] (cum: the per-channel cumulative log decay inside the piece). A per-channel decay does
+    not factor out of a dot (exp(cum_i) exp(-cum_j) overflows once cum is far below 0), so the matrix is made a
+    column at a time with each exponent a difference, <= 0 wherever it is kept: strong decays underflow to 0."""
+    r = tl.arange(0, BT)
+    out = tl.zeros([BT, BT], dtype=tl.float32)
+    for j in range(BT):
+        row = r[:, None] == j
+        kj = tl.sum(tl.where(row, k, 0.0), 0)  # (BK,)
+        cj = tl.sum(tl.where(row, cum, 0.0), 0)
+        w = kj[None, :] * tl.exp(tl.minimum(cum - cj[None, :], 0.0))  # (BT, BK); rows above j masked below
+        keep = r > j if STRICT else r >= j  # a constexpr condition: one branch compiled
+        out = tl.where((r[None, :] == j) & keep[:, None], tl.sum(x * w, 1)[:, None], out)
+    return out
