@@ -2,11 +2,14 @@
 (recap/kernels/kda.py): outputs, every slot written (checkpoints inside pieces and at piece ends, running
 slots), slot_positions, slots not written bit for bit, pad rows' zero outputs, on packed varlen steps (odd
 lengths straddling the piece and block grids, several rows, rows from scratch, strong decays, strided inputs),
-and kda's choice of the chunk form for long steps."""
+kda's choice of the chunk form for long steps, and (-m slow) the kernels' compilation for sm_90."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from recap.kernels.triton.gdn import CHUNK_MIN_TOKENS
 
 from ..cases import Row, Tensors, random_rows
 from .delta_cases import DEVICE, check_step, fixed_rows, fused_views, kda_delta
+from .hopper import compile_for_hopper
 
 SLOTS = 16
 SHAPES = [(2, 16, 24), (1, 8, 5), (2, 32, 16)]  # (H, K, V): dims padded to 16
@@ -135,3 +139,33 @@ def test_bf16_inputs_match_reference() -> None:
     x = delta.token_inputs
     rows = [*fixed_rows(delta, gen), Row(x(150, gen), 7, 8, [(70, 9), (100, 10)])]
     check_step(delta, rows, 64, SLOTS, gen, torch.bfloat16, 3e-2)
+
+
+def compile_delta_kernels() -> None:
+    """Compile the chunk form's three kernels (KDA's per-channel decay and GDN's per-head one) and the per-row
+    walk's kernel with KDA's decay, bf16 at Kimi-Linear's dims (128) and the shipped tiles, for sm_90. Needs
+    triton imported with TRITON_INTERPRET=0."""
+    from recap.kernels.triton import gdn, gdn_chunk
+
+    idx = ("tok0", "len", "ends", "p0", "np", "valid", "run", "last", "dest", "pos", "cu")
+    ptrs = {f"{n}_ptr": "*i64" for n in idx} | {"init_ptr": "*i1", "sp_ptr": "*i64", "state_ptr": "*fp32"}
+    ptrs |= {f"{n}_ptr": "*bf16" for n in ("q", "k", "v", "w", "u", "h", "o")}
+    ptrs |= {"g_ptr": "*fp32", "b_ptr": "*fp32", "cum_ptr": "*fp32"}
+    base = {"BK": 128, "NORM_QK": True, "PREC": "tf32"}
+    for per_channel in (True, False):
+        kw = {**base, "BT": gdn_chunk.CHUNK, "PER_CHANNEL": per_channel}
+        compile_for_hopper(gdn_chunk._wy_kernel, ptrs, {**kw, "BV": gdn_chunk.BLOCK_V_OUT})
+        compile_for_hopper(gdn_chunk._state_kernel, ptrs, {**kw, "BV": gdn_chunk.BLOCK_V, "HAS_SP": True})
+        compile_for_hopper(gdn_chunk._output_kernel, ptrs, {**kw, "BV": gdn_chunk.BLOCK_V_OUT}, floats=("q_scale",))
+    walk = {**base, "BT": gdn.PIECE, "BV": gdn.BLOCK_V, "PER_CHANNEL": True, "HAS_SP": True}
+    compile_for_hopper(gdn._gated_delta_kernel, ptrs, walk, floats=("q_scale",))
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_hopper() -> None:
+    """What only the compiler refuses (the interpreter runs any Python) fails here, without a GPU: the kernels
+    compile for sm_90 through ptxas, in a fresh process with the interpreter off (~60 s on the 2-core box)."""
+    code = "from tests.kernels.triton.test_kda_chunk import compile_delta_kernels\ncompile_delta_kernels()"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
