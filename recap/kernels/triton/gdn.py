@@ -93,7 +93,7 @@ def _piece_step(s, q, k, v, g, beta, BT: tl.constexpr, PER_CHANNEL: tl.constexpr
     last = tl.sum(g, 0)  # cum at the piece end: (BK,) or scalar
     kb = k * beta[:, None]
     if PER_CHANNEL:
-        m, a = channel_gram(kb, k, cum, True, BT), channel_gram(q, k, cum, False, BT)
+        m, a = channel_gram(kb, k, cum, True, BT, PREC), channel_gram(q, k, cum, False, BT, PREC)
         dec = tl.exp(cum)  # (BT, BK)
         k_dec = k * tl.exp(last[None, :] - cum)
         s_dec = tl.exp(last)[:, None]

@@ -16,8 +16,8 @@ for i >= j (every exponent <= 0) and the glossary of recap/kernels/gdn.py:
 
 KDA's cum is per channel ([T, Hv, Dk]), exp(cum) and exp(cum_last - cum) multiply k, q and S channel-wise,
 and the Gram matrices (x k^T * L) become sum_c x_i[c] k_j[c] exp(cum_i[c] - cum_j[c]) (delta_parts.channel_gram:
-a column at a time, every exponent a difference <= 0, on CUDA cores; fla's tensor-core form of it uses 16-token
-sub-chunks against a shared reference point, a later step if the GPU shows this Gram to be the cost).
+16-token sub-chunks, the blocks between them as dots against a reference cum, those inside them exactly; every
+exponent <= 0).
 
 Dots take their inputs in the storage dtype with fp32 accumulation (exact "ieee" products for fp32 inputs);
 the forward substitution and the carried state stay fp32. Rows with a PAD_SLOT_ID running slot read and write
@@ -113,7 +113,7 @@ def _wy_kernel(
     if PER_CHANNEL:
         cum = tl.cumsum(_load_piece(g_ptr, tt, tm, h, sg_t, sg_h, ck, km, False, BT), 0)
         tl.store(cum_ptr + tt[:, None] * sc_t + h * sc_h + ck[None, :], cum, mask=tm[:, None] & km[None, :])
-        m = channel_gram(kb, k, cum, True, BT)
+        m = channel_gram(kb, k, cum, True, BT, PREC)
         dec = tl.exp(cum)
     else:
         cum = tl.cumsum(tl.load(g_ptr + tt * sg_t + h * sg_h, mask=tm, other=0.0).to(tl.float32), 0)
@@ -205,7 +205,7 @@ def _output_kernel(
     s = tl.load(h_ptr + h_off, mask=km[:, None] & vm[None, :], other=0.0)
     dt = u_ptr.dtype.element_ty
     if PER_CHANNEL:
-        a, dec = channel_gram(q, k, cum, False, BT), tl.exp(cum)  # rows past the piece: q = 0
+        a, dec = channel_gram(q, k, cum, False, BT, PREC), tl.exp(cum)  # rows past the piece: q = 0
     else:
         causal = (r[:, None] >= r[None, :]) & tm[:, None]  # rows past the piece: cum 0 there, exp would overflow
         decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))

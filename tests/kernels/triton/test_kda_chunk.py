@@ -131,6 +131,16 @@ def test_short_steps_keep_the_piece_kernel(monkeypatch: pytest.MonkeyPatch) -> N
     check_step(delta, fixed_rows(delta, gen), 32, SLOTS, gen)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_larger_random_steps_match_reference(seed: int) -> None:
+    """A larger study: 64-token pieces (the shipped size) at K, V 64 / 40, 1-4 rows of up to 200 tokens from
+    random contexts, up to 3 checkpoints each, pad rows, decays up to -8 a token."""
+    rng, gen = random.Random(7500 + seed), torch.Generator(DEVICE).manual_seed(7500 + seed)
+    delta = kda_delta(2, 64, 40, decay=rng.choice([0.5, 8.0]), chunk=64)
+    check_step(delta, random_rows(delta, rng, gen, SLOTS, max_len=200), rng.choice([16, 64]), SLOTS, gen)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot needs a GPU (garbage under the interpreter)")
 def test_bf16_inputs_match_reference() -> None:
     """bf16 q/k/v (W, U, V' and the piece-start states stored in bf16) at the GPU's tolerance, 64-token pieces."""
