@@ -8,7 +8,8 @@ Shapes (bf16 q/k/v, fp32 g/beta and states, seeded):
 - gdn: a Qwen3.5-like GDN layer (16 key heads, 32 value heads, dims 128, one decay per head);
 - kda: a Kimi-Linear-like KDA layer (32 heads, dims 128, one decay per key channel; q, k normalised inside).
 Prefill: one --tokens row from a zero state, chunk grid 64, a checkpoint every 1024 tokens; GDN's per-row walk
-at each --pieces size (1: the per-token form) and its chunk-parallel form at each --chunks size. Decode:
+and KDA's per-row walk at each --pieces size (1: the per-token form, GDN only), their chunk-parallel form at
+each --chunks size, and triton kda's own choice (the chunk form at this length). Decode:
 gated_delta_rule_update at batch 1, 32 and 128 (state traffic in GB/s: read + write of every fp32 state).
 Medians of CUDA-event times. Needs a CUDA device.
 """
@@ -51,7 +52,23 @@ def _inputs(t: int, hk: int, per_channel: bool) -> tuple[torch.Tensor, ...]:
     return q, k, v, g, torch.rand(t, HV, device="cuda", generator=gen)
 
 
+def _timed_forms(op: str, forms: list, y_ref: torch.Tensor, ref_state: torch.Tensor, meta: SSMMetadata, t: int,
+                 reps: int) -> list[dict[str, Any]]:  # fmt: skip
+    """Each form (name, partial taking state= and meta=) timed from a zero state, with its output's and final
+    states' max error relative to the torch fast path's."""
+    rows = []
+    for name, fn in forms:
+        state = torch.zeros_like(ref_state)
+        ms = cuda_median_ms(partial(fn, state=state, meta=meta), reps)
+        y = fn(state=state, meta=meta).float()
+        err = {"out_rel_err": ((y - y_ref).abs().max() / y_ref.abs().max()).item(),
+               "state_rel_err": ((state - ref_state).abs().max() / ref_state.abs().max()).item()}  # fmt: skip
+        rows.append({"op": op, "impl": name, "tokens": t, "ms": ms, **err})
+    return rows
+
+
 def prefill(t: int, reps: int, pieces: list[int], chunks: list[int]) -> list[dict[str, Any]]:
+    from recap.kernels.kda import kda as torch_kda
     from recap.kernels.triton.gdn import run_varlen
     from recap.kernels.triton.gdn_chunk import chunk_gated_delta_rule
     from recap.kernels.triton.kda import kda
@@ -66,17 +83,18 @@ def prefill(t: int, reps: int, pieces: list[int], chunks: list[int]) -> list[dic
              for p in pieces]  # fmt: skip
     forms += [(f"triton chunk {c}", partial(chunk_gated_delta_rule, *args, slot_positions=None, chunk=c))
               for c in chunks]  # fmt: skip
-    for name, fn in forms:
-        state = torch.zeros_like(ref_state)
-        ms = cuda_median_ms(partial(fn, state=state, meta=meta), reps)
-        y = fn(state=state, meta=meta).float()
-        err = {"out_rel_err": ((y - y_ref).abs().max() / y_ref.abs().max()).item(),
-               "state_rel_err": ((state - ref_state).abs().max() / ref_state.abs().max()).item()}  # fmt: skip
-        rows.append({"op": "gdn prefill", "impl": name, "tokens": t, "ms": ms, **err})
-    state = torch.zeros_like(ref_state)
-    kargs = _inputs(t, HV, True)
-    ms = cuda_median_ms(lambda: kda(*kargs, state, meta), reps)
-    rows.append({"op": "kda prefill", "impl": "triton piece 16", "tokens": t, "ms": ms})
+    rows += _timed_forms("gdn prefill", forms, y_ref, ref_state, meta, t, reps)
+    kargs = _inputs(t, HV, True)  # KDA normalises q and k itself (again here: the timing is the same)
+    kref_state = torch.zeros_like(ref_state)
+    ref_ms = cuda_median_ms(lambda: torch_kda(*(x.float() for x in kargs), kref_state, meta), 1)
+    y_ref = torch_kda(*(x.float() for x in kargs), kref_state, meta).float()
+    rows.append({"op": "kda prefill", "impl": "torch fast path (fp32)", "tokens": t, "ms": ref_ms})
+    forms = [(f"triton piece {p}", partial(run_varlen, *kargs, slot_positions=None, piece=p, norm_qk=True))
+             for p in pieces if p > 1]  # fmt: skip
+    forms += [(f"triton chunk {c}", partial(chunk_gated_delta_rule, *kargs, slot_positions=None, chunk=c,
+                                            normalize_qk=True)) for c in chunks]  # fmt: skip
+    forms.append(("triton kda (the op's choice)", partial(kda, *kargs)))
+    rows += _timed_forms("kda prefill", forms, y_ref, kref_state, meta, t, reps)
     for r in rows:
         r["ktok_per_s"] = r["tokens"] / r["ms"]
     return rows

@@ -484,15 +484,12 @@ def _time_ms(fn: Callable[[], Any], device: torch.device, reps: int = 3) -> floa
 @torch.inference_mode()
 def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
     """The two prefill kernels that bound the Qwen3.5-like 8k prefill, at other tilings than the shipped ones:
-    paged attention (head_dim 256, GQA 8) at (BLOCK_M, BLOCK_N, warps) and the gated delta rule in its per-row
-    walk of 16-token pieces against the chunk-parallel form at chunks of 32 / 64 and the op's own choice (the
-    outputs' max error relative to the 16-token walk beside each). Each configuration is timed alone (median of 3
-    after a compile); a failure (e.g. a tile that does not fit the card's shared memory) is recorded and the next
-    one runs."""
+    paged attention (head_dim 256, GQA 8) at (BLOCK_M, BLOCK_N, warps) and the gated delta rule (GDN's and
+    Kimi-Linear's KDA's, _delta_forms) in its per-row walk and its chunk-parallel forms. Each configuration is
+    timed alone (median of 3 after a compile); a failure (e.g. a tile that does not fit the card's shared memory)
+    is recorded and the next one runs."""
     from recap.kernels.batch import build_forward_batch
     from recap.kernels.metadata import SeqSpec
-    from recap.kernels.triton.gdn import gated_delta_rule, run_varlen
-    from recap.kernels.triton.gdn_chunk import chunk_gated_delta_rule
     from recap.kernels.triton.paged_attention import attend
 
     n, bs = (64, 16) if smoke else (8192, 16)
@@ -503,7 +500,7 @@ def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
     batch = build_forward_batch([spec], block_size=bs, chunk_size=64, with_attention=True, with_ssm=True,
                                 device=device)  # fmt: skip
     assert batch.attn is not None and batch.ssm is not None
-    res: dict[str, Any] = {"tokens": n, "attention": [], "gdn": []}
+    res: dict[str, Any] = {"tokens": n, "attention": []}
     hq, hkv, dh = 16, 2, 256
     q = torch.randn(n, hq, dh, generator=g, device=device).to(dtype)
     kc = torch.randn(n // bs + 1, bs, hkv, dh, generator=g, device=device).to(dtype)
@@ -522,18 +519,32 @@ def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
     hk, hv, dk, dv = 16, 32, 128, 128
     qk = [torch.randn(n, hk, dk, generator=g, device=device).to(dtype) for _ in range(2)]
     v = torch.randn(n, hv, dv, generator=g, device=device).to(dtype)
-    gate = -torch.rand(n, hv, generator=g, device=device) * 0.1
     beta = torch.rand(n, hv, generator=g, device=device)
-    state = torch.zeros(2, hv, dk, dv, device=device)
+    gate = -torch.rand(n, hv, generator=g, device=device) * 0.1
+    res["gdn"] = _delta_forms("gdn", (*qk, v, gate, beta), batch.ssm, device)
+    qk = [torch.randn(n, hv, dk, generator=g, device=device).to(dtype) for _ in range(2)]  # Kimi-Linear: no GQA
+    gate = -torch.rand(n, hv, dk, generator=g, device=device) * 0.1
+    res["kda"] = _delta_forms("kda", (*qk, v, gate, beta), batch.ssm, device)
+    return res
+
+
+def _delta_forms(name: str, args: tuple[torch.Tensor, ...], meta: Any, device: torch.device) -> list[dict[str, Any]]:
+    """The gated delta rule (GDN's gate [T, Hv], KDA's [T, Hv, Dk]) in its per-row walk of 16-token pieces, the
+    chunk-parallel form at chunks of 32 / 64 and the op's own choice, with the outputs' max error relative to the
+    walk."""
+    from recap.kernels.triton.gdn import gated_delta_rule, run_varlen
+    from recap.kernels.triton.gdn_chunk import chunk_gated_delta_rule
+
+    state = torch.zeros(2, args[2].shape[1], args[1].shape[2], args[2].shape[2], device=device)
     forms: list[tuple[str, Callable[[], torch.Tensor]]] = [
-        ("piece 16 (per-row walk)", lambda: run_varlen(*qk, v, gate, beta, state, batch.ssm, None, 16, True)),
-        *[(f"chunk {c}", lambda c=c: chunk_gated_delta_rule(*qk, v, gate, beta, state, batch.ssm, None, c, True))
-          for c in (32, 64)],
-        ("op default", lambda: gated_delta_rule(*qk, v, gate, beta, state, batch.ssm, normalize_qk=True)),
+        ("piece 16 (per-row walk)", lambda: run_varlen(*args, state, meta, None, 16, True)),
+        *[(f"chunk {c}", lambda c=c: chunk_gated_delta_rule(*args, state, meta, None, c, True)) for c in (32, 64)],
+        ("op default", lambda: gated_delta_rule(*args, state, meta, normalize_qk=True)),
     ]  # fmt: skip
+    rows: list[dict[str, Any]] = []
     base: torch.Tensor | None = None
-    for name, fn in forms:
-        row = {"form": name}
+    for form, fn in forms:
+        row: dict[str, Any] = {"form": form}
         try:
             row["ms"] = _time_ms(fn, device)
             y = fn().float()
@@ -541,9 +552,9 @@ def tune_kernels(device: torch.device, smoke: bool) -> dict[str, Any]:
             row["out_rel_err_vs_piece16"] = ((y - base).abs().max() / base.abs().max()).item()
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        res["gdn"].append(row)
-        print(f"  gdn {row}", flush=True)
-    return res
+        rows.append(row)
+        print(f"  {name} {row}", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

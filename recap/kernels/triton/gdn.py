@@ -1,7 +1,7 @@
 """Triton kernels for the gated delta rule over packed rows (GPU twins of recap/kernels/gdn.py and
 gdn_decode.py; glossary and recurrence there). One kernel serves Gated DeltaNet (a decay per head, g [T, Hv])
-and KDA (a decay per key channel, g [T, Hv, Dk]: the PER_CHANNEL flag), in two forms (GDN steps of
-CHUNK_MIN_TOKENS tokens or more go to the chunk-parallel form of triton/gdn_chunk.py instead):
+and KDA (a decay per key channel, g [T, Hv, Dk]: the PER_CHANNEL flag), in two forms (steps of
+CHUNK_MIN_TOKENS tokens or more, GDN's and KDA's, go to the chunk-parallel form of triton/gdn_chunk.py instead):
 
 - per token (piece 1): S = Diag(exp g) S;  S += k (beta (v - S^T k))^T;  o = S^T q, one token at a time. Used
   for decode batches and by gated_delta_rule_update.
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.triton.delta_parts import l2norm_rows, unit_lower_inverse, write_state_tile
+from recap.kernels.triton.delta_parts import channel_gram, l2norm_rows, unit_lower_inverse, write_state_tile
 from recap.kernels.triton.gdn_chunk import CHUNK, chunk_gated_delta_rule
 
 PIECE = 16  # tokens per chunked piece (tl.dot needs >= 16)
@@ -85,23 +85,6 @@ def _token_step(s, q, k, v, g, beta, PER_CHANNEL: tl.constexpr):
 
 
 @triton.jit
-def _intra_channel(q, k, kb, cum, BT: tl.constexpr):
-    """(M, A) [BT, BT] with a per-channel decay: sum_c x_i[c] k_j[c] exp(cum_i[c] - cum_j[c]), column by column."""
-    r = tl.arange(0, BT)
-    m = tl.zeros([BT, BT], dtype=tl.float32)
-    a = tl.zeros([BT, BT], dtype=tl.float32)
-    for j in tl.static_range(BT):
-        row = r[:, None] == j
-        kj = tl.sum(tl.where(row, k, 0.0), 0)  # (BK,)
-        cj = tl.sum(tl.where(row, cum, 0.0), 0)
-        w = kj[None, :] * tl.exp(tl.minimum(cum - cj[None, :], 0.0))  # (BT, BK); rows i < j are masked below
-        col = r[None, :] == j
-        m = tl.where(col & (r[:, None] > j), tl.sum(kb * w, 1)[:, None], m)
-        a = tl.where(col & (r[:, None] >= j), tl.sum(q * w, 1)[:, None], a)
-    return m, a
-
-
-@triton.jit
 def _piece_step(s, q, k, v, g, beta, BT: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr):
     """One piece (module docstring, steps 1-2): s [BK, BV]; q, k [BT, BK]; v [BV]; g [BT] or [BT, BK];
     beta [BT]; positions past the piece hold zeros (no effect) -> (s, o [BT, BV])."""
@@ -110,7 +93,7 @@ def _piece_step(s, q, k, v, g, beta, BT: tl.constexpr, PER_CHANNEL: tl.constexpr
     last = tl.sum(g, 0)  # cum at the piece end: (BK,) or scalar
     kb = k * beta[:, None]
     if PER_CHANNEL:
-        m, a = _intra_channel(q, k, kb, cum, BT)
+        m, a = channel_gram(kb, k, cum, True, BT, PREC), channel_gram(q, k, cum, False, BT, PREC)
         dec = tl.exp(cum)  # (BT, BK)
         k_dec = k * tl.exp(last[None, :] - cum)
         s_dec = tl.exp(last)[:, None]
@@ -302,10 +285,11 @@ def gated_delta_rule(
     """Gated delta rule of every row from its slot state (or zeros); writes checkpoint and running slots.
 
     q, k L2-normalised (q scaled by Dk^-1/2) by the caller, or here, as the kernel loads them, with
-    `normalize_qk`; g the log decay. Returns o [T, Hv, Dv] in v's dtype, zeros for padding rows. Steps of
-    CHUNK_MIN_TOKENS tokens or more (not decode batches) run the chunk-parallel form (triton/gdn_chunk.py) in
-    chunks of `chunk` tokens (None: CHUNK); shorter ones this module's kernel in pieces of `piece` (1: per
-    token). An explicit `chunk` runs the chunk form whatever the step. Reference: gated_delta_rule_ref.
+    `normalize_qk`; g the log decay, per head [T, Hv] or per key channel [T, Hv, Dk] (KDA). Returns o [T, Hv, Dv]
+    in v's dtype, zeros for padding rows. Steps of CHUNK_MIN_TOKENS tokens or more (not decode batches) run the
+    chunk-parallel form (triton/gdn_chunk.py) in chunks of `chunk` tokens (None: CHUNK); shorter ones this
+    module's kernel in pieces of `piece` (1: per token). An explicit `chunk` runs the chunk form whatever the
+    step. Reference: gated_delta_rule_ref.
     """
     if chunk is not None or (not meta.is_decode and v.shape[0] >= CHUNK_MIN_TOKENS):
         return chunk_gated_delta_rule(q, k, v, g, beta, state, meta, slot_positions, chunk or CHUNK, normalize_qk)

@@ -1,6 +1,7 @@
 """Triton kernels for Kimi Delta Attention (GPU twins of recap/kernels/kda.py; glossary there): the gated
 delta rule kernel of triton/gdn.py with the decay per key channel (g [T, H, K]), and KDA's input preparation
-(q and k L2-normalised, q scaled by K^-1/2) done in the kernel on each loaded tile.
+(q and k L2-normalised, q scaled by K^-1/2) done in the kernel on each loaded tile. Like GDN, steps of
+CHUNK_MIN_TOKENS tokens or more (not decode batches) take the chunk-parallel form (triton/gdn_chunk.py).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from recap.kernels.metadata import SSMMetadata
-from recap.kernels.triton.gdn import PIECE, run_update, run_varlen
+from recap.kernels.triton.gdn import gated_delta_rule, run_update
 
 
 def kda(
@@ -24,7 +25,7 @@ def kda(
     """Packed rows: o [T, H, V]; each row starts from its running slot (if it has context) or zeros, its
     state at every chunk end with a destination slot goes there, its final state to the running slot (decode
     batches included). Padding rows output zeros and touch no slot. Reference: kda_ref."""
-    return run_varlen(q, k, v, g, beta, state, meta, slot_positions, PIECE, True)
+    return gated_delta_rule(q, k, v, g, beta, state, meta, slot_positions, normalize_qk=True)
 
 
 def kda_state_update(

@@ -65,8 +65,9 @@ def gdn_delta(
     )
 
 
-def kda_delta(h: int, dk: int, dv: int, decay: float = 2.0) -> Delta:
-    """KDA as its layer calls it: raw q, k; g [n, H, K] the per-channel log decay in (-decay, 0]."""
+def kda_delta(h: int, dk: int, dv: int, decay: float = 2.0, chunk: int | None = None) -> Delta:
+    """KDA as its layer calls it: raw q, k; g [n, H, K] the per-channel log decay in (-decay, 0]. `chunk`: the
+    chunk-parallel form in chunks of that size (None: kda's choice by token count)."""
 
     def token_inputs(n: int, gen: torch.Generator) -> Tensors:
         return {
@@ -80,7 +81,11 @@ def kda_delta(h: int, dk: int, dv: int, decay: float = 2.0) -> Delta:
     return Delta(
         token_inputs=token_inputs,
         cache_shape=(h, dk, dv),
-        varlen=lambda x, cache, meta, sp: kda(*_args(x), cache, meta, sp),
+        varlen=lambda x, cache, meta, sp: (
+            kda(*_args(x), cache, meta, sp)
+            if chunk is None
+            else gated_delta_rule(*_args(x), cache, meta, sp, normalize_qk=True, chunk=chunk)
+        ),
         varlen_ref=lambda x, cache, meta, sp: kda_ref(*_args(x), cache, meta, sp),
         update=lambda x, cache, *rest: kda_state_update(*_args(x), cache, *rest),
         update_ref=lambda x, cache, *rest: kda_state_update_ref(*_args(x), cache, *rest),

@@ -83,15 +83,16 @@ def test_long_steps_take_the_chunk_form(monkeypatch: pytest.MonkeyPatch) -> None
     check_step(delta, rows, 64, SLOTS, gen)
 
 
-def test_per_channel_decay_is_refused() -> None:
-    """The chunk form takes GDN's decay per head; KDA's [T, H, K] decay is a typed error, not a wrong answer."""
+def test_decay_of_another_shape_is_refused() -> None:
+    """g is one decay per head [T, Hv] (GDN) or per key channel [T, Hv, Dk] (KDA); any other shape is a typed
+    error, not a wrong answer."""
     delta = gdn_delta(1, 1, 16, 16, chunk=16)
     gen = torch.Generator(DEVICE).manual_seed(6)
     row = Row(delta.token_inputs(4, gen), 0, 0)
     meta = build_meta([row], 16)
     x = row.inputs
-    g = x["g"][..., None].expand(-1, -1, 16)
-    with pytest.raises(ValueError, match="one decay per head"):
+    g = x["g"][..., None].expand(-1, -1, 8)  # 8 channels for Dk 16
+    with pytest.raises(ValueError, match=r"g must be \[T, Hv\] or \[T, Hv, Dk\]"):
         gated_delta_rule(x["q"], x["k"], x["v"], g, x["beta"], torch.zeros(1, 1, 16, 16), meta, chunk=16)
 
 

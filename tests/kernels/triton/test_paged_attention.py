@@ -17,8 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.metadata import AttentionMetadata, SeqSpec
@@ -27,6 +25,7 @@ from recap.kernels.triton import paged_attention as pa
 from recap.kernels.triton.paged_attention import HD256_PREFILL_TILES, attend, paged_attention, write_kv
 
 from .device_rows import DEVICE
+from .hopper import compile_for_hopper
 
 HKV, NUM_BLOCKS = 2, 48
 
@@ -260,19 +259,6 @@ def test_on_the_gpu(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
 
 
-def _compile_for_hopper(fn: triton.JITFunction, pointers: dict[str, str], consts: dict, num_warps: int = 4) -> str:
-    """Compile `fn` for sm_90 through ptxas, with no GPU: catches what only the compiler refuses (the
-    interpreter runs any Python). Integer arguments are i32, strides specialized as divisible by 16 the way
-    a launch with such strides specializes them. Returns the PTX."""
-    names = fn.arg_names
-    signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
-    signature |= {"qk_scale": "fp32"} if "qk_scale" in names else {}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.startswith("stride") or n in pointers}
-    compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps})  # fmt: skip
-    return compiled.asm["ptx"]
-
-
 def compile_case(case: str) -> None:
     """Compile the kernels as the host launches them for `case` (bf16, tiles from _tiles) and check that
     the attention kernel's K/V loads are pipelined (cp.async) and its prefill dots (not MLA's) use wgmma. Needs triton
@@ -287,15 +273,15 @@ def compile_case(case: str) -> None:
                   BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, DECODE=decode,
                   USE_WINDOW=case.endswith("window"), V_IS_K=mla, UPCAST=False, PRECISION="tf32",
                   SPLITS=8 if decode else 1)  # fmt: skip
-    ptx = _compile_for_hopper(pa._attention_kernel, pointers, consts, warps)
+    ptx = compile_for_hopper(pa._attention_kernel, pointers, consts, warps, floats=("qk_scale",))
     assert "cp.async" in ptx and (decode or mla or "wgmma" in ptx), case  # MLA's 32-row tiles: mma.sync
     if decode:
         merge = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16"}
-        _compile_for_hopper(pa._merge_splits_kernel, merge, dict(HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=8))
+        compile_for_hopper(pa._merge_splits_kernel, merge, dict(HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=8))
     else:
         store = {"k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "slot_ptr": "*i64"}
         dims = dict(HK=1, DK=dh, HV=1, DV=64, BLOCK_HK=1, BLOCK_DK=block_d, BLOCK_HV=1, BLOCK_DV=64)
-        _compile_for_hopper(pa._store_kv_kernel, store, dims)
+        compile_for_hopper(pa._store_kv_kernel, store, dims)
 
 
 def test_kernels_compile_for_hopper() -> None:
