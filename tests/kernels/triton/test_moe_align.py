@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from recap.backends.cuda_graph import HostReads
 from recap.kernels.moe import align_pairs
 from recap.kernels.triton.fused_moe import BLOCK_M, fused_moe
 from recap.kernels.triton.moe_align import MAX_EXPERTS, MAX_PAIRS, AlignmentSizeError, align_pairs_triton, covers
@@ -65,6 +66,14 @@ def test_many_experts_up_to_the_bound() -> None:
     for num_experts, tokens, k in ((MAX_EXPERTS, 64, 8), (300, 200, 6)):
         experts = torch.stack([torch.randperm(num_experts, generator=gen)[:k] for _ in range(tokens)])
         _assert_same(experts, num_experts, BLOCK_M)
+
+
+def test_it_reads_nothing_on_the_host() -> None:
+    """A CUDA graph holds it: no op whose result needs a value on the host (cuda_graph.HostReads)."""
+    experts = torch.randint(0, 8, (9, 2), generator=torch.Generator().manual_seed(2))
+    with HostReads():
+        got = align_pairs_triton(experts, 8, BLOCK_M)
+    assert torch.equal(got.pair_ids, align_pairs(experts, 8, BLOCK_M).pair_ids)
 
 
 def test_sizes_past_its_limits_are_refused() -> None:
