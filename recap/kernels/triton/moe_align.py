@@ -1,8 +1,9 @@
 """The token-expert pairs aligned to one-expert blocks in one Triton launch: the twin of `align_pairs`
 (kernels/moe.py, its reference and the CPU path), with the same AlignedPairs row for row.
 
-The reference takes ~15 torch ops (counts, cumsums, a stable argsort, a searchsorted), each a launch in a decode
-step that launches are the cost of. Here one program does it all in registers, over chunks of CHUNK pairs
+The reference dispatches 33 launching torch ops (counts, cumsums, a stable argsort, a searchsorted, the casts
+and index arithmetic between them; benchmarks/count_moe_ops.py), each a launch in a decode step that launches
+are the cost of. Here one program does it all in registers, over chunks of CHUNK pairs
 against all experts at once (a [CHUNK, E] one-hot tile; vLLM's Triton moe_align_block_size spreads the same
 steps over four launches, with per-program counts in memory):
 
