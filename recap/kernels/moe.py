@@ -1,6 +1,7 @@
 """The kernel set's fused routed experts (`moe_experts`; kernels/triton/fused_moe.py), their device-only parts:
 what they serve, and the token-expert pairs sorted by expert into blocks of one expert each, on the device, in
-shapes fixed by the pair count (the GEMMs' first step; vLLM's moe_align_block_size in spirit).
+shapes fixed by the pair count (the GEMMs' first step; vLLM's moe_align_block_size in spirit). `align_pairs` is
+the reference and the CPU path; the Triton kernel set aligns in one launch (kernels/triton/moe_align.py).
 
 The op's reference is the MoE modules' own per-expert loop (model/layers/moe.py), which a backend replaces with
 the kernel (Backend.prepare, `set_moe_kernel`) where the experts are dense fp32/bf16/fp16 weights, without

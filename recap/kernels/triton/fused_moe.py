@@ -2,11 +2,11 @@
 reference): the kernel set's `moe_experts`.
 
 The loops read the host mid-step (which experts got tokens), so a CUDA graph could not hold a MoE layer. Here
-the token-expert pairs are aligned into blocks of one expert each on the device (kernels/moe.py), then
-two grouped GEMMs run over every block the bound allows, each block multiplying its rows by its own expert's
-weights (vLLM's fused_moe design): gate/up with the activation into h [T*k, I], then down times the routing
-weight into y [T*k, D]; the combine sums each token's k rows (deterministic: no atomics). Unused blocks
-return at once, so the grid's size follows the token count only.
+the token-expert pairs are aligned into blocks of one expert each on the device (one launch, moe_align.py; its
+reference kernels/moe.py), then two grouped GEMMs run over every block the bound allows, each block multiplying
+its rows by its own expert's weights (vLLM's fused_moe design): gate/up with the activation into h [T*k, I],
+then down times the routing weight into y [T*k, D]; the combine sums each token's k rows (deterministic: no
+atomics). Unused blocks return at once, so the grid's size follows the token count only.
 
 Weights: w_in [E, 2I, D] (gate rows first, or alternating gate/up rows when `interleaved`; [E, I, D] when not
 gated) and w_out [E, D, I], in the activations' float dtype (fp32/bf16/fp16). Quantized experts are refused.
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from recap.kernels.moe import MOE_ACTIVATIONS, align_pairs
+from recap.kernels.triton.moe_align import align_pairs_triton, covers
 
 BLOCK_M = 16  # rows of one block: tl.dot's least, and decode steps route few tokens to each expert
 ACT_CODES = {"silu": 0, "swish": 0, "relu": 1, "relu2": 2, "gelu_pytorch_tanh": 3, "gelu_new": 3}
@@ -146,7 +147,9 @@ def fused_moe(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, experts:
     k = experts.shape[1]
     x = x if x.stride(1) == 1 else x.contiguous()
     w_in, w_out = w_in.contiguous(), w_out.contiguous()
-    aligned = align_pairs(experts, num_experts, BLOCK_M)
+    # One launch where the one-program alignment serves the size (decode steps), the torch ops past it (prefill)
+    align = align_pairs_triton if covers(t * k, num_experts) else align_pairs
+    aligned = align(experts, num_experts, BLOCK_M)
     blocks = aligned.block_expert.numel()
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     y = torch.zeros(t * k, d, dtype=torch.float32, device=x.device)
