@@ -5,7 +5,8 @@ dims that are not powers of two, with and without norms and the gate. The prepar
 cache byte must equal the unfused path's; slots the step does not own (and the last slot, where a PAD_SLOT_ID
 of -1 would land if it were used as an index) keep their bits. Through an attention layer (layers/qk_rope.py),
 the fused write equals the module ops followed by the torch reference's write_kv (fp32 tolerance), and a cache
-of another dtype is left to the attention op.
+of another dtype is left to the attention op. fp32 on the interpreter, bf16 too on a GPU; the kernel compiles for
+sm_90 with and without the write.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from recap.kernels.triton.rope_qk import rope_qk
 
 from .device_rows import TOL
 from .hopper import compile_for_hopper
-from .test_rope_qk import VARIANTS, _head_norms, _layer
+from .test_rope_qk import DTYPES, VARIANTS, _head_norms, _layer
 
 BLOCK, NUM_BLOCKS = 4, 24
 # (Hq, Hk, D, rotary dim, norm: None / "plain" / "offset", gate)
@@ -56,8 +57,8 @@ def _step(rng: random.Random) -> AttentionMetadata:
     return fb.attn
 
 
-def _caches(hk: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(torch.randn(NUM_BLOCKS, BLOCK, hk, d) for _ in range(2))  # type: ignore[return-value]
+def _caches(hk: int, d: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(torch.randn(NUM_BLOCKS, BLOCK, hk, d).to(dtype) for _ in range(2))  # type: ignore[return-value]
 
 
 def _positions(meta: AttentionMetadata) -> torch.Tensor:
@@ -66,22 +67,24 @@ def _positions(meta: AttentionMetadata) -> torch.Tensor:
     return torch.tensor([ctx[r] + i for r in range(len(ctx)) for i in range(qsl[r + 1] - qsl[r])])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", [23, 58])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_fused_write_equals_rope_qk_then_write_kv(case: int, seed: int) -> None:
+def test_fused_write_equals_rope_qk_then_write_kv(case: int, seed: int, dtype: torch.dtype) -> None:
     rng = random.Random(seed)
     torch.manual_seed(seed)
     hq, hk, d, rot, norm, gated = CASES[case]
     meta = _step(rng)
     t = meta.slot_mapping.shape[0]
-    qg = torch.randn(t, hq, 2 * d) * 2.0  # q and the gate as the halves of q_proj's rows (strided views)
+    qg = (torch.randn(t, hq, 2 * d) * 2.0).to(dtype)  # q and the gate as the halves of q_proj's rows (strided)
     q, gate = qg[..., :d], (qg[..., d:] if gated else None)
-    k, v = torch.randn(t, hk, d) * 2.0, torch.randn(t, hk * d + 3)[:, 1 : 1 + hk * d].view(t, hk, d)
+    k = (torch.randn(t, hk, d) * 2.0).to(dtype)
+    v = torch.randn(t, hk * d + 3).to(dtype)[:, 1 : 1 + hk * d].view(t, hk, d)
     inv_freq = 1.0 / (1e4 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)) if rot else None
     weights = None if norm is None else (torch.randn(d) * 0.3 + 1.0, torch.randn(d) * 0.3)
     kw = {"weights": weights, "eps": 1e-6, "offset": norm == "offset", "gate": gate}
     positions = _positions(meta)
-    before = _caches(hk, d)
+    before = _caches(hk, d, dtype)
     want_kc, want_vc = (c.clone() for c in before)
     want = rope_qk(q, k, positions, inv_freq, **kw)  # type: ignore[arg-type]
     write_kv(want[1], v, want_kc, want_vc, meta.slot_mapping)
