@@ -4,11 +4,12 @@
 
 On a tiny random checkpoint of each family (model/testing.py), after a prefill of --prompt tokens, one decode
 step runs through TorchBackend with each kernel set: "torch" (the module ops), "triton, no rope_qk" (the norms
-fused, q/k preparation in module ops: the kernel set before rope_qk) and "triton" (q/k norms, RoPE and the gate
-in one rope_qk launch). A TorchDispatchMode counts every aten op dispatched inside each attention layer's
-forward; a Triton launch (under TRITON_INTERPRET=1 on a CPU, its grid call) counts as one launch and the
-interpreter's own tensor traffic inside it is not counted. "launching" = compute ops + Triton launches (views
-and empty allocations launch nothing on a GPU). Figures are per attention layer (identical across layers).
+fused, q/k preparation in module ops: the kernel set before rope_qk) and "triton" (q/k norms, RoPE, the gate
+and the K/V cache store in one rope_qk launch). A TorchDispatchMode counts every aten op dispatched inside each
+attention layer's forward; a Triton launch (under TRITON_INTERPRET=1 on a CPU, its grid call) counts as one
+launch and the interpreter's own tensor traffic inside it is not counted. "launching" = compute ops + Triton
+launches (views and empty allocations launch nothing on a GPU). Figures are per attention layer (identical
+across layers).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
@@ -46,6 +46,17 @@ class SeqSpec:
     # The window group's table (sliding-window layers; out-of-window entries are the null block 0).
     # None: the same table as block_ids (one-sequence helpers whose pools mirror each other).
     window_block_ids: Sequence[int] | None = None
+
+
+class KVWrite(NamedTuple):
+    """Where a fused q/k preparation also stores the new keys and values (the kernel set's `rope_qk`): v [T, Hkv, Dh],
+    the layer's caches [NB, block_size, Hkv, Dh] and the step's slot_mapping [T] (PAD_SLOT_ID rows store nothing).
+    The attention op is then told not to write them again (`kv_written`)."""
+
+    v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
 
 
 @dataclass

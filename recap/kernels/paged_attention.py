@@ -158,14 +158,17 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     native: bool = False,
+    kv_written: bool = False,
 ) -> torch.Tensor:
-    """Write the new K/V, then causal attention of every row's new queries over its whole sequence
-    (over the last `sliding_window` positions of each query, if given).
+    """Write the new K/V (unless `kv_written`: the caller's fused q/k preparation stored them, metadata.KVWrite),
+    then causal attention of every row's new queries over its whole sequence (over the last `sliding_window`
+    positions of each query, if given).
 
     Padding rows output zeros and read nothing. `native`: fp32 one-query rows take kernels/paged_decode.py
     (the caller checks paged_decode_available()).
     """
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if not kv_written:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     qsl = meta.query_start_loc_list
     rows = [r for r in range(len(meta.seq_lens_list)) if not meta.is_padding[r]]

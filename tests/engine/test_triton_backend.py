@@ -3,8 +3,9 @@
 The same scripts as the equivalence tests, on a Mamba2 hybrid, a Gated DeltaNet hybrid and a short-conv
 hybrid (plus Mamba1 and KDA + MLA once each): the Triton backend gives the torch backend's greedy tokens, with
 caching on or off, at any prefill split, under preemption and after an abort. The Qwen3.5 and LFM3 hybrids' attention
-layers run the fused q/k preparation there (kernels/triton/rope_qk.py), and every hybrid's residual norms take
-the residual add that feeds them in the same launch (kernels/triton/add_rms_norm.py).
+layers run the fused q/k preparation there (kernels/triton/rope_qk.py), which also stores their K/V in the paged
+cache (the attention op's own write never runs), and every hybrid's residual norms take the residual add that
+feeds them in the same launch (kernels/triton/add_rms_norm.py).
 
 Under the interpreter these cost 25-190 s each on the 2-core CI box (760 s in all), so the default suite runs
 the multiturn script on each hybrid and Mamba1; the other scripts, KDA, preemption and abort are `-m slow`.
@@ -52,6 +53,22 @@ def assert_fused_attention(llm: LLM, arch: str) -> None:
     assert norms and all(m.add_norm_kernel is add_rms_norm for m in norms), arch
 
 
+def count_attention_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, one entry per K/V write the Triton attention op does itself (triton/paged_attention.py's
+    write_kv: the layers whose rope_qk stores the K/V leave it out)."""
+    from recap.kernels.triton import paged_attention as pa
+
+    calls: list[int] = []
+    write = pa.write_kv
+
+    def counted(*args: object, **kw: object) -> None:
+        calls.append(1)
+        write(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pa, "write_kv", counted)
+    return calls
+
+
 _SLOW = pytest.mark.slow
 
 
@@ -60,15 +77,20 @@ _SLOW = pytest.mark.slow
     [pytest.param(a, s, marks=() if s == "multiturn" else _SLOW) for s in ("multiturn", "insert", "concurrent_mix")
      for a in HYBRIDS],
 )  # fmt: skip
-def test_triton_equals_torch_cached_and_chunked(tiny_models: dict[str, Path], arch: str, script: str) -> None:
-    """Cached = uncached on the Triton kernels, whole prompts or split into 24-token chunks."""
+def test_triton_equals_torch_cached_and_chunked(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, arch: str, script: str
+) -> None:
+    """Cached = uncached on the Triton kernels, whole prompts or split into 24-token chunks; the Qwen3.5 and LFM3
+    attention layers' K/V stored by rope_qk alone (Nemotron-H's, with nothing to prepare, by the attention op)."""
     path = tiny_models[arch]
     want = torch_reference(path, arch, script)
+    writes = count_attention_writes(monkeypatch)
     llm = make_llm(path, "triton")
     assert_fused_attention(llm, arch)
     assert_same(SCRIPTS[script](llm), want, f"{arch}/{script}/triton")
     chunked = make_llm(path, "triton", max_num_batched_tokens=24)
     assert_same(SCRIPTS[script](chunked), want, f"{arch}/{script}/triton-chunked")
+    assert (len(writes) == 0) == (arch != "nemotron_h"), f"{arch}: {len(writes)} K/V writes by the attention op"
 
 
 @pytest.mark.parametrize("arch", ["mamba", pytest.param("kimi_linear", marks=_SLOW)])

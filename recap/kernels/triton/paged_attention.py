@@ -36,7 +36,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _store_token(x_ptr, cache_ptr, t, slot, stride_xt, stride_xh, stride_cs, stride_ch,
+def store_token(x_ptr, cache_ptr, t, slot, stride_xt, stride_xh, stride_cs, stride_ch,
                  H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     """Copy token t's [H, D] (last dim contiguous) to the cache's slot `slot` (viewed as [slots, H, D])."""
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -58,9 +58,9 @@ def _store_kv_kernel(
     slot = tl.load(slot_ptr + t)
     if slot < 0:
         return
-    _store_token(k_ptr, kc_ptr, t, slot, stride_kt, stride_kh, stride_kcs, stride_kch,
+    store_token(k_ptr, kc_ptr, t, slot, stride_kt, stride_kh, stride_kcs, stride_kch,
                  HK, DK, BLOCK_HK, BLOCK_DK)  # fmt: skip
-    _store_token(v_ptr, vc_ptr, t, slot, stride_vt, stride_vh, stride_vcs, stride_vch,
+    store_token(v_ptr, vc_ptr, t, slot, stride_vt, stride_vh, stride_vcs, stride_vch,
                  HV, DV, BLOCK_HV, BLOCK_DV)  # fmt: skip
 
 
@@ -362,15 +362,18 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     native: bool = False,
+    kv_written: bool = False,
 ) -> torch.Tensor:
-    """Write the new K/V, then causal attention of every row's new queries over its whole sequence
-    (over the last `sliding_window` positions of each query, if given).
+    """Write the new K/V (unless `kv_written`: the caller's fused q/k preparation stored them, metadata.KVWrite),
+    then causal attention of every row's new queries over its whole sequence (over the last `sliding_window`
+    positions of each query, if given).
 
     Padding rows output zeros and read nothing. `native` (the CPU reference's C decode switch) is accepted
     for the signature and ignored.
     """
     del native
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if not kv_written:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every token is some row's: all written
     attend(q, k_cache, v_cache, out, meta, scale, sliding_window)
     return out

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from recap.kernels.metadata import ForwardBatch
+from recap.kernels.metadata import ForwardBatch, KVWrite
 from recap.kernels.paged_decode import paged_decode_available
 from recap.model.cache import ModelCaches
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous, require_type
@@ -81,9 +81,11 @@ class Attention(QKRope, Mixer):
         q = qkv[0].view(t, c.num_heads, c.head_dim)  # (t, hq, dh)
         k = qkv[1].view(t, c.num_kv_heads, c.head_dim)  # (t, hkv, dh)
         v = qkv[2].view(t, c.num_kv_heads, c.head_dim)
-        q, k, _ = self.prepare_qk(q, k, batch.positions, (self.q_norm, self.k_norm) if c.qk_norm == "head" else None)
+        norms = (self.q_norm, self.k_norm) if c.qk_norm == "head" else None
+        kv = KVWrite(v, k_cache, v_cache, meta.slot_mapping)
+        q, k, _, written = self.prepare_qk(q, k, batch.positions, norms, kv=kv)
         window = self.window or None
-        out = batch.kernels.paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, window, self.native)
+        out = batch.kernels.paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, window, self.native, written)
         if head_gate is not None:
             out = out * head_gate[..., None]
         out = self.o_proj(out.reshape(t, c.num_heads * c.head_dim))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recap.kernels.metadata import ForwardBatch
+from recap.kernels.metadata import ForwardBatch, KVWrite
 from recap.kernels.varlen import copy_decode_checkpoints, record_decode_positions
 from recap.model.cache import ModelCaches
 from recap.model.layers.conv import TokenShift, causal_conv, conv_windows
@@ -121,8 +121,9 @@ class CCAAttention(QKRope, Mixer):
         eps, scale = torch.finfo(q.dtype).eps, cfg.head_dim**0.5
         q = q * (scale / q.norm(p=2, dim=-1, keepdim=True).clamp_min(eps))
         k = k * (scale / k.norm(p=2, dim=-1, keepdim=True).clamp_min(eps)) * self.qk_norm.temp[:, None]
-        q, k, _ = self.prepare_qk(q, k, batch.positions)  # RoPE (its L2 norms are not the fused kernel's)
         kv = self.layer_cache(caches, layer)
+        write = KVWrite(v, kv.k_cache, kv.v_cache, meta.slot_mapping)
+        q, k, _, written = self.prepare_qk(q, k, batch.positions, kv=write)  # RoPE (its L2 norms are not the kernel's)
         out = batch.kernels.paged_attention(q, k, v, kv.k_cache, kv.v_cache, meta, self.attn.softmax_scale,
-                                            self.window or None, False)  # fmt: skip
+                                            self.window or None, False, written)  # fmt: skip
         return self.o_proj(out.reshape(t, cfg.num_heads * cfg.head_dim))

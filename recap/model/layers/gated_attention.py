@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from recap.kernels.metadata import ForwardBatch
+from recap.kernels.metadata import ForwardBatch, KVWrite
 from recap.kernels.paged_decode import paged_decode_available
 from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear
@@ -64,12 +64,12 @@ class GatedAttention(QKRope, Mixer):
         q = q.reshape(t, c.num_heads, c.head_dim)  # (t, hq, dh); the gated q's strided view stays one
         k = k.reshape(t, c.num_kv_heads, c.head_dim)
         head_norms = (self.q_norm, self.k_norm) if c.qk_norm == "head" else None
-        q, k, gate = self.prepare_qk(q, k, batch.positions, head_norms, gate)
         v = v.view(t, c.num_kv_heads, c.head_dim)
         kv = self.layer_cache(caches, layer)
-        out = batch.kernels.paged_attention(
-            q.contiguous(), k.contiguous(), v, kv.k_cache, kv.v_cache, batch.attn, self.scale, None, self.native
-        )
+        write = KVWrite(v, kv.k_cache, kv.v_cache, batch.attn.slot_mapping)
+        q, k, gate, written = self.prepare_qk(q, k, batch.positions, head_norms, gate, write)
+        out = batch.kernels.paged_attention(q.contiguous(), k.contiguous(), v, kv.k_cache, kv.v_cache, batch.attn,
+                                            self.scale, None, self.native, written)  # fmt: skip
         out = out.reshape(t, c.num_heads * c.head_dim)
         if gate is not None:
             out = out * gate

@@ -4,7 +4,9 @@
 cos_sin and apply, torch.sigmoid) or, where a backend handed the layer one fused kernel (`set_rope_kernel`: the
 kernel set's `rope_qk`, kernels/triton/rope_qk.py's signature), through that kernel in one launch. The fused
 kernel serves the plain and zero-centred per-head norms and the plain RoPE module; any other part keeps the
-module ops.
+module ops. Given the step's cache write (`kv`, metadata.KVWrite), the fused kernel also stores the prepared k
+and v in the paged cache, and `prepare_qk` says so: the layer then tells its attention op (`kv_written`) not to
+write them again. The module ops never write (the attention op does, as before).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from recap.kernels.kernel_set import Kernel
+from recap.kernels.metadata import KVWrite
 from recap.model.layers.norm import OffsetRMSNorm, RMSNorm
 from recap.model.layers.rotary import RotaryEmbedding
 
@@ -42,23 +45,28 @@ class QKRope:
 
     def prepare_qk(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, norms: HeadNorms | None = None,
-        gate: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        gate: torch.Tensor | None = None, kv: KVWrite | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:  # fmt: skip
         """q [T, Hq, Dh] and k [T, Hkv, Dh] at `positions` [T] normed per head by `norms` (when given) and rotated
-        (when the layer has RoPE); sigmoid(gate) [T, Hq x Dh] for a gate [T, Hq, Dh] (None without)."""
+        (when the layer has RoPE); sigmoid(gate) [T, Hq x Dh] for a gate [T, Hq, Dh] (None without); and whether
+        the prepared k and kv.v are already in kv's caches (the fused kernel with a cache of q's dtype stores them;
+        otherwise the attention op writes them)."""
         if self._fused(q, norms):
             assert self.rope_kernel is not None
             inv_freq = None if self.rotary is None else self.rotary.inv_freq
             weights = None if norms is None else (norms[0].weight, norms[1].weight)
             eps = 0.0 if norms is None else norms[0].eps
             offset = norms is not None and type(norms[0]) is OffsetRMSNorm
-            return self.rope_kernel(q, k, positions, inv_freq, weights=weights, eps=eps, offset=offset, gate=gate)
+            write = kv if kv is not None and kv.k_cache.dtype == kv.v_cache.dtype == kv.v.dtype == q.dtype else None
+            out = self.rope_kernel(q, k, positions, inv_freq, weights=weights, eps=eps, offset=offset, gate=gate,
+                                   kv_write=write)  # fmt: skip
+            return *out, write is not None
         if norms is not None:
             q, k = norms[0](q), norms[1](k)
         if self.rotary is not None:
             cos, sin = self.rotary.cos_sin(positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        return q, k, None if gate is None else torch.sigmoid(gate.reshape(gate.shape[0], -1))
+        return q, k, None if gate is None else torch.sigmoid(gate.reshape(gate.shape[0], -1)), False
 
     def _fused(self, q: torch.Tensor, norms: HeadNorms | None) -> bool:
         """Whether the fused kernel runs: one is set, there is something to compute, and each part is one it
