@@ -19,6 +19,7 @@ import dataclasses
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def _aliases(func: Any, args: tuple[Any, ...], out: Any) -> bool:
     return out.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
 
 
-def _count_triton(counter: OpCounter) -> Any:
+def count_triton(counter: OpCounter) -> Any:
     """Wrap the interpreter's grid call: one launch each, its own torch ops hidden. Returns the original."""
     original = interpreter.GridExecutor.__call__
 
@@ -91,7 +92,7 @@ def count_decode(path: Path, kernels: KernelSet, prompt: int) -> tuple[Counter[s
     forward_step(model, caches, [SeqSpec(tokens, context_len=0, block_ids=[1, 2, 3], state_slot=1)], backend)
     layers = [m for m in model.modules() if isinstance(m, QKRope)]
     counter = OpCounter()
-    original = _count_triton(counter)
+    original = count_triton(counter)
     hooks = [h for m in layers[:1] for h in (
         m.register_forward_pre_hook(lambda *_: setattr(counter, "active", True)),
         m.register_forward_hook(lambda *_: setattr(counter, "active", False)))]  # fmt: skip
@@ -106,23 +107,36 @@ def count_decode(path: Path, kernels: KernelSet, prompt: int) -> tuple[Counter[s
     return counter.ops, len(layers)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--archs", nargs="+", default=["qwen3_5", "lfm3"])
+def launching(ops: Counter[str]) -> int:
+    """The compute ops and Triton launches of a count (what launches a kernel on a GPU)."""
+    return sum(c for k, c in ops.items() if k.split()[0] in ("op", "triton"))
+
+
+def each_model_and_set(doc: str, default_archs: list[str], sets: dict[str, KernelSet],
+                       **extra: Any) -> Iterator[tuple[argparse.Namespace, str, Path, str, KernelSet]]:
+    """The counters' command line (--archs, --prompt, and `extra` flags: name -> argparse kwargs), then each tiny
+    checkpoint of --archs with each kernel set of `sets` (1 torch thread)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archs", nargs="+", default=default_archs)
     ap.add_argument("--prompt", type=int, default=20)
+    for flag, kwargs in extra.items():
+        ap.add_argument(flag, **kwargs)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    sets = {"torch": TORCH_KERNELS, "triton, no rope_qk": dataclasses.replace(TRITON_KERNELS, rope_qk=None),
-            "triton": TRITON_KERNELS}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.archs:
             path = make_tiny_checkpoint(arch, Path(tmp) / arch)
             for name, kernels in sets.items():
-                ops, n = count_decode(path, kernels, args.prompt)
-                launching = sum(c for k, c in ops.items() if k.split()[0] in ("op", "triton"))
-                print(f"{arch} ({n} attention layers), {name}: {sum(ops.values())} ops, {launching} launching")
-                print("   ", ", ".join(f"{k} x{c}" if c > 1 else k for k, c in sorted(ops.items())))
+                yield args, arch, path, name, kernels
 
+
+def main() -> None:
+    sets = {"torch": TORCH_KERNELS, "triton, no rope_qk": dataclasses.replace(TRITON_KERNELS, rope_qk=None),
+            "triton": TRITON_KERNELS}  # fmt: skip
+    for args, arch, path, name, kernels in each_model_and_set(__doc__, ["qwen3_5", "lfm3"], sets):
+        ops, n = count_decode(path, kernels, args.prompt)
+        print(f"{arch} ({n} attention layers), {name}: {sum(ops.values())} ops, {launching(ops)} launching")
+        print("   ", ", ".join(f"{k} x{c}" if c > 1 else k for k, c in sorted(ops.items())))
 
 if __name__ == "__main__":
     main()

@@ -15,10 +15,8 @@ its last block (past the first block of the model, which has no pending add, a k
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-from count_attention_ops import OpCounter, _count_triton  # noqa: E402
+from count_attention_ops import OpCounter, count_triton, each_model_and_set, launching  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from recap.backends.eager import TorchBackend  # noqa: E402
@@ -36,7 +34,7 @@ from recap.kernels.metadata import SeqSpec  # noqa: E402
 from recap.kernels.triton.kernel_set import TRITON_KERNELS  # noqa: E402
 from recap.model.cache import ModelCaches  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
-from recap.model.testing import forward_step, make_tiny_checkpoint  # noqa: E402
+from recap.model.testing import forward_step  # noqa: E402
 
 
 def _counted(counter: OpCounter, fn: Callable[..., Any], sink: list[Counter[str]]) -> Callable[..., Any]:
@@ -65,7 +63,7 @@ def count_decode(path: Path, kernels: KernelSet, prompt: int) -> tuple[dict[str,
     for block in model.blocks():  # an instance attribute shadows the method CausalLM.forward / __call__ reach
         name = "forward_residual" if hasattr(block, "forward_residual") else "forward"
         setattr(block, name, _counted(counter, getattr(block, name), blocks))
-    original = _count_triton(counter)
+    original = count_triton(counter)
     try:
         with counter, torch.no_grad():
             spec = SeqSpec([7], context_len=prompt, block_ids=[1, 2, 3], state_slot=1)
@@ -78,29 +76,17 @@ def count_decode(path: Path, kernels: KernelSet, prompt: int) -> tuple[dict[str,
     return kinds, step[0]
 
 
-def launching(ops: Counter[str]) -> int:
-    return sum(c for k, c in ops.items() if k.split()[0] in ("op", "triton"))
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--archs", nargs="+", default=["qwen3_5", "lfm3", "nemotron_h"])
-    ap.add_argument("--prompt", type=int, default=20)
-    ap.add_argument("--ops", action="store_true", help="list each block's ops")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
     sets = {"torch": TORCH_KERNELS, "triton, no add_rms_norm": dataclasses.replace(TRITON_KERNELS, add_rms_norm=None),
             "triton": TRITON_KERNELS}  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        for arch in args.archs:
-            path = make_tiny_checkpoint(arch, Path(tmp) / arch)
-            for name, kernels in sets.items():
-                kinds, step = count_decode(path, kernels, args.prompt)
-                per = ", ".join(f"{kind} block {launching(ops)}" for kind, ops in kinds.items())
-                print(f"{arch}, {name}: launching ops: {per}; whole step {launching(step)}")
-                for kind, ops in kinds.items() if args.ops else ():
-                    print(f"    {kind}:", ", ".join(f"{k} x{c}" if c > 1 else k for k, c in sorted(ops.items())))
-
+    ops_flag = {"--ops": {"action": "store_true", "help": "list each block's ops"}}
+    for args, arch, path, name, kernels in each_model_and_set(__doc__, ["qwen3_5", "lfm3", "nemotron_h"], sets,
+                                                              **ops_flag):
+        kinds, step = count_decode(path, kernels, args.prompt)
+        per = ", ".join(f"{kind} block {launching(ops)}" for kind, ops in kinds.items())
+        print(f"{arch}, {name}: launching ops: {per}; whole step {launching(step)}")
+        for kind, ops in kinds.items() if args.ops else ():
+            print(f"    {kind}:", ", ".join(f"{k} x{c}" if c > 1 else k for k, c in sorted(ops.items())))
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,7 @@ from typing import Any
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-from count_attention_ops import OpCounter, _count_triton  # noqa: E402
+from count_attention_ops import OpCounter, count_triton, launching  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from recap.kernels.moe import align_pairs  # noqa: E402
@@ -31,7 +31,7 @@ from recap.kernels.triton.moe_align import align_pairs_triton  # noqa: E402
 def count(fn: Callable[..., Any], *args: Any) -> Counter[str]:
     """The ops of one call of fn(*args)."""
     counter = OpCounter()
-    original = _count_triton(counter)
+    original = count_triton(counter)
     try:
         with counter, torch.no_grad():
             counter.active = True
@@ -40,10 +40,6 @@ def count(fn: Callable[..., Any], *args: Any) -> Counter[str]:
     finally:
         interpreter.GridExecutor.__call__ = original  # type: ignore[method-assign]
     return counter.ops
-
-
-def launching(ops: Counter[str]) -> int:
-    return sum(c for k, c in ops.items() if k.split()[0] in ("op", "triton"))
 
 
 def main() -> None:
