@@ -26,13 +26,15 @@ class KlStats:
     positions: int = 0
 
     def add(self, base_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        """base_logits, logits [n, V] of the same n positions; targets [n] the true next tokens."""
+        """base_logits, logits [n, V] of the same n positions (a base logit may be -inf: probability 0);
+        targets [n] the true next tokens."""
         if base_logits.shape != logits.shape or base_logits.dim() != 2:
             raise ValueError(f"logits of the same [positions, vocabulary] shape expected, got "
                              f"{tuple(base_logits.shape)} and {tuple(logits.shape)}")  # fmt: skip
         lp = torch.log_softmax(base_logits.double(), dim=-1)
         lq = torch.log_softmax(logits.double(), dim=-1)
-        self.kl.append((lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0))  # >= 0 exactly; rounding can go below
+        terms = torch.where(lp > -math.inf, lp.exp() * (lp - lq), 0.0)  # p = 0 adds nothing (a -inf base logit)
+        self.kl.append(terms.sum(-1).clamp_min(0.0))  # >= 0 exactly; rounding can go below
         self.same_top += int((base_logits.argmax(-1) == logits.argmax(-1)).sum())
         self.nll -= float(lq.gather(1, targets.view(-1, 1)).sum())
         self.positions += base_logits.shape[0]

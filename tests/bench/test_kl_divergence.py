@@ -34,6 +34,14 @@ def test_two_classes_match_the_closed_form_across_windows() -> None:
     assert s.perplexity == pytest.approx(math.exp(-(math.log(0.9) + math.log(0.1)) / 2))
 
 
+def test_a_class_the_base_gives_probability_zero_adds_nothing() -> None:
+    base = torch.tensor([[0.0, 0.0, -math.inf]], dtype=torch.float64)
+    other = torch.tensor([[0.0, 0.0, 0.0]], dtype=torch.float64)  # (1/3, 1/3, 1/3)
+    s = KlStats()
+    s.add(base, other, torch.tensor([0]))
+    assert s.mean_kl == pytest.approx(math.log(1.5), rel=1e-12)  # 2 x 0.5 ln(0.5 / (1/3))
+
+
 def test_logits_of_different_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="same"):
         KlStats().add(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))
