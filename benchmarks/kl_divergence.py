@@ -144,8 +144,8 @@ def base_file_check(base: Path, windows: list[list[int]], bos: int | None, ctx: 
     return per_chunk * n_chunk
 
 
-_LLAMA_STATS = {"mean_kl": r"Mean\s+KLD:\s+([\d.]+)", "mean_kl_pm": r"Mean\s+KLD:\s+[\d.]+\s+±\s+([\d.]+)",
-                "kl_p99": r"99\.0%\s+KLD:\s+([\d.]+)", "max_kl": r"Maximum KLD:\s+([\d.]+)",
+_LLAMA_STATS = {"mean_kl": r"Mean\s+KLD:\s+([-\d.]+)", "mean_kl_pm": r"Mean\s+KLD:\s+[-\d.]+\s+±\s+([\d.]+)",
+                "kl_p99": r"99\.0%\s+KLD:\s+([-\d.]+)", "max_kl": r"Maximum KLD:\s+([-\d.]+)",
                 "top1_agreement": r"Same top p:\s+([\d.]+)", "perplexity": r"Mean PPL\(Q\)\s+:\s+([\d.]+)"}  # fmt: skip
 
 
@@ -211,8 +211,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         for engine, fmts in (("recap", r["recap"]), ("llama.cpp", r["llama"])):
             for fmt, s in fmts.items():
-                print(f"| {r['model']} | {engine} | {fmt} | {s['mean_kl']:.6f} | {s['kl_p99']:.6f} "
-                      f"| {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.2f} |")  # fmt: skip
+                print(f"| {r['model']} | {engine} | {fmt} | {s['mean_kl']:.6f} ± {s['mean_kl_pm']:.6f} "
+                      f"| {s['kl_p99']:.6f} | {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.2f} |")  # fmt: skip
     print(f"\nboth engines on the same {rows[0]['positions']} positions per model (each chunk's second half, "
           "checked against llama.cpp's base file); llama.cpp's base holds 16-bit log-probs, so its f32 row is "
           "that file's floor, recap's fp32 row is exactly 0")  # fmt: skip

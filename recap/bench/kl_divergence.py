@@ -48,6 +48,12 @@ class KlStats:
     def mean_kl(self) -> float:
         return float(self._all().mean())
 
+    @property
+    def mean_kl_se(self) -> float:
+        """The mean's standard error (llama-perplexity's "±"): the positions' standard deviation / sqrt(n)."""
+        kl = self._all()
+        return float(kl.std() / math.sqrt(kl.numel())) if kl.numel() > 1 else 0.0
+
     def kl_quantile(self, q: float) -> float:
         """The q-quantile of the per-position KL (linear interpolation between the sorted values)."""
         return float(torch.quantile(self._all(), q))
@@ -62,6 +68,6 @@ class KlStats:
         return math.exp(self.nll / self.positions)
 
     def summary(self) -> dict[str, float | int]:
-        return {"mean_kl": self.mean_kl, "kl_p99": self.kl_quantile(0.99), "max_kl": float(self._all().max()),
-                "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
-                "positions": self.positions}  # fmt: skip
+        return {"mean_kl": self.mean_kl, "mean_kl_pm": self.mean_kl_se, "kl_p99": self.kl_quantile(0.99),
+                "max_kl": float(self._all().max()), "top1_agreement": self.top1_agreement,
+                "perplexity": self.perplexity, "positions": self.positions}  # fmt: skip

@@ -30,6 +30,7 @@ def test_two_classes_match_the_closed_form_across_windows() -> None:
     want = 0.2 * math.log(0.2 / 0.9) + 0.8 * math.log(0.8 / 0.1)
     assert s.mean_kl == pytest.approx(want / 2, rel=1e-12)
     assert s.kl_quantile(1.0) == pytest.approx(want, rel=1e-12)
+    assert s.mean_kl_se == pytest.approx(want / math.sqrt(2) / math.sqrt(2), rel=1e-12)  # std of (want, 0): want/sqrt 2
     assert s.positions == 2 and s.top1_agreement == 0.5
     assert s.perplexity == pytest.approx(math.exp(-(math.log(0.9) + math.log(0.1)) / 2))
 
