@@ -157,22 +157,23 @@ def llama_kl(llama: LlamaCpp, files: dict[str, Path], data: Path, args: argparse
     tool = str(llama.tool("llama-perplexity"))
     subprocess.run([tool, "-m", str(files["f32"]), "-f", str(data), "--no-escape", *common, "--kl-divergence-base",
                     str(base)], check=True, capture_output=True, env=env)  # fmt: skip
-    out = {}
-    for g, f in files.items():
-        log = base.with_suffix(f".{g}.log")
-        with open(log, "w") as fh:  # a file, not a pipe (perplexity_peers.py: a pipe lost the last lines)
-            subprocess.run([tool, "-m", str(f), *common, "--kl-divergence-base", str(base), "--kl-divergence"],
-                           check=True, stdout=fh, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    cmds = {g: [tool, "-m", str(f), *common, "--kl-divergence-base", str(base), "--kl-divergence"]
+            for g, f in files.items()}  # fmt: skip
+    return {g: _llama_stats(cmd, base.with_suffix(f".{g}.log"), env) for g, cmd in cmds.items()}
+
+
+def _llama_stats(cmd: list[str], log: Path, env: dict[str, str], tries: int = 3) -> dict[str, float]:
+    """One llama-perplexity --kl-divergence run's printed statistics. Its logger writes from a thread, and
+    under load the last lines were sometimes lost at exit (into a file too, not only a pipe): run it again."""
+    for _ in range(tries):
+        with open(log, "w") as fh:
+            subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, env=env)
         text = log.read_text()
-        row = {}
-        for key, pat in _LLAMA_STATS.items():
-            m = re.search(pat, text)
-            if m is None:
-                raise RuntimeError(f"no {key} in llama-perplexity's output ({log}):\n{text[-2000:]}")
-            row[key] = float(m.group(1))
-        row["top1_agreement"] /= 100.0
-        out[g] = row
-    return out
+        found = {key: re.search(pat, text) for key, pat in _LLAMA_STATS.items()}
+        if all(found.values()):
+            row = {key: float(m.group(1)) for key, m in found.items() if m is not None}
+            return row | {"top1_agreement": row["top1_agreement"] / 100.0}
+    raise RuntimeError(f"no KL statistics in llama-perplexity's output after {tries} runs ({log}):\n{text[-2000:]}")
 
 
 def model_row(name: str, llama: LlamaCpp, args: argparse.Namespace) -> dict[str, Any]:
