@@ -6,6 +6,8 @@
     .venv/bin/python benchmarks/peers.py --models lfm2-1.2b granite-h-1b --build-dir /work/main/build/peers \
         --out bench_out/peers_real.json   # real ~1.2B shapes: int4/int8 vs Q4_K_M/Q4_0/Q8_0, peak RSS (peers_real.py)
         [--metrics prefill decode] [--quants Q4_K_M Q8_0]   # a subset of the real-shape rows
+    (real shapes: benchmarks/real_shapes.py's SHAPES, e.g. qwen3_5-0.8b; one the vendored converter does not register
+     gets recap's rows and a "llama.cpp skipped" line)
 
 llama.cpp is built once from the llama-cpp-python 0.3.36 sdist into build/peers (benchmarks/peers_llama.py;
 tens of minutes on 2 cores) and the checkpoints (benchmarks/checkpoints.py) are converted with its own

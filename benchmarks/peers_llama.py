@@ -85,13 +85,14 @@ def convert_to_gguf(llama: LlamaCpp, checkpoint: Path, outtype: str, out_dir: Pa
 # padded with unused "[PADi]" tokens up to the checkpoint's vocab_size (the embedding's rows). And transformers 5
 # writes GraniteMoeHybrid's layer_types as "full_attention"/"linear_attention" where the hub's config.json (and
 # the converter) say "attention"/"mamba": without the mapping every layer converts as Mamba2 and fails to load.
+# Qwen3.5's converter wants MTP layers unless told --no-mtp; the random text checkpoint has none.
 _PADDED_VOCAB = """
 import runpy, sys
 src = sys.argv.pop(1)
 sys.path[0] = src  # _set_vocab_builtin reads models/ under sys.path[0]
 sys.path.insert(1, src + "/gguf-py")
 import gguf
-from conversion import granite, lfm2
+from conversion import granite, lfm2, qwen
 
 def set_vocab(self):
     n, w = self.hparams["vocab_size"], self.gguf_writer
@@ -108,13 +109,27 @@ attn_layers = granite.GraniteHybridModel.get_attn_layers
 granite.GraniteHybridModel.get_attn_layers = get_attn_layers
 granite.GraniteHybridModel.set_vocab = set_vocab
 lfm2.LFM2Model.set_vocab = set_vocab
+qwen.Qwen3_5TextModel.set_vocab = set_vocab
+qwen.Qwen3_5TextModel.no_mtp = True  # as --no-mtp: the random checkpoint has no MTP head to export
 runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 """
+
+
+def converter_supports(llama: LlamaCpp, checkpoint: Path) -> str | None:
+    """None when the vendored convert_hf_to_gguf.py registers the checkpoint's architecture, else why not (a
+    text match on its quoted name, in the script or in the conversion/ package's name map of newer trees)."""
+    arch = (json.loads((checkpoint / "config.json").read_text()).get("architectures") or [""])[0]
+    sources = [llama.src / "convert_hf_to_gguf.py", llama.src / "conversion" / "__init__.py"]
+    if any(f'"{arch}"' in f.read_text() for f in sources if f.is_file()):
+        return None
+    vendor = llama.src.parent.parent.name  # llama_cpp_python-<version>
+    return f"{arch or 'a config without architectures'} is not in {vendor}'s convert_hf_to_gguf.py"
 
 
 def convert_padded_vocab(llama: LlamaCpp, checkpoint: Path, out_dir: Path, quant: str) -> Path:
     """A real-size checkpoint -> GGUF bf16 (the padded built-in vocabulary above) -> `quant` via llama-quantize
     (Q4_0, Q4_K_M, Q8_0, ...); each file cached under out_dir."""
+    out_dir = out_dir.resolve()  # the converter runs in llama.src
     out_dir.mkdir(parents=True, exist_ok=True)
     bf16 = out_dir / f"{checkpoint.name}-bf16.gguf"
     if not bf16.is_file():

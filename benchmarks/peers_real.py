@@ -17,6 +17,8 @@ Metrics, recap and llama.cpp alternating within each round, medians over the rou
 beside each sample: prefill tok/s of one REAL_PREFILL-token prompt (recap: the model step; llama-bench -p);
 decode ms/token at batch 1 after a REAL_PROMPT-token prompt (llama-bench -d); batch-8 aggregate generated
 tokens/s after REAL_PROMPT-token prompts (llama-batched-bench S_TG).
+A shape whose architecture the vendored convert_hf_to_gguf.py does not register gets recap's rows only, and the
+table a "llama.cpp skipped" line saying so.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_llama import LlamaCpp, convert_padded_vocab  # noqa: E402
+from peers_llama import LlamaCpp, convert_padded_vocab, converter_supports  # noqa: E402
 
 REAL_PREFILL = 512
 REAL_PROMPT = 64  # context before the decode rows (short: batched-bench prefills 8 x this at 1 thread)
@@ -182,6 +184,10 @@ def measure_real(name: str, threads_list: list[int], reps: int, llama: LlamaCpp 
 
     path = build_checkpoint(name, cache)
     names = quants or DECODE_GGUF
+    skipped = None if llama is None else converter_supports(llama, path)
+    if skipped is not None:  # recap's rows only; the table says why llama.cpp has none
+        print(f"{name}: llama.cpp skipped: {skipped}", file=sys.stderr, flush=True)
+        llama = None
     ggufs = {} if llama is None else {q: convert_padded_vocab(llama, path, gguf_dir, q) for q in names}
     workers = {q: RecapWorker(path, q) for q in formats or RECAP_FORMATS}
     samples: dict[tuple[int, str, str], list[tuple[float, int, float]]] = {}
@@ -204,6 +210,8 @@ def measure_real(name: str, threads_list: list[int], reps: int, llama: LlamaCpp 
                      "median": statistics.median(v for v, _, _ in vals), "values": [v for v, _, _ in vals],
                      "peak_rss": max(r for _, r, _ in vals), "load_1min": [round(ld, 2) for _, _, ld in vals],
                      **_recap_extra(workers, engine)})  # fmt: skip
+    if skipped is not None:
+        rows.append({"model": name, "engine": "llama.cpp", "skipped": skipped})
     return rows
 
 
@@ -216,10 +224,13 @@ def _recap_extra(workers: dict[str, RecapWorker], engine: str) -> dict[str, Any]
 
 def print_real(rows: list[dict[str, Any]]) -> None:
     """One line per (model, threads, metric, engine); ratios of recap int4 to llama.cpp Q4_K_M (>1: recap ahead)."""
-    keyed = {(r["model"], r["threads"], r["metric"], r["engine"]): r for r in rows}
+    keyed = {(r["model"], r["threads"], r["metric"], r["engine"]): r for r in rows if "skipped" not in r}
     print(f"{'model':<13} {'thr':>3} {'metric':<16} {'engine':<17} {'median':>9} {'peak RSS GiB':>12} "
           f"{'steady':>6}  {'int4 vs Q4_K_M':>14}  load")  # fmt: skip
     for r in rows:
+        if "skipped" in r:
+            print(f"{r['model']:<13} llama.cpp skipped: {r['skipped']}")
+            continue
         ratio = ""
         ref = keyed.get((r["model"], r["threads"], r["metric"], "llama.cpp Q4_K_M"))
         if r["engine"] == "recap int4" and ref:

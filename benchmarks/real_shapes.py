@@ -7,12 +7,19 @@
   10, 12 and 14, 32 heads, 8 KV; 10 short convs, L 3), SwiGLU MLP of intermediate_size 12288 auto-adjusted to
   8192, vocab 65536, tied: 1.17B params
 - granite-h-7b: the granite-h-1b design at a 7B size (d_model 4096, 32 layers, attention at 4, 12, 20 and 28,
-  Mamba2 of 128 heads x 64, shared MLP 8192, 32 heads (8 KV), vocab 100352, tied): 6.9B params, for the issue's
+  Mamba2 of 128 heads x 64, shared MLP 8192, 32 heads (8 KV), vocab 100352, tied): 6.66B params, for the issue's
   "a 7B hybrid loads and decodes in int4 within 8 GiB"
 - nemotron-h-8b: NemotronH dense, shaped like nvidia/Nemotron-H-8B-Base-8K's config.json: d_model 4096, 52 layers
   of hybrid_override_pattern "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-" (24 Mamba2 of 128 heads x 64,
   8 groups, state 128, conv 4; 24 relu2 MLPs of 21504; 4 attention layers, 32 heads (8 KV) of 128, no RoPE),
   vocab 131072, untied head: 8.10B params (16.2 GB of bf16 on disk)
+- qwen3_5-0.8b: the text model of Qwen/Qwen3.5-0.8B (Qwen3_5ForCausalLM on Qwen3_5TextConfig; the hub checkpoint is
+  the vision-language Qwen3_5ForConditionalGeneration, whose vision tower and MTP head are left out): 0.75B params.
+  From the published model card's figures (its config.json was not reachable): d_model 1024, 24 layers as
+  6 x (3 GDN + 1 gated attention), attention 8 heads / 2 KV of head_dim 256 (gated q_proj, q/k norms, as the
+  config class builds it), rope_theta 1e7, SwiGLU MLP 3584, vocab 248320, 262144 positions. Approximations:
+  GDN of 16 key heads and 16 value heads of 128 (a third-party description of the 0.8B's GDN layer says 16 x 128),
+  conv 4, partial rotary 0.25 (the config class's defaults) and tied embeddings
 
 Each model is described by transformers' own config and model classes, built on the meta device (no memory),
 and its tensors are written one shard at a time under the names `save_pretrained` uses for these classes (the
@@ -30,7 +37,7 @@ from typing import Any
 
 import torch
 
-SHAPES = ("granite-h-1b", "lfm2-1.2b", "granite-h-7b", "nemotron-h-8b")
+SHAPES = ("granite-h-1b", "lfm2-1.2b", "granite-h-7b", "nemotron-h-8b", "qwen3_5-0.8b")
 SHARD_BYTES = 2 << 30
 DEFAULT_CACHE = Path.home() / ".cache" / "recap" / "bench-models"
 
@@ -89,8 +96,23 @@ def _lfm2_1_2b() -> tuple[Any, Any]:
     return tf.Lfm2ForCausalLM, cfg
 
 
+def _qwen3_5_0_8b() -> tuple[Any, Any]:
+    import transformers as tf
+
+    layers = 24
+    cfg = tf.Qwen3_5TextConfig(
+        vocab_size=248320, hidden_size=1024, num_hidden_layers=layers, intermediate_size=3584,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.02,
+    )  # fmt: skip
+    return tf.Qwen3_5ForCausalLM, cfg
+
+
 _BUILDERS = {"granite-h-1b": _granite_h_1b, "lfm2-1.2b": _lfm2_1_2b, "granite-h-7b": _granite_h_7b,
-             "nemotron-h-8b": _nemotron_h_8b}
+             "nemotron-h-8b": _nemotron_h_8b, "qwen3_5-0.8b": _qwen3_5_0_8b}
 # What save_pretrained writes in place of the in-memory prefix (transformers' legacy checkpoint layout).
 _DISK_PREFIX = {"NemotronHForCausalLM": ("model.", "backbone.")}
 
