@@ -38,7 +38,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers_llama import LlamaCpp, ensure_llama  # noqa: E402
-from perplexity_peers import MODELS, TARGETS, checkpoint_digest, gguf_add_bos, hub_checkpoint, token_check  # noqa: E402
+from perplexity_peers import (  # noqa: E402
+    MODELS,
+    TARGETS,
+    checkpoint_digest,
+    gguf_add_bos,
+    heldout_parser,
+    hub_checkpoint,
+    token_check,
+)
 
 # name -> (dtype, quantization, int4 (group, asymmetric) or None); the first is the base
 FORMATS: dict[str, tuple[torch.dtype, str | None, tuple[int, bool] | None]] = {
@@ -220,13 +228,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="held-out text (tools/train_default_model.py's)")
-    ap.add_argument("--ctx", type=int, default=512, help="chunk length / llama-perplexity -c")
-    ap.add_argument("--chunks", type=int, default=32, help="llama-perplexity --chunks")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--build-dir", type=Path, default=Path("build") / "peers", help="perplexity_peers.py's")
+    ap = heldout_parser(__doc__)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp"), help="where llama.cpp's base logits go")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "kl_divergence.json")
     args = ap.parse_args()

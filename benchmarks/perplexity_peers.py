@@ -222,14 +222,20 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           f" scored; recap's own windows: BOS + {args.ctx} tokens, {r0['recap']['float32']['own_tokens']} scored")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def heldout_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line of the scripts that score the trained models' held-out text through both engines."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="held-out text (tools/train_default_model.py's)")
     ap.add_argument("--ctx", type=int, default=512, help="window / llama-perplexity -c")
     ap.add_argument("--chunks", type=int, default=32, help="llama-perplexity --chunks (ctx x chunks tokens)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--build-dir", type=Path, default=Path("build") / "peers")
+    return ap
+
+
+def main() -> None:
+    ap = heldout_parser(__doc__)
     ap.add_argument("--converter-site", type=Path, default=Path("build") / "peers" / "convert-site")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "perplexity_peers.json")
     args = ap.parse_args()
