@@ -351,88 +351,36 @@ INLINE TGT512 void group_end512(const uint8_t *sc, const W4 *W, const Acts *A, i
     }
 }
 
-/* group_end512 for two tiles (scales at sc0, sc1) sharing each row's broadcasts. */
-INLINE TGT512 void group_end512x2(const uint8_t *sc0, const uint8_t *sc1, const W4 *W, const Acts *A, int64_t r0,
-                                  int64_t g, const int NR, const __m512i *a0, const __m512i *a1, __m512 *k0,
-                                  __m512 *k1) {
-    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc0));
-    const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sc1));
-    if (!W->asym) { /* a0, a1 hold S - 8 X (acc_init512) */
-        for (int r = 0; r < NR; r++) {
-            k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), w0));
-            k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), w1));
-        }
-        return;
-    }
-    const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc0 + 32)));
-    const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc1 + 32)));
-    for (int r = 0; r < NR; r++) {
-        const __m512 xf = _mm512_set1_ps(A->xf[(r0 + r) * A->ng + g]);
-        k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), w0));
-        k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(m0, xf));
-        k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), w1));
-        k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(m1, xf));
-    }
-}
-
-/* acc += blk * d for NR rows at block b; blk back to zero. */
-INLINE TGT512 void block_end512(const Acts *A, int64_t r0, int64_t b, const int NR, __m512 *blk, __m512 *facc) {
-    for (int r = 0; r < NR; r++) {
-        facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(blk[r], _mm512_set1_ps(A->d[(r0 + r) * A->nb + b])));
-        blk[r] = _mm512_setzero_ps();
-    }
-}
-
-/* y = facc (+ bias) for NR rows x the 16 outputs from o (masked at the end of the weight). */
-INLINE TGT512 void store512(const W4 *W, int64_t r0, const int NR, int64_t o, const __m512 *facc, float *y) {
+/* y = fa (+ bias) for NR rows x the 16 outputs from o (masked at the end of the weight). */
+INLINE TGT512 void store512(const W4 *W, int64_t r0, const int NR, int64_t o, const float *fa, float *y) {
     const __mmask16 m = tile_mask(W, o);
     const __m512 bv = W->b ? _mm512_maskz_loadu_ps(m, W->b + o) : _mm512_setzero_ps();
-    for (int r = 0; r < NR; r++)
-        _mm512_mask_storeu_ps(y + (r0 + r) * W->out + o, m, W->b ? _mm512_add_ps(facc[r], bv) : facc[r]);
-}
-
-/* block_end512 with the fp32 accumulators in y (the registers hold the block's): y = (b ? y : 0) + blk * d. */
-INLINE TGT512 void block_to_y512(const W4 *W, const Acts *A, int64_t r0, int64_t b, const int NR, int64_t o,
-                                 __m512 *blk, float *y) {
-    const __mmask16 m = tile_mask(W, o);
     for (int r = 0; r < NR; r++) {
-        float *yr = y + (r0 + r) * W->out + o;
-        const __m512 acc = b ? _mm512_maskz_loadu_ps(m, yr) : _mm512_setzero_ps();
-        const __m512 v = _mm512_mul_ps(blk[r], _mm512_set1_ps(A->d[(r0 + r) * A->nb + b]));
-        _mm512_mask_storeu_ps(yr, m, _mm512_add_ps(acc, v));
-        blk[r] = _mm512_setzero_ps();
+        const __m512 f = _mm512_load_ps(fa + r * TILE);
+        _mm512_mask_storeu_ps(y + (r0 + r) * W->out + o, m, W->b ? _mm512_add_ps(f, bv) : f);
     }
 }
 
-/* block_end512 with the fp32 accumulators in fa (16 a row; the registers hold the block's): fa = (b ? fa : 0) +
- * blk * d. */
-INLINE TGT512 void block_to_fa512(const Acts *A, int64_t r0, int64_t b, const int NR, const __m512 *blk, float *fa) {
+/* The end of activation block b for NR rows: fa = (b ? fa : 0) + blk * d, the fp32 sums in fa (16 a row, an L1
+ * buffer: in y, rows 32 KB apart shared L1 sets with the weight stream), the block's in registers; blk to zero. */
+INLINE TGT512 void block_end512(const Acts *A, int64_t r0, int64_t b, const int NR, __m512 *blk, float *fa) {
     for (int r = 0; r < NR; r++) {
         const __m512 acc = b ? _mm512_load_ps(fa + r * TILE) : _mm512_setzero_ps();
         const __m512 v = _mm512_mul_ps(blk[r], _mm512_set1_ps(A->d[(r0 + r) * A->nb + b]));
         _mm512_store_ps(fa + r * TILE, _mm512_add_ps(acc, v));
+        blk[r] = _mm512_setzero_ps();
     }
 }
 
-/* y += bias for NR rows x the 16 outputs from o. */
-INLINE TGT512 void bias512(const W4 *W, int64_t r0, const int NR, int64_t o, float *y) {
-    if (!W->b) return;
-    const __mmask16 m = tile_mask(W, o);
-    const __m512 bv = _mm512_maskz_loadu_ps(m, W->b + o);
-    for (int r = 0; r < NR; r++) {
-        float *yr = y + (r0 + r) * W->out + o;
-        _mm512_mask_storeu_ps(yr, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), bv));
-    }
-}
-
-/* NR (constant) input rows x one tile of 16 outputs: NR int32 accumulators per group, NR fp32 ones per block and
- * NR across. */
+/* NR (constant) input rows x one tile of 16 outputs: NR int32 accumulators per group, NR fp32 ones per block
+ * (block_end512 adds them up in fa). */
 INLINE TGT512 void tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t o,
                            float *y) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int64_t G = (int64_t)W->cpg * 8;
-    __m512 facc[8], blk[8];
-    for (int r = 0; r < NR; r++) facc[r] = blk[r] = _mm512_setzero_ps();
+    __attribute__((aligned(64))) float fa[8 * TILE];
+    __m512 blk[8];
+    for (int r = 0; r < NR; r++) blk[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < A->nb; b++) {
         int64_t g0, g1;
         block_groups(A, b, &g0, &g1);
@@ -454,9 +402,9 @@ INLINE TGT512 void tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_
             }
             group_end512(bg + 64 * W->cpg, W, A, r0, g, NR, acc, blk);
         }
-        block_end512(A, r0, b, NR, blk, facc);
+        block_end512(A, r0, b, NR, blk, fa);
     }
-    store512(W, r0, NR, o, facc, y);
+    store512(W, r0, NR, o, fa, y);
 }
 
 #define TILE512(NR)                                                                                           \
@@ -470,9 +418,8 @@ static const TileFn TILES512[9] = {0, tile512_1, tile512_2, tile512_3, tile512_4
                                    tile512_5, tile512_6, tile512_7, tile512_8};
 
 /* Prefill: 4 input rows x two tiles at once, each broadcast activation word used by both tiles (half the
- * broadcasts per product of tile512; the same operations per output). The block accumulators stay in registers,
- * the fp32 ones in y (one read and write per block: 24 live accumulators spilled). CPG and ASYM constants: the
- * chunk loop unrolls and the block ends are a mask test. */
+ * broadcasts per product of tile512; the same operations per output). The 16 block accumulators stay in
+ * registers (with the fp32 sums too, 24, they spilled), CPG and ASYM are constants (the chunk loop unrolls). */
 INLINE TGT512 void pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
                          const int CPG, const int ASYM) {
     enum { NR = 4 };
@@ -481,11 +428,11 @@ INLINE TGT512 void pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t 
     const W4 Wc = {W->w, W->b, W->ng, block, W->out, CPG, ASYM};
     const int8_t *xs = A->xs + r0 * kp;
     __attribute__((aligned(64))) float fa[2 * NR * TILE];
+    __m512 k0[NR], k1[NR];
+    for (int r = 0; r < NR; r++) k0[r] = k1[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < A->nb; b++) {
         int64_t g0, g1;
         block_groups(A, b, &g0, &g1);
-        __m512 k0[NR], k1[NR];
-        for (int r = 0; r < NR; r++) k0[r] = k1[r] = _mm512_setzero_ps();
         for (int64_t g = g0; g < g1; g++) {
             const uint8_t *b0 = tw + g * block, *b1 = b0 + stride;
             const int8_t *xg = xs + g * 8 * CPG;
@@ -505,16 +452,14 @@ INLINE TGT512 void pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t 
                     a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
                 }
             }
-            group_end512x2(b0 + 64 * CPG, b1 + 64 * CPG, &Wc, A, r0, g, NR, a0, a1, k0, k1);
+            group_end512(b0 + 64 * CPG, &Wc, A, r0, g, NR, a0, k0);
+            group_end512(b1 + 64 * CPG, &Wc, A, r0, g, NR, a1, k1);
         }
-        block_to_fa512(A, r0, b, NR, k0, fa);
-        block_to_fa512(A, r0, b, NR, k1, fa + NR * TILE);
+        block_end512(A, r0, b, NR, k0, fa);
+        block_end512(A, r0, b, NR, k1, fa + NR * TILE);
     }
-    __m512 f[NR];
-    for (int h = 0; h < 2; h++) {
-        for (int r = 0; r < NR; r++) f[r] = _mm512_load_ps(fa + (h * NR + r) * TILE);
-        store512(W, r0, NR, o + h * TILE, f, y);
-    }
+    store512(W, r0, NR, o, fa, y);
+    store512(W, r0, NR, o + TILE, fa + NR * TILE, y);
 }
 
 TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
