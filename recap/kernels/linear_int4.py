@@ -223,7 +223,7 @@ def supported_isas() -> tuple[int, ...]:
 
 
 _ERRORS = {-1: "no memory for the activation codes", -2: "a group other than 32 or 64",
-           -3: "an instruction set this CPU lacks"}  # fmt: skip
+           -3: "an instruction set this CPU lacks", -4: "a weight with no inputs"}  # fmt: skip
 
 
 def _check_packed(w: Int4Weight) -> None:

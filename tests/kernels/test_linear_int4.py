@@ -224,6 +224,9 @@ def test_bad_inputs_raise_typed_errors() -> None:
             L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, packed=q.packed[:, :1]))
         with pytest.raises(ValueError, match="is not the"):
             L.int4_linear(torch.randn(2, 40), dataclasses.replace(q, out_features=17))
+        empty = dataclasses.replace(q, packed=q.packed[:, :0].contiguous(), in_features=0)  # consistent tiles, no input
+        with pytest.raises(ValueError, match="no inputs"):
+            L.int4_linear(torch.randn(2, 0), empty)
 
 
 def test_zero_weights_and_rows_give_the_bias() -> None:

@@ -97,6 +97,12 @@ typedef struct {
     int64_t kp, ng, nb, gpb;
 } Acts;
 
+/* The step of row r's activation block that group g ends, or NULL where g ends no block (the AVX2 paths' group
+ * loops). */
+INLINE const float *block_step(const Acts *A, int64_t r, int64_t g) {
+    return (g + 1) % A->gpb == 0 || g + 1 == A->ng ? A->d + r * A->nb + g / A->gpb : NULL;
+}
+
 /* Groups [*g0, *g1) of activation block b. */
 INLINE void block_groups(const Acts *A, int64_t b, int64_t *g0, int64_t *g1) {
     *g0 = b * A->gpb;
@@ -378,7 +384,7 @@ INLINE TGT512 void tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_
                            float *y) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int64_t G = (int64_t)W->cpg * 8;
-    __attribute__((aligned(64))) float fa[8 * TILE];
+    __attribute__((aligned(64))) float fa[8 * TILE]; /* every block_end512 writes it: k >= 1, so nb >= 1 */
     __m512 blk[8];
     for (int r = 0; r < NR; r++) blk[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < A->nb; b++) {
@@ -509,9 +515,9 @@ TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, 
                     fb[r] = _mm256_add_ps(fb[r], _mm256_mul_ps(wm, _mm256_set1_ps(A->xf[gi])));               \
                 }                                                                                             \
             }                                                                                                 \
-            if ((g + 1) % A->gpb == 0 || g + 1 == W->ng)                                                      \
+            if (block_step(A, r0, g))                                                                         \
                 for (int r = 0; r < NR; r++) {                                                                \
-                    const __m256 d = _mm256_set1_ps(A->d[(r0 + r) * A->nb + g / A->gpb]);                     \
+                    const __m256 d = _mm256_set1_ps(*block_step(A, r0 + r, g));                               \
                     facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(fb[r], d));                                \
                     fb[r] = _mm256_setzero_ps();                                                              \
                 }                                                                                             \
@@ -600,8 +606,9 @@ INLINE TGT256 void row_avx2(const uint8_t *tw, const W4 *W, const Acts *A, int64
         const int64_t gi = r * A->ng + g;
         b0 = group_f32(b0, s0, blk + 64 * CPG, W, A, gi);
         b1 = group_f32(b1, s1, blk + 64 * CPG + 16, W, A, gi);
-        if ((g + 1) % A->gpb == 0 || g + 1 == W->ng) {
-            const __m256 d = _mm256_set1_ps(A->d[r * A->nb + g / A->gpb]);
+        const float *step = block_step(A, r, g);
+        if (step) {
+            const __m256 d = _mm256_set1_ps(*step);
             f0 = _mm256_add_ps(f0, _mm256_mul_ps(b0, d));
             f1 = _mm256_add_ps(f1, _mm256_mul_ps(b1, d));
             b0 = b1 = _mm256_setzero_ps();
@@ -705,8 +712,8 @@ INLINE TGT256 void quad16_avx2(const uint8_t *tw, const W4 *W, const Acts *A, in
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
             group16_f32(fb + 16 * r, s0[r], s1[r], w0, w1, m0, m1, xsum + r * ng + g, xf + r * ng + g, ASYM);
-        if ((g + 1) % A->gpb == 0 || g + 1 == ng)
-            for (int r = 0; r < NR; r++) block16_f32(fa + 16 * r, fb + 16 * r, A->d + (r0 + r) * A->nb + g / A->gpb);
+        if (block_step(A, r0, g))
+            for (int r = 0; r < NR; r++) block16_f32(fa + 16 * r, fb + 16 * r, block_step(A, r0 + r, g));
     }
 }
 
@@ -782,12 +789,13 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
  * or with AVX-512 from 8 rows on, 4 rows per pass over two tiles (tile512_pair4), or with AVX2 (no VNNI) from 2
  * rows on, 4 rows per pass over K_BLOCK inputs of a tile (rows_tile_avx2).
  * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64; -3 for a path
- * this CPU lacks. */
+ * this CPU lacks; -4 for k < 1. */
 int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int asym,
                       const float *b, float *y, int threads, int isa) {
     if (group != 32 && group != 64) return -2;
     if (!recap_int4_isa_supported(isa)) return -3;
     if (n <= 0 || out <= 0) return 0;
+    if (k <= 0) return -4; /* no inputs: no packed weight has none (quantize_int4 refuses an empty one) */
     const int64_t ng = (k + group - 1) / group, kp = ng * group, tiles = (out + TILE - 1) / TILE;
     const int64_t gpb = ACT_BLOCK / group, nb = (ng + gpb - 1) / gpb;
     int8_t *xs = (int8_t *)aligned_alloc(64, (size_t)((n * kp + 63) / 64 * 64));
