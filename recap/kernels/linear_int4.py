@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from recap.kernels.native import NativeUnavailableError, load_library, raw_function
+from recap.kernels.quant_chunks import chunk_rows
 
 GROUPS = (32, 64)
 ACT_BLOCK = 256  # inputs per activation step (csrc/linear_int4.c): 8 groups of 32 or 4 of 64
@@ -71,16 +72,14 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
     # and the chunks go straight into the packed weight (no list of them beside it to concatenate)
     packed = torch.empty(outp // TILE, -(-k // group), _block_bytes(group, asym), dtype=torch.uint8)
     w = weight.detach()
-    for lo in range(0, outp, _QUANT_ROWS):
-        packed[lo // TILE : (lo + _QUANT_ROWS) // TILE] = _pack_rows(w[lo : lo + _QUANT_ROWS], group, asym)
+    step = chunk_rows(k, TILE)
+    for lo in range(0, outp, step):
+        packed[lo // TILE : (lo + step) // TILE] = _pack_rows(w[lo : lo + step], group, asym)
     return Int4Weight(packed, out, k, group, asym, None if bias is None else bias.detach().float().contiguous())
 
 
-_QUANT_ROWS = 4096  # rows quantized at a time (a multiple of TILE)
-
-
 def _pack_rows(rows: torch.Tensor, group: int, asym: bool) -> torch.Tensor:
-    """Rows [r, in] of a weight (r <= _QUANT_ROWS; the last chunk may be short) -> their packed tiles, the rows
+    """Rows [r, in] of a weight (a chunk of quant_chunks' size; the last may be short) -> their packed tiles, the rows
     padded to a whole tile and the inputs to whole groups with zeros."""
     r, k = rows.shape
     ng = -(-k // group)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from recap.kernels.linear_rows import CHUNK, PACK_ROWS, activation_grid, pack_int8
+from recap.kernels.quant_chunks import chunk_rows
 
 QUANTIZATIONS = ("int8", "int4")  # int4: recap/kernels/linear_int4.py
 
@@ -89,30 +90,30 @@ class Int8Weight:
     row_sums: torch.Tensor  # [out] int32: sum of each row of qweight (the few-row kernel's zero-point term)
 
 
-_QUANT_ROWS = 4096  # rows quantized at a time: the fp32 temporaries stay small beside a large weight
-
-
 def quantize_int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: (q [out, in] int8, scales [out] fp32), q = round(w / s),
-    s = max|w_row| / 127 (a zero row gets s = 1)."""
+    s = max|w_row| / 127 (a zero row gets s = 1). A chunk of rows at a time (quant_chunks), one fp32 copy of it
+    the only temporary."""
     w = weight.detach()
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(w.shape[0], dtype=torch.float32)
-    for lo in range(0, w.shape[0], _QUANT_ROWS):
-        rows = w[lo : lo + _QUANT_ROWS].float()
-        s = rows.abs().amax(dim=1) / 127.0
+    step = chunk_rows(max(w.shape[1], 1), 1)
+    for lo in range(0, w.shape[0], step):
+        rows = w[lo : lo + step].to(torch.float32, copy=True)
+        s = torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_()).div_(127.0)  # no |rows| temporary
         s = torch.where(s > 0, s, torch.ones_like(s))
-        q[lo : lo + _QUANT_ROWS] = (rows / s[:, None]).round_().clamp_(-127, 127)  # one fp32 temporary, not two
-        scales[lo : lo + _QUANT_ROWS] = s
+        q[lo : lo + step] = rows.div_(s[:, None]).round_().clamp_(-127, 127)
+        scales[lo : lo + step] = s
     return q, scales
 
 
 def row_sums(q: torch.Tensor) -> torch.Tensor:
-    """[out] int32: each row's sum of q [out, in] int8, _QUANT_ROWS rows at a time (`q.sum(1, dtype=int32)` at
+    """[out] int32: each row's sum of q [out, in] int8, a chunk of rows at a time (`q.sum(1, dtype=int32)` at
     once makes an int32 copy of the whole matrix: 600 MB beside a 1B model's 150 MB int8 head)."""
     out = torch.empty(q.shape[0], dtype=torch.int32)
-    for lo in range(0, q.shape[0], _QUANT_ROWS):
-        out[lo : lo + _QUANT_ROWS] = q[lo : lo + _QUANT_ROWS].sum(1, dtype=torch.int32)
+    step = chunk_rows(max(q.shape[1], 1), 1)
+    for lo in range(0, q.shape[0], step):
+        out[lo : lo + step] = q[lo : lo + step].sum(1, dtype=torch.int32)
     return out
 
 
@@ -133,19 +134,20 @@ class Int8Tiles:
         return self.row_sums.shape[0]
 
 
-def quantize_int8_tiles(weight: torch.Tensor, bias: torch.Tensor | None, chunk_rows: int = _QUANT_ROWS) -> Int8Tiles:
-    """quantize_int8's quantization, kept only in the native kernel's tiles (no fbgemm needed): `chunk_rows` rows
-    (a multiple of the tiles' 8) quantized and packed at a time straight into the tiles, so that no int8 matrix
-    of the whole weight is made beside them (a 7B model's head: 0.5 GiB). Equal to pack_int8 of
-    quantize_int8_weight (the rows are independent)."""
-    if chunk_rows <= 0 or chunk_rows % PACK_ROWS:
-        raise ValueError(f"chunk_rows must be a positive multiple of {PACK_ROWS}, got {chunk_rows}")
+def quantize_int8_tiles(weight: torch.Tensor, bias: torch.Tensor | None, rows: int | None = None) -> Int8Tiles:
+    """quantize_int8's quantization, kept only in the native kernel's tiles (no fbgemm needed): `rows` rows (a
+    multiple of the tiles' 8; default quant_chunks') quantized and packed at a time straight into the tiles, so
+    that no int8 matrix of the whole weight is made beside them (a 7B model's head: 0.5 GiB). Equal to pack_int8
+    of quantize_int8_weight (the rows are independent)."""
     out, k = weight.shape
+    chunk = chunk_rows(max(k, 1), PACK_ROWS) if rows is None else rows
+    if chunk <= 0 or chunk % PACK_ROWS:
+        raise ValueError(f"rows must be a positive multiple of {PACK_ROWS}, got {chunk}")
     tiles = torch.empty(-(-out // PACK_ROWS), -(-k // CHUNK), PACK_ROWS, CHUNK, dtype=torch.int8)
     sums = torch.empty(out, dtype=torch.int32)
     scales = torch.empty(out, dtype=torch.float32)
-    for lo in range(0, out, chunk_rows):
-        q, s = quantize_int8_weight(weight[lo : lo + chunk_rows])
+    for lo in range(0, out, chunk):
+        q, s = quantize_int8_weight(weight[lo : lo + chunk])
         tiles[lo // PACK_ROWS : lo // PACK_ROWS + -(-q.shape[0] // PACK_ROWS)] = pack_int8(q)
         sums[lo : lo + q.shape[0]] = row_sums(q)
         scales[lo : lo + q.shape[0]] = s

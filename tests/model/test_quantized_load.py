@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from recap.backends import prepare
 from recap.kernels import linear_int4 as L
 from recap.kernels.linear_rows import linear_rows_available, pack_int8
+from recap.kernels.quant_chunks import chunk_rows
 from recap.model.layers.embedding import Embedding
 from recap.model.layers.int4_linear import INT4_ASYM, INT4_GROUP, Int4Linear
 from recap.model.layers.linear import Int8Linear, Linear
@@ -83,12 +84,30 @@ def test_int8_tiles_a_chunk_of_rows_at_a_time_equal_the_whole_matrix() -> None:
         w = torch.randn(out, k, generator=g).to(torch.bfloat16)
         b = torch.randn(out, generator=g)
         q, s = quantize_int8_weight(w.float())
-        for chunk in (8, 16, 4096):
-            t = quantize_int8_tiles(w, b, chunk_rows=chunk)
+        for chunk in (8, 16, 4096, None):
+            t = quantize_int8_tiles(w, b, rows=chunk)
             assert torch.equal(t.tiles, pack_int8(q)) and torch.equal(t.row_sums, row_sums(q))
             assert torch.equal(t.scales, s) and torch.equal(t.bias, b) and t.in_features == k
     with pytest.raises(ValueError, match="multiple of 8"):
-        quantize_int8_tiles(torch.zeros(16, 64), None, chunk_rows=12)
+        quantize_int8_tiles(torch.zeros(16, 64), None, rows=12)
+
+
+def test_int8_quantization_a_chunk_at_a_time_equals_the_whole_matrix_formula() -> None:
+    """Several 1 MiB chunks and a short last one (2700 x 200 fp32: 1310 rows a chunk), a zero row, bf16 input."""
+    assert chunk_rows(200, 1) == 1310 and chunk_rows(200, 8) == 1304 and chunk_rows(1 << 20, 16) == 16
+    with pytest.raises(ValueError):
+        chunk_rows(0, 8)
+    w = torch.randn(2700, 200, generator=torch.Generator().manual_seed(2)) * torch.rand(2700, 1) * 3
+    w[1500] = 0
+    kept = w.clone()
+    for weight in (w, w.to(torch.bfloat16)):
+        x = weight.float()
+        s = x.abs().amax(dim=1) / 127.0
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        q, scales = quantize_int8_weight(weight)
+        assert torch.equal(scales, s) and torch.equal(q, (x / s[:, None]).round().clamp(-127, 127).to(torch.int8))
+        assert torch.equal(row_sums(q), q.sum(1, dtype=torch.int32))
+    assert torch.equal(w, kept)  # the fp32 weight is read, not divided in place
 
 
 def test_int4_packing_a_chunk_of_rows_at_a_time_equals_one_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +115,7 @@ def test_int4_packing_a_chunk_of_rows_at_a_time_equals_one_chunk(monkeypatch: py
     for asym, group in [(False, 32), (True, 64)]:
         whole = L.quantize_int4(w, group, asym)
         with monkeypatch.context() as m:
-            m.setattr(L, "_QUANT_ROWS", 16)
+            m.setattr(L, "chunk_rows", lambda k, multiple: multiple)  # one tile of rows a chunk
             chunked = L.quantize_int4(w, group, asym)
         assert torch.equal(chunked.packed, whole.packed)
 
@@ -106,7 +125,8 @@ def test_int4_packing_a_chunk_of_rows_at_a_time_equals_one_chunk(monkeypatch: py
 def test_int4_load_peak_is_the_model_plus_one_bf16_tensor(tmp_path: Path) -> None:
     """A bf16 Mamba2 whose 131072 x 256 embedding and untied head are most of it, loaded in int4 (int8 head and
     embedding) and prepared in a fresh process: peak - baseline <= held x 1.15 + one bf16 table + 32 MiB (the
-    modules loading imports, ~12 MiB, and a chunk's temporaries). Measured: +155 MiB for 66 MiB held; cast to fp32
+    modules loading imports, ~12 MiB, and a chunk's temporaries). Measured: +143-145 MiB for 66 MiB held (it was
+    +153-176 from run to run with 4096-row chunks, whose temporaries the heap kept in pieces); cast to fp32
     on reading, with the table kept in fp32 until prepare, it was +334 (the fp32 table, the fp32 head and its cast
     buffer at once)."""
     path = _bf16_checkpoint(tmp_path / "vocab-heavy", hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64,
