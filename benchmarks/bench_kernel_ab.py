@@ -1,11 +1,13 @@
 """One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two variants side by side,
 called alternately (each first in turn) within every round on the same packed weights (both read one layout).
 Variants: the csrc sources of a git revision (default main) and of this checkout, each compiled with native.py's
-flags and run on this CPU's fastest path (--avx2: both on their AVX2 paths); or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4
-through the kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has
-it; without, vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
+flags and run on this CPU's fastest path (--avx2: both on their AVX2 paths); or (--isa) this checkout's AVX2 path
+against its AVX-512 VNNI one: int4 through the kernel's isa argument, int8 as a second build with -mno-avx512f
+(AVX2, with AVX-VNNI where the CPU has it; without, vpmaddubsw over the 7-bit activation grid that quant.py picks
+on such a CPU).
 
-    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main [--avx2] | --isa] [--rows 1 64] [--rounds 7] [--shapes lfm2]
+    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main [--avx2] | --isa] [--rows 1 64] [--rounds 7] \
+        [--shapes lfm2]
 
 Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time: the other
 processes of a shared box do not count, their memory traffic does), GB/s of weight bytes and its share of a plain
