@@ -7,7 +7,7 @@ OLMo-Hybrid's all-heads norms) and Zaya's CCA (RoPE after its own L2 norms).
 
 The fused residual add + norm (Triton's add_rms_norm, models/residual_block.py) likewise, on the families whose
 blocks are ResidualBlocks (plain and zero-centred norms, LFM3's sandwich, Nemotron-H's MLP-only layers, Granite's
-residual multiplier, MiniMax's scaled post-norm residuals, Zamba / Zamba2's Mamba layers): each
+residual multiplier, MiniMax's scaled post-norm residuals, xLSTM's norms, Zamba / Zamba2's Mamba layers): each
 fused call takes the place of one add and one norm launch (counted).
 """
 
@@ -90,7 +90,7 @@ class _Launches(TorchDispatchMode):
             self.inside = False
 
 
-ADD_NORM_ARCHS = ["bamba", "granite_hybrid", "lfm3", "minimax", "nemotron_h", "qwen3_5", "recurrent_gemma",
+ADD_NORM_ARCHS = ["bamba", "granite_hybrid", "lfm3", "minimax", "nemotron_h", "qwen3_5", "recurrent_gemma", "xlstm",
                   "zamba", "zamba2"]  # fmt: skip
 # Fused calls per step where fewer than one per layer: Zamba's hybrid layers norm h + the shared block's output, not
 # the stream (the Mamba layer after the first one and the final norm fuse).
