@@ -21,6 +21,8 @@ from recap.kernels.linear_rows import linear_rows_available
 from recap.model.cache import ModelCaches
 from recap.model.loader import load_model
 from recap.model.models.base import CausalLM
+from recap.runner.host_memory import MemoryLimit, MemoryPlanError
+from recap.runner.memory import MemoryPlan, PoolSizes
 
 native = pytest.mark.skipif(
     not (linear_rows_available() and decode_ops.decode_ops_available()), reason="no C compiler for native kernels"
@@ -99,3 +101,13 @@ def test_the_cuda_backend_counts_its_largest_shapes_and_pool(tiny_checkpoint: Ca
     assert small > 2 * (d * 4 + static_input_model(model.config, 16, TORCH_KERNELS)(1, 8))  # 2 graphs, the pool
     assert large > 64 * 256 * d * 4  # MAX_GRAPHS graphs of 256 rows' hidden states at least
 
+
+def test_the_plan_counts_the_graphs_and_refuses_on_them() -> None:
+    pools = PoolSizes(num_kv_blocks=5, num_state_slots=4, kv_bytes=4 << 20, state_bytes=4 << 20)
+    limit = MemoryLimit(20 << 20, "test")
+    plan = MemoryPlan(8 << 20, 0, pools, 16, 1 << 20, limit, graph_bytes=2 << 20)
+    assert plan.total_bytes == 19 << 20 and plan.fits
+    assert "; decode graphs 2.0 MiB (2,097,152 B)" in plan.describe()
+    over = MemoryPlan(8 << 20, 0, pools, 16, 1 << 20, limit, graph_bytes=3 << 20 | 1)
+    with pytest.raises(MemoryPlanError, match=r"decode graphs 0\.00 GiB"):
+        over.check()
