@@ -224,7 +224,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             print(f"| {r['model']} | {fmt} | {rc['llama_protocol']:.2f} | {lc['ppl']:.2f} +/- {lc['pm']:.2f} "
                   f"| {rc['llama_protocol'] / lc['ppl']:.4f} | {d:+.5f} +/- {se:.5f} | {rc['own']:.2f} |")  # fmt: skip
     r0 = rows[0]
-    print(f"\nllama.cpp's chunks: {args.chunks} x {args.ctx} tokens, {r0['recap']['float32']['llama_protocol_tokens']}"
+    f32 = r0["recap"]["float32"]
+    print(f"\nllama.cpp's chunks: {len(f32['chunk_nll'])} x {args.ctx} tokens, {f32['llama_protocol_tokens']}"
           f" scored; recap's own windows: BOS + {args.ctx} tokens, {r0['recap']['float32']['own_tokens']} scored")
 
 
@@ -261,7 +262,8 @@ def main() -> None:
               f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
         lrows = {g: llama_perplexity(llama, f, args.data, args.ctx, args.chunks, args.threads)
                  for g, f in files.items()}  # fmt: skip
-        print(f"  llama.cpp: {lrows}", flush=True)
+        print("  llama.cpp: " + ", ".join(f"{g} {r['ppl']} ({r['chunks']} chunks)" for g, r in lrows.items()),
+              flush=True)  # fmt: skip
         rrows = recap_rows(MODELS[name], args.data, args, add_bos)
         for dtype, quant, gtype in PAIRS:  # the same chunks in both engines: compared chunk by chunk
             rc, lc = rrows[f"{dtype} {quant or ''}".strip()], lrows[gtype]
