@@ -43,6 +43,9 @@ def _check_queues(sched: Scheduler) -> None:
     assert queued == set(view.requests), "queues and request map disagree"
     assert set(sched.remote.offers) == set(remote_ids) - set(_promotions(sched)), "remote offers and requests disagree"
     assert not set(sched.remote.held) & queued, "a held request is still queued"
+    for r in view.deferred:  # async scheduling: finished while a step that reads its slot and blocks ran
+        assert r.is_finished and r.request_id not in queued, f"deferred {r.request_id} is not finished"
+        assert view.in_flight is not None, f"deferred {r.request_id} outlives the steps in flight"
     num_seats = len(running_ids) + len(sched.remote.receiving)
     assert num_seats <= sched.config.max_num_seqs, "more running (and receiving) requests than max_num_seqs"
     for r in view.running:
@@ -143,11 +146,12 @@ def _check_state(sched: Scheduler) -> None:
 
 
 def _holders(sched: Scheduler) -> dict[str, Request]:
-    """Requests that may hold KV blocks and a running slot: running, receiving and held ones."""
+    """Requests that may hold KV blocks and a running slot: running, receiving, held and deferred ones."""
     view = sched.view
     out = {r.request_id: r for r in view.running}
     out.update((rid, view.requests[rid]) for rid in sched.remote.receiving)
     out.update((rid, h.request) for rid, h in sched.remote.held.items())
+    out.update((r.request_id, r) for r in view.deferred)  # async scheduling: freed after the step in flight
     return out
 
 

@@ -136,11 +136,18 @@ class StateManager:
         return out
 
     def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
-        """Register the reported writes that match the plan; free every other planned slot.
+        """Register the reported writes that match the plan; free every other slot planned up to the request's
+        computed tokens (the step just completed). Plans past them (a step in flight) stay pending.
 
         Returns the number registered.
         """
         plans = self.pending.pop(request.request_id, None)
+        computed = request.num_computed_tokens
+        if plans and plans[-1].write.position > computed:  # a step scheduled ahead planned these (async scheduling)
+            later = [p for p in plans if p.write.position > computed]
+            plans = plans[: len(plans) - len(later)]
+            assert all(p.write.position <= computed for p in plans), f"{request.request_id}: plans out of order"
+            self.pending[request.request_id] = later
         if not plans:
             self.pool.num_refused += len(written)  # writes nobody planned: never registered
             return 0

@@ -31,6 +31,7 @@ from recap.runner.memory import (
     size_pools,
     weight_format,
 )
+from recap.runner.placeholders import SampledIds
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs, takes_argmax
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.runner.tier_stores import TierStepReport, open_tier_stores
@@ -56,6 +57,8 @@ class RunnerConfig:
     # Speculative decoding: the most drafts per verify row; this many scratch state slots per drafting row of a
     # step (core/speculation.drafting_rows) hold the states inside verify rows (runner/speculative.py). 0: none.
     num_speculative_tokens: int = 0
+    # Async scheduling (core/async_scheduling.py): keep each step's sampled ids for the next step's placeholders.
+    async_scheduling: bool = False
 
 
 class ModelRunner:
@@ -126,6 +129,7 @@ class ModelRunner:
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
+        self.sampled_ids = SampledIds()  # the last step's, for placeholder rows (async scheduling)
 
     def attach_drafter(self, drafter: DraftModelRunner | MTPDrafter) -> None:
         """Use this drafter (speculative method "draft_model" or "mtp"); the memory plan, with it, is checked again
@@ -207,6 +211,8 @@ class ModelRunner:
             out, drafted = self.drafter.propose(out)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
+        if self.runner_config.async_scheduling:  # placeholder rows take the last step's sampled ids
+            self.sampled_ids.fill(out.scheduled, batch.input_ids)
         if self.has_state and batch.planned_checkpoints:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
         result = ModelRunnerOutput()
@@ -227,6 +233,8 @@ class ModelRunner:
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
             self._report_checkpoints(out, batch, result)
+        if self.runner_config.async_scheduling:
+            self.sampled_ids.keep(result.sampled_token_ids, batch.input_ids.device)
         return _with_tier(result, tier)
 
     def _sample(self, rows: list[ScheduledRequest], batch: ForwardBatch, hidden: torch.Tensor,
