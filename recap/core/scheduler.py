@@ -219,7 +219,8 @@ class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecSchedulin
             n = len(request.prompt_token_ids) + len(request.output_token_ids) + extra - computed
             drafts, k = self._drafts(request, budget) if n == 1 and self.speculator is not None else ([], 0)
             n = min(n + len(drafts) + k, budget)
-            if not cache.try_grow(request.request_id, computed + n, computed):  # hot path: one check, usually no-op
+            # Window blocks leave at the tokens computed on the host: a step in flight may still read them.
+            if not cache.try_grow(request.request_id, computed + n, request.num_computed_tokens):  # usually no-op
                 preempted = True  # memory is short
                 if ahead:
                     break  # no preemption while a step is in flight: the next step preempts
