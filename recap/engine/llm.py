@@ -62,8 +62,7 @@ class LLM:
         mamba_cache_mode: str | None = None,
         checkpoint_interval: int | None = None,
         block_size: int = 16,
-        max_num_batched_tokens: int = 2048,
-        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 2048, max_num_seqs: int = 32,
         async_scheduling: bool = False,  # vLLM's: the next step is scheduled while the current one runs
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,

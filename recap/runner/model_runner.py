@@ -81,9 +81,7 @@ class ModelRunner:
         self.config = loaded.config
         self.backend: Backend = backend_for(loaded, runner_config.device, runner_config.kernels)
         self.backend.prepare(self.model)
-        self.cache_config = cache_config
-        self.runner_config = runner_config
-        self.eos_token_ids = eos_token_ids
+        self.cache_config, self.runner_config, self.eos_token_ids = cache_config, runner_config, eos_token_ids
         dtype = runner_config.dtype
         self.device = torch.device(runner_config.device)
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
