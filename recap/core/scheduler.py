@@ -36,7 +36,7 @@ from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats, s
 from recap.core.tier_scheduling import TierScheduling, make_tier
 from recap.core.transfer import RemoteBook, can_hold, hold
 
-# A request's share of a step: its first position, tokens, the drafts among them, runner drafts.
+# A request's share of a step: its first position, its number of tokens, the drafts among them, runner drafts.
 Step = tuple[Request, int, int, list[int], int]
 
 
@@ -293,8 +293,9 @@ class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecSchedulin
         # Only chunks that cross a block boundary can carry a checkpoint.
         checkpoints = cache.plan_checkpoints(request, start, end) if end // bs > start // bs else []
         known = len(request.prompt_token_ids) + len(request.output_token_ids)
-        tokens = request.token_slice(start, end) if end <= known else [*request.token_slice(start, known),
-                                                                        PLACEHOLDER_TOKEN_ID]  # fmt: skip
+        tokens = request.token_slice(start, min(end, known))  # a new list
+        if end > known:  # scheduled ahead (async scheduling): the token the step in flight samples
+            tokens.append(PLACEHOLDER_TOKEN_ID)
         return ScheduledRequest(
             rid,
             tokens + drafts if drafts else tokens,
