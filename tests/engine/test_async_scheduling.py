@@ -93,10 +93,12 @@ def test_multi_turn_hits_register_the_same_blocks_and_checkpoints(models: dict[s
 
 @pytest.mark.parametrize("arch", ["bamba", "qwen3_5"])
 def test_preemption_under_a_tiny_kv_pool(models: dict[str, Path], arch: str) -> None:
+    """No request is preempted while a step in flight runs its row: none loses a sampled token."""
     probe = make(models[arch], False).engine.runner
     kv = 7 * 16 * (probe.kv_bytes_per_token + probe.window_bytes_per_token)
     prompts = [rnd(40 + i, 20 + 5 * i) for i in range(4)]
-    params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    # seeded requests too: a preempted request resumes without losing or repeating a draw of its generator
+    params = [SamplingParams(temperature=0.8 * (i % 2), seed=3 + i, max_tokens=14, ignore_eos=True) for i in range(4)]
     outs, preempted = [], []
     for async_on in (False, True):
         llm = make(models[arch], async_on, kv_cache_bytes=kv, max_num_batched_tokens=32, max_model_len=96)
