@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from recap import LLM, SamplingParams
+from recap.config import SchedulerConfig, SpeculativeConfig
 from recap.core.output import ModelRunnerOutput, SchedulerOutput
 from recap.core.scheduler import Scheduler
 from recap.core.stats import RequestUpdate
+from recap.engine.config import EngineConfig
 from recap.engine.outputs import RequestOutput
 from recap.runner.placeholders import SampledIds, fill_ref
 from tests.core.test_async_scheduling import registered
@@ -171,3 +173,9 @@ def test_placeholders_are_filled_from_the_last_steps_ids_as_the_reference_does()
     assert flat.tolist() == [t for r in fill_ref(rows, sampled) for t in r] + [0, 0] == [33, 1, 2, 3, 11, 0, 0]
     with pytest.raises(RuntimeError, match="sampled nothing"):
         ids.fill([ScheduledRequest("z", [PLACEHOLDER_TOKEN_ID], 1, [], -1, placeholder=True)], flat)
+
+
+def test_async_scheduling_with_speculative_decoding_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not combine with speculative"):
+        EngineConfig(scheduler=SchedulerConfig(async_scheduling=True), speculative=SpeculativeConfig.parse(
+            {"method": "ngram", "num_speculative_tokens": 2}))
