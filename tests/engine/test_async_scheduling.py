@@ -48,9 +48,9 @@ def answers(outs: list[RequestOutput]) -> list[tuple[list[int], str | None, str,
 
 def mixed_batch(path: Path) -> tuple[list[list[int]], list[SamplingParams]]:
     """Concurrent prompts sharing a prefix, greedy and seeded, with different max_tokens, stop ids and a stop string
-    taken from a plain greedy answer (so they fire mid-decode)."""
+    taken from a plain greedy answer (so they fire mid-decode), and one with penalties."""
     base = rnd(1, 40)
-    prompts = [base[: 10 + 6 * i] + rnd(10 + i, 5 + 3 * i) for i in range(6)]
+    prompts = [base[: 10 + 6 * i] + rnd(10 + i, 5 + 3 * i) for i in range(7)]
     probe = make(path, False, enable_prefix_caching=False).generate(
         prompts[:2], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     stop_id = probe[0].outputs[0].token_ids[4]
@@ -63,6 +63,8 @@ def mixed_batch(path: Path) -> tuple[list[list[int]], list[SamplingParams]]:
         SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=17, ignore_eos=True),
         SamplingParams(temperature=0.7, seed=11, max_tokens=9),
         SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+        # its sampler reads its output history on the host: it waits for each token (Request.host_tokens)
+        SamplingParams(temperature=0.0, presence_penalty=1.5, repetition_penalty=1.3, max_tokens=10, ignore_eos=True),
     ]
     return prompts, params
 
