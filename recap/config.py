@@ -67,6 +67,8 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
+    # vLLM's --async-scheduling: the next step is scheduled while the previous one runs (core/async_scheduling.py).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):

@@ -227,7 +227,8 @@ class CacheManager:
         state = self.state
         if state is not None and (planned or written):
             if request.request_id in state.pending:
-                registered = state.commit(request, written)
+                # A step scheduled ahead may have planned past this one (async scheduling): those stay pending.
+                registered = state.commit(request, written, request.num_computed_tokens)
             else:
                 state.pool.num_refused += len(written)  # writes nobody planned: never registered
         if self.window is not None:

@@ -16,11 +16,15 @@ A verify step (ScheduledRequest.num_draft_tokens, speculative decoding) accepts 
 would sample and emits one of its own; in validate mode its KV holds the drafted sequence's prefixes (a rejected
 draft's KV is wrong for the real sequence: read before it is overwritten, it fails the next check) and the running
 slot the state after the accepted tokens, as the runner's rollback leaves it.
+
+A scheduled-ahead row (async scheduling: ScheduledRequest.placeholder) gets its last token from this executor's own
+previous sample for the request, as the runner fills it from the step before's sampled ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import xxhash
 
@@ -59,6 +63,7 @@ class FakeExecutor:
         self._window_kv: dict[int, int] = {}  # the same for the window group's own blocks
         self._poly: dict[str, list[int]] = {}  # request id -> P(0), P(1), ...
         self.tier = FakeTier(block_size)  # a lower tier in integers (core/fake_tier.py)
+        self._filled: dict[str, tuple[int, int]] = {}  # request -> (position, token) of its filled placeholder
 
     def force_output(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Sample exactly these tokens for the request's first outputs (then fall back to the hash)."""
@@ -81,6 +86,8 @@ class FakeExecutor:
                 assert src in self._slot_state, f"copy from never-written slot {src}"
                 self._slot_state[dst] = self._slot_state[src]
         for sr in sched_out.scheduled:
+            if sr.placeholder:
+                sr = self._fill(sr)
             self.num_tokens += len(sr.token_ids)
             accepted = self._verify(sr, out) if sr.num_draft_tokens else 0
             if self.validate:
@@ -107,12 +114,24 @@ class FakeExecutor:
         out.spec_token_ids[rid] = [*drafts[:accepted], self.sample(rid, done + accepted)]
         return accepted
 
+    def _fill(self, sr: ScheduledRequest) -> ScheduledRequest:
+        """The row with its placeholder replaced by the token sampled for it in the step before."""
+        token = self.sample(sr.request_id, sr.num_output_tokens - 1)
+        self._filled[sr.request_id] = (sr.num_computed_tokens + len(sr.token_ids) - 1, token)
+        return replace(sr, token_ids=[*sr.token_ids[:-1], token])
+
+    def _lookup(self, request_id: str) -> Sequence[int] | None:
+        """The request's tokens on the host, with a placeholder this executor filled and the host lacks yet."""
+        assert self.token_lookup is not None
+        tokens = self.token_lookup(request_id)
+        filled = self._filled.get(request_id)
+        return tokens if tokens is None or filled is None or len(tokens) != filled[0] else [*tokens, filled[1]]
+
     # -- validation -------------------------------------------------------------------------------
     def _prefix_polys(self, request_id: str, upto: int) -> list[int]:
         polys = self._poly.setdefault(request_id, [0])
         if len(polys) <= upto:
-            assert self.token_lookup is not None
-            tokens = self.token_lookup(request_id)
+            tokens = self._lookup(request_id)
             assert tokens is not None and len(tokens) >= upto, f"{request_id}: executor needs {upto} tokens"
             acc, power = polys[-1], pow(_BASE, len(polys) - 1, _MOD)
             for i in range(len(polys) - 1, upto):
@@ -136,7 +155,7 @@ class FakeExecutor:
         end = start + len(token_ids)
         known = end - num_drafts
         polys = self._prefix_polys(rid, known)
-        tokens = self.token_lookup(rid) if self.token_lookup else None
+        tokens = self._lookup(rid) if self.token_lookup else None
         assert tokens is not None and list(tokens[start:known]) == list(token_ids[: known - start]), (
             f"{rid}: chunk tokens differ")
         if num_drafts:  # the drafted sequence's prefixes, never cached (the committed ones stay right)

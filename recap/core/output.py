@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 from recap.core.tier_index import TierKey
 
 PAD_SLOT_ID = -1
+# A scheduled-ahead row's last token before the runner fills it (async scheduling); no vocabulary id.
+PLACEHOLDER_TOKEN_ID = -1
 
 # Builds a NamedTuple from a tuple of all its fields without its Python-level __new__ (about 4x faster):
 # for hot loops that make one per checkpoint write (millions per trace replay under policy `all`).
@@ -61,6 +63,9 @@ class ScheduledRequest:
     num_runner_drafts: int = 0
     # The request may speculate: a runner-side draft model follows its prefill chunks.
     speculate: bool = False
+    # Async scheduling: its last token is a placeholder (PLACEHOLDER_TOKEN_ID) for the token the step before
+    # samples; the runner fills it from that step's sampled ids (runner/placeholders.py).
+    placeholder: bool = False
 
     @property
     def num_new_tokens(self) -> int:

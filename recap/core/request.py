@@ -58,6 +58,9 @@ class Request:
     # Its decode steps may carry drafts (speculative decoding): greedy sampling of the raw logits, so a draft is
     # accepted exactly when it is the argmax (the engine decides from the sampling settings).
     speculate: bool = False
+    # Its sampler reads its output history (penalties) or a grammar matcher does: under async scheduling a step
+    # is never scheduled before its previous token is on the host (core/async_scheduling.py).
+    host_tokens: bool = False
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_token_ids: list[int] = field(default_factory=list)

@@ -7,7 +7,8 @@ recently admitted running request is preempted (recompute): it frees its blocks 
 its registered blocks and checkpoints stay findable, so it resumes from them.
 
 The engine loop is: `out = schedule()`, execute `out`, `update_from_output(out, result)`, every step,
-even an empty one (finishes decided while scheduling are reported by the next update).
+even an empty one (finishes decided while scheduling are reported by the next update). Under async scheduling
+the next `schedule()` may come before that update (recap.core.async_scheduling).
 
 Disaggregation (recap.core.transfer): a prefill side holds finished requests for a remote pull
 (`hold_on_finish`, `release_held`); a decode side queues requests computed elsewhere
@@ -23,17 +24,20 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
+from recap.core.async_scheduling import AheadScheduling
 from recap.core.cache_manager import CacheHit, CacheManager
 from recap.core.integrity import check_scheduler
-from recap.core.output import PAD_SLOT_ID, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.core.output import PAD_SLOT_ID, PLACEHOLDER_TOKEN_ID, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.core.remote import RemoteScheduling
 from recap.core.request import Request, RequestStatus
+from recap.core.spec_scheduling import SpecScheduling
 from recap.core.speculation import Speculator
 from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats, scheduler_stats
 from recap.core.tier_scheduling import TierScheduling, make_tier
 from recap.core.transfer import RemoteBook, can_hold, hold
 
-Step = tuple[Request, int, list[int], int]  # a request's share of a step: tokens, the drafts among them, runner drafts
+# A request's share of a step: its first position, its number of tokens, the drafts among them, runner drafts.
+Step = tuple[Request, int, int, list[int], int]
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,12 @@ class SchedulerView:
     requests: Mapping[str, Request]  # every request the scheduler owns, by id
     waiting: Sequence[Request]  # in FCFS order
     running: Sequence[Request]  # in admission order
-    in_flight: SchedulerOutput | None  # the step scheduled and not yet updated
-    pins: Sequence[int]  # checkpoint slots the in-flight step copies from
+    in_flight: SchedulerOutput | None  # the newest step scheduled and not yet updated
+    pins: Sequence[int]  # checkpoint slots the steps in flight copy from
+    deferred: Sequence[Request] = ()  # finished requests whose slot and blocks a step in flight still reads
 
 
-class Scheduler(RemoteScheduling, TierScheduling):
+class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecScheduling):
     """Owns the request queues and the cache manager.
 
     Side effects: `add_request`, `abort_requests` and `finish_requests` change the queues (and free
@@ -70,8 +75,9 @@ class Scheduler(RemoteScheduling, TierScheduling):
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._step = 0
-        self._in_flight: SchedulerOutput | None = None
-        self._pins: list[int] = []  # checkpoint slots the in-flight step copies from
+        self._flight: list[SchedulerOutput] = []
+        self._pins: dict[int, list[int]] = {}  # step -> checkpoint slots it copies from
+        self._deferred: dict[int, list[Request]] = {}
         self._finished_ids: set[str] = set()
         self._updates: list[RequestUpdate] = []  # finishes decided outside update_from_output
         self.remote = RemoteBook()  # disaggregation: remote requests and held prefill requests
@@ -96,8 +102,9 @@ class Scheduler(RemoteScheduling, TierScheduling):
     @property
     def view(self) -> SchedulerView:
         """The queues, read-only (copies of the sequences: O(requests), not for the hot path)."""
-        requests = MappingProxyType(self._requests)
-        return SchedulerView(requests, tuple(self._waiting), tuple(self._running), self._in_flight, tuple(self._pins))
+        requests, pins = MappingProxyType(self._requests), tuple(s for p in self._pins.values() for s in p)
+        newest = self._flight[-1] if self._flight else None
+        return SchedulerView(requests, tuple(self._waiting), tuple(self._running), newest, pins, self.deferred)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._updates)
@@ -146,7 +153,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
         if holdable and rid in self.remote.hold_ids and can_hold(request):
             self.remote.held[rid] = hold(self.cache, request)
         else:
-            self.cache.free(request)
+            self._release(request)
         self.remote.hold_ids.discard(rid)
         if self.speculator is not None:
             self.speculator.forget(rid)
@@ -173,56 +180,58 @@ class Scheduler(RemoteScheduling, TierScheduling):
     # -- scheduling -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Decide the next step: who runs how many tokens, with which blocks, slots and checkpoints."""
-        if self._in_flight is not None:
-            raise RuntimeError(f"step {self._in_flight.step} was scheduled but never updated")
+        ahead = self._ahead_rows()
         self._step += 1
         plan: list[Step] = []
         copies: list[tuple[int, int]] = []
         if self.speculator is not None:
             self.speculator.begin_step(len(self._running))
-        budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        budget, preempted = self._schedule_running(plan, self.config.max_num_batched_tokens, ahead)
         if not preempted:  # memory is short: let the running requests drain first
             self._schedule_waiting(plan, copies, budget)
         scheduled = [self._to_scheduled(*step) for step in plan]
         out = SchedulerOutput(self._step, scheduled, copies, self._finished_ids)
         self._tier_orders(out)
         self._finished_ids = set()
-        self._pins = [src for src, _ in copies]
-        self._in_flight = out if scheduled else None
+        if copies:
+            self._pins[out.step] = [src for src, _ in copies]
+        if scheduled:
+            self._flight.append(out)
         self.last_output = out
         self.counters.num_steps += 1
         return out
 
-    def _schedule_running(self, plan: list[Step], budget: int) -> tuple[int, bool]:
+    def _schedule_running(self, plan: list[Step], budget: int, ahead: dict[str, ScheduledRequest]) -> tuple[int, bool]:
+        """Running requests in admission order; `ahead`: the rows of the step in flight (async scheduling)."""
         preempted = False
         running, cache = self._running, self.cache
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            computed = request.num_computed_tokens
-            n = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            computed, extra = request.num_computed_tokens, 0
+            sr = ahead.get(request.request_id) if ahead else None
+            if sr is not None:
+                start = self._ahead_start(request, sr)
+                if start is None:
+                    i += 1
+                    continue  # it waits for its token
+                computed, extra = start
+            n = len(request.prompt_token_ids) + len(request.output_token_ids) + extra - computed
             drafts, k = self._drafts(request, budget) if n == 1 and self.speculator is not None else ([], 0)
             n = min(n + len(drafts) + k, budget)
-            if not cache.try_grow(request.request_id, computed + n, computed):  # hot path: one check, usually no-op
+            # Window blocks leave at the tokens computed on the host: a step in flight may still read them.
+            if not cache.try_grow(request.request_id, computed + n, request.num_computed_tokens):  # usually no-op
                 preempted = True  # memory is short
+                if ahead:
+                    break  # no preemption while a step is in flight: the next step preempts
                 if not self._make_room(request, n):
                     if request.is_finished:
                         continue  # finished at its memory length; the next request now sits at index i
                     break  # it preempted itself: everything after it is gone too
-            plan.append((request, n, drafts, k))
+            plan.append((request, computed, n, drafts, k))
             budget -= n
             i += 1
         return budget, preempted
-
-    def _drafts(self, request: Request, budget: int) -> tuple[list[int], int]:
-        """A decode's drafts, or how many the runner may propose; none where their KV is not free: no preemption."""
-        spec = self.speculator
-        assert spec is not None
-        drafts, k = ([], spec.runner_drafts(request, budget)) if spec.in_runner else (spec.draft(request, budget), 0)
-        computed = request.num_computed_tokens
-        if (drafts or k) and not self.cache.try_grow(request.request_id, computed + 1 + len(drafts) + k, computed):
-            return [], 0
-        return drafts, k
 
     def _make_room(self, request: Request, n: int) -> bool:
         """Preempt from the tail until `request` can grow by n tokens; False if it left the running set."""
@@ -262,7 +271,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
             request.num_computed_tokens = hit.num_tokens
             request.status = RequestStatus.RUNNING
             self._running.append(request)
-            plan.append((request, n, [], 0))
+            plan.append((request, hit.num_tokens, n, [], 0))
             budget -= n
 
     def _record_hit(self, request: Request, hit: CacheHit) -> None:
@@ -276,15 +285,17 @@ class Scheduler(RemoteScheduling, TierScheduling):
         counters.prefix_cache_hits += hit.num_tokens
         counters.checkpoint_miss_tokens += hit.checkpoint_miss_tokens
 
-    def _to_scheduled(self, request: Request, n: int, drafts: list[int], k: int) -> ScheduledRequest:
-        start = request.num_computed_tokens
+    def _to_scheduled(self, request: Request, start: int, n: int, drafts: list[int], k: int) -> ScheduledRequest:
         end = start + n - len(drafts) - k  # the committed tokens' end: no checkpoint is planned inside drafts
         rid = request.request_id
         cache = self.cache
         bs = cache.block_size
         # Only chunks that cross a block boundary can carry a checkpoint.
         checkpoints = cache.plan_checkpoints(request, start, end) if end // bs > start // bs else []
-        tokens = request.token_slice(start, end)
+        known = len(request.prompt_token_ids) + len(request.output_token_ids)
+        tokens = request.token_slice(start, min(end, known))  # a new list
+        if end > known:  # scheduled ahead (async scheduling): the token the step in flight samples
+            tokens.append(PLACEHOLDER_TOKEN_ID)
         return ScheduledRequest(
             rid,
             tokens + drafts if drafts else tokens,
@@ -292,24 +303,24 @@ class Scheduler(RemoteScheduling, TierScheduling):
             list(cache.kv.tables[rid]) if cache.kv is not None else [],
             cache.state.running[rid] if cache.state is not None else PAD_SLOT_ID,
             checkpoints,
-            end == len(request.prompt_token_ids) + len(request.output_token_ids),
+            end >= known,
             request.sampling_params,
-            len(request.output_token_ids),
+            len(request.output_token_ids) + (end > known),
             request.prompt_token_ids,
             request.output_token_ids,
             request.prompt_logprobs,
             list(cache.window.tables[rid]) if cache.window is not None else [],
-            len(drafts), k, request.speculate,
+            len(drafts), k, request.speculate, end > known,
         )
 
     # -- after the step ---------------------------------------------------------------------------
     def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[RequestUpdate]:
         """Apply a completed step: advance, register checkpoints and blocks, sample, stop, free."""
-        if sched_out.scheduled and sched_out is not self._in_flight:
-            raise RuntimeError(f"step {sched_out.step} is not the step in flight")
-        self._in_flight = None
-        self.cache.unpin(self._pins)  # the copies are done
-        self._pins = []
+        if sched_out.scheduled:
+            if not self._flight or sched_out is not self._flight[0]:
+                raise RuntimeError(f"step {sched_out.step} is not the oldest step in flight")
+            self._flight.pop(0)
+        self.cache.unpin(self._pins.pop(sched_out.step, ()))  # the copies are done
         updates, self._updates = self._updates, []
         self._tier_update(runner_out)
         written_all = runner_out.written_checkpoints
@@ -325,6 +336,8 @@ class Scheduler(RemoteScheduling, TierScheduling):
                 updates.append(self._apply_verified(request, sr, runner_out))
                 continue
             start = sr.num_computed_tokens
+            if start != request.num_computed_tokens:  # steps are applied in order, each from where the last ended
+                raise RuntimeError(f"{rid}: step {sched_out.step} starts at {start}, not {request.num_computed_tokens}")
             end = request.num_computed_tokens = start + len(sr.token_ids)
             # Blocks become full, and checkpoints get written, only in chunks that cross a boundary.
             if end // bs > start // bs or rid in written_all:
@@ -341,33 +354,8 @@ class Scheduler(RemoteScheduling, TierScheduling):
             if status is not None:
                 self._finish(request, status)
             updates.append(RequestUpdate(rid, [token], status, request.num_cached_tokens))
+        self._drain(sched_out.step)
         return updates
-
-    def _apply_verified(self, request: Request, sr: ScheduledRequest, runner_out: ModelRunnerOutput) -> RequestUpdate:
-        """A verify step's emitted tokens (accepted drafts, then the verifier's) up to a stop: the request then has
-        its decode token and every kept token but the last computed. Rejected drafts go nowhere (speculation.py)."""
-        assert self.speculator is not None
-        rid, start, cache = request.request_id, sr.num_computed_tokens, self.cache
-        emitted = runner_out.spec_token_ids[rid]
-        drafts = runner_out.draft_token_ids.get(rid) or sr.token_ids[len(sr.token_ids) - sr.num_draft_tokens :]
-        self.speculator.accept(request, drafts, emitted, max(sr.num_draft_tokens, sr.num_runner_drafts))
-        kept: list[int] = []
-        status = None
-        for token in emitted:  # tokens past a stop are dropped, as a plain decode never samples them
-            request.output_token_ids.append(token)
-            kept.append(token)
-            status = self._check_stop(request, token, request.num_tokens)
-            if status is not None:
-                break
-        end = request.num_computed_tokens = start + len(kept)
-        assert end == request.num_tokens - 1, f"{rid}: {end} computed of {request.num_tokens} tokens"
-        cache.update_hashes(request)
-        written = runner_out.written_checkpoints.get(rid, ())
-        if end // cache.block_size > start // cache.block_size or written:
-            cache.commit(request, written, bool(sr.checkpoints))
-        if status is not None:
-            self._finish(request, status)
-        return RequestUpdate(rid, kept, status, request.num_cached_tokens)
 
     def _check_stop(self, request: Request, token: int, num_tokens: int) -> RequestStatus | None:
         num_output = len(request.output_token_ids)
@@ -384,7 +372,7 @@ class Scheduler(RemoteScheduling, TierScheduling):
     # -- maintenance ------------------------------------------------------------------------------
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block and checkpoint. Refused (False) while a step is in flight."""
-        if self._in_flight is not None:
+        if self._flight:
             return False
         self.cache.reset()
         return True

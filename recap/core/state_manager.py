@@ -135,12 +135,18 @@ class StateManager:
         self.num_planned += len(out)
         return out
 
-    def commit(self, request: Request, written: Sequence[CheckpointWrite]) -> int:
-        """Register the reported writes that match the plan; free every other planned slot.
+    def commit(self, request: Request, written: Sequence[CheckpointWrite], upto: int | None = None) -> int:
+        """Register the reported writes that match the plan; free every other planned slot. `upto`: only the plans
+        at or before this position (the step just completed); later ones (a step in flight) stay pending.
 
         Returns the number registered.
         """
         plans = self.pending.pop(request.request_id, None)
+        if plans and upto is not None and plans[-1].write.position > upto:  # a step scheduled ahead (async) planned
+            later = [p for p in plans if p.write.position > upto]
+            plans = plans[: len(plans) - len(later)]
+            assert all(p.write.position <= upto for p in plans), f"{request.request_id}: plans out of order"
+            self.pending[request.request_id] = later
         if not plans:
             self.pool.num_refused += len(written)  # writes nobody planned: never registered
             return 0

@@ -66,3 +66,6 @@ class EngineConfig:
             raise ValueError("cache_disk_bytes needs cache_dir (the directory of the disk tier)")
         if self.max_n < 1:
             raise ValueError(f"max_n must be at least 1, got {self.max_n}")
+        if self.scheduler.async_scheduling and self.speculative is not None:
+            raise ValueError("async_scheduling does not combine with speculative decoding: a verify row needs the "
+                             "token before it on the host, so no step could be scheduled ahead")

@@ -140,4 +140,5 @@ class InputProcessor:
             arrival_time=p.arrival_time,
             prompt_logprobs=p.params.prompt_logprobs is not None and index == 0,
             speculate=can_speculate(p.params),
+            host_tokens=params.has_penalties or params.structured_outputs is not None,
         )

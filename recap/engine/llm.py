@@ -62,8 +62,8 @@ class LLM:
         mamba_cache_mode: str | None = None,
         checkpoint_interval: int | None = None,
         block_size: int = 16,
-        max_num_batched_tokens: int = 2048,
-        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 2048, max_num_seqs: int = 32,
+        async_scheduling: bool = False,  # vLLM's: the next step is scheduled while the current one runs
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
         state_cache_bytes: int | None = None,
@@ -99,7 +99,7 @@ class LLM:
         )  # fmt: skip
         scheduler = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len or SchedulerConfig().max_model_len,
+            max_model_len=max_model_len or SchedulerConfig().max_model_len, async_scheduling=async_scheduling,
         )  # fmt: skip
         self.engine = LLMEngine(EngineConfig(
             model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,

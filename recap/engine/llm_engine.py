@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from recap.core.output import SchedulerOutput
+from recap.core.output import ModelRunnerOutput, SchedulerOutput
 from recap.core.request import RequestStatus
 from recap.core.scheduler import Scheduler
 from recap.core.speculation import Speculator, drafting_rows
@@ -110,7 +110,8 @@ class LLMEngine:
             loaded, config.cache, config.scheduler,
             RunnerConfig(dtype=dtype, device=str(device), seed=config.seed, kernels=kernels,
                          gpu_memory_utilization=config.gpu_memory_utilization, memory_limit=limit,
-                         num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative else 0),
+                         num_speculative_tokens=config.speculative.num_speculative_tokens if config.speculative else 0,
+                         async_scheduling=config.scheduler.async_scheduling),
             self.eos_token_ids,
         )  # fmt: skip
         self.runner.grammar = GrammarBackend(self.tokenizer, self.eos_token_ids)
@@ -138,6 +139,8 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.metrics = EngineMetrics(max_model_len=config.scheduler.max_model_len)
         self._counter = 0
+        # Async scheduling: the step executed and not yet updated (the scheduler updates it after the next one).
+        self._pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
 
     # ---- requests -------------------------------------------------------------------------------
     def next_request_id(self) -> str:
@@ -197,14 +200,38 @@ class LLMEngine:
         self.runner.close()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.outputs.parents) or self.scheduler.has_unfinished_requests()
+        return bool(self.outputs.parents) or self.scheduler.has_unfinished_requests() or self._pending is not None
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Schedule and run one step and apply it, or, under async scheduling, apply the step before it: that step's
+        update comes after this one was scheduled and run (docs/gpu.md, async scheduling)."""
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
         self._mark_scheduled(sched_out)
         runner_out = self.runner.execute(sched_out)
+        done = [(sched_out, runner_out)]
+        if self.config.scheduler.async_scheduling:
+            done, self._pending = [self._pending] if self._pending is not None else [], None
+            if sched_out.scheduled:
+                self._pending = (sched_out, runner_out)
+            else:  # nothing ran ahead: the next step is scheduled after this update
+                done.append((sched_out, runner_out))
+        for out, result in done:
+            self._apply(out, result, t0)
+        if self.config.check_integrity:
+            self.scheduler.check_integrity()
+        results, finishing = self.outputs.collect()
+        for r in results:
+            if r.finished:
+                self.metrics.observe_finished(len(r.prompt_token_ids),
+                                              request_finish_reason([o.finish_reason for o in r.outputs]))
+        for parent in finishing:
+            self._observe_request(parent)
+        return results
+
+    def _apply(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput, t0: float) -> None:
+        """Update the scheduler from a step's output and hand its tokens to the output processor."""
         updates = self.scheduler.update_from_output(sched_out, runner_out)
         logprobs = runner_out.extras.get("logprobs", {})
         for cid, found in runner_out.extras.get("prompt_logprobs", {}).items():
@@ -242,19 +269,9 @@ class LLMEngine:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         if errored:
             self.scheduler.finish_requests(errored, RequestStatus.FINISHED_ERROR)
-        if self.config.check_integrity:
-            self.scheduler.check_integrity()
-        results, finishing = self.outputs.collect()
-        for r in results:
-            if r.finished:
-                self.metrics.observe_finished(len(r.prompt_token_ids),
-                                              request_finish_reason([o.finish_reason for o in r.outputs]))
-        for parent in finishing:
-            self._observe_request(parent)
         self.metrics.observe_inter_token(self.outputs.take_inter_token_gaps(), sched_out.num_batched_tokens)
         if not sched_out.is_empty:
             self.metrics.observe_step(time.perf_counter() - t0, new_tokens)
-        return results
 
     def _mark_scheduled(self, sched_out: SchedulerOutput) -> None:
         """First time a request runs (vLLM's end of the queue phase)."""

@@ -71,6 +71,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template, or a file holding one (default: the tokenizer's)")
     p.add_argument("--max-num-seqs", type=_positive, default=sched.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=_positive, default=sched.max_num_batched_tokens)
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule the next step while the current one runs (docs/gpu.md, async scheduling)")
     p.add_argument("--block-size", type=_positive, default=cache.block_size)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
@@ -148,6 +150,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len or SchedulerConfig().max_model_len,
+            async_scheduling=args.async_scheduling,
         ),
         check_integrity=args.check_integrity,
         num_threads=args.num_threads,

@@ -32,6 +32,7 @@ from recap.runner.memory import (
     size_pools,
     weight_format,
 )
+from recap.runner.placeholders import SampledIds
 from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs, takes_argmax
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.runner.tier_stores import TierStepReport, open_tier_stores
@@ -57,6 +58,8 @@ class RunnerConfig:
     # Speculative decoding: the most drafts per verify row; this many scratch state slots per drafting row of a
     # step (core/speculation.drafting_rows) hold the states inside verify rows (runner/speculative.py). 0: none.
     num_speculative_tokens: int = 0
+    # Async scheduling (core/async_scheduling.py): keep each step's sampled ids for the next step's placeholders.
+    async_scheduling: bool = False
 
 
 class ModelRunner:
@@ -79,9 +82,7 @@ class ModelRunner:
         self.config = loaded.config
         self.backend: Backend = backend_for(loaded, runner_config.device, runner_config.kernels)
         self.backend.prepare(self.model)
-        self.cache_config = cache_config
-        self.runner_config = runner_config
-        self.eos_token_ids = eos_token_ids
+        self.cache_config, self.runner_config, self.eos_token_ids = cache_config, runner_config, eos_token_ids
         dtype = runner_config.dtype
         self.device = torch.device(runner_config.device)
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
@@ -119,6 +120,7 @@ class ModelRunner:
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
+        self.sampled_ids = SampledIds()  # the last step's, for placeholder rows (async scheduling)
 
     def _size_pools(self, cache: CacheConfig, sched: SchedulerConfig, runner: RunnerConfig) -> PoolSizes:
         """The pools, out of what the weights, the runtime and the decode graphs leave (the graphs are captured
@@ -211,6 +213,8 @@ class ModelRunner:
             out, drafted = self.drafter.propose(out)
         verify = self._verify_rows(out)
         batch = self.build_batch(out, verify)
+        if self.runner_config.async_scheduling:  # placeholder rows take the last step's sampled ids
+            self.sampled_ids.fill(out.scheduled, batch.input_ids)
         if self.has_state and batch.planned_checkpoints:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
         result = ModelRunnerOutput()
@@ -231,6 +235,8 @@ class ModelRunner:
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         if self.has_state:
             self._report_checkpoints(out, batch, result)
+        if self.runner_config.async_scheduling:
+            self.sampled_ids.keep(result.sampled_token_ids, batch.input_ids.device)
         return _with_tier(result, tier)
 
     def _sample(self, rows: list[ScheduledRequest], batch: ForwardBatch, hidden: torch.Tensor,

@@ -47,6 +47,7 @@ def make_scheduler(
     checkpoint_geometric: bool = False,
     cache_disk_bytes: int | None = None,
     cache_host_bytes: int | None = None,
+    async_scheduling: bool = False,
     **layout_kw: object,
 ) -> Scheduler:
     cache = CacheConfig(
@@ -59,7 +60,8 @@ def make_scheduler(
         cache_host_bytes=cache_host_bytes,
     )
     sched = SchedulerConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        async_scheduling=async_scheduling,
     )
     return Scheduler(sched, cache, make_layout(kind, block_size, num_kv_blocks, num_state_slots, **layout_kw))
 

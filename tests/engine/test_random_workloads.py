@@ -121,8 +121,23 @@ def test_random_workloads_glm5(glm5: Path, reqs: list, policy: str, budget: int,
     run_workload(glm5, reqs, policy, budget, tiny_pools)
 
 
-def run_workload(path: Path, reqs: list, policy: str, budget: int, tiny_pools: bool) -> None:
-    kw: dict[str, object] = {"max_num_batched_tokens": budget, "max_model_len": 256}
+@settings(max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reqs=st.lists(request, min_size=2, max_size=7),
+    policy=st.sampled_from(["align", "all", "recap"]),
+    budget=st.sampled_from([7, 16, 29, 256]),
+    tiny_pools=st.booleans(),
+)
+def test_random_workloads_async_scheduling(hybrid2: Path, reqs: list, policy: str, budget: int,
+                                           tiny_pools: bool) -> None:
+    """The same workloads with the next step scheduled before the one in flight is updated (docs/gpu.md)."""
+    run_workload(hybrid2, reqs, policy, budget, tiny_pools, async_scheduling=True)
+
+
+def run_workload(path: Path, reqs: list, policy: str, budget: int, tiny_pools: bool,
+                 async_scheduling: bool = False) -> None:  # fmt: skip
+    kw: dict[str, object] = {"max_num_batched_tokens": budget, "max_model_len": 256,
+                             "async_scheduling": async_scheduling}  # fmt: skip
     probe_bytes = 0
     if tiny_pools:
         runner = make_llm(path, caching=False, max_model_len=256).engine.runner

@@ -58,7 +58,8 @@ def test_serve_flags_build_the_engine_config() -> None:
     assert c.cache_host_bytes == 2 * 2**30 and c.tier_names == ("host", "disk")
     default = engine_config(_serve_args())
     assert default.model is None and default.cache.enable_prefix_caching and default.cache.checkpoint_policy == "recap"
-    assert default.speculative is None
+    assert default.speculative is None and not default.scheduler.async_scheduling
+    assert engine_config(_serve_args("--async-scheduling")).scheduler.async_scheduling
     spec = engine_config(_serve_args("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
                                      '"prompt_lookup_min": 2, "prompt_lookup_max": 5}')).speculative
     assert spec is not None and (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min,
