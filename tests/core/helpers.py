@@ -109,15 +109,22 @@ class Harness:
         self.sched.check_integrity()
         updates = self.sched.update_from_output(out, self.executor.execute(out))
         self.sched.check_integrity()
+        return self.stepped(updates)
+
+    def stepped(self, updates: list[RequestUpdate]) -> list[RequestUpdate]:
+        """Count a step and keep its finished requests."""
         self.steps += 1
         for u in updates:
             if u.finished is not None:
                 self.finished[u.request_id] = u
         return updates
 
+    def busy(self) -> bool:
+        return self.sched.has_unfinished_requests()
+
     def run(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
-            if not self.sched.has_unfinished_requests():
+            if not self.busy():
                 return
             self.step()
         raise AssertionError(f"requests still unfinished after {max_steps} steps")

@@ -48,18 +48,10 @@ class AsyncHarness(Harness):
             updates += self.sched.update_from_output(o, r)
             self.calls.append(("update", o.step))
             self.sched.check_integrity()
-        self.steps += 1
-        for u in updates:
-            if u.finished is not None:
-                self.finished[u.request_id] = u
-        return updates
+        return self.stepped(updates)
 
-    def run(self, max_steps: int = 10_000) -> None:
-        for _ in range(max_steps):
-            if not self.sched.has_unfinished_requests() and self.pending is None:
-                return
-            self.step()
-        raise AssertionError(f"requests still unfinished after {max_steps} steps")
+    def busy(self) -> bool:
+        return self.sched.has_unfinished_requests() or self.pending is not None
 
 
 @dataclass
