@@ -36,6 +36,7 @@ from typing import Protocol
 import torch
 
 from recap.kernels.decode_ops import NATIVE_ACTIVATIONS, decode_ops_available, decode_ops_library, row_stride
+from recap.kernels.gdn_step import GdnStep
 from recap.kernels.mamba2_step import Mamba2Step
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.native import raw_function
@@ -109,18 +110,40 @@ class DecodeGraph:
                      "a token id outside the vocabulary"))  # fmt: skip
         return h
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def _norm_weight(self, weight: torch.Tensor, offset: bool) -> torch.Tensor:
+        """The weight the kernel multiplies by: a zero-centred norm's 1 + w (fp32, as OffsetRMSNorm takes it), kept
+        with the graph."""
+        if not offset:
+            return weight
+        one_plus = 1.0 + weight.float()
+        self._keep.append(one_plus)
+        return one_plus
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         y = self.buffer(x.shape[1])
-        args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(weight), _F32(eps), _addr(y))
+        w = self._norm_weight(weight, offset)
+        args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(w), _F32(eps), _addr(y))
         self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
         return y
 
-    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         dh = weight.numel()
         y = self.buffer(x.shape[1])
-        args = (_addr(x), _I64(self.rows * x.shape[1] // dh), _I64(dh), _addr(weight), _F32(eps), _addr(y))
+        w = self._norm_weight(weight, offset)
+        args = (_addr(x), _I64(self.rows * x.shape[1] // dh), _I64(dh), _addr(w), _F32(eps), _addr(y))
         self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
         return y
+
+    def split_gate(self, x: torch.Tensor, heads: int, dh: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [rows, heads * 2 dh], each head [q | gate] -> (q [rows, heads * dh], sigmoid(gate) [rows, heads * dh])."""
+        q, gate = self.buffer(heads * dh), self.buffer(heads * dh)
+        self.record((raw_function(decode_ops_library(), "recap_split_gate_f32"),
+                     (_addr(x), _I64(self.rows), _I64(heads), _I64(dh), _addr(q), _addr(gate)), None))  # fmt: skip
+        return q, gate
+
+    def mul(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        self.record((raw_function(decode_ops_library(), "recap_mul_f32"), (_addr(h), _addr(x), _I64(h.numel())),
+                     None))  # fmt: skip
 
     def short_conv(
         self, proj: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
@@ -170,6 +193,18 @@ class DecodeGraph:
         self.record((fn, args, None))
         self.has_state = True
         return y
+
+    def gdn_step(
+        self, step: GdnStep, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+        conv: torch.Tensor, state: torch.Tensor, slot_positions: torch.Tensor, dst: ctypes.c_void_p | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """(dst: a verify graph's per-token destination slots.)"""
+        fn, args, bufs = step.graph_call(qkv, z, b, a, self._slot, dst, self._pos, slot_positions, conv, state,
+                                         self.threads)  # fmt: skip
+        self._keep.extend(bufs)
+        self.record((fn, args, "a state slot outside the cache"))
+        self.has_state = True
+        return bufs[0]
 
     def paged_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor | None,
