@@ -103,8 +103,8 @@ class CpuBackend(TorchBackend):
 
     def max_verify_tokens(self, model: CausalLM, caches: ModelCaches) -> int | None:
         """MAX_VERIFY_TOKENS where the model's verify steps replay a captured graph (capturing the smallest one
-        over `caches` to find out); None where they run the module path (a GDN or KDA hybrid, which the graphs
-        do not capture), whose cost does not jump past any token count."""
+        over `caches` to find out); None where they run the module path (e.g. a KDA hybrid, or Qwen3-Next's
+        GDN layout, which the graphs do not capture), whose cost does not jump past any token count."""
         return MAX_VERIFY_TOKENS if self.verify_graph(model, caches, 2) is not None else None
 
     def verify_graph(self, model: CausalLM, caches: ModelCaches, tokens: int) -> VerifyGraph | None:
