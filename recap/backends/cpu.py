@@ -38,8 +38,9 @@ from recap.process.heap import return_free_heap
 
 logger = logging.getLogger(__name__)
 
-# The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs).
-NATIVE_LIBRARIES = ("linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops")
+# The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs and their
+# GDN step).
+NATIVE_LIBRARIES = ("linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops", "gdn_step")
 
 
 class NativeKernelsUnavailableError(RuntimeError):

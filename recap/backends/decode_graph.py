@@ -13,19 +13,19 @@ row count (1 to MAX_ROWS): fp32 weights through the one-row kernel at batch 1 an
 rows, int8 weights through the int8 kernel at every row count.
 
 The walk goes through the model's `capture_decode` protocol (recap/model/capture.py): the model, its blocks,
-mixers, MLPs, norms and linear layers each record their own arithmetic on this builder's operations, so this
-module knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
+mixers, MLPs, norms and linear layers each record their own arithmetic on this builder's operations, so this module
+knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
 (layers/linear.py's RowKernel, kernels/mamba2_step.py, kernels/gdn_step.py, kernels/rms_norm.py,
 kernels/paged_decode.py) plus csrc/decode_ops.c for the small ops; the module path stays the reference
-(tests/backends/test_decode_graph.py compares them). Supported today: fp32 activations; embedding (fp32 or int8 table, times a multiplier), RMSNorm
-and the zero-centred (1 + w) OffsetRMSNorm, residual adds (times a multiplier: muP's, Granite's), Linear (fp32,
-int8 or int4 weights), Mamba2 mixers (the native step), LFM2's gated short convs, Gated DeltaNet mixers in
-Qwen3.5's projection layout (kernels/gdn_step.py), attention (GQA, RoPE or none, per-head q/k RMSNorms or none; no
-head gate or sliding window), gated attention (q_proj's output gate, per-head plain or zero-centred q/k norms,
-partial RoPE) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
-relu2: Nemotron-H's), in MixerBlock, HybridBlock, GraniteBlock, LfmBlock (no post norms) and Qwen3_5Block (dense
-MLPs) layouts. Any other part (another mixer, a mixer's own multipliers, a MoE, a model that overrides its forward)
-raises GraphUnsupportedError at capture and the model keeps its module path.
+(tests/backends/test_decode_graph.py compares them). Supported today: fp32 activations; embedding (fp32 or int8
+table, times a multiplier), RMSNorm and the zero-centred (1 + w) OffsetRMSNorm, residual adds (times a multiplier:
+muP's, Granite's), Linear (fp32, int8 or int4 weights), Mamba2 mixers (the native step), LFM2's gated short convs,
+Gated DeltaNet mixers in Qwen3.5's projection layout (kernels/gdn_step.py), attention (GQA, RoPE or none, per-head
+q/k RMSNorms or none; no head gate or sliding window), gated attention (q_proj's output gate, per-head plain or
+zero-centred q/k norms, partial RoPE) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu,
+gelu_tanh, relu, relu2: Nemotron-H's), in MixerBlock, HybridBlock, GraniteBlock, LfmBlock (no post norms) and
+Qwen3_5Block (dense MLPs) layouts. Any other part (another mixer, a mixer's own multipliers, a MoE, a model that
+overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations

@@ -3,11 +3,15 @@ and gated attention's small decode ops (kernels/decode_ops.py's split_gate and m
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 import pytest
 import torch
 
 from recap.kernels import decode_ops
 from recap.kernels.gdn_step import GdnStep, gdn_step_available, gdn_step_ref
+from recap.kernels.native import load_library
 
 pytestmark = pytest.mark.skipif(
     not (gdn_step_available() and decode_ops.decode_ops_available()), reason="no C compiler for native kernels"
@@ -99,15 +103,23 @@ def test_gdn_step_refuses_bad_slots_and_shapes() -> None:
         GdnStep(torch.zeros(2 * 2 * 4 + 3 * 4, 3), torch.zeros(3), torch.zeros(3), torch.zeros(4), 1e-6, (2, 3, 4, 4))
 
 
-@pytest.mark.parametrize(("rows", "heads", "dh"), [(1, 1, 1), (3, 4, 16), (2, 5, 13)])
-def test_split_gate_and_mul_match_torch(rows: int, heads: int, dh: int) -> None:
-    """q_proj's [q | gate] per head split, sigmoid(gate) to fp32 rounding (torch's vector exp), and the gate's
-    product exactly."""
+@pytest.mark.parametrize("flags", [(), ("-mno-avx512f",), ("-mno-avx2",)])
+@pytest.mark.parametrize(("rows", "heads", "dh"), [(1, 1, 1), (3, 4, 16), (2, 5, 37)])
+def test_split_gate_and_mul_match_torch(rows: int, heads: int, dh: int, flags: tuple[str, ...]) -> None:
+    """q_proj's [q | gate] per head split, sigmoid(gate) to fp32 rounding (built for AVX-512, AVX2 and neither:
+    each its own exp), and the gate's product exactly."""
+    if "-mno-avx512f" in flags and "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("no AVX2 here")
     g = torch.Generator().manual_seed(heads * dh)
     x = torch.randn(rows, heads * 2 * dh, generator=g) * 6
-    q, gate = decode_ops.split_gate(x, heads, dh)
+    q, gate = torch.empty(rows, heads * dh), torch.empty(rows, heads * dh)
+    p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    load_library("decode_ops", flags).recap_split_gate_f32(p(x), ctypes.c_int64(rows), ctypes.c_int64(heads),
+                                                           ctypes.c_int64(dh), p(q), p(gate))  # fmt: skip
     q_ref, gate_ref = x.view(rows, heads, 2 * dh).chunk(2, dim=-1)
     torch.testing.assert_close(q, q_ref.reshape(rows, -1), rtol=0, atol=0)
     torch.testing.assert_close(gate, torch.sigmoid(gate_ref.reshape(rows, -1)), rtol=1e-6, atol=1e-7)
+    if not flags:
+        torch.testing.assert_close(decode_ops.split_gate(x, heads, dh)[1], gate, rtol=0, atol=0)
     h = torch.randn(rows, heads * dh, generator=g)
     torch.testing.assert_close(decode_ops.mul_(h.clone(), gate), h * gate, rtol=0, atol=0)

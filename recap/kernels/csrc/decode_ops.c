@@ -153,20 +153,34 @@ void recap_silu_f32(const float *x, const float *up, float *out, int64_t rows, i
         for (; i < n; i++) o[i] = ur ? act_silu(xr[i]) * ur[i] : act_silu(xr[i]);
     }
 }
+/* x [rows, heads, 2 dh], each head [q | gate] -> q [rows, heads, dh] and sigmoid(gate) [rows, heads, dh] (gated
+ * attention's q_proj output, Qwen3.5 / Qwen3-Next); sigmoid(v) = 1 / (1 + exp(-v)), as torch.sigmoid, with
+ * recap_silu_f32's vector exp. */
+void recap_split_gate_f32(const float *x, int64_t rows, int64_t heads, int64_t dh, float *q, float *gate) {
+    for (int64_t r = 0; r < rows * heads; r++) {
+        const float *xr = x + r * 2 * dh, *xg = xr + dh;
+        float *o = gate + r * dh;
+        memcpy(q + r * dh, xr, sizeof(float) * (size_t)dh);
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= dh; i += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(xg + i)));
+            _mm512_storeu_ps(o + i, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+        for (; i + 8 <= dh; i += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xg + i)));
+            _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+        }
+#endif
+        for (; i < dh; i++) o[i] = 1.0f / (1.0f + expf(-xg[i]));
+    }
+}
+
 RECAP_ACT_OP(gelu, act_gelu)
 RECAP_ACT_OP(gelu_tanh, act_gelu_tanh)
 RECAP_ACT_OP(relu, act_relu)
 RECAP_ACT_OP(relu2, act_relu2)
-
-/* x [rows, heads, 2 dh], each head [q | gate] -> q [rows, heads, dh] and sigmoid(gate) [rows, heads, dh] (gated
- * attention's q_proj output, Qwen3.5 / Qwen3-Next); sigmoid(v) = 1 / (1 + exp(-v)), as torch.sigmoid. */
-void recap_split_gate_f32(const float *x, int64_t rows, int64_t heads, int64_t dh, float *q, float *gate) {
-    for (int64_t r = 0; r < rows * heads; r++) {
-        const float *xr = x + r * 2 * dh;
-        memcpy(q + r * dh, xr, sizeof(float) * (size_t)dh);
-        for (int64_t i = 0; i < dh; i++) gate[r * dh + i] = 1.0f / (1.0f + expf(-xr[dh + i]));
-    }
-}
 
 /* h[n] *= x[n] (attention's output gate) */
 void recap_mul_f32(float *h, const float *x, int64_t n) {
