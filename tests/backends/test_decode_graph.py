@@ -131,13 +131,14 @@ def test_graph_replays_the_module_path(
 
 
 @pytest.mark.parametrize(("arch", "why"), [("nemotron_h", "MoE"), ("nemotron_h_gelu_fast", "activation 'gelu_fast'"),
-                                         ("granite_hybrid", "MoE")])
+                                         ("granite_hybrid", "MoE"), ("qwen3_5_moe", "SparseMoE"),
+                                         ("qwen3_next", "'qwen3_next' layout")])
 def test_a_model_with_parts_it_does_not_capture_keeps_the_module_path(
     arch: str, why: str, graph_checkpoint: Callable[[str], Path], caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """Nemotron-H's MoE layers, and an MLP activation without a native op, are not captured: the backend logs
-    why once and decodes through the modules."""
+    """Nemotron-H's MoE layers, an MLP activation without a native op, Qwen3.5-MoE's experts and Qwen3-Next's
+    fused GDN projections are not captured: the backend logs why once and decodes through the modules."""
     model, backend = _prepared(graph_checkpoint(arch))
     caches, (blocks,) = _caches(model, 40)
     replays: list[int] = []
