@@ -1,11 +1,13 @@
 """One-row (decode) and many-row (prefill) speed of the int4 and int8 linear kernels, two variants side by side,
 called alternately (each first in turn) within every round on the same packed weights (both read one layout).
 Variants: the csrc sources of a git revision (default main) and of this checkout, each compiled with native.py's
-flags and run on this CPU's fastest path; or (--isa) this checkout's AVX2 path against its AVX-512 VNNI one: int4
-through the kernel's isa argument, int8 as a second build with -mno-avx512f (AVX2, with AVX-VNNI where the CPU has
-it; without, vpmaddubsw over the 7-bit activation grid that quant.py picks on such a CPU).
+flags and run on this CPU's fastest path (--avx2: both on their AVX2 paths); or (--isa) this checkout's AVX2 path
+against its AVX-512 VNNI one: int4 through the kernel's isa argument, int8 as a second build with -mno-avx512f
+(AVX2, with AVX-VNNI where the CPU has it; without, vpmaddubsw over the 7-bit activation grid that quant.py picks
+on such a CPU).
 
-    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main | --isa] [--rows 1 64] [--rounds 7] [--shapes lfm2]
+    .venv/bin/python benchmarks/bench_kernel_ab.py [--ref main [--avx2] | --isa] [--rows 1 64] [--rounds 7] \
+        [--shapes lfm2]
 
 Prints per (kernel, shape, rows): median ms per call of each build (the calling thread's CPU time: the other
 processes of a shared box do not count, their memory traffic does), GB/s of weight bytes and its share of a plain
@@ -153,18 +155,22 @@ def read_seconds() -> float:
 Variants = dict[str, dict[str, Callable]]  # kind -> name -> (k, out) -> call(x, w, y)
 
 
-def build_variants(tmp: Path, ref: str) -> Variants:
-    """The csrc of git revision `ref` ('' none) and of this checkout, each on this CPU's fastest path."""
+def build_variants(tmp: Path, ref: str, avx2: bool = False) -> Variants:
+    """The csrc of git revision `ref` ('' none) and of this checkout, each on this CPU's fastest path, or (avx2)
+    both on their AVX2 paths as isa_variants picks them (an AVX2 CPU's code on this one)."""
     variants: Variants = {}
-    seven = int8_activation_bits() == 7
+    avxvnni = "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
+    seven = not avxvnni if avx2 else int8_activation_bits() == 7
+    isa = ISAS.index("avx2") if avx2 else best_isa()
     for kind, name in (("int4", "linear_int4"), ("int8", "linear_int8")):
         path = f"recap/kernels/csrc/{name}.c"
         srcs = {"this": (ROOT / path).read_text()}
         if ref:
             srcs = {ref: subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True,
                                         text=True).stdout, **srcs}
-        libs = {n: build(src, f"{name}_{i}", tmp) for i, (n, src) in enumerate(srcs.items())}
-        variants[kind] = {n: (partial(int4_call, lib, best_isa()) if kind == "int4" else partial(int8_call, lib, seven))
+        flags = ("-mno-avx512f",) if avx2 and kind == "int8" else ()
+        libs = {n: build(src, f"{name}_{i}", tmp, flags) for i, (n, src) in enumerate(srcs.items())}
+        variants[kind] = {n: (partial(int4_call, lib, isa) if kind == "int4" else partial(int8_call, lib, seven))
                           for n, lib in libs.items()}  # fmt: skip
     return variants
 
@@ -188,6 +194,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", default="main", help="git revision of the other build ('' for this checkout only)")
     ap.add_argument("--isa", action="store_true", help="this checkout's AVX2 path against its AVX-512 VNNI one")
+    ap.add_argument("--avx2", action="store_true", help="with --ref: both builds on their AVX2 paths")
     ap.add_argument("--rows", type=int, nargs="+", default=[1])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--shapes", nargs="+", default=["granite", "head"], choices=sorted(SHAPES))
@@ -197,7 +204,7 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        variants = isa_variants(tmp) if args.isa else build_variants(tmp, args.ref)
+        variants = isa_variants(tmp) if args.isa else build_variants(tmp, args.ref, args.avx2)
         for kind in args.kinds:
             for shape in args.shapes:
                 for k, out in SHAPES[shape]:

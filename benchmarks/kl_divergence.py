@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_llama import LlamaCpp, ensure_llama  # noqa: E402
+from peers_llama import LlamaCpp, ensure_llama, run_logged  # noqa: E402
 from perplexity_peers import (  # noqa: E402
     MODELS,
     TARGETS,
@@ -161,7 +161,7 @@ def llama_kl(llama: LlamaCpp, files: dict[str, Path], data: Path, args: argparse
              base: Path) -> dict[str, dict[str, float]]:  # fmt: skip
     """llama-perplexity: f32 writes `base`, then every GGUF (f32 too) against it; its printed statistics."""
     env = {**os.environ, "LD_LIBRARY_PATH": str(llama.bin)}
-    common = ["-c", str(args.ctx), "-b", str(args.ctx), "--chunks", str(args.chunks), "-t", str(args.threads)]
+    common = ["-c", str(args.ctx), "-b", str(args.ctx), "--chunks", str(args.chunks or -1), "-t", str(args.threads)]
     tool = str(llama.tool("llama-perplexity"))
     subprocess.run([tool, "-m", str(files["f32"]), "-f", str(data), "--no-escape", *common, "--kl-divergence-base",
                     str(base)], check=True, capture_output=True, env=env)  # fmt: skip
@@ -171,17 +171,13 @@ def llama_kl(llama: LlamaCpp, files: dict[str, Path], data: Path, args: argparse
 
 
 def _llama_stats(cmd: list[str], log: Path, env: dict[str, str], tries: int = 3) -> dict[str, float]:
-    """One llama-perplexity --kl-divergence run's printed statistics. Its logger writes from a thread, and
-    under load the last lines were sometimes lost at exit (into a file too, not only a pipe): run it again."""
-    for _ in range(tries):
-        with open(log, "w") as fh:
-            subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        text = log.read_text()
-        found = {key: re.search(pat, text) for key, pat in _LLAMA_STATS.items()}
-        if all(found.values()):
-            row = {key: float(m.group(1)) for key, m in found.items() if m is not None}
-            return row | {"top1_agreement": row["top1_agreement"] / 100.0}
-    raise RuntimeError(f"no KL statistics in llama-perplexity's output after {tries} runs ({log}):\n{text[-2000:]}")
+    """One llama-perplexity --kl-divergence run's printed statistics ("Same top p" is printed last)."""
+    text = run_logged(cmd, log, re.compile(_LLAMA_STATS["top1_agreement"]), env, tries)
+    found = {key: re.search(pat, text) for key, pat in _LLAMA_STATS.items()}
+    if not all(found.values()):
+        raise RuntimeError(f"KL statistics missing from llama-perplexity's output ({log}):\n{text[-2000:]}")
+    row = {key: float(m.group(1)) for key, m in found.items() if m is not None}
+    return row | {"top1_agreement": row["top1_agreement"] / 100.0}
 
 
 def model_row(name: str, llama: LlamaCpp, args: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +195,7 @@ def model_row(name: str, llama: LlamaCpp, args: argparse.Namespace) -> dict[str,
     check = token_check(tok, llama, files["f32"], args.data)
     bos = tok.bos_token_id if gguf_add_bos(llama, files["f32"]) else None
     ids = tok(args.data.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
-    windows, score_from = llama_cpp_windows(ids, args.ctx, bos, args.chunks), llama_cpp_score_from(args.ctx)
+    windows, score_from = llama_cpp_windows(ids, args.ctx, bos, args.chunks or None), llama_cpp_score_from(args.ctx)
     base = args.work_dir / f"{name}-f32.kld"
     lrows = llama_kl(llama, files, args.data, args, base)
     positions = base_file_check(base, windows, bos, args.ctx)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,6 +36,21 @@ def _run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = N
     finally:
         if out is not None:
             out.close()
+
+
+def run_logged(cmd: list[str], log: Path, done: re.Pattern[str], env: dict[str, str] | None = None, tries: int = 3
+               ) -> str:  # fmt: skip
+    """A llama.cpp tool's output, written to `log` (a file: through a pipe the last lines went missing), once it
+    holds `done`. Its logger writes from a thread, and under load the last lines were sometimes lost at exit into
+    a file too: the tool runs again, up to `tries` times."""
+    for _ in range(tries):
+        with open(log, "w") as fh:
+            subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        text = log.read_text()
+        if done.search(text):
+            return text
+    raise RuntimeError(f"{done.pattern!r} not in {Path(cmd[0]).name}'s output after {tries} runs ({log}):\n"
+                       f"{text[-2000:]}")  # fmt: skip
 
 
 def ensure_llama(build_dir: Path, targets: tuple[str, ...] = TARGETS) -> LlamaCpp:

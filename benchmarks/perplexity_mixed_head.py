@@ -58,7 +58,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     path = default_model_path() if args.model == "main" else draft_model_path()
     ids = AutoTokenizer.from_pretrained(path)(args.data.read_text())["input_ids"]
-    windows = llama_cpp_windows(ids, args.ctx, None, args.chunks)
+    windows = llama_cpp_windows(ids, args.ctx, None, args.chunks or None)
     base = None
     for mode in MODES:
         ppl = perplexity(*prepared(path, mode), windows, llama_cpp_score_from(args.ctx))

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_llama import LlamaCpp, ensure_llama  # noqa: E402
+from peers_llama import LlamaCpp, ensure_llama, run_logged  # noqa: E402
+
+from recap.bench.perplexity import chunk_nll, llama_cpp_score_from, paired_log_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"main": ROOT / "recap/model/weights/default", "draft": ROOT / "recap/model/weights/default-draft"}
@@ -149,18 +151,19 @@ def llama_ids(llama: LlamaCpp, gguf: Path, data: Path) -> list[int]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def llama_perplexity(llama: LlamaCpp, gguf: Path, data: Path, ctx: int, chunks: int, threads: int) -> dict[str, Any]:
+def llama_perplexity(llama: LlamaCpp, gguf: Path, data: Path, ctx: int, chunks: int | None, threads: int
+                     ) -> dict[str, Any]:  # fmt: skip
     cmd = [str(llama.tool("llama-perplexity")), "-m", str(gguf), "-f", str(data), "-c", str(ctx), "-b", str(ctx),
-           "--chunks", str(chunks), "-t", str(threads), "--no-escape"]  # fmt: skip
-    out = gguf.with_suffix(f".ppl-c{ctx}.log")  # a file, not a pipe: through a pipe the last lines went missing
-    with open(out, "w") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
-    log = out.read_text()
-    m = re.search(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)", log)
-    if m is None:
-        raise RuntimeError(f"no final estimate in llama-perplexity's output:\n{log[-2000:]}")
+           "--chunks", str(chunks or -1), "-t", str(threads), "--no-escape"]  # fmt: skip
+    final = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
+    log = run_logged(cmd, gguf.with_suffix(f".ppl-c{ctx}.log"), final)
+    m = final.search(log)
+    assert m is not None
     n = re.search(r"calculating perplexity over (\d+) chunks", log)
-    return {"ppl": float(m.group(1)), "pm": float(m.group(2)), "chunks": int(n.group(1)) if n else None}
+    running = [float(v) for v in re.findall(r"\[\d+\]([\d.]+)", log[: m.start()])]
+    return {"ppl": float(m.group(1)), "pm": float(m.group(2)), "chunks": int(n.group(1)) if n else None,
+            "chunk_nll": chunk_nll(running, ctx - llama_cpp_score_from(ctx))}  # fmt: skip
+
 
 
 def gguf_add_bos(llama: LlamaCpp, gguf: Path) -> bool:
@@ -185,7 +188,7 @@ def token_check(tokenizer: Any, llama: LlamaCpp, gguf: Path, data: Path) -> dict
 
 def recap_rows(model: Path, data: Path, args: argparse.Namespace, add_bos: bool) -> dict[str, dict[str, float]]:
     """recap's perplexity in each format under llama.cpp's protocol and under its own (same text tokens)."""
-    from recap.bench.perplexity import engine_perplexity, llama_cpp_score_from, llama_cpp_windows, windows_of
+    from recap.bench.perplexity import engine_perplexity, llama_cpp_windows, windows_of
     from recap.engine.llm import LLM
 
     text = data.read_text(encoding="utf-8")
@@ -195,30 +198,34 @@ def recap_rows(model: Path, data: Path, args: argparse.Namespace, add_bos: bool)
                   max_model_len=args.ctx + 2, enable_prefix_caching=False)  # fmt: skip
         tok = llm.get_tokenizer()
         ids = tok(text, add_special_tokens=False)["input_ids"]  # equal to llama.cpp's (token_check)
-        chunks = llama_cpp_windows(ids, args.ctx, tok.bos_token_id if add_bos else None, args.chunks)
+        chunks = llama_cpp_windows(ids, args.ctx, tok.bos_token_id if add_bos else None, args.chunks or None)
         llama_proto = engine_perplexity(llm, chunks, llama_cpp_score_from(args.ctx))
-        own = engine_perplexity(llm, windows_of(tok, text, args.ctx, args.chunks * args.ctx))
+        own = engine_perplexity(llm, windows_of(tok, text, args.ctx, args.chunks * args.ctx if args.chunks else None))
         llm.close()
         key = f"{dtype} {quant or ''}".strip()
         out[key] = {"llama_protocol": llama_proto.perplexity, "llama_protocol_tokens": llama_proto.scored_tokens,
-                    "own": own.perplexity, "own_tokens": own.scored_tokens}  # fmt: skip
-        print(f"  recap {key}: {out[key]}", flush=True)
+                    "own": own.perplexity, "own_tokens": own.scored_tokens,
+                    "chunk_nll": list(llama_proto.window_nll)}  # fmt: skip
+        print(f"  recap {key}: {out[key]['llama_protocol']:.3f} ({len(chunks)} chunks), own {own.perplexity:.3f}",
+              flush=True)  # fmt: skip
     return out
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print("\n| model | format (recap / llama.cpp) | recap, llama.cpp's chunks | llama.cpp | recap / llama.cpp "
-          "| recap, its own windows |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- |")
+          "| ln(recap / llama.cpp), paired over chunks | recap, its own windows |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         for dtype, quant, gtype in PAIRS:
             rc = r["recap"][f"{dtype} {quant or ''}".strip()]
             lc = r["llama"][gtype]
             fmt = f"{quant or {'float32': 'fp32', 'bfloat16': 'bf16'}[dtype]} / {gtype}"
+            d, se = rc["paired_vs_llama"]
             print(f"| {r['model']} | {fmt} | {rc['llama_protocol']:.2f} | {lc['ppl']:.2f} +/- {lc['pm']:.2f} "
-                  f"| {rc['llama_protocol'] / lc['ppl']:.4f} | {rc['own']:.2f} |")  # fmt: skip
+                  f"| {rc['llama_protocol'] / lc['ppl']:.4f} | {d:+.5f} +/- {se:.5f} | {rc['own']:.2f} |")  # fmt: skip
     r0 = rows[0]
-    print(f"\nllama.cpp's chunks: {args.chunks} x {args.ctx} tokens, {r0['recap']['float32']['llama_protocol_tokens']}"
+    f32 = r0["recap"]["float32"]
+    print(f"\nllama.cpp's chunks: {len(f32['chunk_nll'])} x {args.ctx} tokens, {f32['llama_protocol_tokens']}"
           f" scored; recap's own windows: BOS + {args.ctx} tokens, {r0['recap']['float32']['own_tokens']} scored")
 
 
@@ -227,7 +234,8 @@ def heldout_parser(doc: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="held-out text (tools/train_default_model.py's)")
     ap.add_argument("--ctx", type=int, default=512, help="window / llama-perplexity -c")
-    ap.add_argument("--chunks", type=int, default=32, help="llama-perplexity --chunks (ctx x chunks tokens)")
+    ap.add_argument("--chunks", type=int, default=32,
+                    help="llama-perplexity --chunks (ctx x chunks tokens; 0: the whole file)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--build-dir", type=Path, default=Path("build") / "peers")
@@ -254,9 +262,14 @@ def main() -> None:
               f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
         lrows = {g: llama_perplexity(llama, f, args.data, args.ctx, args.chunks, args.threads)
                  for g, f in files.items()}  # fmt: skip
-        print(f"  llama.cpp: {lrows}", flush=True)
-        rows.append({"model": name, "tokens": check, "add_bos": add_bos, "llama": lrows,
-                     "recap": recap_rows(MODELS[name], args.data, args, add_bos),
+        print("  llama.cpp: " + ", ".join(f"{g} {r['ppl']} ({r['chunks']} chunks)" for g, r in lrows.items()),
+              flush=True)  # fmt: skip
+        rrows = recap_rows(MODELS[name], args.data, args, add_bos)
+        for dtype, quant, gtype in PAIRS:  # the same chunks in both engines: compared chunk by chunk
+            rc, lc = rrows[f"{dtype} {quant or ''}".strip()], lrows[gtype]
+            tokens = [rc["llama_protocol_tokens"] // len(rc["chunk_nll"])] * len(rc["chunk_nll"])
+            rc["paired_vs_llama"] = paired_log_ratio(rc["chunk_nll"], lc["chunk_nll"], tokens)
+        rows.append({"model": name, "tokens": check, "add_bos": add_bos, "llama": lrows, "recap": rrows,
                      "gguf_bytes": {g: f.stat().st_size for g, f in files.items()}})  # fmt: skip
     print(f"{start}, load {os.getloadavg()}")
     print_table(rows, args)

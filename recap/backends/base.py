@@ -20,6 +20,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from recap.backends.graph_memory import StepLimits
 from recap.kernels.kernel_set import Kernel, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches, TensorAllocator
@@ -156,6 +157,11 @@ class Backend(ABC):
         CPU backend's captured verify graph, where the model's verify steps take one); the scheduler keeps a step's
         rows and drafts within it (core/speculation.py). None: no such limit, every step size runs the same path."""
         return None
+
+    def graph_bytes(self, model: CausalLM, limits: StepLimits) -> int:
+        """The bytes the captured steps this backend may make for `model` will hold, from its config and `limits`
+        before any is captured (backends/graph_memory.py), for the memory plan. Default: it captures none."""
+        return 0
 
     def cache_zeros(self) -> TensorAllocator | None:
         """The allocator of the KV/state pools (ModelCaches.allocate's `zeros`); None: torch.zeros."""

@@ -26,6 +26,7 @@ from torch import nn
 from recap.backends.base import model_parts, set_linear_backend, switch_native
 from recap.backends.decode_graph import MAX_ROWS, DecodeGraph, capture
 from recap.backends.eager import TorchBackend
+from recap.backends.graph_memory import StepLimits, decode_graphs_bytes
 from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.backends.verify_graph import MAX_VERIFY_TOKENS, VerifyGraph
 from recap.kernels.linear_rows import linear_rows_available
@@ -74,6 +75,11 @@ class CpuBackend(TorchBackend):
         self.on_huge_pages = _move_weights_to_huge_pages(model, parts)
         if self.on_huge_pages:
             switch_native(parts, True)
+
+    def graph_bytes(self, model: CausalLM, limits: StepLimits) -> int:
+        """The activation buffers of the decode graphs of 1 to MAX_ROWS rows (backends/graph_memory.py); verify
+        graphs, captured only with speculation, as such steps turn up, are not counted."""
+        return decode_graphs_bytes(model.config, model.dtype == torch.float32, MAX_ROWS)
 
     def cache_zeros(self) -> TensorAllocator | None:
         """The pools on huge pages with the weights (where those moved)."""

@@ -17,20 +17,31 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from recap.backends.cuda_graph import Capture, CapturedStep, HostReadError, cuda_graph_capture, shape_key
+from recap.backends.cuda_graph import (
+    Capture,
+    CapturedStep,
+    HostReadError,
+    cuda_graph_capture,
+    shape_key,
+    static_input_bytes,
+)
 from recap.backends.eager import TorchBackend
+from recap.backends.graph_memory import StepLimits
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import KernelSet, kernel_set
 from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
+from recap.model.footprint import widest_linear
+from recap.model.model_config import ModelConfig
 from recap.model.models import CausalLM
+from recap.runner.memory import ACTIVATION_COPIES
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +79,29 @@ class CudaBackend(TorchBackend):
         super()._prepare(model)
         self._bound, self._graphs = None, {}  # captured over the old weights' addresses
         self._uncapturable = False
+
+    def graph_bytes(self, model: CausalLM, limits: StepLimits) -> int:
+        """What the decode graphs may hold for `model` under `limits`, before any is captured (the basis:
+        backends/graph_memory.py): the static inputs and outputs of the MAX_GRAPHS largest shapes `limits` allow,
+        and the shared pool's activations at the largest row count. 0 with sliding-window layers (no graph)."""
+        config = model.config
+        if config.window_layers:
+            return 0
+        largest = next((r for r in GRAPH_ROWS if r >= limits.max_num_seqs), GRAPH_ROWS[-1])
+        rows = [r for r in GRAPH_ROWS if r <= largest]
+        widths = [1]
+        if config.has_attention:
+            top = table_width(-(-limits.max_model_len // limits.block_size))
+            widths = [w for w in (MIN_TABLE_BLOCKS << i for i in range(top.bit_length())) if w <= top]
+        inputs = static_input_model(config, limits.block_size, self.kernels)
+        shapes = []
+        for r in rows:
+            for w in widths:
+                held = inputs(r, w) + r * config.hidden_size * model.dtype.itemsize  # + the hidden states
+                shapes += [held, held + 8 * r]  # without the head, and with it (+ the rows' ids)
+        # the shared pool: a step's live activations at the largest row count, and the head's fp32 logits
+        pool = rows[-1] * (ACTIVATION_COPIES * widest_linear(model, config.vocab_size) + config.vocab_size) * 4
+        return sum(sorted(shapes, reverse=True)[:MAX_GRAPHS]) + pool
 
     def shape_rows(self, specs: Sequence[SeqSpec]) -> Sequence[SeqSpec]:
         """A decode step's rows (one token each) padded to the next captured row count with padding rows, and
@@ -139,14 +173,39 @@ class CudaBackend(TorchBackend):
 
 
 def padding_template(batch: ForwardBatch) -> ForwardBatch:
-    """A batch of `batch`'s shape whose rows are all padding rows, on its device: what a graph is captured over.
-    Its first row's length is the table's whole width, so that kernels that size their work from the rows'
-    lengths on the host (attention's key splits) size it for the longest row the shape can hold."""
+    """A batch of `batch`'s shape whose rows are all padding rows, on its device: what a graph is captured over."""
     attn, ssm = batch.attn, batch.ssm
-    width = 1 if attn is None else attn.block_tables.shape[1]
-    block_size = 1 if attn is None else attn.block_size
-    rows = [SeqSpec([0], context_len=width * block_size - 1 if r == 0 else 0, padding=True,
-                    block_ids=[PAD_SLOT_ID] * width) for r in range(batch.num_seqs)]  # fmt: skip
-    return build_forward_batch(rows, block_size=block_size, chunk_size=1 if ssm is None else ssm.chunk_size,
-                               with_attention=attn is not None, with_ssm=ssm is not None,
-                               device=batch.input_ids.device, kernels=batch.kernels)  # fmt: skip
+    return shape_template(batch.num_seqs, 1 if attn is None else attn.block_tables.shape[1],
+                          1 if attn is None else attn.block_size, None if ssm is None else ssm.chunk_size,
+                          attn is not None, batch.input_ids.device, batch.kernels)  # fmt: skip
+
+
+def shape_template(rows: int, width: int, block_size: int, chunk_size: int | None, with_attention: bool,
+                   device: torch.device | str, kernels: KernelSet | None) -> ForwardBatch:  # fmt: skip
+    """`rows` padding rows with tables `width` wide (chunk_size None: no SSM metadata). Its first row's length is
+    the table's whole width, so that kernels that size their work from the rows' lengths on the host (attention's
+    key splits) size it for the longest row the shape can hold."""
+    specs = [SeqSpec([0], context_len=width * block_size - 1 if r == 0 else 0, padding=True,
+                     block_ids=[PAD_SLOT_ID] * width) for r in range(rows)]  # fmt: skip
+    return build_forward_batch(specs, block_size=block_size, chunk_size=1 if chunk_size is None else chunk_size,
+                               with_attention=with_attention, with_ssm=chunk_size is not None, device=device,
+                               kernels=kernels)  # fmt: skip
+
+
+def static_input_model(config: ModelConfig, block_size: int, kernels: KernelSet) -> Callable[[int, int], int]:
+    """(rows, table width) -> the static input bytes of a graph of that shape (cuda_graph.static_input_bytes),
+    from four small host templates: the packed metadata is a + b rows + c width + e rows * width, so they fix
+    it for every shape without building the large ones."""
+    chunk = config.ssm_chunk_size if config.has_ssm else None
+    w0 = MIN_TABLE_BLOCKS if config.has_attention else 1
+
+    def size(r: int, w: int) -> int:
+        template = shape_template(r, w, block_size if config.has_attention else 1, chunk, config.has_attention,
+                                  "cpu", kernels)  # fmt: skip
+        return static_input_bytes(template)
+
+    s11, s21, s12, s22 = size(1, w0), size(2, w0), size(1, 2 * w0), size(2, 2 * w0)
+    e = (s22 - s21 - s12 + s11) // w0
+    b, c = s21 - s11 - e * w0, (s12 - s11) // w0 - e
+    a = s11 - b - c * w0 - e * w0
+    return lambda r, w: a + b * r + c * w + e * r * w

@@ -115,6 +115,13 @@ def cuda_graph_capture(pool: object | None = None, warmup: int = 2) -> Capture:
     return capture
 
 
+def static_input_bytes(template: ForwardBatch) -> int:
+    """The bytes a CapturedStep over `template` holds for its static inputs (CapturedStep.static_bytes), from the
+    template's metadata alone: every tensor packed as int64, and a one-byte copy of each bool one."""
+    fields = [getattr(o, n) for o, n in packed_fields(template)]
+    return sum(8 * t.numel() + (t.numel() if t.dtype == torch.bool else 0) for t in fields)
+
+
 class CapturedStep:
     """One model's decode step of one shape over one cache set, captured (see the module docstring)."""
 
@@ -142,6 +149,11 @@ class CapturedStep:
             return hidden, None if head is None else head(hidden)
 
         self.replay = capture(step)
+
+    @property
+    def static_bytes(self) -> int:
+        """The bytes of the step's static inputs this capture holds: the packed buffer and its bool copies."""
+        return self._packed.nbytes + sum(t.nbytes for t, _ in self._bools)
 
     @staticmethod
     def _bool_fields(batch: ForwardBatch) -> list[tuple[object, str, int]]:

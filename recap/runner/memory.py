@@ -56,6 +56,8 @@ class MemoryPlan:
     num_scratch_slots: int = 0
     # The draft model of speculative method "draft_model" (runner/draft_model.py): its weights and pools.
     draft_bytes: int = 0
+    # What the backend's captured decode steps will hold (Backend.graph_bytes: estimated before capture).
+    graph_bytes: int = 0
 
     @property
     def scratch_bytes(self) -> int:
@@ -66,7 +68,7 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         p = self.pools
         return (self.weight_bytes + self.packed_bytes + p.kv_bytes + p.state_bytes + self.scratch_bytes
-                + self.overhead_bytes + self.draft_bytes)
+                + self.overhead_bytes + self.draft_bytes + self.graph_bytes)
 
     @property
     def fits(self) -> bool:
@@ -90,6 +92,8 @@ class MemoryPlan:
             text += f"; runtime overhead {_mib(self.overhead_bytes)}"
         if self.draft_bytes:
             text += f"; draft model {_mib(self.draft_bytes)} (weights and pools)"
+        if self.graph_bytes:
+            text += f"; decode graphs {_mib(self.graph_bytes)}"
         if self.limit is not None:
             text += f"; total {gib(self.total_bytes)} of {gib(self.limit.bytes)} ({self.limit.source})"
         return text
@@ -109,7 +113,7 @@ class MemoryPlan:
             f"not enough memory to serve this model{' (refused before loading it)' if self.before_load else ''}: "
             f"it needs {gib(self.total_bytes)} ({weights} + KV pool {gib(p.kv_bytes)} + state pool "
             f"{gib(p.state_bytes + self.scratch_bytes)} + runtime overhead {gib(self.overhead_bytes)} + draft model "
-            f"{gib(self.draft_bytes)}) but this "
+            f"{gib(self.draft_bytes)} + decode graphs {gib(self.graph_bytes)}) but this "
             f"process may hold {gib(self.limit.bytes)} ({self.limit.source}). "
             + (remedies or "Lower the pools (kv_cache_bytes, state_cache_bytes) or the weights (dtype, quantization).")
         )

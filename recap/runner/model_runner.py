@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from recap.backends import Backend, backend_for
+from recap.backends.graph_memory import StepLimits
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.core.speculation import drafting_rows
@@ -91,17 +92,9 @@ class ModelRunner:
         self.weights = held_weight_bytes(self.model)  # measured once the backend has made its copies
         self.overhead_bytes = RUNTIME_OVERHEAD_BYTES + prefill_activation_bytes(
             scheduler_config.max_num_batched_tokens, widest_linear(self.model, self.config.vocab_size))
-        share = None if self.memory_limit is None else pool_share_base(
-            self.memory_limit, self.weights.total, self.overhead_bytes)
-        self.pools: PoolSizes = size_pools(
-            cache_config,
-            scheduler_config,
-            self.kv_bytes_per_token,
-            self.state_bytes_per_slot,
-            available=share,
-            window_bytes_per_token=self.window_bytes_per_token,
-            device_budget=device_pool_budget(self.device, runner_config.gpu_memory_utilization),
-        )
+        self.graph_bytes = self.backend.graph_bytes(self.model, StepLimits(
+            scheduler_config.max_num_seqs, scheduler_config.max_model_len, cache_config.block_size))
+        self.pools: PoolSizes = self._size_pools(cache_config, scheduler_config, runner_config)
         # Scratch slots past the core's pool: never handed out by it, never registered (runner/speculative.py).
         spec_rows = drafting_rows(scheduler_config.max_num_seqs)
         self.num_scratch_slots = runner_config.num_speculative_tokens * spec_rows if self.state_bytes_per_slot else 0
@@ -127,6 +120,16 @@ class ModelRunner:
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
 
+    def _size_pools(self, cache: CacheConfig, sched: SchedulerConfig, runner: RunnerConfig) -> PoolSizes:
+        """The pools, out of what the weights, the runtime and the decode graphs leave (the graphs are captured
+        after the pools are allocated: their bytes are kept back from a GPU's pool budget too)."""
+        share = None if self.memory_limit is None else pool_share_base(
+            self.memory_limit, self.weights.total, self.overhead_bytes + self.graph_bytes)
+        budget = device_pool_budget(self.device, runner.gpu_memory_utilization)
+        return size_pools(cache, sched, self.kv_bytes_per_token, self.state_bytes_per_slot, available=share,
+                          window_bytes_per_token=self.window_bytes_per_token,
+                          device_budget=None if budget is None else max(budget - self.graph_bytes, 0))  # fmt: skip
+
     def attach_drafter(self, drafter: DraftModelRunner | MTPDrafter) -> None:
         """Use this drafter (speculative method "draft_model" or "mtp"); the memory plan, with it, is checked again
         (MemoryPlanError when it no longer fits)."""
@@ -135,14 +138,15 @@ class ModelRunner:
 
     def memory_plan(self) -> MemoryPlan:
         """The bytes this runner holds: the weights as measured at start (parameters, buffers, and what the linear
-        layers keep beside them), the two pools and speculation's scratch slots, the runtime overhead, against the
-        memory limit (CPU)."""
+        layers keep beside them), the two pools and speculation's scratch slots, the runtime overhead, the backend's
+        decode graphs (estimated before capture), against the memory limit (CPU)."""
         w = self.weights
         return MemoryPlan(w.parameters, w.linear_copies, self.pools, self.cache_config.block_size,
                           self.overhead_bytes, self.memory_limit,
                           weight_format(self.runner_config.dtype, self.quantization, self.backend.head_backend),
                           num_scratch_slots=self.num_scratch_slots,
-                          draft_bytes=self.drafter.total_bytes if self.drafter is not None else 0)  # fmt: skip
+                          draft_bytes=self.drafter.total_bytes if self.drafter is not None else 0,
+                          graph_bytes=self.graph_bytes)  # fmt: skip
 
     @property
     def layout(self) -> CacheLayout:

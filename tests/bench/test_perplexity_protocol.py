@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from recap.bench.perplexity import llama_cpp_score_from, llama_cpp_windows
+from recap.bench.perplexity import chunk_nll, llama_cpp_score_from, llama_cpp_windows, paired_log_ratio
 
 IDS = list(range(100, 140))  # 40 text tokens
 
@@ -31,3 +33,21 @@ def test_too_short_a_text_is_refused_as_llama_perplexity_does() -> None:
         llama_cpp_windows(IDS[:15], 8, None)
     with pytest.raises(ValueError, match="at least 4"):
         llama_cpp_windows(IDS, 3, None)
+
+
+def test_chunk_nll_inverts_llama_perplexitys_running_estimates() -> None:
+    per = [1300.0, 1250.5, 1402.25, 1199.0]  # nats of chunks of 255 scored tokens
+    running = [math.exp(sum(per[: i + 1]) / (255 * (i + 1))) for i in range(len(per))]
+    assert chunk_nll(running, 255) == pytest.approx(per, abs=1e-6)
+    rounded = [round(p, 4) for p in running]  # as llama-perplexity prints them
+    assert max(abs(a - b) for a, b in zip(chunk_nll(rounded, 255), per, strict=True)) < 255 * 1e-4
+
+
+def test_paired_log_ratio_cancels_what_both_runs_share() -> None:
+    hard = [900.0, 1500.0, 1100.0, 1300.0]  # the windows' difficulty: the same in both runs
+    shift = [2.0, 3.0, 2.5, 2.5]  # b is a's NLL less these nats
+    mean, se = paired_log_ratio(hard, [h - s for h, s in zip(hard, shift, strict=True)], [250] * 4)
+    assert mean == pytest.approx(sum(shift) / 1000) and 0 < se < 0.002  # far below the windows' own spread
+    assert paired_log_ratio(hard, hard, [250] * 4) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="2 windows"):
+        paired_log_ratio([1.0], [1.0], [1])

@@ -14,6 +14,7 @@ from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
+from recap.model.layers.norm import RMSNorm
 from recap.model.xlstm_config import XlstmConfig
 
 
@@ -21,16 +22,24 @@ def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else cap * torch.tanh(x / cap)
 
 
-class XlstmRMSNorm(nn.Module):
-    """weight * x / rms(x) (+ bias), reduced in fp32 when `force_float32` (transformers' order of operations)."""
+class XlstmRMSNorm(RMSNorm):
+    """weight * x / rms(x) (+ bias), reduced in fp32 when `force_float32` (transformers' order of operations).
+
+    With no bias and the fp32 reduction it is the fused kernels' `weight_in_dtype` norm, so it takes them where a
+    backend hands them over (RMSNorm's `add_forward` included); otherwise it always runs the ops below."""
 
     def __init__(self, dim: int, eps: float, bias: bool, force_float32: bool, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.eps, self.force_float32 = eps, force_float32
-        self.weight = empty_param(dim, dtype=dtype)
+        super().__init__(dim, eps, dtype)
+        self.force_float32 = force_float32
         self.bias = empty_param(dim, dtype=dtype) if bias else None
 
+    def _weight_fits(self, x: torch.Tensor) -> bool:
+        return self.bias is None and self.force_float32 and super()._weight_fits(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused(x):
+            assert self.norm_kernel is not None
+            return self.norm_kernel(x, self.weight, self.eps, weight_in_dtype=True)
         y = x.float() if self.force_float32 else x
         y = (y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
         return y if self.bias is None else y + self.bias

@@ -9,6 +9,7 @@ it (transformers passes it only from a full indexed layer to the next layer).
 Layout: `model.language_model.{embed_tokens, layers.i.{self_attn, mlp, input_layernorm,
 post_attention_layernorm, hc_attn_{fn,base,scale}, hc_ffn_{fn,base,scale}}, norm}` + `lm_head`; the vision
 tower (`model.visual.*`) and the multi-token-prediction layer after the last one are skipped.
+Not a ResidualBlock (models/residual_block.py): the norms read a mix of N hyper-connection streams, not one sum.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ the q, k and v streams; none in layer 0: h); a = attn_sconv(attn(norm(x))); at a
 h closes a block and the layer's residual restarts at a, else it is h + a; then
 + mlp_sconv(mlp(mlp_norm(mlp_input(blocks, residual)))). The model ends with final_input(blocks, h), the norm
 and a soft-capped head. Weights keep Thinking Machines' names (`model.llm.*`), as transformers saves them.
+Not a ResidualBlock (models/residual_block.py): each norm reads an attention over block states, not the residual sum.
 """
 
 from __future__ import annotations

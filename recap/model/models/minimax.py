@@ -2,6 +2,8 @@
 attention layers, a MoE in every layer, and residuals taken after the norms, scaled:
   x = input_layernorm(h);          h = x * attn_alpha + mixer(x) * attn_beta   (linear or full factors)
   x = post_attention_layernorm(h); h = x * mlp_alpha + moe(x) * mlp_beta.
+As a ResidualBlock (models/residual_block.py) the stream is the scaled norm output and the pending output the
+scaled branch: each `x * alpha + branch * beta` is the add the next norm takes (fused where the kernel set can).
 On disk the MoE is Mixtral's: `block_sparse_moe.gate` and `experts.{e}.w1 / w3 / w2` (gate / up / down);
 transformers' persistent decay buffers (slope_rate, query/key/diagonal_decay) are recomputed, not loaded.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 import re
 
 import torch
-from torch import nn
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
@@ -20,13 +21,14 @@ from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import build_mlp
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 _DECAY_BUFFERS = re.compile(r"\.self_attn\.(slope_rate|query_decay|key_decay|diagonal_decay)$")
 _EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _EXPERT_KEY = re.compile(r"(\.block_sparse_moe\.experts\.\d+\.)(w[123])(\.weight)$")
 
 
-class MiniMaxBlock(nn.Module):
+class MiniMaxBlock(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         if config.minimax_factors is None:
@@ -43,11 +45,13 @@ class MiniMaxBlock(nn.Module):
         self.attn_factors = (f[2], f[3]) if lightning else (f[0], f[1])
         self.mlp_factors = (f[4], f[5])
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        x = self.input_layernorm(h)
-        h = x * self.attn_factors[0] + self.self_attn(x, batch, caches, layer) * self.attn_factors[1]
-        x = self.post_attention_layernorm(h)
-        return x * self.mlp_factors[0] + self.block_sparse_moe(x) * self.mlp_factors[1]
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = add_norm(self.input_layernorm, h, out)[0]  # the residual restarts at the norm's output
+        alpha, beta = self.attn_factors
+        x = add_norm(self.post_attention_layernorm, x * alpha, self.self_attn(x, batch, caches, layer) * beta)[0]
+        return x * self.mlp_factors[0], self.block_sparse_moe(x) * self.mlp_factors[1]
 
 
 class MiniMaxForCausalLM(HybridForCausalLM):

@@ -8,6 +8,7 @@ then hyper_connection_mixer.mix(S) is the final hidden state (no final norm).
 Layout `model.{embed_tokens, layers.i.{linear_attn | self_attn, mlp, attn_hyper_connection,
 mlp_hyper_connection}, hyper_connection_mixer}` + `lm_head` (transformers' names; the MoE: router `gate`,
 experts `experts.{e}.*`, `shared_expert`, `shared_expert_gate`).
+Not a ResidualBlock (models/residual_block.py): hyper-connections, no per-layer norm for a residual add to feed.
 """
 
 from __future__ import annotations

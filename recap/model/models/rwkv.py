@@ -3,6 +3,7 @@ ln_out}` + `head`, LayerNorms throughout:
   h = pre_ln(h) (layer 0);  h = h + attention(ln1(h));  h = h + feed_forward(ln2(h));  h = h / 2 after every
   rescale_every-th layer (transformers' inference rescaling, RwkvConfig)
 Both mixers read the layer's state slot part (layers/rwkv.py).
+Not a ResidualBlock (models/residual_block.py): its norms are LayerNorms, which the fused add + RMS norm cannot run.
 """
 
 from __future__ import annotations

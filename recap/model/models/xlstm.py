@@ -3,6 +3,7 @@ ffn}, out_norm}` + `lm_head`, RMS norms throughout:
   h = h + mlstm_layer(norm_mlstm(h));  h = h + ffn(norm_ffn(h))
 then out_norm (transformers applies it whatever add_out_norm says) and the logits soft-capped
 (output_logit_soft_cap, ModelConfig.logits_soft_cap). The mLSTM layer reads the layer's state slot part.
+Each residual add runs with the norm after it, fused where the kernel set can (models/residual_block.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from recap.model.layers.linear import Linear
 from recap.model.layers.xlstm import XlstmFeedForward, XlstmRMSNorm
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm
 
 
-class XlstmBlock(nn.Module):
+class XlstmBlock(ResidualBlock):
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
         cfg = config.xlstm
@@ -32,9 +34,12 @@ class XlstmBlock(nn.Module):
         self.norm_ffn = XlstmRMSNorm(d, config.norm_eps, cfg.use_bias, cfg.force_float32_norm, dtype)
         self.ffn = XlstmFeedForward(d, cfg.ffn_size, cfg, dtype)
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int) -> torch.Tensor:
-        h = h + self.mlstm_layer(self.norm_mlstm(h), batch, caches, layer)
-        return h + self.ffn(self.norm_ffn(h))
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = add_norm(self.norm_mlstm, h, out)
+        x, h = add_norm(self.norm_ffn, h, self.mlstm_layer(x, batch, caches, layer))
+        return h, self.ffn(x)
 
 
 class xLSTMForCausalLM(CausalLM):  # noqa: N801 (transformers' architecture name)

@@ -25,6 +25,7 @@ from recap.model.layers.mlp import MLP
 from recap.model.layers.norm import RMSNorm
 from recap.model.model_config import ModelConfig, SharedBlocksConfig
 from recap.model.models.hybrid import HybridForCausalLM
+from recap.model.models.residual_block import ResidualBlock, add_norm, settle
 
 
 def _adapters(uses: list[bool], d_in: int, d_out: int, rank: int, dtype: torch.dtype) -> nn.ModuleList:
@@ -75,9 +76,10 @@ class SharedTransformer(nn.Module):
         return ff.down(ff.gate_up(y) + ff.gate_up_proj_adapter_list[use](y))
 
 
-class MambaLayer(nn.Module):
+class MambaLayer(ResidualBlock):
     """h + mamba(input_layernorm(h + extra)), `extra` being the shared block's projected output at hybrid layers.
-    The mixer is the model's Mamba2 (Zamba2) or its multi-head Mamba1 (Zamba)."""
+    The mixer is the model's Mamba2 (Zamba2) or its multi-head Mamba1 (Zamba). The residual add it leaves pending
+    feeds the next layer's norm; a hybrid layer's norm reads h + extra, not the stream, so it takes the add first."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -87,11 +89,16 @@ class MambaLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, dtype)
         self.mamba = mixer_class(cfg)(config.hidden_size, cfg, dtype)
 
-    def forward(
-        self, h: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int, extra: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        x = self.input_layernorm(h if extra is None else h + extra)
-        return h + self.mamba(x, batch, caches, layer)
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches, layer: int,
+        extra: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if extra is None:
+            x, h = add_norm(self.input_layernorm, h, out)
+        else:
+            h = settle(h, out)
+            x = self.input_layernorm(h + extra)
+        return h, self.mamba(x, batch, caches, layer)
 
 
 class HybridLayer(nn.Module):
@@ -113,11 +120,14 @@ class HybridLayer(nn.Module):
     def block(self) -> SharedTransformer:
         return self._modules.get(self.block_name) or self._shared  # type: ignore[return-value]
 
-    def forward(
-        self, h: torch.Tensor, emb: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, layer: int
-    ) -> torch.Tensor:
+    def forward_residual(
+        self, h: torch.Tensor, out: torch.Tensor | None, emb: torch.Tensor, batch: ForwardBatch, caches: ModelCaches,
+        layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stream, pending output) as a ResidualBlock's; the shared block reads the stream with out added."""
+        h = settle(h, out)
         t = self.block()(torch.cat((h, emb), dim=-1), self.use, batch, caches, layer)
-        return self.mamba_decoder(h, batch, caches, layer, extra=self.linear(t))
+        return self.mamba_decoder.forward_residual(h, None, batch, caches, layer, extra=self.linear(t))
 
 
 def _shared_block(
@@ -156,6 +166,10 @@ class Zamba2ForCausalLM(HybridForCausalLM):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         emb = h = self.embed(batch.input_ids)  # the shared blocks read the embeddings at every use
+        out: torch.Tensor | None = None  # the pending residual add (models/residual_block.py)
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, emb, batch, caches, i) if isinstance(layer, HybridLayer) else layer(h, batch, caches, i)
-        return self.final_norm()(h)
+            if isinstance(layer, HybridLayer):
+                h, out = layer.forward_residual(h, out, emb, batch, caches, i)
+            else:
+                h, out = layer.forward_residual(h, out, batch, caches, i)
+        return add_norm(self.final_norm(), h, out)[0]

@@ -6,6 +6,7 @@ post_attention_residual_scale, post_attention_layernorm, mlp, post_mlp_residual_
 The residual stream is fp32 (transformers' residual_in_fp32): h = (embed + bias) * scale;
   a = self_attn(input_layernorm(h));  h = (a + a_bias) * a_scale + (h + r_bias) * r_scale   (residual scaling)
   m, r = mlp(post_attention_layernorm(h), r);  h = the same residual scaling of m onto h
+Not a ResidualBlock (models/residual_block.py): each norm reads the fp32 sum rounded to the model dtype, not the sum.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ OLMo-Hybrid's all-heads norms) and Zaya's CCA (RoPE after its own L2 norms).
 
 The fused residual add + norm (Triton's add_rms_norm, models/residual_block.py) likewise, on the families whose
 blocks are ResidualBlocks (plain and zero-centred norms, LFM3's sandwich, Nemotron-H's MLP-only layers, Granite's
-residual multiplier): each fused call takes the place of one add and one norm launch (counted).
+residual multiplier, MiniMax's scaled post-norm residuals, xLSTM's norms, Zamba / Zamba2's Mamba layers): each
+fused call takes the place of one add and one norm launch (counted).
 """
 
 from __future__ import annotations
@@ -89,7 +90,11 @@ class _Launches(TorchDispatchMode):
             self.inside = False
 
 
-ADD_NORM_ARCHS = ["bamba", "granite_hybrid", "lfm3", "nemotron_h", "qwen3_5", "recurrent_gemma"]
+ADD_NORM_ARCHS = ["bamba", "granite_hybrid", "lfm3", "minimax", "nemotron_h", "qwen3_5", "recurrent_gemma", "xlstm",
+                  "zamba", "zamba2"]  # fmt: skip
+# Fused calls per step where fewer than one per layer: Zamba's hybrid layers norm h + the shared block's output, not
+# the stream (the Mamba layer after the first one and the final norm fuse).
+FUSED_PER_STEP = {"zamba": 2, "zamba2": 2}
 
 
 @pytest.mark.parametrize("arch", ADD_NORM_ARCHS)
@@ -117,7 +122,8 @@ def test_a_family_with_fused_residual_norms_equals_its_module_ops(tmp_path: Path
 
     want, unfused = run(False)
     got, fused = run(True)
-    assert unfused.fused == 0 and fused.fused >= 3 * model.config.num_layers, f"{arch}: {fused.fused} fused calls"
+    per_step = FUSED_PER_STEP.get(arch, model.config.num_layers)
+    assert unfused.fused == 0 and fused.fused >= 3 * per_step, f"{arch}: {fused.fused} fused calls"
     assert unfused.adds - fused.adds == fused.fused, f"{arch}: each fused call replaces one add"
     assert unfused.norms - fused.norms == fused.fused, f"{arch}: each fused call replaces one norm"
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
