@@ -61,6 +61,11 @@ def _addr(t: torch.Tensor) -> ctypes.c_void_p:
     return _P(t.data_ptr())
 
 
+def _rms_norm_function(offset: bool) -> ctypes._CFuncPtr:
+    """The native RMS norm: weight w, or 1 + w (offset: a zero-centred norm's)."""
+    return raw_function(rms_norm_library(), "recap_rms_norm_offset_f32" if offset else "recap_rms_norm_f32")
+
+
 class DecodeGraph:
     """One model's decode step of `rows` rows over one cache set, captured (see the module docstring); the
     builder the model's parts record on (model/capture.py's DecodeCapture)."""
@@ -112,28 +117,17 @@ class DecodeGraph:
                      "a token id outside the vocabulary"))  # fmt: skip
         return h
 
-    def _norm_weight(self, weight: torch.Tensor, offset: bool) -> torch.Tensor:
-        """The weight the kernel multiplies by: a zero-centred norm's 1 + w (fp32, as OffsetRMSNorm takes it), kept
-        with the graph."""
-        if not offset:
-            return weight
-        one_plus = 1.0 + weight.float()
-        self._keep.append(one_plus)
-        return one_plus
-
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         y = self.buffer(x.shape[1])
-        w = self._norm_weight(weight, offset)
-        args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(w), _F32(eps), _addr(y))
-        self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
+        args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(weight), _F32(eps), _addr(y))
+        self.record((_rms_norm_function(offset), args, None))
         return y
 
     def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         dh = weight.numel()
         y = self.buffer(x.shape[1])
-        w = self._norm_weight(weight, offset)
-        args = (_addr(x), _I64(self.rows * x.shape[1] // dh), _I64(dh), _addr(w), _F32(eps), _addr(y))
-        self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
+        args = (_addr(x), _I64(self.rows * x.shape[1] // dh), _I64(dh), _addr(weight), _F32(eps), _addr(y))
+        self.record((_rms_norm_function(offset), args, None))
         return y
 
     def split_gate(self, x: torch.Tensor, heads: int, dh: int) -> tuple[torch.Tensor, torch.Tensor]:

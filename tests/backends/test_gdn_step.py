@@ -1,5 +1,6 @@
 """The native Gated DeltaNet decode step (kernels/gdn_step.py) against the module path's torch ops (gdn_step_ref),
-and gated attention's small decode ops (kernels/decode_ops.py's split_gate and mul_) against torch."""
+gated attention's small decode ops (kernels/decode_ops.py's split_gate and mul_) against torch, and the zero-centred
+RMS norm's native kernel against OffsetRMSNorm."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from recap.kernels import decode_ops
 from recap.kernels.gdn_step import GdnStep, gdn_step_available, gdn_step_ref
 from recap.kernels.native import load_library
+from recap.kernels.rms_norm import rms_norm_offset_rows
+from recap.model.layers.norm import OffsetRMSNorm
 
 pytestmark = pytest.mark.skipif(
     not (gdn_step_available() and decode_ops.decode_ops_available()), reason="no C compiler for native kernels"
@@ -123,3 +126,14 @@ def test_split_gate_and_mul_match_torch(rows: int, heads: int, dh: int, flags: t
         torch.testing.assert_close(decode_ops.split_gate(x, heads, dh)[1], gate, rtol=0, atol=0)
     h = torch.randn(rows, heads * dh, generator=g)
     torch.testing.assert_close(decode_ops.mul_(h.clone(), gate), h * gate, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("rows", "d"), [(1, 1), (3, 16), (2, 37), (8, 1024)])
+def test_offset_rms_norm_matches_the_module(rows: int, d: int) -> None:
+    """The zero-centred norm's native kernel (x / rms(x) * (1 + w)) against OffsetRMSNorm's torch ops, to fp32
+    rounding (the sum of squares in another order)."""
+    g = torch.Generator().manual_seed(d)
+    norm = OffsetRMSNorm(d, 1e-6, torch.float32)
+    norm.weight.data = torch.randn(d, generator=g) * 0.3
+    x = torch.randn(rows, d, generator=g) * 3
+    torch.testing.assert_close(rms_norm_offset_rows(x, norm.weight, 1e-6), norm(x), rtol=1e-5, atol=1e-6)
