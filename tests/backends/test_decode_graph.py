@@ -124,6 +124,7 @@ def test_graph_replays_the_module_path(
     for layer, st in module_c.state.items():
         for name, t in st.tensors.items():
             torch.testing.assert_close(graph_c.state[layer][name], t, **tol)
+            assert not graph_c.state[layer][name][:2].any(), f"layer {layer}: slots 0 and 1 (no row's) written"
     for layer, kv in module_c.kv.items():
         for name, t in kv.tensors.items():
             torch.testing.assert_close(graph_c.kv[layer].tensors[name], t, **tol)
