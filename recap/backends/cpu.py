@@ -39,8 +39,9 @@ from recap.process.heap import return_free_heap
 
 logger = logging.getLogger(__name__)
 
-# The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs).
-NATIVE_LIBRARIES = ("linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops")
+# The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs and their
+# GDN step).
+NATIVE_LIBRARIES = ("linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops", "gdn_step")
 
 
 class NativeKernelsUnavailableError(RuntimeError):
@@ -109,8 +110,8 @@ class CpuBackend(TorchBackend):
 
     def max_verify_tokens(self, model: CausalLM, caches: ModelCaches) -> int | None:
         """MAX_VERIFY_TOKENS where the model's verify steps replay a captured graph (capturing the smallest one
-        over `caches` to find out); None where they run the module path (a GDN or KDA hybrid, which the graphs
-        do not capture), whose cost does not jump past any token count."""
+        over `caches` to find out); None where they run the module path (e.g. a KDA hybrid, or Qwen3-Next's
+        GDN layout, which the graphs do not capture), whose cost does not jump past any token count."""
         return MAX_VERIFY_TOKENS if self.verify_graph(model, caches, 2) is not None else None
 
     def verify_graph(self, model: CausalLM, caches: ModelCaches, tokens: int) -> VerifyGraph | None:

@@ -13,17 +13,19 @@ row count (1 to MAX_ROWS): fp32 weights through the one-row kernel at batch 1 an
 rows, int8 weights through the int8 kernel at every row count.
 
 The walk goes through the model's `capture_decode` protocol (recap/model/capture.py): the model, its blocks,
-mixers, MLPs, norms and linear layers each record their own arithmetic on this builder's operations, so this
-module knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
-(layers/linear.py's RowKernel, kernels/mamba2_step.py, kernels/rms_norm.py, kernels/paged_decode.py) plus
-csrc/decode_ops.c for the small ops; the module path stays the reference (tests/backends/test_decode_graph.py
-compares them). Supported today: fp32 activations; embedding (fp32 or int8 table, times a multiplier), RMSNorm,
-residual adds (times a multiplier: muP's, Granite's), Linear (fp32, int8 or int4 weights), Mamba2 mixers (the
-native step), LFM2's gated short convs, attention (GQA, RoPE or none, per-head q/k RMSNorms or none; no head gate
-or sliding window) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu, gelu_tanh, relu,
-relu2: Nemotron-H's), in MixerBlock, HybridBlock, GraniteBlock and LfmBlock (no post norms) layouts. Any other
-part (another mixer, a mixer's own multipliers, a MoE, a model that overrides its forward) raises
-GraphUnsupportedError at capture and the model keeps its module path.
+mixers, MLPs, norms and linear layers each record their own arithmetic on this builder's operations, so this module
+knows no model class. What it captures is exactly the module path's arithmetic with the native kernels
+(layers/linear.py's RowKernel, kernels/mamba2_step.py, kernels/gdn_step.py, kernels/rms_norm.py,
+kernels/paged_decode.py) plus csrc/decode_ops.c for the small ops; the module path stays the reference
+(tests/backends/test_decode_graph.py compares them). Supported today: fp32 activations; embedding (fp32 or int8
+table, times a multiplier), RMSNorm and the zero-centred (1 + w) OffsetRMSNorm, residual adds (times a multiplier:
+muP's, Granite's), Linear (fp32, int8 or int4 weights), Mamba2 mixers (the native step), LFM2's gated short convs,
+Gated DeltaNet mixers in Qwen3.5's projection layout (kernels/gdn_step.py), attention (GQA, RoPE or none, per-head
+q/k RMSNorms or none; no head gate or sliding window), gated attention (q_proj's output gate, per-head plain or
+zero-centred q/k norms, partial RoPE) and MLPs, gated or not, with an activation csrc/decode_ops.c has (silu, gelu,
+gelu_tanh, relu, relu2: Nemotron-H's), in MixerBlock, HybridBlock, GraniteBlock, LfmBlock (no post norms) and
+Qwen3_5Block (dense MLPs) layouts. Any other part (another mixer, a mixer's own multipliers, a MoE, a model that
+overrides its forward) raises GraphUnsupportedError at capture and the model keeps its module path.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Protocol
 import torch
 
 from recap.kernels.decode_ops import NATIVE_ACTIVATIONS, decode_ops_available, decode_ops_library, row_stride
+from recap.kernels.gdn_step import GdnStep
 from recap.kernels.mamba2_step import Mamba2Step
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.native import raw_function
@@ -56,6 +59,11 @@ class CapturableModel(Protocol):
 
 def _addr(t: torch.Tensor) -> ctypes.c_void_p:
     return _P(t.data_ptr())
+
+
+def _rms_norm_function(offset: bool) -> ctypes._CFuncPtr:
+    """The native RMS norm: weight w, or 1 + w (offset: a zero-centred norm's)."""
+    return raw_function(rms_norm_library(), "recap_rms_norm_offset_f32" if offset else "recap_rms_norm_f32")
 
 
 class DecodeGraph:
@@ -109,18 +117,29 @@ class DecodeGraph:
                      "a token id outside the vocabulary"))  # fmt: skip
         return h
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         y = self.buffer(x.shape[1])
         args = (_addr(x), _I64(self.rows), _I64(x.shape[1]), _addr(weight), _F32(eps), _addr(y))
-        self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
+        self.record((_rms_norm_function(offset), args, None))
         return y
 
-    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         dh = weight.numel()
         y = self.buffer(x.shape[1])
         args = (_addr(x), _I64(self.rows * x.shape[1] // dh), _I64(dh), _addr(weight), _F32(eps), _addr(y))
-        self.record((raw_function(rms_norm_library(), "recap_rms_norm_f32"), args, None))
+        self.record((_rms_norm_function(offset), args, None))
         return y
+
+    def split_gate(self, x: torch.Tensor, heads: int, dh: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [rows, heads * 2 dh], each head [q | gate] -> (q [rows, heads * dh], sigmoid(gate) [rows, heads * dh])."""
+        q, gate = self.buffer(heads * dh), self.buffer(heads * dh)
+        self.record((raw_function(decode_ops_library(), "recap_split_gate_f32"),
+                     (_addr(x), _I64(self.rows), _I64(heads), _I64(dh), _addr(q), _addr(gate)), None))  # fmt: skip
+        return q, gate
+
+    def mul(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        self.record((raw_function(decode_ops_library(), "recap_mul_f32"), (_addr(h), _addr(x), _I64(h.numel())),
+                     None))  # fmt: skip
 
     def short_conv(
         self, proj: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: torch.Tensor,
@@ -170,6 +189,18 @@ class DecodeGraph:
         self.record((fn, args, None))
         self.has_state = True
         return y
+
+    def gdn_step(
+        self, step: GdnStep, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+        conv: torch.Tensor, state: torch.Tensor, slot_positions: torch.Tensor, dst: ctypes.c_void_p | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """(dst: a verify graph's per-token destination slots.)"""
+        fn, args, bufs = step.graph_call(qkv, z, b, a, self._slot, dst, self._pos, slot_positions, conv, state,
+                                         self.threads)  # fmt: skip
+        self._keep.extend(bufs)
+        self.record((fn, args, "a state slot outside the cache"))
+        self.has_state = True
+        return bufs[0]
 
     def paged_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq: torch.Tensor | None,

@@ -3,8 +3,9 @@ graph is captured, so that the start-up memory plan (runner/memory.py) counts it
 
 CPU decode graphs (decode_graph.py): one per row count 1..MAX_ROWS, each with its own fp32 activation buffers
 [rows, n], one per call that writes a new buffer: the embedding's rows, each norm's output, each linear layer's
-output, the activation's, attention's output (and its per-head q/k norms'), the short conv's, and the Mamba2
-step's scratch ([conv_dim | heads | d_inner] per row, y a view of its tail). A graph of r rows thus holds
+output, the activation's, attention's output (and its per-head q/k norms', and a gated attention's q / gate
+split), the short conv's, the Mamba2 step's scratch ([conv_dim | heads | d_inner] per row, y a view of its tail)
+and the GDN step's scratch ([conv_dim | 2 Hv] per row) and output. A graph of r rows thus holds
 r * `decode_graph_row_floats` fp32 values; the graphs of every row count hold the sum over r. Only the layer
 layouts the graphs capture are counted (`row_floats` None otherwise: no graph is held); an option a part refuses
 at capture time (a multiplier, a window, a MoE behind a dense layer kind) makes the estimate an over-count, never
@@ -36,16 +37,28 @@ class StepLimits:
     max_model_len: int
     block_size: int
 # The layer kinds a CPU decode graph captures (the blocks' and mixers' capture_decode) and the feed-forwards.
-_GRAPH_KINDS = ("attention", "mamba2", "short_conv", "none")
+_GRAPH_KINDS = ("attention", "mamba2", "short_conv", "gdn", "none")
 _GRAPH_MLPS = ("dense", "none")
 
 
 def _attention_floats(config: ModelConfig, layer: int) -> int:
-    """q, k, v projections (+ per-head q/k norms), the attention output, o_proj's output."""
+    """q, k, v projections (+ per-head q/k norms), the attention output, o_proj's output; with an output gate,
+    q_proj's [q | gate] output and its split into q and sigmoid(gate)."""
     a = config.attention_for(layer)
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     norms = q + kv if a.qk_norm == "head" else 0
-    return q + 2 * kv + norms + q + config.hidden_size
+    gate = 3 * q if a.output_gate else 0
+    return q + 2 * kv + norms + gate + q + config.hidden_size
+
+
+def _gdn_floats(config: ModelConfig) -> int | None:
+    """Qwen3.5's GDN layout (the one the graphs capture): the qkv, z, b and a projections, the native step's scratch
+    ([conv_dim | 2 Hv]) and output, out_proj's output."""
+    g = config.gdn
+    if g is None or g.projection != "qwen3_5" or g.activation not in ("silu", "swish") or g.beta_scale != 1.0:
+        return None
+    hv, vd = g.num_v_heads, g.value_dim
+    return (g.conv_dim + vd + 2 * hv) + (g.conv_dim + 2 * hv) + vd + config.hidden_size
 
 
 def _mixer_floats(config: ModelConfig, layer: int) -> int | None:
@@ -56,6 +69,8 @@ def _mixer_floats(config: ModelConfig, layer: int) -> int | None:
     if kind == "mamba2" and config.mamba2 is not None:
         m = config.mamba2  # in_proj's output, the native step's scratch (y its tail), out_proj's output
         return m.in_proj_dim + (m.conv_dim + m.num_heads + m.d_inner) + d
+    if kind == "gdn":
+        return _gdn_floats(config)
     if kind == "short_conv" and config.short_conv is not None:
         return 3 * config.short_conv.dim + config.short_conv.dim + d  # in_proj, the gated conv, out_proj
     return 0 if kind == "none" else None

@@ -8,8 +8,10 @@ CPU, almost all of it Python around the kernels. Its arithmetic is a decode step
 - Mamba2: the native step over the tokens in order, token j reading the state token j - 1 wrote and writing
   its own into the slot the runner asked for (recap_mamba2_chain): the per-position state writes rollback needs
   (DESIGN invariant 9) cost no copy, and the running slot ends after the row's last token.
-- LFM2's short conv: likewise, token j's window read from the slot token j - 1 wrote (recap_short_conv_step).
-So a VerifyGraph is a DecodeGraph of T rows whose Mamba2 calls take a source and a destination slot per token,
+- LFM2's short conv: likewise, token j's window read from the slot token j - 1 wrote (recap_short_conv_step);
+- Gated DeltaNet (Qwen3.5): likewise, token j's conv window and matrix state read from the slot token j - 1 wrote
+  (recap_gdn_step with destination slots: rows in order, each head's tokens in order).
+So a VerifyGraph is a DecodeGraph of T rows whose recurrent calls take a source and a destination slot per token,
 replayed with per-token block tables, sequence lengths and slots built from the step's metadata
 (`token_inputs`). The module path stays the reference (tests/backends/test_verify_graph.py compares them on
 random verify steps).
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from recap.backends.decode_graph import CapturableModel, DecodeGraph
+from recap.kernels.gdn_step import GdnStep
 from recap.kernels.mamba2_step import Mamba2Step
 from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SSMMetadata
 from recap.model.cache import ModelCaches
@@ -101,6 +104,12 @@ class VerifyGraph(DecodeGraph):
         slot_positions: torch.Tensor, dst: ctypes.c_void_p | None = None,
     ) -> torch.Tensor:  # fmt: skip
         return super().short_conv(proj, weight, bias, state, slot_positions, self._dst)  # token j continues j - 1
+
+    def gdn_step(
+        self, step: GdnStep, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+        conv: torch.Tensor, state: torch.Tensor, slot_positions: torch.Tensor, dst: ctypes.c_void_p | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        return super().gdn_step(step, qkv, z, b, a, conv, state, slot_positions, self._dst)  # token j continues j - 1
 
     def takes(self, batch: ForwardBatch) -> bool:
         """Whether this graph replays the step: `rows` tokens, each row its decode token and its drafts (no

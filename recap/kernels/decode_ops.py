@@ -1,9 +1,10 @@
 """The small operations of a captured decode step (csrc/decode_ops.c): embedding rows (fp32 or int8) and an
 embedding multiplier, the residual add (scaled or not), an MLP's act(gate) * up or act(x) per activation, RoPE
-with the K/V write, and LFM2's gated short conv step. backends/decode_graph.py replays them by address; the wrappers
-here call them on tensors, for tests against their torch references (F.embedding, layers/embedding.embedding_int8_ref,
-x * m, h + x, h + x * m, layers/activation.py's activations, RotaryEmbedding.apply with paged_attention.write_kv,
-conv1d.causal_conv1d_update with varlen.record_decode_positions)."""
+with the K/V write, gated attention's q / gate split and output gate, and LFM2's gated short conv step.
+backends/decode_graph.py replays them by address; the wrappers here call them on tensors, for tests against their
+torch references (F.embedding, layers/embedding.embedding_int8_ref, x * m, h + x, h + x * m, layers/activation.py's
+activations, RotaryEmbedding.apply with paged_attention.write_kv, conv1d.causal_conv1d_update with
+varlen.record_decode_positions, torch.sigmoid over a head's gate half, h * x)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,20 @@ def activation_mul(name: str, x: torch.Tensor, up: torch.Tensor | None = None) -
     out = torch.empty(rows, n, device="cpu")
     fn(_p(x), None if up is None else _p(up), _p(out), _i64(rows), _i64(n), _i64(row_stride(x, up)))
     return out
+
+
+def split_gate(x: torch.Tensor, heads: int, dh: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, heads * 2 dh] contiguous fp32, each head [q | gate] -> (q, sigmoid(gate)) [n, heads * dh] each."""
+    n = x.shape[0]
+    q, gate = torch.empty(n, heads * dh, device="cpu"), torch.empty(n, heads * dh, device="cpu")
+    decode_ops_library().recap_split_gate_f32(_p(x), _i64(n), _i64(heads), _i64(dh), _p(q), _p(gate))
+    return q, gate
+
+
+def mul_(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """h *= x for contiguous fp32 tensors of one size; returns h."""
+    decode_ops_library().recap_mul_f32(_p(h), _p(x), _i64(h.numel()))
+    return h
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

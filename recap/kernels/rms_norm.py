@@ -25,6 +25,8 @@ def _lib() -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.recap_rms_norm_f32.argtypes = [p, i64, i64, p, ctypes.c_float, p]
     lib.recap_rms_norm_f32.restype = None
+    lib.recap_rms_norm_offset_f32.argtypes = [p, i64, i64, p, ctypes.c_float, p]
+    lib.recap_rms_norm_offset_f32.restype = None
     return lib
 
 
@@ -48,6 +50,15 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     y = torch.empty_like(x)
     d = x.shape[-1]
     _lib().recap_rms_norm_f32(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def rms_norm_offset_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., d] fp32 contiguous, weight [d] -> x / rms(x) * (1 + weight) (a zero-centred norm's), a new tensor.
+    Reference: layers/norm.py's OffsetRMSNorm torch ops."""
+    y = torch.empty_like(x)
+    d = x.shape[-1]
+    _lib().recap_rms_norm_offset_f32(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, y.data_ptr())
     return y
 
 

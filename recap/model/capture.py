@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from recap.kernels.gdn_step import GdnStep
     from recap.kernels.mamba2_step import Mamba2Step
     from recap.model.cache import ModelCaches
 
@@ -55,12 +56,22 @@ class DecodeCapture(Protocol):
         """The step's token ids looked up in an int8 table q [V, D] with a scale per row -> [rows, D] fp32."""
         ...
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """weight * x / rms(x) over x's rows -> a new buffer."""
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
+        """weight * x / rms(x) over x's rows -> a new buffer; offset: (1 + weight), a zero-centred norm's."""
         ...
 
-    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """weight * x / rms(x) over each head of x [rows, heads * Dh] (weight [Dh]: a q/k norm) -> a new buffer."""
+    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
+        """weight * x / rms(x) over each head of x [rows, heads * Dh] (weight [Dh]: a q/k norm) -> a new buffer;
+        offset: (1 + weight)."""
+        ...
+
+    def split_gate(self, x: torch.Tensor, heads: int, dh: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [rows, heads * 2 Dh], each head [q | gate] (a gated attention's q_proj) -> (q, sigmoid(gate)), each
+        [rows, heads * Dh]."""
+        ...
+
+    def mul(self, h: torch.Tensor, x: torch.Tensor) -> None:
+        """h *= x, in place (an output gate)."""
         ...
 
     def short_conv(
@@ -88,6 +99,14 @@ class DecodeCapture(Protocol):
         self, step: Mamba2Step, proj: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, slot_positions: torch.Tensor
     ) -> torch.Tensor:
         """A Mamba2 mixer's native decode step on in_proj's output, in place on the step's state slots -> y."""
+        ...
+
+    def gdn_step(
+        self, step: GdnStep, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+        conv: torch.Tensor, state: torch.Tensor, slot_positions: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """A Gated DeltaNet mixer's native decode step on its projections' outputs, in place on the step's state
+        slots -> the gated, normed output [rows, Hv * Dv] (out_proj's input)."""
         ...
 
     def paged_attention(

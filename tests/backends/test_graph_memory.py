@@ -43,7 +43,8 @@ def _cpu_model(path: Path) -> tuple[CausalLM, CpuBackend, ModelCaches]:
 
 
 @native
-@pytest.mark.parametrize("arch", ["mamba2", "lfm2", "bamba"])  # Mamba2 alone; short convs + attention; + MLPs
+# Mamba2 alone; short convs + attention; + MLPs; GDN + gated attention
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2", "bamba", "qwen3_5"])
 def test_the_cpu_estimate_is_what_each_captured_graph_holds(tiny_checkpoint: Callable[[str], Path], arch: str) -> None:
     model, backend, caches = _cpu_model(tiny_checkpoint(arch))
     graphs = capture(model, caches, print)
@@ -58,7 +59,7 @@ def test_the_cpu_estimate_is_what_each_captured_graph_holds(tiny_checkpoint: Cal
 
 @native
 def test_a_model_the_graphs_do_not_capture_is_estimated_at_nothing(tiny_checkpoint: Callable[[str], Path]) -> None:
-    model, backend, caches = _cpu_model(tiny_checkpoint("qwen3_5"))  # Gated DeltaNet layers: not captured
+    model, backend, caches = _cpu_model(tiny_checkpoint("qwen3_next"))  # fused GDN projections: not captured
     assert decode_graph_row_floats(model.config, True) is None
     assert all(g is None for g in capture(model, caches, lambda _: None).values())
     assert backend.graph_bytes(model, StepLimits(4, 256, 16)) == 0

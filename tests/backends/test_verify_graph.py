@@ -89,12 +89,14 @@ def _run(model: CausalLM, backend: CpuBackend | None, prompts: list[list[int]],
 # and torch's can move an activation across a quantization step. RoPE's cos/sin had the same problem (fp32 SLEEF vs
 # libm cosf; granite_dense_rope int8 failed on an AVX-512 CPU): both paths now round fp64 values, bit-equal.
 # lfm2 int4 likewise: the module path's other roundings flip an activation code on some schedules (seeds 20-35:
-# 3 of 16 failed both with the int4 activations' step per group and with one per 256-input block).
+# 3 of 16 failed both with the int4 activations' step per group and with one per 256-input block). qwen3_5 int8
+# likewise (seed 15: one token off by 0.03 at one step, then the GDN state carries a flipped code on).
 @pytest.mark.parametrize(("arch", "quantization", "rows", "seed"), [
     ("mamba2", None, 1, 1), ("bamba", None, 1, 2), ("bamba", None, 3, 3), ("mamba2", "int8", 2, 4),
     ("bamba", "int8", 1, 5), ("nemotron_h_relu2", None, 1, 6), ("nemotron_h_relu2", None, 2, 7),
     ("nemotron_h_gelu_tanh", None, 1, 8), ("nemotron_h_relu2", "int8", 1, 9), ("granite_dense", None, 1, 10),
     ("granite_dense_rope", "int8", 2, 11), ("lfm2", None, 1, 12), ("lfm2", "int4", 2, 21),
+    ("qwen3_5", None, 1, 13), ("qwen3_5", None, 3, 14), ("qwen3_5", None, 2, 15),
 ])  # fmt: skip
 def test_verify_graph_matches_the_module_path(arch: str, quantization: str | None, rows: int, seed: int,
                                               graph_checkpoint: Callable[[str], Path],

@@ -353,8 +353,9 @@ def test_memory_plan_names_the_scratch_slots(models: dict[str, Path]) -> None:
 
 def test_the_step_cap_is_the_verify_graph_the_backend_captured(models: dict[str, Path]) -> None:
     """The scheduler caps a step's drafts at the CPU verify graph's size only for a model whose verify steps take
-    the graph (Mamba2); a GDN hybrid's run the module path, where no step size costs a jump: no cap."""
-    for arch, want in (("mamba2", MAX_VERIFY_TOKENS), ("qwen3_5", None)):
+    the graph (Mamba2, Qwen3.5's GDN hybrid); a KDA hybrid's run the module path, where no step size costs a jump:
+    no cap."""
+    for arch, want in (("mamba2", MAX_VERIFY_TOKENS), ("qwen3_5", MAX_VERIFY_TOKENS), ("kimi_linear", None)):
         engine = make(models[arch], spec=True).engine
         assert isinstance(engine.runner.backend, CpuBackend), arch
         assert engine.runner.backend.max_verify_tokens(engine.runner.model, engine.runner.caches) == want, arch

@@ -1,6 +1,7 @@
 /* The small one-row operations of a captured decode step (recap/backends/decode_graph.py) that have no kernel
  * of their own: the embedding row and its multiplier, the residual add (scaled or not), the MLP's activation (gated
- * or not), RoPE with the K/V write and LFM2's gated short conv. Each is the fp32 arithmetic of the torch code it
+ * or not), RoPE (partial: the first rot dims of a head) with the K/V write, gated attention's q / gate split and its
+ * output gate, and LFM2's gated short conv. Each is the fp32 arithmetic of the torch code it
  * stands in for (references in recap/kernels/decode_ops.py); exp, erf, tanh, cos and sin are libm's, so they
  * agree with torch to fp32 rounding. Built by recap/kernels/native.py. */
 #include <math.h>
@@ -152,10 +153,40 @@ void recap_silu_f32(const float *x, const float *up, float *out, int64_t rows, i
         for (; i < n; i++) o[i] = ur ? act_silu(xr[i]) * ur[i] : act_silu(xr[i]);
     }
 }
+/* x [rows, heads, 2 dh], each head [q | gate] -> q [rows, heads, dh] and sigmoid(gate) [rows, heads, dh] (gated
+ * attention's q_proj output, Qwen3.5 / Qwen3-Next); sigmoid(v) = 1 / (1 + exp(-v)), as torch.sigmoid, with
+ * recap_silu_f32's vector exp. */
+void recap_split_gate_f32(const float *x, int64_t rows, int64_t heads, int64_t dh, float *q, float *gate) {
+    for (int64_t r = 0; r < rows * heads; r++) {
+        const float *xr = x + r * 2 * dh, *xg = xr + dh;
+        float *o = gate + r * dh;
+        memcpy(q + r * dh, xr, sizeof(float) * (size_t)dh);
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= dh; i += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(xg + i)));
+            _mm512_storeu_ps(o + i, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+        for (; i + 8 <= dh; i += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xg + i)));
+            _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+        }
+#endif
+        for (; i < dh; i++) o[i] = 1.0f / (1.0f + expf(-xg[i]));
+    }
+}
+
 RECAP_ACT_OP(gelu, act_gelu)
 RECAP_ACT_OP(gelu_tanh, act_gelu_tanh)
 RECAP_ACT_OP(relu, act_relu)
 RECAP_ACT_OP(relu2, act_relu2)
+
+/* h[n] *= x[n] (attention's output gate) */
+void recap_mul_f32(float *h, const float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) h[i] *= x[i];
+}
 
 /* For each row r < rows: RoPE ("rotate half" over the first rot dims of each head, angle = positions[r] *
  * inv_freq[i mod rot/2]) applied in place to q [rows, hq, dh] and k [rows, hkv, dh] (rot 0: none), then k and v

@@ -13,9 +13,10 @@ import torch
 from recap.kernels.metadata import ForwardBatch, KVWrite
 from recap.kernels.paged_decode import paged_decode_available
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous, require_type
 from recap.model.layers.linear import Linear
 from recap.model.layers.mixer import Mixer
-from recap.model.layers.norm import RMSNorm
+from recap.model.layers.norm import OffsetRMSNorm, RMSNorm
 from recap.model.layers.qk_rope import QKRope
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.mixer_configs import AttentionConfig
@@ -74,3 +75,32 @@ class GatedAttention(QKRope, Mixer):
         if gate is not None:
             out = out * gate
         return self.o_proj(out)
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record a decode step (model/capture.py): the projections, q's split from its gate (sigmoid), per-head
+        q/k norms (plain or zero-centred) or none, RoPE (partial: the first rotary_dim dims) and the K/V write,
+        paged decode attention, the output gate, o_proj."""
+        require_type(self, GatedAttention, f"layer {layer}: mixer")
+        c = self.cfg
+        norms_ok = c.qk_norm == "none" or (c.qk_norm == "head" and type(self.q_norm) in (RMSNorm, OffsetRMSNorm))
+        rope_ok = self.rotary is None or (type(self.rotary) is RotaryEmbedding and self.rope_kernel is None)
+        if not (self.native and norms_ok and rope_ok):
+            raise GraphUnsupportedError(f"layer {layer}: gated attention with q/k norms over all heads, a fused "
+                                        "kernel, or no native paged decode")  # fmt: skip
+        kv = caches.kv[layer]
+        k_cache, v_cache = (f32_contiguous(t, f"layer {layer}'s K/V") for t in (kv.k_cache, kv.v_cache))
+        if tuple(k_cache.shape[2:]) != (c.num_kv_heads, c.head_dim):
+            raise GraphUnsupportedError(f"layer {layer}: K/V cache {tuple(k_cache.shape)} does not fit the layer")
+        q, k, v = (p.capture_decode(builder, x) for p in (self.q_proj, self.k_proj, self.v_proj))
+        gate = None
+        if c.output_gate:
+            q, gate = builder.split_gate(q, c.num_heads, c.head_dim)
+        if c.qk_norm == "head":
+            q, k = self.q_norm.capture_decode_heads(builder, q), self.k_norm.capture_decode_heads(builder, k)
+        inv_freq = None if self.rotary is None else f32_contiguous(self.rotary.inv_freq, "inv_freq")
+        if inv_freq is not None and inv_freq.numel() > 512:
+            raise GraphUnsupportedError(f"layer {layer}: rotary dim {2 * inv_freq.numel()} above 1024")
+        out = builder.paged_attention(q, k, v, inv_freq, k_cache, v_cache, self.scale, layer)
+        if gate is not None:
+            builder.mul(out, gate)
+        return self.o_proj.capture_decode(builder, out)

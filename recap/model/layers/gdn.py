@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from recap.kernels.gdn_step import GdnStep, gdn_step_available
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.varlen import copy_decode_checkpoints
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, GraphUnsupportedError, f32_contiguous, require_type
 from recap.model.layers.conv import CausalConv1d
 from recap.model.layers.linear import Linear, empty_param
 from recap.model.layers.mixer import Mixer
@@ -106,3 +108,28 @@ class GatedDeltaNetMixer(Mixer):
                                            normalize_qk=True)  # fmt: skip
         o = getattr(self, self._norm_name)(o.reshape(t, c.value_dim), z)
         return getattr(self, self._out_name)(o.to(hidden.dtype))
+
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record a plain decode step (model/capture.py): the four input projections, the native step in place on
+        the step's slots (kernels/gdn_step.py: this forward's decode arithmetic), out_proj. Qwen3.5's projection
+        layout with a silu conv and no beta scale only."""
+        require_type(self, GatedDeltaNetMixer, f"layer {layer}: mixer")
+        c = self.cfg
+        norm = self.norm if c.projection == "qwen3_5" else None
+        if norm is None or c.activation not in ("silu", "swish") or c.beta_scale != 1.0 or not gdn_step_available():
+            raise GraphUnsupportedError(f"layer {layer}: a GDN mixer of the {c.projection!r} layout, activation "
+                                        f"{c.activation!r}, beta scale {c.beta_scale}")  # fmt: skip
+        if norm.norm_kernel is not None or self.conv1d.bias is not None:
+            raise GraphUnsupportedError(f"layer {layer}: a GDN mixer with a fused norm kernel or a conv bias")
+        state = self.layer_cache(caches, layer)
+        conv, rec = (f32_contiguous(state[n], f"layer {layer}'s {n} state") for n in ("conv", "recurrent"))
+        heads = (c.num_k_heads, c.num_v_heads, c.head_k_dim, c.head_v_dim)
+        try:
+            step = GdnStep(f32_contiguous(self.conv1d.weight, "a conv weight").squeeze(1), self.A_log, self.dt_bias,
+                           norm.weight, norm.eps, heads)  # fmt: skip
+        except ValueError as e:
+            raise GraphUnsupportedError(f"layer {layer}: {e}") from None
+        qkv, z, b, a = (p.capture_decode(builder, x) for p in (self.in_proj_qkv, self.in_proj_z, self.in_proj_b,
+                                                                self.in_proj_a))  # fmt: skip
+        y = builder.gdn_step(step, qkv, z, b, a, conv, rec, caches.slot_positions)
+        return self.out_proj.capture_decode(builder, y)

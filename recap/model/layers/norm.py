@@ -160,6 +160,20 @@ class OffsetRMSNorm(RMSNorm):
             return self.norm_kernel(x, self.weight, self.eps, offset=True)
         return rms_normalize(x, self.eps).mul_(1.0 + self.weight.float()).to(x.dtype)
 
+    def capture_decode(self, builder: DecodeCapture, x: torch.Tensor) -> torch.Tensor:
+        """Record this norm on fp32 rows x [rows, D] through the native RMS norm with the weight 1 + w (its torch
+        ops' arithmetic but for the order of the sum of squares: equal to fp32 rounding)."""
+        return builder.rms_norm(x, self._capture_weight(), self.eps, offset=True)
+
+    def capture_decode_heads(self, builder: DecodeCapture, x: torch.Tensor) -> torch.Tensor:
+        """Record this norm over each head of x [rows, heads * D] (a q/k norm)."""
+        return builder.head_rms_norm(x, self._capture_weight(), self.eps, offset=True)
+
+    def _capture_weight(self) -> torch.Tensor:
+        if type(self) is not OffsetRMSNorm or self.norm_kernel is not None:
+            raise GraphUnsupportedError(f"norm {type(self).__name__} with a fused kernel")
+        return f32_contiguous(self.weight, "a norm weight")
+
 
 class HeadGatedRMSNorm(FusedNorm):
     """Gated DeltaNet's output norm: (weight * x / rms(x)) * silu(z), the RMS over each head's `dim` channels.

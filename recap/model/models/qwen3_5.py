@@ -17,6 +17,7 @@ import torch
 
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches
+from recap.model.capture import DecodeCapture, capture_residual, require_type
 from recap.model.layer_kinds import build_mixer
 from recap.model.layers.gated_attention import GatedAttention
 from recap.model.layers.norm import OffsetRMSNorm
@@ -49,6 +50,15 @@ class Qwen3_5Block(ResidualBlock):
         x, h = add_norm(self.input_layernorm, h, out)
         x, h = add_norm(self.post_attention_layernorm, h, mixer(x, batch, caches, layer))
         return h, self.mlp(x)
+
+    def capture_decode(self, builder: DecodeCapture, h: torch.Tensor, caches: ModelCaches, layer: int) -> torch.Tensor:
+        """Record the mixer's and the MLP's residual steps on the residual buffer h (model/capture.py); a MoE
+        layer is not recorded."""
+        require_type(self, Qwen3_5Block, f"layer {layer}: block")
+        mixer = self.self_attn if self.is_attention else self.linear_attn
+        capture_residual(builder, h, self.input_layernorm, mixer, caches, layer)
+        capture_residual(builder, h, self.post_attention_layernorm, self.mlp, caches, layer)
+        return h
 
 
 class Qwen3_5ForCausalLM(HybridForCausalLM):
