@@ -38,10 +38,9 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import KernelSet, kernel_set
 from recap.kernels.metadata import PAD_SLOT_ID, ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.footprint import widest_linear
+from recap.model.footprint import prefill_activation_bytes, widest_linear
 from recap.model.model_config import ModelConfig
 from recap.model.models import CausalLM
-from recap.runner.memory import ACTIVATION_COPIES
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +99,8 @@ class CudaBackend(TorchBackend):
                 held = inputs(r, w) + r * config.hidden_size * model.dtype.itemsize  # + the hidden states
                 shapes += [held, held + 8 * r]  # without the head, and with it (+ the rows' ids)
         # the shared pool: a step's live activations at the largest row count, and the head's fp32 logits
-        pool = rows[-1] * (ACTIVATION_COPIES * widest_linear(model, config.vocab_size) + config.vocab_size) * 4
+        widest = widest_linear(model, config.vocab_size)
+        pool = prefill_activation_bytes(rows[-1], widest) + rows[-1] * config.vocab_size * 4
         return sum(sorted(shapes, reverse=True)[:MAX_GRAPHS]) + pool
 
     def shape_rows(self, specs: Sequence[SeqSpec]) -> Sequence[SeqSpec]:

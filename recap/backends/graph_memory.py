@@ -15,7 +15,7 @@ CUDA graphs (cuda_graph.py): per captured shape (a row count of GRAPH_ROWS, a bl
 not: at most MAX_GRAPHS) the packed metadata buffer the step's inputs are copied into (int64, its size from a
 padding template built as the backend builds one: tested against the reference capture on the CPU) and the
 step's outputs (hidden [rows, D] and the head's ids). The graphs share one memory pool for their intermediates;
-it is estimated as a step's live activations at the largest row count: runner/memory.py's ACTIVATION_COPIES fp32
+it is estimated as a step's live activations at the largest row count: model/footprint.py's ACTIVATION_COPIES fp32
 copies of the widest layer but the head (the basis the plan takes for a prefill step's activations) and the head's
 fp32 logits. That pool figure is an estimate, not measured on a card.
 """

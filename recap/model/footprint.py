@@ -108,6 +108,14 @@ class _StorageCounter:
         self.opaque += weight.numel() * weight.element_size() + (0 if bias is None else bias.nbytes)
 
 
+
+ACTIVATION_COPIES = 3  # fp32 [tokens, widest layer output] tensors a step holds live at once
+
+
+def prefill_activation_bytes(max_num_batched_tokens: int, widest_linear: int) -> int:
+    """A step's largest live activations: ACTIVATION_COPIES fp32 [tokens, widest layer output] tensors."""
+    return ACTIVATION_COPIES * max_num_batched_tokens * widest_linear * 4
+
 def _extent(t: torch.Tensor) -> int:
     """Bytes from a tensor's first element to one past its last (its strides may skip some)."""
     if t.numel() == 0:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from recap.config import CacheConfig, SchedulerConfig
-from recap.model.footprint import serving_weight_bytes_lower_bound, widest_linear
+from recap.model.footprint import prefill_activation_bytes, serving_weight_bytes_lower_bound, widest_linear
 from recap.model.loader import build_model
 from recap.model.model_config import ModelConfig
 from recap.model.quant import QUANTIZATIONS
@@ -29,14 +29,8 @@ class PoolSizes:
 
 # What the process holds beyond weights and pools, stated: the interpreter, torch and its libraries, the
 # tokenizer, the native kernels and the allocator's slack (0.35-0.45 GiB of RSS before a model loads here),
-# plus ACTIVATION_COPIES live activations of one step's widest layer (prefill_activation_bytes).
+# plus a step's live activations (model/footprint.py's prefill_activation_bytes).
 RUNTIME_OVERHEAD_BYTES = 512 << 20
-ACTIVATION_COPIES = 3
-
-
-def prefill_activation_bytes(max_num_batched_tokens: int, widest_linear: int) -> int:
-    """A step's largest live activations: a few fp32 [tokens, widest layer output] tensors at once."""
-    return ACTIVATION_COPIES * max_num_batched_tokens * widest_linear * 4
 
 
 @dataclass(frozen=True)

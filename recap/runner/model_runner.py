@@ -16,7 +16,7 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches
-from recap.model.footprint import held_weight_bytes, widest_linear
+from recap.model.footprint import held_weight_bytes, prefill_activation_bytes, widest_linear
 from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
@@ -27,7 +27,6 @@ from recap.runner.memory import (
     MemoryPlan,
     PoolSizes,
     pool_share_base,
-    prefill_activation_bytes,
     remedies,
     size_pools,
     weight_format,
