@@ -244,7 +244,8 @@ class ModelRunner:
         if not self.runner_config.async_scheduling:
             resolve_now(result, request_ids, ids, reads, positions)
             return
-        result.pending = PendingSamples(request_ids, ids, reads, positions)
+        if request_ids or reads is not None:  # a prefill chunk mid-prompt reads nothing
+            result.pending = PendingSamples(request_ids, ids, reads, positions)
         self.sampled_ids.keep(request_ids, ids, batch.input_ids.device)
 
     def _sample(self, rows: list[ScheduledRequest], batch: ForwardBatch, hidden: torch.Tensor,
