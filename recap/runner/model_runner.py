@@ -356,7 +356,7 @@ class ModelRunner:
 
     def _checkpoint_reads(self, out: SchedulerOutput,
                           batch: ForwardBatch) -> tuple[CheckpointReads | None, torch.Tensor | None]:  # fmt: skip
-        """The step's planned checkpoints past speculation's scratch slots (verify rows' states are none) and the
+        """The step's planned checkpoints outside speculation's scratch slots (verify rows' states are none) and the
         positions the kernels wrote into their slots, gathered where the pools are."""
         scratch = self.pools.num_state_slots
         planned = [(row, slot) for row, _pos, slot in batch.planned_checkpoints if slot < scratch]
