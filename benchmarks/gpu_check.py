@@ -12,7 +12,8 @@ Sections, each timed and isolated (a failure is recorded and the next section ru
    gives the same tokens);
 3. speed: ~1.3B Nemotron-H-like and ~1.5B Qwen3.5-like shapes with random bf16 weights: prefill tok/s at
    8k tokens, decode tok/s at batch 1/32/128, time to first token on a cached 8k prefix (+64 new tokens)
-   against the cold 8k prefill; transformers on the same shape side by side (prefill 8k, decode batch 1);
+   against the cold 8k prefill; decode at batch 1/32 with async scheduling on beside off (a second engine);
+   transformers on the same shape side by side (prefill 8k, decode batch 1);
    each figure as a fraction of the card's limits (HBM bytes/s for decode, dense bf16 FLOP/s for prefill);
 4. profile (on request: --sections profile): on the same shapes, the kernels of the batch-1 decode graph's
    replay and of an eager batch-1 step, the host's functions over 30 decode steps (cProfile), and the kernels
@@ -255,6 +256,34 @@ def _decode_rate(engine: LLMEngine, batch: int, steps: int, device: torch.device
     return made / (time.perf_counter() - t0)
 
 
+def _speed_engine(path: Path, tok: str, device: torch.device, prefill_len: int, async_on: bool = False,
+                  pool_bytes: int = 8 << 30) -> LLMEngine:  # fmt: skip
+    return LLMEngine(EngineConfig(
+        model=str(path), tokenizer=tok, device=str(device), dtype="bfloat16", seed=0, generation_config="vllm",
+        cache=CacheConfig(block_size=16, kv_cache_bytes=pool_bytes, state_cache_bytes=pool_bytes),
+        scheduler=SchedulerConfig(max_num_seqs=128, max_model_len=prefill_len + 128,
+                                  max_num_batched_tokens=prefill_len + 64, async_scheduling=async_on),
+    ))  # fmt: skip
+
+
+ASYNC_BATCHES = (1, 32)
+
+
+def async_decode(path: Path, tok: str, device: torch.device, prefill_len: int, vocab: int, steps: int,
+                 sync_rates: dict[int, float], pool_bytes: int = 8 << 30) -> dict[str, Any]:  # fmt: skip
+    """Decode at batch 1 and 32 with async scheduling on (a fresh engine of the synchronous one's settings, its
+    sampled ids read on the host a step late: docs/gpu.md), beside the synchronous engine's rates measured just
+    before it (`sync_rates`, batch -> tok/s): tok/s each way and on / off."""
+    eng = _speed_engine(path, tok, device, prefill_len, async_on=True, pool_bytes=pool_bytes)
+    rows: dict[str, Any] = {}
+    for batch in ASYNC_BATCHES:
+        on, off = _decode_rate(eng, batch, steps, device, vocab), sync_rates[batch]
+        rows[f"b{batch}"] = {"off_tok_s": off, "on_tok_s": on, "on_over_off": on / off}
+    del eng
+    _free()
+    return rows
+
+
 def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.device, tmp: Path, smoke: bool,
                 limits: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
     hbm, flops = limits
@@ -263,12 +292,7 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
     vocab = int(overrides["vocab_size"])
     prefill_len = 512 if smoke else 8192
     res: dict[str, Any] = {"shape": name, "params": n_params, "weight_bytes": 2 * n_params}
-    eng = LLMEngine(EngineConfig(
-        model=str(path), tokenizer=tok, device=str(device), dtype="bfloat16", seed=0, generation_config="vllm",
-        cache=CacheConfig(block_size=16, kv_cache_bytes=8 << 30, state_cache_bytes=8 << 30),
-        scheduler=SchedulerConfig(max_num_seqs=128, max_model_len=prefill_len + 128,
-                                  max_num_batched_tokens=prefill_len + 64),
-    ))  # fmt: skip
+    eng = _speed_engine(path, tok, device, prefill_len)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, vocab, (prefill_len,), generator=g).tolist()
     # Warm-up of both paths (cold prefill, and a hit + new tokens), so no timing below includes Triton's compiles.
@@ -297,6 +321,8 @@ def speed_shape(name: str, arch: str, overrides: dict[str, Any], device: torch.d
             res.update(_replay_time(eng, device, 2 * n_params, hbm))
     del eng
     _free()
+    sync_rates = {b: res[f"decode_b{b}_tok_s"] for b in ASYNC_BATCHES}
+    res["decode_async"] = async_decode(path, tok, device, prefill_len, vocab, 8 if smoke else 32, sync_rates)
     res["transformers"] = _transformers_speed(arch, overrides, path, device, prompt, smoke)
     print(f"  {name}: {json.dumps(res)}", flush=True)
     return res

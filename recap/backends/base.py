@@ -178,12 +178,13 @@ class Backend(ABC):
 
     def forward_greedy(
         self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches
-    ) -> tuple[torch.Tensor, list[int]]:
-        """`forward`, and the argmax token of each sampled row (batch.sample_rows' order) on the host: for a step
-        whose sampled rows all take the argmax of their raw logits and nothing else of them (runner/sampler.py's
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, and the argmax token of each sampled row (batch.sample_rows' order) as int64 ids [R] on the
+        model's device, not read on the host (the runner decides when: runner/host_copy.py): for a step whose
+        sampled rows all take the argmax of their raw logits and nothing else of them (runner/sampler.py's
         takes_argmax). The reference: the head and argmax on the forward's output; a backend that captures steps
         folds them into the capture (backends/cuda.py)."""
         hidden = self.forward(model, batch, caches)
         if not batch.sample_rows:
-            return hidden, []
-        return hidden, model.greedy_tokens(hidden[batch.logits_indices]).tolist()
+            return hidden, torch.empty(0, dtype=torch.int64, device=hidden.device)
+        return hidden, model.greedy_tokens(hidden[batch.logits_indices]).to(torch.int64)

@@ -9,8 +9,9 @@ model/layers/moe.py) run the module path, as --enforce-eager runs every step (th
 
 A decode step whose sampled rows all take the argmax of their raw logits (greedy, no logprobs, penalties, bans or
 grammar: the runner decides, runner/model_runner.py) replays a graph of its shape that also takes the output head
-and the argmax (`forward_greedy`): one copy of the rows' token ids reaches the host, and nothing of the step runs
-outside the graph. Any other decode step replays the graph without them and the runner samples from the logits.
+and the argmax (`forward_greedy`): the rows' token ids stay on the device for the runner, which reads them on the host
+when the step runs or, under async scheduling, when the engine applies it (runner/host_copy.py); nothing of the step
+runs outside the graph. Any other decode step replays the graph without them and the runner samples from the logits.
 """
 
 from __future__ import annotations
@@ -122,16 +123,16 @@ class CudaBackend(TorchBackend):
 
     def forward_greedy(
         self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches
-    ) -> tuple[torch.Tensor, list[int]]:
-        """A decode step of a captured shape replays its graph with the head and argmax: the rows' ids come to the
-        host in one copy; any other step runs the reference (the module path, then the head and argmax)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step of a captured shape replays its graph with the head and argmax: the sampled rows' ids stay
+        on the device, in a tensor of their own (the graph's output is overwritten by its next replay); any other
+        step runs the reference (the module path, then the head and argmax)."""
         step = self.captured(model, batch, caches, head=True)
         if step is None:
             return super().forward_greedy(model, batch, caches)
         hidden, ids = step.run(batch, caches)
         assert ids is not None
-        every_row = ids.tolist()  # the one device-to-host copy of the step
-        return hidden, [every_row[r] for r in batch.sample_rows]
+        return hidden, sampled_rows(ids, batch.sample_rows)
 
     def captured(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches,
                  head: bool = False) -> CapturedStep | None:  # fmt: skip
@@ -170,6 +171,15 @@ class CudaBackend(TorchBackend):
         except Exception as e:  # noqa: BLE001 - this shape runs eagerly, the reason logged
             logger.warning("decode graph not captured for %d rows, the module path runs: %s", batch.num_seqs, e)
         return None
+
+
+def sampled_rows(ids: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """A copy of `ids`' entries at `rows`, where `ids` is: a slice when they lead the batch (a decode step's rows
+    come first, its padding after them), else a gather whose index travels in one host-to-device copy."""
+    n = len(rows)
+    if list(rows) == list(range(n)):
+        return ids[:n].to(torch.int64, copy=True)
+    return ids[torch.tensor(list(rows), dtype=torch.int64).to(ids.device, non_blocking=True)].to(torch.int64)
 
 
 def padding_template(batch: ForwardBatch) -> ForwardBatch:

@@ -6,7 +6,7 @@ The runner reads only these: it never looks inside the scheduler or the pools.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from recap.core.tier_index import TierKey
 
@@ -171,3 +171,20 @@ class ModelRunnerOutput:
     tier_disabled: list[int] = field(default_factory=list)
     # Opaque to the core (logprobs and the like), passed through to the engine.
     extras: dict[str, Any] = field(default_factory=dict)
+    # Async scheduling: reads still on their way from the model's device (the sampled ids, the checkpoints'
+    # written positions); the fields above that they fill are empty until `resolve()`.
+    pending: PendingReads | None = None
+
+    def resolve(self) -> ModelRunnerOutput:
+        """Wait for the step's pending reads and fill the fields they hold (a no-op once done or when none)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.resolve(self)
+        return self
+
+
+class PendingReads(Protocol):
+    """A step's device reads started by the runner and finished only when the engine applies the step."""
+
+    def resolve(self, result: ModelRunnerOutput) -> None:
+        """Wait for the reads and write what they say into `result`."""

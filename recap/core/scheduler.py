@@ -316,6 +316,8 @@ class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecSchedulin
     # -- after the step ---------------------------------------------------------------------------
     def update_from_output(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput) -> list[RequestUpdate]:
         """Apply a completed step: advance, register checkpoints and blocks, sample, stop, free."""
+        if runner_out.pending is not None:  # its ids and checkpoints are still on the device
+            raise RuntimeError(f"step {sched_out.step}'s runner output is not resolved (ModelRunnerOutput.resolve)")
         if sched_out.scheduled:
             if not self._flight or sched_out is not self._flight[0]:
                 raise RuntimeError(f"step {sched_out.step} is not the oldest step in flight")

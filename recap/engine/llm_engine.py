@@ -231,8 +231,9 @@ class LLMEngine:
         return results
 
     def _apply(self, sched_out: SchedulerOutput, runner_out: ModelRunnerOutput, t0: float) -> None:
-        """Update the scheduler from a step's output and hand its tokens to the output processor."""
-        updates = self.scheduler.update_from_output(sched_out, runner_out)
+        """Update the scheduler from a step's output and hand its tokens to the output processor. The output is
+        resolved here: under async scheduling its ids reach the host only now, after the next step was launched."""
+        updates = self.scheduler.update_from_output(sched_out, runner_out.resolve())
         logprobs = runner_out.extras.get("logprobs", {})
         for cid, found in runner_out.extras.get("prompt_logprobs", {}).items():
             if cid in self.outputs.child_to_parent:

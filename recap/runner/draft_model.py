@@ -181,7 +181,7 @@ class DraftModelRunner:
                                     with_window=self.has_window, kernels=self.backend.kernels)  # fmt: skip
         if self.has_state and batch.planned_checkpoints:
             self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]] = -1
-        return self.backend.forward_greedy(self.model, batch, self.caches)[1]
+        return self.backend.forward_greedy(self.model, batch, self.caches)[1].tolist()  # drafts are read here
 
     @torch.inference_mode()
     def propose(self, out: SchedulerOutput) -> tuple[SchedulerOutput, dict[str, list[int]]]:

@@ -10,7 +10,7 @@ import torch
 from recap.backends import Backend, backend_for
 from recap.backends.graph_memory import StepLimits
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
-from recap.core.output import CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from recap.core.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.core.speculation import drafting_rows
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.kernel_set import TORCH_KERNELS, KernelSet
@@ -21,6 +21,7 @@ from recap.model.loader import LoadedModel
 from recap.model.quant import QUANTIZATIONS
 from recap.runner.device import device_pool_budget
 from recap.runner.grammar import GrammarBackend, GrammarFailed
+from recap.runner.host_copy import CheckpointReads, PendingSamples, resolve_now
 from recap.runner.host_memory import MemoryLimit, process_memory_limit
 from recap.runner.memory import (
     RUNTIME_OVERHEAD_BYTES,
@@ -32,7 +33,7 @@ from recap.runner.memory import (
     weight_format,
 )
 from recap.runner.placeholders import SampledIds
-from recap.runner.sampler import RowLogprobs, Sampler, SampleResult, SampleRow, row_logprobs, takes_argmax
+from recap.runner.sampler import RowLogprobs, Sampler, SampleRow, row_logprobs, takes_argmax
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.runner.tier_stores import TierStepReport, open_tier_stores
 from recap.sampling_params import SamplingParams
@@ -219,12 +220,10 @@ class ModelRunner:
         result = ModelRunnerOutput()
         rows = [out.scheduled[r] for r in batch.sample_rows]
         if rows and not verify and all(self._takes_argmax(s) for s in rows):  # the backend's head and argmax
-            hidden, tokens = self.backend.forward_greedy(self.model, batch, self.caches)
-            self._collect_samples(rows, SampleResult(tokens, [None] * len(tokens)), result)
+            hidden, ids = self.backend.forward_greedy(self.model, batch, self.caches)  # where the model runs
         else:
             hidden = self.backend.forward(self.model, batch, self.caches)
-            if rows:
-                self._sample(rows, batch, hidden, result)
+            ids = self._sample(rows, batch, hidden, result) if rows else torch.empty(0, dtype=torch.int64)
         if verify:
             self._verify(out, batch, hidden, verify, result)
         if self.drafter is not None:  # it commits its drafts and takes the hidden states it needs (an MTP head)
@@ -232,21 +231,33 @@ class ModelRunner:
             self.drafter.after_step(out, batch, hidden, result)
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
-        if self.has_state:
-            self._report_checkpoints(out, batch, result)
-        if self.runner_config.async_scheduling:
-            self.sampled_ids.keep(result.sampled_token_ids, batch.input_ids.device)
+        self._report(out, batch, [s.request_id for s in rows], ids, result)
         return _with_tier(result, tier)
 
-    def _sample(self, rows: list[ScheduledRequest], batch: ForwardBatch, hidden: torch.Tensor,
+    def _report(self, out: SchedulerOutput, batch: ForwardBatch, request_ids: list[str], ids: torch.Tensor,
                 result: ModelRunnerOutput) -> None:  # fmt: skip
-        """Sample `rows` (the batch's sampled rows) from their logits. On a GPU the sampler takes greedy rows' argmax
-        there, else one copy of the rows' logits to the host."""
+        """The step's sampled ids and the positions its kernels wrote into the planned checkpoint slots (not what
+        was planned): read now, or, under async scheduling, copying to the host until the engine resolves the
+        output (runner/host_copy.py); the next step's placeholders take the ids where they are."""
+        reads, positions = self._checkpoint_reads(out, batch) if self.has_state else (None, None)
+        if not self.runner_config.async_scheduling:
+            resolve_now(result, request_ids, ids, reads, positions)
+            return
+        if request_ids or reads is not None:  # a prefill chunk mid-prompt reads nothing
+            result.pending = PendingSamples(request_ids, ids, reads, positions)
+        self.sampled_ids.keep(request_ids, ids, batch.input_ids.device)
+
+    def _sample(self, rows: list[ScheduledRequest], batch: ForwardBatch, hidden: torch.Tensor,
+                result: ModelRunnerOutput) -> torch.Tensor:  # fmt: skip
+        """Sample `rows` (the batch's sampled rows) from their logits; their ids, on the host (the sampler read the
+        logits there). On a GPU the sampler takes greedy rows' argmax there, else one copy of the rows' logits to
+        the host."""
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         sampled = self.sampler(logits, [self._sample_row(s, logits.shape[-1]) for s in rows])
-        self._collect_samples(rows, sampled, result)
+        result.extras["logprobs"] = {s.request_id: lp for s, lp in zip(rows, sampled.logprobs) if lp is not None}
         if self._grammar_failed:  # their tokens were drawn unconstrained: the engine drops them
             result.extras["grammar_failed"], self._grammar_failed = self._grammar_failed, {}
+        return torch.tensor(sampled.token_ids, dtype=torch.int64)
 
     def _takes_argmax(self, s: ScheduledRequest) -> bool:
         """Whether the row's token is the argmax of its raw logits and nothing else is asked of them."""
@@ -342,26 +353,16 @@ class ModelRunner:
             found[s.request_id] = (start, [row_logprobs(lp[j], prompt[start + 1 + j], k) for j in range(stop - start)])
         return found
 
-    @staticmethod
-    def _collect_samples(rows: list[ScheduledRequest], sampled: SampleResult, result: ModelRunnerOutput) -> None:
-        logprobs = {}
-        for s, tok, lp in zip(rows, sampled.token_ids, sampled.logprobs):
-            result.sampled_token_ids[s.request_id] = tok
-            if lp is not None:
-                logprobs[s.request_id] = lp
-        result.extras["logprobs"] = logprobs
-
-    def _report_checkpoints(self, out: SchedulerOutput, batch: ForwardBatch, result: ModelRunnerOutput) -> None:
-        """Report what the kernels say they wrote (slot_positions), not what was planned."""
-        if not batch.planned_checkpoints:
-            return
-        written = self.caches.slot_positions[[p[2] for p in batch.planned_checkpoints]].tolist()
-        scratch = self.pools.num_state_slots  # scratch slots (verify rows' states) are no checkpoints
-        for (row, _pos, slot), pos in zip(batch.planned_checkpoints, written):
-            if slot >= scratch:
-                continue
-            rid = out.scheduled[row].request_id
-            result.written_checkpoints.setdefault(rid, []).append(CheckpointWrite(position=int(pos), slot=slot))
+    def _checkpoint_reads(self, out: SchedulerOutput,
+                          batch: ForwardBatch) -> tuple[CheckpointReads | None, torch.Tensor | None]:  # fmt: skip
+        """The step's planned checkpoints outside speculation's scratch slots (verify rows' states are none) and the
+        positions the kernels wrote into their slots, gathered where the pools are."""
+        scratch = self.pools.num_state_slots
+        planned = [(row, slot) for row, _pos, slot in batch.planned_checkpoints if slot < scratch]
+        if not planned:
+            return None, None
+        reads = CheckpointReads([out.scheduled[row].request_id for row, _ in planned], [slot for _, slot in planned])
+        return reads, self.caches.slot_positions[reads.slots]
 
 
 def _with_tier(result: ModelRunnerOutput, tier: TierStepReport | None) -> ModelRunnerOutput:

@@ -16,16 +16,19 @@ from recap.core.output import ScheduledRequest
 
 
 class SampledIds:
-    """The last step's sampled ids, in one tensor on the model's device, and the row of each request in it."""
+    """The last step's sampled ids, in one tensor on the model's device, and the row of each request in it.
+    `ids` is the step's own tensor (backends' forward_greedy): the fill reads it on the device, ordered after the
+    step that wrote it by the stream, before the step's output is resolved on the host."""
 
     def __init__(self) -> None:
         self.ids: torch.Tensor | None = None
         self.rows: dict[str, int] = {}
 
-    def keep(self, sampled: Mapping[str, int], device: torch.device) -> None:
-        """Keep a step's samples (request id -> token) for the step scheduled after it."""
-        self.rows = {rid: i for i, rid in enumerate(sampled)}
-        self.ids = torch.tensor(list(sampled.values()), dtype=torch.int64).to(device, non_blocking=True)
+    def keep(self, request_ids: Sequence[str], ids: torch.Tensor, device: torch.device) -> None:
+        """Keep a step's sampled ids (one per request in `request_ids`, the greedy head's own tensor where the model
+        ran it; the sampler's are on the host) for the step scheduled after it: no read on the host."""
+        self.rows = {rid: i for i, rid in enumerate(request_ids)}
+        self.ids = ids.to(device, non_blocking=True)
 
     def fill(self, rows: Sequence[ScheduledRequest], input_ids: torch.Tensor) -> None:
         """Write each placeholder row's token into `input_ids` (the flat ids of these rows, padding after them)."""
@@ -33,9 +36,8 @@ class SampledIds:
         if not flat:
             return
         assert self.ids is not None
-        device = input_ids.device
-        index = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
-        input_ids[index] = self.ids[torch.tensor(src, dtype=torch.int64).to(device, non_blocking=True)]
+        index = torch.tensor([flat, src], dtype=torch.int64).to(input_ids.device, non_blocking=True)  # one copy
+        input_ids[index[0]] = self.ids[index[1]]
 
 
 def fill_ref(rows: Sequence[ScheduledRequest], sampled: Mapping[str, int]) -> list[list[int]]:

@@ -55,3 +55,25 @@ def test_summary_counts_and_every_failure_line() -> None:
 def test_a_run_stopped_before_its_summary() -> None:
     got = _module().parse_pytest_output("....F\n(stopped after 30 s)")
     assert got["summary"] == "" and got["counts"] == {} and got["failed_marks"] == 1 and got["passed_dots"] == 4
+
+
+def test_async_decode_rows_beside_the_synchronous_rates(tmp_path: Path) -> None:
+    """The speed section's async rows, run on the CPU (what --device cpu --smoke runs) on a tiny Nemotron-H."""
+    import torch
+
+    from recap.model.testing import make_tiny_checkpoint
+    from tests.tiny_tokenizer import save_tiny_tokenizer
+
+    torch.set_num_threads(1)
+    mod = _module()
+    path = make_tiny_checkpoint("nemotron_h", tmp_path / "nemotron_h")
+    save_tiny_tokenizer(path, vocab_size=512)
+    cpu = torch.device("cpu")
+    sync = mod._speed_engine(path, str(path), cpu, 64, pool_bytes=32 << 20)
+    assert not sync.config.scheduler.async_scheduling
+    rates = {b: mod._decode_rate(sync, b, 4, cpu, 512) for b in mod.ASYNC_BATCHES}
+    rows = mod.async_decode(path, str(path), cpu, 64, 512, 4, rates, pool_bytes=32 << 20)
+    assert list(rows) == ["b1", "b32"]
+    for batch, row in zip(mod.ASYNC_BATCHES, rows.values()):
+        assert row["off_tok_s"] == rates[batch] and row["on_tok_s"] > 0
+        assert row["on_over_off"] == row["on_tok_s"] / row["off_tok_s"]

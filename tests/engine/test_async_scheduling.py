@@ -15,11 +15,13 @@ import torch
 
 from recap import LLM, SamplingParams
 from recap.config import SchedulerConfig, SpeculativeConfig
-from recap.core.output import ModelRunnerOutput, SchedulerOutput
+from recap.core.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from recap.core.scheduler import Scheduler
 from recap.core.stats import RequestUpdate
 from recap.engine.config import EngineConfig
+from recap.engine.llm_engine import LLMEngine
 from recap.engine.outputs import RequestOutput
+from recap.runner.host_copy import PendingSamples
 from recap.runner.placeholders import SampledIds, fill_ref
 from tests.core.test_async_scheduling import registered
 from tests.engine.conftest import tiny_model_dir
@@ -162,11 +164,11 @@ def test_schedule_of_step_n_plus_1_comes_before_the_update_of_step_n(models: dic
 
 
 def test_placeholders_are_filled_from_the_last_steps_ids_as_the_reference_does() -> None:
-    from recap.core.output import PLACEHOLDER_TOKEN_ID, ScheduledRequest
+    from recap.core.output import PLACEHOLDER_TOKEN_ID
 
     sampled = {"a": 11, "b": 22, "c": 33}
     ids = SampledIds()
-    ids.keep(sampled, torch.device("cpu"))
+    ids.keep(list(sampled), torch.tensor(list(sampled.values())), torch.device("cpu"))
     rows = [ScheduledRequest("c", [PLACEHOLDER_TOKEN_ID], 5, [], -1, placeholder=True),
             ScheduledRequest("x", [1, 2, 3], 0, [], -1),
             ScheduledRequest("a", [PLACEHOLDER_TOKEN_ID], 9, [], -1, placeholder=True)]  # fmt: skip
@@ -181,3 +183,71 @@ def test_async_scheduling_with_speculative_decoding_is_refused() -> None:
     with pytest.raises(ValueError, match="does not combine with speculative"):
         EngineConfig(scheduler=SchedulerConfig(async_scheduling=True), speculative=SpeculativeConfig.parse(
             {"method": "ngram", "num_speculative_tokens": 2}))
+
+
+def trace_ids(eng: LLMEngine, trace: list[tuple[str, int]], mp: pytest.MonkeyPatch) -> None:
+    """Record each execute (its step's output left pending), each apply, each resolution of a step's ids and each
+    placeholder fill (with the step whose greedy-head tensor it read)."""
+    runner, stepping = eng.runner, [-1]
+    heads: dict[int, torch.Tensor] = {}
+    execute, greedy, fill = runner.execute, runner.backend.forward_greedy, runner.sampled_ids.fill
+    resolve, apply = PendingSamples.resolve, eng._apply
+    by_pending: dict[int, int] = {}
+
+    def traced_execute(out: SchedulerOutput) -> ModelRunnerOutput:
+        stepping[0] = out.step
+        result = execute(out)
+        if result.pending is not None:
+            by_pending[id(result.pending)] = out.step
+            assert not result.sampled_token_ids  # nothing read on the host yet
+        trace.append(("execute", out.step))
+        return result
+
+    def traced_greedy(*a: object) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, ids = greedy(*a)  # type: ignore[arg-type]
+        heads[stepping[0]] = ids
+        return hidden, ids
+
+    def traced_fill(rows: list[ScheduledRequest], input_ids: torch.Tensor) -> None:
+        if any(s.placeholder for s in rows):
+            prev = next(n for n, t in heads.items() if t is runner.sampled_ids.ids)  # the head's own tensor
+            trace.append(("fill", prev))
+        fill(rows, input_ids)
+
+    def traced_resolve(self: PendingSamples, result: ModelRunnerOutput) -> None:
+        trace.append(("resolve", by_pending[id(self)]))
+        resolve(self, result)
+
+    def traced_apply(out: SchedulerOutput, result: ModelRunnerOutput, t0: float) -> None:
+        trace.append(("apply", out.step))
+        apply(out, result, t0)
+
+    mp.setattr(runner, "execute", traced_execute)
+    mp.setattr(runner.backend, "forward_greedy", traced_greedy)
+    mp.setattr(runner.sampled_ids, "fill", traced_fill)
+    mp.setattr(PendingSamples, "resolve", traced_resolve)
+    mp.setattr(eng, "_apply", traced_apply)
+
+
+@pytest.mark.parametrize("async_on", [False, True])
+def test_sampled_ids_stay_unresolved_until_the_step_is_applied(
+        models: dict[str, Path], async_on: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Under async scheduling the runner's output holds the greedy head's tensor, unread, until `_apply`, which
+    comes after the next step ran; that step's placeholders were filled from the tensor itself. The synchronous
+    loop reads them before execute returns."""
+    eng = make(models["bamba"], async_on).engine
+    trace: list[tuple[str, int]] = []
+    trace_ids(eng, trace, monkeypatch)
+    eng.add_request(rnd(5, 20), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    drain(eng)
+    resolved = [n for kind, n in trace if kind == "resolve"]
+    if not async_on:
+        assert not resolved and not any(kind == "fill" for kind, _ in trace)
+        return
+    at = {call: i for i, call in enumerate(trace)}
+    assert resolved == sorted(resolved) and len(resolved) >= 7
+    for n in resolved:  # each resolution is its step's apply, after the next step ran (but for the last)
+        assert at["apply", n] < at["resolve", n]
+        assert at.get(("execute", n + 1), -1) < at["resolve", n] or n == resolved[-1]
+    fills = [n for kind, n in trace if kind == "fill"]
+    assert len(fills) >= 5 and all(at["fill", n] < at["resolve", n] for n in fills)

@@ -32,14 +32,14 @@ pytest.importorskip("triton")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=7, logprobs=0, ignore_eos=True)
 
 
-def make_llm(path: Path, kernels: str, caching: bool) -> LLM:
+def make_llm(path: Path, kernels: str, caching: bool, **kw: object) -> LLM:
     return LLM(str(path), device="cpu", kernels=kernels, enable_prefix_caching=caching, block_size=16,  # type: ignore[arg-type]
-               max_model_len=256, check_integrity=True, seed=0, checkpoint_policy="all")  # fmt: skip
+               max_model_len=256, check_integrity=True, seed=0, checkpoint_policy="all", **kw)  # fmt: skip
 
 
-def graph_llm(path: Path) -> tuple[LLM, CudaBackend]:
-    """The engine on the Triton kernels with the CUDA backend's decode graphs (reference capture)."""
-    llm = make_llm(path, "triton", caching=True)
+def graph_llm(path: Path, **kw: object) -> tuple[LLM, CudaBackend]:
+    """The engine on the Triton kernels with the CUDA backend's decode graphs (reference capture); `kw`: LLM's."""
+    llm = make_llm(path, "triton", caching=True, **kw)
     runner = llm.engine.runner
     backend = CudaBackend(kernels=runner.backend.kernels, capture=rerun_capture)
     backend.prepare(runner.model)

@@ -68,3 +68,17 @@ def test_rows_that_need_logits_keep_the_sampler(tiny_models: dict[str, Path]) ->
     assert len(calls) == 4, "the last 5 steps (the greedy row alone) took the head and argmax in the graph"
     heads = {head for (_, head), g in backend._graphs.items() if g is not None}
     assert heads == {False, True}
+
+
+def test_async_scheduling_keeps_the_graphs_ids_for_the_next_step(tiny_models: dict[str, Path]) -> None:
+    """Under async scheduling the head graphs' ids (three rows of a 4-row graph) stay tensors: each step's
+    placeholders are filled from the last step's, and its output resolves a step late, with the eager tokens."""
+    path = tiny_models["nemotron_h"]
+    prompts = [rnd(21, 29), rnd(22, 41), rnd(23, 20)]
+    want = make_llm(path, "torch", caching=False).generate(prompts, GREEDY)
+    llm, backend = graph_llm(path, async_scheduling=True)
+    calls = count_sampler_calls(llm)
+    got = llm.generate(prompts, GREEDY)
+    assert [list(o.outputs[0].token_ids) for o in got] == [list(o.outputs[0].token_ids) for o in want]
+    assert calls == [] and {head for _, head in backend._graphs} == {True}
+    assert llm.engine._pending is None and llm.engine.scheduler.view.in_flight is None
