@@ -24,7 +24,7 @@ from recap.backends.graph_memory import StepLimits
 from recap.kernels.kernel_set import Kernel, KernelSet
 from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.model.cache import ModelCaches, TensorAllocator
-from recap.model.layers.embedding import Embedding
+from recap.model.layers.embedding import Embedding, int8_tiles_of
 from recap.model.layers.linear import Linear
 from recap.model.models import CausalLM
 from recap.model.quant import QUANTIZATIONS
@@ -55,14 +55,17 @@ def set_linear_backend(parts: list[nn.Module], backend: str, native: bool | None
     one layer. With a quantized backend the embeddings then become int8 rows (layers/embedding.py) unless
     `int8_embeddings` is False (its memory and perplexity cost: docs/performance.md, docs/default_model.md)."""
     own = formats or {}
+    tables = {id(m.weight): m for m in parts if isinstance(m, Embedding) and not m.released}
+    tied = {tables[id(m.weight)]: m for m in parts
+            if isinstance(m, Linear) and m.shares_weight and not m.released and id(m.weight) in tables}  # fmt: skip
     for m in parts:
         if isinstance(m, Linear):
             m.set_backend(own.get(m, backend), native)
             return_free_heap()  # the replaced parameter, before the next layer allocates its layout
-    if int8_embeddings and backend in QUANTIZATIONS:  # after the linears (a tied head)
+    if int8_embeddings and backend in QUANTIZATIONS:  # after the linears (a tied head: its tiles are the rows)
         for m in parts:
             if isinstance(m, Embedding):
-                m.quantize_int8()
+                m.quantize_int8(int8_tiles_of(tied.get(m)))
                 return_free_heap()
 
 

@@ -39,6 +39,7 @@ import torch
 
 from recap.kernels.decode_ops import NATIVE_ACTIVATIONS, decode_ops_available, decode_ops_library, row_stride
 from recap.kernels.gdn_step import GdnStep
+from recap.kernels.linear_rows import Int8Rows
 from recap.kernels.mamba2_step import Mamba2Step
 from recap.kernels.metadata import ForwardBatch
 from recap.kernels.native import raw_function
@@ -108,12 +109,12 @@ class DecodeGraph:
                      "a token id outside the vocabulary"))  # fmt: skip
         return h
 
-    def embed_int8(self, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        vocab, d = q.shape
-        assert q.dtype == torch.int8 and q.is_contiguous() and scales.dtype == torch.float32, "an int8 table"
-        h = self.buffer(d)
+    def embed_int8(self, rows: Int8Rows) -> torch.Tensor:
+        assert rows.q.dtype == torch.int8 and rows.q.is_contiguous() and rows.scales.dtype == torch.float32
+        h = self.buffer(rows.d)
         self.record((raw_function(decode_ops_library(), "recap_embed_rows_i8", _INT),
-                     (_addr(q), _addr(scales), _I64(vocab), _I64(d), self._ids, _I64(self.rows), _addr(h)),
+                     (_addr(rows.q), _addr(rows.scales), _I64(rows.vocab), _I64(rows.d), _I64(rows.group),
+                      _I64(rows.chunk), self._ids, _I64(self.rows), _addr(h)),
                      "a token id outside the vocabulary"))  # fmt: skip
         return h
 

@@ -2,7 +2,7 @@
 embedding multiplier, the residual add (scaled or not), an MLP's act(gate) * up or act(x) per activation, RoPE
 with the K/V write, gated attention's q / gate split and output gate, and LFM2's gated short conv step.
 backends/decode_graph.py replays them by address; the wrappers here call them on tensors, for tests against their
-torch references (F.embedding, layers/embedding.embedding_int8_ref, x * m, h + x, h + x * m, layers/activation.py's
+torch references (F.embedding, linear_rows.Int8Rows.lookup_ref, x * m, h + x, h + x * m, layers/activation.py's
 activations, RotaryEmbedding.apply with paged_attention.write_kv, conv1d.causal_conv1d_update with
 varlen.record_decode_positions, torch.sigmoid over a head's gate half, h * x)."""
 
@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from recap.kernels.linear_rows import Int8Rows
 from recap.kernels.native import load_library, loads
 
 
@@ -45,13 +46,14 @@ def embed_rows(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def embed_rows_int8(q: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """q [V, D] int8, scales [V] fp32, ids [n] int64 -> q[ids] * scales[ids] [n, D] fp32 (embedding_int8_ref);
-    ValueError for an id outside the vocabulary."""
-    out = torch.empty(ids.numel(), q.shape[1], device="cpu")
-    if decode_ops_library().recap_embed_rows_i8(_p(q), _p(scales), _i64(q.shape[0]), _i64(q.shape[1]), _p(ids),
-                                                _i64(ids.numel()), _p(out)):  # fmt: skip
-        raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {q.shape[0]}")
+def embed_rows_int8(rows: Int8Rows, ids: torch.Tensor) -> torch.Tensor:
+    """rows[ids] [n, D] fp32 (Int8Rows.lookup_ref) from a table or a tied head's tiles; ValueError for an id
+    outside the vocabulary."""
+    out = torch.empty(ids.numel(), rows.d, device="cpu")
+    if decode_ops_library().recap_embed_rows_i8(_p(rows.q), _p(rows.scales), _i64(rows.vocab), _i64(rows.d),
+                                                _i64(rows.group), _i64(rows.chunk), _p(ids), _i64(ids.numel()),
+                                                _p(out)):  # fmt: skip
+        raise ValueError(f"a token id of {ids.tolist()} outside the vocabulary of {rows.vocab}")
     return out
 
 

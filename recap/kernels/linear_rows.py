@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -165,6 +166,39 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
     outp, kp = -(-out // PACK_ROWS) * PACK_ROWS, -(-k // CHUNK) * CHUNK
     padded = q if (outp, kp) == (out, k) else F.pad(q, (0, kp - k, 0, outp - out))  # no copy where none is padded
     return padded.view(outp // PACK_ROWS, PACK_ROWS, kp // CHUNK, CHUNK).permute(0, 2, 1, 3).contiguous()
+
+
+@dataclass(frozen=True)
+class Int8Rows:
+    """Int8 rows with one fp32 scale each, read a few at a time (an embedding's lookups): a plain [vocab, d] table
+    (group 1, chunk d) or a tied head's tiles [ceil(vocab/8), ceil(d/64), 8, 64] (pack_int8: group 8, chunk 64),
+    whose rows are the table's (quant.quantize_int8_tiles) so that a tied model holds the matrix once."""
+
+    q: torch.Tensor
+    scales: torch.Tensor  # [vocab] fp32
+    d: int
+    group: int
+    chunk: int
+
+    @classmethod
+    def table(cls, q: torch.Tensor, scales: torch.Tensor) -> Int8Rows:
+        return cls(q, scales, q.shape[1], 1, q.shape[1])
+
+    @classmethod
+    def tiled(cls, tiles: torch.Tensor, scales: torch.Tensor, d: int) -> Int8Rows:
+        return cls(tiles, scales, d, PACK_ROWS, CHUNK)
+
+    @property
+    def vocab(self) -> int:
+        return self.scales.numel()
+
+    def lookup_ref(self, ids: torch.Tensor) -> torch.Tensor:
+        """q[ids] * scales[ids] in fp32 [n, d] (the reference of decode_ops.embed_rows_int8)."""
+        s = self.scales.index_select(0, ids)[:, None]
+        if self.group == 1:
+            return self.q.index_select(0, ids).float() * s
+        rows = self.q[torch.div(ids, self.group, rounding_mode="floor"), :, ids % self.group, :]
+        return rows.reshape(ids.numel(), -1)[:, : self.d].float() * s
 
 
 @functools.cache

@@ -23,6 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from recap.kernels.gdn_step import GdnStep
+    from recap.kernels.linear_rows import Int8Rows
     from recap.kernels.mamba2_step import Mamba2Step
     from recap.model.cache import ModelCaches
 
@@ -52,8 +53,9 @@ class DecodeCapture(Protocol):
         """The step's token ids looked up in weight [V, D] -> [rows, D]."""
         ...
 
-    def embed_int8(self, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """The step's token ids looked up in an int8 table q [V, D] with a scale per row -> [rows, D] fp32."""
+    def embed_int8(self, rows: Int8Rows) -> torch.Tensor:
+        """The step's token ids looked up in int8 rows with a scale each (a table or a tied head's tiles) -> [rows, D]
+        fp32."""
         ...
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:

@@ -30,7 +30,7 @@ from torch import nn
 from recap.model.families import family
 from recap.model.head_format import head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
-from recap.model.layers.embedding import Embedding
+from recap.model.layers.embedding import Embedding, int8_tiles_of
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
 from recap.model.models.base import CausalLM
@@ -232,9 +232,10 @@ class QuantizeWhenLoaded:
                 module.set_backend(self.formats.get(module, self.quantization))
                 return_free_heap()
         elif module is self.embedding and not self.embedding.released:
-            if self.tied:  # the head's own layout from the table before the table goes
-                self.net.head().set_backend(self.head)
-            self.embedding.quantize_int8()
+            head = self.net.head() if self.tied else None
+            if head is not None:  # the head's own layout from the table before the table goes
+                head.set_backend(self.head)
+            self.embedding.quantize_int8(int8_tiles_of(head))
             return_free_heap()
 
 

@@ -16,18 +16,17 @@ from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.backends.decode_graph import MAX_ROWS, DecodeGraph
 from recap.kernels import decode_ops
 from recap.kernels.conv1d import causal_conv1d_update
-from recap.kernels.linear_rows import linear_rows_available
+from recap.kernels.linear_rows import Int8Rows, linear_rows_available
 from recap.kernels.metadata import SeqSpec
 from recap.kernels.native import load_library
 from recap.kernels.paged_attention import write_kv
 from recap.kernels.varlen import record_decode_positions
 from recap.model.cache import ModelCaches
 from recap.model.layers.activation import activation
-from recap.model.layers.embedding import embedding_int8_ref
 from recap.model.layers.rotary import RotaryEmbedding
 from recap.model.loader import load_model
 from recap.model.models.base import CausalLM
-from recap.model.quant import quantize_int8_weight
+from recap.model.quant import quantize_int8_tiles, quantize_int8_weight
 from recap.model.testing import forward_step
 
 pytestmark = pytest.mark.skipif(
@@ -260,9 +259,25 @@ def test_small_ops_match_torch(rows: int, n: int) -> None:
         with pytest.raises(ValueError, match="outside the vocabulary"):
             decode_ops.embed_rows(weight, torch.tensor([0, bad]))
     q, scales = quantize_int8_weight(weight)
-    assert torch.equal(decode_ops.embed_rows_int8(q, scales, ids), embedding_int8_ref(ids, q, scales))
+    table = Int8Rows.table(q, scales)
+    want = q[ids].float() * scales[ids][:, None]
+    assert torch.equal(table.lookup_ref(ids), want) and torch.equal(decode_ops.embed_rows_int8(table, ids), want)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        decode_ops.embed_rows_int8(q, scales, torch.tensor([11]))
+        decode_ops.embed_rows_int8(table, torch.tensor([11]))
+
+
+@pytest.mark.parametrize(("vocab", "d"), [(11, 5), (16, 64), (37, 130), (9, 200)])
+def test_int8_rows_read_from_a_tied_heads_tiles_equal_the_table(vocab: int, d: int) -> None:
+    """The tiles of quantize_int8_tiles (rows in groups of 8, values 64 at a time, padded) read as the table
+    quantize_int8_weight makes: the reference and the native lookup, every row, ragged last group and chunk."""
+    weight = torch.randn(vocab, d, generator=torch.Generator().manual_seed(vocab * d))
+    q, scales = quantize_int8_weight(weight)
+    t = quantize_int8_tiles(weight, None)
+    tiled, ids = Int8Rows.tiled(t.tiles, t.scales, d), torch.arange(vocab).flip(0)
+    want = Int8Rows.table(q, scales).lookup_ref(ids)
+    assert torch.equal(tiled.lookup_ref(ids), want) and torch.equal(decode_ops.embed_rows_int8(tiled, ids), want)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        decode_ops.embed_rows_int8(tiled, torch.tensor([vocab]))
 
 
 @pytest.mark.parametrize(("rows", "n"), [(1, 1), (1, 15), (3, 16), (2, 1023), (5, 37)])

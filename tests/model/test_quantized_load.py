@@ -59,7 +59,9 @@ def test_bf16_weights_quantize_as_loaded_to_the_codes_of_their_fp32_values(
     assert isinstance(emb, Embedding) and emb.released  # int8 as loaded, before any backend prepared the model
     table = stored["backbone.embeddings.weight"]
     q, scales = quantize_int8_weight(table)
-    assert torch.equal(emb.qweight, q) and torch.equal(emb.scales, scales)
+    rows = emb.int8_rows()  # tied: the head's tiles, the same rows and scales (one copy of the matrix)
+    assert (emb.shared is not None) == tied and not (tied and hasattr(emb, "qweight"))
+    assert torch.equal(rows.lookup_ref(torch.arange(q.shape[0])), q.float() * scales[:, None])
     head = net.head()
     assert isinstance(head.impl, Int8Linear) and head.released  # the tied one too: laid out from the table first
     head_weight = table if tied else stored["lm_head.weight"]
@@ -75,7 +77,8 @@ def test_bf16_weights_quantize_as_loaded_to_the_codes_of_their_fp32_values(
     # every tensor that stays a parameter is in the model's dtype (only what was quantized was read as bf16)
     assert all(p.dtype == torch.float32 for p in net.parameters() if p.is_floating_point())
     prepare(lm)  # the backend keeps what the loader made
-    assert net.embedding().qweight is emb.qweight and net.head().impl.tiles is not None
+    assert net.embedding() is emb and net.head().impl.tiles is not None
+    assert (emb.shared is net.head().impl.tiles) if tied else emb.int8_rows().q is rows.q
 
 
 def test_int8_tiles_a_chunk_of_rows_at_a_time_equal_the_whole_matrix() -> None:

@@ -14,6 +14,7 @@ from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.backends.base import model_parts, set_linear_backend
 from recap.kernels.linear_rows import linear_rows_available
 from recap.model.footprint import held_weight_bytes
+from recap.model.layers.embedding import int8_tiles_of
 from recap.model.layers.linear import DenseLinear, Int8Linear, Linear, WeightReleasedError, onednn_available
 from recap.model.loader import WeightLoadError, load_model
 from recap.model.quant import int8_available
@@ -124,7 +125,8 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
 ) -> None:
     """Every linear layer of a served model holds only its own layout; the tied head's table is the embedding's
     while the head is dense, and once quantized the embedding holds it as int8 rows (no full-precision table
-    left, from the load on; `int8_embeddings=False` keeps it where the backend quantizes); the huge-page move and
+    left, from the load on; a tied int8 head's tiles are those rows; `int8_embeddings=False` keeps it where the
+    backend quantizes); the huge-page move and
     the decode graphs run without the released parameters."""
     if quantization and not int8_available():
         pytest.skip("no fbgemm in this torch")
@@ -137,7 +139,9 @@ def test_a_prepared_model_keeps_one_copy_and_its_tied_embedding(
     head, embedding = model.head(), model.embedding()
     assert lm.config.tie_word_embeddings
     if quantization:
-        assert head.released and embedding.released and embedding.qweight.dtype == torch.int8
+        assert head.released and embedding.released and embedding.int8_rows().q.dtype == torch.int8
+        if int8_tiles_of(head) is not None:  # a tied int8 head (int4's too): its tiles are the rows, one copy
+            assert embedding.shared is head.impl.tiles and not hasattr(embedding, "qweight")
         assert not any(p.dtype == torch.float32 and p.shape == table.shape for p in model.parameters())
         kept = load_model(path, linear_backend="torch").model  # quantized by the backend, not as loaded
         set_linear_backend(model_parts(kept), quantization, native=False, int8_embeddings=False)

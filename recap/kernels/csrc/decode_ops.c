@@ -19,18 +19,27 @@ int recap_embed_rows(const float *weight, int64_t vocab, int64_t d, const int64_
     return 0;
 }
 
-/* out[r] = q[ids[r]] * scales[ids[r]] for r < rows (an int8 table with one scale per row, model/quant.py's
- * quantize_int8_weight); -1 (nothing written) when an id is outside [0, vocab). */
-int recap_embed_rows_i8(const int8_t *q, const float *scales, int64_t vocab, int64_t d, const int64_t *ids,
-                        int64_t rows, float *out) {
+/* out[r] = q[ids[r]] * scales[ids[r]] for r < rows: int8 rows with one scale each (model/quant.py's
+ * quantize_int8_weight), laid out in groups of `group` rows whose values come `chunk` at a time: row v's values
+ * [c, c + chunk) at q + (v / group) * group * dp + (c / chunk) * group * chunk + (v % group) * chunk, dp = d rounded
+ * up to a whole chunk. A plain [vocab, d] table is group 1, chunk d; a tied head's int8 tiles
+ * (linear_rows.pack_int8) are group 8, chunk 64. -1 (nothing written) when an id is outside [0, vocab). */
+int recap_embed_rows_i8(const int8_t *q, const float *scales, int64_t vocab, int64_t d, int64_t group, int64_t chunk,
+                        const int64_t *ids, int64_t rows, float *out) {
     for (int64_t r = 0; r < rows; r++)
         if (ids[r] < 0 || ids[r] >= vocab) return -1;
+    const int64_t dp = (d + chunk - 1) / chunk * chunk;
     for (int64_t r = 0; r < rows; r++) {
-        const int8_t *row = q + ids[r] * d;
-        const float s = scales[ids[r]];
+        const int64_t v = ids[r];
+        const int8_t *base = q + (v / group) * group * dp + (v % group) * chunk;
+        const float s = scales[v];
         float *o = out + r * d;
+        for (int64_t c = 0; c < d; c += chunk) {
+            const int8_t *src = base + (c / chunk) * group * chunk;
+            const int64_t n = d - c < chunk ? d - c : chunk;
 #pragma omp simd
-        for (int64_t i = 0; i < d; i++) o[i] = (float)row[i] * s;
+            for (int64_t i = 0; i < n; i++) o[c + i] = (float)src[i] * s;
+        }
     }
     return 0;
 }
