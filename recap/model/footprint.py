@@ -151,9 +151,10 @@ def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None,
     """At least what `model` (built on the meta device, in the serving dtype) will hold once loaded: every
     parameter and buffer once at its dtype, a quantized linear layer's matrix at its quantized width with its
     scales (QUANTIZED_BYTES_PER_WEIGHT, SCALE_BYTES_PER_ROW), the output head at `head`'s format (None:
-    `quantization`'s; model/head_format.py), tied or not, an embedding table then as int8 rows
-    (layers/embedding.py) (any packed copy comes on top). A quantization whose width is not in
-    QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower bound."""
+    `quantization`'s; model/head_format.py), tied or not (a tied int8 head's tiles are the embedding's int8
+    rows: one matrix), an embedding table then as int8 rows (layers/embedding.py) (any packed copy comes on top).
+    A quantization whose width is not in QUANTIZED_BYTES_PER_WEIGHT counts its matrices as nothing: still a lower
+    bound."""
     formats: dict[int, str] = {}
     if quantization:
         formats = {id(m.weight): quantization for m in model.modules() if isinstance(m, Linear)}
@@ -162,8 +163,8 @@ def serving_weight_bytes_lower_bound(model: nn.Module, quantization: str | None,
     if quantization:
         head_format = head or quantization
         for layer in linear_layers(model):
-            if layer.shares_weight:  # a tied head: its quantized copy beside the embedding's int8 rows
-                total += _bytes_at(layer.weight, head_format)
+            if layer.shares_weight and head_format != "int8":  # a tied head: its copy beside the int8 rows
+                total += _bytes_at(layer.weight, head_format)  # (an int8 one's tiles are the rows themselves)
             elif _is_head(model, layer):
                 total += _bytes_at(layer.weight, head_format) - _bytes_at(layer.weight, formats[id(layer.weight)])
     return total
