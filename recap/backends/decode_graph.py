@@ -42,6 +42,7 @@ from recap.kernels.gdn_step import GdnStep
 from recap.kernels.linear_rows import Int8Rows
 from recap.kernels.mamba2_step import Mamba2Step
 from recap.kernels.metadata import ForwardBatch
+from recap.kernels.native import address as _addr
 from recap.kernels.native import raw_function
 from recap.kernels.paged_decode import _lib as paged_decode_library
 from recap.kernels.rms_norm import _lib as rms_norm_library
@@ -56,10 +57,6 @@ class CapturableModel(Protocol):
     """A model that records its decode step (CausalLM.capture_decode)."""
 
     def capture_decode(self, builder: DecodeCapture, caches: ModelCaches) -> torch.Tensor: ...
-
-
-def _addr(t: torch.Tensor) -> ctypes.c_void_p:
-    return _P(t.data_ptr())
 
 
 def _rms_norm_function(offset: bool) -> ctypes._CFuncPtr:

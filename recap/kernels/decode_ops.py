@@ -14,6 +14,7 @@ import functools
 import torch
 
 from recap.kernels.linear_rows import Int8Rows
+from recap.kernels.native import address as _p
 from recap.kernels.native import load_library, loads
 
 
@@ -27,10 +28,6 @@ def decode_ops_library() -> ctypes.CDLL:
 def decode_ops_available() -> bool:
     """Whether the library builds and loads here (linear_rows_available says why not, once)."""
     return loads(decode_ops_library)
-
-
-def _p(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
 
 
 def _i64(v: int) -> ctypes.c_int64:

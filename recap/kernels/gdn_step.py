@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from recap.kernels.conv1d import causal_conv1d_update
 from recap.kernels.gdn import gdn_gates, normalize_qk_inputs
 from recap.kernels.gdn_decode import gated_delta_rule_update
+from recap.kernels.native import address as _p
 from recap.kernels.native import load_library, loads, raw_function
 
 _P, _I64, _INT, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -37,10 +38,6 @@ def gdn_step_library() -> ctypes.CDLL:
 def gdn_step_available() -> bool:
     """Whether the kernel builds and loads here."""
     return loads(gdn_step_library)
-
-
-def _p(t: torch.Tensor) -> ctypes.c_void_p:
-    return _P(t.data_ptr())
 
 
 class GdnStep:

@@ -28,6 +28,10 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c11", "-shared", "-fPIC")
@@ -35,6 +39,11 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c11", "-
 
 class NativeUnavailableError(RuntimeError):
     """The native kernels cannot be built or loaded here (no C compiler, a failed build, another platform)."""
+
+
+def address(t: torch.Tensor) -> ctypes.c_void_p:
+    """A tensor's data pointer as a C argument."""
+    return ctypes.c_void_p(t.data_ptr())
 
 
 def _compiler() -> str:

@@ -58,6 +58,7 @@ from recap.kernels.linear_rows import (
     panels_graph_call,
     unpack_panels,
 )
+from recap.kernels.native import address as _addr
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
 from recap.model.quant import Int8Tiles, Int8Weight, int8_linear, quantize_int8, quantize_int8_tiles
 
@@ -272,10 +273,6 @@ class Int8Linear(LinearImpl):
         if self._rows is None:
             return None
         return self._rows.graph_call(_addr(x), _addr(y), x.shape[1], threads, rows)
-
-
-def _addr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
 
 
 class Linear(nn.Module):
