@@ -18,11 +18,12 @@ does the very same operations.
 
 Tile layout (`pack_superblock`): tiles of 16 output rows, each a stream of super-blocks; a super-block of gs
 groups is META (256) bytes, then gs group blocks of 256 bytes (the code chunks of symmetric g32: 4 chunks of
-16 rows x 4 bytes). META: three arrays of 16 uint32 (one per row) L, N, H, then 16 fp16 d, then 16 fp16 dmin.
-Group g = 2i + e (e = 0, 1): sc's low 4 bits at bit 4i + 16e of L, mn's at the same bits of N; the high 2 bits
-of mn at bit 2i + 16e of H, of sc at bit 8 + 2i + 16e. So ((N >> 4i) & 0x000F000F) | (((H >> 2i) << 4) &
-0x00300030) is the pair (mn_2i, mn_2i+1) as two int16 per lane: one vpdpwssd / vpmaddwd against the activations'
-group-sum pairs gives mn_2i X_2i + mn_2i+1 X_2i+1.
+16 rows x 4 bytes). META: three arrays of 16 uint32 (one per row) A, B, N, then 16 fp16 d, then 16 fp16 dmin.
+Scales: sc_g in bits 0-5 of byte g of A (g < 4), of byte g - 4 of B (g >= 4): one shift and one AND each. Mins,
+pair i = groups 2i, 2i + 1: low nibbles at bits 4i and 16 + 4i of N; high 2 bits in bits 6-7 of bytes b and
+b + 2 (b = i & 1) of A (i < 2) or B (i >= 2). So ((N >> 4i) & 0x000F000F) | ((A or B >> 8b + 2) & 0x00300030)
+is the pair (mn_2i, mn_2i+1) as two int16 per lane: one vpdpwssd / vpmaddwd against the activations' group-sum
+pairs gives mn_2i X_2i + mn_2i+1 X_2i+1. 12 bytes a row and super-block, as Q4_K's scales.
 
 Kernel arithmetic (int4_linear_ref here, every native path the same, in the same order): per row and super-block
 b, per group g: S = sum q x_q (exact int32), blk += float(S) * (d * sc) (d * sc exact in fp32: 11 x 6 bits); then
@@ -146,11 +147,18 @@ def quantize_rows(rows: torch.Tensor, fit=asym_fit) -> tuple[torch.Tensor, ...]:
 # ---------------------------------------------------------------- packing
 
 
-def _pair_bits(v: torch.Tensor, width: int, base: int) -> torch.Tensor:
-    """v [r, nsb, 8] (values < 2^width) -> [r, nsb] int64: group 2i + e at bit base + width * i + 16 e."""
-    g = torch.arange(GPS)
-    shift = base + width * (g // 2) + 16 * (g % 2)
-    return (v.long() << shift).sum(-1)
+_G = torch.arange(GPS)
+_SC_SHIFT = 8 * (_G % 4)  # sc_g: bits 0-5 of byte g % 4 of A (g < 4) or B
+_MN_LO_SHIFT = 4 * (_G // 2) + 16 * (_G % 2)  # mn_g's low nibble in N
+_MN_HI_SHIFT = 8 * ((_G // 2) % 2) + 6 + 16 * (_G % 2)  # its high bits in A (g < 4) or B
+_IN_B = _G >= 4
+
+
+def _words(sc: torch.Tensor, mn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sc, mn [r, nsb, 8] (0..63) -> the words A, B, N [r, nsb] int64 (module docstring)."""
+    a_or_b = (sc.long() << _SC_SHIFT) | ((mn.long() >> 4) << _MN_HI_SHIFT)  # each group's bits in its word
+    a, b = a_or_b[..., ~_IN_B].sum(-1), a_or_b[..., _IN_B].sum(-1)  # disjoint bits: the sum is the OR
+    return a, b, ((mn.long() & 15) << _MN_LO_SHIFT).sum(-1)
 
 
 def pack_superblock(q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torch.Tensor,
@@ -165,15 +173,13 @@ def pack_superblock(q: torch.Tensor, sc: torch.Tensor, mn: torch.Tensor, d: torc
     pad = nsb * GPS - ng
     sc8 = F.pad(sc.long(), (0, pad)).view(outp, nsb, GPS)
     mn8 = F.pad(mn.long(), (0, pad)).view(outp, nsb, GPS)
-    lw = _pair_bits(sc8 & 15, 4, 0)
-    nw = _pair_bits(mn8 & 15, 4, 0)
-    hw = _pair_bits(mn8 >> 4, 2, 0) | _pair_bits(sc8 >> 4, 2, 8)
+    aw, bw, nw = _words(sc8, mn8)
 
     def rows_u8(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [outp, nsb] -> [t, nsb, 16 x itemsize]
         v = v.to(dtype) if dtype != torch.int32 else v.to(torch.int64).where(v < 2**31, v - 2**32).to(torch.int32)
         return v.view(t, TILE, nsb).transpose(1, 2).contiguous().view(torch.uint8).view(t, nsb, -1)
 
-    meta = torch.cat([rows_u8(lw, torch.int32), rows_u8(nw, torch.int32), rows_u8(hw, torch.int32),
+    meta = torch.cat([rows_u8(aw, torch.int32), rows_u8(bw, torch.int32), rows_u8(nw, torch.int32),
                       rows_u8(d, torch.float16), rows_u8(dmin, torch.float16)], dim=-1)  # fmt: skip
     out = torch.empty(t, superblock_tile_bytes(ng * GROUP), dtype=torch.uint8)
     at = 0
@@ -202,12 +208,11 @@ def unpack_superblock(packed: torch.Tensor, in_features: int) -> tuple[torch.Ten
     def rows(lo: int, hi: int, dtype: torch.dtype) -> torch.Tensor:  # -> [outp, nsb]
         return meta[..., lo:hi].contiguous().view(dtype).transpose(1, 2).reshape(t * TILE, nsb)
 
-    lw, nw, hw = (rows(64 * i, 64 * i + 64, torch.int32).long() & 0xFFFFFFFF for i in range(3))
+    aw, bw, nw = (rows(64 * i, 64 * i + 64, torch.int32).long() & 0xFFFFFFFF for i in range(3))
     d, dmin = rows(192, 224, torch.float16).float(), rows(224, 256, torch.float16).float()
-    g = torch.arange(GPS)
-    lo_shift = 4 * (g // 2) + 16 * (g % 2)
-    sc = ((lw[..., None] >> lo_shift) & 15) | (((hw[..., None] >> (8 + 2 * (g // 2) + 16 * (g % 2))) & 3) << 4)
-    mn = ((nw[..., None] >> lo_shift) & 15) | (((hw[..., None] >> (2 * (g // 2) + 16 * (g % 2))) & 3) << 4)
+    word = torch.where(_IN_B, bw[..., None], aw[..., None])  # [outp, nsb, 8]: each group's A or B
+    sc = (word >> _SC_SHIFT) & 63
+    mn = ((nw[..., None] >> _MN_LO_SHIFT) & 15) | (((word >> _MN_HI_SHIFT) & 3) << 4)
     c = torch.cat(codes, 1).reshape(t, ng, 4, TILE, 4).permute(0, 3, 1, 2, 4).to(torch.int32)
     q = torch.stack((c & 15, c >> 4), dim=-2).reshape(t * TILE, ng * GROUP)
     return (q, sc.reshape(t * TILE, -1)[:, :ng].int(), mn.reshape(t * TILE, -1)[:, :ng].int(), d, dmin)

@@ -51,14 +51,15 @@ def test_pack_and_unpack_round_trip(k: int) -> None:
     uq, usc, umn, ud, udmin = SBK.unpack_superblock(packed, k)
     assert torch.equal(uq, q.view(32, -1).int()) and torch.equal(usc, sc.int()) and torch.equal(umn, mn.int())
     assert torch.equal(ud, d.float()) and torch.equal(udmin, dmin.float())
-    # the kernel's bit layout: group 2i + e of row j: sc low nibble at bit 4i + 16e of L[j], high bits at
-    # 8 + 2i + 16e of H[j]; mn's in N[j] and at 2i + 16e of H[j]
-    j, grp = 16 + 5, min(ng - 1, 3)  # tile 1, row 5; group 3 (i = 1, e = 1)
-    i, e = grp // 2, grp % 2
-    words = packed[1, :192].view(torch.int32).view(3, 16)[:, 5].long() & 0xFFFFFFFF
-    lw, nw, hw = words.tolist()
-    assert (lw >> (4 * i + 16 * e)) & 15 == sc[j, grp] & 15 and (hw >> (8 + 2 * i + 16 * e)) & 3 == sc[j, grp] >> 4
-    assert (nw >> (4 * i + 16 * e)) & 15 == mn[j, grp] & 15 and (hw >> (2 * i + 16 * e)) & 3 == mn[j, grp] >> 4
+    # the kernel's bit layout, row j (tile 1, row 5): sc_g in byte g % 4 of A (g < 4) or B; mn_(2i + e)'s low
+    # nibble at bit 4i + 16e of N, its high bits at bit 8 (i % 2) + 6 + 16e of A (i < 2) or B
+    j = 16 + 5
+    aw, bw, nw = (packed[1, :192].view(torch.int32).view(3, 16)[:, 5].long() & 0xFFFFFFFF).tolist()
+    for grp in range(min(ng, 8)):
+        i, e, word = grp // 2, grp % 2, bw if grp >= 4 else aw
+        assert (word >> (8 * (grp % 4))) & 63 == sc[j, grp]
+        assert (nw >> (4 * i + 16 * e)) & 15 == mn[j, grp] & 15
+        assert (word >> (8 * (i % 2) + 6 + 16 * e)) & 3 == mn[j, grp] >> 4
 
 
 def test_native_fit_equals_its_reference(threads: int) -> None:

@@ -470,20 +470,20 @@ static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r
 
 /* ---------------------------------------------------------------- super-blocks (format 2) */
 
-/* kernels/int4_superblock.py's layout: per tile, super-blocks of SB_META header bytes (uint32 L[16], N[16],
- * H[16], fp16 d[16], dmin[16]) then their groups' code blocks (those of symmetric g32: 4 chunks of 64 bytes).
- * Group g = 2i + e: sc's low nibble at bit 4i + 16e of L, mn's of N; high 2 bits of mn at bit 2i + 16e of H, of sc
- * at 8 + 2i + 16e. Per row and super-block: blk += float(S_g) * (d sc_g) group after group, then
+/* kernels/int4_superblock.py's layout: per tile, super-blocks of SB_META header bytes (uint32 A[16], B[16],
+ * N[16], fp16 d[16], dmin[16]) then their groups' code blocks (those of symmetric g32: 4 chunks of 64 bytes).
+ * sc_g: bits 0-5 of byte g & 3 of A (g < 4) or B; mn_(2i+e): low nibble at bit 4i + 16e of N, high 2 bits at
+ * 8 (i & 1) + 6 + 16e of A (i < 2) or B (so a pair of mins unpacks as two int16 in 5 ops). Per row and super-block: blk += float(S_g) * (d sc_g) group after group, then
  * blk += float(M) * (-dmin) with M = sum_g mn_g X_g (exact int32: the activations' pairs xp hold (X_2i, X_2i+1)
  * as two int16 per word), then acc += blk * x_step. */
 #define SB_META 256
 #define SB_GROUPS 8
 #define SB_BYTES (SB_META + SB_GROUPS * 256) /* a whole super-block */
 
-/* Shifts of group g's fields: sc's low nibble in L (mn's in N), sc's high bits in H. */
-INLINE int sb_lo_shift(int g) { return 4 * (g >> 1) + 16 * (g & 1); }
-INLINE int sb_sc_hi_shift(int g) { return 8 + 2 * (g >> 1) + 16 * (g & 1); }
-INLINE int sb_mn_hi_shift(int g) { return 2 * (g >> 1) + 16 * (g & 1); }
+/* Shifts of group g's fields: sc in its word (A or B), mn's low nibble in N, mn's high bits in its word. */
+INLINE int sb_sc_shift(int g) { return 8 * (g & 3); }
+INLINE int sb_mn_lo_shift(int g) { return 4 * (g >> 1) + 16 * (g & 1); }
+INLINE int sb_mn_hi_shift(int g) { return 8 * ((g >> 1) & 1) + 6 + 16 * (g & 1); }
 
 /* Groups in super-block b of a weight of ng groups. */
 INLINE int sb_groups(int64_t ng, int64_t b) { return ng - SB_GROUPS * b < SB_GROUPS ? (int)(ng - SB_GROUPS * b) : SB_GROUPS; }
@@ -510,11 +510,11 @@ static void sb_tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_
             const int gs = sb_groups(A->ng, b);
             float blk[TILE] = {0};
             for (int j = 0; j < TILE; j++) {
-                uint32_t L, N, H;
+                uint32_t Aw, Bw, N;
                 uint16_t hd, hm;
-                memcpy(&L, meta + 4 * j, 4);
-                memcpy(&N, meta + 64 + 4 * j, 4);
-                memcpy(&H, meta + 128 + 4 * j, 4);
+                memcpy(&Aw, meta + 4 * j, 4);
+                memcpy(&Bw, meta + 64 + 4 * j, 4);
+                memcpy(&N, meta + 128 + 4 * j, 4);
                 memcpy(&hd, meta + 192 + 2 * j, 2);
                 memcpy(&hm, meta + 224 + 2 * j, 2);
                 const float d = half_to_float(hd), ndmin = -half_to_float(hm);
@@ -528,8 +528,9 @@ static void sb_tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_
                             const uint8_t v = bg[c * 64 + j * 4 + i];
                             s += (int32_t)(v & 15) * xg[8 * c + i] + (int32_t)(v >> 4) * xg[8 * c + 4 + i];
                         }
-                    const int sc = (int)(((L >> sb_lo_shift(g)) & 15) | (((H >> sb_sc_hi_shift(g)) & 3) << 4));
-                    const int mn = (int)(((N >> sb_lo_shift(g)) & 15) | (((H >> sb_mn_hi_shift(g)) & 3) << 4));
+                    const uint32_t word = g < 4 ? Aw : Bw;
+                    const int sc = (int)((word >> sb_sc_shift(g)) & 63);
+                    const int mn = (int)(((N >> sb_mn_lo_shift(g)) & 15) | (((word >> sb_mn_hi_shift(g)) & 3) << 4));
                     blk[j] = blk[j] + (float)s * (d * (float)sc);
                     M += mn * A->xsum[row * A->ng + SB_GROUPS * b + g];
                 }
@@ -697,20 +698,19 @@ typedef struct {
 } SbMeta512;
 
 INLINE TGT512 void sb_meta512(const uint8_t *meta, int gs, SbMeta512 *S) {
-    const __m512i L = _mm512_loadu_si512((const void *)meta), N = _mm512_loadu_si512((const void *)(meta + 64));
-    const __m512i H = _mm512_loadu_si512((const void *)(meta + 128));
+    const __m512i Aw = _mm512_loadu_si512((const void *)meta), Bw = _mm512_loadu_si512((const void *)(meta + 64));
+    const __m512i N = _mm512_loadu_si512((const void *)(meta + 128));
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(meta + 192)));
     S->ndmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(meta + 224))));
-    const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+    const __m512i m63 = _mm512_set1_epi32(63);
     for (int g = 0; g < gs; g++) {
-        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(L, (unsigned)sb_lo_shift(g)), m15);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(H, (unsigned)sb_sc_hi_shift(g)), m3);
-        S->dsc[g] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4))));
+        const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(g < 4 ? Aw : Bw, (unsigned)sb_sc_shift(g)), m63);
+        S->dsc[g] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
     }
     const __m512i mlo = _mm512_set1_epi32(0x000F000F), mhi = _mm512_set1_epi32(0x00300030);
     for (int i = 0; i < 4; i++)
         S->mp[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(N, (unsigned)(4 * i)), mlo),
-                                   _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(H, (unsigned)(2 * i)), 4), mhi));
+                                   _mm512_and_si512(_mm512_srli_epi32(i < 2 ? Aw : Bw, (unsigned)(8 * (i & 1) + 2)), mhi));
 }
 
 /* The mins of NR rows for super-block b onto their block accumulators (after the groups). */
@@ -1111,23 +1111,22 @@ static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, t
                          int64_t o, float *y) {                                                               \
         __m256 facc[4], fb[4];                                                                                \
         for (int r = 0; r < NR; r++) facc[r] = fb[r] = _mm256_setzero_ps();                                  \
-        const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3);                                 \
+        const __m256i m63 = _mm256_set1_epi32(63);                                                            \
         const __m256i mlo = _mm256_set1_epi32(0x000F000F), mhi = _mm256_set1_epi32(0x00300030);               \
         for (int64_t b = 0; b < A->nb; b++) {                                                                 \
             const uint8_t *meta = tw + b * SB_BYTES;                                                          \
             const int gs = sb_groups(A->ng, b);                                                               \
-            const __m256i L = _mm256_loadu_si256((const __m256i *)(meta + 32 * h));                           \
-            const __m256i N = _mm256_loadu_si256((const __m256i *)(meta + 64 + 32 * h));                      \
-            const __m256i H = _mm256_loadu_si256((const __m256i *)(meta + 128 + 32 * h));                     \
+            const __m256i Aw = _mm256_loadu_si256((const __m256i *)(meta + 32 * h));                          \
+            const __m256i Bw = _mm256_loadu_si256((const __m256i *)(meta + 64 + 32 * h));                     \
+            const __m256i N = _mm256_loadu_si256((const __m256i *)(meta + 128 + 32 * h));                     \
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 192 + 16 * h)));       \
             const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(),                                           \
                                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 224 + 16 * h)))); \
             for (int g = 0; g < gs; g++) {                                                                    \
                 const uint8_t *bg = meta + SB_META + 256 * g + 32 * h;                                        \
                 const int8_t *xg = A->xs + r0 * A->kp + (SB_GROUPS * b + g) * 32;                             \
-                const __m128i lsh = _mm_cvtsi32_si128(sb_lo_shift(g)), hsh = _mm_cvtsi32_si128(sb_sc_hi_shift(g)); \
-                const __m256i sc = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(L, lsh), m15),          \
-                                                   _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(H, hsh), m3), 4)); \
+                const __m256i sc = _mm256_and_si256(_mm256_srl_epi32(g < 4 ? Aw : Bw,                         \
+                                                                     _mm_cvtsi32_si128(sb_sc_shift(g))), m63);   \
                 const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));                                  \
                 for (int r = 0; r < NR; r++) {                                                                \
                     const __m256i s = GROUPDOT(bg, xg + r * A->kp);                                           \
@@ -1136,9 +1135,9 @@ static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, t
             }                                                                                                 \
             __m256i mp[4];                                                                                    \
             for (int i = 0; i < 4; i++) {                                                                     \
-                const __m128i a = _mm_cvtsi32_si128(4 * i), c = _mm_cvtsi32_si128(2 * i);                     \
+                const __m128i a = _mm_cvtsi32_si128(4 * i), c = _mm_cvtsi32_si128(8 * (i & 1) + 2);           \
                 mp[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(N, a), mlo),                        \
-                                        _mm256_and_si256(_mm256_slli_epi32(_mm256_srl_epi32(H, c), 4), mhi)); \
+                                        _mm256_and_si256(_mm256_srl_epi32(i < 2 ? Aw : Bw, c), mhi));         \
             }                                                                                                 \
             for (int r = 0; r < NR; r++) {                                                                    \
                 const int32_t *xp = A->xp + ((r0 + r) * A->nb + b) * 4;                                       \
