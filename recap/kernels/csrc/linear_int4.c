@@ -479,6 +479,9 @@ static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r
 #define SB_META 256
 #define SB_GROUPS 8
 #define SB_BYTES (SB_META + SB_GROUPS * 256) /* a whole super-block */
+#ifndef SB_CACHE_ROWS
+#define SB_CACHE_ROWS 16 /* rows from which prefill unpacks a tile pair's headers once per row block */
+#endif
 
 /* Shifts of group g's fields: sc in its word (A or B), mn's low nibble in N, mn's high bits in its word. */
 INLINE int sb_sc_shift(int g) { return 8 * (g & 3); }
@@ -723,6 +726,30 @@ INLINE TGT512 void sb_mins512(const SbMeta512 *S, const Acts *A, int64_t r0, int
     }
 }
 
+/* A tile's super-block header unpacked once for a row block's passes (sb_pair4): SbMeta512 in memory. */
+typedef struct {
+    float dsc[SB_GROUPS][TILE], ndmin[TILE];
+    int32_t mp[4][TILE];
+} SbMetaMem;
+
+INLINE TGT512 void sb_meta_store512(const SbMeta512 *S, int gs, SbMetaMem *out) {
+    for (int g = 0; g < gs; g++) _mm512_store_ps(out->dsc[g], S->dsc[g]);
+    _mm512_store_ps(out->ndmin, S->ndmin);
+    for (int i = 0; i < 4; i++) _mm512_store_si512((void *)out->mp[i], S->mp[i]);
+}
+
+/* sb_mins512 from a cached header. */
+INLINE TGT512 void sb_mins512_mem(const SbMetaMem *S, const Acts *A, int64_t r0, int64_t b, const int NR,
+                                  __m512 *blk) {
+    for (int r = 0; r < NR; r++) {
+        const int32_t *xp = A->xp + ((r0 + r) * A->nb + b) * 4;
+        __m512i M = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++)
+            M = _mm512_dpwssd_epi32(M, _mm512_load_si512((const void *)S->mp[i]), _mm512_set1_epi32(xp[i]));
+        blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(M), _mm512_load_ps(S->ndmin)));
+    }
+}
+
 /* NR (constant) input rows x one tile of 16 outputs (tile512's loop for super-blocks). */
 INLINE TGT512 void sb_tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t o,
                               float *y) {
@@ -769,10 +796,15 @@ SB_TILE512(1) SB_TILE512(2) SB_TILE512(3) SB_TILE512(4) SB_TILE512(5) SB_TILE512
 static const TileFn SB_TILES512[9] = {0, sb_tile512_1, sb_tile512_2, sb_tile512_3, sb_tile512_4,
                                       sb_tile512_5, sb_tile512_6, sb_tile512_7, sb_tile512_8};
 
-/* Prefill: 4 rows x two tiles a pass (pair4's loop for super-blocks). */
-TGT512 static void sb_pair4_512(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {
+/* 8+ rows: 4 rows x two tiles a pass (pair4's loop for super-blocks). BUILD: the headers are unpacked here (into
+ * registers, as the passes of fewer than SB_CACHE_ROWS rows do) and, with c0, c1, stored there (nb each) for the
+ * row block's later passes, which (BUILD 0) read them instead: 1/16 of the unpacking at 64 rows a block. (A
+ * separate pass over the headers first cost more in memory latency than it saved at 8-16 rows; passes going
+ * super-block after super-block over a row block, codes in L1, fp32 sums in memory, were slower: 1.16-1.35x.) */
+INLINE TGT512 void sb_pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                            SbMetaMem *c0, SbMetaMem *c1, const int BUILD) {
     enum { NR = 4 };
-    const int64_t stride = W->block, kp = A->kp; /* the next tile */
+    const int64_t stride = W->block, kp = A->kp;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int8_t *xs = A->xs + r0 * kp;
     __attribute__((aligned(64))) float fa[2 * NR * TILE];
@@ -782,8 +814,14 @@ TGT512 static void sb_pair4_512(const uint8_t *tw, const W4 *W, const Acts *A, i
         const uint8_t *meta0 = tw + b * SB_BYTES, *meta1 = meta0 + stride;
         const int gs = sb_groups(A->ng, b);
         SbMeta512 S0, S1;
-        sb_meta512(meta0, gs, &S0);
-        sb_meta512(meta1, gs, &S1);
+        if (BUILD) {
+            sb_meta512(meta0, gs, &S0);
+            sb_meta512(meta1, gs, &S1);
+            if (c0) {
+                sb_meta_store512(&S0, gs, c0 + b);
+                sb_meta_store512(&S1, gs, c1 + b);
+            }
+        }
         for (int g = 0; g < gs; g++) {
             const uint8_t *b0 = meta0 + SB_META + 256 * g, *b1 = meta1 + SB_META + 256 * g;
             const int8_t *xg = xs + (SB_GROUPS * b + g) * 32;
@@ -804,18 +842,35 @@ TGT512 static void sb_pair4_512(const uint8_t *tw, const W4 *W, const Acts *A, i
                     a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
                 }
             }
+            const __m512 d0 = BUILD ? S0.dsc[g] : _mm512_load_ps(c0[b].dsc[g]);
+            const __m512 d1 = BUILD ? S1.dsc[g] : _mm512_load_ps(c1[b].dsc[g]);
             for (int r = 0; r < NR; r++) {
-                k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), S0.dsc[g]));
-                k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), S1.dsc[g]));
+                k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), d0));
+                k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), d1));
             }
         }
-        sb_mins512(&S0, A, r0, b, NR, k0);
-        sb_mins512(&S1, A, r0, b, NR, k1);
+        if (BUILD) {
+            sb_mins512(&S0, A, r0, b, NR, k0);
+            sb_mins512(&S1, A, r0, b, NR, k1);
+        } else {
+            sb_mins512_mem(c0 + b, A, r0, b, NR, k0);
+            sb_mins512_mem(c1 + b, A, r0, b, NR, k1);
+        }
         block_end512(A, r0, b, NR, k0, fa);
         block_end512(A, r0, b, NR, k1, fa + NR * TILE);
     }
     store512(W, r0, NR, o, fa, y);
     store512(W, r0, NR, o + TILE, fa + NR * TILE, y);
+}
+
+TGT512 static void sb_pair4_build(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                                  SbMetaMem *c0, SbMetaMem *c1) {
+    sb_pair4(tw, W, A, r0, o, y, c0, c1, 1);
+}
+
+TGT512 static void sb_pair4_cached(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                                   SbMetaMem *c0, SbMetaMem *c1) {
+    sb_pair4(tw, W, A, r0, o, y, c0, c1, 0);
 }
 #endif
 
@@ -1241,21 +1296,29 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
 }
 
 /* Rows [rb, re) of the activations times tiles [t0, t1) of a super-block weight: 8+ rows with AVX-512 two tiles
- * x 4 rows a pass (sb_pair4_512), else up to 8 rows a pass over one tile. */
+ * x 4 rows a pass (sb_pair4), else up to 8 rows a pass over one tile. */
 static void sb_rows(int isa, const W4 *W, const Acts *A, int64_t n, int64_t rb, int64_t re, int64_t t0, int64_t t1,
                     float *y) {
     int64_t t = t0;
 #if defined(X86)
+    SbMetaMem *cache = isa == ISA_AVX512_VNNI && n >= SB_CACHE_ROWS
+                           ? (SbMetaMem *)aligned_alloc(64, sizeof(SbMetaMem) * (size_t)(2 * A->nb))
+                           : NULL; /* NULL (fewer rows, or no memory): every pass unpacks the headers */
     if (isa == ISA_AVX512_VNNI && n >= 8)
         for (; t + 2 <= t1; t += 2) {
+            const uint8_t *tw = W->w + t * W->block;
+            SbMetaMem *c1 = cache ? cache + A->nb : NULL;
             int64_t r = rb;
-            for (; r + 4 <= re; r += 4) sb_pair4_512(W->w + t * W->block, W, A, r, t * TILE, y);
+            for (; r + 4 <= re; r += 4)
+                if (r == rb || !cache) sb_pair4_build(tw, W, A, r, t * TILE, y, cache, c1);
+                else sb_pair4_cached(tw, W, A, r, t * TILE, y, cache, c1);
             for (; r < re; r += 4) {
                 const int nr = re - r < 4 ? (int)(re - r) : 4;
                 sb_run_tile(isa, t, W, A, r, nr, y);
                 sb_run_tile(isa, t + 1, W, A, r, nr, y);
             }
         }
+    free(cache);
 #endif
     for (; t < t1; t++)
         for (int64_t r = rb; r < re; r += 8) sb_run_tile(isa, t, W, A, r, re - r < 8 ? (int)(re - r) : 8, y);
@@ -1265,7 +1328,7 @@ static void sb_rows(int isa, const W4 *W, const Acts *A, int64_t n, int64_t rb, 
  * with mins, 2 super-blocks: groups of 32 only), b [out] or NULL -> y [n, out] fp32. Threads split the tiles; rows
  * go in blocks of ROW_BLOCK (their codes stay in L2 while the thread's tiles stream by), each block 8 rows per pass
  * over a tile (read from L1 for the others), or with AVX-512 from 8 rows on, 4 rows per pass over two tiles
- * (tile512_pair4, sb_pair4_512), or with AVX2 (no VNNI, formats 0 and 1) from 2 rows on, 4 rows per pass over
+ * (tile512_pair4, sb_pair4), or with AVX2 (no VNNI, formats 0 and 1) from 2 rows on, 4 rows per pass over
  * K_BLOCK inputs of a tile (rows_tile_avx2).
  * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64 (32 for fmt 2); -3
  * for a path this CPU lacks; -4 for k < 1; -5 for an unknown fmt. */
