@@ -1208,6 +1208,51 @@ static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, t
         for (int r = 0; r < NR; r++) store8(facc[r], W, r0 + r, o + 8 * h, y);                                \
     }
 
+/* One input row x a whole tile (16 outputs: both halves) in one pass over its stream (SB_HALF256 per half read it
+ * twice: one row 1.3-1.6x sym g32's row_avx2), the weight prefetched PF_DIST ahead as row_avx2 does. */
+#define SB_ROW256(NAME, TGT, GROUPDOT)                                                                        \
+    TGT static void NAME(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {    \
+        __m256 facc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                          \
+        const __m256i m63 = _mm256_set1_epi32(63);                                                            \
+        const __m256i mlo = _mm256_set1_epi32(0x000F000F), mhi = _mm256_set1_epi32(0x00300030);               \
+        const int8_t *xr = A->xs + r0 * A->kp;                                                                \
+        for (int64_t b = 0; b < A->nb; b++) {                                                                 \
+            const uint8_t *meta = tw + b * SB_BYTES;                                                          \
+            const int gs = sb_groups(A->ng, b);                                                               \
+            for (int l = 0; l < SB_META + 256 * gs; l += 64)                                                  \
+                _mm_prefetch((const char *)meta + PF_DIST + l, _MM_HINT_T0);                                  \
+            const int32_t *xp = A->xp + (r0 * A->nb + b) * 4;                                                 \
+            const __m256 dv = _mm256_set1_ps(A->d[r0 * A->nb + b]);                                           \
+            for (int h = 0; h < 2; h++) {                                                                     \
+                const __m256i Aw = _mm256_loadu_si256((const __m256i *)(meta + 32 * h));                      \
+                const __m256i Bw = _mm256_loadu_si256((const __m256i *)(meta + 64 + 32 * h));                 \
+                const __m256i N = _mm256_loadu_si256((const __m256i *)(meta + 128 + 32 * h));                 \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 192 + 16 * h)));   \
+                const __m256 ndmin = _mm256_sub_ps(                                                           \
+                    _mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 224 + 16 * h)))); \
+                __m256 fb = _mm256_setzero_ps();                                                              \
+                for (int g = 0; g < gs; g++) {                                                                \
+                    const __m256i sc = _mm256_and_si256(                                                      \
+                        _mm256_srl_epi32(g < 4 ? Aw : Bw, _mm_cvtsi32_si128(sb_sc_shift(g))), m63);           \
+                    const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));                              \
+                    const __m256i sv = GROUPDOT(meta + SB_META + 256 * g + 32 * h, xr + (SB_GROUPS * b + g) * 32); \
+                    fb = _mm256_add_ps(fb, _mm256_mul_ps(_mm256_cvtepi32_ps(sv), dsc));                       \
+                }                                                                                             \
+                __m256i M = _mm256_setzero_si256();                                                           \
+                for (int i = 0; i < 4; i++) {                                                                 \
+                    const __m128i a = _mm_cvtsi32_si128(4 * i), c = _mm_cvtsi32_si128(8 * (i & 1) + 2);       \
+                    const __m256i mp = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(N, a), mlo),         \
+                                                       _mm256_and_si256(_mm256_srl_epi32(i < 2 ? Aw : Bw, c), mhi)); \
+                    M = _mm256_add_epi32(M, _mm256_madd_epi16(mp, _mm256_set1_epi32(xp[i])));                 \
+                }                                                                                             \
+                fb = _mm256_add_ps(fb, _mm256_mul_ps(_mm256_cvtepi32_ps(M), ndmin));                          \
+                facc[h] = _mm256_add_ps(facc[h], _mm256_mul_ps(fb, dv));                                      \
+            }                                                                                                 \
+        }                                                                                                     \
+        store8(facc[0], W, r0, o, y);                                                                         \
+        if (o + 8 < W->out) store8(facc[1], W, r0, o + 8, y);                                                 \
+    }
+
 /* A group's sums for 8 rows (32 bytes of each of its 4 chunks at bg, 64 apart) with AVX2's pairs16. */
 INLINE TGT256 __m256i sb_dot_avx2(const uint8_t *bg, const int8_t *xg) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -1216,6 +1261,7 @@ INLINE TGT256 __m256i sb_dot_avx2(const uint8_t *bg, const int8_t *xg) {
     return widen16(p);
 }
 SB_HALF256(sb_half_avx2, TGT256, sb_dot_avx2)
+SB_ROW256(sb_row_avx2, TGT256, sb_dot_avx2)
 
 #define SB_TILE256(NAME, TGT, HALF, NR)                                                                       \
     TGT static void NAME##_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,         \
@@ -1223,9 +1269,9 @@ SB_HALF256(sb_half_avx2, TGT256, sb_dot_avx2)
         HALF(tw, W, A, r0, NR, 0, o, y);                                                                      \
         if (o + 8 < W->out) HALF(tw, W, A, r0, NR, 1, o, y);                                                  \
     }
-SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 1) SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 2)
+SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 2)
 SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 3) SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 4)
-static const TileFn SB_TILES_AVX2[5] = {0, sb_tile_avx2_1, sb_tile_avx2_2, sb_tile_avx2_3, sb_tile_avx2_4};
+static const TileFn SB_TILES_AVX2[5] = {0, sb_row_avx2, sb_tile_avx2_2, sb_tile_avx2_3, sb_tile_avx2_4};
 
 #if defined(HAVE_AVXVNNI)
 INLINE TGT256V __m256i sb_dot_vnni(const uint8_t *bg, const int8_t *xg) {
@@ -1242,9 +1288,10 @@ INLINE TGT256V __m256i sb_dot_vnni(const uint8_t *bg, const int8_t *xg) {
     return s;
 }
 SB_HALF256(sb_half_vnni, TGT256V, sb_dot_vnni)
-SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 1) SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 2)
+SB_ROW256(sb_row_vnni, TGT256V, sb_dot_vnni)
+SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 2)
 SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 3) SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 4)
-static const TileFn SB_TILES_VNNI[5] = {0, sb_tile_vnni_1, sb_tile_vnni_2, sb_tile_vnni_3, sb_tile_vnni_4};
+static const TileFn SB_TILES_VNNI[5] = {0, sb_row_vnni, sb_tile_vnni_2, sb_tile_vnni_3, sb_tile_vnni_4};
 #endif
 #endif
 
