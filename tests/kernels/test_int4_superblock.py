@@ -118,7 +118,7 @@ def test_kernel_equals_its_reference_on_every_path(out_f: int, in_f: int, rows: 
         assert torch.equal(L.int4_linear(x, w, isa=isa), want), (L.ISAS[isa], out_f, in_f, rows)
 
 
-@pytest.mark.parametrize("rows", [64, 512])
+@pytest.mark.parametrize("rows", [35, 64, 512])  # 35: the prefill passes from 32 rows, 3 rows left
 def test_prefill_rows_equal_the_reference(rows: int, threads: int) -> None:
     _native()
     g = _gen()

@@ -479,6 +479,10 @@ static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r
 #define SB_META 256
 #define SB_GROUPS 8
 #define SB_BYTES (SB_META + SB_GROUPS * 256) /* a whole super-block */
+#ifndef SB_PAIR_ROWS /* AVX-512 from this many rows: two tiles x 4 rows a pass (sb_pair4); below, 8 rows a
+                       * pass over one tile, weight prefetched (8 rows 0.81-1.03x sym g32, the pairs 1.06-1.17x) */
+#define SB_PAIR_ROWS 32
+#endif
 #ifndef SB_CACHE_ROWS
 #define SB_CACHE_ROWS 16 /* rows from which prefill unpacks a tile pair's headers once per row block */
 #endif
@@ -763,9 +767,11 @@ INLINE TGT512 void sb_tile512(const uint8_t *tw, const W4 *W, const Acts *A, int
         const int gs = sb_groups(A->ng, b);
         SbMeta512 S;
         sb_meta512(meta, gs, &S);
+        for (int l = 0; l < SB_META; l += 64) _mm_prefetch((const char *)meta + PF_DIST + l, _MM_HINT_T0);
         for (int g = 0; g < gs; g++) {
             const uint8_t *bg = meta + SB_META + 256 * g;
             const int8_t *xg = xs + (SB_GROUPS * b + g) * 32;
+            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)bg + PF_DIST + l, _MM_HINT_T0);
             __m512i acc[8];
             for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_si512();
             for (int c = 0; c < 4; c++) {
@@ -796,7 +802,7 @@ SB_TILE512(1) SB_TILE512(2) SB_TILE512(3) SB_TILE512(4) SB_TILE512(5) SB_TILE512
 static const TileFn SB_TILES512[9] = {0, sb_tile512_1, sb_tile512_2, sb_tile512_3, sb_tile512_4,
                                       sb_tile512_5, sb_tile512_6, sb_tile512_7, sb_tile512_8};
 
-/* 8+ rows: 4 rows x two tiles a pass (pair4's loop for super-blocks). BUILD: the headers are unpacked here (into
+/* SB_PAIR_ROWS+ rows: 4 rows x two tiles a pass (pair4's loop for super-blocks). BUILD: the headers are unpacked here (into
  * registers, as the passes of fewer than SB_CACHE_ROWS rows do) and, with c0, c1, stored there (nb each) for the
  * row block's later passes, which (BUILD 0) read them instead: 1/16 of the unpacking at 64 rows a block. (A
  * separate pass over the headers first cost more in memory latency than it saved at 8-16 rows; passes going
@@ -1342,8 +1348,8 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
     tile_scalar(tw, W, A, r0, nr, o, y);
 }
 
-/* Rows [rb, re) of the activations times tiles [t0, t1) of a super-block weight: 8+ rows with AVX-512 two tiles
- * x 4 rows a pass (sb_pair4), else up to 8 rows a pass over one tile. */
+/* Rows [rb, re) of the activations times tiles [t0, t1) of a super-block weight: SB_PAIR_ROWS+ rows with AVX-512
+ * two tiles x 4 rows a pass (sb_pair4), else up to 8 rows a pass over one tile. */
 static void sb_rows(int isa, const W4 *W, const Acts *A, int64_t n, int64_t rb, int64_t re, int64_t t0, int64_t t1,
                     float *y) {
     int64_t t = t0;
@@ -1351,7 +1357,7 @@ static void sb_rows(int isa, const W4 *W, const Acts *A, int64_t n, int64_t rb, 
     SbMetaMem *cache = isa == ISA_AVX512_VNNI && n >= SB_CACHE_ROWS
                            ? (SbMetaMem *)aligned_alloc(64, sizeof(SbMetaMem) * (size_t)(2 * A->nb))
                            : NULL; /* NULL (fewer rows, or no memory): every pass unpacks the headers */
-    if (isa == ISA_AVX512_VNNI && n >= 8)
+    if (isa == ISA_AVX512_VNNI && n >= SB_PAIR_ROWS)
         for (; t + 2 <= t1; t += 2) {
             const uint8_t *tw = W->w + t * W->block;
             SbMetaMem *c1 = cache ? cache + A->nb : NULL;
