@@ -273,24 +273,24 @@ void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *sca
 
 #define FIT_STEPS 17 /* candidate inverse steps (14 + t / 8) / range: kernels/int4_superblock.py */
 
-/* One candidate's least-squares (s, m) on the codes rint((w - lo) * iscale) and its squared error; 0 where the
- * codes are all equal (no fit). The operations of int4_superblock.asym_fit_ref, in its order. */
-static int fit_candidate(const float *w, int64_t G, float lo, float iscale, float sw, float *s_out, float *m_out,
-                         float *e_out) {
+/* One candidate's least-squares (s, m) on the codes rint((w - lo) * iscale), weighted c, and its weighted squared
+ * error; 0 where the fit is degenerate. The operations of int4_superblock.asym_fit_ref, in its order. */
+static int fit_candidate(const float *w, const float *c, int64_t G, float lo, float iscale, float cs, float cw,
+                         float *s_out, float *m_out, float *e_out) {
     float q[64];
     float sl = 0.0f, sll = 0.0f, slw = 0.0f;
-    const float nf = (float)G;
     for (int64_t i = 0; i < G; i++) {
         float t = rintf((w[i] - lo) * iscale);
         t = t < 0.0f ? 0.0f : (t > 15.0f ? 15.0f : t);
         q[i] = t;
-        sl = sl + t;
-        sll = sll + t * t;
-        slw = slw + t * w[i];
+        const float cq = c[i] * t;
+        sl = sl + cq;
+        sll = sll + cq * t;
+        slw = slw + cq * w[i];
     }
-    const float den = nf * sll - sl * sl;
+    const float den = cs * sll - sl * sl;
     if (!(den > 0.0f)) return 0;
-    float s = (nf * slw - sl * sw) / den, m = (sll * sw - sl * slw) / den;
+    float s = (cs * slw - sl * cw) / den, m = (sll * cw - sl * slw) / den;
     if (m > 0.0f) {
         s = slw / (sll > 0.0f ? sll : 1.0f);
         m = 0.0f;
@@ -299,19 +299,26 @@ static int fit_candidate(const float *w, int64_t G, float lo, float iscale, floa
     float e = 0.0f;
     for (int64_t i = 0; i < G; i++) {
         const float r = s * q[i] + m - w[i];
-        e = e + r * r;
+        e = e + c[i] * (r * r);
     }
     *s_out = s, *m_out = m, *e_out = e;
     return 1;
 }
 
-/* asym_fit_ref for one group of G <= 64 values. */
+/* asym_fit_ref for one group of G <= 64 values: weights c_i = rms(w) + |w_i|. */
 static void fit_group(const float *w, int64_t G, float *s_out, float *m_out) {
-    float lo = 0.0f, hi = w[0], sw = 0.0f;
+    float lo = 0.0f, hi = w[0], s2 = 0.0f, c[64];
     for (int64_t i = 0; i < G; i++) {
         lo = fminf(lo, w[i]);
         hi = fmaxf(hi, w[i]);
-        sw = sw + w[i];
+        s2 = s2 + w[i] * w[i];
+    }
+    const float rms = sqrtf(s2 / (float)G);
+    float cs = 0.0f, cw = 0.0f;
+    for (int64_t i = 0; i < G; i++) {
+        c[i] = rms + fabsf(w[i]);
+        cs = cs + c[i];
+        cw = cw + c[i] * w[i];
     }
     const float rng = hi - lo;
     if (rng == 0.0f) {
@@ -321,23 +328,33 @@ static void fit_group(const float *w, int64_t G, float *s_out, float *m_out) {
     float bs = rng / 15.0f, bm = lo, be = INFINITY;
     for (int t = 0; t < FIT_STEPS; t++) {
         float s, m, e;
-        if (fit_candidate(w, G, lo, (14.0f + 0.125f * (float)t) / rng, sw, &s, &m, &e) && e < be) bs = s, bm = m, be = e;
+        if (fit_candidate(w, c, G, lo, (14.0f + 0.125f * (float)t) / rng, cs, cw, &s, &m, &e) && e < be)
+            bs = s, bm = m, be = e;
     }
     *s_out = bs, *m_out = bm;
 }
 
 #if defined(X86)
-/* fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]): the same operations lane
- * by lane; comparisons as masks, max / min with the candidate second (a NaN stays, as in torch's clamp). */
-TGT512 static void fit16_512(const float *wt, int64_t G, float *s_out, float *m_out) {
-    const __m512 zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.0f), nf = _mm512_set1_ps((float)G);
-    const __m512 one = _mm512_set1_ps(1.0f);
-    __m512 lo = zero, hi = _mm512_loadu_ps(wt), sw = zero;
+/* fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; ct: room for their weights):
+ * the same operations lane by lane; comparisons as masks, max / min with the candidate second (a NaN stays, as in
+ * torch's clamp). */
+TGT512 static void fit16_512(const float *wt, float *ct, int64_t G, float *s_out, float *m_out) {
+    const __m512 zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.0f), one = _mm512_set1_ps(1.0f);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 lo = zero, hi = _mm512_loadu_ps(wt), s2 = zero;
     for (int64_t i = 0; i < G; i++) {
         const __m512 v = _mm512_loadu_ps(wt + 16 * i);
         lo = _mm512_min_ps(lo, v);
         hi = _mm512_max_ps(hi, v);
-        sw = _mm512_add_ps(sw, v);
+        s2 = _mm512_add_ps(s2, _mm512_mul_ps(v, v));
+    }
+    const __m512 rms = _mm512_sqrt_ps(_mm512_div_ps(s2, _mm512_set1_ps((float)G)));
+    __m512 cs = zero, cw = zero;
+    for (int64_t i = 0; i < G; i++) {
+        const __m512 v = _mm512_loadu_ps(wt + 16 * i), c = _mm512_add_ps(rms, _mm512_and_ps(v, absmask));
+        _mm512_storeu_ps(ct + 16 * i, c);
+        cs = _mm512_add_ps(cs, c);
+        cw = _mm512_add_ps(cw, _mm512_mul_ps(c, v));
     }
     const __m512 rng = _mm512_sub_ps(hi, lo);
     __m512 bs = _mm512_div_ps(rng, fifteen), bm = lo, be = _mm512_set1_ps(INFINITY);
@@ -349,15 +366,16 @@ TGT512 static void fit16_512(const float *wt, int64_t G, float *s_out, float *m_
             __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, lo), iscale),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q = _mm512_min_ps(fifteen, _mm512_max_ps(zero, q));
-            sl = _mm512_add_ps(sl, q);
-            sll = _mm512_add_ps(sll, _mm512_mul_ps(q, q));
-            slw = _mm512_add_ps(slw, _mm512_mul_ps(q, v));
+            const __m512 cq = _mm512_mul_ps(_mm512_loadu_ps(ct + 16 * i), q);
+            sl = _mm512_add_ps(sl, cq);
+            sll = _mm512_add_ps(sll, _mm512_mul_ps(cq, q));
+            slw = _mm512_add_ps(slw, _mm512_mul_ps(cq, v));
         }
-        const __m512 den = _mm512_sub_ps(_mm512_mul_ps(nf, sll), _mm512_mul_ps(sl, sl));
+        const __m512 den = _mm512_sub_ps(_mm512_mul_ps(cs, sll), _mm512_mul_ps(sl, sl));
         const __mmask16 ok = _mm512_cmp_ps_mask(den, zero, _CMP_GT_OQ);
         const __m512 dd = _mm512_mask_blend_ps(ok, one, den);
-        __m512 s = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(nf, slw), _mm512_mul_ps(sl, sw)), dd);
-        __m512 m = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(sll, sw), _mm512_mul_ps(sl, slw)), dd);
+        __m512 s = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(cs, slw), _mm512_mul_ps(sl, cw)), dd);
+        __m512 m = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(sll, cw), _mm512_mul_ps(sl, slw)), dd);
         const __mmask16 pos = _mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ);
         const __mmask16 sllpos = _mm512_cmp_ps_mask(sll, zero, _CMP_GT_OQ);
         s = _mm512_mask_blend_ps(pos, s, _mm512_div_ps(slw, _mm512_mask_blend_ps(sllpos, one, sll)));
@@ -370,7 +388,7 @@ TGT512 static void fit16_512(const float *wt, int64_t G, float *s_out, float *m_
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q = _mm512_min_ps(fifteen, _mm512_max_ps(zero, q));
             const __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(s, q), m), v);
-            e = _mm512_add_ps(e, _mm512_mul_ps(r, r));
+            e = _mm512_add_ps(e, _mm512_mul_ps(_mm512_loadu_ps(ct + 16 * i), _mm512_mul_ps(r, r)));
         }
         const __mmask16 keep = ok & _mm512_cmp_ps_mask(e, be, _CMP_LT_OQ);
         bs = _mm512_mask_blend_ps(keep, bs, s);
@@ -383,7 +401,7 @@ TGT512 static void fit16_512(const float *wt, int64_t G, float *s_out, float *m_
 }
 #endif
 
-/* Per group of w [groups, G] (G <= 64): the least-squares (s, m) of w ~ s q + m, s >= 0, m <= 0, of
+/* Per group of w [groups, G] (G <= 64): the weighted least-squares (s, m) of w ~ s q + m, s >= 0, m <= 0, of
  * int4_superblock.asym_fit_ref, equal to it bit for bit (16 groups a vector on AVX-512, the rest one by one). */
 void recap_int4_asym_fit(const float *w, int64_t groups, int64_t G, float *s, float *m, int threads) {
     const int64_t blocks = groups / 16;
@@ -397,10 +415,10 @@ void recap_int4_asym_fit(const float *w, int64_t groups, int64_t G, float *s, fl
         const int64_t g0 = bi * 16;
 #if defined(X86)
         if (vec && bi < blocks) {
-            float wt[64 * 16];
+            float wt[64 * 16], ct[64 * 16];
             for (int64_t j = 0; j < 16; j++)
                 for (int64_t i = 0; i < G; i++) wt[16 * i + j] = w[(g0 + j) * G + i];
-            fit16_512(wt, G, s + g0, m + g0);
+            fit16_512(wt, ct, G, s + g0, m + g0);
             continue;
         }
 #endif
