@@ -7,7 +7,9 @@ squared error among a few fractions of the group's largest-magnitude value, then
 where the native library does not build) or asymmetric w ~ s q + m (m, s from the group's
 min and max; one more fp16 per group). The last group of a row whose length is not a multiple of the group is
 zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric g64), 5 (asymmetric g32), 4.25 (symmetric
-g64); benchmarks/bench_int4.py measures their error and speed.
+g64); benchmarks/bench_int4.py measures their error and speed. A third format, super-blocks after Q4_K's
+design (6-bit scales and mins per group of 32, fp16 steps per 256 inputs; `superblock=True`, format FMT_SB), is
+kernels/int4_superblock.py's; the same kernel entry point and activations run it.
 Activations: each row in blocks of ACT_BLOCK (256) inputs quantized to int8 (d = max|x| / 127, codes
 rint(x / d)), like llama.cpp's Q8_K blocks under its K-quants: a row's result depends on that row only, and an
 outlier spoils one block, not its row. Per group, the integer product S = sum q x_q and the codes' sum X are
