@@ -8,7 +8,8 @@ Speed: the calling thread's CPU time at 1 thread (a shared machine's other proce
 traffic does), wall clock at 2 threads (the second thread's time is not the caller's), medians, the variants
 alternating within each round, each variant's weights cycled through >= 128 MB (4x this CPU's L3) so that a call
 reads its weight from memory as a decode step does. All int4 formats
-(symmetric / asymmetric, groups of 32 / 64) at 1 and 8 rows; the default one (Int4Linear's) at every row count.
+(symmetric / asymmetric, groups of 32 / 64) at 1 and 8 rows; the default one (Int4Linear's) and the super-block
+format (kernels/int4_superblock.py, quantization "int4_k") at every row count. --ab: only those two, side by side.
 Models (--models): the greedy batch-1 decode step of a checkpoint with int8 and int4 linears, alternating in one
 process (two copies of the model, each prepared by its own CPU backend: native kernels, decode graphs).
 Error: relative Frobenius error of the output against the fp64 product with the fp32 weight, random normal weights
@@ -51,8 +52,11 @@ def _fmt(asym: bool, group: int) -> str:
     return f"int4 {'asym' if asym else 'sym'} g{group}"
 
 
-def variants(out_f: int, in_f: int, rows: int) -> dict[str, Callable[[], object]]:
-    """name -> a call on the next of its weight copies."""
+SB = "int4 superblock"
+
+
+def variants(out_f: int, in_f: int, rows: int, ab: bool = False) -> dict[str, Callable[[], object]]:
+    """name -> a call on the next of its weight copies (ab: the default int4 format and the super-block one)."""
     x = torch.randn(rows, in_f)
     turn = itertools.count()
     n32 = max(1, int(POOL // (out_f * in_f * 4)))
@@ -68,15 +72,18 @@ def variants(out_f: int, in_f: int, rows: int) -> dict[str, Callable[[], object]
         "fp32 oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn[next(turn) % n32], None, "none", [], ""),
         "int8": lambda: int8(next(turn)),
     }
-    for asym, group in FORMATS if rows in (1, 8) else ((INT4_ASYM, INT4_GROUP),):
-        q4 = quantize_int4(ws[0], group, asym)
+    if ab:
+        out = {}
+    for asym, group, sb in [(a, g, False) for a, g in FORMATS if rows in (1, 8) and not ab] + [
+            (INT4_ASYM, INT4_GROUP, False), (False, 32, True)]:  # fmt: skip
+        q4 = quantize_int4(ws[0], group, asym, superblock=sb)
         qs = [q4] + [replace(q4, packed=q4.packed.clone()) for _ in range(1, int(POOL // q4.packed.nbytes))]
-        out[_fmt(asym, group)] = lambda qs=qs: int4_linear(x, qs[next(turn) % len(qs)])
+        out[SB if sb else _fmt(asym, group)] = lambda qs=qs: int4_linear(x, qs[next(turn) % len(qs)])
     return out
 
 
-def speed_row(out_f: int, in_f: int, rows: int, threads: int, rounds: int) -> dict[str, Any]:
-    fns = variants(out_f, in_f, rows)
+def speed_row(out_f: int, in_f: int, rows: int, threads: int, rounds: int, ab: bool = False) -> dict[str, Any]:
+    fns = variants(out_f, in_f, rows, ab)
     reps = max(3, min(50, int(2e9 // (out_f * in_f * max(rows, 16)))))
     res: dict[str, list[float]] = {v: [] for v in fns}
     clock = time.thread_time if threads == 1 else time.perf_counter
@@ -92,8 +99,9 @@ def speed_row(out_f: int, in_f: int, rows: int, threads: int, rounds: int) -> di
     row = {"out": out_f, "in": in_f, "rows": rows, "threads": threads, "ms": med, "load": os.getloadavg()[0]}
     base = med[_fmt(INT4_ASYM, INT4_GROUP)]
     cells = "  ".join(f"{v} {m:.3f}" for v, m in med.items())
-    print(f"t{threads} {in_f:>5}->{out_f:<5} rows {rows:>3}: {cells} ms | int4 vs int8 {med['int8'] / base:.2f}x, "
-          f"vs fp32 {med['fp32 oneDNN'] / base:.2f}x | load {row['load']:.1f}", flush=True)  # fmt: skip
+    vs = "" if ab else f"int4 vs int8 {med['int8'] / base:.2f}x, vs fp32 {med['fp32 oneDNN'] / base:.2f}x, "
+    print(f"t{threads} {in_f:>5}->{out_f:<5} rows {rows:>3}: {cells} ms | {vs}superblock / sym g32 "
+          f"{med[SB] / base:.3f}x | load {row['load']:.1f}", flush=True)  # fmt: skip
     return row
 
 
@@ -110,6 +118,8 @@ def error_rows(out_f: int = 2048, in_f: int = 2048, rows: int = 16) -> list[dict
     for asym, group in FORMATS:
         q4 = quantize_int4(w, group, asym)
         fmts[_fmt(asym, group)] = lambda x, q4=q4: int4_linear(x, q4)
+    qsb = quantize_int4(w, superblock=True)
+    fmts[SB] = lambda x: int4_linear(x, qsb)
     out = []
     for name, f in fmts.items():
         row: dict[str, Any] = {"format": name}
@@ -159,15 +169,18 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--models", nargs="*", default=[], help="checkpoints (benchmarks/checkpoints.py) to decode")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--ab", action="store_true", help="speed of the default int4 format and the super-block one only")
+    ap.add_argument("--shapes", nargs="+", type=int, default=None, help="(out in) pairs instead of SHAPES")
     args = ap.parse_args()
     if args.quick:
         args.threads, args.rows, args.rounds = [1], [1, 8], 3
+    shapes = SHAPES if args.shapes is None else tuple(zip(args.shapes[::2], args.shapes[1::2]))
     out: dict[str, Any] = {"errors": error_rows(), "speed": [], "models": []}
     for threads in args.threads:
         torch.set_num_threads(threads)
         out["models"] += [model_row(m, threads, args.rounds, args.cache_dir) for m in args.models]
         for rows in args.rows:
-            out["speed"] += [speed_row(o, i, rows, threads, args.rounds) for o, i in SHAPES]
+            out["speed"] += [speed_row(o, i, rows, threads, args.rounds, args.ab) for o, i in shapes]
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

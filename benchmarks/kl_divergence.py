@@ -15,8 +15,9 @@ The GGUFs are benchmarks/perplexity_peers.py's (run it first); the text's ids mu
 the base file's tokens and positions are checked against recap's chunks, so both sides score the same positions.
 
 recap's int4 formats other than its default are set through recap/model/layers/int4_linear.py's INT4_GROUP and
-INT4_ASYM while the model loads (int4_format below): the loader has no argument for them (the default format is
-recap's one int4 format; the others exist for measurements like this one and benchmarks/bench_int4.py).
+INT4_ASYM while the model loads (int4_format below): the loader has no argument for them (they exist for
+measurements like this one and benchmarks/bench_int4.py). The super-block format (kernels/int4_superblock.py) has
+one: quantization "int4_k".
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ FORMATS: dict[str, tuple[torch.dtype, str | None, tuple[int, bool] | None]] = {
     "int4 sym g64": (torch.float32, "int4", (64, False)),
     "int4 asym g32": (torch.float32, "int4", (32, True)),
     "int4 asym g64": (torch.float32, "int4", (64, True)),
+    "int4 superblock (int4_k)": (torch.float32, "int4_k", None),
 }  # fmt: skip
 GGUF_TYPES = ("f32", "bf16", "q8_0", "Q4_K_M")  # f32 first: the base
 CROSS = "fp32 vs llama.cpp f32"  # recap fp32 against llama.cpp's base: the two engines' fp32 models

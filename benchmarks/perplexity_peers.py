@@ -40,7 +40,16 @@ TARGETS = ("llama-perplexity", "llama-quantize", "llama-tokenize")
 CONVERTER_PINS = ("transformers==4.57.6", "tokenizers==0.22.1", "huggingface_hub==0.36.0")
 # recap format -> the GGUF it is compared with
 PAIRS = (("float32", None, "f32"), ("bfloat16", None, "bf16"), ("float32", "int8", "q8_0"),
-         ("float32", "int4", "Q4_K_M"))  # fmt: skip
+         ("float32", "int4", "Q4_K_M"), ("float32", "int4_k", "Q4_K_M"))  # fmt: skip  int4_k: int4 super-blocks
+
+
+def pair_name(dtype: str, quant: str | None) -> str:
+    """--pairs' name of a recap format: fp32, bf16 or its quantization."""
+    return quant or {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+
+
+def chosen_pairs(args: argparse.Namespace) -> tuple[tuple[str, str | None, str], ...]:
+    return tuple(p for p in PAIRS if args.pairs is None or pair_name(p[0], p[1]) in args.pairs)
 # transformers 5 writes NemotronH's block kinds as a list of these names; the hub's configs (and llama.cpp's
 # converter) use the one-character hybrid_override_pattern
 _PATTERN = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
@@ -193,7 +202,7 @@ def recap_rows(model: Path, data: Path, args: argparse.Namespace, add_bos: bool)
 
     text = data.read_text(encoding="utf-8")
     out = {}
-    for dtype, quant, _ in PAIRS:
+    for dtype, quant, _ in chosen_pairs(args):
         llm = LLM(str(model), dtype=dtype, quantization=quant, num_threads=args.threads,
                   max_model_len=args.ctx + 2, enable_prefix_caching=False)  # fmt: skip
         tok = llm.get_tokenizer()
@@ -216,17 +225,16 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           "| ln(recap / llama.cpp), paired over chunks | recap, its own windows |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        for dtype, quant, gtype in PAIRS:
+        for dtype, quant, gtype in chosen_pairs(args):
             rc = r["recap"][f"{dtype} {quant or ''}".strip()]
             lc = r["llama"][gtype]
             fmt = f"{quant or {'float32': 'fp32', 'bfloat16': 'bf16'}[dtype]} / {gtype}"
             d, se = rc["paired_vs_llama"]
             print(f"| {r['model']} | {fmt} | {rc['llama_protocol']:.2f} | {lc['ppl']:.2f} +/- {lc['pm']:.2f} "
                   f"| {rc['llama_protocol'] / lc['ppl']:.4f} | {d:+.5f} +/- {se:.5f} | {rc['own']:.2f} |")  # fmt: skip
-    r0 = rows[0]
-    f32 = r0["recap"]["float32"]
-    print(f"\nllama.cpp's chunks: {len(f32['chunk_nll'])} x {args.ctx} tokens, {f32['llama_protocol_tokens']}"
-          f" scored; recap's own windows: BOS + {args.ctx} tokens, {r0['recap']['float32']['own_tokens']} scored")
+    first = next(iter(rows[0]["recap"].values()))
+    print(f"\nllama.cpp's chunks: {len(first['chunk_nll'])} x {args.ctx} tokens, {first['llama_protocol_tokens']}"
+          f" scored; recap's own windows: BOS + {args.ctx} tokens, {first['own_tokens']} scored")
 
 
 def heldout_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -246,6 +254,8 @@ def main() -> None:
     ap = heldout_parser(__doc__)
     ap.add_argument("--converter-site", type=Path, default=Path("build") / "peers" / "convert-site")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "perplexity_peers.json")
+    ap.add_argument("--pairs", nargs="+", default=None, choices=[pair_name(d, q) for d, q, _ in PAIRS],
+                    help="recap formats to score, each with its llama.cpp format (default: all)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -260,12 +270,13 @@ def main() -> None:
         add_bos = gguf_add_bos(llama, files["f32"])
         print(f"{name}: {check['tokens']} tokens, equal ids in both engines; GGUF add_bos {add_bos}; load "
               f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        wanted = {g for _, _, g in chosen_pairs(args)}
         lrows = {g: llama_perplexity(llama, f, args.data, args.ctx, args.chunks, args.threads)
-                 for g, f in files.items()}  # fmt: skip
+                 for g, f in files.items() if g in wanted}  # fmt: skip
         print("  llama.cpp: " + ", ".join(f"{g} {r['ppl']} ({r['chunks']} chunks)" for g, r in lrows.items()),
               flush=True)  # fmt: skip
         rrows = recap_rows(MODELS[name], args.data, args, add_bos)
-        for dtype, quant, gtype in PAIRS:  # the same chunks in both engines: compared chunk by chunk
+        for dtype, quant, gtype in chosen_pairs(args):  # the same chunks in both engines: compared chunk by chunk
             rc, lc = rrows[f"{dtype} {quant or ''}".strip()], lrows[gtype]
             tokens = [rc["llama_protocol_tokens"] // len(rc["chunk_nll"])] * len(rc["chunk_nll"])
             rc["paired_vs_llama"] = paired_log_ratio(rc["chunk_nll"], lc["chunk_nll"], tokens)

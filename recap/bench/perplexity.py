@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--window", type=int, default=512, help="tokens per scored window")
     q.add_argument("--max-tokens", type=int, default=None, help="read at most this many tokens of the file")
     q.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    q.add_argument("--quantization", default=None, choices=("int8", "int4"))
+    q.add_argument("--quantization", default=None, choices=("int8", "int4", "int4_k"))
     q.add_argument("--num-threads", type=int, default=None)
     q.add_argument("--transformers", action="store_true", help="also compute it with transformers (fp32)")
     q.add_argument("--protocol", default="recap", choices=("recap", "llama-cpp"),

@@ -18,7 +18,7 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model folder
     served_model_name: str | None = None
     dtype: str = "float32"
-    quantization: str | None = None  # "int8" (recap/model/quant.py) or "int4" (recap/kernels/linear_int4.py)
+    quantization: str | None = None  # "int8" (model/quant.py), "int4" or "int4_k" (kernels/linear_int4.py)
     # The output head's precision under a quantization (model/head_format.py): "auto" (int8), "int8", "same".
     head_quantization: str = "auto"
     # Batch-1 decode's fp32 and int8 linears through recap's native kernels (recap/kernels/linear_rows.py,

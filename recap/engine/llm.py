@@ -83,7 +83,7 @@ class LLM:
         tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         enforce_eager: bool = False,
         trust_remote_code: bool = False,
-        quantization: str | None = None,  # None, "int8" (model/quant.py) or "int4" (kernels/linear_int4.py)
+        quantization: str | None = None,  # None, "int8" (model/quant.py), "int4" or "int4_k" (super-blocks)
         head_quantization: str = "auto",  # the output head's precision under it: "auto" (int8), "int8", "same"
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,

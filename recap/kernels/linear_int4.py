@@ -7,7 +7,9 @@ squared error among a few fractions of the group's largest-magnitude value, then
 where the native library does not build) or asymmetric w ~ s q + m (m, s from the group's
 min and max; one more fp16 per group). The last group of a row whose length is not a multiple of the group is
 zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric g64), 5 (asymmetric g32), 4.25 (symmetric
-g64); benchmarks/bench_int4.py measures their error and speed.
+g64); benchmarks/bench_int4.py measures their error and speed. A third format, super-blocks after Q4_K's
+design (6-bit scales and mins per group of 32, fp16 steps per 256 inputs; `superblock=True`, format FMT_SB), is
+kernels/int4_superblock.py's; the same kernel entry point and activations run it.
 Activations: each row in blocks of ACT_BLOCK (256) inputs quantized to int8 (d = max|x| / 127, codes
 rint(x / d)), like llama.cpp's Q8_K blocks under its K-quants: a row's result depends on that row only, and an
 outlier spoils one block, not its row. Per group, the integer product S = sum q x_q and the codes' sum X are
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from recap.kernels import int4_superblock as SBK
+from recap.kernels.int4_superblock import superblock_tile_bytes
 from recap.kernels.native import NativeUnavailableError, load_library, raw_function
 from recap.kernels.quant_chunks import chunk_rows
 
@@ -35,6 +39,7 @@ GROUPS = (32, 64)
 ACT_BLOCK = 256  # inputs per activation step (csrc/linear_int4.c): 8 groups of 32 or 4 of 64
 TILE = 16  # output rows per tile (csrc/linear_int4.c)
 ISAS = ("scalar", "avx2", "avx2_vnni", "avx512_vnni")  # the kernel's paths, by its isa number
+FMT_SB = 2  # the super-block format's number in csrc/linear_int4.c (0 symmetric, 1 asymmetric)
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -49,10 +54,23 @@ class Int4Weight:
     group: int  # inputs per group: 32 or 64
     asym: bool  # per-group mins (w ~ s q + m) rather than w ~ s (q - 8)
     bias: torch.Tensor | None  # [out] fp32
+    superblock: bool = False  # the super-block format (kernels/int4_superblock.py; group 32, asym False)
 
     @property
     def groups(self) -> int:
         return -(-self.in_features // self.group)
+
+    @property
+    def fmt(self) -> int:
+        """The kernel's format number: 0 symmetric, 1 asymmetric, 2 super-blocks (FMT_* in csrc/linear_int4.c)."""
+        return FMT_SB if self.superblock else int(self.asym)
+
+    def packed_shape(self) -> tuple[int, ...]:
+        """The shape `packed` has: [tiles, groups, block bytes], or for super-blocks [tiles, tile bytes]."""
+        tiles = -(-self.out_features // TILE)
+        if self.superblock:
+            return (tiles, superblock_tile_bytes(self.in_features))
+        return (tiles, self.groups, _block_bytes(self.group, self.asym))
 
 
 def _block_bytes(group: int, asym: bool) -> int:
@@ -60,12 +78,18 @@ def _block_bytes(group: int, asym: bool) -> int:
 
 
 def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
-                  bias: torch.Tensor | None = None) -> Int4Weight:
-    """weight [out, in] (any float dtype) -> Int4Weight; see the module docstring for the two formats."""
+                  bias: torch.Tensor | None = None, superblock: bool = False) -> Int4Weight:
+    """weight [out, in] (any float dtype) -> Int4Weight; see the module docstring for the two formats, and
+    kernels/int4_superblock.py for the third (superblock: groups of 32 in super-blocks of 256; not with asym)."""
     if group not in GROUPS:
         raise ValueError(f"int4 groups are {GROUPS} inputs, not {group}")
+    if superblock and (group != SBK.GROUP or asym):
+        raise ValueError(f"the int4 super-block format has groups of {SBK.GROUP} and its own mins: not group={group}, "
+                         f"asym={asym}")  # fmt: skip
     if weight.dim() != 2 or weight.numel() == 0:
         raise ValueError(f"quantize_int4 takes a non-empty [out, in] weight, got {tuple(weight.shape)}")
+    if superblock:
+        return _quantize_superblock(weight, bias)
     out, k = weight.shape
     outp = -(-out // TILE) * TILE
     # Rows a chunk at a time (tiles are independent): the fp32 temporaries stay a chunk's size beside a large weight
@@ -76,6 +100,21 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
     for lo in range(0, outp, step):
         packed[lo // TILE : (lo + step) // TILE] = _pack_rows(w[lo : lo + step], group, asym)
     return Int4Weight(packed, out, k, group, asym, None if bias is None else bias.detach().float().contiguous())
+
+
+def _quantize_superblock(weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Weight:
+    """quantize_int4(..., superblock=True): a chunk of rows at a time, as the other formats."""
+    out, k = weight.shape
+    outp = -(-out // TILE) * TILE
+    packed = torch.empty(outp // TILE, superblock_tile_bytes(k), dtype=torch.uint8)
+    w = weight.detach()
+    step = chunk_rows(k, TILE)
+    for lo in range(0, outp, step):
+        rows = w[lo : lo + step].float()
+        rows = F.pad(rows, (0, 0, 0, -(-rows.shape[0] // TILE) * TILE - rows.shape[0]))
+        packed[lo // TILE : (lo + step) // TILE] = SBK.pack_superblock(*SBK.quantize_rows(rows))
+    return Int4Weight(packed, out, k, SBK.GROUP, False, None if bias is None else bias.detach().float().contiguous(),
+                      superblock=True)  # fmt: skip
 
 
 def _pack_rows(rows: torch.Tensor, group: int, asym: bool) -> torch.Tensor:
@@ -125,7 +164,10 @@ def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> to
 
 
 def unpack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The codes [outp, kp] int32, scales and mins (None when symmetric) [outp, ng] fp32 of a packed weight."""
+    """The codes [outp, kp] int32, scales and mins (None when symmetric) [outp, ng] fp32 of a packed weight
+    (formats 0 and 1; int4_superblock.unpack_superblock reads the super-block one)."""
+    if w.superblock:
+        raise ValueError("unpack_int4 reads formats 0 and 1; a super-block weight: int4_superblock.unpack_superblock")
     p, g = w.packed, w.group
     t, ng, _ = p.shape
     codes = p[..., : 8 * g].reshape(t, ng, g // 8, TILE, 4).permute(0, 3, 1, 2, 4).to(torch.int32)
@@ -139,6 +181,8 @@ def unpack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 def dequantize_int4(w: Int4Weight) -> torch.Tensor:
     """The weight [out, in] fp32 the codes stand for (error measurements)."""
+    if w.superblock:
+        return SBK.dequantize_superblock(w.packed, w.out_features, w.in_features)
     q, s, m = unpack_int4(w)
     g = w.group
     qf = q.float().view(q.shape[0], -1, g)
@@ -165,6 +209,8 @@ def int4_linear_ref(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     x = x.float()
     if x.dim() != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"x {tuple(x.shape)} does not fit a weight of {w.in_features} inputs")
+    if w.superblock:
+        return SBK.superblock_linear_ref(x, w.packed, w.out_features, w.in_features, w.bias)
     q, s, m = unpack_int4(w)
     out, g = w.out_features, w.group
     q, s = q[:out].view(out, -1, g).double(), s[:out]
@@ -191,6 +237,8 @@ def _lib() -> ctypes.CDLL:
     lib.recap_linear_int4.restype = _INT
     lib.recap_int4_sym_scales.argtypes = [_P, _I64, _I64, _P, _INT]
     lib.recap_int4_sym_scales.restype = None
+    lib.recap_int4_asym_fit.argtypes = [_P, _I64, _I64, _P, _P, _INT]
+    lib.recap_int4_asym_fit.restype = None
     lib.recap_int4_best_isa.argtypes = []
     lib.recap_int4_best_isa.restype = _INT
     lib.recap_int4_isa_supported.argtypes = [_INT]
@@ -222,12 +270,14 @@ def supported_isas() -> tuple[int, ...]:
 
 
 _ERRORS = {-1: "no memory for the activation codes", -2: "a group other than 32 or 64",
-           -3: "an instruction set this CPU lacks", -4: "a weight with no inputs"}  # fmt: skip
+           -3: "an instruction set this CPU lacks", -4: "a weight with no inputs", -5: "an unknown format"}  # fmt: skip
 
 
 def _check_packed(w: Int4Weight) -> None:
     """The kernel reads w.packed by these sizes: a mismatch would read past it."""
-    want = (-(-w.out_features // TILE), w.groups, _block_bytes(w.group, w.asym))
+    want = w.packed_shape()
+    if w.superblock and (w.group != SBK.GROUP or w.asym):
+        raise ValueError(f"a super-block int4 weight has groups of {SBK.GROUP} and asym False, not {w.group}, {w.asym}")
     if (w.group not in GROUPS or tuple(w.packed.shape) != want or w.packed.dtype != torch.uint8
             or not w.packed.is_contiguous()):  # fmt: skip
         raise ValueError(f"packed int4 weight {tuple(w.packed.shape)} {w.packed.dtype} is not the {want} uint8 "
@@ -253,7 +303,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, isa: int | None = None) -> torch
     y = torch.empty(x.shape[0], w.out_features, device="cpu")
     b = None if w.bias is None else w.bias.data_ptr()
     _check(_lib().recap_linear_int4(x.data_ptr(), x.shape[0], w.in_features, w.packed.data_ptr(), w.out_features,
-                                    w.group, int(w.asym), b, y.data_ptr(), torch.get_num_threads(),
+                                    w.group, w.fmt, b, y.data_ptr(), torch.get_num_threads(),
                                     best_isa() if isa is None else isa))  # fmt: skip
     return y
 
@@ -267,5 +317,5 @@ def int4_graph_call(w: Int4Weight, x: ctypes.c_void_p, y: ctypes.c_void_p, rows:
     _check_packed(w)
     b = None if w.bias is None else w.bias.data_ptr()
     args = (x, _I64(rows), _I64(w.in_features), _P(w.packed.data_ptr()), _I64(w.out_features), _I64(w.group),
-            _INT(int(w.asym)), _P(b), y, threads, _INT(best_isa()))  # fmt: skip
+            _INT(w.fmt), _P(b), y, threads, _INT(best_isa()))  # fmt: skip
     return raw_function(_lib(), "recap_linear_int4", _INT), args, "int4_linear: no memory or a bad argument"

@@ -26,8 +26,9 @@ from recap.model.layers.linear import Linear
 # Bytes per weight of a quantized linear layer's matrix, its scales included: int4 keeps an fp16 scale (and, if
 # asymmetric, an fp16 min) per group of INT4_GROUP inputs (4.5 bits a weight at g32), int8 one fp32 scale per
 # output row (SCALE_BYTES_PER_ROW; its row sums come on top).
-QUANTIZED_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + (4 if INT4_ASYM else 2) / INT4_GROUP}
-SCALE_BYTES_PER_ROW = {"int8": 4, "int4": 0}
+QUANTIZED_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + (4 if INT4_ASYM else 2) / INT4_GROUP,
+                              "int4_k": 0.5 + 1.5 / 32 + 4 / 256}  # fmt: skip
+SCALE_BYTES_PER_ROW = {"int8": 4, "int4": 0, "int4_k": 0}
 
 
 @dataclass(frozen=True)

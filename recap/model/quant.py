@@ -49,7 +49,7 @@ import torch
 from recap.kernels.linear_rows import CHUNK, PACK_ROWS, activation_grid, pack_int8
 from recap.kernels.quant_chunks import chunk_rows
 
-QUANTIZATIONS = ("int8", "int4")  # int4: recap/kernels/linear_int4.py
+QUANTIZATIONS = ("int8", "int4", "int4_k")  # int4: recap/kernels/linear_int4.py; int4_k: its super-block format
 
 
 class QuantizationUnavailableError(RuntimeError):

@@ -17,7 +17,8 @@ from recap.engine.outputs import RequestOutput
 from tests.engine.test_equivalence import assert_same, make_llm
 from tests.engine.workloads import SCRIPTS
 
-PRECISIONS = {"bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"}}
+PRECISIONS = {"bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}, "int4": {"quantization": "int4"},
+              "int4_k": {"quantization": "int4_k"}}  # int4_k: int4's super-block format (kernels/int4_superblock.py)
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "bamba"])
@@ -27,7 +28,7 @@ def test_caching_on_equals_off_in_reduced_precision(tiny_models: dict[str, Path]
     for script in ("multiturn", "sysprompt_marked", "concurrent_mix"):
         want = SCRIPTS[script](make_llm(path, caching=False, **kw))
         got = SCRIPTS[script](make_llm(path, caching=True, policy="recap", **kw))
-        if precision == "int4" and arch != "mamba2":
+        if precision.startswith("int4") and arch != "mamba2":
             _assert_same_tokens(got, want, f"{arch}/{precision}/{script}", logprob_tol=2e-2)
         else:
             assert_same(got, want, f"{arch}/{precision}/{script}")

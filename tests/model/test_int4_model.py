@@ -24,17 +24,20 @@ def _blocks() -> list[int]:
     return list(range(1, 9))
 
 
+@pytest.mark.parametrize("quantization", ["int4", "int4_k"])  # int4_k: the super-block format
 @pytest.mark.parametrize("arch", ["mamba2", "bamba"])
-def test_int4_decode_equals_full_forward(arch: str, tiny_checkpoint: Callable[[str], Path]) -> None:
+def test_int4_decode_equals_full_forward(arch: str, quantization: str, tiny_checkpoint: Callable[[str], Path]) -> None:
     """Each row's int4 product does not depend on how many rows a step has. Mamba2's decode and forward run the
     same fp32 arithmetic into the linears, so they agree as closely as fp32 does; Bamba's attention decode
     kernel rounds differently in fp32, and where that moves an activation across a rounding edge of its int8
     code, an output moves by one code step (~1% of the logit scale here; int8 does the same)."""
-    lm = load_model(tiny_checkpoint(arch), quantization="int4")
+    lm = load_model(tiny_checkpoint(arch), quantization=quantization)
     backend = prepare(lm)
     head = lm.model.head()  # int8 under int4 by default (model/head_format.py; tests/model/test_head_quantization.py)
     assert isinstance(head.impl, Int8Linear)
-    assert all(isinstance(m.impl, Int4Linear) for m in lm.model.modules() if isinstance(m, Linear) and m is not head)
+    linears = [m for m in lm.model.modules() if isinstance(m, Linear) and m is not head]
+    assert all(isinstance(m.impl, Int4Linear) for m in linears) and lm.linear_backend == quantization
+    assert all(m.backend == quantization and m.impl.quantized.superblock == (quantization == "int4_k") for m in linears)
     cfg = lm.config
     ids = torch.randint(0, cfg.vocab_size, (45,), generator=torch.Generator().manual_seed(5)).tolist()
     prompt = 20

@@ -1,4 +1,4 @@
-"""`recap serve --quantization int8` (or int4) reaches the engine config; other values are usage errors."""
+"""`recap serve --quantization int8` (or int4, int4_k) reaches the engine config; other values are usage errors."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ def test_quantization_flag() -> None:
     assert engine_config(parser.parse_args(["serve", "m", "--quantization", "int8"])).quantization == "int8"
     assert engine_config(parser.parse_args(["serve", "m", "-q", "int8", "--dtype", "bfloat16"])).quantization == "int8"
     assert engine_config(parser.parse_args(["serve", "m", "-q", "int4"])).quantization == "int4"
+    assert engine_config(parser.parse_args(["serve", "m", "-q", "int4_k"])).quantization == "int4_k"  # super-blocks
     assert engine_config(parser.parse_args(["serve", "m"])).quantization is None
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "m", "--quantization", "fp4"])

@@ -52,6 +52,7 @@
 #endif
 
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX2_VNNI = 2, ISA_AVX512_VNNI = 3 };
+enum { FMT_SYM = 0, FMT_ASYM = 1, FMT_SB = 2 }; /* weight formats: linear_int4.py, int4_superblock.py */
 
 /* Whether this CPU runs path `isa`. The paths do not nest: an AVX-512 VNNI CPU may lack AVX-VNNI (Zen 4, Ice
  * Lake: 256-bit VEX dpbusd is a separate extension), so a path below the best one is not always there. */
@@ -95,6 +96,7 @@ typedef struct {
     const float *d, *xf;
     const int32_t *xsum;
     int64_t kp, ng, nb, gpb;
+    const int32_t *xp; /* super-blocks: the group-sum pairs (sb_pairs), else NULL */
 } Acts;
 
 /* The step of row r's activation block that group g ends, or NULL where g ends no block (the AVX2 paths' group
@@ -267,6 +269,163 @@ void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *sca
     }
 }
 
+/* ---------------------------------------------------------------- super-block fit (format 2) */
+
+#define FIT_STEPS 17 /* candidate inverse steps (14 + t / 8) / range: kernels/int4_superblock.py */
+
+/* One candidate's least-squares (s, m) on the codes rint((w - lo) * iscale), weighted c, and its weighted squared
+ * error; 0 where the fit is degenerate. The operations of int4_superblock.asym_fit_ref, in its order. */
+static int fit_candidate(const float *w, const float *c, int64_t G, float lo, float iscale, float cs, float cw,
+                         float *s_out, float *m_out, float *e_out) {
+    float q[64];
+    float sl = 0.0f, sll = 0.0f, slw = 0.0f;
+    for (int64_t i = 0; i < G; i++) {
+        float t = rintf((w[i] - lo) * iscale);
+        t = t < 0.0f ? 0.0f : (t > 15.0f ? 15.0f : t);
+        q[i] = t;
+        const float cq = c[i] * t;
+        sl = sl + cq;
+        sll = sll + cq * t;
+        slw = slw + cq * w[i];
+    }
+    const float den = cs * sll - sl * sl;
+    if (!(den > 0.0f)) return 0;
+    float s = (cs * slw - sl * cw) / den, m = (sll * cw - sl * slw) / den;
+    if (m > 0.0f) {
+        s = slw / (sll > 0.0f ? sll : 1.0f);
+        m = 0.0f;
+    }
+    s = s < 0.0f ? 0.0f : s;
+    float e = 0.0f;
+    for (int64_t i = 0; i < G; i++) {
+        const float r = s * q[i] + m - w[i];
+        e = e + c[i] * (r * r);
+    }
+    *s_out = s, *m_out = m, *e_out = e;
+    return 1;
+}
+
+/* asym_fit_ref for one group of G <= 64 values: weights c_i = rms(w) + |w_i|. */
+static void fit_group(const float *w, int64_t G, float *s_out, float *m_out) {
+    float lo = 0.0f, hi = w[0], s2 = 0.0f, c[64];
+    for (int64_t i = 0; i < G; i++) {
+        lo = fminf(lo, w[i]);
+        hi = fmaxf(hi, w[i]);
+        s2 = s2 + w[i] * w[i];
+    }
+    const float rms = sqrtf(s2 / (float)G);
+    float cs = 0.0f, cw = 0.0f;
+    for (int64_t i = 0; i < G; i++) {
+        c[i] = rms + fabsf(w[i]);
+        cs = cs + c[i];
+        cw = cw + c[i] * w[i];
+    }
+    const float rng = hi - lo;
+    if (rng == 0.0f) {
+        *s_out = 0.0f, *m_out = lo;
+        return;
+    }
+    float bs = rng / 15.0f, bm = lo, be = INFINITY;
+    for (int t = 0; t < FIT_STEPS; t++) {
+        float s, m, e;
+        if (fit_candidate(w, c, G, lo, (14.0f + 0.125f * (float)t) / rng, cs, cw, &s, &m, &e) && e < be)
+            bs = s, bm = m, be = e;
+    }
+    *s_out = bs, *m_out = bm;
+}
+
+#if defined(X86)
+/* fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; ct: room for their weights):
+ * the same operations lane by lane; comparisons as masks, max / min with the candidate second (a NaN stays, as in
+ * torch's clamp). */
+TGT512 static void fit16_512(const float *wt, float *ct, int64_t G, float *s_out, float *m_out) {
+    const __m512 zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.0f), one = _mm512_set1_ps(1.0f);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 lo = zero, hi = _mm512_loadu_ps(wt), s2 = zero;
+    for (int64_t i = 0; i < G; i++) {
+        const __m512 v = _mm512_loadu_ps(wt + 16 * i);
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+        s2 = _mm512_add_ps(s2, _mm512_mul_ps(v, v));
+    }
+    const __m512 rms = _mm512_sqrt_ps(_mm512_div_ps(s2, _mm512_set1_ps((float)G)));
+    __m512 cs = zero, cw = zero;
+    for (int64_t i = 0; i < G; i++) {
+        const __m512 v = _mm512_loadu_ps(wt + 16 * i), c = _mm512_add_ps(rms, _mm512_and_ps(v, absmask));
+        _mm512_storeu_ps(ct + 16 * i, c);
+        cs = _mm512_add_ps(cs, c);
+        cw = _mm512_add_ps(cw, _mm512_mul_ps(c, v));
+    }
+    const __m512 rng = _mm512_sub_ps(hi, lo);
+    __m512 bs = _mm512_div_ps(rng, fifteen), bm = lo, be = _mm512_set1_ps(INFINITY);
+    for (int t = 0; t < FIT_STEPS; t++) {
+        const __m512 iscale = _mm512_div_ps(_mm512_set1_ps(14.0f + 0.125f * (float)t), rng);
+        __m512 sl = zero, sll = zero, slw = zero;
+        for (int64_t i = 0; i < G; i++) {
+            const __m512 v = _mm512_loadu_ps(wt + 16 * i);
+            __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, lo), iscale),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q = _mm512_min_ps(fifteen, _mm512_max_ps(zero, q));
+            const __m512 cq = _mm512_mul_ps(_mm512_loadu_ps(ct + 16 * i), q);
+            sl = _mm512_add_ps(sl, cq);
+            sll = _mm512_add_ps(sll, _mm512_mul_ps(cq, q));
+            slw = _mm512_add_ps(slw, _mm512_mul_ps(cq, v));
+        }
+        const __m512 den = _mm512_sub_ps(_mm512_mul_ps(cs, sll), _mm512_mul_ps(sl, sl));
+        const __mmask16 ok = _mm512_cmp_ps_mask(den, zero, _CMP_GT_OQ);
+        const __m512 dd = _mm512_mask_blend_ps(ok, one, den);
+        __m512 s = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(cs, slw), _mm512_mul_ps(sl, cw)), dd);
+        __m512 m = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(sll, cw), _mm512_mul_ps(sl, slw)), dd);
+        const __mmask16 pos = _mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ);
+        const __mmask16 sllpos = _mm512_cmp_ps_mask(sll, zero, _CMP_GT_OQ);
+        s = _mm512_mask_blend_ps(pos, s, _mm512_div_ps(slw, _mm512_mask_blend_ps(sllpos, one, sll)));
+        m = _mm512_mask_blend_ps(pos, m, zero);
+        s = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s, zero, _CMP_LT_OQ), s, zero);
+        __m512 e = zero;
+        for (int64_t i = 0; i < G; i++) {
+            const __m512 v = _mm512_loadu_ps(wt + 16 * i);
+            __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, lo), iscale),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q = _mm512_min_ps(fifteen, _mm512_max_ps(zero, q));
+            const __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(s, q), m), v);
+            e = _mm512_add_ps(e, _mm512_mul_ps(_mm512_loadu_ps(ct + 16 * i), _mm512_mul_ps(r, r)));
+        }
+        const __mmask16 keep = ok & _mm512_cmp_ps_mask(e, be, _CMP_LT_OQ);
+        bs = _mm512_mask_blend_ps(keep, bs, s);
+        bm = _mm512_mask_blend_ps(keep, bm, m);
+        be = _mm512_mask_blend_ps(keep, be, e);
+    }
+    const __mmask16 flat = _mm512_cmp_ps_mask(rng, zero, _CMP_EQ_OQ);
+    _mm512_storeu_ps(s_out, _mm512_mask_blend_ps(flat, bs, zero));
+    _mm512_storeu_ps(m_out, _mm512_mask_blend_ps(flat, bm, lo));
+}
+#endif
+
+/* Per group of w [groups, G] (G <= 64): the weighted least-squares (s, m) of w ~ s q + m, s >= 0, m <= 0, of
+ * int4_superblock.asym_fit_ref, equal to it bit for bit (16 groups a vector on AVX-512, the rest one by one). */
+void recap_int4_asym_fit(const float *w, int64_t groups, int64_t G, float *s, float *m, int threads) {
+    const int64_t blocks = groups / 16;
+#if defined(X86)
+    const int vec = recap_int4_isa_supported(ISA_AVX512_VNNI) && G <= 64;
+#else
+    const int vec = 0;
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t bi = 0; bi < blocks + (groups % 16 ? 1 : 0); bi++) {
+        const int64_t g0 = bi * 16;
+#if defined(X86)
+        if (vec && bi < blocks) {
+            float wt[64 * 16], ct[64 * 16];
+            for (int64_t j = 0; j < 16; j++)
+                for (int64_t i = 0; i < G; i++) wt[16 * i + j] = w[(g0 + j) * G + i];
+            fit16_512(wt, ct, G, s + g0, m + g0);
+            continue;
+        }
+#endif
+        for (int64_t g = g0; g < g0 + 16 && g < groups; g++) fit_group(w + g * G, G, s + g, m + g);
+    }
+}
+
 /* ---------------------------------------------------------------- scalar */
 
 static inline float half_to_float(uint16_t h) {
@@ -324,6 +483,87 @@ static void tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r
         }
         for (int j = 0; j < TILE && o + j < W->out; j++)
             y[(r0 + r) * W->out + o + j] = W->b ? acc[j] + W->b[o + j] : acc[j];
+    }
+}
+
+/* ---------------------------------------------------------------- super-blocks (format 2) */
+
+/* kernels/int4_superblock.py's layout: per tile, super-blocks of SB_META header bytes (uint32 A[16], B[16],
+ * N[16], fp16 d[16], dmin[16]) then their groups' code blocks (those of symmetric g32: 4 chunks of 64 bytes).
+ * sc_g: bits 0-5 of byte g & 3 of A (g < 4) or B; mn_(2i+e): low nibble at bit 4i + 16e of N, high 2 bits at
+ * 8 (i & 1) + 6 + 16e of A (i < 2) or B (so a pair of mins unpacks as two int16 in 5 ops). Per row and super-block: blk += float(S_g) * (d sc_g) group after group, then
+ * blk += float(M) * (-dmin) with M = sum_g mn_g X_g (exact int32: the activations' pairs xp hold (X_2i, X_2i+1)
+ * as two int16 per word), then acc += blk * x_step. */
+#define SB_META 256
+#define SB_GROUPS 8
+#define SB_BYTES (SB_META + SB_GROUPS * 256) /* a whole super-block */
+#ifndef SB_PAIR_ROWS /* AVX-512 from this many rows: two tiles x 4 rows a pass (sb_pair4); below, 8 rows a
+                       * pass over one tile, weight prefetched (8 rows 0.81-1.03x sym g32, the pairs 1.06-1.17x) */
+#define SB_PAIR_ROWS 32
+#endif
+#ifndef SB_CACHE_ROWS
+#define SB_CACHE_ROWS 16 /* rows from which prefill unpacks a tile pair's headers once per row block */
+#endif
+
+/* Shifts of group g's fields: sc in its word (A or B), mn's low nibble in N, mn's high bits in its word. */
+INLINE int sb_sc_shift(int g) { return 8 * (g & 3); }
+INLINE int sb_mn_lo_shift(int g) { return 4 * (g >> 1) + 16 * (g & 1); }
+INLINE int sb_mn_hi_shift(int g) { return 8 * ((g >> 1) & 1) + 6 + 16 * (g & 1); }
+
+/* Groups in super-block b of a weight of ng groups. */
+INLINE int sb_groups(int64_t ng, int64_t b) { return ng - SB_GROUPS * b < SB_GROUPS ? (int)(ng - SB_GROUPS * b) : SB_GROUPS; }
+
+/* The activations' group-sum pairs: xp [n, nb, 4], word i of block b = X_{8b+2i} | X_{8b+2i+1} << 16 (int16 each:
+ * |X| <= 32 x 127), 0 past the last group. */
+static void sb_pairs(const Acts *A, int64_t n, int32_t *xp) {
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t b = 0; b < A->nb; b++)
+            for (int i = 0; i < 4; i++) {
+                const int64_t g = SB_GROUPS * b + 2 * i;
+                const int32_t x0 = g < A->ng ? A->xsum[r * A->ng + g] : 0;
+                const int32_t x1 = g + 1 < A->ng ? A->xsum[r * A->ng + g + 1] : 0;
+                xp[(r * A->nb + b) * 4 + i] = (int32_t)(((uint32_t)x0 & 0xFFFFu) | ((uint32_t)x1 << 16));
+            }
+}
+
+static void sb_tile_scalar(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int nr, int64_t o, float *y) {
+    for (int r = 0; r < nr; r++) {
+        float acc[TILE] = {0};
+        const int64_t row = r0 + r;
+        for (int64_t b = 0; b < A->nb; b++) {
+            const uint8_t *meta = tw + b * SB_BYTES;
+            const int gs = sb_groups(A->ng, b);
+            float blk[TILE] = {0};
+            for (int j = 0; j < TILE; j++) {
+                uint32_t Aw, Bw, N;
+                uint16_t hd, hm;
+                memcpy(&Aw, meta + 4 * j, 4);
+                memcpy(&Bw, meta + 64 + 4 * j, 4);
+                memcpy(&N, meta + 128 + 4 * j, 4);
+                memcpy(&hd, meta + 192 + 2 * j, 2);
+                memcpy(&hm, meta + 224 + 2 * j, 2);
+                const float d = half_to_float(hd), ndmin = -half_to_float(hm);
+                int32_t M = 0;
+                for (int g = 0; g < gs; g++) {
+                    const uint8_t *bg = meta + SB_META + 256 * g;
+                    const int8_t *xg = A->xs + row * A->kp + (SB_GROUPS * b + g) * 32;
+                    int32_t s = 0;
+                    for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                            const uint8_t v = bg[c * 64 + j * 4 + i];
+                            s += (int32_t)(v & 15) * xg[8 * c + i] + (int32_t)(v >> 4) * xg[8 * c + 4 + i];
+                        }
+                    const uint32_t word = g < 4 ? Aw : Bw;
+                    const int sc = (int)((word >> sb_sc_shift(g)) & 63);
+                    const int mn = (int)(((N >> sb_mn_lo_shift(g)) & 15) | (((word >> sb_mn_hi_shift(g)) & 3) << 4));
+                    blk[j] = blk[j] + (float)s * (d * (float)sc);
+                    M += mn * A->xsum[row * A->ng + SB_GROUPS * b + g];
+                }
+                blk[j] = blk[j] + (float)M * ndmin;
+            }
+            for (int j = 0; j < TILE; j++) acc[j] = acc[j] + blk[j] * A->d[row * A->nb + b];
+        }
+        for (int j = 0; j < TILE && o + j < W->out; j++) y[row * W->out + o + j] = W->b ? acc[j] + W->b[o + j] : acc[j];
     }
 }
 
@@ -474,6 +714,189 @@ TGT512 static void tile512_pair4(const uint8_t *tw, const W4 *W, const Acts *A, 
     else if (!W->asym) pair4(tw, W, A, r0, o, y, 8, 0);
     else pair4(tw, W, A, r0, o, y, 8, 1);
 }
+
+#if defined(X86)
+/* A tile's super-block header unpacked for 16 rows: group g's d sc, the mn pairs, -dmin. */
+typedef struct {
+    __m512 dsc[SB_GROUPS], ndmin;
+    __m512i mp[4];
+} SbMeta512;
+
+INLINE TGT512 void sb_meta512(const uint8_t *meta, int gs, SbMeta512 *S) {
+    const __m512i Aw = _mm512_loadu_si512((const void *)meta), Bw = _mm512_loadu_si512((const void *)(meta + 64));
+    const __m512i N = _mm512_loadu_si512((const void *)(meta + 128));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(meta + 192)));
+    S->ndmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(meta + 224))));
+    const __m512i m63 = _mm512_set1_epi32(63);
+    for (int g = 0; g < gs; g++) {
+        const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(g < 4 ? Aw : Bw, (unsigned)sb_sc_shift(g)), m63);
+        S->dsc[g] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    }
+    const __m512i mlo = _mm512_set1_epi32(0x000F000F), mhi = _mm512_set1_epi32(0x00300030);
+    for (int i = 0; i < 4; i++)
+        S->mp[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(N, (unsigned)(4 * i)), mlo),
+                                   _mm512_and_si512(_mm512_srli_epi32(i < 2 ? Aw : Bw, (unsigned)(8 * (i & 1) + 2)), mhi));
+}
+
+/* The mins of NR rows for super-block b onto their block accumulators (after the groups). */
+INLINE TGT512 void sb_mins512(const SbMeta512 *S, const Acts *A, int64_t r0, int64_t b, const int NR, __m512 *blk) {
+    for (int r = 0; r < NR; r++) {
+        const int32_t *xp = A->xp + ((r0 + r) * A->nb + b) * 4;
+        __m512i M = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) M = _mm512_dpwssd_epi32(M, S->mp[i], _mm512_set1_epi32(xp[i]));
+        blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(M), S->ndmin));
+    }
+}
+
+/* A tile's super-block header unpacked once for a row block's passes (sb_pair4): SbMeta512 in memory. */
+typedef struct {
+    float dsc[SB_GROUPS][TILE], ndmin[TILE];
+    int32_t mp[4][TILE];
+} SbMetaMem;
+
+INLINE TGT512 void sb_meta_store512(const SbMeta512 *S, int gs, SbMetaMem *out) {
+    for (int g = 0; g < gs; g++) _mm512_store_ps(out->dsc[g], S->dsc[g]);
+    _mm512_store_ps(out->ndmin, S->ndmin);
+    for (int i = 0; i < 4; i++) _mm512_store_si512((void *)out->mp[i], S->mp[i]);
+}
+
+/* sb_mins512 from a cached header. */
+INLINE TGT512 void sb_mins512_mem(const SbMetaMem *S, const Acts *A, int64_t r0, int64_t b, const int NR,
+                                  __m512 *blk) {
+    for (int r = 0; r < NR; r++) {
+        const int32_t *xp = A->xp + ((r0 + r) * A->nb + b) * 4;
+        __m512i M = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++)
+            M = _mm512_dpwssd_epi32(M, _mm512_load_si512((const void *)S->mp[i]), _mm512_set1_epi32(xp[i]));
+        blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(M), _mm512_load_ps(S->ndmin)));
+    }
+}
+
+/* NR (constant) input rows x one tile of 16 outputs (tile512's loop for super-blocks). */
+INLINE TGT512 void sb_tile512(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int64_t o,
+                              float *y) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __attribute__((aligned(64))) float fa[8 * TILE];
+    __m512 blk[8];
+    for (int r = 0; r < NR; r++) blk[r] = _mm512_setzero_ps();
+    const int8_t *xs = A->xs + r0 * A->kp;
+    for (int64_t b = 0; b < A->nb; b++) {
+        const uint8_t *meta = tw + b * SB_BYTES;
+        const int gs = sb_groups(A->ng, b);
+        SbMeta512 S;
+        sb_meta512(meta, gs, &S);
+        for (int l = 0; l < SB_META; l += 64) _mm_prefetch((const char *)meta + PF_DIST + l, _MM_HINT_T0);
+        for (int g = 0; g < gs; g++) {
+            const uint8_t *bg = meta + SB_META + 256 * g;
+            const int8_t *xg = xs + (SB_GROUPS * b + g) * 32;
+            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)bg + PF_DIST + l, _MM_HINT_T0);
+            __m512i acc[8];
+            for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(bg + 64 * c));
+                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                for (int r = 0; r < NR; r++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xg + r * A->kp + 8 * c, 4);
+                    memcpy(&x1, xg + r * A->kp + 8 * c + 4, 4);
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(x0));
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(x1));
+                }
+            }
+            for (int r = 0; r < NR; r++) blk[r] = _mm512_add_ps(blk[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), S.dsc[g]));
+        }
+        sb_mins512(&S, A, r0, b, NR, blk);
+        block_end512(A, r0, b, NR, blk, fa);
+    }
+    store512(W, r0, NR, o, fa, y);
+}
+
+#define SB_TILE512(NR)                                                                                        \
+    TGT512 static void sb_tile512_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,  \
+                                       float *y) {                                                            \
+        sb_tile512(tw, W, A, r0, NR, o, y);                                                                   \
+    }
+SB_TILE512(1) SB_TILE512(2) SB_TILE512(3) SB_TILE512(4) SB_TILE512(5) SB_TILE512(6) SB_TILE512(7) SB_TILE512(8)
+static const TileFn SB_TILES512[9] = {0, sb_tile512_1, sb_tile512_2, sb_tile512_3, sb_tile512_4,
+                                      sb_tile512_5, sb_tile512_6, sb_tile512_7, sb_tile512_8};
+
+/* SB_PAIR_ROWS+ rows: 4 rows x two tiles a pass (pair4's loop for super-blocks). BUILD: the headers are unpacked here (into
+ * registers, as the passes of fewer than SB_CACHE_ROWS rows do) and, with c0, c1, stored there (nb each) for the
+ * row block's later passes, which (BUILD 0) read them instead: 1/16 of the unpacking at 64 rows a block. (A
+ * separate pass over the headers first cost more in memory latency than it saved at 8-16 rows; passes going
+ * super-block after super-block over a row block, codes in L1, fp32 sums in memory, were slower: 1.16-1.35x.) */
+INLINE TGT512 void sb_pair4(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                            SbMetaMem *c0, SbMetaMem *c1, const int BUILD) {
+    enum { NR = 4 };
+    const int64_t stride = W->block, kp = A->kp;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int8_t *xs = A->xs + r0 * kp;
+    __attribute__((aligned(64))) float fa[2 * NR * TILE];
+    __m512 k0[NR], k1[NR];
+    for (int r = 0; r < NR; r++) k0[r] = k1[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < A->nb; b++) {
+        const uint8_t *meta0 = tw + b * SB_BYTES, *meta1 = meta0 + stride;
+        const int gs = sb_groups(A->ng, b);
+        SbMeta512 S0, S1;
+        if (BUILD) {
+            sb_meta512(meta0, gs, &S0);
+            sb_meta512(meta1, gs, &S1);
+            if (c0) {
+                sb_meta_store512(&S0, gs, c0 + b);
+                sb_meta_store512(&S1, gs, c1 + b);
+            }
+        }
+        for (int g = 0; g < gs; g++) {
+            const uint8_t *b0 = meta0 + SB_META + 256 * g, *b1 = meta1 + SB_META + 256 * g;
+            const int8_t *xg = xs + (SB_GROUPS * b + g) * 32;
+            __m512i a0[NR], a1[NR];
+            for (int r = 0; r < NR; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m512i v0 = _mm512_loadu_si512((const void *)(b0 + 64 * c));
+                const __m512i v1 = _mm512_loadu_si512((const void *)(b1 + 64 * c));
+                const __m512i lo0 = _mm512_and_si512(v0, m4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+                const __m512i lo1 = _mm512_and_si512(v1, m4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+                for (int r = 0; r < NR; r++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xg + r * kp + 8 * c, 4);
+                    memcpy(&x1, xg + r * kp + 8 * c + 4, 4);
+                    const __m512i s0 = _mm512_set1_epi32(x0), s1 = _mm512_set1_epi32(x1);
+                    a0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a0[r], lo0, s0), hi0, s1);
+                    a1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a1[r], lo1, s0), hi1, s1);
+                }
+            }
+            const __m512 d0 = BUILD ? S0.dsc[g] : _mm512_load_ps(c0[b].dsc[g]);
+            const __m512 d1 = BUILD ? S1.dsc[g] : _mm512_load_ps(c1[b].dsc[g]);
+            for (int r = 0; r < NR; r++) {
+                k0[r] = _mm512_add_ps(k0[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a0[r]), d0));
+                k1[r] = _mm512_add_ps(k1[r], _mm512_mul_ps(_mm512_cvtepi32_ps(a1[r]), d1));
+            }
+        }
+        if (BUILD) {
+            sb_mins512(&S0, A, r0, b, NR, k0);
+            sb_mins512(&S1, A, r0, b, NR, k1);
+        } else {
+            sb_mins512_mem(c0 + b, A, r0, b, NR, k0);
+            sb_mins512_mem(c1 + b, A, r0, b, NR, k1);
+        }
+        block_end512(A, r0, b, NR, k0, fa);
+        block_end512(A, r0, b, NR, k1, fa + NR * TILE);
+    }
+    store512(W, r0, NR, o, fa, y);
+    store512(W, r0, NR, o + TILE, fa + NR * TILE, y);
+}
+
+TGT512 static void sb_pair4_build(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                                  SbMetaMem *c0, SbMetaMem *c1) {
+    sb_pair4(tw, W, A, r0, o, y, c0, c1, 1);
+}
+
+TGT512 static void sb_pair4_cached(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y,
+                                   SbMetaMem *c0, SbMetaMem *c1) {
+    sb_pair4(tw, W, A, r0, o, y, c0, c1, 0);
+}
+#endif
 
 /* ---------------------------------------------------------------- AVX2 (8 lanes: a tile as two halves) */
 
@@ -759,6 +1182,166 @@ static const TileFn TILES_VNNI[5] = {0, tile_vnni_1, tile_vnni_2, tile_vnni_3, t
 #endif
 #endif
 
+#if defined(X86)
+/* Super-blocks on 8 lanes: NR <= 4 rows x half h of a tile (outputs o + 8h ..), DOT the group's integer sums of 8
+ * rows (AVX-VNNI dpbusd, or AVX2's pairs16: 4 chunks of maddubs pairs summed in int16, exact, then widened). */
+#define SB_HALF256(NAME, TGT, GROUPDOT)                                                                       \
+    INLINE TGT void NAME(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, const int NR, int h,      \
+                         int64_t o, float *y) {                                                               \
+        __m256 facc[4], fb[4];                                                                                \
+        for (int r = 0; r < NR; r++) facc[r] = fb[r] = _mm256_setzero_ps();                                  \
+        const __m256i m63 = _mm256_set1_epi32(63);                                                            \
+        const __m256i mlo = _mm256_set1_epi32(0x000F000F), mhi = _mm256_set1_epi32(0x00300030);               \
+        for (int64_t b = 0; b < A->nb; b++) {                                                                 \
+            const uint8_t *meta = tw + b * SB_BYTES;                                                          \
+            const int gs = sb_groups(A->ng, b);                                                               \
+            const __m256i Aw = _mm256_loadu_si256((const __m256i *)(meta + 32 * h));                          \
+            const __m256i Bw = _mm256_loadu_si256((const __m256i *)(meta + 64 + 32 * h));                     \
+            const __m256i N = _mm256_loadu_si256((const __m256i *)(meta + 128 + 32 * h));                     \
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 192 + 16 * h)));       \
+            const __m256 ndmin = _mm256_sub_ps(_mm256_setzero_ps(),                                           \
+                                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 224 + 16 * h)))); \
+            for (int g = 0; g < gs; g++) {                                                                    \
+                const uint8_t *bg = meta + SB_META + 256 * g + 32 * h;                                        \
+                const int8_t *xg = A->xs + r0 * A->kp + (SB_GROUPS * b + g) * 32;                             \
+                const __m256i sc = _mm256_and_si256(_mm256_srl_epi32(g < 4 ? Aw : Bw,                         \
+                                                                     _mm_cvtsi32_si128(sb_sc_shift(g))), m63);   \
+                const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));                                  \
+                for (int r = 0; r < NR; r++) {                                                                \
+                    const __m256i s = GROUPDOT(bg, xg + r * A->kp);                                           \
+                    fb[r] = _mm256_add_ps(fb[r], _mm256_mul_ps(_mm256_cvtepi32_ps(s), dsc));                  \
+                }                                                                                             \
+            }                                                                                                 \
+            __m256i mp[4];                                                                                    \
+            for (int i = 0; i < 4; i++) {                                                                     \
+                const __m128i a = _mm_cvtsi32_si128(4 * i), c = _mm_cvtsi32_si128(8 * (i & 1) + 2);           \
+                mp[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(N, a), mlo),                        \
+                                        _mm256_and_si256(_mm256_srl_epi32(i < 2 ? Aw : Bw, c), mhi));         \
+            }                                                                                                 \
+            for (int r = 0; r < NR; r++) {                                                                    \
+                const int32_t *xp = A->xp + ((r0 + r) * A->nb + b) * 4;                                       \
+                __m256i M = _mm256_setzero_si256();                                                           \
+                for (int i = 0; i < 4; i++)                                                                   \
+                    M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[i], _mm256_set1_epi32(xp[i])));             \
+                fb[r] = _mm256_add_ps(fb[r], _mm256_mul_ps(_mm256_cvtepi32_ps(M), ndmin));                    \
+                const __m256 dv = _mm256_set1_ps(A->d[(r0 + r) * A->nb + b]);                                 \
+                facc[r] = _mm256_add_ps(facc[r], _mm256_mul_ps(fb[r], dv));                                   \
+                fb[r] = _mm256_setzero_ps();                                                                  \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int r = 0; r < NR; r++) store8(facc[r], W, r0 + r, o + 8 * h, y);                                \
+    }
+
+/* One input row x a whole tile (16 outputs: both halves) in one pass over its stream (SB_HALF256 per half read it
+ * twice: one row 1.3-1.6x sym g32's row_avx2), the weight prefetched PF_DIST ahead as row_avx2 does. */
+#define SB_ROW256(NAME, TGT, GROUPDOT)                                                                        \
+    TGT static void NAME(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o, float *y) {    \
+        __m256 facc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                          \
+        const __m256i m63 = _mm256_set1_epi32(63);                                                            \
+        const __m256i mlo = _mm256_set1_epi32(0x000F000F), mhi = _mm256_set1_epi32(0x00300030);               \
+        const int8_t *xr = A->xs + r0 * A->kp;                                                                \
+        for (int64_t b = 0; b < A->nb; b++) {                                                                 \
+            const uint8_t *meta = tw + b * SB_BYTES;                                                          \
+            const int gs = sb_groups(A->ng, b);                                                               \
+            for (int l = 0; l < SB_META + 256 * gs; l += 64)                                                  \
+                _mm_prefetch((const char *)meta + PF_DIST + l, _MM_HINT_T0);                                  \
+            const int32_t *xp = A->xp + (r0 * A->nb + b) * 4;                                                 \
+            const __m256 dv = _mm256_set1_ps(A->d[r0 * A->nb + b]);                                           \
+            for (int h = 0; h < 2; h++) {                                                                     \
+                const __m256i Aw = _mm256_loadu_si256((const __m256i *)(meta + 32 * h));                      \
+                const __m256i Bw = _mm256_loadu_si256((const __m256i *)(meta + 64 + 32 * h));                 \
+                const __m256i N = _mm256_loadu_si256((const __m256i *)(meta + 128 + 32 * h));                 \
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 192 + 16 * h)));   \
+                const __m256 ndmin = _mm256_sub_ps(                                                           \
+                    _mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(meta + 224 + 16 * h)))); \
+                __m256 fb = _mm256_setzero_ps();                                                              \
+                for (int g = 0; g < gs; g++) {                                                                \
+                    const __m256i sc = _mm256_and_si256(                                                      \
+                        _mm256_srl_epi32(g < 4 ? Aw : Bw, _mm_cvtsi32_si128(sb_sc_shift(g))), m63);           \
+                    const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));                              \
+                    const __m256i sv = GROUPDOT(meta + SB_META + 256 * g + 32 * h, xr + (SB_GROUPS * b + g) * 32); \
+                    fb = _mm256_add_ps(fb, _mm256_mul_ps(_mm256_cvtepi32_ps(sv), dsc));                       \
+                }                                                                                             \
+                __m256i M = _mm256_setzero_si256();                                                           \
+                for (int i = 0; i < 4; i++) {                                                                 \
+                    const __m128i a = _mm_cvtsi32_si128(4 * i), c = _mm_cvtsi32_si128(8 * (i & 1) + 2);       \
+                    const __m256i mp = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(N, a), mlo),         \
+                                                       _mm256_and_si256(_mm256_srl_epi32(i < 2 ? Aw : Bw, c), mhi)); \
+                    M = _mm256_add_epi32(M, _mm256_madd_epi16(mp, _mm256_set1_epi32(xp[i])));                 \
+                }                                                                                             \
+                fb = _mm256_add_ps(fb, _mm256_mul_ps(_mm256_cvtepi32_ps(M), ndmin));                          \
+                facc[h] = _mm256_add_ps(facc[h], _mm256_mul_ps(fb, dv));                                      \
+            }                                                                                                 \
+        }                                                                                                     \
+        store8(facc[0], W, r0, o, y);                                                                         \
+        if (o + 8 < W->out) store8(facc[1], W, r0, o + 8, y);                                                 \
+    }
+
+/* A group's sums for 8 rows (32 bytes of each of its 4 chunks at bg, 64 apart) with AVX2's pairs16. */
+INLINE TGT256 __m256i sb_dot_avx2(const uint8_t *bg, const int8_t *xg) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i p = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) p = pairs16(p, _mm256_loadu_si256((const __m256i *)(bg + 64 * c)), xg + 8 * c, m4);
+    return widen16(p);
+}
+SB_HALF256(sb_half_avx2, TGT256, sb_dot_avx2)
+SB_ROW256(sb_row_avx2, TGT256, sb_dot_avx2)
+
+#define SB_TILE256(NAME, TGT, HALF, NR)                                                                       \
+    TGT static void NAME##_##NR(const uint8_t *tw, const W4 *W, const Acts *A, int64_t r0, int64_t o,         \
+                                float *y) {                                                                   \
+        HALF(tw, W, A, r0, NR, 0, o, y);                                                                      \
+        if (o + 8 < W->out) HALF(tw, W, A, r0, NR, 1, o, y);                                                  \
+    }
+SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 2)
+SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 3) SB_TILE256(sb_tile_avx2, TGT256, sb_half_avx2, 4)
+static const TileFn SB_TILES_AVX2[5] = {0, sb_row_avx2, sb_tile_avx2_2, sb_tile_avx2_3, sb_tile_avx2_4};
+
+#if defined(HAVE_AVXVNNI)
+INLINE TGT256V __m256i sb_dot_vnni(const uint8_t *bg, const int8_t *xg) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i s = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(bg + 64 * c));
+        int32_t x0, x1;
+        memcpy(&x0, xg + 8 * c, 4);
+        memcpy(&x1, xg + 8 * c + 4, 4);
+        s = _mm256_dpbusd_avx_epi32(s, _mm256_and_si256(v, m4), _mm256_set1_epi32(x0));
+        s = _mm256_dpbusd_avx_epi32(s, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_set1_epi32(x1));
+    }
+    return s;
+}
+SB_HALF256(sb_half_vnni, TGT256V, sb_dot_vnni)
+SB_ROW256(sb_row_vnni, TGT256V, sb_dot_vnni)
+SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 2)
+SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 3) SB_TILE256(sb_tile_vnni, TGT256V, sb_half_vnni, 4)
+static const TileFn SB_TILES_VNNI[5] = {0, sb_row_vnni, sb_tile_vnni_2, sb_tile_vnni_3, sb_tile_vnni_4};
+#endif
+#endif
+
+/* Rows [r0, r0 + nr) (nr <= 8) times super-block tile t on the chosen path. */
+static void sb_run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0, int nr, float *y) {
+    const uint8_t *tw = W->w + t * W->block;
+    const int64_t o = t * TILE;
+#if defined(X86)
+    if (isa == ISA_AVX512_VNNI) {
+        SB_TILES512[nr](tw, W, A, r0, o, y);
+        return;
+    }
+    if (isa == ISA_AVX2) {
+        for (int r = 0; r < nr; r += 4) SB_TILES_AVX2[nr - r < 4 ? nr - r : 4](tw, W, A, r0 + r, o, y);
+        return;
+    }
+#if defined(HAVE_AVXVNNI)
+    if (isa == ISA_AVX2_VNNI) {
+        for (int r = 0; r < nr; r += 4) SB_TILES_VNNI[nr - r < 4 ? nr - r : 4](tw, W, A, r0 + r, o, y);
+        return;
+    }
+#endif
+#endif
+    sb_tile_scalar(tw, W, A, r0, nr, o, y);
+}
+
 /* Rows [r0, r0 + nr) (nr <= 8) times tile t on the chosen path. */
 static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0, int nr, float *y) {
     const uint8_t *tw = W->w + t * W->ng * W->block;
@@ -783,16 +1366,47 @@ static void run_tile(int isa, int64_t t, const W4 *W, const Acts *A, int64_t r0,
     tile_scalar(tw, W, A, r0, nr, o, y);
 }
 
-/* x [n, k] fp32 times the packed weight w (out outputs, groups of `group` inputs, asym: with mins), b [out] or
- * NULL -> y [n, out] fp32. Threads split the tiles; rows go in blocks of ROW_BLOCK (their codes stay in L2
- * while the thread's tiles stream by), each block 8 rows per pass over a tile (read from L1 for the others),
- * or with AVX-512 from 8 rows on, 4 rows per pass over two tiles (tile512_pair4), or with AVX2 (no VNNI) from 2
- * rows on, 4 rows per pass over K_BLOCK inputs of a tile (rows_tile_avx2).
- * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64; -3 for a path
- * this CPU lacks; -4 for k < 1. */
-int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int asym,
+/* Rows [rb, re) of the activations times tiles [t0, t1) of a super-block weight: SB_PAIR_ROWS+ rows with AVX-512
+ * two tiles x 4 rows a pass (sb_pair4), else up to 8 rows a pass over one tile. */
+static void sb_rows(int isa, const W4 *W, const Acts *A, int64_t n, int64_t rb, int64_t re, int64_t t0, int64_t t1,
+                    float *y) {
+    int64_t t = t0;
+#if defined(X86)
+    SbMetaMem *cache = isa == ISA_AVX512_VNNI && n >= SB_CACHE_ROWS
+                           ? (SbMetaMem *)aligned_alloc(64, sizeof(SbMetaMem) * (size_t)(2 * A->nb))
+                           : NULL; /* NULL (fewer rows, or no memory): every pass unpacks the headers */
+    if (isa == ISA_AVX512_VNNI && n >= SB_PAIR_ROWS)
+        for (; t + 2 <= t1; t += 2) {
+            const uint8_t *tw = W->w + t * W->block;
+            SbMetaMem *c1 = cache ? cache + A->nb : NULL;
+            int64_t r = rb;
+            for (; r + 4 <= re; r += 4)
+                if (r == rb || !cache) sb_pair4_build(tw, W, A, r, t * TILE, y, cache, c1);
+                else sb_pair4_cached(tw, W, A, r, t * TILE, y, cache, c1);
+            for (; r < re; r += 4) {
+                const int nr = re - r < 4 ? (int)(re - r) : 4;
+                sb_run_tile(isa, t, W, A, r, nr, y);
+                sb_run_tile(isa, t + 1, W, A, r, nr, y);
+            }
+        }
+    free(cache);
+#endif
+    for (; t < t1; t++)
+        for (int64_t r = rb; r < re; r += 8) sb_run_tile(isa, t, W, A, r, re - r < 8 ? (int)(re - r) : 8, y);
+}
+
+/* x [n, k] fp32 times the packed weight w (out outputs, groups of `group` inputs; fmt 0 symmetric, 1 asymmetric
+ * with mins, 2 super-blocks: groups of 32 only), b [out] or NULL -> y [n, out] fp32. Threads split the tiles; rows
+ * go in blocks of ROW_BLOCK (their codes stay in L2 while the thread's tiles stream by), each block 8 rows per pass
+ * over a tile (read from L1 for the others), or with AVX-512 from 8 rows on, 4 rows per pass over two tiles
+ * (tile512_pair4, sb_pair4), or with AVX2 (no VNNI, formats 0 and 1) from 2 rows on, 4 rows per pass over
+ * K_BLOCK inputs of a tile (rows_tile_avx2).
+ * Returns 0; -1 without memory for the activation codes; -2 for a group other than 32 or 64 (32 for fmt 2); -3
+ * for a path this CPU lacks; -4 for k < 1; -5 for an unknown fmt. */
+int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, int64_t out, int64_t group, int fmt,
                       const float *b, float *y, int threads, int isa) {
-    if (group != 32 && group != 64) return -2;
+    if (fmt < FMT_SYM || fmt > FMT_SB) return -5;
+    if ((group != 32 && group != 64) || (fmt == FMT_SB && group != 32)) return -2;
     if (!recap_int4_isa_supported(isa)) return -3;
     if (n <= 0 || out <= 0) return 0;
     if (k <= 0) return -4; /* no inputs: no packed weight has none (quantize_int4 refuses an empty one) */
@@ -802,13 +1416,17 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
     float *d = (float *)malloc(sizeof(float) * (size_t)(n * nb + 1));
     float *xf = (float *)malloc(sizeof(float) * (size_t)(n * ng + 1));
     int32_t *xsum = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n * ng + 1));
-    if (!xs || !d || !xf || !xsum) {
-        free(xs), free(d), free(xf), free(xsum);
+    int32_t *xp = fmt == FMT_SB ? (int32_t *)malloc(sizeof(int32_t) * (size_t)(n * nb * 4)) : NULL;
+    if (!xs || !d || !xf || !xsum || (fmt == FMT_SB && !xp)) {
+        free(xs), free(d), free(xf), free(xsum), free(xp);
         return -1;
     }
-    const Acts A = {xs, d, xf, xsum, kp, ng, nb, gpb};
+    const Acts A = {xs, d, xf, xsum, kp, ng, nb, gpb, xp};
     quantize_acts(x, n, k, &A, isa, threads, xs, d, xsum, xf);
-    const W4 W = {w, b, ng, 8 * group + (asym ? 64 : 32), out, (int)(group / 8), asym};
+    if (fmt == FMT_SB) sb_pairs(&A, n, xp);
+    const int asym = fmt == FMT_ASYM;
+    const int64_t block = fmt == FMT_SB ? ng * 256 + nb * SB_META : 8 * group + (asym ? 64 : 32);
+    const W4 W = {w, b, ng, block, out, (int)(group / 8), asym};
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -816,6 +1434,10 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
         for (int64_t rb = 0; rb < n; rb += ROW_BLOCK) {
             const int64_t re = rb + ROW_BLOCK < n ? rb + ROW_BLOCK : n;
             int64_t t = t0;
+            if (fmt == FMT_SB) {
+                sb_rows(isa, &W, &A, n, rb, re, t0, t1, y);
+                continue;
+            }
 #if defined(X86)
             if (isa == ISA_AVX512_VNNI && n >= 8) /* 8+ rows: two tiles per pass, 4 rows at a time */
                 for (; t + 2 <= t1; t += 2) {
@@ -834,6 +1456,6 @@ int recap_linear_int4(const float *x, int64_t n, int64_t k, const uint8_t *w, in
                 for (int64_t r = rb; r < re; r += 8) run_tile(isa, t, &W, &A, r, re - r < 8 ? (int)(re - r) : 8, y);
         }
     }
-    free(xs), free(d), free(xf), free(xsum);
+    free(xs), free(d), free(xf), free(xsum), free(xp);
     return 0;
 }

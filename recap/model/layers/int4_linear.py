@@ -22,7 +22,8 @@ from recap.kernels.linear_int4 import (
 from recap.model.capture import NativeCall
 from recap.model.layers.linear import LinearImpl
 
-# The format (benchmarks/bench_int4.py, docs/performance.md): symmetric codes in groups of 32 inputs.
+# The format (benchmarks/bench_int4.py, docs/performance.md): symmetric codes in groups of 32 inputs; the backend
+# "int4_k" (quantization="int4_k") takes the super-block format instead (kernels/int4_superblock.py).
 INT4_GROUP, INT4_ASYM = 32, False
 
 
@@ -35,12 +36,17 @@ class Int4Linear(LinearImpl):
     name = "int4"
     owns_weight = True
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, quantized: Int4Weight | None = None) -> None:
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, quantized: Int4Weight | None = None,
+                 superblock: bool = False) -> None:  # fmt: skip
         super().__init__(weight, bias)
         if quantized is not None and (quantized.out_features, quantized.in_features) != tuple(weight.shape):
             raise ValueError(f"a packed {quantized.out_features} x {quantized.in_features} weight for a layer of "
                              f"{tuple(weight.shape)}")  # fmt: skip
-        self.quantized: Int4Weight = quantized or quantize_int4(weight, INT4_GROUP, INT4_ASYM, bias)
+        if quantized is None:
+            group, asym = (32, False) if superblock else (INT4_GROUP, INT4_ASYM)
+            quantized = quantize_int4(weight, group, asym, bias, superblock=superblock)
+        self.quantized: Int4Weight = quantized
+        self.name = "int4_k" if quantized.superblock else "int4"  # the backend's name: set_backend compares it
         self._fast = int4_native_available()
 
     def set_native(self, on: bool) -> None:

@@ -62,7 +62,7 @@ from recap.kernels.native import address as _addr
 from recap.model.capture import DecodeCapture, GraphUnsupportedError, NativeCall
 from recap.model.quant import Int8Tiles, Int8Weight, int8_linear, quantize_int8, quantize_int8_tiles
 
-LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4")
+LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4", "int4_k")  # int4_k: int4 in super-blocks
 PACK_ROWS = 8  # the batch size oneDNN is told to expect when it packs a weight (batched decode)
 # The reference ("torch") with the native kernels on: inputs of 1..PANEL_ROWS fp32 rows take the panel kernel
 # (from memory it led oneDNN up to 32 rows: 16: 91-93 vs 75-81 GF/s at 1 thread, 32: 97-100 vs 90-93).
@@ -305,7 +305,8 @@ class Linear(nn.Module):
         return self.impl.name
 
     def set_backend(self, backend: str, native: bool | None = None) -> None:
-        """ "torch" (reference), "onednn", "int8" or "int4", with the native kernels `native` (None: as they are).
+        """ "torch" (reference), "onednn", "int8", "int4" or "int4_k" (int4's super-block format), with the native
+        kernels `native` (None: as they are).
         A layer already on `backend` keeps its implementation (a quantized layer is not quantized again); "onednn",
         "int8" and "int4" lay the weight out anew and release the parameter (release_weight). A released weight
         comes back from a dense layout for another dense backend; from int8 or int4 it cannot: WeightReleasedError.
@@ -320,10 +321,10 @@ class Linear(nn.Module):
         if backend == "int8":
             self.impl = Int8Linear(weight, self.bias)
             self.impl.set_native(on)
-        elif backend == "int4":
+        elif backend in ("int4", "int4_k"):
             from recap.model.layers.int4_linear import Int4Linear  # it imports this module (LinearImpl)
 
-            self.impl = Int4Linear(weight, self.bias)
+            self.impl = Int4Linear(weight, self.bias, superblock=backend == "int4_k")
             self.impl.set_native(on)
         else:
             self.impl = DenseLinear(weight, self.bias, onednn=backend == "onednn", native=on)
@@ -346,7 +347,7 @@ class Linear(nn.Module):
     def release_weight(self) -> None:
         """Free the weight parameter where the implementation owns its own copy (not a directly read one, nor a
         shared one while dense): `weight` and `state_dict()` raise WeightReleasedError from then on."""
-        dense_shared = self.shares_weight and self.impl.name not in ("int8", "int4")
+        dense_shared = self.shares_weight and self.impl.name not in ("int8", "int4", "int4_k")
         if self.released or self.reads_weight or not self.impl.owns_weight or dense_shared:
             return
         del self.weight  # off the module's parameters (not saved, not moved, not counted)
