@@ -7,9 +7,9 @@ The shapes are benchmarks/real_shapes.py's random bf16 checkpoints (granite-h-1b
 lfm2-1.2b: LFM2, 1.17B). llama.cpp gets them through convert_hf_to_gguf.py (bf16, its built-in GPT-NeoX vocabulary
 padded to the checkpoint's size: peers_llama.convert_padded_vocab) and llama-quantize.
 
-recap runs in one worker subprocess per format (RECAP_FORMATS: int4 with its int8 output head, int4 head
-included, int8), loaded once per model and kept alive across
-rounds; each request sets the thread count. Its peak RSS is the worker's VmHWM (the load included: recap
+recap runs in one worker subprocess per format (RECAP_FORMATS: int4 with its int8 output head, int4_k, the
+super-block int4, likewise, int4 head included, int8), loaded once per model and kept alive across rounds;
+each request sets the thread count. Its peak RSS is the worker's VmHWM (the load included: recap
 quantizes the bf16 checkpoint as it loads). llama.cpp's peak RSS is each tool run's ru_maxrss (os.wait4 of
 the child; llama.cpp maps the GGUF, the mapped pages it touches count). recap's steady RSS (VmRSS between
 requests) is printed beside its peak.
@@ -40,7 +40,8 @@ REAL_PROMPT = 64  # context before the decode rows (short: batched-bench prefill
 REAL_STEPS = 16  # decode steps per measurement (recap drops the first two)
 # recap's formats: name -> (quantization, head_quantization); "int4" is the default int4 (its output head at int8,
 # model/head_format.py), "int4+head4" the head at int4 too
-RECAP_FORMATS = {"int4": ("int4", "auto"), "int4+head4": ("int4", "same"), "int8": ("int8", "auto")}
+RECAP_FORMATS = {"int4": ("int4", "auto"), "int4_k": ("int4_k", "auto"), "int4+head4": ("int4", "same"),
+                 "int8": ("int8", "auto")}
 PREFILL_GGUF = ("Q4_K_M", "Q4_0")  # q8_0 on the decode row only (cheap there)
 DECODE_GGUF = ("Q4_K_M", "Q4_0", "Q8_0")
 
