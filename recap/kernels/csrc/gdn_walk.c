@@ -75,6 +75,29 @@ static void exp_map(float *out, const float *a, const float *b, const float *mul
     for (; c < n; c++) out[c] = exp_neg(clampf(a[c] - (b ? b[c] : 0.0f), EXP_FLOOR, 0.0f)) * (mul ? mul[c] : 1.0f);
 }
 
+/* (sum_c a[c] x[c], sum_c b[c] x[c]): two dot products over one read of x. GCC leaves its reductions scalar here (a
+ * 4-cycle add chain per element), hence the AVX-512 loop written out; the sum's order differs from BLAS's. */
+static inline void dot2(const float *a, const float *b, const float *x, int64_t n, float *sa, float *sb) {
+    int64_t c = 0;
+    float ra = 0.0f, rb = 0.0f;
+#ifdef __AVX512F__
+    __m512 va = _mm512_setzero_ps(), vb = _mm512_setzero_ps();
+    for (; c + 16 <= n; c += 16) {
+        const __m512 vx = _mm512_loadu_ps(x + c);
+        va = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), vx, va);
+        vb = _mm512_fmadd_ps(_mm512_loadu_ps(b + c), vx, vb);
+    }
+    ra = _mm512_reduce_add_ps(va);
+    rb = _mm512_reduce_add_ps(vb);
+#endif
+    for (; c < n; c++) {
+        ra += a[c] * x[c];
+        rb += b[c] * x[c];
+    }
+    *sa = ra;
+    *sb = rb;
+}
+
 /* C[r, :n] = init_r + sum_p A[r, p] B[p, :n] for r < m (m a multiple of RB), where init_r is 0 (scale NULL) or
  * scale[r] C[r, :] (C read, then written: a state decayed in place). */
 static void gemm(int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
@@ -176,12 +199,9 @@ static void load_qk(const Inputs *in, int64_t h, int64_t t0, int64_t len, Scratc
             memcpy(ko, k, sizeof(float) * (size_t)dk);
             continue;
         }
-        float sq = 0.0f, sk = 0.0f;
-#pragma omp simd reduction(+ : sq, sk)
-        for (int64_t c = 0; c < dk; c++) {
-            sq += q[c] * q[c];
-            sk += k[c] * k[c];
-        }
+        float sq, sk, unused;
+        dot2(q, k, q, dk, &sq, &unused);
+        dot2(k, q, k, dk, &sk, &unused);
         const float iq = 1.0f / sqrtf(sq + in->l2_eps), ik = 1.0f / sqrtf(sk + in->l2_eps);
 #pragma omp simd
         for (int64_t c = 0; c < dk; c++) {
@@ -250,18 +270,10 @@ static void piece(const Inputs *in, int64_t h, int64_t t0, int64_t len, float *S
             if (in->per_channel) {
                 float l[MAX_DIM]; /* L[i, j, c] k_j[c] */
                 exp_map(l, ci, cj, kj, dk);
-#pragma omp simd reduction(+ : mk, aq)
-                for (int64_t c = 0; c < dk; c++) {
-                    mk += ki[c] * l[c];
-                    aq += qi[c] * l[c];
-                }
+                dot2(ki, qi, l, dk, &mk, &aq);
                 m[i * lp + j] = mk * b;
             } else {
-#pragma omp simd reduction(+ : mk, aq)
-                for (int64_t c = 0; c < dk; c++) {
-                    mk += ki[c] * kj[c];
-                    aq += qi[c] * kj[c];
-                }
+                dot2(ki, qi, kj, dk, &mk, &aq); /* k_j read once for (beta k) k^T and q k^T */
                 const float l = exp_neg(clampf(ci[0] - cj[0], EXP_FLOOR, 0.0f));
                 m[i * lp + j] = (mk * b) * l;
                 aq *= l;
