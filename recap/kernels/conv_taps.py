@@ -4,9 +4,10 @@ on a prefill step, for every family with a short conv (Gated DeltaNet's, Mamba2'
 The torch op lays every row out as [its K-1 initial inputs, its tokens] in one buffer (an index_copy per part), runs
 K multiply-adds over it and picks the rows' outputs back (index_select); here each token's K taps are read where
 they are (the row's tokens, or its initial window) and the windows at chunk ends are copied straight into their
-slots. The activation (silu) stays torch's, applied in place. `causal_conv1d_native` has causal_conv1d's signature
-and side effects; decode batches, other devices and dtypes go to the torch op. Reference: conv1d.py's
-causal_conv1d_ref (and causal_conv1d), compared on random inputs in tests/kernels/test_conv_taps.py.
+slots; silu is applied in the same pass (to a few ulp of F.silu), saving a pass over the output.
+`causal_conv1d_native` has causal_conv1d's signature and side effects; decode batches, other devices and dtypes go
+to the torch op. Reference: conv1d.py's causal_conv1d_ref (and causal_conv1d), compared on random inputs in
+tests/kernels/test_conv_taps.py.
 """
 
 from __future__ import annotations
@@ -66,15 +67,16 @@ def causal_conv1d_native(
             meta.chunk_seq_idx, meta.chunk_dest_slots, meta.chunk_end_positions, meta.last_chunk_indices)]  # fmt: skip
     qsl, slots, cu, crow, dest, end_pos, last = ints
     has_init = meta.has_initial_state.to(torch.bool).contiguous()
+    fused = activation in ("silu", "swish")  # in the kernel's pass over y; any other activation: torch's, after
     work = torch.empty(k * d + nb * (k - 1) * d)
     y = torch.empty(t, d)
     rc = conv_taps_library().recap_conv_taps(
         _I64(nb), _p(qsl), _p(slots), _p(has_init), _I64(crow.numel()), _p(cu), _p(crow), _p(dest), _p(end_pos),
         _p(last), _I64(t), _I64(d), _I64(k), _p(xf), _p(w), None if b is None else _p(b), _p(conv_state),
-        _I64(conv_state.shape[0]), None if slot_positions is None else _p(slot_positions), _p(work), _p(y),
-        _INT(torch.get_num_threads()),
+        _I64(conv_state.shape[0]), None if slot_positions is None else _p(slot_positions), _INT(fused), _p(work),
+        _p(y), _INT(torch.get_num_threads()),
     )  # fmt: skip
     if rc:
         why = "a state slot outside the cache" if rc == -1 else "a conv of other than 1 to 65 taps"
         raise ValueError(f"conv_taps: {why}")
-    return _activate(y, activation, inplace=True).to(x.dtype)
+    return (y if fused else _activate(y, activation, inplace=True)).to(x.dtype)

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from recap.core.output import PAD_SLOT_ID
+from recap.kernels import conv_taps
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.conv1d import causal_conv1d, causal_conv1d_ref
 from recap.kernels.conv_taps import causal_conv1d_native, conv_taps_available
 from recap.kernels.metadata import SeqSpec
+from recap.kernels.native import _cpu_flags, load_library
 
 from .test_gdn_walk import SLOTS, random_step
 
@@ -24,13 +26,28 @@ pytestmark = pytest.mark.skipif(not conv_taps_available(), reason="the native ke
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_torch_op_and_reference(k: int, seed: int) -> None:
+    check_step(k, seed)
+
+
+@pytest.mark.skipif(" avx512f" not in _cpu_flags(), reason="the AVX-512 build is the only one here")
+def test_portable_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain C paths (the build without AVX-512: its silu among them) agree too."""
+    lib = load_library("conv_taps", ("-mno-avx512f",))
+    lib.recap_conv_taps.restype = conv_taps._INT
+    monkeypatch.setattr(conv_taps, "conv_taps_library", lambda: lib)
+    for seed in range(4):
+        check_step(4, 50 + seed)
+
+
+def check_step(k: int, seed: int) -> None:
+    """One random step through the native op, the torch op and the reference, from the same slots."""
     rnd = random.Random(100 * k + seed)
     gen = torch.Generator().manual_seed(rnd.randrange(1 << 30))
     meta, written = random_step(rnd, rnd.choice([16, 32, 64]), rnd.randint(1, 4))
     t, d = meta.query_start_loc_list[-1], rnd.choice([1, 7, 40, 300])
     x, w = torch.randn(t, d, generator=gen), torch.randn(d, k, generator=gen)
     bias = torch.randn(d, generator=gen) if rnd.random() < 0.5 else None
-    act = rnd.choice(["silu", None])
+    act = rnd.choice(["silu", "silu", None])
     state = torch.randn(SLOTS, d, k - 1, generator=gen)
     pos = torch.randint(0, 50, (SLOTS,), generator=gen)
     runs = []
