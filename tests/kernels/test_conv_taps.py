@@ -88,3 +88,25 @@ def test_slot_outside_the_cache_writes_nothing() -> None:
     with pytest.raises(ValueError, match="outside"):
         causal_conv1d_native(torch.randn(9, 5, generator=gen), torch.randn(5, 4, generator=gen), None, state, meta)
     assert torch.equal(state, before)
+
+
+def test_two_threads() -> None:
+    """A long row's tokens split over torch's threads give the torch op's result."""
+    gen = torch.Generator().manual_seed(3)
+    specs = [SeqSpec([0] * 200, 5, state_slot=1, checkpoints=[(64, 2), (133, 3)]), SeqSpec([0] * 70, 0, state_slot=4)]
+    meta = build_forward_batch(specs, block_size=16, chunk_size=64, with_attention=False, with_ssm=True).ssm
+    assert meta is not None
+    x, w, bias = torch.randn(270, 96, generator=gen), torch.randn(96, 4, generator=gen), torch.randn(96, generator=gen)
+    state = torch.randn(SLOTS, 96, 3, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        runs = []
+        for fn in (causal_conv1d_native, causal_conv1d):
+            s, p = state.clone(), torch.zeros(SLOTS, dtype=torch.int64)
+            runs.append((fn(x, w, bias, s, meta, "silu", p), s, p))
+    finally:
+        torch.set_num_threads(threads)
+    (y, s, p), (y_op, s_op, p_op) = runs
+    torch.testing.assert_close(y, y_op, rtol=1e-5, atol=1e-5)
+    assert torch.equal(s, s_op) and torch.equal(p, p_op)

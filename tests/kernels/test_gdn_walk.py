@@ -175,3 +175,21 @@ def test_slot_outside_the_cache_writes_nothing() -> None:
     with pytest.raises(ValueError, match="outside"):
         gated_delta_rule_native(*inputs(gen, 20, heads, False), state, meta)
     assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+def test_two_threads(per_channel: bool) -> None:
+    """Value heads split over torch's threads give the single thread's result."""
+    rnd = random.Random(11 + per_channel)
+    gen = torch.Generator().manual_seed(int(per_channel))
+    heads = (2, 6, 16, 32)
+    meta, written = random_step(rnd, 32, 3)
+    args = inputs(gen, meta.query_start_loc_list[-1], heads, per_channel)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        fast, slow, before, pos = run_both(gated_delta_rule_native, gated_delta_rule, args, meta, heads, gen,
+                                           normalize_qk=True)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert_step(fast, slow, before, pos, written, meta)
