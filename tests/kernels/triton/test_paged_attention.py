@@ -128,6 +128,60 @@ def test_prefill_tiles_match_the_reference(seed: int, tiles: tuple[int, int, int
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("seed", "splits"), [(0, 2), (1, 4), (2, 8), (3, 32), (4, 4), (5, 2)])
+def test_prefill_key_splits_match_the_reference(seed: int, splits: int) -> None:
+    """Prefill and mixed steps split over their keys (each split a share of its tile's key tiles, the partial
+    softmaxes merged): the reference's result up to rounding, whatever the count, with windows, padding rows
+    (zeros) and splits left empty (32 splits of rows of a few key tiles)."""
+    rng, gen = random.Random(400 + seed), torch.Generator(DEVICE).manual_seed(seed)
+    block, dh, hq = rng.choice([4, 16]), rng.choice([8, 20]), HKV * rng.choice([1, 3, 8])
+    window = rng.choice([None, None, 3, 17])
+    specs, kc, vc = _random_batch(rng, gen, block, dh, hq, window)
+    if all(len(s.token_ids) == 1 for s in specs):  # keep it a prefill step: a row from scratch on spare blocks
+        used = {b for s in specs for b in s.block_ids}
+        spare = [b for b in range(1, NUM_BLOCKS) if b not in used]
+        specs.append(SeqSpec(token_ids=[0] * 5, block_ids=spare[: -(-5 // block)]))
+    meta = _meta(specs, block)
+    assert not meta.is_decode
+    t = meta.query_start_loc_list[-1]
+    q, k, v = (torch.randn(t, h, dh, generator=gen) for h in (hq, HKV, HKV))
+    ref = paged_attention_ref(q, k, v, kc.clone(), vc.clone(), meta, 0.3, window)
+    write_kv(k, v, kc, vc, meta.slot_mapping)
+    out = torch.full_like(q, torch.nan)
+    attend(q, kc, vc, out, meta, 0.3, window, splits=splits)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for r, s in enumerate(specs):
+        if s.padding:
+            assert not out[meta.query_start_loc_list[r] : meta.query_start_loc_list[r + 1]].any()
+
+
+def test_a_few_tokens_over_a_long_prefix_split_their_keys() -> None:
+    """A cached prefix + a few new tokens (few programs, many keys) splits its keys; a long prefill, whose
+    programs fill the card, does not; the partial softmaxes stay within their byte budget."""
+    block, hq, dh = 16, 16, 128
+    cached = build_forward_batch(
+        [SeqSpec(token_ids=[0] * 64, context_len=8192, block_ids=list(range(1, 518)))],
+        block_size=block,
+        chunk_size=16,
+        with_attention=True,
+        with_ssm=False,
+    ).attn
+    cold = build_forward_batch(
+        [SeqSpec(token_ids=[0] * 8192, block_ids=list(range(1, 513)))],
+        block_size=block,
+        chunk_size=16,
+        with_attention=True,
+        with_ssm=False,
+    ).attn
+    assert cached is not None and cold is not None
+    heads, block_q, *_ = pa._tiles(hq // HKV, dh, False)
+    programs = (64 // block_q + 1) * HKV * triton.cdiv(hq // HKV, heads)  # 18
+    assert programs < 132 and pa._splits(cached, programs, 64, hq, dh) == 16  # 8256 keys / 1024; 264 / 18
+    assert pa._splits(cold, (8192 // block_q + 1) * HKV, 8192, hq, dh) == 1
+    few = pa._splits(cached, 1, 4096, hq, dh)  # 16 by the work, fewer by the budget of 4096 tokens' partials
+    assert few == 2 and 4096 * hq * few * dh * 4 <= pa.SPLIT_PARTIAL_BYTES
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_steps_equal_whole_sequence_attention(seed: int) -> None:
     """Sequences advance together in random steps (prefill chunks over their cached prefix, decodes); the
