@@ -317,7 +317,7 @@ def compile_case(case: str) -> None:
     """Compile the kernels as the host launches them for `case` (bf16, tiles from _tiles) and check that
     the attention kernel's K/V loads are pipelined (cp.async) and its prefill dots (not MLA's) use wgmma. Needs triton
     imported with TRITON_INTERPRET=0 (its own jit helpers are decorated at import)."""
-    mla, decode = case.startswith("mla"), case.startswith("decode")
+    mla, decode, split = case.startswith("mla"), case.startswith("decode"), case.endswith("splits")
     group, dh = (16, 512) if mla else (4, 80)
     block_d = triton.next_power_of_2(dh)
     heads, block_q, block_m, block_n, warps = pa._tiles(group, block_d, decode)
@@ -326,13 +326,13 @@ def compile_case(case: str) -> None:
     consts = dict(GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=64 if mla else 0, BLOCK_R=64,
                   BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, DECODE=decode,
                   USE_WINDOW=case.endswith("window"), V_IS_K=mla, UPCAST=False, PRECISION="tf32",
-                  SPLITS=8 if decode else 1)  # fmt: skip
+                  SPLITS=8 if split else 1)  # fmt: skip
     ptx = compile_for_hopper(pa._attention_kernel, pointers, consts, warps, floats=("qk_scale",))
     assert "cp.async" in ptx and (decode or mla or "wgmma" in ptx), case  # MLA's 32-row tiles: mma.sync
-    if decode:
+    if split:
         merge = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16"}
         compile_for_hopper(pa._merge_splits_kernel, merge, dict(HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=8))
-    else:
+    if not decode:
         store = {"k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "slot_ptr": "*i64"}
         dims = dict(HK=1, DK=dh, HV=1, DV=64, BLOCK_HK=1, BLOCK_DK=block_d, BLOCK_HV=1, BLOCK_DV=64)
         compile_for_hopper(pa._store_kv_kernel, store, dims)
@@ -341,7 +341,7 @@ def compile_case(case: str) -> None:
 def test_kernels_compile_for_hopper() -> None:
     """What only the compiler refuses (the interpreter runs any Python) fails here, without a GPU: the
     kernels compile for sm_90 through ptxas, in a fresh process with the interpreter off."""
-    cases = ["prefill_window", "decode_splits", "mla_prefill"]
+    cases = ["prefill_window", "decode_splits", "mla_prefill", "prefill_splits"]
     code = f"from tests.kernels.triton.test_paged_attention import compile_case\nfor c in {cases}: compile_case(c)"
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
