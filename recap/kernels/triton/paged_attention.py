@@ -15,8 +15,9 @@ through the block table serves the group in one tl.dot. Flash-attention online s
 BLOCK_N positions, fp32 accumulation. Prefill and mixed batches: tiles never cross rows; tile j belongs to
 the row r with qsl[r] // BLOCK_Q + r <= j, found by a binary search over query_start_loc (the grid is
 T // BLOCK_Q + B tiles, known without a host sync; the tiles past a row's queries exit). Decode batches
-(every row one query): BLOCK_Q = 1, one program per (row, kv head x head block) and split-K: each split
-attends to its share of the row's key tiles and a second kernel merges the partial softmaxes. Key tiles
+(every row one query): BLOCK_Q = 1, one program per (row, kv head x head block). Split-K: each split attends to
+its share of its tile's key tiles and a second kernel merges the partial softmaxes; decode steps split, and so do
+prefill steps of few programs over many keys (a cached prefix + a few new tokens, _splits). Key tiles
 start at the tile's first visible key (its first query's window), so blocks out of the window (the null
 block in the window group's tables) and positions past seq_len are never loaded: every load is masked to
 [first visible key, last query's position].
@@ -284,13 +285,25 @@ def _tiles(group: int, block_d: int, decode: bool, half: bool = False,
     return heads, block_m // heads, block_m, 32 if wide else 64, 8 if wide else 4
 
 
-def _splits(meta: AttentionMetadata, programs: int) -> int:
-    """Key splits per decode program (a power of two): enough programs for ~2 waves on an H100 (132 SMs),
-    at least 256 keys per split. Any count gives the same result up to rounding."""
+# Key splits of a prefill step: at least this many keys per split, and the partial softmaxes kept within this
+# many bytes (a step of many queries has programs enough without splitting).
+PREFILL_SPLIT_KEYS = 1024
+SPLIT_PARTIAL_BYTES = 64 << 20
+
+
+def _splits(meta: AttentionMetadata, programs: int, tokens: int = 0, heads: int = 0, block_d: int = 0) -> int:
+    """Key splits per program (a power of two): enough programs for ~2 waves on an H100 (132 SMs), at least 256
+    keys per split in a decode step. A prefill step splits only where its programs are few and its rows' keys
+    many (a few new tokens over a long cached prefix: 64 queries over 8k keys are ~5-40 programs, each walking
+    every key alone otherwise), at least PREFILL_SPLIT_KEYS keys per split, its `tokens` x `heads` partials of
+    `block_d` fp32 within SPLIT_PARTIAL_BYTES. Any count gives the same result up to rounding."""
+    per_split = 256 if meta.is_decode else PREFILL_SPLIT_KEYS
+    by_work = triton.next_power_of_2(triton.cdiv(max(meta.seq_lens_list), per_split))
+    splits = min(by_work, triton.next_power_of_2(triton.cdiv(264, programs)), 32)
     if not meta.is_decode:
-        return 1
-    by_work = triton.next_power_of_2(triton.cdiv(max(meta.seq_lens_list), 256))
-    return min(by_work, triton.next_power_of_2(triton.cdiv(264, programs)), 32)
+        while splits > 1 and tokens * heads * splits * block_d * 4 > SPLIT_PARTIAL_BYTES:
+            splits //= 2
+    return splits
 
 
 def attend(
@@ -308,7 +321,7 @@ def attend(
     """out[T, Hq, D] = causal attention of q [T, Hq, D] over the cached keys/values of every row (nothing
     is written to the caches). rope = (q2 [T, Hq, P], rope_cache [NB, bs, 1, P]): MLA's latent form, where
     the score adds q2 . rope key and v_cache is k_cache (the latents). splits: key splits per program of a
-    decode batch (a power of two; None: chosen from the shapes). tiles: (BLOCK_M, BLOCK_N, num_warps) of a
+    step (a power of two; None: chosen from the shapes, _splits). tiles: (BLOCK_M, BLOCK_N, num_warps) of a
     prefill step instead of _tiles' (benchmarks/gpu_check.py's tile study; any tiling gives the same result
     up to rounding)."""
     check_devices(q.device, k_cache=k_cache, v_cache=v_cache, out=out, block_tables=meta.block_tables,
@@ -330,8 +343,8 @@ def attend(
     half = q.element_size() == 2 and rope is None
     heads, block_q, block_m, block_n, warps = _tiles(group, block_d, meta.is_decode, half, tiles)
     grid = (num_rows if meta.is_decode else t // block_q + num_rows, hkv * triton.cdiv(group, heads))
-    splits = _splits(meta, grid[0] * grid[1]) if splits is None else splits
-    assert splits == 1 or (meta.is_decode and splits == triton.next_power_of_2(splits))
+    splits = _splits(meta, grid[0] * grid[1], t, hq, block_d) if splits is None else splits
+    assert splits == triton.next_power_of_2(splits)
     part = torch.empty((t, hq, splits, block_d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     ml = torch.empty((t, hq, splits, 2) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
     upcast = q.dtype != k_cache.dtype or q2.dtype != r_cache.dtype

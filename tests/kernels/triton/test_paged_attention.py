@@ -128,6 +128,60 @@ def test_prefill_tiles_match_the_reference(seed: int, tiles: tuple[int, int, int
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("seed", "splits"), [(0, 2), (1, 4), (2, 8), (3, 32), (4, 4), (5, 2)])
+def test_prefill_key_splits_match_the_reference(seed: int, splits: int) -> None:
+    """Prefill and mixed steps split over their keys (each split a share of its tile's key tiles, the partial
+    softmaxes merged): the reference's result up to rounding, whatever the count, with windows, padding rows
+    (zeros) and splits left empty (32 splits of rows of a few key tiles)."""
+    rng, gen = random.Random(400 + seed), torch.Generator(DEVICE).manual_seed(seed)
+    block, dh, hq = rng.choice([4, 16]), rng.choice([8, 20]), HKV * rng.choice([1, 3, 8])
+    window = rng.choice([None, None, 3, 17])
+    specs, kc, vc = _random_batch(rng, gen, block, dh, hq, window)
+    if all(len(s.token_ids) == 1 for s in specs):  # keep it a prefill step: a row from scratch on spare blocks
+        used = {b for s in specs for b in s.block_ids}
+        spare = [b for b in range(1, NUM_BLOCKS) if b not in used]
+        specs.append(SeqSpec(token_ids=[0] * 5, block_ids=spare[: -(-5 // block)]))
+    meta = _meta(specs, block)
+    assert not meta.is_decode
+    t = meta.query_start_loc_list[-1]
+    q, k, v = (torch.randn(t, h, dh, generator=gen) for h in (hq, HKV, HKV))
+    ref = paged_attention_ref(q, k, v, kc.clone(), vc.clone(), meta, 0.3, window)
+    write_kv(k, v, kc, vc, meta.slot_mapping)
+    out = torch.full_like(q, torch.nan)
+    attend(q, kc, vc, out, meta, 0.3, window, splits=splits)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for r, s in enumerate(specs):
+        if s.padding:
+            assert not out[meta.query_start_loc_list[r] : meta.query_start_loc_list[r + 1]].any()
+
+
+def test_a_few_tokens_over_a_long_prefix_split_their_keys() -> None:
+    """A cached prefix + a few new tokens (few programs, many keys) splits its keys; a long prefill, whose
+    programs fill the card, does not; the partial softmaxes stay within their byte budget."""
+    block, hq, dh = 16, 16, 128
+    cached = build_forward_batch(
+        [SeqSpec(token_ids=[0] * 64, context_len=8192, block_ids=list(range(1, 518)))],
+        block_size=block,
+        chunk_size=16,
+        with_attention=True,
+        with_ssm=False,
+    ).attn
+    cold = build_forward_batch(
+        [SeqSpec(token_ids=[0] * 8192, block_ids=list(range(1, 513)))],
+        block_size=block,
+        chunk_size=16,
+        with_attention=True,
+        with_ssm=False,
+    ).attn
+    assert cached is not None and cold is not None
+    heads, block_q, *_ = pa._tiles(hq // HKV, dh, False)
+    programs = (64 // block_q + 1) * HKV * triton.cdiv(hq // HKV, heads)  # 18
+    assert programs < 132 and pa._splits(cached, programs, 64, hq, dh) == 16  # 8256 keys / 1024; 264 / 18
+    assert pa._splits(cold, (8192 // block_q + 1) * HKV, 8192, hq, dh) == 1
+    few = pa._splits(cached, 1, 4096, hq, dh)  # 16 by the work, fewer by the budget of 4096 tokens' partials
+    assert few == 2 and 4096 * hq * few * dh * 4 <= pa.SPLIT_PARTIAL_BYTES
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_steps_equal_whole_sequence_attention(seed: int) -> None:
     """Sequences advance together in random steps (prefill chunks over their cached prefix, decodes); the
@@ -263,7 +317,7 @@ def compile_case(case: str) -> None:
     """Compile the kernels as the host launches them for `case` (bf16, tiles from _tiles) and check that
     the attention kernel's K/V loads are pipelined (cp.async) and its prefill dots (not MLA's) use wgmma. Needs triton
     imported with TRITON_INTERPRET=0 (its own jit helpers are decorated at import)."""
-    mla, decode = case.startswith("mla"), case.startswith("decode")
+    mla, decode, split = case.startswith("mla"), case.startswith("decode"), case.endswith("splits")
     group, dh = (16, 512) if mla else (4, 80)
     block_d = triton.next_power_of_2(dh)
     heads, block_q, block_m, block_n, warps = pa._tiles(group, block_d, decode)
@@ -272,13 +326,13 @@ def compile_case(case: str) -> None:
     consts = dict(GROUP=group, HEADS=heads, HEAD_DIM=dh, BLOCK_D=block_d, ROPE_DIM=64 if mla else 0, BLOCK_R=64,
                   BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, DECODE=decode,
                   USE_WINDOW=case.endswith("window"), V_IS_K=mla, UPCAST=False, PRECISION="tf32",
-                  SPLITS=8 if decode else 1)  # fmt: skip
+                  SPLITS=8 if split else 1)  # fmt: skip
     ptx = compile_for_hopper(pa._attention_kernel, pointers, consts, warps, floats=("qk_scale",))
     assert "cp.async" in ptx and (decode or mla or "wgmma" in ptx), case  # MLA's 32-row tiles: mma.sync
-    if decode:
+    if split:
         merge = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16"}
         compile_for_hopper(pa._merge_splits_kernel, merge, dict(HEAD_DIM=dh, BLOCK_D=block_d, SPLITS=8))
-    else:
+    if not decode:
         store = {"k_ptr": "*bf16", "v_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "slot_ptr": "*i64"}
         dims = dict(HK=1, DK=dh, HV=1, DV=64, BLOCK_HK=1, BLOCK_DK=block_d, BLOCK_HV=1, BLOCK_DV=64)
         compile_for_hopper(pa._store_kv_kernel, store, dims)
@@ -287,7 +341,7 @@ def compile_case(case: str) -> None:
 def test_kernels_compile_for_hopper() -> None:
     """What only the compiler refuses (the interpreter runs any Python) fails here, without a GPU: the
     kernels compile for sm_90 through ptxas, in a fresh process with the interpreter off."""
-    cases = ["prefill_window", "decode_splits", "mla_prefill"]
+    cases = ["prefill_window", "decode_splits", "mla_prefill", "prefill_splits"]
     code = f"from tests.kernels.triton.test_paged_attention import compile_case\nfor c in {cases}: compile_case(c)"
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
