@@ -9,6 +9,8 @@
 - The weights, the native kernels' packed copies and the KV/state pools move to transparent huge pages
   (huge_pages.py): a decode step streams them all. The memory each move or re-layout frees goes back to the
   OS as it goes (process/heap.py), so that none of it stays resident in glibc's heap.
+- The layers' ops are CPU_KERNELS (kernels/cpu_kernel_set.py): the torch kernel set with the prefill steps of the
+  causal conv, the gated delta rule and KDA in native C.
 - Decode steps of 1 to MAX_ROWS rows replay a captured decode graph (decode_graph.py) where the model's parts
   can be captured, and run the module path otherwise; so do speculative verify steps of up to
   MAX_VERIFY_TOKENS tokens (verify_graph.py: captured per token count as such steps turn up).
@@ -29,6 +31,7 @@ from recap.backends.eager import TorchBackend
 from recap.backends.graph_memory import StepLimits, decode_graphs_bytes
 from recap.backends.huge_pages import HUGE_PAGE_MIN_BYTES, huge_page_zeros
 from recap.backends.verify_graph import MAX_VERIFY_TOKENS, VerifyGraph
+from recap.kernels.cpu_kernel_set import CPU_KERNELS
 from recap.kernels.linear_rows import linear_rows_available
 from recap.kernels.metadata import ForwardBatch
 from recap.model.cache import ModelCaches, TensorAllocator
@@ -40,8 +43,11 @@ from recap.process.heap import return_free_heap
 logger = logging.getLogger(__name__)
 
 # The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs and their
-# GDN step).
-NATIVE_LIBRARIES = ("linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops", "gdn_step")
+# GDN step) and its kernel set's prefill kernels (conv taps, the gated delta rule).
+NATIVE_LIBRARIES = (
+    "linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops", "gdn_step", "conv_taps",
+    "gdn_walk",
+)  # fmt: skip
 
 
 class NativeKernelsUnavailableError(RuntimeError):
@@ -56,7 +62,7 @@ class CpuBackend(TorchBackend):
     def __init__(self, linear_backend: str = "onednn", head_backend: str | None = None) -> None:
         if not linear_rows_available():
             raise NativeKernelsUnavailableError("the native decode kernels do not build here; use TorchBackend")
-        super().__init__(linear_backend, head_backend=head_backend)
+        super().__init__(linear_backend, CPU_KERNELS, head_backend)
         self.on_huge_pages = False  # whether prepare moved the weights (the pools then follow: cache_zeros)
         # The decode graphs captured for one model and cache set, by row count (None where one could not be):
         # (weak references to that model and those caches, graphs). Dropped whenever the kernels are bound anew.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ from recap.backends import CpuBackend, TorchBackend, prepare
 from recap.backends.decode_graph import MAX_ROWS, DecodeGraph
 from recap.kernels import decode_ops
 from recap.kernels.conv1d import causal_conv1d_update
+from recap.kernels.kernel_set import KernelSet
 from recap.kernels.linear_rows import Int8Rows, linear_rows_available
-from recap.kernels.metadata import SeqSpec
+from recap.kernels.metadata import ForwardBatch, SeqSpec
 from recap.kernels.native import load_library
 from recap.kernels.paged_attention import write_kv
 from recap.kernels.varlen import record_decode_positions
@@ -53,15 +55,25 @@ def _prepared(path: Path, **flags: str | None) -> tuple[CausalLM, CpuBackend]:
     return lm.model, backend
 
 
+@dataclass
+class _ModulePath:
+    """The model's forward every step, with the backend's kernel set (its native prefill kernels included)."""
+
+    kernels: KernelSet
+
+    def forward(self, model: CausalLM, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        return model(batch, caches)
+
+
 def _decode_both(
     model: CausalLM, backend: CpuBackend, prompts: list[list[int]], steps: int
 ) -> tuple[list, list, ModelCaches, ModelCaches]:
     """The same greedy decode of len(prompts) rows run twice on fresh caches: through the backend (the graph),
-    and through the model's forward (the module path with the same native kernels). A step whose token completes
-    a block checkpoints that row (its slot rows + 2 + r, overwritten at each boundary), as the scheduler plans
-    it. Returns the per-step hidden states of both and both caches."""
+    and through the model's forward (the module path with the same native kernels and kernel set). A step whose
+    token completes a block checkpoints that row (its slot rows + 2 + r, overwritten at each boundary), as the
+    scheduler plans it. Returns the per-step hidden states of both and both caches."""
     rows, runs = len(prompts), []
-    for through in (backend, None):
+    for through in (backend, _ModulePath(backend.kernels)):
         caches, blocks = _caches(model, max(map(len, prompts)) + steps, rows)
         specs = [SeqSpec(p, 0, blocks[r], state_slot=r + 2) for r, p in enumerate(prompts)]
         hidden, batch = forward_step(model, caches, specs, through)
