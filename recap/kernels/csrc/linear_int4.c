@@ -269,6 +269,49 @@ void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *sca
     }
 }
 
+/* Per group of w [groups, G]: the symmetric scale of least squared error weighted c_i = rms(w) + |w_i| (the weights
+ * of the super-block fit below, llama.cpp's Q4_K without an importance matrix). Candidates d = m / x, m the
+ * largest-magnitude value, x = SYM_FIT_X0 + SYM_FIT_DX t (the codes q = clamp(rint(w x / m), -8, 7)); each
+ * candidate's codes refit by weighted least squares, d = sum c q w / sum c q q, whose weighted error is
+ * sum c w^2 - (sum c q w)^2 / sum c q q: the candidate of the largest (sum c q w)^2 / sum c q q is kept. 0 for an
+ * all-zero group. kernels/linear_int4.sym_fit_ref does the same operations in the same order (equal bit for bit). */
+#define SYM_FIT_STEPS 13 /* x = -9 .. -6 in quarters */
+#define SYM_FIT_X0 -9.0f
+#define SYM_FIT_DX 0.25f
+void recap_int4_sym_fit(const float *w, int64_t groups, int64_t G, float *scales, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        const float *x = w + g * G;
+        float m = 0.0f, s2 = 0.0f, c[64];
+        for (int64_t i = 0; i < G; i++) {
+            if (fabsf(x[i]) > fabsf(m)) m = x[i];
+            s2 = s2 + x[i] * x[i];
+        }
+        if (m == 0.0f) {
+            scales[g] = 0.0f;
+            continue;
+        }
+        const float rms = sqrtf(s2 / (float)G);
+        for (int64_t i = 0; i < G; i++) c[i] = rms + fabsf(x[i]);
+        float best = m / -8.0f, best_score = -1.0f;
+        for (int t = 0; t < SYM_FIT_STEPS; t++) {
+            const float id = (SYM_FIT_X0 + SYM_FIT_DX * (float)t) / m;
+            float sqw = 0.0f, sqq = 0.0f;
+            for (int64_t i = 0; i < G; i++) {
+                float q = rintf(x[i] * id);
+                q = q < -8.0f ? -8.0f : (q > 7.0f ? 7.0f : q);
+                const float cq = c[i] * q;
+                sqw = sqw + cq * x[i];
+                sqq = sqq + cq * q;
+            }
+            if (!(sqq > 0.0f)) continue;
+            const float score = sqw * sqw / sqq;
+            if (score > best_score) best = sqw / sqq, best_score = score;
+        }
+        scales[g] = best;
+    }
+}
+
 /* ---------------------------------------------------------------- super-block fit (format 2) */
 
 #define FIT_STEPS 17 /* candidate inverse steps (14 + t / 8) / range: kernels/int4_superblock.py */
