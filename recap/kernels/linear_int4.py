@@ -41,7 +41,7 @@ TILE = 16  # output rows per tile (csrc/linear_int4.c)
 ISAS = ("scalar", "avx2", "avx2_vnni", "avx512_vnni")  # the kernel's paths, by its isa number
 FMT_SB = 2  # the super-block format's number in csrc/linear_int4.c (0 symmetric, 1 asymmetric)
 SYM_FITS = ("lsq", "weighted")  # how symmetric scales are picked: _sym_scales, sym_fit_ref
-SYM_FIT_STEPS, SYM_FIT_X0, SYM_FIT_DX = 13, -9.0, 0.25  # the weighted fit's candidates m / x, x = -9 .. -6 (csrc)
+SYM_FIT_STEPS, SYM_FIT_X0, SYM_FIT_DX = 29, -9.5, 0.125  # the weighted fit's candidates m / x: x = -9.5 .. -6
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -166,7 +166,7 @@ def _sym_scales(w: torch.Tensor, fit: str = "lsq") -> torch.Tensor:
 def sym_fit_ref(w: torch.Tensor) -> torch.Tensor:
     """Groups w [groups, G] fp32 -> symmetric scales [groups] fp32 (w ~ s q, q in -8..7), the weighted fit:
     weights c_i = rms(w) + |w_i| (as int4_superblock.asym_fit_ref's, llama.cpp's Q4_K without an importance
-    matrix); candidates s = m / x (m the largest-magnitude value, the first of equals; x = -9 .. -6 in quarters),
+    matrix); candidates s = m / x (m the largest-magnitude value, the first of equals; x = -9.5 .. -6 in eighths),
     each refit by weighted least squares on its codes, the one of least weighted error kept (the largest
     (sum c q w)^2 / sum c q q); 0 for an all-zero group. Sums element by element, as csrc recap_int4_sym_fit
     does (equal bit for bit)."""
