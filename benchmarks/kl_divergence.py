@@ -52,11 +52,11 @@ from perplexity_peers import (  # noqa: E402
 # name -> (dtype, quantization, int4 (group, asymmetric, symmetric fit) or None); the first is the base
 FORMATS: dict[str, tuple[torch.dtype, str | None, tuple[int, bool, str] | None]] = {
     "fp32": (torch.float32, None, None), "bf16": (torch.bfloat16, None, None), "int8": (torch.float32, "int8", None),
-    "int4 sym g32 (default)": (torch.float32, "int4", (32, False, "lsq")),
-    "int4 sym g32 weighted fit": (torch.float32, "int4", (32, False, "weighted")),
-    "int4 sym g64": (torch.float32, "int4", (64, False, "lsq")),
-    "int4 asym g32": (torch.float32, "int4", (32, True, "lsq")),
-    "int4 asym g64": (torch.float32, "int4", (64, True, "lsq")),
+    "int4 sym g32 (default)": (torch.float32, "int4", (32, False, "weighted")),
+    "int4 sym g32 lsq fit": (torch.float32, "int4", (32, False, "lsq")),  # the default's fit until 2026-11-29
+    "int4 sym g64": (torch.float32, "int4", (64, False, "weighted")),
+    "int4 asym g32": (torch.float32, "int4", (32, True, "weighted")),  # (the fit is the symmetric formats')
+    "int4 asym g64": (torch.float32, "int4", (64, True, "weighted")),
     "int4 superblock (int4_k)": (torch.float32, "int4_k", None),
 }  # fmt: skip
 GGUF_TYPES = ("f32", "bf16", "q8_0", "Q4_K_M")  # f32 first: the base

@@ -3,13 +3,14 @@ kernel on any number of rows, `int4_linear_ref` is its plain torch reference (eq
 
 Format (like llama.cpp's Q4_0 / Q4_1 blocks, not their bytes): every output row in groups of `group` (32 or 64)
 inputs, each group 4-bit codes q in 0..15 with an fp16 scale s, and either symmetric w ~ s (q - 8) (s of least
-squared error among a few fractions of the group's largest-magnitude value, then refit by least squares; m / -8
-where the native library does not build) or asymmetric w ~ s q + m (m, s from the group's
-min and max; one more fp16 per group). The last group of a row whose length is not a multiple of the group is
-zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric g64), 5 (asymmetric g32), 4.25 (symmetric
-g64); benchmarks/bench_int4.py measures their error and speed. A third format, super-blocks after Q4_K's
-design (6-bit scales and mins per group of 32, fp16 steps per 256 inputs; `superblock=True`, format FMT_SB), is
-kernels/int4_superblock.py's; the same kernel entry point and activations run it.
+squared error weighted rms(group) + |w| among 29 fractions of the group's largest-magnitude value, each refit by
+weighted least squares: `sym_fit_ref`, csrc recap_int4_sym_fit; until 2026-11-29 unweighted, still sym_fit="lsq")
+or asymmetric w ~ s q + m (m, s from the group's min and max; one more fp16 per group). The last group of a row
+whose length is not a multiple of the group is zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric
+g64), 5 (asymmetric g32), 4.25 (symmetric g64); benchmarks/bench_int4.py measures their error and speed. A third
+format, super-blocks after Q4_K's design (6-bit scales and mins per group of 32, fp16 steps per 256 inputs;
+`superblock=True`, format FMT_SB), is kernels/int4_superblock.py's; the same kernel entry point and activations
+run it.
 Activations: each row in blocks of ACT_BLOCK (256) inputs quantized to int8 (d = max|x| / 127, codes
 rint(x / d)), like llama.cpp's Q8_K blocks under its K-quants: a row's result depends on that row only, and an
 outlier spoils one block, not its row. Per group, the integer product S = sum q x_q and the codes' sum X are
@@ -40,7 +41,7 @@ ACT_BLOCK = 256  # inputs per activation step (csrc/linear_int4.c): 8 groups of 
 TILE = 16  # output rows per tile (csrc/linear_int4.c)
 ISAS = ("scalar", "avx2", "avx2_vnni", "avx512_vnni")  # the kernel's paths, by its isa number
 FMT_SB = 2  # the super-block format's number in csrc/linear_int4.c (0 symmetric, 1 asymmetric)
-SYM_FITS = ("lsq", "weighted")  # how symmetric scales are picked: _sym_scales, sym_fit_ref
+SYM_FITS = ("weighted", "lsq")  # how symmetric scales are picked (_sym_scales); "lsq" the default until 2026-11-29
 SYM_FIT_STEPS, SYM_FIT_X0, SYM_FIT_DX = 29, -9.5, 0.125  # the weighted fit's candidates m / x: x = -9.5 .. -6
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -80,7 +81,7 @@ def _block_bytes(group: int, asym: bool) -> int:
 
 
 def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
-                  bias: torch.Tensor | None = None, superblock: bool = False, sym_fit: str = "lsq") -> Int4Weight:
+                  bias: torch.Tensor | None = None, superblock: bool = False, sym_fit: str = "weighted") -> Int4Weight:
     """weight [out, in] (any float dtype) -> Int4Weight; see the module docstring for the two formats, and
     kernels/int4_superblock.py for the third (superblock: groups of 32 in super-blocks of 256; not with asym).
     sym_fit picks the symmetric scales (one of SYM_FITS: _sym_scales); the codes' format is the same either way."""
@@ -122,7 +123,7 @@ def _quantize_superblock(weight: torch.Tensor, bias: torch.Tensor | None) -> Int
                       superblock=True)  # fmt: skip
 
 
-def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "lsq") -> torch.Tensor:
+def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "weighted") -> torch.Tensor:
     """Rows [r, in] of a weight (a chunk of quant_chunks' size; the last may be short) -> their packed tiles, the rows
     padded to a whole tile and the inputs to whole groups with zeros."""
     r, k = rows.shape
@@ -144,7 +145,7 @@ def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "lsq")
     return pack(q.to(torch.uint8), s, m)
 
 
-def _sym_scales(w: torch.Tensor, fit: str = "lsq") -> torch.Tensor:
+def _sym_scales(w: torch.Tensor, fit: str = "weighted") -> torch.Tensor:
     """w [rows, groups, G] fp32 -> symmetric scales [rows, groups] fp32. fit "lsq": with the native library, per
     group the least-squares choice of csrc/linear_int4.c's recap_int4_sym_scales (3-5% less weight error than
     m / -8 on normal weights, in about the time of the rounding), else m / -8 (m: the group's largest-magnitude

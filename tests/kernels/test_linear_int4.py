@@ -81,7 +81,7 @@ def test_symmetric_scales_search_beats_the_plain_scale(group: int) -> None:
     g = _gen()
     w = torch.randn(64, 16 * group, generator=g) * 0.02
     w[:, 5] = 0.3  # a large value on one side of some groups
-    searched = L._sym_scales(w.view(64, 16, group))
+    searched = L._sym_scales(w.view(64, 16, group), "lsq")
     plain = w.view(64, 16, group).gather(-1, w.view(64, 16, group).abs().argmax(-1, keepdim=True))[..., 0] / -8
 
     def err(s: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,8 @@ def test_weighted_fit_quantizes_ragged_rows_by_its_reference(out_f: int, in_f: i
     s = L.sym_fit_ref(F.pad(w, (0, -in_f % 32)).view(-1, 32)).half().float().view(out_f, -1)
     _, us, _ = L.unpack_int4(q)
     assert torch.equal(us[:out_f], torch.where(s != 0, s, torch.ones_like(s)))
-    assert L.quantize_int4(w, 32).packed.shape == q.packed.shape  # the same format
+    assert L.quantize_int4(w, 32, sym_fit="lsq").packed.shape == q.packed.shape  # the same format
+    assert torch.equal(L.quantize_int4(w, 32).packed, q.packed)  # the default fit
 
 
 @pytest.mark.parametrize("group", [32, 64])
@@ -146,7 +147,7 @@ def test_weighted_fit_beats_the_plain_scale_on_its_weighted_error(group: int) ->
     assert (err(fit, c) <= err(plain, c) * (1 + 1e-5)).all()
     assert err(fit, c)[:512].sum() < 0.95 * err(plain, c)[:512].sum()  # 9-13% less on normal groups
     if L.int4_native_available():
-        lsq = L._sym_scales(w.view(1, -1, group))[0]
+        lsq = L._sym_scales(w.view(1, -1, group), "lsq")[0]
         assert err(fit, c).sum() < err(lsq, c).sum()
         assert err(fit, torch.ones_like(c)).sum() < 1.1 * err(lsq, torch.ones_like(c)).sum()
 

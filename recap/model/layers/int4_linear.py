@@ -25,7 +25,7 @@ from recap.model.layers.linear import LinearImpl
 # The format (benchmarks/bench_int4.py, docs/performance.md): symmetric codes in groups of 32 inputs; the backend
 # "int4_k" (quantization="int4_k") takes the super-block format instead (kernels/int4_superblock.py).
 INT4_GROUP, INT4_ASYM = 32, False
-INT4_SYM_FIT = "lsq"  # how symmetric scales are picked (kernels/linear_int4.SYM_FITS)
+INT4_SYM_FIT = "weighted"  # how symmetric scales are picked (kernels/linear_int4.SYM_FITS; docs/performance.md)
 
 
 class Int4Linear(LinearImpl):
