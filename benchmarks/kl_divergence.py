@@ -234,6 +234,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             for fmt, s in fmts.items():
                 print(f"| {r['model']} | {engine} | {fmt} | {s['mean_kl']:.6f} ± {s['mean_kl_pm']:.6f} "
                       f"| {s['kl_p99']:.6f} | {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.2f} |")  # fmt: skip
+    if not rows[0]["llama"]:  # --recap-only
+        print(f"\n{rows[0]['positions']} positions per model (each chunk's second half, llama.cpp's chunks)")
+        return
     print(f"\nboth engines on the same {rows[0]['positions']} positions per model (each chunk's second half, "
           "checked against llama.cpp's base file); llama.cpp's base holds 16-bit log-probs, so its f32 row is "
           "that file's floor, recap's fp32 row is exactly 0")  # fmt: skip
