@@ -103,24 +103,37 @@ def window_logits(model: Any, backend: Any, ids: list[int], score_from: int) -> 
 
 
 def recap_kl(path: Path, windows: list[list[int]], score_from: int, llama_base: Iterator[torch.Tensor] | None,
-             formats: list[str]) -> dict[str, dict[str, float | int]]:  # fmt: skip
+             formats: list[str]) -> dict[str, dict[str, Any]]:  # fmt: skip
     """The formats' KlStats against fp32 over the windows' scored positions (fp32 against itself: 0), and
     CROSS: recap's fp32 against llama.cpp's f32 base (one [positions, V] log-prob tensor per window; not without
-    llama_base)."""
+    llama_base). Each format also paired chunk by chunk with the first of `formats` ("paired": the mean over
+    chunks of its mean KL and of its negative log-likelihood per scored token less the first format's, with
+    standard errors over the chunks: the per-position figures of one chunk are not independent)."""
     from recap.bench.kl_divergence import KlStats
 
     models = {name: load(path, name) for name in ("fp32", *formats) if name in FORMATS}
     stats = {name: KlStats() for name in (*models, *((CROSS,) if llama_base is not None else ()))}
+    nll: dict[str, list[float]] = {name: [] for name in models}  # per window
     bases = llama_base if llama_base is not None else iter([None] * len(windows))
     for w, lbase in zip(windows, bases, strict=True):
         base = window_logits(*models["fp32"], w, score_from)
         targets = torch.tensor(w[score_from:])
         for name, (model, backend) in models.items():
             logits = base if name == "fp32" else window_logits(model, backend, w, score_from)
+            before = stats[name].nll
             stats[name].add(base, logits, targets)
+            nll[name].append((stats[name].nll - before) / len(targets))
         if lbase is not None:
             stats[CROSS].add(lbase, base, targets)
-    return {name: s.summary() for name, s in stats.items()}
+    rows: dict[str, dict[str, Any]] = {name: s.summary() for name, s in stats.items()}
+    ref = formats[0] if formats and formats[0] in models else None
+    for name in [n for n in formats if n in models and n != ref] if ref is not None and len(windows) > 1 else ():
+        dkl = torch.tensor([float(a.mean() - b.mean()) for a, b in zip(stats[name].kl, stats[ref].kl, strict=True)])
+        dnll = torch.tensor(nll[name]) - torch.tensor(nll[ref])
+        n = len(windows) ** 0.5
+        rows[name]["paired"] = {"vs": ref, "dkl": float(dkl.mean()), "dkl_se": float(dkl.std() / n),
+                                "dnll": float(dnll.mean()), "dnll_se": float(dnll.std() / n)}  # fmt: skip
+    return rows
 
 
 def llama_base_logprobs(base: Path) -> Iterator[torch.Tensor]:
@@ -234,6 +247,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             for fmt, s in fmts.items():
                 print(f"| {r['model']} | {engine} | {fmt} | {s['mean_kl']:.6f} ± {s['mean_kl_pm']:.6f} "
                       f"| {s['kl_p99']:.6f} | {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.2f} |")  # fmt: skip
+    paired = [(r["model"], f, st["paired"]) for r in rows for f, st in r["recap"].items() if "paired" in st]
+    if paired:
+        print("\n| model | format | against | mean KL difference, paired (± s.e. over chunks) | "
+              "NLL per token difference (ln perplexity ratio) |\n| --- | --- | --- | --- | --- |")  # fmt: skip
+        for model, f, p in paired:
+            print(f"| {model} | {f} | {p['vs']} | {p['dkl']:+.6f} ± {p['dkl_se']:.6f} | {p['dnll']:+.5f} ± "
+                  f"{p['dnll_se']:.5f} |")  # fmt: skip
     if not rows[0]["llama"]:  # --recap-only
         print(f"\n{rows[0]['positions']} positions per model (each chunk's second half, llama.cpp's chunks)")
         return
