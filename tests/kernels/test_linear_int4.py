@@ -153,6 +153,16 @@ def test_weighted_fit_beats_the_plain_scale_on_its_weighted_error(group: int) ->
         assert err(fit, torch.ones_like(c)).sum() < 1.1 * err(lsq, torch.ones_like(c)).sum()
 
 
+def test_weighted_fit_without_the_native_library_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the C library does not build, quantize_int4 fits by sym_fit_ref: the same codes and scales."""
+    g = _gen()
+    w = torch.randn(40, 100, generator=g) * 0.05
+    w[3, 7] = 1.0
+    native = L.quantize_int4(w, 32)
+    monkeypatch.setattr(L, "int4_native_available", lambda: False)
+    assert torch.equal(L.quantize_int4(w, 32).packed, native.packed)
+
+
 def test_unknown_symmetric_fit_is_refused() -> None:
     with pytest.raises(ValueError, match="symmetric int4 fits"):
         L.quantize_int4(torch.randn(16, 32), sym_fit="nope")
