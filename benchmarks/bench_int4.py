@@ -2,7 +2,7 @@
 tiles at every row count) and fp32 oneDNN on a packed weight, at 1B-model shapes; and the output error of each format.
 
     .venv/bin/python benchmarks/bench_int4.py [--quick] [--threads 1 2] [--rounds 7] [--json bench_out/int4.json]
-        [--models lfm2-1.2b]
+        [--models lfm2-1.2b] [--errors-only]
 
 Speed: the calling thread's CPU time at 1 thread (a shared machine's other processes do not count; their memory
 traffic does), wall clock at 2 threads (the second thread's time is not the caller's), medians, the variants
@@ -37,7 +37,7 @@ from checkpoints import DEFAULT_CACHE, build_checkpoint  # noqa: E402
 from profile_decode import decoder  # noqa: E402
 
 from recap.backends import CpuBackend  # noqa: E402
-from recap.kernels.linear_int4 import int4_linear, quantize_int4  # noqa: E402
+from recap.kernels.linear_int4 import SYM_FITS, int4_linear, quantize_int4  # noqa: E402
 from recap.kernels.linear_rows import linear_rows_int8  # noqa: E402
 from recap.model.layers.int4_linear import INT4_ASYM, INT4_GROUP  # noqa: E402
 from recap.model.loader import load_model  # noqa: E402
@@ -118,6 +118,9 @@ def error_rows(out_f: int = 2048, in_f: int = 2048, rows: int = 16) -> list[dict
     for asym, group in FORMATS:
         q4 = quantize_int4(w, group, asym)
         fmts[_fmt(asym, group)] = lambda x, q4=q4: int4_linear(x, q4)
+    for fit in SYM_FITS:  # the symmetric g32 codes under each fit (the format and kernel the same)
+        q4 = quantize_int4(w, 32, sym_fit=fit)
+        fmts[f"int4 sym g32 fit {fit}"] = lambda x, q4=q4: int4_linear(x, q4)
     qsb = quantize_int4(w, superblock=True)
     fmts[SB] = lambda x: int4_linear(x, qsb)
     out = []
@@ -127,7 +130,7 @@ def error_rows(out_f: int = 2048, in_f: int = 2048, rows: int = 16) -> list[dict
             ref = x.double() @ w.double().T
             row[xn] = float((f(x).double() - ref).norm() / ref.norm())
         out.append(row)
-        print(f"error {name:<16} normal inputs {row['normal']:.4f}  with outliers {row['outliers']:.4f}", flush=True)
+        print(f"error {name:<26} normal inputs {row['normal']:.4f}  with outliers {row['outliers']:.4f}", flush=True)
     return out
 
 
@@ -171,7 +174,11 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--ab", action="store_true", help="speed of the default int4 format and the super-block one only")
     ap.add_argument("--shapes", nargs="+", type=int, default=None, help="(out in) pairs instead of SHAPES")
+    ap.add_argument("--errors-only", action="store_true", help="the output error table only (1 thread)")
     args = ap.parse_args()
+    if args.errors_only:
+        torch.set_num_threads(1)
+        args.threads, args.models = [], []
     if args.quick:
         args.threads, args.rows, args.rounds = [1], [1, 8], 3
     shapes = SHAPES if args.shapes is None else tuple(zip(args.shapes[::2], args.shapes[1::2]))

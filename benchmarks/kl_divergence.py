@@ -1,7 +1,7 @@
 """KL divergence from fp32 of recap's formats and llama.cpp's quantizations, on the trained default models.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/kl_divergence.py --data HELDOUT [--ctx 512] [--chunks 32]
-        [--build-dir build/peers] [--out bench_out/kl_divergence.json]
+        [--build-dir build/peers] [--out bench_out/kl_divergence.json] [--formats NAME ...] [--recap-only]
 
 Perplexity differences between int4 formats are noise-sized at 9M parameters (docs/performance.md); this is
 llama.cpp's sharper measure (llama-perplexity --kl-divergence). On llama.cpp's chunks (recap/bench/perplexity.py's
@@ -49,13 +49,14 @@ from perplexity_peers import (  # noqa: E402
     token_check,
 )
 
-# name -> (dtype, quantization, int4 (group, asymmetric) or None); the first is the base
-FORMATS: dict[str, tuple[torch.dtype, str | None, tuple[int, bool] | None]] = {
+# name -> (dtype, quantization, int4 (group, asymmetric, symmetric fit) or None); the first is the base
+FORMATS: dict[str, tuple[torch.dtype, str | None, tuple[int, bool, str] | None]] = {
     "fp32": (torch.float32, None, None), "bf16": (torch.bfloat16, None, None), "int8": (torch.float32, "int8", None),
-    "int4 sym g32 (default)": (torch.float32, "int4", (32, False)),
-    "int4 sym g64": (torch.float32, "int4", (64, False)),
-    "int4 asym g32": (torch.float32, "int4", (32, True)),
-    "int4 asym g64": (torch.float32, "int4", (64, True)),
+    "int4 sym g32 (default)": (torch.float32, "int4", (32, False, "weighted")),
+    "int4 sym g32 lsq fit": (torch.float32, "int4", (32, False, "lsq")),  # the default's fit until 2026-11-29
+    "int4 sym g64": (torch.float32, "int4", (64, False, "weighted")),
+    "int4 asym g32": (torch.float32, "int4", (32, True, "weighted")),  # (the fit is the symmetric formats')
+    "int4 asym g64": (torch.float32, "int4", (64, True, "weighted")),
     "int4 superblock (int4_k)": (torch.float32, "int4_k", None),
 }  # fmt: skip
 GGUF_TYPES = ("f32", "bf16", "q8_0", "Q4_K_M")  # f32 first: the base
@@ -63,17 +64,17 @@ CROSS = "fp32 vs llama.cpp f32"  # recap fp32 against llama.cpp's base: the two 
 
 
 @contextlib.contextmanager
-def int4_format(fmt: tuple[int, bool] | None) -> Iterator[None]:
+def int4_format(fmt: tuple[int, bool, str] | None) -> Iterator[None]:
     """Int4Linear quantizes with these module globals when it is built; restored afterwards."""
     import recap.model.layers.int4_linear as m
 
-    saved = m.INT4_GROUP, m.INT4_ASYM
+    saved = m.INT4_GROUP, m.INT4_ASYM, m.INT4_SYM_FIT
     if fmt is not None:
-        m.INT4_GROUP, m.INT4_ASYM = fmt
+        m.INT4_GROUP, m.INT4_ASYM, m.INT4_SYM_FIT = fmt
     try:
         yield
     finally:
-        m.INT4_GROUP, m.INT4_ASYM = saved
+        m.INT4_GROUP, m.INT4_ASYM, m.INT4_SYM_FIT = saved
 
 
 def load(path: Path, name: str) -> tuple[Any, Any]:
@@ -101,22 +102,38 @@ def window_logits(model: Any, backend: Any, ids: list[int], score_from: int) -> 
         return model.compute_logits(hidden[score_from - 1 : len(ids) - 1]).float()
 
 
-def recap_kl(path: Path, windows: list[list[int]], score_from: int,
-             llama_base: Iterator[torch.Tensor]) -> dict[str, dict[str, float | int]]:  # fmt: skip
-    """Every format's KlStats against fp32 over the windows' scored positions (fp32 against itself: 0), and
-    CROSS: recap's fp32 against llama.cpp's f32 base (one [positions, V] log-prob tensor per window)."""
+def recap_kl(path: Path, windows: list[list[int]], score_from: int, llama_base: Iterator[torch.Tensor] | None,
+             formats: list[str]) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The formats' KlStats against fp32 over the windows' scored positions (fp32 against itself: 0), and
+    CROSS: recap's fp32 against llama.cpp's f32 base (one [positions, V] log-prob tensor per window; not without
+    llama_base). Each format also paired chunk by chunk with the first of `formats` ("paired": the mean over
+    chunks of its mean KL and of its negative log-likelihood per scored token less the first format's, with
+    standard errors over the chunks: the per-position figures of one chunk are not independent)."""
     from recap.bench.kl_divergence import KlStats
 
-    models = {name: load(path, name) for name in FORMATS}
-    stats = {name: KlStats() for name in (*FORMATS, CROSS)}
-    for w, lbase in zip(windows, llama_base, strict=True):
+    models = {name: load(path, name) for name in ("fp32", *formats) if name in FORMATS}
+    stats = {name: KlStats() for name in (*models, *((CROSS,) if llama_base is not None else ()))}
+    nll: dict[str, list[float]] = {name: [] for name in models}  # per window
+    bases = llama_base if llama_base is not None else iter([None] * len(windows))
+    for w, lbase in zip(windows, bases, strict=True):
         base = window_logits(*models["fp32"], w, score_from)
         targets = torch.tensor(w[score_from:])
         for name, (model, backend) in models.items():
             logits = base if name == "fp32" else window_logits(model, backend, w, score_from)
+            before = stats[name].nll
             stats[name].add(base, logits, targets)
-        stats[CROSS].add(lbase, base, targets)
-    return {name: s.summary() for name, s in stats.items()}
+            nll[name].append((stats[name].nll - before) / len(targets))
+        if lbase is not None:
+            stats[CROSS].add(lbase, base, targets)
+    rows: dict[str, dict[str, Any]] = {name: s.summary() for name, s in stats.items()}
+    ref = formats[0] if formats and formats[0] in models else None
+    for name in [n for n in formats if n in models and n != ref] if ref is not None and len(windows) > 1 else ():
+        dkl = torch.tensor([float(a.mean() - b.mean()) for a, b in zip(stats[name].kl, stats[ref].kl, strict=True)])
+        dnll = torch.tensor(nll[name]) - torch.tensor(nll[ref])
+        n = len(windows) ** 0.5
+        rows[name]["paired"] = {"vs": ref, "dkl": float(dkl.mean()), "dkl_se": float(dkl.std() / n),
+                                "dnll": float(dnll.mean()), "dnll_se": float(dnll.std() / n)}  # fmt: skip
+    return rows
 
 
 def llama_base_logprobs(base: Path) -> Iterator[torch.Tensor]:
@@ -182,29 +199,39 @@ def _llama_stats(cmd: list[str], log: Path, env: dict[str, str], tries: int = 3)
     return row | {"top1_agreement": row["top1_agreement"] / 100.0}
 
 
-def model_row(name: str, llama: LlamaCpp, args: argparse.Namespace) -> dict[str, Any]:
+def model_row(name: str, llama: LlamaCpp | None, args: argparse.Namespace) -> dict[str, Any]:
+    """One model's rows; llama None (--recap-only): recap's formats only, on the chunks llama.cpp would take (no
+    BOS: the trained models' GGUFs have no add_bos_token), no GGUFs needed."""
     from transformers import AutoTokenizer
 
     from recap.bench.perplexity import llama_cpp_score_from, llama_cpp_windows
 
+    tok = AutoTokenizer.from_pretrained(str(MODELS[name]))
+    ids = tok(args.data.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    score_from = llama_cpp_score_from(args.ctx)
+    if llama is None:
+        windows = llama_cpp_windows(ids, args.ctx, None, args.chunks or None)
+        t = time.perf_counter()
+        rrows = recap_kl(MODELS[name], windows, score_from, None, args.formats)
+        print(f"{name}: recap {time.perf_counter() - t:.0f} s; load {os.getloadavg()[0]:.1f}", flush=True)
+        positions = next(iter(rrows.values()))["positions"]
+        return {"model": name, "positions": positions, "add_bos": False, "recap": rrows, "llama": {}}
     ckpt = hub_checkpoint(MODELS[name], (args.build_dir / "ppl" / MODELS[name].name).resolve())
     stem = f"{ckpt.name}-{checkpoint_digest(ckpt)}"
     files = {g: ckpt.parent / f"{stem}-{g}.gguf" for g in GGUF_TYPES}
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:
         raise SystemExit(f"missing GGUFs (run benchmarks/perplexity_peers.py first): {missing}")
-    tok = AutoTokenizer.from_pretrained(str(MODELS[name]))
     check = token_check(tok, llama, files["f32"], args.data)
     bos = tok.bos_token_id if gguf_add_bos(llama, files["f32"]) else None
-    ids = tok(args.data.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
-    windows, score_from = llama_cpp_windows(ids, args.ctx, bos, args.chunks or None), llama_cpp_score_from(args.ctx)
+    windows = llama_cpp_windows(ids, args.ctx, bos, args.chunks or None)
     base = args.work_dir / f"{name}-f32.kld"
     lrows = llama_kl(llama, files, args.data, args, base)
     positions = base_file_check(base, windows, bos, args.ctx)
     print(f"{name}: {check['tokens']} tokens, equal ids; llama.cpp's base file holds recap's {len(windows)} chunks "
           f"and {positions} positions; load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     t = time.perf_counter()
-    rrows = recap_kl(MODELS[name], windows, score_from, llama_base_logprobs(base))
+    rrows = recap_kl(MODELS[name], windows, score_from, llama_base_logprobs(base), args.formats)
     base.unlink()  # 130 MB at an 8k vocabulary
     print(f"  recap: {time.perf_counter() - t:.0f} s", flush=True)
     if any(r["positions"] != positions for r in rrows.values()):
@@ -220,6 +247,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             for fmt, s in fmts.items():
                 print(f"| {r['model']} | {engine} | {fmt} | {s['mean_kl']:.6f} ± {s['mean_kl_pm']:.6f} "
                       f"| {s['kl_p99']:.6f} | {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.2f} |")  # fmt: skip
+    paired = [(r["model"], f, st["paired"]) for r in rows for f, st in r["recap"].items() if "paired" in st]
+    if paired:
+        print("\n| model | format | against | mean KL difference, paired (± s.e. over chunks) | "
+              "NLL per token difference (ln perplexity ratio) |\n| --- | --- | --- | --- | --- |")  # fmt: skip
+        for model, f, p in paired:
+            print(f"| {model} | {f} | {p['vs']} | {p['dkl']:+.6f} ± {p['dkl_se']:.6f} | {p['dnll']:+.5f} ± "
+                  f"{p['dnll_se']:.5f} |")  # fmt: skip
+    if not rows[0]["llama"]:  # --recap-only
+        print(f"\n{rows[0]['positions']} positions per model (each chunk's second half, llama.cpp's chunks)")
+        return
     print(f"\nboth engines on the same {rows[0]['positions']} positions per model (each chunk's second half, "
           "checked against llama.cpp's base file); llama.cpp's base holds 16-bit log-probs, so its f32 row is "
           "that file's floor, recap's fp32 row is exactly 0")  # fmt: skip
@@ -229,9 +266,12 @@ def main() -> None:
     ap = heldout_parser(__doc__)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp"), help="where llama.cpp's base logits go")
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "kl_divergence.json")
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS),
+                    help="recap's formats to compare with fp32 (default: all)")  # fmt: skip
+    ap.add_argument("--recap-only", action="store_true", help="recap's rows only: no llama.cpp, no GGUFs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    llama = ensure_llama(args.build_dir, TARGETS)  # the cached build; perplexity_peers.py made it
+    llama = None if args.recap_only else ensure_llama(args.build_dir, TARGETS)  # perplexity_peers.py built it
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = [model_row(name, llama, args) for name in args.models]
     print(f"{start}, load {os.getloadavg()}")

@@ -3,13 +3,14 @@ kernel on any number of rows, `int4_linear_ref` is its plain torch reference (eq
 
 Format (like llama.cpp's Q4_0 / Q4_1 blocks, not their bytes): every output row in groups of `group` (32 or 64)
 inputs, each group 4-bit codes q in 0..15 with an fp16 scale s, and either symmetric w ~ s (q - 8) (s of least
-squared error among a few fractions of the group's largest-magnitude value, then refit by least squares; m / -8
-where the native library does not build) or asymmetric w ~ s q + m (m, s from the group's
-min and max; one more fp16 per group). The last group of a row whose length is not a multiple of the group is
-zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric g64), 5 (asymmetric g32), 4.25 (symmetric
-g64); benchmarks/bench_int4.py measures their error and speed. A third format, super-blocks after Q4_K's
-design (6-bit scales and mins per group of 32, fp16 steps per 256 inputs; `superblock=True`, format FMT_SB), is
-kernels/int4_superblock.py's; the same kernel entry point and activations run it.
+squared error weighted rms(group) + |w| among 29 fractions of the group's largest-magnitude value, each refit by
+weighted least squares: `sym_fit_ref`, csrc recap_int4_sym_fit; until 2026-11-29 unweighted, still sym_fit="lsq")
+or asymmetric w ~ s q + m (m, s from the group's min and max; one more fp16 per group). The last group of a row
+whose length is not a multiple of the group is zero-padded. Bytes per weight: 4.5 bits (symmetric g32, asymmetric
+g64), 5 (asymmetric g32), 4.25 (symmetric g64); benchmarks/bench_int4.py measures their error and speed. A third
+format, super-blocks after Q4_K's design (6-bit scales and mins per group of 32, fp16 steps per 256 inputs;
+`superblock=True`, format FMT_SB), is kernels/int4_superblock.py's; the same kernel entry point and activations
+run it.
 Activations: each row in blocks of ACT_BLOCK (256) inputs quantized to int8 (d = max|x| / 127, codes
 rint(x / d)), like llama.cpp's Q8_K blocks under its K-quants: a row's result depends on that row only, and an
 outlier spoils one block, not its row. Per group, the integer product S = sum q x_q and the codes' sum X are
@@ -40,6 +41,8 @@ ACT_BLOCK = 256  # inputs per activation step (csrc/linear_int4.c): 8 groups of 
 TILE = 16  # output rows per tile (csrc/linear_int4.c)
 ISAS = ("scalar", "avx2", "avx2_vnni", "avx512_vnni")  # the kernel's paths, by its isa number
 FMT_SB = 2  # the super-block format's number in csrc/linear_int4.c (0 symmetric, 1 asymmetric)
+SYM_FITS = ("weighted", "lsq")  # how symmetric scales are picked (_sym_scales); "lsq" the default until 2026-11-29
+SYM_FIT_STEPS, SYM_FIT_X0, SYM_FIT_DX = 29, -9.5, 0.125  # the weighted fit's candidates m / x: x = -9.5 .. -6
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -78,9 +81,12 @@ def _block_bytes(group: int, asym: bool) -> int:
 
 
 def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
-                  bias: torch.Tensor | None = None, superblock: bool = False) -> Int4Weight:
+                  bias: torch.Tensor | None = None, superblock: bool = False, sym_fit: str = "weighted") -> Int4Weight:
     """weight [out, in] (any float dtype) -> Int4Weight; see the module docstring for the two formats, and
-    kernels/int4_superblock.py for the third (superblock: groups of 32 in super-blocks of 256; not with asym)."""
+    kernels/int4_superblock.py for the third (superblock: groups of 32 in super-blocks of 256; not with asym).
+    sym_fit picks the symmetric scales (one of SYM_FITS: _sym_scales); the codes' format is the same either way."""
+    if sym_fit not in SYM_FITS:
+        raise ValueError(f"symmetric int4 fits are {SYM_FITS}, not {sym_fit!r}")
     if group not in GROUPS:
         raise ValueError(f"int4 groups are {GROUPS} inputs, not {group}")
     if superblock and (group != SBK.GROUP or asym):
@@ -98,7 +104,7 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
     w = weight.detach()
     step = chunk_rows(k, TILE)
     for lo in range(0, outp, step):
-        packed[lo // TILE : (lo + step) // TILE] = _pack_rows(w[lo : lo + step], group, asym)
+        packed[lo // TILE : (lo + step) // TILE] = _pack_rows(w[lo : lo + step], group, asym, sym_fit)
     return Int4Weight(packed, out, k, group, asym, None if bias is None else bias.detach().float().contiguous())
 
 
@@ -117,7 +123,7 @@ def _quantize_superblock(weight: torch.Tensor, bias: torch.Tensor | None) -> Int
                       superblock=True)  # fmt: skip
 
 
-def _pack_rows(rows: torch.Tensor, group: int, asym: bool) -> torch.Tensor:
+def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "weighted") -> torch.Tensor:
     """Rows [r, in] of a weight (a chunk of quant_chunks' size; the last may be short) -> their packed tiles, the rows
     padded to a whole tile and the inputs to whole groups with zeros."""
     r, k = rows.shape
@@ -130,7 +136,7 @@ def _pack_rows(rows: torch.Tensor, group: int, asym: bool) -> torch.Tensor:
         s = torch.where(s.float() > 0, s, torch.ones_like(s))
         q = w.sub_(m.float()[..., None]).div_(s.float()[..., None]).round_().clamp_(0, 15)
     else:
-        s = _sym_scales(w).half()
+        s = _sym_scales(w, sym_fit).half()
         s = torch.where(s.float() != 0, s, torch.ones_like(s))
         q = w.div_(s.float()[..., None]).round_().add_(8).clamp_(0, 15)
         m = None
@@ -139,16 +145,58 @@ def _pack_rows(rows: torch.Tensor, group: int, asym: bool) -> torch.Tensor:
     return pack(q.to(torch.uint8), s, m)
 
 
-def _sym_scales(w: torch.Tensor) -> torch.Tensor:
-    """w [rows, groups, G] fp32 -> symmetric scales [rows, groups] fp32: with the native library, per group the
-    least-squares choice of csrc/linear_int4.c (3-5% less weight error than m / -8 on normal weights, in about
-    the time of the rounding); else m / -8 (m: the group's largest-magnitude value)."""
+def _sym_scales(w: torch.Tensor, fit: str = "weighted", isa: int | None = None) -> torch.Tensor:
+    """w [rows, groups, G] fp32 -> symmetric scales [rows, groups] fp32. fit "lsq": with the native library, per
+    group the least-squares choice of csrc/linear_int4.c's recap_int4_sym_scales (3-5% less weight error than
+    m / -8 on normal weights, in about the time of the rounding), else m / -8 (m: the group's largest-magnitude
+    value). fit "weighted": sym_fit_ref, through csrc recap_int4_sym_fit where the native library builds (isa: its
+    path, an index into ISAS, tests; default the fastest here: 16 groups a vector on AVX-512, 8 on AVX2)."""
+    w = w.contiguous()
+    if fit == "weighted":
+        if not int4_native_available():
+            return sym_fit_ref(w.view(-1, w.shape[2])).view(w.shape[:2])
+        out = torch.empty(w.shape[:2], device="cpu")
+        _lib().recap_int4_sym_fit_isa(w.data_ptr(), out.numel(), w.shape[2], out.data_ptr(), torch.get_num_threads(),
+                                      best_isa() if isa is None else isa)  # fmt: skip
+        return out
     if int4_native_available():
-        w = w.contiguous()
         out = torch.empty(w.shape[:2], device="cpu")
         _lib().recap_int4_sym_scales(w.data_ptr(), out.numel(), w.shape[2], out.data_ptr(), torch.get_num_threads())
         return out
     return w.gather(-1, w.abs().argmax(-1, keepdim=True))[..., 0] / -8
+
+
+def sym_fit_ref(w: torch.Tensor) -> torch.Tensor:
+    """Groups w [groups, G] fp32 -> symmetric scales [groups] fp32 (w ~ s q, q in -8..7), the weighted fit:
+    weights c_i = rms(w) + |w_i| (as int4_superblock.asym_fit_ref's, llama.cpp's Q4_K without an importance
+    matrix); candidates s = m / x (m the largest-magnitude value, the first of equals; x = -9.5 .. -6 in eighths),
+    each refit by weighted least squares on its codes, the one of least weighted error kept (the largest
+    (sum c q w)^2 / sum c q q); 0 for an all-zero group. Sums element by element, as csrc recap_int4_sym_fit
+    does (equal bit for bit)."""
+    w = w.float().contiguous()
+    n = w.shape[1]
+    m = w.gather(-1, w.abs().argmax(-1, keepdim=True))[:, 0]  # argmax: the first of equal magnitudes, as the C
+    s2 = torch.zeros_like(m)
+    for i in range(n):
+        s2 = s2 + w[:, i] * w[:, i]
+    # sqrt through fp64: torch's fp32 sqrt is not correctly rounded, sqrtf is; the fp64 root rounded to fp32 is
+    c = torch.sqrt((s2 / n).double()).float()[:, None] + w.abs()
+    best, best_score = m / -8, torch.full_like(m, -1.0)
+    for t in range(SYM_FIT_STEPS):
+        # a tensor divided (a number over a tensor is its reciprocal times the number: another rounding)
+        inv = torch.full_like(m, SYM_FIT_X0 + SYM_FIT_DX * t) / m
+        q = torch.round(w * inv[:, None]).clamp_(-8, 7)
+        sqw, sqq = torch.zeros_like(m), torch.zeros_like(m)
+        for i in range(n):
+            cq = c[:, i] * q[:, i]
+            sqw = sqw + cq * w[:, i]
+            sqq = sqq + cq * q[:, i]
+        ok = sqq > 0
+        dd = torch.where(ok, sqq, torch.ones_like(sqq))
+        score = sqw * sqw / dd
+        keep = ok & (score > best_score)
+        best, best_score = torch.where(keep, sqw / dd, best), torch.where(keep, score, best_score)
+    return torch.where(m == 0, torch.zeros_like(m), best)
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
@@ -237,6 +285,8 @@ def _lib() -> ctypes.CDLL:
     lib.recap_linear_int4.restype = _INT
     lib.recap_int4_sym_scales.argtypes = [_P, _I64, _I64, _P, _INT]
     lib.recap_int4_sym_scales.restype = None
+    lib.recap_int4_sym_fit_isa.argtypes = [_P, _I64, _I64, _P, _INT, _INT]
+    lib.recap_int4_sym_fit_isa.restype = None
     lib.recap_int4_asym_fit.argtypes = [_P, _I64, _I64, _P, _P, _INT]
     lib.recap_int4_asym_fit.restype = None
     lib.recap_int4_best_isa.argtypes = []

@@ -81,7 +81,7 @@ def test_symmetric_scales_search_beats_the_plain_scale(group: int) -> None:
     g = _gen()
     w = torch.randn(64, 16 * group, generator=g) * 0.02
     w[:, 5] = 0.3  # a large value on one side of some groups
-    searched = L._sym_scales(w.view(64, 16, group))
+    searched = L._sym_scales(w.view(64, 16, group), "lsq")
     plain = w.view(64, 16, group).gather(-1, w.view(64, 16, group).abs().argmax(-1, keepdim=True))[..., 0] / -8
 
     def err(s: torch.Tensor) -> torch.Tensor:
@@ -91,6 +91,81 @@ def test_symmetric_scales_search_beats_the_plain_scale(group: int) -> None:
 
     assert (err(searched) <= err(plain) * (1 + 1e-5)).all()  # per group: the plain scale is a candidate
     assert err(searched).sum() < 0.97 * err(plain).sum()
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_weighted_fit_native_equals_its_reference(group: int, threads: int) -> None:
+    """csrc recap_int4_sym_fit on every path against sym_fit_ref bit for bit: normal groups, outliers, all-zero and
+    partly zero groups, equal magnitudes of both signs (the first is m), a group of one value, tiny values."""
+    if not L.int4_native_available():
+        pytest.skip("the native kernels cannot be built here (no C compiler)")
+    g = _gen()
+    n = 1000 + int(torch.randint(0, 97, (1,), generator=g))
+    w = torch.randn(n, group, generator=g) * torch.rand(n, 1, generator=g).add(0.01) * 0.1
+    w[::7, int(torch.randint(0, group, (1,), generator=g))] *= 40  # outliers
+    w[3] = 0
+    w[4, : group // 2] = 0
+    w[5, 2], w[5, 9] = w[5].abs().max() * -2, w[5].abs().max() * 2  # a tie: the first (negative) is m
+    w[6] = 0
+    w[6, 7] = 0.3
+    w[8] *= 1e-30
+    ref = L.sym_fit_ref(w)
+    assert ref[3] == 0 and ref[6] != 0
+    for isa in _isas():  # 16 groups a vector on AVX-512, 8 on AVX2, the last n % 16 one by one
+        out = L._sym_scales(w.view(1, n, group), "weighted", isa)[0]
+        assert torch.equal(out, ref), (L.ISAS[isa], (out != ref).nonzero()[:5])
+
+
+@pytest.mark.parametrize(("out_f", "in_f"), [(17, 33), (40, 100), (9, 200), (31, 520)])
+def test_weighted_fit_quantizes_ragged_rows_by_its_reference(out_f: int, in_f: int) -> None:
+    """quantize_int4(sym_fit="weighted"): the last group zero-padded, each group's scale sym_fit_ref's (fp16)."""
+    g = _gen()
+    w = torch.randn(out_f, in_f, generator=g) * 0.05
+    q = L.quantize_int4(w, 32, sym_fit="weighted")
+    s = L.sym_fit_ref(F.pad(w, (0, -in_f % 32)).view(-1, 32)).half().float().view(out_f, -1)
+    _, us, _ = L.unpack_int4(q)
+    assert torch.equal(us[:out_f], torch.where(s != 0, s, torch.ones_like(s)))
+    assert L.quantize_int4(w, 32, sym_fit="lsq").packed.shape == q.packed.shape  # the same format
+    assert torch.equal(L.quantize_int4(w, 32).packed, q.packed)  # the default fit
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_weighted_fit_beats_the_plain_scale_on_its_weighted_error(group: int) -> None:
+    """m / -8 (m: the largest-magnitude value) is among the candidates and each is refit by least squares, so per
+    group the weighted error is at most m / -8's; and the unweighted error stays near the unweighted search's."""
+    g = _gen()
+    w = torch.randn(1024, group, generator=g) * 0.02
+    w[512::2, 5] = 0.3  # a large value on one side of some groups (the first half: normal groups)
+    w[513::4, 11] = -0.12
+    c = w.square().mean(-1, keepdim=True).sqrt() + w.abs()
+
+    def err(s: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        q = (torch.round(w / s[:, None]) + 8).clamp(0, 15) - 8
+        return (weights * (w - q * s[:, None]).square()).sum(-1)
+
+    fit = L.sym_fit_ref(w)
+    plain = w.gather(-1, w.abs().argmax(-1, keepdim=True))[:, 0] / -8
+    assert (err(fit, c) <= err(plain, c) * (1 + 1e-5)).all()
+    assert err(fit, c)[:512].sum() < 0.95 * err(plain, c)[:512].sum()  # 9-13% less on normal groups
+    if L.int4_native_available():
+        lsq = L._sym_scales(w.view(1, -1, group), "lsq")[0]
+        assert err(fit, c).sum() < err(lsq, c).sum()
+        assert err(fit, torch.ones_like(c)).sum() < 1.1 * err(lsq, torch.ones_like(c)).sum()
+
+
+def test_weighted_fit_without_the_native_library_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the C library does not build, quantize_int4 fits by sym_fit_ref: the same codes and scales."""
+    g = _gen()
+    w = torch.randn(40, 100, generator=g) * 0.05
+    w[3, 7] = 1.0
+    native = L.quantize_int4(w, 32)
+    monkeypatch.setattr(L, "int4_native_available", lambda: False)
+    assert torch.equal(L.quantize_int4(w, 32).packed, native.packed)
+
+
+def test_unknown_symmetric_fit_is_refused() -> None:
+    with pytest.raises(ValueError, match="symmetric int4 fits"):
+        L.quantize_int4(torch.randn(16, 32), sym_fit="nope")
 
 
 @pytest.mark.parametrize(("out_f", "in_f"), SHAPES)

@@ -269,6 +269,162 @@ void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *sca
     }
 }
 
+/* The weighted symmetric fit (kernels/linear_int4.sym_fit_ref, equal to it bit for bit): per group, weights
+ * c_i = rms(w) + |w_i| (those of the super-block fit below, llama.cpp's Q4_K without an importance matrix);
+ * candidates d = m / x, m the largest-magnitude value (the first of equals), x = SYM_FIT_X0 + SYM_FIT_DX t, codes
+ * q = clamp(rint(w x / m), -8, 7); each candidate's codes refit by weighted least squares, d = sum c q w / sum c q q,
+ * whose weighted error is sum c w^2 - (sum c q w)^2 / sum c q q: the candidate of the largest
+ * (sum c q w)^2 / sum c q q is kept (the first of equals). 0 for an all-zero group. */
+#define SYM_FIT_STEPS 29 /* x = -9.5 .. -6 in eighths */
+#define SYM_FIT_X0 -9.5f
+#define SYM_FIT_DX 0.125f
+
+static float sym_fit_group(const float *x, int64_t G) {
+    float m = 0.0f, s2 = 0.0f, c[64];
+    for (int64_t i = 0; i < G; i++) {
+        if (fabsf(x[i]) > fabsf(m)) m = x[i];
+        s2 = s2 + x[i] * x[i];
+    }
+    if (m == 0.0f) return 0.0f;
+    const float rms = sqrtf(s2 / (float)G);
+    for (int64_t i = 0; i < G; i++) c[i] = rms + fabsf(x[i]);
+    float best = m / -8.0f, best_score = -1.0f;
+    for (int t = 0; t < SYM_FIT_STEPS; t++) {
+        const float id = (SYM_FIT_X0 + SYM_FIT_DX * (float)t) / m;
+        float sqw = 0.0f, sqq = 0.0f;
+        for (int64_t i = 0; i < G; i++) {
+            float q = rintf(x[i] * id);
+            q = q < -8.0f ? -8.0f : (q > 7.0f ? 7.0f : q);
+            const float cq = c[i] * q;
+            sqw = sqw + cq * x[i];
+            sqq = sqq + cq * q;
+        }
+        if (!(sqq > 0.0f)) continue;
+        const float score = sqw * sqw / sqq;
+        if (score > best_score) best = sqw / sqq, best_score = score;
+    }
+    return best;
+}
+
+#if defined(X86)
+/* sym_fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; ct: room for their
+ * weights): the same operations lane by lane; the clamp as max / min with the value second (a NaN stays, as in
+ * the scalar ternaries and torch's clamp). */
+TGT512 static void sym_fit16_512(const float *wt, float *ct, int64_t G, float *out) {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+    const __m512 lo = _mm512_set1_ps(-8.0f), hi = _mm512_set1_ps(7.0f);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 m = zero, s2 = zero;
+    for (int64_t i = 0; i < G; i++) {
+        const __m512 v = _mm512_loadu_ps(wt + 16 * i);
+        const __mmask16 gt = _mm512_cmp_ps_mask(_mm512_and_ps(v, absmask), _mm512_and_ps(m, absmask), _CMP_GT_OQ);
+        m = _mm512_mask_blend_ps(gt, m, v);
+        s2 = _mm512_add_ps(s2, _mm512_mul_ps(v, v));
+    }
+    const __m512 rms = _mm512_sqrt_ps(_mm512_div_ps(s2, _mm512_set1_ps((float)G)));
+    for (int64_t i = 0; i < G; i++)
+        _mm512_storeu_ps(ct + 16 * i, _mm512_add_ps(rms, _mm512_and_ps(_mm512_loadu_ps(wt + 16 * i), absmask)));
+    __m512 best = _mm512_div_ps(m, _mm512_set1_ps(-8.0f)), best_score = _mm512_set1_ps(-1.0f);
+    for (int t = 0; t < SYM_FIT_STEPS; t++) {
+        const __m512 id = _mm512_div_ps(_mm512_set1_ps(SYM_FIT_X0 + SYM_FIT_DX * (float)t), m);
+        __m512 sqw = zero, sqq = zero;
+        for (int64_t i = 0; i < G; i++) {
+            const __m512 v = _mm512_loadu_ps(wt + 16 * i);
+            __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q = _mm512_min_ps(hi, _mm512_max_ps(lo, q));
+            const __m512 cq = _mm512_mul_ps(_mm512_loadu_ps(ct + 16 * i), q);
+            sqw = _mm512_add_ps(sqw, _mm512_mul_ps(cq, v));
+            sqq = _mm512_add_ps(sqq, _mm512_mul_ps(cq, q));
+        }
+        const __mmask16 ok = _mm512_cmp_ps_mask(sqq, zero, _CMP_GT_OQ);
+        const __m512 dd = _mm512_mask_blend_ps(ok, one, sqq);
+        const __m512 score = _mm512_div_ps(_mm512_mul_ps(sqw, sqw), dd);
+        const __mmask16 keep = ok & _mm512_cmp_ps_mask(score, best_score, _CMP_GT_OQ);
+        best = _mm512_mask_blend_ps(keep, best, _mm512_div_ps(sqw, dd));
+        best_score = _mm512_mask_blend_ps(keep, best_score, score);
+    }
+    _mm512_storeu_ps(out, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, zero, _CMP_EQ_OQ), best, zero));
+}
+
+/* sym_fit16_512 with 8 lanes on AVX2 (wt [G][8]): the same operations lane by lane, masks as blends. */
+TGT256 static void sym_fit8_256(const float *wt, float *ct, int64_t G, float *out) {
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    const __m256 lo = _mm256_set1_ps(-8.0f), hi = _mm256_set1_ps(7.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = zero, s2 = zero;
+    for (int64_t i = 0; i < G; i++) {
+        const __m256 v = _mm256_loadu_ps(wt + 8 * i);
+        const __m256 gt = _mm256_cmp_ps(_mm256_and_ps(v, absmask), _mm256_and_ps(m, absmask), _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, v, gt);
+        s2 = _mm256_add_ps(s2, _mm256_mul_ps(v, v));
+    }
+    const __m256 rms = _mm256_sqrt_ps(_mm256_div_ps(s2, _mm256_set1_ps((float)G)));
+    for (int64_t i = 0; i < G; i++)
+        _mm256_storeu_ps(ct + 8 * i, _mm256_add_ps(rms, _mm256_and_ps(_mm256_loadu_ps(wt + 8 * i), absmask)));
+    __m256 best = _mm256_div_ps(m, _mm256_set1_ps(-8.0f)), best_score = _mm256_set1_ps(-1.0f);
+    for (int t = 0; t < SYM_FIT_STEPS; t++) {
+        const __m256 id = _mm256_div_ps(_mm256_set1_ps(SYM_FIT_X0 + SYM_FIT_DX * (float)t), m);
+        __m256 sqw = zero, sqq = zero;
+        for (int64_t i = 0; i < G; i++) {
+            const __m256 v = _mm256_loadu_ps(wt + 8 * i);
+            __m256 q = _mm256_round_ps(_mm256_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q = _mm256_min_ps(hi, _mm256_max_ps(lo, q));
+            const __m256 cq = _mm256_mul_ps(_mm256_loadu_ps(ct + 8 * i), q);
+            sqw = _mm256_add_ps(sqw, _mm256_mul_ps(cq, v));
+            sqq = _mm256_add_ps(sqq, _mm256_mul_ps(cq, q));
+        }
+        const __m256 ok = _mm256_cmp_ps(sqq, zero, _CMP_GT_OQ);
+        const __m256 dd = _mm256_blendv_ps(one, sqq, ok);
+        const __m256 score = _mm256_div_ps(_mm256_mul_ps(sqw, sqw), dd);
+        const __m256 keep = _mm256_and_ps(ok, _mm256_cmp_ps(score, best_score, _CMP_GT_OQ));
+        best = _mm256_blendv_ps(best, _mm256_div_ps(sqw, dd), keep);
+        best_score = _mm256_blendv_ps(best_score, score, keep);
+    }
+    _mm256_storeu_ps(out, _mm256_blendv_ps(best, zero, _mm256_cmp_ps(m, zero, _CMP_EQ_OQ)));
+}
+#endif
+
+/* The weighted symmetric fit of w [groups, G] (G <= 64) into scales [groups]: 16 groups a vector on AVX-512, 8 on
+ * AVX2, the rest one by one. */
+/* recap_int4_sym_fit on a given path (isa: ISA_*; tests run each; all give the same scales). */
+void recap_int4_sym_fit_isa(const float *w, int64_t groups, int64_t G, float *scales, int threads, int isa) {
+    const int64_t blocks = groups / 16;
+#if defined(X86)
+    const int vec = isa == ISA_AVX512_VNNI && recap_int4_isa_supported(ISA_AVX512_VNNI) && G <= 64;
+    const int avx2 = !vec && isa != ISA_SCALAR && recap_int4_isa_supported(ISA_AVX2) && G <= 64;
+#else
+    const int vec = 0;
+    (void)isa;
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t bi = 0; bi < blocks + (groups % 16 ? 1 : 0); bi++) {
+        const int64_t g0 = bi * 16;
+#if defined(X86)
+        if (vec && bi < blocks) {
+            float wt[64 * 16], ct[64 * 16];
+            for (int64_t j = 0; j < 16; j++)
+                for (int64_t i = 0; i < G; i++) wt[16 * i + j] = w[(g0 + j) * G + i];
+            sym_fit16_512(wt, ct, G, scales + g0);
+            continue;
+        }
+        if (avx2 && bi < blocks) {
+            float wt[64 * 8], ct[64 * 8];
+            for (int64_t h = 0; h < 16; h += 8) {
+                for (int64_t j = 0; j < 8; j++)
+                    for (int64_t i = 0; i < G; i++) wt[8 * i + j] = w[(g0 + h + j) * G + i];
+                sym_fit8_256(wt, ct, G, scales + g0 + h);
+            }
+            continue;
+        }
+#endif
+        for (int64_t g = g0; g < g0 + 16 && g < groups; g++) scales[g] = sym_fit_group(w + g * G, G);
+    }
+}
+
+void recap_int4_sym_fit(const float *w, int64_t groups, int64_t G, float *scales, int threads) {
+    recap_int4_sym_fit_isa(w, groups, G, scales, threads, recap_int4_best_isa());
+}
+
 /* ---------------------------------------------------------------- super-block fit (format 2) */
 
 #define FIT_STEPS 17 /* candidate inverse steps (14 + t / 8) / range: kernels/int4_superblock.py */

@@ -25,6 +25,7 @@ from recap.model.layers.linear import LinearImpl
 # The format (benchmarks/bench_int4.py, docs/performance.md): symmetric codes in groups of 32 inputs; the backend
 # "int4_k" (quantization="int4_k") takes the super-block format instead (kernels/int4_superblock.py).
 INT4_GROUP, INT4_ASYM = 32, False
+INT4_SYM_FIT = "weighted"  # how symmetric scales are picked (kernels/linear_int4.SYM_FITS; docs/performance.md)
 
 
 class Int4Linear(LinearImpl):
@@ -44,7 +45,7 @@ class Int4Linear(LinearImpl):
                              f"{tuple(weight.shape)}")  # fmt: skip
         if quantized is None:
             group, asym = (32, False) if superblock else (INT4_GROUP, INT4_ASYM)
-            quantized = quantize_int4(weight, group, asym, bias, superblock=superblock)
+            quantized = quantize_int4(weight, group, asym, bias, superblock=superblock, sym_fit=INT4_SYM_FIT)
         self.quantized: Int4Weight = quantized
         self.name = "int4_k" if quantized.superblock else "int4"  # the backend's name: set_backend compares it
         self._fast = int4_native_available()
