@@ -6,9 +6,9 @@ extension including torch's headers tens of seconds), and a ctypes call costs ab
 links libgomp by its soname, so it shares the OpenMP runtime (and thread pool) torch already loaded.
 
 Build: `cc -O3 -march=native -fopenmp -ffp-contract=off -shared -fPIC`. The library is cached under
-~/.cache/recap/native (a temporary folder where home is not writable), keyed by the source, the compiler's
-version, the flags and the CPU's feature flags, so a changed machine or source builds anew. Processes building
-at once each write their own file and rename it into place.
+~/.cache/recap/native (a temporary folder where home is not writable), keyed by the source and csrc's headers,
+the compiler's version, the flags and the CPU's feature flags, so a changed machine or source builds anew.
+Processes building at once each write their own file and rename it into place.
 Where there is no C compiler or the build fails, `NativeUnavailableError` says why; callers keep their torch
 paths.
 """
@@ -88,7 +88,9 @@ def load_library(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     cc = _compiler()
     version = _compiler_version(cc)
     flags = (*FLAGS, *extra_flags)
-    key = hashlib.sha256(b"\0".join(s.encode() for s in (src.read_text(), version, " ".join(flags), _cpu_flags())))
+    headers = [h.read_text() for h in sorted(CSRC.glob("*.h"))]  # the sources include them: a changed one builds anew
+    key = hashlib.sha256(b"\0".join(s.encode() for s in (src.read_text(), *headers, version, " ".join(flags),
+                                                          _cpu_flags())))  # fmt: skip
     out = _cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not out.is_file():
         tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # a builder per process and thread

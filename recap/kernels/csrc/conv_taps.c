@@ -14,25 +14,7 @@
 #include <immintrin.h>
 #endif
 
-/* exp(x) for x in [-60, 0] (callers clamp): 2^n e^r with |r| <= ln2 / 2 and a degree-6 polynomial (a few ulp; as
- * gdn_walk.c's), in plain arithmetic that the compiler vectorises (libm's expf is a call per element). */
-static inline float exp_neg(float x) {
-    const int32_t ni = (int32_t)(x * 1.44269504f - 0.5f); /* rounds to nearest: the product is <= 0 */
-    const float n = (float)ni;
-    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } s = {.i = (ni + 127) << 23}; /* 2^n */
-    return p * s.f;
-}
+#include "fast_math.h"
 
 /* y[c] = silu(y[c]) = y sigmoid(y) for c < n, the exponent always <= 0: e = exp(-|y|), sigmoid = 1 / (1 + e) or
  * e / (1 + e). GCC leaves the plain loop scalar (its selects), hence the AVX-512 one written out. */
