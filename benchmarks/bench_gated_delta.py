@@ -37,7 +37,7 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, l2_normalize
 from recap.kernels.gdn_decode import gated_delta_rule_update, gated_delta_rule_update_ref
 from recap.kernels.gdn_walk import gated_delta_rule_native
-from recap.kernels.metadata import SeqSpec
+from recap.kernels.metadata import SeqSpec, SSMMetadata
 
 # hk, hv, dk, dv, per-channel decay
 SHAPES = {"gdn": (8, 16, 64, 64, False), "kda": (6, 6, 128, 128, True), "qwen3_5-0.8b": (16, 16, 128, 128, False)}
@@ -59,16 +59,23 @@ def _time(fn: Callable[[], Any], reps: int, warm: bool = True) -> float:
     return statistics.median(timings(fn, reps, warm=warm))
 
 
+def _prefill_meta(tokens: int, ckpt: bool) -> tuple[SSMMetadata, int]:
+    """One `tokens`-token row's metadata (running slot 1; with `ckpt`, a checkpoint every BLOCK tokens in slots 2..),
+    and the number of state slots it needs."""
+    cps = [(p, 2 + i) for i, p in enumerate(range(BLOCK, tokens + 1, BLOCK))] if ckpt else []
+    spec = SeqSpec([0] * tokens, 0, state_slot=1, checkpoints=cps)
+    meta = build_forward_batch([spec], block_size=BLOCK, chunk_size=64, with_attention=False, with_ssm=True).ssm
+    assert meta is not None
+    return meta, 2 + len(cps)
+
+
 def prefill_rows(name: str, reps: int, pieces: list[int]) -> list[dict[str, Any]]:
     shape = SHAPES[name]
     args = _inputs(shape, PREFILL)
     rows = []
     for ckpt in (False, True):
-        cps = [(p, 2 + i) for i, p in enumerate(range(BLOCK, PREFILL + 1, BLOCK))] if ckpt else []
-        spec = SeqSpec([0] * PREFILL, 0, state_slot=1, checkpoints=cps)
-        meta = build_forward_batch([spec], block_size=BLOCK, chunk_size=64, with_attention=False, with_ssm=True).ssm
-        assert meta is not None
-        state = torch.zeros(2 + len(cps), shape[1], shape[2], shape[3])
+        meta, slots = _prefill_meta(PREFILL, ckpt)
+        state = torch.zeros(slots, shape[1], shape[2], shape[3])
         ref_state = state.clone()
         t0 = time.thread_time()
         y_ref = gated_delta_rule_ref(*args, ref_state, meta)
@@ -108,11 +115,8 @@ def ab_rows(name: str, reps: int, tokens: int) -> list[dict[str, Any]]:
     args = _inputs(shape, tokens)
     rows = []
     for ckpt in (False, True):
-        cps = [(p, 2 + i) for i, p in enumerate(range(BLOCK, tokens + 1, BLOCK))] if ckpt else []
-        spec = SeqSpec([0] * tokens, 0, state_slot=1, checkpoints=cps)
-        meta = build_forward_batch([spec], block_size=BLOCK, chunk_size=64, with_attention=False, with_ssm=True).ssm
-        assert meta is not None
-        states = [torch.zeros(2 + len(cps), shape[1], shape[2], shape[3]) for _ in range(2)]
+        meta, slots = _prefill_meta(tokens, ckpt)
+        states = [torch.zeros(slots, shape[1], shape[2], shape[3]) for _ in range(2)]
         fns = (gated_delta_rule, gated_delta_rule_native)
         ys = [fn(*args, s, meta, normalize_qk=True) for fn, s in zip(fns, states)]  # warm, and the error
         err = max(float((ys[0] - ys[1]).abs().max()), float((states[0] - states[1]).abs().max()))
