@@ -126,32 +126,26 @@ def _prefill_attention(
     """One row's queries (hq, n, dh) at positions ctx.. over its keys (hkv, s, dh) at positions key_start..,
     causal (and inside the window, if any) -> (hq, n, dh).
 
-    The inputs are made 4-D: that keeps SDPA on its fused CPU kernel (with enable_gqa, or 3-D inputs, it falls
-    back to the math path: ~5x slower at 2048 tokens, and it builds the full score matrix). From scratch, K/V
-    heads are expanded to hq (causal SDPA); over a cached prefix, a mask row per query and the group's query
-    heads folded into rows of their kv head, so the prefix's keys are never copied.
+    K/V heads are expanded to hq and the inputs made 4-D: that keeps SDPA on its fused CPU kernel (with
+    enable_gqa, or 3-D inputs, it falls back to the math path: ~5x slower at 2048 tokens, and it builds
+    the full score matrix).
     """
     hq, n, dh = qq.shape
     hkv, s = kk.shape[:2]
+    if hkv != hq:
+        kk = kk[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
+        vv = vv[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
     if ctx == 0 and key_start == 0 and (window is None or window >= n):
-        if hkv != hq:
-            kk = kk[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
-            vv = vv[:, None].expand(hkv, hq // hkv, s, dh).reshape(hq, s, dh)
         o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], is_causal=True, scale=scale)
-        return o[0]
-    # query i sits at position ctx + i and sees keys key_start..ctx + i (and > ctx + i - window)
-    kpos = torch.arange(key_start, key_start + s, device=qq.device)
-    qpos = torch.arange(ctx, ctx + n, device=qq.device)[:, None]
-    mask = kpos <= qpos
-    if window is not None:
-        mask &= kpos > qpos - window
-    # GQA without expanding K/V (a cached prefix of s keys would be copied hq / hkv times): the group's query
-    # heads sit as more query rows of their kv head (head h = kv head h // group), each with its query's mask row.
-    group = hq // hkv
-    q_rows = qq.reshape(hkv, group * n, dh)  # (hkv, group * n, dh): rows (head in group, query)
-    rows_mask = mask.repeat(group, 1) if group > 1 else mask
-    o = F.scaled_dot_product_attention(q_rows[None], kk[None], vv[None], attn_mask=rows_mask, scale=scale)
-    return o[0].view(hq, n, vv.shape[-1])
+    else:
+        # query i sits at position ctx + i and sees keys key_start..ctx + i (and > ctx + i - window)
+        kpos = torch.arange(key_start, key_start + s, device=qq.device)
+        qpos = torch.arange(ctx, ctx + n, device=qq.device)[:, None]
+        mask = kpos <= qpos
+        if window is not None:
+            mask &= kpos > qpos - window
+        o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], attn_mask=mask, scale=scale)
+    return o[0]
 
 
 def paged_attention(
