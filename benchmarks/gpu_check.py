@@ -23,7 +23,8 @@ Sections, each timed and isolated (a failure is recorded and the next section ru
    each timed alone.
 
 Imports stay light (torch, triton, transformers, tokenizers, safetensors, xxhash): the GPU machine has no
-network. The card's limits are the H100 SXM's datasheet figures unless --hbm-bytes-s / --bf16-flops say else.
+network. The card's limits are its datasheet figures (CARD_LIMITS, by device name; the H100 SXM's for a card not
+listed) unless --hbm-bytes-s / --bf16-flops say else.
 """
 
 from __future__ import annotations
@@ -57,6 +58,33 @@ from recap.sampling_params import SamplingParams  # noqa: E402
 
 H100_HBM_BYTES_S = 3.35e12
 H100_BF16_FLOPS = 989e12
+# Datasheet limits (HBM bytes/s, dense bf16 FLOP/s) by a piece of torch.cuda.get_device_name, first match wins:
+# the decode and prefill shares are read against the card the check runs on (an H200 streams 1.43x an H100 SXM's
+# bytes at the same FLOP/s). Unknown cards take the H100 SXM's, said so in the output.
+CARD_LIMITS: tuple[tuple[str, float, float], ...] = (
+    ("H200", 4.8e12, 989e12),
+    ("H100 NVL", 3.9e12, 835e12),
+    ("H100 PCIe", 2.0e12, 756e12),
+    ("H100", H100_HBM_BYTES_S, H100_BF16_FLOPS),
+    ("A100-SXM4-80GB", 2.039e12, 312e12),
+    ("A100 80GB PCIe", 1.935e12, 312e12),
+    ("A100", 1.555e12, 312e12),
+    ("L40S", 0.864e12, 362e12),
+)
+
+
+def card_limits(gpu: str | None, hbm_bytes_s: float | None, bf16_flops: float | None) -> dict[str, Any]:
+    """The limits the speed figures are read against: the flags where given, else the card's datasheet figures
+    (CARD_LIMITS), else the H100 SXM's; `source` says which."""
+    row = next(((k, h, f) for k, h, f in CARD_LIMITS if gpu and k.lower() in gpu.lower()), None)
+    hbm, flops = (row[1], row[2]) if row else (H100_HBM_BYTES_S, H100_BF16_FLOPS)
+    why = "no GPU" if gpu is None else f"card {gpu!r} not in CARD_LIMITS"
+    source = f"datasheet of {row[0]}" if row else f"H100 SXM's datasheet ({why})"
+    if hbm_bytes_s is not None or bf16_flops is not None:
+        source = "flags" + ("" if hbm_bytes_s is not None and bf16_flops is not None else f", else the {source}")
+    return {"hbm_bytes_s": hbm if hbm_bytes_s is None else hbm_bytes_s,
+            "bf16_flops": flops if bf16_flops is None else bf16_flops, "source": source}  # fmt: skip
+
 
 # ~1.3B Nemotron-H-like: 24 layers (12 Mamba2, 10 MLP, 2 attention), hidden 2048, 64 SSM heads x 64, state 128.
 NEMOTRON_1B = {
@@ -590,8 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sections", default="kernels,backends,speed")
     p.add_argument("--budget-s", type=float, default=460, help="the kernel tests get what is left of it")
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
-    p.add_argument("--hbm-bytes-s", type=float, default=H100_HBM_BYTES_S)
-    p.add_argument("--bf16-flops", type=float, default=H100_BF16_FLOPS)
+    p.add_argument("--hbm-bytes-s", type=float, default=None, help="default: the card's datasheet (CARD_LIMITS)")
+    p.add_argument("--bf16-flops", type=float, default=None, help="default: the card's datasheet (CARD_LIMITS)")
     args = p.parse_args(argv)
     start = time.perf_counter()
     torch.set_num_threads(min(8, torch.get_num_threads()))
@@ -601,6 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }}  # fmt: skip
+    card = card_limits(results["env"]["gpu"], args.hbm_bytes_s, args.bf16_flops)
+    results["env"]["limits"] = card
+    hbm_tb, tflops = card["hbm_bytes_s"] / 1e12, card["bf16_flops"] / 1e12
+    print(f"limits: {hbm_tb:.2f} TB/s HBM, {tflops:.0f} TFLOP/s bf16 ({card['source']})", flush=True)
     try:
         import triton
 
@@ -612,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         if "backends" in wanted:
             section(results, "backends", lambda: backend_equality(str(device), tmp))
         if "speed" in wanted:
-            limits = (args.hbm_bytes_s, args.bf16_flops)
+            limits = (card["hbm_bytes_s"], card["bf16_flops"])
             for name, arch, shape, small in (("nemotron-h-1.3b", "nemotron_h", NEMOTRON_1B, SMOKE_NEMOTRON),
                                              ("qwen3.5-1.5b", "qwen3_5", QWEN35_1B, SMOKE_QWEN35)):  # fmt: skip
                 over = {**shape, **small} if args.smoke else shape

@@ -77,3 +77,18 @@ def test_async_decode_rows_beside_the_synchronous_rates(tmp_path: Path) -> None:
     for batch, row in zip(mod.ASYNC_BATCHES, rows.values()):
         assert row["off_tok_s"] == rates[batch] and row["on_tok_s"] > 0
         assert row["on_over_off"] == row["on_tok_s"] / row["off_tok_s"]
+
+
+def test_card_limits_follow_the_card_and_the_flags() -> None:
+    gc = _module()
+    h200 = gc.card_limits("NVIDIA H200", None, None)
+    assert (h200["hbm_bytes_s"], h200["bf16_flops"]) == (4.8e12, 989e12) and "H200" in h200["source"]
+    sxm = gc.card_limits("NVIDIA H100 80GB HBM3", None, None)  # the SXM's name, which no more specific row takes
+    assert (sxm["hbm_bytes_s"], sxm["bf16_flops"]) == (gc.H100_HBM_BYTES_S, gc.H100_BF16_FLOPS)
+    assert gc.card_limits("NVIDIA H100 PCIe", None, None)["hbm_bytes_s"] == 2.0e12
+    assert gc.card_limits("NVIDIA A100-SXM4-40GB", None, None)["hbm_bytes_s"] == 1.555e12
+    unknown = gc.card_limits("Some Future GPU", None, None)
+    assert unknown["hbm_bytes_s"] == gc.H100_HBM_BYTES_S and "not in CARD_LIMITS" in unknown["source"]
+    assert "no GPU" in gc.card_limits(None, None, None)["source"]  # a CPU run (--smoke)
+    flags = gc.card_limits("NVIDIA H200", 1e12, None)  # one flag: the other figure stays the card's
+    assert (flags["hbm_bytes_s"], flags["bf16_flops"]) == (1e12, 989e12) and flags["source"].startswith("flags")
