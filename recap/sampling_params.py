@@ -6,6 +6,8 @@ Names and meanings follow vLLM's SamplingParams. `n` has no upper bound here: th
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from recap.structured_output import StructuredOutput
@@ -15,6 +17,35 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
 # Temperatures below this act as greedy (vLLM's _SAMPLING_EPS): dividing logits by a subnormal
 # temperature overflows them to inf, and the softmax of that is NaN (the first token would be arbitrary).
 SAMPLING_EPS = 1e-5
+# The seed range vLLM's API takes (a signed 64-bit integer); recap's generators take the seed modulo 2**64,
+# so a wider seed would silently draw the same stream as another one.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_INT_FIELDS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INT_FIELDS = ("seed", "max_tokens", "logprobs", "prompt_logprobs")
+
+
+def _as_int(name: str, value: object) -> int:
+    """An integral value (numpy's too) as an int; a float (even 2.0) or a string is a TypeError naming the field."""
+    if not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def _bias_key(key: object) -> int:
+    """A logit_bias key: a token id, or its decimal string (OpenAI's JSON keys are strings)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    return _as_int("logit_bias keys", key)
+
+
+def _as_float(name: str, value: object) -> float:
+    """A real number as a float; NaN is a ValueError (a range check passes or fails it silently)."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if math.isnan(value):
+        raise ValueError(f"{name} must be a number, got nan")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -51,14 +82,7 @@ class SamplingParams:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        object.__setattr__(self, "keep_special_token_ids", tuple(int(t) for t in self.keep_special_token_ids))
-        if self.logit_bias is not None:
-            object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()} or None)
+        self._normalize_types()
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.temperature < 0:
@@ -90,6 +114,34 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a signed 64-bit integer (in [-2**63, 2**63 - 1]), got {self.seed}")
+
+    def _normalize_types(self) -> None:
+        """Each field as the type the engine reads (vLLM's names and types). A wrong type is a TypeError naming
+        the field, here, rather than a float top_k failing inside a batched step, a float max_tokens or n
+        counting past itself, or a non-string stop never matching; None for stop / stop_token_ids is none."""
+
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        for name in _FLOAT_FIELDS:
+            put(name, _as_float(name, getattr(self, name)))
+        for name in _INT_FIELDS:
+            put(name, _as_int(name, getattr(self, name)))
+        for name in _OPTIONAL_INT_FIELDS:
+            if getattr(self, name) is not None:
+                put(name, _as_int(name, getattr(self, name)))
+        stop = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        bad = [s for s in stop if not isinstance(s, str)]
+        if bad:
+            raise TypeError(f"stop must be a string or a list of strings, got {type(bad[0]).__name__} {bad[0]!r}")
+        put("stop", stop)
+        put("stop_token_ids", tuple(_as_int("stop_token_ids", t) for t in self.stop_token_ids or ()))
+        put("keep_special_token_ids", tuple(_as_int("keep_special_token_ids", t) for t in self.keep_special_token_ids))
+        if self.logit_bias is not None:
+            bias = {_bias_key(k): _as_float(f"logit_bias[{k!r}]", v) for k, v in self.logit_bias.items()}
+            put("logit_bias", bias or None)
 
     @property
     def greedy(self) -> bool:
@@ -98,5 +150,9 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-                or bool(self.logit_bias))
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+        )

@@ -84,7 +84,11 @@ class InputProcessor:
         segment_boundaries: Sequence[int] = (),
         cache_salt: str | None = None,
         arrival_time: float,
+        fit_max_tokens: bool = False,
     ) -> PreparedRequest:
+        """`fit_max_tokens`: params.max_tokens is a default the client did not send (the model's
+        generation_config, or the API's own default): a prompt that leaves less room than it caps it at the room,
+        as vLLM does, instead of refusing a length the client never asked for."""
         if params.n > self.max_n:
             raise InvalidRequestError(
                 f"n: {params.n} choices asked, at most {self.max_n} are allowed (--max-n)"
@@ -101,12 +105,15 @@ class InputProcessor:
                 f"prompt has {len(ids)} tokens; this model's maximum context length is {self.max_model_len} "
                 "and at least one token must be generated"
             )
-        if params.max_tokens is not None and params.max_tokens > room:
+        max_tokens = params.max_tokens
+        if fit_max_tokens and max_tokens is not None:
+            max_tokens = min(max_tokens, room)
+        if max_tokens is not None and max_tokens > room:
             raise InvalidRequestError(
                 f"this model's maximum context length is {self.max_model_len} tokens; you requested "
-                f"{len(ids) + params.max_tokens} ({len(ids)} in the prompt, {params.max_tokens} for the completion)"
+                f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for the completion)"
             )
-        if params.min_tokens > (params.max_tokens or room):
+        if params.min_tokens > (max_tokens or room):
             raise InvalidRequestError("min_tokens must not exceed max_tokens")
         bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_stop:
@@ -127,7 +134,7 @@ class InputProcessor:
             prompt=text,
             prompt_token_ids=ids,
             params=params,
-            max_tokens=params.max_tokens or room,
+            max_tokens=max_tokens or room,
             segment_boundaries=tuple(bounds),
             cache_salt=cache_salt,
             arrival_time=arrival_time,

@@ -155,11 +155,14 @@ class LLMEngine:
         request_id: str | None = None,
         segment_boundaries: Sequence[int] = (),
         cache_salt: str | None = None,
+        fit_max_tokens: bool = False,
     ) -> PreparedRequest:
-        """Validate and tokenize (raises InvalidRequestError); safe to call from any thread."""
+        """Validate and tokenize (raises InvalidRequestError); safe to call from any thread. `fit_max_tokens`:
+        params.max_tokens is a default, capped at the room the prompt leaves (InputProcessor.prepare)."""
         return self.processor.prepare(
             request_id or self.next_request_id(), prompt, params,
             segment_boundaries=segment_boundaries, cache_salt=cache_salt, arrival_time=time.monotonic(),
+            fit_max_tokens=fit_max_tokens,
         )
 
     def add_prepared(self, p: PreparedRequest) -> None:

@@ -59,6 +59,10 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._decode = tokenizer_decode(tokenizer)  # once: every request's detokenizer calls it
+        # The tokenizer's own EOS ends a request with stop_reason None (vLLM: "EOS iff finish_reason stop and
+        # stop_reason None"); generation_config's other EOS ids and stop_token_ids are reported as the token id.
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._primary_eos = eos if isinstance(eos, int) else None
         self.parents: dict[str, ParentState] = {}
         self.child_to_parent: dict[str, str] = {}
         self._token_text: dict[int, str] = {}
@@ -148,7 +152,9 @@ class OutputProcessor:
         if out.finish_reason is None:
             out.finish_reason = FINISH_REASONS.get(status, "stop")
             if status == RequestStatus.FINISHED_STOPPED and out.token_ids:
-                out.stop_reason = out.token_ids[-1]
+                last = out.token_ids[-1]
+                primary_eos = last == self._primary_eos and not parent.prepared.params.ignore_eos
+                out.stop_reason = None if primary_eos else last
             child.detok.flush()
         parent.dirty = True
 

@@ -68,7 +68,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         chat = await state.offload.off_loop(build_chat_input, state.tokenizer, req.messages, kwargs, render)
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
-                                       boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt)
+                                       boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt,
+                                       fit_max_tokens=req.max_tokens_unset)
     reserve_sequences(request.scope, params.n)  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
                                stream=req.stream, n=params.n, request=request)

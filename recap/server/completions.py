@@ -58,7 +58,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     prompts = req.prompts()
     rid = new_request_id("cmpl")
     prepared = await state.offload.run(prompt_size(prompts), prepare_all, state, prompts, params, request_id=rid,
-                                       boundaries=[req.checkpoints or ()] * len(prompts), cache_salt=req.cache_salt)
+                                       boundaries=[req.checkpoints or ()] * len(prompts), cache_salt=req.cache_salt,
+                                       fit_max_tokens=req.max_tokens_unset)
     _check_checkpoints(req, prepared)
     reserve_sequences(request.scope, params.n * len(prepared))  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,

@@ -28,6 +28,12 @@ def _top(d: dict[int, Logprob], k: int) -> list[tuple[int, float]]:
     return [(t, lp.logprob) for t, lp in ranked[:k]]
 
 
+def _with_chosen(d: dict[int, Logprob], tok: int, k: int) -> list[tuple[int, float]]:
+    """The chosen token, then the k best others: OpenAI's legacy completions return the sampled token's logprob
+    with the top `logprobs` ("up to logprobs+1 elements"), as vLLM does (so `logprobs: 0` gives the chosen one)."""
+    return [(tok, d[tok].logprob)] + [(t, v) for t, v in _top(d, k + 1) if t != tok][:k]
+
+
 def completion_logprobs(
     token_text: Callable[[int], str], token_ids: Sequence[int], lps: Sequence[dict[int, Logprob] | None], k: int,
     text_offset: int, out: CompletionLogprobs | None = None,
@@ -43,7 +49,7 @@ def completion_logprobs(
             out.top_logprobs.append(None)
         else:
             out.token_logprobs.append(_clamp(d[tok].logprob))
-            out.top_logprobs.append({token_text(t): _clamp(v) for t, v in _top(d, k)})
+            out.top_logprobs.append({token_text(t): _clamp(v) for t, v in _with_chosen(d, tok, k)})
         out.text_offset.append(text_offset)
         text_offset += len(text)
     return out, text_offset

@@ -166,6 +166,12 @@ class _SamplingFields(_Strict):
         return self
 
     @property
+    def max_tokens_unset(self) -> bool:
+        """The client sent neither max_tokens nor max_completion_tokens: the length is a default (the model's
+        generation_config or the API's), which a long prompt caps rather than refuses (vLLM's get_max_tokens)."""
+        return not ({"max_tokens", "max_completion_tokens"} & self.model_fields_set)
+
+    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
@@ -198,8 +204,7 @@ class _SamplingFields(_Strict):
             kw["structured_outputs"] = self.output_constraint()
         kw.update(extra)
         for name, value in (defaults or {}).items():
-            unset = not ({"max_tokens", "max_completion_tokens"} & self.model_fields_set) if name == "max_tokens" \
-                else name not in self.model_fields_set
+            unset = self.max_tokens_unset if name == "max_tokens" else name not in self.model_fields_set
             if unset and name in kw:
                 kw[name] = value
         return SamplingParams(**kw)

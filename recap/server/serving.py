@@ -78,14 +78,16 @@ def prepare_all(
     request_id: str,
     boundaries: Sequence[Sequence[int]],
     cache_salt: str | None,
+    fit_max_tokens: bool = False,
 ) -> list[PreparedRequest]:
-    """Validate every prompt before any starts, so a bad one in a batch rejects the whole request."""
+    """Validate every prompt before any starts, so a bad one in a batch rejects the whole request.
+    `fit_max_tokens`: the client sent no max_tokens (its default is capped at each prompt's room)."""
     out = []
     for i, prompt in enumerate(prompts):
         try:
             out.append(state.engine.prepare(
                 prompt, params, request_id=f"{request_id}-{i}", segment_boundaries=boundaries[i],
-                cache_salt=cache_salt))
+                cache_salt=cache_salt, fit_max_tokens=fit_max_tokens))
         except ValueError as e:
             err = from_value_error(e)
             if len(prompts) > 1:

@@ -97,6 +97,19 @@ def test_stop_conditions(tiny_models: dict[str, Path]) -> None:
         assert s.finish_reason == "stop" and s.text == free.text[: free.text.index(stop)]
 
 
+def test_eos_ends_with_stop_reason_none(tiny_models: dict[str, Path]) -> None:
+    """vLLM's contract: the tokenizer's EOS ends a request with finish_reason "stop" and stop_reason None (so a
+    client tells EOS from a stop token); the same id as an explicit stop token under ignore_eos is reported."""
+    llm = make_llm(tiny_models["mamba2"], caching=False)
+    eos = llm.get_tokenizer().eos_token_id
+    assert isinstance(eos, int)
+    forced = {"temperature": 0.0, "max_tokens": 5, "logit_bias": {eos: 100.0}}
+    o = llm.generate([rnd(91, 20)], SamplingParams(**forced))[0].outputs[0]
+    assert (o.finish_reason, o.token_ids, o.stop_reason) == ("stop", [eos], None)
+    o = llm.generate([rnd(91, 20)], SamplingParams(**forced, ignore_eos=True, stop_token_ids=[eos]))[0].outputs[0]
+    assert (o.finish_reason, o.token_ids, o.stop_reason) == ("stop", [eos], eos)
+
+
 def test_invalid_requests_raise_typed_errors(tiny_models: dict[str, Path]) -> None:
     llm = make_llm(tiny_models["mamba2"], caching=True, max_model_len=64)
     with pytest.raises(InvalidRequestError, match="out of vocabulary"):

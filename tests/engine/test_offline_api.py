@@ -48,6 +48,38 @@ def test_bad_prompts_are_clear_errors(llm: LLM, prompt: object, match: str) -> N
         llm.generate(prompt, GREEDY)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("kw", "error", "match"), [
+    ({"top_k": 2.5}, TypeError, "top_k must be an integer, got float"),
+    ({"n": 2.0}, TypeError, "n must be an integer, got float"),
+    ({"max_tokens": 3.5}, TypeError, "max_tokens must be an integer"),
+    ({"seed": 1.5}, TypeError, "seed must be an integer"),
+    ({"logprobs": "2"}, TypeError, "logprobs must be an integer, got str"),
+    ({"temperature": "0.5"}, TypeError, "temperature must be a number, got str"),
+    ({"temperature": float("nan")}, ValueError, "temperature must be a number, got nan"),
+    ({"stop": [1]}, TypeError, "stop must be a string or a list of strings, got int"),
+    ({"stop_token_ids": [1.0]}, TypeError, "stop_token_ids must be an integer"),
+    ({"logit_bias": {1: "x"}}, TypeError, r"logit_bias\[1\] must be a number"),
+    ({"seed": 2**64}, ValueError, "seed must be a signed 64-bit integer"),
+])
+def test_sampling_params_refuse_wrong_types(kw: dict, error: type[Exception], match: str) -> None:
+    """A wrong type or NaN fails where the params are made, naming the field: before, a float top_k failed inside
+    the engine's batched step (and wedged the LLM), a float max_tokens counted past itself and a NaN temperature
+    generated nothing."""
+    with pytest.raises(error, match=match):
+        SamplingParams(**kw)
+
+
+def test_sampling_params_take_vllm_spellings() -> None:
+    """None for stop / stop_token_ids, numpy numbers, string logit_bias keys and bools (ints) still pass."""
+    import numpy as np
+
+    sp = SamplingParams(stop=None, stop_token_ids=None, top_k=np.int64(3), temperature=np.float32(0.5),
+                        logit_bias={"5": 1}, logprobs=True, seed=-(2**63))
+    assert (sp.stop, sp.stop_token_ids, sp.top_k, sp.temperature, sp.logit_bias, sp.logprobs) == (
+        (), (), 3, 0.5, {5: 1.0}, 1)
+    assert type(sp.top_k) is int and type(sp.temperature) is float
+
+
 @pytest.mark.parametrize(("kw", "match"), [
     ({"tensor_parallel_size": 2}, "tensor_parallel_size must be 1"),
     ({"pipeline_parallel_size": 2}, "pipeline_parallel_size must be 1"),

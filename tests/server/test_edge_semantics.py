@@ -16,7 +16,7 @@ from recap.engine.llm_engine import LLMEngine
 from recap.http.limits import ServerLimits
 from recap.sampling_params import SAMPLING_EPS, SamplingParams
 from recap.server.app import build_app
-from tests.server.conftest import MODEL_NAME, ServerThread, engine_config, wait_idle
+from tests.server.conftest import MAX_MODEL_LEN, MODEL_NAME, ServerThread, engine_config, wait_idle
 
 C = "/v1/completions"
 
@@ -156,3 +156,36 @@ def test_a_forced_call_cut_at_max_tokens_is_content_with_length(http: httpx.Clie
     (call,) = whole["message"]["tool_calls"][:1]
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None, whole
     assert isinstance(json.loads(call["function"]["arguments"]), dict)
+
+
+@pytest.fixture(scope="module")
+def default_length(tiny_model: Path) -> Iterator[ServerThread]:
+    """A server whose model's generation_config sets max_new_tokens 64 (the default model's sets 256)."""
+    llm_engine = LLMEngine(engine_config(tiny_model))
+    llm_engine.default_sampling = {**llm_engine.default_sampling, "max_tokens": 64}
+    srv = ServerThread(build_app(AsyncEngine(llm_engine), limits=ServerLimits(enable_debug=True)))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_a_default_length_is_capped_by_the_room_a_long_prompt_leaves(default_length: ServerThread) -> None:
+    """vLLM's get_max_tokens: a client that sends no max_tokens gets min(default, room left), never a 400 about a
+    length it did not ask for; a max_tokens the client sends is still checked against the room."""
+    room = 10
+    prompt = [7] * (MAX_MODEL_LEN - room)
+    with httpx.Client(base_url=default_length.url, timeout=120) as http:
+        r = http.post(C, json={"model": MODEL_NAME, "prompt": prompt, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == room and r.json()["choices"][0]["finish_reason"] == "length"
+        short = http.post(C, json={"model": MODEL_NAME, "prompt": [7, 8], "ignore_eos": True})
+        assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] == 64, short.text
+        sent = http.post(C, json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 64})
+        assert sent.status_code == 400 and sent.json()["error"]["param"] == "max_tokens", sent.text
+        messages = [{"role": "user", "content": "a " * (MAX_MODEL_LEN - 40)}]
+        count = http.post("/tokenize", json={"model": MODEL_NAME, "messages": messages}).json()["count"]
+        assert MAX_MODEL_LEN - 64 < count < MAX_MODEL_LEN, count
+        chat = http.post("/v1/chat/completions", json={"model": MODEL_NAME, "messages": messages, "ignore_eos": True})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["completion_tokens"] == MAX_MODEL_LEN - count
+        assert wait_idle(http)["ok"]

@@ -93,6 +93,7 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("stop-token-ids-type", C, c(stop_token_ids=["a"]), 400, "stop_token_ids[0]: Input should be a valid integer",
      "stop_token_ids[0]"),
     ("seed-type", C, c(seed="x"), 400, "seed: Input should be a valid integer", "seed"),
+    ("seed-over-int64", CHAT, chat(seed=2**64), 400, "seed must be a signed 64-bit integer", "seed"),
     ("continuous-usage-type", C, c(stream=True, stream_options={"continuous_usage_stats": "yes"}), 400,
      "stream_options.continuous_usage_stats: Input should be a valid boolean",
      "stream_options.continuous_usage_stats"),

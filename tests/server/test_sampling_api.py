@@ -77,6 +77,22 @@ def test_echo_with_logprobs_is_what_lm_eval_reads(http: httpx.Client) -> None:
         assert abs(plp[len(ctx) + j][str(t)]["logprob"] - cont_lp[j]) < 1e-4
 
 
+def test_completion_top_logprobs_hold_the_chosen_token(http: httpx.Client) -> None:
+    """OpenAI's legacy completions (and vLLM): each position's top_logprobs holds the chosen token as well as the
+    `logprobs` best ("up to logprobs+1 elements"), so `logprobs: 0` still names the chosen token and a sampled
+    token outside the top k is there too; echoed prompt tokens likewise."""
+    for k in (0, 1, 2):
+        body = {"model": MODEL_NAME, "prompt": [11, 52, 93], "max_tokens": 12, "temperature": 5.0, "seed": 7,
+                "logprobs": k, "echo": True, "ignore_eos": True}
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        for tok, v, top in list(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))[1:]:
+            assert tok in top and abs(top[tok] - v) < 1e-6 and 1 <= len(top) <= k + 1, (k, tok, top)
+        if k == 0:
+            assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
+
+
 def test_echo_max_tokens_zero_returns_the_prompt(http: httpx.Client) -> None:
     body = {"model": MODEL_NAME, "prompt": "Pumps and valves", "max_tokens": 0, "echo": True, "logprobs": 0}
     (choice,) = http.post("/v1/completions", json=body).json()["choices"]
