@@ -116,16 +116,25 @@ def render_chat(
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
     render: Renderer | None = None,
+    continue_final_message: bool = False,
 ) -> ChatPrompt:
     """Render messages with the chat template (`render`: another renderer than the tokenizer's template);
-    boundaries are where each message's content ends."""
+    boundaries are where each message's content ends. `continue_final_message`: the text ends with the final
+    message's content, left open for the model to continue (an assistant turn the client prefilled), as
+    transformers' apply_chat_template cuts it; ValueError with add_generation_prompt, or where the template does
+    not show that content."""
     if not messages:
         raise ValueError("messages must not be empty")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     kw = dict(template_kwargs or {})
     render = render or tokenizer_renderer(tokenizer)
     text = render(list(messages), add_generation_prompt, kw)
-    ids, ends = _encode_with_ends(tokenizer, text)
     spans = _content_spans(render, messages, text, add_generation_prompt, kw)
+    if continue_final_message:
+        text = continued_text(render, messages, kw)
+        spans = [s if s is None or s[1] <= len(text) else None for s in spans]
+    ids, ends = _encode_with_ends(tokenizer, text)
     bounds: list[int] = []
     for span in spans:
         b = bisect.bisect_right(ends, span[1]) if span is not None else 0
@@ -133,6 +142,36 @@ def render_chat(
             bounds.append(b)
     return ChatPrompt(text=text, token_ids=ids, segment_boundaries=tuple(bounds), content_spans=tuple(spans),
                       token_ends=ends)
+
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own tag, so a template sees the text it would
+
+
+def continued_text(render: Renderer, messages: Sequence[dict[str, Any]], kw: dict[str, Any]) -> str:
+    """The conversation rendered without a generation prompt and cut where the final message's text ends, open for
+    the model to continue it: as transformers' apply_chat_template(continue_final_message=True) does (the text
+    rendered with a tag after that message's text, or after its last text part, cut at the tag; before any spacing
+    the template trimmed there), so the prompt's ids are the ones vLLM sends. ValueError where the message has no
+    text or the template does not show it."""
+    *head, final = messages
+    content = final.get("content")
+    tagged = dict(final)
+    if isinstance(content, str):
+        tagged["content"] = content + _CONTINUE_TAG
+    elif isinstance(content, (list, tuple)) and any(isinstance(p, dict) and "text" in p for p in content):
+        parts = [dict(p) if isinstance(p, dict) else p for p in content]
+        last = max(i for i, p in enumerate(parts) if isinstance(p, dict) and "text" in p)
+        parts[last]["text"] = str(parts[last]["text"]) + _CONTINUE_TAG
+        content, tagged["content"] = parts[last]["text"][: -len(_CONTINUE_TAG)], parts
+    else:
+        raise ValueError("continue_final_message: the final message has no text to continue")
+    text = render([*head, tagged], False, kw)
+    tag = _CONTINUE_TAG.strip()
+    if str(content).strip() not in text or tag not in text:
+        raise ValueError("continue_final_message: the chat template does not reproduce the final message's content, "
+                         "so there is no place to continue it from")
+    at = text.rindex(tag)
+    return text[:at] if text.startswith(_CONTINUE_TAG, at) else text[:at].rstrip()
 
 
 def render_chat_reference(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
+from functools import partial
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -59,13 +60,15 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     template, kwargs = request_template(req.chat_template, req.chat_template_kwargs)
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]
+    flags = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": req.continue_final_message}
     if template is None:
-        chat = await state.offload.run(size, build_chat_input, state.tokenizer, req.messages, kwargs)
+        chat = await state.offload.run(size, partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs)
     elif state.template_sandbox is None:
         raise refuse_untrusted()
     else:  # the client's own program: its cost is not bounded by its size, so never on the loop
         render = state.template_sandbox.renderer(template, state.tokenizer)
-        chat = await state.offload.off_loop(build_chat_input, state.tokenizer, req.messages, kwargs, render)
+        chat = await state.offload.off_loop(partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs,
+                                            render)  # fmt: skip
     rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt,
@@ -94,6 +97,8 @@ def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: 
         message, finish = _message(state, req, o.text, o.finish_reason)
         for call in message.tool_calls:
             call.index = None  # a position only in streamed deltas, as OpenAI has it
+        if req.echoed:
+            message.content = req.echoed + (message.content or "")
         choices.append(ChatChoice(
             index=o.index, message=message, finish_reason=finish,
             logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids, o.logprobs, k)))
@@ -143,6 +148,9 @@ async def _stream(
     try:
         yield _chunk(state, rid, created, [ChatChunkChoice(index=j, delta=ChatDelta(role="assistant", content=""))
                                            for j in range(n)])
+        if req.echoed:
+            yield _chunk(state, rid, created, [ChatChunkChoice(index=j, delta=ChatDelta(content=req.echoed))
+                                               for j in range(n)])  # fmt: skip
         item: tuple[int, RequestOutput] | None = first
         while item is not None:
             _, out = item

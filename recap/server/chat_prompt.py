@@ -43,15 +43,17 @@ def _marker_offsets(messages: list[ChatMessage], rendered: ChatPrompt) -> list[i
 
 def build_chat_input(
     tokenizer: Any, messages: list[ChatMessage], template_kwargs: dict[str, Any] | None = None,
-    render: Renderer | None = None,
+    render: Renderer | None = None, *, add_generation_prompt: bool = True, continue_final_message: bool = False,
 ) -> ChatInput:
     """Raises APIError (400) when the chat template rejects the conversation or a renderer's limit is hit.
     `template_kwargs`: extra template variables (`tools`, the request's chat_template_kwargs); `render`: the
-    request's own template (recap.server.template_sandbox) instead of the tokenizer's."""
+    request's own template (recap.server.template_sandbox) instead of the tokenizer's; `add_generation_prompt` and
+    `continue_final_message`: vLLM's (and apply_chat_template's) flags of the same names."""
     dicts = [m.template_dict() for m in messages]
     kw = dict(template_kwargs or {})
     try:
-        rendered = render_chat(tokenizer, dicts, add_generation_prompt=True, template_kwargs=kw, render=render)
+        rendered = render_chat(tokenizer, dicts, add_generation_prompt=add_generation_prompt, template_kwargs=kw,
+                               render=render, continue_final_message=continue_final_message)  # fmt: skip
     except RenderLimitExceeded as e:
         raise APIError(str(e), param="chat_template", code="chat_template_limit") from None
     except Exception as e:  # noqa: BLE001 - jinja raise_exception / missing template: the client's input

@@ -278,7 +278,11 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool = True  # false: a forced call is one call (maxItems 1)
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # vLLM's: the request's own template (only with --trust-request-chat-template)
-    echo: bool = False  # vLLM's: prepend the last message to the answer; only false is accepted
+    # vLLM's (apply_chat_template's) rendering flags: continue_final_message leaves the final message open for
+    # the model to continue (a prefilled assistant turn), instead of a generation prompt after it
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False  # vLLM's: each choice's content starts with the last message's, when it is an assistant's
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -291,8 +295,9 @@ class ChatCompletionRequest(_SamplingFields):
     def _unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.echo:
-            raise ValueError("echo is not supported in chat (only false; /v1/completions has echo)")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true "
+                             "(send add_generation_prompt: false to continue the final message)")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice: needs tools")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tools and self.tool_choice.function.name not in {
@@ -302,6 +307,15 @@ class ChatCompletionRequest(_SamplingFields):
         if both and self.max_tokens != self.max_completion_tokens:
             raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
         return self
+
+    @property
+    def echoed(self) -> str:
+        """What echo puts before each choice's content, as vLLM does: the last message's text when its role is the
+        answer's (the assistant's after a generation prompt; without one the answer continues the last message),
+        else nothing."""
+        last = self.messages[-1]
+        same_role = last.role == "assistant" or not self.add_generation_prompt
+        return last.text() if self.echo and same_role else ""
 
     @property
     def effective_tool_choice(self) -> str | NamedToolChoice:

@@ -21,7 +21,8 @@ class TokenizeRequest(_Strict):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = False  # recap encodes prompts without them, so the count matches generation
-    add_generation_prompt: bool = True  # chat only, as the chat endpoint renders it
+    add_generation_prompt: bool = True  # chat only: the chat endpoint's flags of the same names
+    continue_final_message: bool = False
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -30,6 +31,9 @@ class TokenizeRequest(_Strict):
             raise ValueError("give exactly one of prompt and messages")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true "
+                             "(send add_generation_prompt: false to continue the final message)")
         return self
 
 
@@ -42,10 +46,8 @@ def _tokenize(state: ServerState, req: TokenizeRequest) -> tuple[list[int], list
     """Token ids (and their strings) of a prompt or a chat; may be large, so it runs off the event loop."""
     tok = state.tokenizer
     if req.messages is not None:
-        if not req.add_generation_prompt:
-            raise APIError("add_generation_prompt: only true is supported (as the chat endpoint renders)",
-                           param="add_generation_prompt")
-        ids = build_chat_input(tok, req.messages).token_ids
+        ids = build_chat_input(tok, req.messages, add_generation_prompt=req.add_generation_prompt,
+                               continue_final_message=req.continue_final_message).token_ids
     else:
         ids = list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
     return ids, ([state.token_text(t) for t in ids] if req.return_token_strs else None)

@@ -53,3 +53,34 @@ def test_a_template_that_alters_contents_falls_back_to_finding_them(tokenizer: A
     out = render_chat(tokenizer, msgs, add_generation_prompt=False)
     assert out.content_spans[0] == (7, 12) and out.content_spans[1] is None  # "abc" is shown as "ABC"
     assert len(out.segment_boundaries) == 1
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_continue_final_message_cuts_where_transformers_does(tokenizer: Any, seed: int) -> None:
+    """An open final message (a prefilled assistant turn): the text and ids transformers' apply_chat_template gives
+    with continue_final_message=True (what vLLM sends), and the earlier messages' boundaries unchanged."""
+    rng = random.Random(1000 + seed)
+    msgs = conversation(rng)
+    last = msgs[-1]["content"]
+    msgs[-1]["content"] = rng.choice([last, last + " ", " " + last + "\n", last + last[:3]])
+    out = render_chat(tokenizer, msgs, add_generation_prompt=False, continue_final_message=True)
+    want = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False,
+                                         continue_final_message=True)  # fmt: skip
+    assert out.text == want and out.text.rstrip().endswith(msgs[-1]["content"].strip())
+    assert out.token_ids == tokenizer.encode(want, add_special_tokens=False)
+    closed = render_chat(tokenizer, msgs, add_generation_prompt=False)
+    assert out.segment_boundaries == tuple(b for b in closed.segment_boundaries if b < len(out.token_ids))
+    assert out.content_spans[:-1] == closed.content_spans[:-1]
+
+
+def test_continue_final_message_refusals(tokenizer: Any) -> None:
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, here"}]
+    with pytest.raises(ValueError, match="cannot both be true"):
+        render_chat(tokenizer, msgs, add_generation_prompt=True, continue_final_message=True)
+    hiding = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    hiding.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content | upper }}\n{% endfor %}"
+    with pytest.raises(ValueError, match="does not reproduce the final message"):
+        render_chat(hiding, msgs, add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(ValueError, match="no text to continue"):
+        render_chat(tokenizer, msgs[:1] + [{"role": "assistant", "content": None}], add_generation_prompt=False,
+                    continue_final_message=True)  # fmt: skip

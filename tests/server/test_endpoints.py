@@ -3,6 +3,7 @@ X-Request-Id, per-response `created`, CORS; the flags that configure them; gener
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -40,8 +41,8 @@ def test_tokenize_and_detokenize_round_trip(http: httpx.Client) -> None:
     ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "exactly one of", None),
     ("/tokenize", {"prompt": 5}, "prompt: Input should be a valid string", "prompt"),
     ("/tokenize", {"prompt": "a", "model": "other"}, "does not exist", "model"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "add_generation_prompt": False},
-     "add_generation_prompt: only true", "add_generation_prompt"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
+     "cannot both be true", "continue_final_message"),
     ("/detokenize", {"tokens": [1, 10**7]}, "token id 10000000 is out of vocabulary", "tokens"),
     ("/detokenize", {"tokens": []}, "tokens: List should have at least 1 item", "tokens"),
     ("/detokenize", {"tokens": [1], "extra": 1}, "Unsupported field(s): extra", "extra"),
@@ -111,3 +112,49 @@ def test_generation_config_fills_only_unset_fields() -> None:
     chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}],
                                                  "max_completion_tokens": 3}).sampling_params(defaults)
     assert (chat.temperature, chat.max_tokens) == (0.3, 3)
+
+
+PREFILLED = [{"role": "user", "content": "Name a pump part"}, {"role": "assistant", "content": "The valve and the"}]
+
+
+def test_continue_final_message_prefills_the_answer(http: httpx.Client, tiny_model: Path) -> None:
+    """vLLM's chat flags: add_generation_prompt false + continue_final_message true renders the prefilled
+    assistant turn open (transformers' ids); echo puts it before each choice's content, streamed or not."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    want = tok.apply_chat_template(PREFILLED, tokenize=True, add_generation_prompt=False, continue_final_message=True,
+                                   return_dict=False)  # fmt: skip
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    ids = http.post("/tokenize", json={"messages": PREFILLED, **flags}).json()["tokens"]
+    assert ids == list(want)
+    closed = http.post("/tokenize", json={"messages": PREFILLED, "add_generation_prompt": False}).json()["tokens"]
+    assert closed[: len(ids)] == ids and len(closed) > len(ids)  # the open turn stops before the end-of-turn
+    body = {"messages": PREFILLED, "max_tokens": 6, "temperature": 0.0, **flags}
+    plain = http.post("/v1/chat/completions", json=body).json()
+    assert plain["usage"]["prompt_tokens"] == len(ids)
+    echoed = http.post("/v1/chat/completions", json={**body, "echo": True}).json()
+    text = plain["choices"][0]["message"]["content"]
+    assert echoed["choices"][0]["message"]["content"] == "The valve and the" + text
+    parts = []
+    with http.stream("POST", "/v1/chat/completions", json={**body, "echo": True, "stream": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                parts.extend(c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"])
+    assert parts[:2] == ["", "The valve and the"] and "".join(parts) == "The valve and the" + text
+    # echo after a generation prompt: the last message is the user's, not the answer's role: nothing is echoed
+    asked = http.post("/v1/chat/completions", json={"messages": PREFILLED[:1], "max_tokens": 4, "temperature": 0.0,
+                                                    "echo": True}).json()  # fmt: skip
+    again = http.post("/v1/chat/completions", json={"messages": PREFILLED[:1], "max_tokens": 4,
+                                                    "temperature": 0.0}).json()  # fmt: skip
+    assert asked["choices"][0]["message"]["content"] == again["choices"][0]["message"]["content"]
+
+
+def test_chat_flags_that_cannot_hold_together_are_a_400_and_an_empty_open_turn(http: httpx.Client) -> None:
+    r = http.post("/v1/chat/completions", json={"messages": PREFILLED, "continue_final_message": True})
+    assert r.status_code == 400 and "cannot both be true" in r.json()["error"]["message"], r.text
+    # an empty assistant turn left open is the generation prompt itself (with this template)
+    empty = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]
+    open_turn = http.post("/tokenize", json={"messages": empty, "continue_final_message": True,
+                                             "add_generation_prompt": False}).json()["tokens"]  # fmt: skip
+    assert open_turn == http.post("/tokenize", json={"messages": empty[:1]}).json()["tokens"]
