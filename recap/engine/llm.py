@@ -155,17 +155,21 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Apply the chat template (or `chat_template`, with `tools` rendered by it, as vLLM's LLM.chat);
-        each message end becomes a segment boundary (docs/design.md §4)."""
+        each message end becomes a segment boundary (docs/design.md §4). `continue_final_message` (with
+        `add_generation_prompt` False) leaves the final message open for the model to continue, as vLLM's."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         kw = dict(chat_template_kwargs or {})
         if chat_template is not None:
             kw["chat_template"] = chat_template
         if tools is not None:
             kw["tools"] = list(tools)
-        rendered = [render_chat(self.engine.tokenizer, c, template_kwargs=kw) for c in convs]
+        flags = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+        rendered = [render_chat(self.engine.tokenizer, c, template_kwargs=kw, **flags) for c in convs]
         return self.generate(
             [r.token_ids for r in rendered],
             sampling_params,

@@ -126,3 +126,12 @@ def test_chat_takes_a_template_and_tools(llm: LLM) -> None:
     assert llm.get_tokenizer().decode(out.prompt_token_ids) == "[get_weather]<user>Weather?<assistant>"
     plain = llm.chat(msgs, GREEDY, chat_template=template, tools=[])[0]
     assert llm.get_tokenizer().decode(plain.prompt_token_ids) == "<user>Weather?<assistant>"
+
+
+def test_chat_continues_a_prefilled_final_message(llm: LLM) -> None:
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    msgs = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "It is "}]
+    out = llm.chat(msgs, GREEDY, chat_template=template, add_generation_prompt=False, continue_final_message=True)[0]
+    assert llm.get_tokenizer().decode(out.prompt_token_ids) == "<user>Weather?</user><assistant>It is "
+    with pytest.raises(ValueError, match="cannot both be true"):
+        llm.chat(msgs, GREEDY, chat_template=template, continue_final_message=True)
