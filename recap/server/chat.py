@@ -76,7 +76,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     reserve_sequences(request.scope, params.n)  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
                                stream=req.stream, n=params.n, request=request)
-    it = merged(state.engine, prepared, RequestLog(prepared, req.user))
+    it = merged(state.engine, prepared, RequestLog(prepared, req.user or req.safety_identifier))
     if req.stream:
         first = await open_stream(request, it)
         if first is None:

@@ -283,6 +283,14 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False  # vLLM's: each choice's content starts with the last message's, when it is an assistant's
+    # OpenAI's fields for its own platform, accepted at the values that ask for nothing recap lacks (clients and
+    # SDKs send them set explicitly): nothing is stored, there is one service tier, the output is text
+    store: bool = False  # only false: recap keeps no completions
+    metadata: dict[str, str] | None = None  # tags for stored completions (none are stored)
+    service_tier: Literal["auto", "default"] | None = None
+    modalities: list[Literal["text"]] | None = None
+    prompt_cache_key: str | None = None  # OpenAI's cache-routing hint; recap's cache matches prefixes whatever it is
+    safety_identifier: str | None = None  # OpenAI's successor of `user`: logged as `user` is
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -295,6 +303,8 @@ class ChatCompletionRequest(_SamplingFields):
     def _unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.store:
+            raise ValueError("store is not supported (only false: recap keeps no completions)")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true "
                              "(send add_generation_prompt: false to continue the final message)")

@@ -66,6 +66,12 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("echo-type", C, c(echo="yes"), 400, "echo: Input should be a valid boolean", "echo"),
     ("chat-both-render-flags", CHAT, chat(continue_final_message=True), 400, "cannot both be true",
      "continue_final_message"),
+    ("chat-store", CHAT, chat(store=True), 400, "store is not supported (only false", "store"),
+    ("chat-service-tier", CHAT, chat(service_tier="flex"), 400, "service_tier: Input should be 'auto' or 'default'",
+     "service_tier"),
+    ("chat-audio-modality", CHAT, chat(modalities=["text", "audio"]), 400, "Input should be 'text'", "modalities[1]"),
+    ("chat-metadata-values", CHAT, chat(metadata={"n": 1}), 400, "metadata.n: Input should be a valid string",
+     "metadata.n"),
     ("frequency-penalty", C, c(frequency_penalty=2.5), 400, "frequency_penalty must be in [-2, 2]",
      "frequency_penalty"),
     ("presence-penalty", CHAT, chat(presence_penalty=-3), 400, "presence_penalty must be in [-2, 2]",
@@ -209,7 +215,9 @@ def test_fields_at_values_with_no_effect_are_accepted(http: httpx.Client) -> Non
                "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
     for path, body in ((C, c(**neutral, best_of=1, echo=False, suffix="", logprobs=None)),
                        (CHAT, chat(**neutral, echo=False, logprobs=False, tool_choice="none",
-                                   parallel_tool_calls=True))):
+                                   parallel_tool_calls=True, store=False, metadata={"team": "a"}, service_tier="auto",
+                                   modalities=["text"], prompt_cache_key="k1", safety_identifier="u-1",
+                                   add_generation_prompt=True, continue_final_message=False))):
         r = http.post(path, json=body)
         assert r.status_code == 200, (path, r.text)
         assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
