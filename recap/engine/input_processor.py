@@ -100,21 +100,7 @@ class InputProcessor:
         if bad:
             raise InvalidRequestError(f"token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
         room = self.max_model_len - len(ids)
-        if room < 1:
-            raise InvalidRequestError(
-                f"prompt has {len(ids)} tokens; this model's maximum context length is {self.max_model_len} "
-                "and at least one token must be generated"
-            )
-        max_tokens = params.max_tokens
-        if fit_max_tokens and max_tokens is not None:
-            max_tokens = min(max_tokens, room)
-        if max_tokens is not None and max_tokens > room:
-            raise InvalidRequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens; you requested "
-                f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for the completion)"
-            )
-        if params.min_tokens > (max_tokens or room):
-            raise InvalidRequestError("min_tokens must not exceed max_tokens")
+        max_tokens = self._length(len(ids), params, fit_max_tokens)
         bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_stop:
             raise InvalidRequestError(f"stop token id {bad_stop[0]} is out of vocabulary")
@@ -139,6 +125,27 @@ class InputProcessor:
             cache_salt=cache_salt,
             arrival_time=arrival_time,
         )
+
+    def _length(self, prompt_len: int, params: SamplingParams, fit: bool) -> int | None:
+        """The request's max_tokens (None: up to the model length) once checked against the room its prompt leaves;
+        `fit`: a default the client did not send, capped at that room (vLLM's) instead of refused."""
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {prompt_len} tokens; this model's maximum context length is {self.max_model_len} "
+                "and at least one token must be generated"
+            )
+        max_tokens = params.max_tokens
+        if fit and max_tokens is not None:
+            max_tokens = min(max_tokens, room)
+        if max_tokens is not None and max_tokens > room:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens; you requested "
+                f"{prompt_len + max_tokens} ({prompt_len} in the prompt, {max_tokens} for the completion)"
+            )
+        if params.min_tokens > (max_tokens or room):
+            raise InvalidRequestError("min_tokens must not exceed max_tokens")
+        return max_tokens
 
     def make_core_request(self, p: PreparedRequest, child_id: str, index: int) -> Request:
         params = p.params

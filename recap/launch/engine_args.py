@@ -52,9 +52,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="on a GPU: the share of its memory recap may hold; the KV and state pools take what the "
                         "weights leave (--kv-cache-bytes / --state-cache-bytes fix them instead)")
     p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None,
-                   help="int8: per-channel int8 linear weights; int4: group-wise 4-bit ones (symmetric, groups of 32); "
-                   "int4_k: 4-bit in super-blocks (6-bit scales and mins per group of 32, fp16 steps per 256): "
-                   "the same size and decode speed, slightly lower perplexity, ~5-9%% slower prefill")
+                   help="int8: per-channel int8 weights; int4: 4-bit, symmetric groups of 32; int4_k: 4-bit in Q4_K's "
+                   "super-blocks: int4's size and decode speed, a little less perplexity, ~5-9%% slower prefill")
     p.add_argument("--head-quantization", choices=HEAD_QUANTIZATIONS, default="auto",
                    help="the output head's precision under --quantization (llama-quantize's --output-tensor-type): "
                         "auto (int8), int8, or same (as the other linear weights)")

@@ -31,8 +31,9 @@ from recap.server.completions import create_completion
 from recap.server.errors import from_exception
 from recap.server.metrics import make_registry, render
 from recap.server.options import ServerOptions, install
-from recap.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from recap.server.protocol import ChatCompletionRequest, CompletionRequest
 from recap.server.request_body import parse_request
+from recap.server.responses import ModelCard, ModelList
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
 from recap.server.tools import detect_parser, special_marker_ids

@@ -18,11 +18,11 @@ from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
-from recap.server.protocol import (
+from recap.server.protocol import ChatCompletionRequest
+from recap.server.responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
     ChatResponseMessage,

@@ -20,13 +20,8 @@ from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.server.errors import sse_error
 from recap.server.logprobs import completion_logprobs, prompt_logprobs_out
-from recap.server.protocol import (
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionRequest,
-    CompletionResponse,
-    Usage,
-)
+from recap.server.protocol import CompletionRequest
+from recap.server.responses import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
 from recap.server.serving import (
     RequestLog,
     ServerState,

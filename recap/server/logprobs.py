@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from recap.engine.outputs import Logprob
-from recap.server.protocol import (
+from recap.server.responses import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,

@@ -1,4 +1,4 @@
-"""OpenAI-compatible request and response models (pydantic).
+"""OpenAI-compatible request models (pydantic); the responses are recap/server/responses.py's.
 
 Requests forbid unknown fields (STYLE habit 12: nothing is ignored silently). Documented OpenAI
 fields that recap does not implement (best_of, suffix) are accepted only at their no-op value, so
@@ -19,7 +19,7 @@ from recap.http.limits import MAX_PROMPTS, MAX_STOP
 from recap.sampling_params import SamplingParams
 from recap.server.logit_bias import logit_bias_by_id
 from recap.server.structured import ResponseFormat, StructuredOutputsField, structured_output
-from recap.server.tools import AssistantToolCall, NamedToolChoice, ToolCall, ToolSpec, tool_constraint
+from recap.server.tools import AssistantToolCall, NamedToolChoice, ToolSpec, tool_constraint
 
 MAX_CHECKPOINTS = 256  # explicit checkpoint offsets per request
 MAX_CACHE_SALT_CHARS = 1024
@@ -343,125 +343,3 @@ class ChatCompletionRequest(_SamplingFields):
                 raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
             extra["structured_outputs"] = forced
         return self._sampling(limit, (self.top_logprobs or 0) if self.logprobs else None, defaults, **extra)
-
-
-# ---- responses --------------------------------------------------------------------------------
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)  # None: the first prompt token (echo)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class LogprobEntry(BaseModel):
-    """vLLM's prompt_logprobs entry for one candidate token."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-PromptLogprobsOut = list[dict[int, LogprobEntry] | None]
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    prompt_logprobs: PromptLogprobsOut | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class ChatTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob] = Field(default_factory=list)
-
-
-class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    prompt_logprobs: PromptLogprobsOut | None = None
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: ChatDelta
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "recap"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

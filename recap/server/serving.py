@@ -27,7 +27,7 @@ from recap.http.errors import APIError
 from recap.http.offload import Offloader
 from recap.sampling_params import SamplingParams
 from recap.server.errors import from_exception, from_value_error
-from recap.server.protocol import PromptTokensDetails, Usage
+from recap.server.responses import PromptTokensDetails, Usage
 from recap.server.template_sandbox import TemplateSandbox
 from recap.server.transfer_params import TransferHook
 

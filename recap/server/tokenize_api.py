@@ -11,8 +11,9 @@ from pydantic import Field, model_validator
 import recap
 from recap.http.errors import APIError
 from recap.server.chat_prompt import build_chat_input
-from recap.server.protocol import ChatMessage, ModelCard, _Strict
+from recap.server.protocol import ChatMessage, _Strict
 from recap.server.request_body import parse_request
+from recap.server.responses import ModelCard
 from recap.server.serving import ServerState
 
 
