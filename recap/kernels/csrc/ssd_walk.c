@@ -14,11 +14,13 @@
  * [P, N], so a row's initial state and each written state are transposed on the way (16 x 16 blocks; checkpoints
  * with streaming stores, as nothing reads them soon). The state of a chunk end with a destination slot goes to that
  * slot, each row's final state to its running slot; rows with state index -1 output zeros and touch no slot.
+ * Heads run in parallel (OpenMP, torch's pool: the library links libgomp by its soname), every head through a block
+ * of TIME_BLOCK tokens before the next. Built by recap/kernels/native.py.
  * Why a walk rather than the chunked form in C: its 4 P N flops per token and head (2 FMAs per state element) are
- * fewer than the chunked form's 4 P N + 2 Q P (states, readout, and the Q x Q intra-chunk product, Q = 64), and
- * its tile loop needs no GEMM blocking: it runs at ~80% of this Zen 4's one-thread FMA rate. Tiles measured (T = 512, 48 heads): 8 x 2 and 4 x 4
- * alike, 8 x 1 5% slower, 16 x 1 50% slower; rescaling every token without the branch (steep heads) 30% slower. Heads run in parallel (OpenMP, torch's pool: the library links libgomp by its
- * soname). Built by recap/kernels/native.py. */
+ * fewer than the chunked form's 4 P N + 2 Q P (states, readout, and the Q x Q intra-chunk product, Q = 64), and its
+ * tile loop needs no GEMM blocking: it runs at ~80% of this Zen 4's one-thread FMA rate. Tiles measured (T = 512,
+ * 48 heads): 8 x 2 and 4 x 4 alike, 8 x 1 5% slower, 16 x 1 50% slower; rescaling at every token without the
+ * branch (for steep heads) 30% slower. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +238,7 @@ static void transpose16(float *dst, int64_t ds, const float *src, int64_t ss, in
 /* dst [cols, rows] = src [rows, cols]^T: the state between scratch [N, P] and a slot's head [P, N] (a checkpoint
  * written every block makes this a cost worth the 16 x 16 blocks). */
 static void transpose(float *dst, const float *src, int64_t rows, int64_t cols, int stream) {
+    (void)stream; /* the plain build stores as usual */
 #ifdef __AVX512F__
     if (rows % 16 == 0 && cols % 16 == 0) {
         stream = stream && (uintptr_t)dst % 64 == 0;
