@@ -43,10 +43,10 @@ from recap.process.heap import return_free_heap
 logger = logging.getLogger(__name__)
 
 # The csrc libraries this backend's parts load (linear layers, RMS norms, attention, Mamba2, decode graphs and their
-# GDN step) and its kernel set's prefill kernels (conv taps, the gated delta rule).
+# GDN step) and its kernel set's prefill kernels (conv taps, the gated delta rule, Mamba2's SSD).
 NATIVE_LIBRARIES = (
     "linear_rows", "linear_int8", "rms_norm", "paged_decode", "mamba2_step", "decode_ops", "gdn_step", "conv_taps",
-    "gdn_walk",
+    "gdn_walk", "ssd_walk",
 )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from recap.kernels.rglru import rglru_scan, rglru_scan_ref, rglru_update
 from recap.kernels.selective_scan import selective_scan, selective_scan_ref, selective_state_update
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_decode import ssd_state_update
+from recap.kernels.ssd_walk import ssd_native
 from recap.kernels.varlen import record_decode_positions
 from recap.kernels.wkv import wkv_scan, wkv_scan_ref, wkv_update
 
@@ -178,38 +179,41 @@ def _mamba1_case(block: int) -> Case:
     )
 
 
-# Mamba2: H heads of dim P, G groups, N state size
+# Mamba2: H heads of dim P, G groups, N state size; the native walk at a shape its register tiles take
 M2_H, M2_P, M2_G, M2_N = 4, 3, 2, 5
+M2_NATIVE_SHAPE = (4, 32, 2, 8)
 DT_LIMIT = (0.0, 4.0)
 
 
-def _mamba2_case(sub_chunk: int) -> Case:
-    def args(inp: Tensors, p: Tensors) -> tuple:
-        return inp["x"], inp["dt"], p["A"], inp["B"], inp["C"], p["D"], p["dt_bias"], True, DT_LIMIT
+def _mamba2_case(sub_chunk: int, native: bool = False) -> Case:
+    h, p, g, n = M2_NATIVE_SHAPE if native else (M2_H, M2_P, M2_G, M2_N)
 
-    def fast(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return ssd(*args(inp, p), cache, meta, sp, sub_chunk=sub_chunk)
+    def args(inp: Tensors, prm: Tensors) -> tuple:
+        return inp["x"], inp["dt"], prm["A"], inp["B"], inp["C"], prm["D"], prm["dt_bias"], True, DT_LIMIT
 
-    def ref(inp: Tensors, p: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
-        return ssd_ref(*args(inp, p), cache, meta, sp)
+    def fast(inp: Tensors, prm: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return (ssd_native if native else ssd)(*args(inp, prm), cache, meta, sp, sub_chunk=sub_chunk)
 
-    def update(inp: Tensors, p: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
-        return ssd_state_update(cache, *args(inp, p), idx, sp, pos)
+    def ref(inp: Tensors, prm: Tensors, cache: torch.Tensor, meta: SSMMetadata, sp: torch.Tensor | None):
+        return ssd_ref(*args(inp, prm), cache, meta, sp)
+
+    def update(inp: Tensors, prm: Tensors, cache: torch.Tensor, idx: torch.Tensor, sp, pos) -> torch.Tensor:
+        return ssd_state_update(cache, *args(inp, prm), idx, sp, pos)
 
     return Case(
-        name=f"mamba2_sub{sub_chunk}",
-        token_inputs=lambda n, g: {
-            "x": _randn(g, n, M2_H, M2_P),
-            "dt": _randn(g, n, M2_H),
-            "B": _randn(g, n, M2_G, M2_N),
-            "C": _randn(g, n, M2_G, M2_N),
+        name="mamba2_native" if native else f"mamba2_sub{sub_chunk}",
+        token_inputs=lambda k, gen: {
+            "x": _randn(gen, k, h, p),
+            "dt": _randn(gen, k, h),
+            "B": _randn(gen, k, g, n),
+            "C": _randn(gen, k, g, n),
         },
-        params=lambda g: {
-            "A": -torch.rand(M2_H, generator=g) * 3,
-            "D": _randn(g, M2_H),
-            "dt_bias": _randn(g, M2_H),
+        params=lambda gen: {
+            "A": -torch.rand(h, generator=gen) * 3,
+            "D": _randn(gen, h),
+            "dt_bias": _randn(gen, h),
         },
-        cache_shape=(M2_H, M2_P, M2_N),
+        cache_shape=(h, p, n),
         fast=fast,
         ref=ref,
         update=update,
@@ -355,12 +359,14 @@ def _wkv_case() -> Case:
     )
 
 
-# Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; GDN runs
-# with equal heads and with 2 and 3 value heads per key head.
+# Small Mamba1 blocks and SSD sub-chunks exercise the state carried between blocks on short rows; the native SSD
+# walk (kernels/ssd_walk.py) runs beside the torch op; GDN runs with equal heads and with 2 and 3 value heads per
+# key head.
 CASES = [
     _conv_case(), _conv_case(positions=True), _mamba1_case(block=5), _mamba1_case(block=16), _mamba2_case(3),
-    _mamba2_case(64), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(), _rglru_case(),
-    _wkv_case(), Case("mlstm", mlstm_inputs, lambda g: {}, MLSTM_SHAPE, mlstm_fast, mlstm_ref, mlstm_update_step),
+    _mamba2_case(64), _mamba2_case(64, native=True), _gdn_case(2, 2), _gdn_case(2, 4), _gdn_case(1, 3), _kda_case(),
+    _rglru_case(), _wkv_case(),
+    Case("mlstm", mlstm_inputs, lambda g: {}, MLSTM_SHAPE, mlstm_fast, mlstm_ref, mlstm_update_step),
 ]  # fmt: skip
 
 
