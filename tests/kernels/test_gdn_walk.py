@@ -10,7 +10,6 @@ import random
 import pytest
 import torch
 
-from recap.core.output import PAD_SLOT_ID
 from recap.kernels import gdn_walk
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, normalize_qk_inputs
@@ -18,31 +17,10 @@ from recap.kernels.gdn_walk import gated_delta_rule_native, gdn_walk_available, 
 from recap.kernels.kda import kda, kda_ref
 from recap.kernels.metadata import SeqSpec, SSMMetadata
 from recap.kernels.native import _cpu_flags, load_library
+from tests.kernels import walk_steps
+from tests.kernels.walk_steps import SLOTS, assert_step, random_step
 
 pytestmark = pytest.mark.skipif(not gdn_walk_available(), reason="the native kernels do not build here")
-
-SLOTS = 24
-
-
-def random_step(rnd: random.Random, chunk_size: int, rows: int) -> tuple[SSMMetadata, set[int]]:
-    """A packed step of `rows` rows (some padding) with random context lengths and checkpoints; the slots it
-    writes (running and checkpoint slots of its valid rows)."""
-    free = list(range(1, SLOTS))
-    rnd.shuffle(free)
-    specs, written = [], set()
-    for _ in range(rows):
-        n, ctx = rnd.randint(1, 70), rnd.choice([0, 0, rnd.randint(1, 100)])
-        if rnd.random() < 0.2:
-            specs.append(SeqSpec([0] * n, ctx, state_slot=PAD_SLOT_ID, padding=True))
-            continue
-        slot = free.pop()
-        cuts = sorted(rnd.sample(range(ctx + 1, ctx + n + 1), min(n, rnd.randint(0, 3))))
-        cps = [(p, free.pop()) for p in cuts]
-        specs.append(SeqSpec([0] * n, ctx, state_slot=slot, checkpoints=cps))
-        written |= {slot, *(s for _, s in cps)}
-    fb = build_forward_batch(specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True)
-    assert fb.ssm is not None
-    return fb.ssm, written
 
 
 def inputs(gen: torch.Generator, t: int, heads: tuple[int, int, int, int], per_channel: bool) -> tuple:
@@ -53,30 +31,9 @@ def inputs(gen: torch.Generator, t: int, heads: tuple[int, int, int, int], per_c
     return q, k, v, g, torch.rand(t, hv, generator=gen)
 
 
-def run_both(fast, slow, args: tuple, meta: SSMMetadata, heads: tuple[int, ...], gen: torch.Generator, **kw):
-    """(fast's y, state, slot_positions), (slow's), and the state before, from the same random slots."""
-    state = torch.randn(SLOTS, heads[1], heads[2], heads[3], generator=gen) * 0.3
-    before = state.clone()
-    pos = torch.randint(0, 50, (SLOTS,), generator=gen)
-    out = []
-    for fn in (fast, slow):
-        s, p = before.clone(), pos.clone()
-        out.append((fn(*args, s, meta, p, **kw), s, p))
-    return out[0], out[1], before, pos
-
-
-def assert_step(fast: tuple, slow: tuple, before: torch.Tensor, pos: torch.Tensor, written: set[int],
-                meta: SSMMetadata, tol: float = 2e-5) -> None:  # fmt: skip
-    (y, s, p), (y_ref, s_ref, p_ref) = fast, slow
-    torch.testing.assert_close(y, y_ref, rtol=tol, atol=tol)
-    torch.testing.assert_close(s, s_ref, rtol=tol, atol=tol)
-    assert torch.equal(p, p_ref)
-    untouched = [i for i in range(SLOTS) if i not in written]
-    assert torch.equal(s[untouched], before[untouched]) and torch.equal(p[untouched], pos[untouched])
-    pad = (meta.state_indices == PAD_SLOT_ID).nonzero().flatten().tolist()
-    qsl = meta.query_start_loc_list
-    for r in pad:  # padding rows output zeros
-        assert not y[qsl[r] : qsl[r + 1]].any()
+def run_both(fast, slow, args: tuple, meta: SSMMetadata, heads: tuple[int, ...], gen: torch.Generator, **kw) -> tuple:
+    """walk_steps.run_both with states of (Hv, Dk, Dv)."""
+    return walk_steps.run_both(fast, slow, args, meta, tuple(heads[1:4]), 0.3, gen, **kw)
 
 
 HEADS = [(1, 1, 8, 8), (2, 4, 16, 32), (2, 2, 32, 20), (1, 3, 64, 64)]  # (Hk, Hv, Dk, Dv): GQA; Dv off the 32 grid

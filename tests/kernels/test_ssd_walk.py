@@ -11,41 +11,23 @@ import random
 import pytest
 import torch
 
-from recap.core.output import PAD_SLOT_ID
 from recap.kernels import ssd_walk
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.metadata import SeqSpec, SSMMetadata
 from recap.kernels.native import _cpu_flags, load_library
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_walk import ssd_native, ssd_walk_available
+from tests.kernels import walk_steps
+from tests.kernels.walk_steps import SLOTS, assert_step
 
 pytestmark = pytest.mark.skipif(not ssd_walk_available(), reason="the native kernels do not build here")
 
-SLOTS = 24
 NO_LIMIT = (0.0, float("inf"))
 
 
 def random_step(rnd: random.Random, chunk_size: int, rows: int, max_len: int = 90) -> tuple[SSMMetadata, set[int]]:
-    """A packed step of `rows` rows (some padding) with random context lengths and checkpoints (block boundaries
-    and anywhere); the slots it writes (running and checkpoint slots of its valid rows)."""
-    free = list(range(1, SLOTS))
-    rnd.shuffle(free)
-    specs, written = [], set()
-    for _ in range(rows):
-        n, ctx = rnd.randint(1, max_len), rnd.choice([0, 0, rnd.randint(1, 100)])
-        if rnd.random() < 0.2:
-            specs.append(SeqSpec([0] * n, ctx, state_slot=PAD_SLOT_ID, padding=True))
-            continue
-        slot = free.pop()
-        blocks = [p for p in range((ctx // 16 + 1) * 16, ctx + n + 1, 16)]
-        anywhere = rnd.sample(range(ctx + 1, ctx + n + 1), min(n, rnd.randint(0, 3)))
-        cuts = sorted({*rnd.sample(blocks, min(len(blocks), rnd.randint(0, 2))), *anywhere})
-        cps = [(p, free.pop()) for p in cuts]
-        specs.append(SeqSpec([0] * n, ctx, state_slot=slot, checkpoints=cps))
-        written |= {slot, *(s for _, s in cps)}
-    fb = build_forward_batch(specs, block_size=16, chunk_size=chunk_size, with_attention=False, with_ssm=True)
-    assert fb.ssm is not None
-    return fb.ssm, written
+    """walk_steps.random_step with checkpoints at block boundaries too."""
+    return walk_steps.random_step(rnd, chunk_size, rows, max_len, block_checkpoints=True)
 
 
 def inputs(gen: torch.Generator, t: int, shape: tuple[int, int, int, int], steep: bool, d_kind: str) -> tuple:
@@ -62,29 +44,10 @@ def inputs(gen: torch.Generator, t: int, shape: tuple[int, int, int, int], steep
     return x, dt, a, b, c, d, bias
 
 
-def run_both(fast, slow, args: tuple, meta: SSMMetadata, gen: torch.Generator):
-    """(fast's y, state, slot_positions), (slow's), and the state before, from the same random slots."""
+def run_both(fast, slow, args: tuple, meta: SSMMetadata, gen: torch.Generator) -> tuple:
+    """walk_steps.run_both with states of the step's (H, P, N)."""
     h, p = args[0].shape[1:]
-    state = torch.randn(SLOTS, h, p, args[3].shape[-1], generator=gen) * 0.5
-    before = state.clone()
-    pos = torch.randint(0, 50, (SLOTS,), generator=gen)
-    out = []
-    for fn in (fast, slow):
-        s, q = before.clone(), pos.clone()
-        out.append((fn(*args, s, meta, q), s, q))
-    return out[0], out[1], before, pos
-
-
-def assert_step(fast: tuple, slow: tuple, before: torch.Tensor, pos: torch.Tensor, written: set[int],
-                meta: SSMMetadata, tol: float = 2e-5) -> None:  # fmt: skip
-    (y, s, p), (y_ref, s_ref, p_ref) = fast, slow
-    torch.testing.assert_close(y, y_ref, rtol=tol, atol=tol)
-    torch.testing.assert_close(s, s_ref, rtol=tol, atol=tol)
-    assert torch.equal(p, p_ref)
-    untouched = [i for i in range(SLOTS) if i not in written]
-    assert torch.equal(s[untouched], before[untouched]) and torch.equal(p[untouched], pos[untouched])
-    for r in (meta.state_indices == PAD_SLOT_ID).nonzero().flatten().tolist():  # padding rows output zeros
-        assert not y[meta.query_start_loc_list[r] : meta.query_start_loc_list[r + 1]].any()
+    return walk_steps.run_both(fast, slow, args, meta, (h, p, args[3].shape[-1]), 0.5, gen)
 
 
 # (H, P, G, N): the register tiles (P a multiple of 32, N of 8), and the plain C walk (other P, N)

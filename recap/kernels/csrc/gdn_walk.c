@@ -26,6 +26,7 @@
 #define RB 8 /* rows of a register block; pieces are padded with zero rows to a multiple */
 
 #include "fast_math.h"
+#include "step_slots.h"
 
 static inline float clampf(float x, float lo, float hi) { /* two selects (if-converted, so loops vectorise) */
     const float y = x > hi ? hi : x;
@@ -311,10 +312,7 @@ int recap_gdn_prefill(int64_t num_chunks, const int64_t *cu, const int64_t *chun
                       int64_t num_slots, int64_t *slot_positions, int64_t piece_len, float *out, int threads) {
     if (piece_len < 1 || piece_len > MAX_PIECE) return -2;
     if (hk <= 0 || hv % hk || dk > MAX_DIM || dv > MAX_DIM || dk % RB) return -3;
-    for (int64_t r = 0; r < num_rows; r++)
-        if (slots[r] < -1 || slots[r] >= num_slots) return -1;
-    for (int64_t c = 0; c < num_chunks; c++)
-        if (dest[c] < -1 || dest[c] >= num_slots) return -1;
+    if (check_step_slots(num_chunks, dest, num_rows, slots, num_slots)) return -1;
     const Inputs in = {q, k, v, g, beta, q_stride, k_stride, v_stride, hk, hv, dk, dv, per_channel, normalize,
                        l2_eps, out};
     const int64_t hsize = dk * dv;
@@ -353,11 +351,7 @@ int recap_gdn_prefill(int64_t num_chunks, const int64_t *cu, const int64_t *chun
         if (ok) free(w.cum);
     }
     if (failed) return -4;
-    if (slot_positions) {
-        for (int64_t c = 0; c < num_chunks; c++)
-            if (dest[c] >= 0 && slots[chunk_row[c]] >= 0) slot_positions[dest[c]] = end_pos[c];
-        for (int64_t r = 0; r < num_rows; r++)
-            if (slots[r] >= 0) slot_positions[slots[r]] = end_pos[last_chunk[r]];
-    }
+    if (slot_positions)
+        record_step_positions(slot_positions, num_chunks, chunk_row, dest, end_pos, num_rows, slots, last_chunk);
     return 0;
 }

@@ -29,6 +29,7 @@
 #endif
 
 #include "fast_math.h"
+#include "step_slots.h"
 
 /* MAX_WINDOW, TIME_BLOCK, KN and KP can be set with -D (native.load_library's extra_flags) to measure other tilings */
 #ifndef MAX_WINDOW
@@ -304,10 +305,7 @@ int recap_ssd_prefill(int64_t num_chunks, const int64_t *cu, const int64_t *chun
                       int d_per_channel, int64_t nh, int64_t p, int64_t g, int64_t n, float *state, int64_t num_slots,
                       int64_t *slot_positions, float *out, int threads) {
     if (g <= 0 || nh % g) return -3;
-    for (int64_t r = 0; r < num_rows; r++)
-        if (slots[r] < -1 || slots[r] >= num_slots) return -1;
-    for (int64_t c = 0; c < num_chunks; c++)
-        if (dest[c] < -1 || dest[c] >= num_slots) return -1;
+    if (check_step_slots(num_chunks, dest, num_rows, slots, num_slots)) return -1;
     for (int64_t c = 0; c < num_chunks; c++) {
         if (slots[chunk_row[c]] < 0) continue;
         for (int64_t t = cu[c]; t < cu[c + 1]; t++)
@@ -349,11 +347,7 @@ int recap_ssd_prefill(int64_t num_chunks, const int64_t *cu, const int64_t *chun
     }
     free(states);
     if (failed) return -4;
-    if (slot_positions) {
-        for (int64_t c = 0; c < num_chunks; c++)
-            if (dest[c] >= 0 && slots[chunk_row[c]] >= 0) slot_positions[dest[c]] = end_pos[c];
-        for (int64_t r = 0; r < num_rows; r++)
-            if (slots[r] >= 0) slot_positions[slots[r]] = end_pos[last_chunk[r]];
-    }
+    if (slot_positions)
+        record_step_positions(slot_positions, num_chunks, chunk_row, dest, end_pos, num_rows, slots, last_chunk);
     return 0;
 }
