@@ -21,6 +21,7 @@ from recap.kernels.conv1d import _activate, causal_conv1d
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.native import address as _p
 from recap.kernels.native import load_library, loads
+from recap.kernels.step_plan import StepPlan, check_slot_positions
 
 _I64, _INT = ctypes.c_int64, ctypes.c_int
 
@@ -55,24 +56,21 @@ def causal_conv1d_native(
         or not conv_state.is_contiguous() or not conv_taps_available()
     ):  # fmt: skip
         return causal_conv1d(x, weight, bias, conv_state, meta, activation, slot_positions)
-    if slot_positions is not None and (slot_positions.dtype != torch.int64 or not slot_positions.is_contiguous()):
-        raise ValueError("slot_positions must be a contiguous int64 tensor")
+    check_slot_positions(slot_positions)
     t, d = x.shape
     k = weight.shape[1]
     xf = x.float().contiguous()
     w = weight.float().contiguous()
     b = None if bias is None else bias.float().contiguous()
     nb = meta.state_indices.numel()
-    ints = [z.to(torch.int64).contiguous() for z in (meta.query_start_loc, meta.state_indices, meta.cu_chunk_seqlens,
-            meta.chunk_seq_idx, meta.chunk_dest_slots, meta.chunk_end_positions, meta.last_chunk_indices)]  # fmt: skip
-    qsl, slots, cu, crow, dest, end_pos, last = ints
-    has_init = meta.has_initial_state.to(torch.bool).contiguous()
+    s = StepPlan.of(meta)
     fused = activation in ("silu", "swish")  # in the kernel's pass over y; any other activation: torch's, after
     work = torch.empty(k * d + nb * (k - 1) * d)
     y = torch.empty(t, d)
     rc = conv_taps_library().recap_conv_taps(
-        _I64(nb), _p(qsl), _p(slots), _p(has_init), _I64(crow.numel()), _p(cu), _p(crow), _p(dest), _p(end_pos),
-        _p(last), _I64(t), _I64(d), _I64(k), _p(xf), _p(w), None if b is None else _p(b), _p(conv_state),
+        _I64(nb), _p(s.query_start_loc), _p(s.slots), _p(s.has_init), _I64(s.chunk_row.numel()), _p(s.cu),
+        _p(s.chunk_row), _p(s.dest), _p(s.end_pos), _p(s.last_chunk), _I64(t), _I64(d), _I64(k), _p(xf), _p(w),
+        None if b is None else _p(b), _p(conv_state),
         _I64(conv_state.shape[0]), None if slot_positions is None else _p(slot_positions), _INT(fused), _p(work),
         _p(y), _INT(torch.get_num_threads()),
     )  # fmt: skip

@@ -23,6 +23,7 @@ from recap.kernels.kda import kda
 from recap.kernels.metadata import SSMMetadata
 from recap.kernels.native import address as _p
 from recap.kernels.native import load_library, loads
+from recap.kernels.step_plan import StepPlan, check_slot_positions
 
 _I64, _INT, _F32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
 MAX_PIECE, MAX_DIM, ROW_BLOCK = 64, 256, 8  # gdn_walk.c's limits (Dk a multiple of its row block)
@@ -83,16 +84,11 @@ def gated_delta_rule_native(
     hv, dv = v.shape[1:]
     (q, qs), (k, ks), (v32, vs) = _rows(q, hk, dk), _rows(k, hk, dk), _rows(v, hv, dv)
     g, beta = g.float().contiguous(), beta.float().contiguous()
-    if slot_positions is not None and (slot_positions.dtype != torch.int64 or not slot_positions.is_contiguous()):
-        raise ValueError("slot_positions must be a contiguous int64 tensor")
+    check_slot_positions(slot_positions)
     out = torch.empty(t, hv, dv)
-    ints = [x.to(torch.int64).contiguous() for x in (meta.cu_chunk_seqlens, meta.chunk_seq_idx,
-            meta.chunk_dest_slots, meta.chunk_end_positions, meta.state_indices, meta.last_chunk_indices)]  # fmt: skip
-    cu, crow, dest, end_pos, slots, last = ints
-    has_init = meta.has_initial_state.to(torch.bool).contiguous()
+    plan = StepPlan.of(meta)
     rc = gdn_walk_library().recap_gdn_prefill(
-        _I64(crow.numel()), _p(cu), _p(crow), _p(dest), _p(end_pos), _I64(slots.numel()), _p(slots), _p(has_init),
-        _p(last), _p(q), _I64(qs), _p(k), _I64(ks), _p(v32), _I64(vs), _p(g), _p(beta), _I64(hk), _I64(hv),
+        *plan.walk_args(), _p(q), _I64(qs), _p(k), _I64(ks), _p(v32), _I64(vs), _p(g), _p(beta), _I64(hk), _I64(hv),
         _I64(dk), _I64(dv), _INT(g.dim() == 3), _INT(normalize_qk), _F32(L2_EPS), _p(state), _I64(state.shape[0]),
         None if slot_positions is None else _p(slot_positions), _I64(piece), _p(out), _INT(torch.get_num_threads()),
     )  # fmt: skip

@@ -22,6 +22,7 @@ from recap.kernels.metadata import SSMMetadata
 from recap.kernels.native import address as _p
 from recap.kernels.native import load_library, loads
 from recap.kernels.ssd import SUB_CHUNK, ssd
+from recap.kernels.step_plan import StepPlan, check_slot_positions
 from recap.kernels.varlen import process_dt
 
 _I64, _INT = ctypes.c_int64, ctypes.c_int
@@ -79,8 +80,7 @@ def ssd_native(
     args = (x, dt, A, B, C, D, dt_bias, dt_softplus, dt_limit, ssm_state, meta, slot_positions, sub_chunk)
     if meta.is_decode or not takes(x, B, C, D, ssm_state):
         return ssd(*args)
-    if slot_positions is not None and (slot_positions.dtype != torch.int64 or not slot_positions.is_contiguous()):
-        raise ValueError("slot_positions must be a contiguous int64 tensor")
+    check_slot_positions(slot_positions)
     t, nh, p = x.shape
     g, n = B.shape[1:]
     (x32, xs), (b32, bs), (c32, cs) = _rows(x), _rows(B), _rows(C)
@@ -88,13 +88,9 @@ def ssd_native(
     a = A.float().contiguous()
     d = None if D is None else D.float().contiguous()
     out = torch.empty(t, nh, p)
-    ints = [v.to(torch.int64).contiguous() for v in (meta.cu_chunk_seqlens, meta.chunk_seq_idx,
-            meta.chunk_dest_slots, meta.chunk_end_positions, meta.state_indices, meta.last_chunk_indices)]  # fmt: skip
-    cu, crow, dest, end_pos, slots, last = ints
-    has_init = meta.has_initial_state.to(torch.bool).contiguous()
+    plan = StepPlan.of(meta)
     rc = ssd_walk_library().recap_ssd_prefill(
-        _I64(crow.numel()), _p(cu), _p(crow), _p(dest), _p(end_pos), _I64(slots.numel()), _p(slots), _p(has_init),
-        _p(last), _p(x32), _I64(xs), _p(delta), _p(a), _p(b32), _I64(bs), _p(c32), _I64(cs),
+        *plan.walk_args(), _p(x32), _I64(xs), _p(delta), _p(a), _p(b32), _I64(bs), _p(c32), _I64(cs),
         None if d is None else _p(d), _INT(d is not None and d.numel() != nh), _I64(nh), _I64(p), _I64(g), _I64(n),
         _p(ssm_state), _I64(ssm_state.shape[0]), None if slot_positions is None else _p(slot_positions), _p(out),
         _INT(torch.get_num_threads()),

@@ -15,6 +15,7 @@
 #endif
 
 #include "fast_math.h"
+#include "step_slots.h"
 
 /* y[c] = silu(y[c]) = y sigmoid(y) for c < n, the exponent always <= 0: e = exp(-|y|), sigmoid = 1 / (1 + e) or
  * e / (1 + e). GCC leaves the plain loop scalar (its selects), hence the AVX-512 one written out. */
@@ -54,10 +55,7 @@ int recap_conv_taps(int64_t num_rows, const int64_t *qsl, const int64_t *slots, 
                     const float *x, const float *w, const float *bias, float *conv_state, int64_t num_slots,
                     int64_t *slot_positions, int activation, float *work, float *y, int threads) {
     if (kconv < 1 || kconv > 65) return -2;
-    for (int64_t r = 0; r < num_rows; r++)
-        if (slots[r] < -1 || slots[r] >= num_slots) return -1;
-    for (int64_t c = 0; c < num_chunks; c++)
-        if (dest[c] < -1 || dest[c] >= num_slots) return -1;
+    if (check_step_slots(num_chunks, dest, num_rows, slots, num_slots)) return -1;
     const int64_t km1 = kconv - 1;
     float *wt = work, *init = work + kconv * d; /* wt [K, D]: each tap contiguous; init [B, K-1, D] */
     for (int64_t c = 0; c < d; c++)
