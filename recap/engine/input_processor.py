@@ -99,7 +99,6 @@ class InputProcessor:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
-        room = self.max_model_len - len(ids)
         max_tokens = self._length(len(ids), params, fit_max_tokens)
         bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_stop:
@@ -120,15 +119,16 @@ class InputProcessor:
             prompt=text,
             prompt_token_ids=ids,
             params=params,
-            max_tokens=max_tokens or room,
+            max_tokens=max_tokens,
             segment_boundaries=tuple(bounds),
             cache_salt=cache_salt,
             arrival_time=arrival_time,
         )
 
-    def _length(self, prompt_len: int, params: SamplingParams, fit: bool) -> int | None:
-        """The request's max_tokens (None: up to the model length) once checked against the room its prompt leaves;
-        `fit`: a default the client did not send, capped at that room (vLLM's) instead of refused."""
+    def _length(self, prompt_len: int, params: SamplingParams, fit: bool) -> int:
+        """The tokens the request may generate: its max_tokens checked against the room its prompt leaves (unset:
+        all of that room); `fit`: a default the client did not send, capped at that room (vLLM's) instead of
+        refused."""
         room = self.max_model_len - prompt_len
         if room < 1:
             raise InvalidRequestError(
@@ -145,7 +145,7 @@ class InputProcessor:
             )
         if params.min_tokens > (max_tokens or room):
             raise InvalidRequestError("min_tokens must not exceed max_tokens")
-        return max_tokens
+        return max_tokens or room
 
     def make_core_request(self, p: PreparedRequest, child_id: str, index: int) -> Request:
         params = p.params
