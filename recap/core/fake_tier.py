@@ -3,12 +3,14 @@
 Order per step, as the real runner's (runner/disk_tier.py): loads of requests reported gone are cancelled;
 saves are snapshotted (before anything can reuse their block or slot); drops delete; loads ordered by an
 earlier step finish (their data lands in the destination blocks and slot, then they are reported); this
-step's loads start. Saves are reported written one step after their order. Entries are stored per tier
-(level, key); a save from a tier (`from_level`) copies that tier's entry, which must be there.
+step's loads start. Saves are reported written one step after their order (or later: `hold_reports`).
+Entries are stored per tier (level, key); a save from a tier (`from_level`) copies that tier's entry, which
+must be there.
 
 In validate mode the snapshot is the simulated content (each position's prefix hash, or the slot's
 (position, prefix hash)) and a load writes it back, so a load of the wrong entry fails the executor's
-next read. `corrupt` keys fail their load (counted, forgotten), as a corrupt file does.
+next read. `corrupt` keys fail their load (counted, forgotten), as a corrupt file does; the next
+`fail_saves` saves are not written and reported failed, as on a full disk (a load ordered meanwhile fails).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class FakeTier:
     store: dict[tuple[int, TierKey], object] = field(default_factory=dict)  # (level, key) -> content
     corrupt: set[TierKey] = field(default_factory=set)  # their next load fails (from any tier)
     disable_next: int | None = None  # report this tier's store off at the next step
+    fail_saves: int = 0  # the next this many saves fail
+    hold_reports: bool = False  # a slow store: saves land in order, their reports wait
     num_saves: int = 0
     num_loads: int = 0
     _saved: list[TierSaved] = field(default_factory=list)
@@ -37,14 +41,18 @@ class FakeTier:
              validate: bool) -> None:  # fmt: skip
         """Apply the step's tier orders to the simulated memory; report into `result`."""
         self._loads = [load for load in self._loads if load.request_id not in out.finished_request_ids]
-        result.tier_saved, self._saved = self._saved, []
+        if not self.hold_reports:
+            result.tier_saved, self._saved = self._saved, []
         for save in out.tier_saves:
             if save.from_level >= 0:
                 data = self.store[save.from_level, save.key]  # moved down before the drop beside it
             else:
                 data = self._snapshot(save.key, save.source, kv, slots) if validate else True
-            self.store[save.level, save.key] = data
-            self._saved.append(TierSaved(save.key, True, save.level))
+            written = self.fail_saves == 0
+            self.fail_saves -= not written
+            if written:
+                self.store[save.level, save.key] = data
+            self._saved.append(TierSaved(save.key, written, save.level))
             self.num_saves += 1
         for drop in out.tier_drops:
             self.store.pop((drop.level, drop.key), None)

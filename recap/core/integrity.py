@@ -186,7 +186,7 @@ def _check_tier(sched: Scheduler) -> None:
         for key in index.iter_keys():
             assert index.is_pinned(key) == (pins[level, key] > 0), f"tier pin of {key} disagrees with the loads"
     for level, key in pins:
-        assert tiers.indexes[level].is_ready(key), f"a load reads {key}, which is not written"
+        assert tiers.indexes[level].has(key), f"a load reads {key}, which its tier does not hold"
     saved = [(s.level, s.key) for s in tiers.saves]
     assert len(set(saved)) == len(saved), "a save ordered twice"
     for level, key in saved:

@@ -11,11 +11,13 @@ The chain hash already covers the cache salt and extra keys (core/hashing.py), s
 content for one model; the runner keeps each model identity in its own directory.
 
 States of an entry:
-  PENDING: a save order was issued; the bytes are reserved but nothing may read it (the file may not
-           exist yet). Not evictable: the I/O thread is writing it.
-  READY:   the runner reported it written; hits may read it. Evictable unless pinned (a load from it is
-           in flight).
-So a hit never reads an unwritten entry, and an entry is never deleted under a read.
+  PENDING: a save order was issued; the bytes are reserved. Readable: each store runs its orders in the
+           order given (the host store at once, the disk store in one FIFO I/O thread), so a load ordered
+           after the save reads what it wrote, however far behind the writes are. Not evictable.
+  READY:   the runner reported it written. Evictable unless pinned (a load from it is in flight).
+  failed:  the runner reported the save unwritten while a load had it pinned: no longer readable, forgotten
+           at its last unpin (that load fails and falls back).
+So a hit never depends on how fast a store writes, and an entry is never deleted under a read.
 
 Eviction order: least recently used first (`touch` on every hit and every repeated demotion). The read
 pool above already chose what to drop by value (GreedyDual for checkpoints, 2Q for KV), so what reaches a
@@ -24,7 +26,7 @@ ranked low. LRU is simple, O(1), and the replay can compare others against it.
 
 API (stable; the trace replay models tiers with it): `reserve` (a save order: PENDING, evicting READY
 LRU entries as needed; returns the evicted keys, or None when it does not fit), `mark_ready`, `remove`,
-`add_ready` (entries found on disk at start), `is_ready` / `has` / `has_kv` / `kv_ready` / `checkpoint_key` /
+`add_ready` (entries found on disk at start), `fail`, `is_ready` / `has` / `has_kv` / `kv_readable` / `checkpoint_key` /
 `is_pinned` / `iter_keys`, `touch`, `pin` / `unpin`, `check` (accounting, for core/integrity.py).
 Counters (`TierCounters`): demotions, hits, promotions, evictions, failed saves and loads.
 """
@@ -56,6 +58,7 @@ class TierEntry:
     num_bytes: int
     ready: bool = False
     pins: int = 0
+    failed: bool = False  # its save was reported unwritten while pinned
 
 
 @dataclass
@@ -116,16 +119,21 @@ class TierIndex:
     def has_kv(self, block_hash: int) -> bool:
         return block_hash in self._kv
 
-    def kv_ready(self, block_hash: int) -> bool:
-        return self.is_ready(TierKey(EntryKind.KV, block_hash))
+    def readable(self, key: TierKey) -> bool:
+        """A load ordered now reads it: held, ready or pending, and its save not reported failed."""
+        entry = self._entries.get(key)
+        return entry is not None and not entry.failed
+
+    def kv_readable(self, block_hash: int) -> bool:
+        return self.readable(TierKey(EntryKind.KV, block_hash))
 
     def checkpoint_key(self, block_hash: int) -> TierKey | None:
-        """The READY checkpoint entry keyed by this hash, if any."""
+        """The readable checkpoint entry keyed by this hash, if any."""
         position = self._checkpoints.get(block_hash)
         if position is None:
             return None
         key = TierKey(EntryKind.CHECKPOINT, block_hash, position)
-        return key if self._entries[key].ready else None
+        return key if self.readable(key) else None
 
     # -- changes -------------------------------------------------------------------------------
     def touch(self, key: TierKey) -> None:
@@ -172,6 +180,16 @@ class TierIndex:
         assert not entry.ready, f"tier {self.name}: {key} written twice"
         entry.ready = True
 
+    def fail(self, key: TierKey) -> None:
+        """The runner reported the save unwritten: forget the entry, or, while a load reads it, once that ends."""
+        entry = self._entries[key]
+        assert not entry.ready, f"tier {self.name}: {key} failed after it was written"
+        self.counters.saves_failed += 1
+        if entry.pins:
+            entry.failed = True
+        else:
+            self.remove(key)
+
     def remove(self, key: TierKey) -> None:
         """Forget an entry (a failed save, a failed load, an eviction)."""
         entry = self._entries.pop(key)
@@ -184,13 +202,15 @@ class TierIndex:
 
     def pin(self, key: TierKey) -> None:
         entry = self._entries[key]
-        assert entry.ready, f"tier {self.name}: pin of unwritten {key}"
+        assert not entry.failed, f"tier {self.name}: pin of {key}, whose save failed"
         entry.pins += 1
 
     def unpin(self, key: TierKey) -> None:
         entry = self._entries[key]
         assert entry.pins > 0, f"tier {self.name}: unpin of unpinned {key}"
         entry.pins -= 1
+        if entry.failed and not entry.pins:
+            self.remove(key)
 
     def clear(self) -> list[TierKey]:
         """Forget every unpinned entry (the tier was turned off); returns the keys forgotten."""
@@ -219,4 +239,5 @@ class TierIndex:
         assert cps == self._checkpoints, f"tier {self.name}: checkpoint map disagrees with its entries"
         for key, e in self._entries.items():
             assert e.num_bytes >= 0 and e.pins >= 0, f"tier {self.name}: {key} {e}"
-            assert e.ready or not e.pins, f"tier {self.name}: pending {key} pinned"
+            assert not (e.ready and e.failed), f"tier {self.name}: {key} both written and failed"
+            assert e.pins or not e.failed, f"tier {self.name}: failed {key} outlived its loads"

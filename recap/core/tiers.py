@@ -8,7 +8,8 @@ evicts for room (its least recently used READY entries) moves one tier down: a s
 into the next tier and a drop of the copy (`TierDrop`); what the last tier evicts is gone. A tier full of
 entries that cannot be evicted passes the entry to the next. The runner snapshots every save of a step
 before that step's drops, state copies and forward pass (which may delete the copy or reuse the block or
-slot), writes it, and reports it; only then is the entry READY (readable).
+slot), writes it, and reports it (READY). A PENDING entry is readable already: each store runs its orders in
+order, so a load ordered after the save reads it wherever the writes are (core/tier_index.py).
 
 Promotion: a waiting request whose hit the tiers make deeper (KV for every block up to n from the read
 pool or a tier, and a checkpoint at n from either, each read from the fastest tier holding it) leaves the
@@ -187,7 +188,7 @@ class TierManager:
 
     # -- promotion ------------------------------------------------------------------------------
     def _kv_level(self, block_hash: int) -> int | None:
-        return next((i for i, t in enumerate(self.indexes) if t.kv_ready(block_hash)), None)
+        return next((i for i, t in enumerate(self.indexes) if t.kv_readable(block_hash)), None)
 
     def _checkpoint_entry(self, block_hash: int) -> tuple[TierKey, int] | None:
         for i, t in enumerate(self.indexes):
@@ -319,8 +320,7 @@ class TierManager:
             if ok:
                 index.mark_ready(key)
             else:
-                index.remove(key)
-                index.counters.saves_failed += 1
+                index.fail(key)
 
     def disable(self, level: int) -> None:
         """The runner turned tier `level`'s store off (unwritable, full): forget that tier; nothing more goes there."""

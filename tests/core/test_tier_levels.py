@@ -17,7 +17,7 @@ from recap.core.tier_index import EntryKind, TierKey
 from recap.core.tiers import TierManager
 from tests.core.helpers import Harness, make_scheduler, req
 from tests.core.test_blast import VOCAB, make_request
-from tests.core.test_tiers import BS, KV_BYTES, STATE_BYTES, prompt
+from tests.core.test_tiers import BS, FAILED_SAVE, KV_BYTES, STATE_BYTES, prompt
 
 HOST, DISK = 0, 1
 CORRUPT = 0.05
@@ -158,6 +158,8 @@ def test_blast_with_host_and_disk(kind: str, policy: str, block_size: int, num_k
             added.append(h.add(make_request(rng, f"r{len(added)}", bases, done, 64)))
         if tier.store and rng.random() < CORRUPT:
             tier.corrupt.add(rng.choice(sorted(tier.store))[1])
+        if rng.random() < FAILED_SAVE:
+            tier.fail_saves += 1
         if sched.tiers is not None and rng.random() < 0.005:
             tier.disable_next = rng.randrange(len(sched.tiers.indexes))
         out = sched.schedule()

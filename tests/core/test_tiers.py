@@ -16,6 +16,7 @@ from tests.core.test_blast import VOCAB, make_request
 BS = 4
 KV_BYTES = BS * 1  # kv_bytes_per_token=1
 STATE_BYTES = 10
+FAILED_SAVE = 0.03  # blasts: the chance per step that the next save fails (a full disk)
 
 
 def tiered(num_kv_blocks: int = 6, num_state_slots: int = 3, disk: int = 1000, kind: str = "hybrid",
@@ -48,6 +49,43 @@ def test_evicted_blocks_and_checkpoints_are_saved_then_promoted() -> None:
     assert c.num_cached_tokens == 8  # block 1 and the checkpoint at 8 from the tier (the executor checks both)
     assert index.counters.promotions == 2 and index.counters.hits == 2
     assert h.finished["c"].finished == RequestStatus.FINISHED_LENGTH
+
+
+def test_entries_still_being_written_are_read_in_order() -> None:
+    """A store far behind on its writes (no save reported): a load ordered after the saves still reads them, so
+    the hit does not depend on how fast the disk is; the reports arriving later only mark the entries written."""
+    h = tiered()
+    h.executor.tier.hold_reports = True
+    a = h.run_one(req("a", prompt(1), max_tokens=1))
+    h.run_one(req("b", prompt(2), max_tokens=1))
+    index = h.sched.tiers.tier("disk")  # type: ignore[union-attr]
+    assert index.num_entries > 0 and index.num_ready == 0
+    c = h.run_one(req("c", a.all_token_ids + [1, 2, 3], max_tokens=2))
+    assert c.num_cached_tokens == 8 and index.counters.promotions == 2  # the executor checked the loaded data
+    h.executor.tier.hold_reports = False
+    h.step()
+    assert index.num_ready == index.num_entries
+    index.check()
+
+
+def test_a_save_that_fails_under_a_load_fails_the_load_only() -> None:
+    """The save of a pending entry a load reads fails (disk full): the load falls back to what the pools hold,
+    the output is still right, and the entry is forgotten once the load ends."""
+    h = tiered()
+    tier = h.executor.tier
+    tier.hold_reports = True
+    a = h.run_one(req("a", prompt(1), max_tokens=1))
+    tier.fail_saves = 1000  # every save b's eviction orders fails
+    h.run_one(req("b", prompt(2), max_tokens=1))
+    tier.fail_saves = 0
+    c = h.run_one(req("c", a.all_token_ids + [1, 2, 3], max_tokens=2))
+    assert h.finished["c"].finished == RequestStatus.FINISHED_LENGTH and c.num_cached_tokens < 8
+    tier.hold_reports = False
+    h.step()
+    index = h.sched.tiers.tier("disk")  # type: ignore[union-attr]
+    assert index.counters.saves_failed > 0 and index.counters.promotions_failed > 0
+    assert all(index.is_ready(k) for k in index.iter_keys())
+    index.check()
 
 
 def test_lru_budget_drops_oldest_entries() -> None:
@@ -115,6 +153,8 @@ def test_blast_with_tier(kind: str, policy: str, block_size: int, num_kv_blocks:
             sched.abort_requests([rng.choice(live).request_id])
         if tier.store and rng.random() < 0.1:
             tier.corrupt.add(rng.choice(sorted(tier.store))[1])
+        if rng.random() < FAILED_SAVE:
+            tier.fail_saves += 1
         if rng.random() < 0.01:
             assert sched.reset_prefix_cache()
         out = sched.schedule()

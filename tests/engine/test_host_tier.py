@@ -3,6 +3,7 @@ the lower tiers, entries moving host -> disk, and a hit whose KV and state come 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import pytest
 
 from recap.core.output import TierLoad
 from recap.engine.output_processor import child_id
+from recap.runner.disk_tier import DiskTier
 from recap.server.metrics import EngineCollector
 from tests.engine.test_disk_tier import NUM_CONVS, TURNS, bamba, conversations, make, reference, sizes  # noqa: F401
 from tests.engine.test_equivalence import assert_same
@@ -71,6 +73,31 @@ def test_host_then_disk_equals_uncached(bamba: Path, sizes: tuple[int, int], tmp
     tier_hits = sum(o.num_cached_tokens for o in got if child_id(o.request_id, 0) in promoted)
     assert tier_hits > hits // 2, f"most hit tokens should need a lower tier: {tier_hits} of {hits}"
     llm.close()
+
+
+def test_hits_do_not_depend_on_how_fast_the_disk_writes(bamba: Path, sizes: tuple[int, int], tmp_path: Path,  # noqa: F811
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A load ordered after a save reads it (the disk store's one FIFO thread): a disk far behind on its writes
+    plans the very loads, from the very tiers, that a fast one does, and gives the same tokens."""
+
+    def run(cache_dir: Path) -> tuple[list[object], list[tuple[str, tuple[object, ...], tuple[int, ...]]]]:
+        llm = make(bamba, cache_dir, sizes=sizes, cache_host_bytes=3 * sizes[0] + sizes[1])
+        loads = record_loads(llm)
+        got = conversations(llm)
+        llm.close()
+        return got, [(ld.request_id, tuple(k for k, _, _ in ld.entries()), ld.levels) for ld in loads]
+
+    fast, fast_loads = run(tmp_path / "fast")
+    write = DiskTier._write
+
+    def slow_write(self: DiskTier, *args: object) -> None:
+        time.sleep(0.01)
+        write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DiskTier, "_write", slow_write)
+    slow, slow_loads = run(tmp_path / "slow")
+    assert_same(slow, fast, "a slow disk")
+    assert slow_loads == fast_loads and any(len(set(levels)) > 1 for _, _, levels in slow_loads)
 
 
 def test_restart_finds_what_the_host_tier_held(bamba: Path, sizes: tuple[int, int], tmp_path: Path) -> None:  # noqa: F811
