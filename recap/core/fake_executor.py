@@ -19,6 +19,11 @@ slot the state after the accepted tokens, as the runner's rollback leaves it.
 
 A scheduled-ahead row (async scheduling: ScheduledRequest.placeholder) gets its last token from this executor's own
 previous sample for the request, as the runner fills it from the step before's sampled ids.
+
+Faults (core/step_faults.py): a step with a `poison` request, or the one after `fail_next` is set, raises
+`StepFault` after its tier orders ran and after scribbling garbage over its rows' KV, running slots and planned
+checkpoint slots (a half-run forward); the tier reports it collected come with the next step, as the runner's do.
+With `fail_early` the fault comes first: nothing of the step ran.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from recap.core.fake_tier import FakeTier
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 _MOD = (1 << 61) - 1
+_GARBAGE = -1  # no polynomial hash is negative: a read of it fails the next check
+
+
+class StepFault(RuntimeError):
+    """An injected failure of a whole step."""
+
+
 _BASE = 1_000_003
 
 
@@ -64,6 +76,11 @@ class FakeExecutor:
         self._poly: dict[str, list[int]] = {}  # request id -> P(0), P(1), ...
         self.tier = FakeTier(block_size)  # a lower tier in integers (core/fake_tier.py)
         self._filled: dict[str, tuple[int, int]] = {}  # request -> (position, token) of its filled placeholder
+        self.poison: set[str] = set()  # a step with any of these requests raises
+        self.fail_next = False  # the next step raises
+        self.fail_early = False  # ... before its tier orders run
+        self.num_faults = 0
+        self._carried: ModelRunnerOutput | None = None  # tier reports of a step that raised
 
     def force_output(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Sample exactly these tokens for the request's first outputs (then fall back to the hash)."""
@@ -80,7 +97,17 @@ class FakeExecutor:
         self.num_steps += 1
         for rid in sched_out.finished_request_ids:
             self._poly.pop(rid, None)
+        faulty = self.fail_next or any(sr.request_id in self.poison for sr in sched_out.scheduled)
+        if faulty and self.fail_early:
+            self._fault(sched_out, None)
         self.tier.step(sched_out, out, self._kv, self._slot_state, self.validate)  # before copies reuse slots
+        if self._carried is not None:
+            carried, self._carried = self._carried, None
+            out.tier_saved = carried.tier_saved + out.tier_saved
+            out.tier_loaded = {**carried.tier_loaded, **out.tier_loaded}
+            out.tier_disabled = carried.tier_disabled + out.tier_disabled
+        if faulty:
+            self._fault(sched_out, out)
         if self.validate:
             for src, dst in sched_out.state_copies:
                 assert src in self._slot_state, f"copy from never-written slot {src}"
@@ -103,6 +130,24 @@ class FakeExecutor:
             if sr.sample and not sr.num_draft_tokens:
                 out.sampled_token_ids[sr.request_id] = self.sample(sr.request_id, sr.num_output_tokens)
         return out
+
+    def _fault(self, sched_out: SchedulerOutput, out: ModelRunnerOutput | None) -> None:
+        """Scribble over the step's rows as a forward that died half way might, keep the reports, raise."""
+        self.fail_next = False
+        self.num_faults += 1
+        if out is None:
+            raise StepFault(f"step {sched_out.step} failed before it ran (injected)")
+        bs = self.block_size
+        for sr in sched_out.scheduled:
+            for pos in range(sr.num_computed_tokens, sr.num_computed_tokens + len(sr.token_ids)):
+                if pos // bs < len(sr.block_ids):
+                    self._kv[sr.block_ids[pos // bs] * bs + pos % bs] = _GARBAGE
+            if sr.state_slot != PAD_SLOT_ID:
+                self._slot_state[sr.state_slot] = (sr.num_computed_tokens + len(sr.token_ids), _GARBAGE)
+            for cp in sr.checkpoints:
+                self._slot_state[cp.slot] = (cp.position, _GARBAGE)
+        self._carried = out
+        raise StepFault(f"step {sched_out.step} failed (injected)")
 
     def _verify(self, sr: ScheduledRequest, out: ModelRunnerOutput) -> int:
         """Greedy verification against this executor's own samples; returns the number of drafts accepted."""

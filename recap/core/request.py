@@ -69,6 +69,8 @@ class Request:
     num_cached_tokens: int = -1
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    # A step it ran in failed (core/step_faults.py): a suspect until it computes this many tokens; 0: none.
+    suspect_until: int = 0
     # Chained hashes of the full token blocks known so far (prompt + outputs), extended by the scheduler
     # as tokens arrive (recap.core.hashing). Empty when prefix caching is off.
     block_hashes: list[int] = field(default_factory=list, repr=False)

@@ -33,6 +33,7 @@ from recap.core.request import Request, RequestStatus
 from recap.core.spec_scheduling import SpecScheduling
 from recap.core.speculation import Speculator
 from recap.core.stats import RequestUpdate, SchedulerCounters, SchedulerStats, scheduler_stats
+from recap.core.step_faults import StepFaults
 from recap.core.tier_scheduling import TierScheduling, make_tier
 from recap.core.transfer import RemoteBook, can_hold, hold
 
@@ -52,7 +53,7 @@ class SchedulerView:
     deferred: Sequence[Request] = ()  # finished requests whose slot and blocks a step in flight still reads
 
 
-class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecScheduling):
+class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecScheduling, StepFaults):
     """Owns the request queues and the cache manager.
 
     Side effects: `add_request`, `abort_requests` and `finish_requests` change the queues (and free
@@ -210,6 +211,9 @@ class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecSchedulin
             request = running[i]
             computed, extra = request.num_computed_tokens, 0
             sr = ahead.get(request.request_id) if ahead else None
+            if self._sits_out(request, plan):
+                i += 1
+                continue
             if sr is not None:
                 start = self._ahead_start(request, sr)
                 if start is None:
@@ -257,6 +261,8 @@ class Scheduler(RemoteScheduling, TierScheduling, AheadScheduling, SpecSchedulin
         max_running = self.config.max_num_seqs - len(self.remote.receiving)
         while self._waiting and budget > 0 and len(self._running) < max_running:
             request = self._waiting[0]
+            if self._sits_out(request, plan):
+                break  # FCFS: the next step takes it
             hit = self.cache.find_hit(request)
             if self.tiers is not None and self._promote(request, hit):
                 continue  # loading from the tier; the next one may run meanwhile

@@ -35,6 +35,8 @@ class SchedulerCounters:
     checkpoint_miss_tokens: int = 0  # KV matched past the best checkpoint, at first admissions
     num_preemptions: int = 0
     num_resumed_hit_tokens: int = 0  # tokens preempted requests skipped when readmitted
+    num_failed_steps: int = 0  # steps the runner raised on (core/step_faults.py)
+    num_step_suspects: int = 0  # requests of those steps preempted to be retried apart
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class SchedulerStats:
     checkpoint_miss_tokens: int
     preemptions: int
     num_resumed_hit_tokens: int
+    failed_steps: int  # steps the runner raised on
+    step_suspects: int  # their requests preempted to be retried apart
     checkpoints: int  # registered now
     checkpoint_bytes: int
     checkpoints_created: int
@@ -98,6 +102,8 @@ def scheduler_stats(
         checkpoint_miss_tokens=c.checkpoint_miss_tokens,
         preemptions=c.num_preemptions,
         num_resumed_hit_tokens=c.num_resumed_hit_tokens,
+        failed_steps=c.num_failed_steps,
+        step_suspects=c.num_step_suspects,
         checkpoints=pool.num_checkpoints if pool else 0,
         checkpoint_bytes=pool.num_checkpoints * pool.bytes_per_slot if pool else 0,
         checkpoints_created=pool.num_created if pool else 0,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from recap.core.cache_manager import CacheHit, CacheManager
-from recap.core.output import CheckpointWrite, TierDrop, TierLoad, TierLoadReport, TierSave, TierSaved
+from recap.core.output import CheckpointWrite, SchedulerOutput, TierDrop, TierLoad, TierLoadReport, TierSave, TierSaved
 from recap.core.policy import Source
 from recap.core.request import Request
 from recap.core.state_pool import PlannedWrite
@@ -310,6 +310,22 @@ class TierManager:
         if load.checkpoint is not None:
             assert self.cache.state is not None
             self.cache.state.pool.free(load.checkpoint[1])
+
+    def undo(self, out: SchedulerOutput) -> list[str]:
+        """The runner raised on the step carrying these orders: any part may have run. Cancel its loads (their
+        requests, returned, queue again), forget its saves and order their copies dropped with the step's drops
+        (a store then holds at most what its index says; a write still queued is deleted after it, in order)."""
+        rids = [load.request_id for load in out.tier_loads if load.request_id in self.promoting]
+        for rid in rids:
+            self.cancel(rid)
+        for save in out.tier_saves:
+            index = self.indexes[save.level]
+            if index.has(save.key) and not index.is_ready(save.key):  # still this save's reservation
+                index.fail(save.key)
+                if not index.has(save.key):  # never under a read
+                    self.drops.append(TierDrop(save.key, save.level))
+        self.drops += [d for d in out.tier_drops if d not in self.drops and not self.indexes[d.level].has(d.key)]
+        return rids
 
     # -- runner reports -------------------------------------------------------------------------
     def saved(self, results: list[TierSaved]) -> None:

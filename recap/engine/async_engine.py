@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from recap.engine.errors import EngineDeadError
+from recap.engine.errors import EngineDeadError, StepFailedError
 from recap.engine.input_processor import PreparedRequest
 from recap.engine.llm_engine import LLMEngine
 from recap.engine.metrics import MetricsSnapshot
@@ -92,6 +92,8 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                if finished and item.internal_error:
+                    raise StepFailedError(item.error or "the engine step running this request failed")
                 yield item
                 if finished:
                     return

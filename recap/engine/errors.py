@@ -2,7 +2,8 @@
 
 from recap.runner.host_memory import MemoryPlanError
 
-__all__ = ["BusyError", "EngineDeadError", "InvalidRequestError", "KVTransferError", "MemoryPlanError"]
+__all__ = ["BusyError", "EngineDeadError", "InvalidRequestError", "KVTransferError", "MemoryPlanError",
+           "StepFailedError"]
 
 
 class InvalidRequestError(ValueError):
@@ -11,6 +12,11 @@ class InvalidRequestError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an internal error; no request can make progress."""
+
+
+class StepFailedError(RuntimeError):
+    """A step this request ran in raised, and so did its retry alone (core/step_faults.py): only it fails (500);
+    the engine goes on."""
 
 
 class KVTransferError(RuntimeError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -35,6 +36,12 @@ from recap.runner.memory import plan_before_load, remedies
 from recap.runner.model_runner import ModelRunner, RunnerConfig
 from recap.runner.mtp_drafter import load_mtp_drafter
 from recap.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Steps the runner may fail in a row before the engine stops: one failure puts a step's requests under suspicion
+# and each retry runs one suspect, so a few poisoned requests fail a few steps; a lost device fails them all.
+MAX_FAILED_STEPS = 8
 
 
 def _eos_ids(tokenizer: object, model_path: Path) -> frozenset[int]:
@@ -141,6 +148,7 @@ class LLMEngine:
         self._counter = 0
         # Async scheduling: the step executed and not yet updated (the scheduler updates it after the next one).
         self._pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
+        self._failed_in_a_row = 0  # steps the runner raised on since the last one it ran
 
     # ---- requests -------------------------------------------------------------------------------
     def next_request_id(self) -> str:
@@ -212,7 +220,12 @@ class LLMEngine:
         t0 = time.perf_counter()
         sched_out = self.scheduler.schedule()
         self._mark_scheduled(sched_out)
-        runner_out = self.runner.execute(sched_out)
+        try:
+            runner_out = self.runner.execute(sched_out)
+        except Exception as e:  # noqa: BLE001 - the step's requests are retried apart (core/step_faults.py)
+            self._step_failed(sched_out, e, t0)
+            return self._collect()
+        self._failed_in_a_row = 0
         done = [(sched_out, runner_out)]
         if self.config.scheduler.async_scheduling:
             done, self._pending = [self._pending] if self._pending is not None else [], None
@@ -222,6 +235,31 @@ class LLMEngine:
                 done.append((sched_out, runner_out))
         for out, result in done:
             self._apply(out, result, t0)
+        return self._collect()
+
+    def _step_failed(self, sched_out: SchedulerOutput, error: Exception, t0: float) -> None:
+        """The runner raised on `sched_out`: the step before it (async scheduling) is applied, then the core undoes
+        this one; its suspects end with an error, its other requests are retried. Past MAX_FAILED_STEPS in a row
+        the fault is the engine's (a lost device), not a request's: it is raised and the engine stops."""
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row > MAX_FAILED_STEPS:
+            raise error
+        log.error("step %d failed (%s: %s); its %d requests are retried one suspect per step", sched_out.step,
+                  type(error).__name__, error, len(sched_out.scheduled), exc_info=error)  # fmt: skip
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._apply(*pending, t0)
+        message = (f"the engine step running this request failed ({type(error).__name__}: {error}), and so did its "
+                   "retry in a step of its own; other requests were not affected")  # fmt: skip
+        for u in self.scheduler.fail_step(sched_out):
+            parent = self.outputs.parents.get(self.outputs.child_to_parent.get(u.request_id, ""))
+            if parent is not None:  # forks waiting for its first token would wait forever: they fail with it
+                for cid in [u.request_id, *parent.pending_forks]:
+                    self.outputs.on_error(cid, message, internal=True)
+                parent.pending_forks = []
+
+    def _collect(self) -> list[RequestOutput]:
+        """The step's outputs, after the integrity check (when on) and the finished requests' metrics."""
         if self.config.check_integrity:
             self.scheduler.check_integrity()
         results, finishing = self.outputs.collect()

@@ -62,6 +62,9 @@ class MetricsSnapshot:
     host_tier_entries: int = 0
     host_tier_bytes: int = 0
     host_tier: TierCounters = field(default_factory=TierCounters)
+    # Steps the runner raised on (core/step_faults.py) and the requests they put under suspicion.
+    failed_steps: int = 0
+    step_suspects: int = 0
 
     @property
     def offload_load_bytes(self) -> int:
@@ -134,6 +137,8 @@ class EngineMetrics:
                 checkpoint_evictions=stats.checkpoints_evicted,
                 checkpoint_miss_tokens=stats.checkpoint_miss_tokens,
                 preemptions=stats.preemptions,
+                failed_steps=stats.failed_steps,
+                step_suspects=stats.step_suspects,
                 num_running=num_running,
                 num_waiting=num_waiting,
                 requests_finished=self.requests_finished,

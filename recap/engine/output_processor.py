@@ -36,6 +36,7 @@ class ParentState:
     dirty: bool = False
     prompt_logprobs: PromptLogprobs | None = None
     error: str | None = None  # why a child ended with finish_reason "error"
+    internal_error: bool = False  # the engine's fault (a failed step), not the request's
     # The prompt's ids as every output of the request hands them out: copied once, not per step (a long prompt
     # would otherwise be copied for every streamed token); the engine never changes them.
     prompt_token_ids: list[int] = field(default_factory=list)
@@ -51,7 +52,7 @@ class ParentState:
         outs = [_copy(c.output) for c in (kids if len(kids) == 1 else sorted(kids, key=lambda c: c.index))]
         p = self.prepared
         return RequestOutput(p.request_id, p.prompt, self.prompt_token_ids, outs, finished, self.num_cached_tokens,
-                             self.metrics, self.error,
+                             self.metrics, self.error, self.internal_error,
                              prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
 
@@ -158,14 +159,16 @@ class OutputProcessor:
             child.detok.flush()
         parent.dirty = True
 
-    def on_error(self, cid: str, message: str) -> None:
-        """The child cannot go on (its grammar broke): it ends with finish_reason "error"; `message` says why."""
+    def on_error(self, cid: str, message: str, internal: bool = False) -> None:
+        """The child cannot go on (its grammar broke; `internal`: its steps failed): it ends with finish_reason
+        "error"; `message` says why."""
         parent = self.parents[self.child_to_parent[cid]]
         child = parent.children[cid]
         if child.output.finish_reason is None:
             child.output.finish_reason = "error"
             child.detok.flush()
         parent.error = message
+        parent.internal_error = parent.internal_error or internal
         parent.dirty = True
 
     def collect(self) -> tuple[list[RequestOutput], list[ParentState]]:

@@ -67,6 +67,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # The error is the engine's (a step that raised, core/step_faults.py), not the request's: a 500, not a 400.
+    internal_error: bool = False
     # Prefill role of a disaggregated deployment: the handle a decode instance pulls the KV with.
     kv_transfer_params: dict[str, Any] | None = None
     # SamplingParams.prompt_logprobs: one entry per prompt token (complete once the prompt is computed).

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recap.engine.errors import BusyError, EngineDeadError, InvalidRequestError, KVTransferError
+from recap.engine.errors import BusyError, EngineDeadError, InvalidRequestError, KVTransferError, StepFailedError
 
 
 class APIError(Exception):
@@ -48,6 +48,8 @@ def from_exception(err: BaseException, value_error: Callable[[ValueError], APIEr
         return err
     if isinstance(err, EngineDeadError):
         return APIError(str(err), status=503, type="service_unavailable", code="engine_dead")
+    if isinstance(err, StepFailedError):
+        return APIError(str(err), status=500, type="internal_error", code="step_failed")
     if isinstance(err, BusyError):
         return APIError(str(err), status=429, type="rate_limit_error", code=err.code)
     if isinstance(err, KVTransferError):

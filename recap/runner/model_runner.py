@@ -202,12 +202,21 @@ class ModelRunner:
             if self.grammar is not None:
                 self.grammar.drop(rid)
         tier = self.tier.step(out) if self.tier is not None else None  # saves first: copies may reuse their slots
+        try:
+            return _with_tier(self._run(out, tier), tier)
+        except BaseException:
+            if tier is not None and self.tier is not None:
+                self.tier.carry(tier)  # what the store reported goes out with the next step
+            raise
+
+    def _run(self, out: SchedulerOutput, tier: TierStepReport | None) -> ModelRunnerOutput:
+        """The step after its tier orders: state copies, the forward pass, sampling and reports."""
         for src, dst in out.state_copies:
             self.caches.copy_state(src, dst)
         if out.is_empty:
             if tier is not None and not tier.loaded and self.tier is not None:
                 self.tier.wait(0.01)  # nothing to run but loads in flight: do not spin
-            return _with_tier(ModelRunnerOutput(), tier)
+            return ModelRunnerOutput()
         drafted: dict[str, list[int]] = {}
         if self.drafter is not None:
             out, drafted = self.drafter.propose(out)
@@ -232,7 +241,7 @@ class ModelRunner:
         if any(s.prompt_logprobs for s in out.scheduled):
             result.extras["prompt_logprobs"] = self._prompt_logprobs(out, batch, hidden)
         self._report(out, batch, [s.request_id for s in rows], ids, result)
-        return _with_tier(result, tier)
+        return result
 
     def _report(self, out: SchedulerOutput, batch: ForwardBatch, request_ids: list[str], ids: torch.Tensor,
                 result: ModelRunnerOutput) -> None:  # fmt: skip

@@ -40,6 +40,7 @@ class TierStores:
         self.disk = next((s for s in stores if isinstance(s, DiskTier)), None)
         self.disk_level = stores.index(self.disk) if self.disk is not None else -1
         self._partial: dict[str, TierLoadReport] = {}  # host parts of loads whose disk part is in flight
+        self._carried: TierStepReport | None = None  # collected by a step that raised
 
     @property
     def stats(self) -> DiskTierStats:
@@ -55,7 +56,20 @@ class TierStores:
         return self.disk.scan() if self.disk is not None else []
 
     def step(self, out: SchedulerOutput) -> TierStepReport:
-        report = TierStepReport()
+        """Run the step's orders; the report holds what the stores finished (and any report `carry` kept)."""
+        report, self._carried = self._carried or TierStepReport(), None
+        try:
+            self._step(out, report)
+        except BaseException:
+            self.carry(report)  # collected already: the core must still hear of it
+            raise
+        return report
+
+    def carry(self, report: TierStepReport) -> None:
+        """The step raised after `report` was collected: deliver it with the next step's."""
+        self._carried = report
+
+    def _step(self, out: SchedulerOutput, report: TierStepReport) -> None:
         if self.disk is not None:
             self.disk.cancel(out.finished_request_ids)
         for rid in out.finished_request_ids & self._partial.keys():
@@ -73,7 +87,6 @@ class TierStores:
                 report.disabled.append(self.disk_level)
         for load in out.tier_loads:
             self._load(load, report)
-        return report
 
     def _save(self, save: TierSave, report: TierStepReport) -> None:
         rows: Rows | None

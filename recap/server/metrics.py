@@ -28,6 +28,8 @@ _COUNTERS = (
     ("recap:checkpoint_miss_tokens", "Prompt tokens whose KV was cached past the best checkpoint (recomputed).",
      "checkpoint_miss_tokens"),
     ("recap:num_preemptions", "Requests preempted.", "preemptions"),
+    ("recap:failed_steps", "Engine steps that raised; their requests were retried apart.", "failed_steps"),
+    ("recap:step_suspects", "Requests of failed steps preempted to be retried one per step.", "step_suspects"),
     ("recap:prompt_tokens", "Prompt tokens of finished requests.", "prompt_tokens"),
     ("recap:generation_tokens", "Tokens generated.", "generation_tokens"),
     ("recap:engine_steps", "Engine steps run.", "steps"),

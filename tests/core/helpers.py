@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
-from recap.core.fake_executor import FakeExecutor
+from recap.core.fake_executor import FakeExecutor, StepFault
 from recap.core.request import Request
 from recap.core.scheduler import Scheduler
 from recap.core.stats import RequestUpdate
@@ -107,7 +107,12 @@ class Harness:
     def step(self) -> list[RequestUpdate]:
         out = self.sched.schedule()
         self.sched.check_integrity()
-        updates = self.sched.update_from_output(out, self.executor.execute(out))
+        try:
+            result = self.executor.execute(out)
+        except StepFault:  # as the engine: the step's requests are retried apart, its suspects fail
+            updates = self.sched.fail_step(out)
+        else:
+            updates = self.sched.update_from_output(out, result)
         self.sched.check_integrity()
         return self.stepped(updates)
 

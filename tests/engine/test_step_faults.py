@@ -1,0 +1,89 @@
+"""A step whose forward pass raises (core/step_faults.py through the engine): the request that poisons its batches
+ends with an error naming the cause, the requests batched with it finish with the tokens of a run without it
+(cached = uncached, with chunked prefill and a failure mid-prompt), pools end idle; a runner that fails every
+step stops the engine as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from recap import LLM
+from recap.engine.llm_engine import MAX_FAILED_STEPS, LLMEngine
+from tests.engine.conftest import tiny_model_dir
+from tests.engine.workloads import GREEDY, rnd
+
+POISON = 2  # rnd draws ids from [3, vocab): only the poisoned prompt holds it
+
+
+def poison_backend(engine: LLMEngine, always: bool = False) -> list[int]:
+    """The runner's backend raises on any batch that holds POISON (`always`: on every batch); returns a list that
+    counts the failures."""
+    backend = engine.runner.backend
+    failures: list[int] = []
+    for name in ("forward", "forward_greedy"):
+        real = getattr(backend, name)
+
+        def wrapped(model, batch, caches, _real=real):  # type: ignore[no-untyped-def]
+            if always or bool((batch.input_ids == POISON).any()):
+                failures.append(1)
+                raise RuntimeError("poisoned batch")
+            return _real(model, batch, caches)
+
+        setattr(backend, name, wrapped)
+    return failures
+
+
+@pytest.fixture(scope="module")
+def bamba(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("faults"), "bamba")
+
+
+def make(path: Path, caching: bool = True, async_scheduling: bool = False) -> LLM:
+    torch.set_num_threads(1)
+    return LLM(str(path), enable_prefix_caching=caching, checkpoint_policy="recap", block_size=16, seed=0,
+               max_num_seqs=4, max_num_batched_tokens=48, check_integrity=True,
+               async_scheduling=async_scheduling)  # fmt: skip
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_poisoned_prompt_fails_alone_and_the_others_are_untouched(bamba: Path, async_scheduling: bool) -> None:
+    """Under async scheduling the step in flight is applied before the failed one is undone."""
+    base = rnd(1, 40)
+    prompts = [base + rnd(10 + i, 9 + i) for i in range(4)]
+    prompts[2] = prompts[2][:45] + [POISON] + prompts[2][45:]  # in its second chunk: the first one succeeds
+    reference = make(bamba, caching=False).generate([p for i, p in enumerate(prompts) if i != 2], GREEDY)
+    llm = make(bamba, async_scheduling=async_scheduling)
+    failures = poison_backend(llm.engine)
+    outs = llm.generate(prompts, GREEDY)
+    bad = outs[2]
+    assert bad.finished and bad.outputs[0].finish_reason == "error" and bad.internal_error
+    assert bad.error is not None and "poisoned batch" in bad.error
+    for got, want in zip(outs[:2] + outs[3:], reference):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids and got.outputs[0].finish_reason == "length"
+    stats = llm.engine.scheduler.stats
+    assert stats.failed_steps == len(failures) >= 2 and stats.step_suspects >= 1
+    snap = llm.engine.metrics_snapshot()
+    assert snap.failed_steps == stats.failed_steps and snap.finished_by_reason.get("error") == 1
+    # the engine goes on: the same prompts again hit the cache and give the same tokens
+    again = llm.generate([prompts[0], prompts[1]], GREEDY)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in reference[:2]]
+    assert again[0].num_cached_tokens > 0
+    llm.engine.scheduler.check_integrity()
+    assert llm.engine.scheduler.num_running == llm.engine.scheduler.num_waiting == 0
+
+
+def test_a_runner_that_fails_every_step_stops_the_engine(bamba: Path) -> None:
+    """Every step fails (a lost device): each request fails on its own retry, and once MAX_FAILED_STEPS steps in a
+    row have failed the error is raised: the engine stops (the server's /health then says so)."""
+    llm = make(bamba)
+    failures = poison_backend(llm.engine, always=True)
+    errored = 0
+    with pytest.raises(RuntimeError, match="poisoned batch"):
+        for i in range(MAX_FAILED_STEPS):
+            out = llm.generate([rnd(3 + i, 20)], GREEDY)[0]
+            assert out.outputs[0].finish_reason == "error" and out.internal_error
+            errored += 1
+    assert len(failures) == MAX_FAILED_STEPS + 1 and errored == MAX_FAILED_STEPS // 2
