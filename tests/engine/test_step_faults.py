@@ -1,10 +1,12 @@
 """A step whose forward pass raises (core/step_faults.py through the engine): the request that poisons its batches
 ends with an error naming the cause, the requests batched with it finish with the tokens of a run without it
-(cached = uncached, with chunked prefill and a failure mid-prompt), pools end idle; a runner that fails every
-step stops the engine as before."""
+(cached = uncached, with chunked prefill and a failure mid-prompt, under async scheduling too), pools end idle;
+transient faults (mid-prefill, mid-decode, with speculation) cost a recompute and no token; a runner that fails
+every step stops the engine as before."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,16 +20,18 @@ from tests.engine.workloads import GREEDY, rnd
 POISON = 2  # rnd draws ids from [3, vocab): only the poisoned prompt holds it
 
 
-def poison_backend(engine: LLMEngine, always: bool = False) -> list[int]:
-    """The runner's backend raises on any batch that holds POISON (`always`: on every batch); returns a list that
-    counts the failures."""
+def poison_backend(engine: LLMEngine, always: bool = False, calls: frozenset[int] = frozenset()) -> list[int]:
+    """The runner's backend raises on any batch that holds POISON (`always`: on every batch; `calls`: on those
+    forward calls, counted from 0, whatever they hold); returns a list that counts the failures."""
     backend = engine.runner.backend
     failures: list[int] = []
+    count = [0]
     for name in ("forward", "forward_greedy"):
         real = getattr(backend, name)
 
         def wrapped(model, batch, caches, _real=real):  # type: ignore[no-untyped-def]
-            if always or bool((batch.input_ids == POISON).any()):
+            count[0] += 1
+            if always or count[0] - 1 in calls or bool((batch.input_ids == POISON).any()):
                 failures.append(1)
                 raise RuntimeError("poisoned batch")
             return _real(model, batch, caches)
@@ -41,11 +45,10 @@ def bamba(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("faults"), "bamba")
 
 
-def make(path: Path, caching: bool = True, async_scheduling: bool = False) -> LLM:
+def make(path: Path, caching: bool = True, **kw: object) -> LLM:
     torch.set_num_threads(1)
     return LLM(str(path), enable_prefix_caching=caching, checkpoint_policy="recap", block_size=16, seed=0,
-               max_num_seqs=4, max_num_batched_tokens=48, check_integrity=True,
-               async_scheduling=async_scheduling)  # fmt: skip
+               max_num_seqs=4, max_num_batched_tokens=48, check_integrity=True, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
@@ -73,6 +76,27 @@ def test_a_poisoned_prompt_fails_alone_and_the_others_are_untouched(bamba: Path,
     assert again[0].num_cached_tokens > 0
     llm.engine.scheduler.check_integrity()
     assert llm.engine.scheduler.num_running == llm.engine.scheduler.num_waiting == 0
+
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_transient_faults_cost_a_recompute_not_an_answer(bamba: Path, spec: bool) -> None:
+    """Steps that fail once, mid-prefill and mid-decode (with drafts being verified under speculation): every
+    request is retried and finishes with the tokens of a run without faults."""
+    base = rnd(5, 24)
+    prompts = [base + base[: 8 + i] + rnd(30 + i, 5) for i in range(3)]  # repeats: the drafter finds drafts
+    params = replace(GREEDY, max_tokens=12)
+    kw = {"speculative_config": SPEC} if spec else {}
+    reference = make(bamba, caching=False, **kw).generate(prompts, params)
+    llm = make(bamba, **kw)
+    failures = poison_backend(llm.engine, calls=frozenset({1, 14}))  # apart: no suspect left at the second
+    outs = llm.generate(prompts, params)
+    assert len(failures) == 2 and llm.engine.scheduler.stats.failed_steps == 2
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in reference]
+    assert all(o.outputs[0].finish_reason == "length" and not o.internal_error for o in outs)
+    llm.engine.scheduler.check_integrity()
 
 
 def test_a_runner_that_fails_every_step_stops_the_engine(bamba: Path) -> None:
