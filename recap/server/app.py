@@ -33,13 +33,19 @@ from recap.server.metrics import make_registry, render
 from recap.server.options import ServerOptions, install
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest
 from recap.server.request_body import parse_request
+from recap.server.response_store import ResponseStore
 from recap.server.responses import ModelCard, ModelList
+from recap.server.responses_api import create_response, delete_response, get_response
+from recap.server.responses_api_request import ResponsesRequest
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
 from recap.server.tools import detect_parser, special_marker_ids
 from recap.server.transfer_params import TransferHook
 
 log = logging.getLogger("recap.server")
+# OpenAI's Responses API: generates (admission counts it) but is served by a single instance only, so it is not
+# one of the routes the P/D proxy and the Ray ingresses route by (recap.http.wire.GENERATION_ROUTES).
+RESPONSES_ROUTE = "/v1/responses"
 
 
 def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
@@ -97,8 +103,8 @@ def build_app(
     ProcessCollector(registry=registry)  # process_resident_memory_bytes etc. (the soak watches it)
     counts = RequestCounts()  # recap.http.request_counts: what became of each generation request
     registry.register(RequestCountsCollector(counts, state.model_name))
-    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=GENERATION_ROUTES, counts=counts,
-                       to_error=from_exception)
+    app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=(*GENERATION_ROUTES, RESPONSES_ROUTE),
+                       counts=counts, to_error=from_exception)
     state.tool_parser = _tool_parser(options.tool_call_parser, llm.tokenizer)
     state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
     state.template_sandbox = options.template_sandbox()
@@ -107,13 +113,7 @@ def build_app(
 
     add_error_handlers(app, log, logging.INFO, "rejected")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await create_completion(state, await parse_request(request, CompletionRequest, state), request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await create_chat_completion(state, await parse_request(request, ChatCompletionRequest, state), request)
+    _add_generation_routes(app, state, ResponseStore(options.responses_store_size))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -133,6 +133,31 @@ def build_app(
     if limits.enable_debug:
         _add_debug_routes(app, engine, trimmer)
     return app
+
+
+def _add_generation_routes(app: FastAPI, state: ServerState, store: ResponseStore) -> None:
+    """Completions, chat completions and OpenAI's Responses API (recap.server.responses_api), whose `store`
+    keeps the responses asked to be stored."""
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(state, await parse_request(request, CompletionRequest, state), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(state, await parse_request(request, ChatCompletionRequest, state), request)
+
+    @app.post(RESPONSES_ROUTE)
+    async def responses(request: Request) -> Response:
+        return await create_response(state, store, await parse_request(request, ResponsesRequest, state), request)
+
+    @app.get(RESPONSES_ROUTE + "/{response_id}")
+    async def stored_response(response_id: str, request: Request) -> Response:
+        return await get_response(store, response_id, request)
+
+    @app.delete(RESPONSES_ROUTE + "/{response_id}")
+    async def forget_response(response_id: str, request: Request) -> Response:
+        return await delete_response(store, response_id, request)
 
 
 def _tool_parser(flag: str | None, tokenizer: Any) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 from fastapi import Request, Response
@@ -15,6 +15,7 @@ from recap.engine.outputs import RequestOutput
 from recap.http.errors import APIError
 from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
+from recap.sampling_params import SamplingParams
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
@@ -46,9 +47,21 @@ from recap.server.tools import forced_calls, parse_tool_calls
 from recap.server.transfer_params import attach_transfer, with_transfer_params
 
 
-async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
-    state.check_model(req.model)
-    size = len(await request.body())  # messages, tools and all: what rendering, tokenizing and grammars cost
+@dataclass
+class ChatRun:
+    """A chat request handed to the engine: its id, its sampling and the stream its answer comes from (closing
+    the stream aborts it)."""
+
+    rid: str
+    params: SamplingParams
+    it: AsyncGenerator[tuple[int, RequestOutput], None]
+
+
+async def start_chat(
+    state: ServerState, req: ChatCompletionRequest, request: Request, size: int, rid: str
+) -> ChatRun:
+    """Render, tokenize, admit and start a chat request (what /v1/chat/completions and /v1/responses share).
+    `size`: the characters its messages, tools and grammars cost (whether the work runs off the event loop)."""
     params = await sampling_params(state, req, size)
     choice = req.effective_tool_choice
     if choice == "auto" and state.tool_parser is None:
@@ -69,23 +82,29 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         render = state.template_sandbox.renderer(template, state.tokenizer)
         chat = await state.offload.off_loop(partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs,
                                             render)  # fmt: skip
-    rid = new_request_id("chatcmpl")
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt,
                                        fit_max_tokens=req.max_tokens_unset)
     reserve_sequences(request.scope, params.n)  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
                                stream=req.stream, n=params.n, request=request)
-    it = merged(state.engine, prepared, RequestLog(prepared, req.user or req.safety_identifier))
+    return ChatRun(rid, params, merged(state.engine, prepared, RequestLog(prepared, req.user or req.safety_identifier)))
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
+    state.check_model(req.model)
+    size = len(await request.body())  # messages, tools and all: what rendering, tokenizing and grammars cost
+    run = await start_chat(state, req, request, size, new_request_id("chatcmpl"))
     if req.stream:
-        first = await open_stream(request, it)
+        first = await open_stream(request, run.it)
         if first is None:
             return Response(status_code=499)
-        return SSEResponse(_stream(state, req, rid, params.n, first, it))
-    finals = await collect_finals(request, it, 1)
+        return SSEResponse(_stream(state, req, run.rid, run.params.n, first, run.it))
+    finals = await collect_finals(request, run.it, 1)
     if finals is None:
         return Response(status_code=499)
-    return await state.offload.run(response_size(finals, req.top_logprobs or 0), _response, state, req, rid, finals)
+    return await state.offload.run(response_size(finals, req.top_logprobs or 0), _response, state, req, run.rid,
+                                   finals)
 
 
 def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: list[RequestOutput]) -> JSONResponse:
@@ -94,7 +113,7 @@ def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: 
     k = req.top_logprobs or 0
     choices = []
     for o in out.outputs:
-        message, finish = _message(state, req, o.text, o.finish_reason)
+        message, finish = assistant_message(state, req, o.text, o.finish_reason)
         for call in message.tool_calls:
             call.index = None  # a position only in streamed deltas, as OpenAI has it
         if req.echoed:
@@ -107,7 +126,7 @@ def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: 
     return JSONResponse(with_transfer_params(resp.model_dump(), finals))
 
 
-def _message(
+def assistant_message(
     state: ServerState, req: ChatCompletionRequest, text: str, finish: str | None
 ) -> tuple[ChatResponseMessage, str | None]:
     """The assistant message of one choice: tool calls forced by the grammar or parsed from the text."""

@@ -11,12 +11,13 @@ from recap.http import errors as http_errors
 from recap.http.errors import APIError
 from recap.http.sse import sse_event
 from recap.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from recap.server.responses_api_request import ResponsesRequest
 
 # Union members pydantic appends to an error location ('str', 'list[int]', ...): not field names.
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|list|dict)$|[\[\]]|^function-")
 _FIELDS = (
     set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | set(ChatMessage.model_fields)
-    | {"top_k", "top_p"}
+    | set(ResponsesRequest.model_fields) | {"top_k", "top_p"}
 )
 
 

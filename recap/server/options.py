@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from recap.server.response_store import DEFAULT_CAPACITY as DEFAULT_STORE_SIZE
 from recap.server.template_sandbox import FLAG as TRUST_TEMPLATE_FLAG
 from recap.server.template_sandbox import TemplateLimits, TemplateSandbox
 from recap.server.tools import PARSERS
@@ -33,6 +34,8 @@ class ServerOptions:
     # process under these limits (recap/server/template_sandbox.py); off: such a request is a 400.
     trust_request_chat_template: bool = False
     chat_template_limits: TemplateLimits = TemplateLimits()
+    # POST /v1/responses with store: the responses kept for previous_response_id and GET (an LRU; 0: none).
+    responses_store_size: int = DEFAULT_STORE_SIZE
 
     def template_sandbox(self) -> TemplateSandbox | None:
         """Where requests' own chat templates render; None when they are refused."""
@@ -64,6 +67,10 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(TRUST_TEMPLATE_FLAG, action="store_true",
                    help="let requests carry their own chat template (`chat_template`, or chat_template_kwargs."
                         "chat_template); it renders in a sandboxed process with time, memory and output limits")
+    p.add_argument("--responses-store-size", type=int, default=DEFAULT_STORE_SIZE, metavar="N",
+                   help="POST /v1/responses: keep the last N responses with store true (OpenAI's default) for "
+                        f"previous_response_id and GET /v1/responses/{{id}}, least recently used forgotten first "
+                        f"(default {DEFAULT_STORE_SIZE}; 0: keep none, responses say store false)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice auto; recap enables it whenever a parser is known")
 
@@ -71,9 +78,12 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
 def server_options(args: argparse.Namespace) -> ServerOptions:
     if args.malloc_trim_interval < 0:
         raise SystemExit(f"--malloc-trim-interval must be >= 0, got {args.malloc_trim_interval}")
+    if args.responses_store_size < 0:
+        raise SystemExit(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
     return ServerOptions(tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers),
                          args.allow_credentials, args.tool_call_parser, args.malloc_trim_interval,
-                         trust_request_chat_template=args.trust_request_chat_template)
+                         trust_request_chat_template=args.trust_request_chat_template,
+                         responses_store_size=args.responses_store_size)
 
 
 def install(app: FastAPI, options: ServerOptions) -> None:

@@ -100,17 +100,16 @@ class ChatMessage(_Strict):
         return d
 
 
-class _SamplingFields(_Strict):
-    """Fields shared by both endpoints; each maps onto SamplingParams or is checked below."""
+class GenerationFields(_Strict):
+    """What every generation endpoint takes (chat, completions, responses): the model, sampling and vLLM's
+    extensions; each maps onto SamplingParams."""
 
     model: str | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
     user: str | None = None  # harmless metadata: logged with the request
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -122,22 +121,10 @@ class _SamplingFields(_Strict):
     min_tokens: int = 0
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
-    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True  # the tokenizer's own rendering; only true is accepted
-    use_beam_search: bool = False  # vLLM's beam search: recap has none, only false is accepted
-    length_penalty: float = 1.0  # beam search's: only 1.0 (no effect) is accepted
-    # output constraints (recap/server/structured.py): at most one
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsField | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputsField | None = None  # recap/server/structured.py
     cache_salt: str | None = None
-    # Disaggregated prefill/decode (vLLM's name; recap.disagg.api checks it against the server's role).
-    kv_transfer_params: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -150,6 +137,33 @@ class _SamplingFields(_Strict):
                 if v is not None or k not in fields or k == "max_tokens" or fields[k].default is None}
 
     @model_validator(mode="after")
+    def _generation_checks(self) -> GenerationFields:
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            raise ValueError(f"stop takes at most {MAX_STOP} strings")
+        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS:
+            raise ValueError(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} characters")
+        return self
+
+
+class _SamplingFields(GenerationFields):
+    """Fields shared by completions and chat; each maps onto SamplingParams or is checked below."""
+
+    n: int = 1
+    stream_options: StreamOptions | None = None
+    prompt_logprobs: int | None = None
+    spaces_between_special_tokens: bool = True  # the tokenizer's own rendering; only true is accepted
+    use_beam_search: bool = False  # vLLM's beam search: recap has none, only false is accepted
+    length_penalty: float = 1.0  # beam search's: only 1.0 (no effect) is accepted
+    # output constraints (recap/server/structured.py): at most one, structured_outputs included
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # Disaggregated prefill/decode (vLLM's name; recap.disagg.api checks it against the server's role).
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
     def _common_checks(self) -> _SamplingFields:
         if not self.spaces_between_special_tokens:
             raise ValueError("spaces_between_special_tokens is not supported (only true)")
@@ -159,10 +173,6 @@ class _SamplingFields(_Strict):
             raise ValueError("length_penalty is not supported (only 1.0; it weighs beam search, which recap has not)")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
-            raise ValueError(f"stop takes at most {MAX_STOP} strings")
-        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT_CHARS:
-            raise ValueError(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} characters")
         return self
 
     @property

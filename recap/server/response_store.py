@@ -1,0 +1,61 @@
+"""The responses POST /v1/responses keeps (`store: true`, OpenAI's default), for `previous_response_id` and
+GET / DELETE /v1/responses/{id}: an in-memory LRU of at most `capacity` entries (`--responses-store-size`,
+default 1000; 0 keeps nothing and responses say `store: false`). Reading an entry makes it the most recent;
+storing past the capacity forgets the least recently used.
+
+An entry holds its response object and its whole conversation as chat messages (inputs and this answer, not
+the instructions), so a follow-up renders that conversation plus its own input: the same prefix the previous
+turn ran, which recap's prefix cache then serves. A follow-up's list shares its messages with its
+predecessor's (references, not copies), and every conversation fit the model's context when it ran, so an
+entry's text is bounded by one context's worth. Per process: replicas behind a router do not share it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from recap.server.protocol import ChatMessage
+from recap.server.responses_api_objects import ResponseObject
+
+DEFAULT_CAPACITY = 1000
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    response: ResponseObject
+    messages: tuple[ChatMessage, ...]  # the conversation so far, this answer included, instructions excluded
+    chars: int  # characters of the messages' text: what rendering a follow-up costs
+
+
+class ResponseStore:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 0:
+            raise ValueError(f"the responses store size must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity > 0
+
+    def get(self, rid: str) -> StoredResponse | None:
+        """The entry (now the most recently used), or None when it was never stored or has been forgotten."""
+        entry = self._entries.get(rid)
+        if entry is not None:
+            self._entries.move_to_end(rid)
+        return entry
+
+    def put(self, rid: str, entry: StoredResponse) -> None:
+        if not self.enabled:
+            return
+        self._entries[rid] = entry
+        self._entries.move_to_end(rid)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def delete(self, rid: str) -> bool:
+        return self._entries.pop(rid, None) is not None
