@@ -1,5 +1,5 @@
-"""What became of every generation request (POST /v1/completions, /v1/chat/completions), counted at the
-HTTP level by recap.http.guard, so that /metrics alone shows that nothing went missing:
+"""What became of every generation request (POST /v1/completions, /v1/chat/completions, /v1/responses), counted
+at the HTTP level by recap.http.guard, so that /metrics alone shows that nothing went missing:
 
     recap:api_requests_received_total == success + aborted + rejected (+ in progress)
 

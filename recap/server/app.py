@@ -43,8 +43,8 @@ from recap.server.tools import detect_parser, special_marker_ids
 from recap.server.transfer_params import TransferHook
 
 log = logging.getLogger("recap.server")
-# OpenAI's Responses API: generates (admission counts it) but is served by a single instance only, so it is not
-# one of the routes the P/D proxy and the Ray ingresses route by (recap.http.wire.GENERATION_ROUTES).
+# OpenAI's Responses API: it generates (admission counts it), but its stored responses live in this process, so it
+# is not one of the routes the P/D proxy serves (recap.http.wire.GENERATION_ROUTES).
 RESPONSES_ROUTE = "/v1/responses"
 
 

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from recap.engine.outputs import RequestOutput
 from recap.http.errors import APIError
 from recap.http.sse import SSEResponse
-from recap.server.chat import ChatRun, assistant_message, start_chat
+from recap.server.chat import assistant_message, start_chat
 from recap.server.errors import from_validation_error
 from recap.server.protocol import ChatCompletionRequest, ChatMessage
 from recap.server.response_store import ResponseStore, StoredResponse
@@ -80,7 +80,8 @@ def _chat_request(req: ResponsesRequest, history: Sequence[ChatMessage]
 
 
 class _Keeper:
-    """Stores a finished response with its conversation: the history, this input and this answer."""
+    """Stores a finished response with its conversation: the history, this input and this answer. `chars`: the
+    conversation's size before the answer (the history's and this body's)."""
 
     def __init__(self, store: ResponseStore, history: StoredResponse | None, new: list[ChatMessage],
                  chars: int) -> None:
@@ -102,33 +103,24 @@ async def create_response(state: ServerState, store: ResponseStore, req: Respons
     size = len(await request.body()) + (previous.chars if previous is not None else 0)
     history = previous.messages if previous is not None else ()
     chat, new = await state.offload.run(size, _chat_request, req, history)
-    head, run = await _start(state, store, req, chat, request, size)
-    keep = _Keeper(store, previous, new, size - (previous.chars if previous is not None else 0))
-    if req.stream:
-        try:
+    rid = new_id("resp")
+    try:  # the chat path under the response's id (the engine's request is `<id>-0`)
+        run = await start_chat(state, chat, request, size, rid)
+        head = response_head(rid, req, run.params, state.model_name, stored=req.store and store.enabled)
+        keep = _Keeper(store, previous, new, size)
+        if req.stream:
             first = await open_stream(request, run.it)
-        except APIError as e:
-            raise renamed(e) from None
-        if first is None:
-            return Response(status_code=499)
-        return SSEResponse(response_events(chat, state.tool_parser, head, first, run.it, keep))
-    finals = await collect_finals(request, run.it, 1)
+            if first is None:
+                return Response(status_code=499)
+            return SSEResponse(response_events(chat, state.tool_parser, head, first, run.it, keep))
+        finals = await collect_finals(request, run.it, 1)
+    except APIError as e:  # engine-side refusals too (a prompt over the context, a grammar failing at once)
+        raise renamed(e) from None
     if finals is None:
         return Response(status_code=499)
     response = await state.offload.run(response_size(finals, 0), _answer, state, chat, head, finals[0])
     keep(response)
     return JSONResponse(response.model_dump())
-
-
-async def _start(state: ServerState, store: ResponseStore, req: ResponsesRequest, chat: ChatCompletionRequest,
-                 request: Request, size: int) -> tuple[ResponseHead, ChatRun]:
-    """The chat path started under the response's id (the engine's request is `<id>-0`)."""
-    rid = new_id("resp")
-    try:
-        run = await start_chat(state, chat, request, size, rid)
-    except APIError as e:
-        raise renamed(e) from None
-    return response_head(rid, req, run.params, state.model_name, stored=req.store and store.enabled), run
 
 
 def _answer(state: ServerState, chat: ChatCompletionRequest, head: ResponseHead,

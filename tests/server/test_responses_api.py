@@ -6,6 +6,7 @@ bad input as a 400 naming the field."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from recap.engine.async_engine import AsyncEngine
 from recap.engine.llm_engine import LLMEngine
 from recap.sampling_params import SamplingParams
 from recap.server.app import build_app
-from recap.server.options import ServerOptions
+from recap.server.options import ServerOptions, add_http_args, server_options
 from recap.server.protocol import ChatMessage
 from recap.server.response_store import ResponseStore, StoredResponse
 from recap.server.responses_api_objects import response_head
@@ -234,6 +235,26 @@ def test_previous_response_id_continues_from_the_cache(client: openai.OpenAI) ->
     assert stored.model_dump() == first.model_dump()
 
 
+def test_output_sent_back_as_input_is_the_stored_conversation(client: openai.OpenAI, http: httpx.Client) -> None:
+    """The SDK's own output objects sent back as input render as the stored conversation does; a last
+    assistant message that is incomplete is continued, not answered (vLLM's rule), as chat's
+    continue_final_message continues it."""
+    ask = {"role": "user", "content": "Name the pumps."}
+    first = client.responses.create(**GREEDY, input=[ask], max_output_tokens=6)  # type: ignore[list-item]
+    assert first.status == "incomplete" and first.output[0].status == "incomplete"
+    more = {"role": "user", "content": "More."}
+    stateless = client.responses.create(**GREEDY, input=[ask, *first.output, more], max_output_tokens=4)  # type: ignore[list-item]
+    stored = client.responses.create(**GREEDY, previous_response_id=first.id, input=[more], max_output_tokens=4)  # type: ignore[list-item]
+    assert stateless.usage is not None and stored.usage is not None
+    assert stateless.usage.input_tokens == stored.usage.input_tokens and stateless.output_text == stored.output_text
+    go_on = client.responses.create(**GREEDY, input=[ask, *first.output], max_output_tokens=4)  # type: ignore[list-item]
+    twin = http.post("/v1/chat/completions", json={
+        **GREEDY, "max_tokens": 4, "add_generation_prompt": False, "continue_final_message": True,
+        "messages": [ask, {"role": "assistant", "content": first.output_text}]}).json()
+    assert go_on.usage is not None and go_on.usage.input_tokens == twin["usage"]["prompt_tokens"]
+    assert go_on.output_text == twin["choices"][0]["message"]["content"]
+
+
 def test_store_false_keeps_nothing_and_delete_forgets(client: openai.OpenAI, http: httpx.Client) -> None:
     r = client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=2, store=False)
     assert r.store is False
@@ -267,6 +288,15 @@ def test_the_store_forgets_the_least_recently_used() -> None:
     off = ResponseStore(capacity=0)
     off.put("a", _stored("a"))
     assert not off.enabled and len(off) == 0
+
+
+def test_the_store_size_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_http_args(parser)
+    assert server_options(parser.parse_args([])).responses_store_size == 1000
+    assert server_options(parser.parse_args(["--responses-store-size", "0"])).responses_store_size == 0
+    with pytest.raises(SystemExit):
+        server_options(parser.parse_args(["--responses-store-size", "-1"]))
 
 
 def test_a_server_that_stores_nothing_says_so(tiny_model: Path) -> None:

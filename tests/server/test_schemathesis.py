@@ -3,7 +3,8 @@ throughout, and afterwards the accounting holds (metrics add up, integrity clean
 
 The server parses request bodies itself (recap.http.json_body, for the hostile-input bounds), so its routes
 declare no bodies and it serves no /openapi.json: the schema is the app's own `app.openapi()` with each POST
-route's request model (recap.server.protocol, recap.server.tokenize_api) added as its JSON body."""
+route's request model (recap.server.protocol, recap.server.responses_api_request, recap.server.tokenize_api)
+added as its JSON body."""
 
 from __future__ import annotations
 
@@ -27,15 +28,17 @@ from tests.server.test_hostile import counts
 schemathesis = pytest.importorskip("schemathesis")
 
 EXAMPLES = 600  # per operation and generation mode
-CAPS = {"max_tokens": 8, "max_completion_tokens": 8, "min_tokens": 8, "n": 2, "best_of": 2}  # bound engine time
+CAPS = {"max_tokens": 8, "max_completion_tokens": 8, "max_output_tokens": 8, "min_tokens": 8, "n": 2,
+        "best_of": 2}  # bound engine time
 
 
 def request_models() -> dict[str, type]:
     from recap.server.protocol import ChatCompletionRequest, CompletionRequest
+    from recap.server.responses_api_request import ResponsesRequest
     from recap.server.tokenize_api import DetokenizeRequest, TokenizeRequest
 
     return {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
-            "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
+            "/v1/responses": ResponsesRequest, "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 
 
 def openapi_schema(model: Path) -> dict[str, Any]:
@@ -55,7 +58,21 @@ def openapi_schema(model: Path) -> dict[str, Any]:
                                                         "content": {"application/json": {"schema": ref}}}
     # what the server enforces past the model's types (a 400 otherwise): most positive chats reach the engine
     components["ChatCompletionRequest"]["properties"]["messages"]["minItems"] = 1
+    components["ResponsesRequest"]["properties"]["input"]["minItems"] = 1
+    components["InputItem"] = {"oneOf": list(_item_shapes().values())}  # its schema merges the three shapes
     return schema
+
+
+def _item_shapes() -> dict[str, dict[str, Any]]:
+    """The shapes recap.server.responses_api_request.InputItem takes, one per item type."""
+    text: dict[str, Any] = {"type": "string"}
+    fields = {"message": {"role": {"enum": ["user", "system", "developer", "assistant"]},
+                          "content": {"anyOf": [text, {"type": "array", "items": {"$ref": "#/components/schemas/"
+                                                                                             "ContentPart"}}]}},
+              "function_call": {"call_id": text, "name": text, "arguments": text},
+              "function_call_output": {"call_id": text, "output": text}}
+    return {kind: {"type": "object", "additionalProperties": False, "required": ["type", *own],
+                   "properties": {"type": {"const": kind}, "id": text, **own}} for kind, own in fields.items()}
 
 
 class HealthProbe(threading.Thread):
