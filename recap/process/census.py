@@ -54,7 +54,7 @@ def next_step_records(engine: Any) -> dict[str, int]:
     """Finished ids awaiting the next step, and the runner state they will free (`engine`: an LLMEngine)."""
     runner = engine.runner
     grammar = runner.grammar
-    return {"finished_ids": len(engine.scheduler._finished_ids), "runner_generators": len(runner._generators),
+    return {"finished_ids": len(engine.scheduler._finished_ids),
             "grammar_matchers": len(grammar._matchers) if grammar is not None else 0}
 
 

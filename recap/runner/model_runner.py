@@ -33,7 +33,7 @@ from recap.runner.memory import (
     weight_format,
 )
 from recap.runner.placeholders import SampledIds
-from recap.runner.sampler import RowLogprobs, Sampler, SampleRow, row_logprobs, takes_argmax
+from recap.runner.sampler import RowLogprobs, Sampler, SampleRow, position_generator, row_logprobs, takes_argmax
 from recap.runner.speculative import VerifyRow, greedy_emit, position_rows, verify_emit, verify_rows
 from recap.runner.tier_stores import TierStepReport, open_tier_stores
 from recap.sampling_params import SamplingParams
@@ -64,8 +64,8 @@ class RunnerConfig:
 
 class ModelRunner:
     """Owns the model, the backend that runs it (recap/backends/: built from the loaded model's flags and
-    the device), its KV/state tensors and the sampler. Stateless across steps otherwise, except per-request
-    seeded generators (dropped when the scheduler reports a request gone)."""
+    the device), its KV/state tensors and the sampler. Stateless across steps otherwise, but for the drafter's and
+    the grammar's per-request state (dropped when the scheduler reports a request gone)."""
 
     # speculative method "draft_model" (runner/draft_model.py) or "mtp" (runner/mtp_drafter.py): the engine's
     drafter: DraftModelRunner | MTPDrafter | None = None
@@ -116,7 +116,6 @@ class ModelRunner:
         self.has_state = self.state_bytes_per_slot > 0
         self.tier = open_tier_stores(cache_config, loaded.path, str(dtype), self.quantization, self.caches)
         self.sampler = Sampler(runner_config.seed)
-        self._generators: dict[str, torch.Generator] = {}
         # Structured output (recap/runner/grammar.py); set by the engine, which owns the tokenizer.
         self.grammar: GrammarBackend | None = None
         self._grammar_failed: dict[str, str] = {}  # this step's: request id -> why its matcher failed
@@ -196,7 +195,6 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in out.finished_request_ids:
-            self._generators.pop(rid, None)
             if self.drafter is not None:
                 self.drafter.forget(rid)
             if self.grammar is not None:
@@ -323,12 +321,8 @@ class ModelRunner:
 
     def _sample_row(self, s: ScheduledRequest, vocab: int) -> SampleRow:
         params: SamplingParams = s.sampling_params or _GREEDY
-        gen = None
-        if params.seed is not None and not params.greedy:
-            gen = self._generators.get(s.request_id)
-            if gen is None:
-                gen = torch.Generator().manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
-                self._generators[s.request_id] = gen
+        seeded = params.seed is not None and not params.greedy
+        gen = position_generator(params.seed, s.num_output_tokens) if seeded else None  # type: ignore[arg-type]
         banned = self._stop_ids(params) if s.num_output_tokens < params.min_tokens else ()
         allowed = None
         if params.structured_outputs is not None:

@@ -10,7 +10,7 @@ every draft is accepted it emits a bonus token drawn from p_k. The emitted token
 point-mass draft (q_j = one-hot(d_j): the n-gram drafter) the rule accepts with probability p_j(d_j), and the
 residual is p_j with d_j removed, renormalized: exactly the law of a token t ~ p_j given t != d_j. So
 `point_mass_emit` draws t ~ p_j with the plain sampler's own draw and accepts iff t == d_j. A seeded request thus
-consumes its generator as the unspeculated run does (one draw per emitted token) and emits the same tokens.
+draws each position from that position's generator, as the unspeculated run does, and emits the same tokens.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ def _check(probs: torch.Tensor, drafts: Sequence[int]) -> None:
         raise ValueError(f"target probs of shape {tuple(probs.shape)} for {len(drafts)} drafts (need k + 1 rows)")
 
 
-def point_mass_emit(target: Callable[[int], torch.Tensor], drafts: Sequence[int], generator: torch.Generator | None,
-                    draw: Draw) -> list[int]:  # fmt: skip
+def point_mass_emit(target: Callable[[int], torch.Tensor], drafts: Sequence[int],
+                    generators: Sequence[torch.Generator | None], draw: Draw) -> list[int]:  # fmt: skip
     """Verify deterministic drafts; target(j) is the target's p_j ([V], j = 0..k), asked for only up to the first
-    rejection. Returns the accepted drafts, then the token drawn where the first draft was rejected (or the bonus
-    token after all k)."""
+    rejection, and drawn from generators[j] (a seeded request's generator of that output position). Returns the
+    accepted drafts, then the token drawn where the first draft was rejected (or the bonus token after all k)."""
     emitted = []
     for j in range(len(drafts) + 1):
-        t = draw(target(j), generator)
+        t = draw(target(j), generators[j])
         emitted.append(t)
         if j == len(drafts) or t != drafts[j]:
             break

@@ -1,6 +1,11 @@
 """Token sampling: penalties and logit_bias, greedy, temperature, top-k, top-p, min-p, per-request
 seeds, logprobs.
 
+A seeded request's k-th output token is drawn from a generator seeded by (seed, k) alone (`position_generator`),
+not from one stream carried along the request: the token is then the same in any batch, after a preemption
+(recompute), in a step retried after a failure, and under speculation, where a stream carried along would
+restart or skip draws.
+
 `sample_ref` is the plain per-row reference; `Sampler` is the batched path the runner uses.
 Logprobs are those of the model's raw distribution (log_softmax of the logits), as vLLM reports
 by default, so they do not depend on the sampling settings.
@@ -8,6 +13,7 @@ by default, so they do not depend on the sampling settings.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +61,12 @@ def _filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
     return logits
+
+
+def position_generator(seed: int, position: int) -> torch.Generator:
+    """The generator of output token `position` of a request seeded with `seed`."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -24,7 +24,7 @@ import torch
 
 from recap.core.output import ScheduledRequest
 from recap.runner.rejection import point_mass_emit
-from recap.runner.sampler import SampleRow, draw, processed_logits, target_probs
+from recap.runner.sampler import SampleRow, draw, position_generator, processed_logits, target_probs
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,11 @@ def position_rows(row: SampleRow, drafts: Sequence[int], num_output: int, stop_i
     if row.allowed is not None:
         raise ValueError("a structured-output request cannot speculate (its grammar would need the drafts)")
     min_tokens = row.params.min_tokens
+    seed = row.params.seed if row.generator is not None else None  # each position draws from its own generator
     return [
-        SampleRow(row.params, row.generator, tuple(stop_ids) if num_output + j < min_tokens else (),
-                  row.prompt_token_ids, [*row.output_token_ids, *drafts[:j]])
+        SampleRow(row.params, row.generator if seed is None else position_generator(seed, num_output + j),
+                  tuple(stop_ids) if num_output + j < min_tokens else (), row.prompt_token_ids,
+                  [*row.output_token_ids, *drafts[:j]])
         for j in range(len(drafts) + 1)
     ]  # fmt: skip
 
@@ -116,5 +118,5 @@ def verify_emit(logits: torch.Tensor, drafts: Sequence[int], rows: Sequence[Samp
             if j == len(drafts) or emitted[j] != drafts[j]:
                 break
         return emitted
-    gen = rows[0].generator if rows[0].generator is not None else shared
-    return point_mass_emit(lambda j: target_probs(processed_logits(logits[j], rows[j]), params), drafts, gen, draw)
+    gens = [row.generator if row.generator is not None else shared for row in rows]
+    return point_mass_emit(lambda j: target_probs(processed_logits(logits[j], rows[j]), params), drafts, gens, draw)

@@ -69,6 +69,21 @@ def test_seeded_requests_reproduce_in_any_batch(tiny_models: dict[str, Path]) ->
     assert other_seed.outputs[0].token_ids != alone
 
 
+def test_seeded_requests_reproduce_after_preemption(tiny_models: dict[str, Path]) -> None:
+    """A KV pool too small for the batch preempts (recompute) mid-decode: each seeded request still draws the tokens
+    it draws alone, since its k-th token's generator depends on (seed, k) only."""
+    probe = make_llm(tiny_models["bamba"], caching=False).engine.runner
+    prompts = [rnd(50 + i, 20 + 4 * i) for i in range(4)]
+    params = [SamplingParams(temperature=1.0, seed=11 + i, max_tokens=16, ignore_eos=True) for i in range(4)]
+    alone = [make_llm(tiny_models["bamba"], caching=True).generate([p], q)[0].outputs[0].token_ids
+             for p, q in zip(prompts, params)]  # fmt: skip
+    tight = make_llm(tiny_models["bamba"], caching=True, kv_cache_bytes=6 * 16 * probe.kv_bytes_per_token,
+                     max_num_batched_tokens=32, max_model_len=96)  # fmt: skip
+    together = [o.outputs[0].token_ids for o in tight.generate(prompts, params)]
+    assert tight.engine.scheduler.counters.num_preemptions > 0, "the pool was meant to preempt"
+    assert together == alone
+
+
 def test_penalties_change_greedy_output(tiny_models: dict[str, Path]) -> None:
     llm = make_llm(tiny_models["mamba2"], caching=True)
     p = rnd(5, 12)

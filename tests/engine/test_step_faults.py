@@ -82,12 +82,16 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, 
 
 
 @pytest.mark.parametrize("spec", [False, True])
-def test_transient_faults_cost_a_recompute_not_an_answer(bamba: Path, spec: bool) -> None:
+@pytest.mark.parametrize("seeded", [False, True])
+def test_transient_faults_cost_a_recompute_not_an_answer(bamba: Path, spec: bool, seeded: bool) -> None:
     """Steps that fail once, mid-prefill and mid-decode (with drafts being verified under speculation): every
-    request is retried and finishes with the tokens of a run without faults."""
+    request is retried and finishes with the tokens of a run without faults, sampled with a seed too (each output
+    position draws from its own generator, so the retry draws what the first try would have)."""
     base = rnd(5, 24)
     prompts = [base + base[: 8 + i] + rnd(30 + i, 5) for i in range(3)]  # repeats: the drafter finds drafts
     params = replace(GREEDY, max_tokens=12)
+    if seeded:
+        params = replace(params, temperature=1.0, seed=77)
     kw = {"speculative_config": SPEC} if spec else {}
     reference = make(bamba, caching=False, **kw).generate(prompts, params)
     llm = make(bamba, **kw)

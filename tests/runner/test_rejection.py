@@ -12,12 +12,13 @@ drawing from p instead of p without d on a rejection) moves the L1 distance by 2
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from recap.runner.rejection import point_mass_emit, speculative_emit
-from recap.runner.sampler import SampleRow, draw, processed_logits, sample_ref, target_probs
+from recap.runner.sampler import SampleRow, draw, position_generator, processed_logits, sample_ref, target_probs
 from recap.runner.speculative import position_rows, verify_emit
 from recap.sampling_params import SamplingParams
 
@@ -110,11 +111,12 @@ def test_general_rule_rejects_bad_shapes() -> None:
 
 def _plain_run(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int], seed: int,
                stop_ids: tuple[int, ...]) -> list[int]:  # fmt: skip
-    """What the unspeculated sampler emits at positions 0..k, one step at a time (penalties see the tokens so far)."""
-    gen = torch.Generator().manual_seed(seed)
+    """What the unspeculated sampler emits at positions 0..k, one step at a time (penalties see the tokens so far),
+    each drawn from its output position's generator, as the runner's."""
     out = list(output)
     for j in range(logits.shape[0]):
         banned = stop_ids if len(out) < params.min_tokens else ()
+        gen = None if params.greedy else position_generator(seed, len(out))
         row = SampleRow(params, gen, banned, prompt, list(out))
         out.append(sample_ref(logits[j : j + 1], [row], None).token_ids[0])
     return out[len(output) :]
@@ -135,13 +137,14 @@ def test_seeded_verification_emits_the_plain_tokens(params: SamplingParams) -> N
         logits = torch.randn(k + 1, V) * 2.0
         logits[:, 0] += 4.0  # the stop token is likely: the min_tokens ban matters
         prompt, output = [2, 3, 5, 2], [3, 3, 7][: trial % 4]
-        want = _plain_run(logits, params, prompt, output, seed=trial, stop_ids=stop_ids)
+        want = _plain_run(logits, replace(params, seed=trial), prompt, output, seed=trial, stop_ids=stop_ids)
         for wrong in range(k + 1):  # drafts equal to the plain run up to `wrong`, then a token it did not emit
             drafts = want[:k]
             if wrong < k:
                 drafts = [*drafts[:wrong], (want[wrong] + 1) % V, *drafts[wrong + 1 :]]
-            gen = torch.Generator().manual_seed(trial)
-            base = SampleRow(params, None if params.greedy else gen, (), prompt, output)
+            seeded = replace(params, seed=trial)
+            gen = None if params.greedy else position_generator(trial, len(output))
+            base = SampleRow(seeded, gen, (), prompt, output)
             got = verify_emit(logits, drafts, position_rows(base, drafts, len(output), stop_ids), None)
             assert got == want[: wrong + 1], (trial, wrong, drafts)
 
@@ -156,5 +159,5 @@ def test_position_rows_refuse_a_grammar() -> None:
 
 def test_point_mass_emit_stops_at_the_first_miss() -> None:
     order = iter([4, 5, 1, 9])
-    got = point_mass_emit(lambda j: torch.ones(V), [4, 5, 6], None, lambda probs, gen: next(order))
+    got = point_mass_emit(lambda j: torch.ones(V), [4, 5, 6], [None] * 4, lambda probs, gen: next(order))
     assert got == [4, 5, 1]

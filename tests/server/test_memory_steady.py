@@ -93,7 +93,7 @@ def test_nothing_grows_after_warm_up(small_server: ServerThread) -> None:
         memory = http.get("/debug/memory", params={"collect": "true"}).json()  # live objects, not pending cycles
         assert memory["per_request"] == dict.fromkeys(memory["per_request"], 0), memory["per_request"]
         pending = memory["next_step"]
-        assert pending["runner_generators"] <= pending["finished_ids"] >= pending["grammar_matchers"], pending
+        assert pending["finished_ids"] >= pending["grammar_matchers"], pending
         for name, b in memory["bounded"].items():
             assert b["count"] <= b["capacity"], (name, b)
         samples.append(((r + 1) * len(requests), memory))
