@@ -103,6 +103,56 @@ def test_transient_faults_cost_a_recompute_not_an_answer(bamba: Path, spec: bool
     llm.engine.scheduler.check_integrity()
 
 
+def fail_tier_steps(llm: LLM, where: str, times: int) -> list[int]:
+    """The first `times` steps that carry tier orders raise: `before` the runner runs them, or `after` (saves
+    written, loads started, reports collected). Returns a list that counts the failures."""
+    runner, failures = llm.engine.runner, []
+    target = runner.tier if where == "before" else runner
+    name = "step" if where == "before" else "_run"
+    real = getattr(target, name)
+
+    def wrapped(out, *args):  # type: ignore[no-untyped-def]
+        if (out.tier_saves or out.tier_loads) and len(failures) < times:
+            if where == "after":
+                real(out, *args)
+            failures.append(1)
+            raise RuntimeError("poisoned batch")
+        return real(out, *args)
+
+    setattr(target, name, wrapped)
+    return failures
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_faults_with_host_and_disk_tiers_lose_no_entry_and_no_token(tmp_path: Path, where: str) -> None:
+    """Conversations whose history lives in the host and disk tiers, with the steps that carry tier saves and
+    loads failing before or after the runner ran those orders: the answers equal the uncached ones, every tier
+    entry ends written, and the disk holds exactly the files its index knows."""
+    from tests.engine.test_disk_tier import conversations, reference
+    from tests.engine.test_disk_tier import make as make_tiered
+
+    model = tiny_model_dir(tmp_path, "bamba")
+    probe = make_tiered(model, None, caching=False).engine.runner
+    sizes = probe.kv_bytes_per_token * 16, probe.state_bytes_per_slot
+    llm = make_tiered(model, tmp_path / "disk", sizes=sizes, cache_host_bytes=3 * sizes[0] + sizes[1])
+    failures = fail_tier_steps(llm, where, times=6)
+    got = conversations(llm)
+    assert len(failures) == 6 and llm.engine.scheduler.stats.failed_steps == 6
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in reference(model)]
+    tiers, store = llm.engine.scheduler.tiers, llm.engine.runner.tier
+    assert tiers is not None and store is not None and store.disk is not None
+    assert sum(t.counters.promotions for t in tiers.indexes) > 0
+    while store.disk.busy:
+        store.disk.wait(0.05)
+    llm.engine.step()  # an idle step collects the last reports
+    for index in tiers.indexes:
+        index.check()
+        assert all(index.is_ready(k) for k in index.iter_keys()), f"{index.name}: an entry never reported written"
+    files = {p.name for p in store.disk.dir.iterdir()}
+    assert len(files) == tiers.tier("disk").num_entries, "files the disk index does not know of, or the reverse"
+    llm.close()
+
+
 def test_a_runner_that_fails_every_step_stops_the_engine(bamba: Path) -> None:
     """Every step fails (a lost device): each request fails on its own retry, and once MAX_FAILED_STEPS steps in a
     row have failed the error is raised: the engine stops (the server's /health then says so)."""

@@ -1,6 +1,7 @@
 """The disk tier's file format and store without a model: a file round-trips bit-exactly, and a flipped byte,
 a truncated file, another identity's file or another entry's file is rejected; writes leave no temporary file;
-the host and disk stores together (tier_stores.py): an entry moved host -> disk, a load read from both."""
+the host and disk stores together (tier_stores.py): an entry moved host -> disk, a load read from both; reports a
+step collected before it raised arrive with the next step."""
 
 from __future__ import annotations
 
@@ -110,4 +111,26 @@ def test_stores_move_host_to_disk_and_load_from_both(tmp_path: Path) -> None:
     kv = caches.kv[0].tensors
     assert torch.equal(kv["k"][3], want_kv[0]) and torch.equal(kv["v"][3], want_kv[1])
     assert torch.equal(caches.state[1].tensors["ssm"][2], want_state) and int(caches.slot_positions[2]) == 32
+    store.close()
+
+
+def test_reports_of_a_step_that_raised_come_with_the_next_one(tmp_path: Path) -> None:
+    """The step collected the disk's finished save, then raised (its forward pass, or one of its own orders): the
+    report is carried, not lost (a lost one would leave the entry pending, or a load waiting, for good)."""
+    caches = _caches()
+    caches.slot_positions[1] = 32
+    store = TierStores(caches, [DiskTier(tmp_path, "id", caches)])
+    store.step(SchedulerOutput(1, [], tier_saves=[TierSave(KEY, 1)]))
+    store.wait(5.0)
+    report = store.step(SchedulerOutput(2, []))
+    assert report.saved == [TierSaved(KEY, True, 0)]
+    store.carry(report)  # the runner's step raised after its tier orders ran
+    assert store.step(SchedulerOutput(3, [])).saved == [TierSaved(KEY, True, 0)]
+    assert store.step(SchedulerOutput(4, [])).saved == []  # delivered once
+    store.step(SchedulerOutput(5, [], tier_saves=[TierSave(TierKey(EntryKind.KV, 0x78), 2)]))
+    store.wait(5.0)
+    bad = TierLoad("r", (), (KEY, 2), (1,))  # from a tier that is not a store: raises after the step collected
+    with pytest.raises(IndexError):
+        store.step(SchedulerOutput(6, [], tier_loads=[bad]))
+    assert store.step(SchedulerOutput(7, [])).saved == [TierSaved(TierKey(EntryKind.KV, 0x78), True, 0)]
     store.close()
