@@ -20,6 +20,7 @@ from recap.engine.config import EngineConfig
 from recap.engine.llm_engine import LLMEngine
 from recap.http.limits import ServerLimits
 from recap.server.app import build_app
+from recap.server.options import ServerOptions
 
 MODEL_NAME = "tiny-bamba"
 MAX_MODEL_LEN = 1024
@@ -86,6 +87,16 @@ def server(tiny_model: Path) -> Iterator[ServerThread]:
     srv = ServerThread(build_app(AsyncEngine(LLMEngine(engine_config(tiny_model))), limits=TEST_LIMITS))
     srv.start()
     yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def hermes_client(tiny_model: Path) -> Iterator[openai.OpenAI]:
+    """A server whose tool_choice auto reads Hermes-style calls (--tool-call-parser hermes)."""
+    engine = AsyncEngine(LLMEngine(engine_config(tiny_model)))
+    srv = ServerThread(build_app(engine, options=ServerOptions(tool_call_parser="hermes")))
+    srv.start()
+    yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
     srv.stop()
 
 

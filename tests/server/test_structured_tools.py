@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -17,12 +15,8 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from pydantic import BaseModel
 
-from recap.engine.async_engine import AsyncEngine
-from recap.engine.llm_engine import LLMEngine
-from recap.server.app import build_app
-from recap.server.options import ServerOptions
 from recap.server.tools import ToolSpec, detect_parser, parse_tool_calls
-from tests.server.conftest import MODEL_NAME, ServerThread, engine_config
+from tests.server.conftest import MODEL_NAME
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -124,16 +118,6 @@ def test_streamed_forced_calls_accumulate_to_the_whole_answer(client: openai.Ope
     assert streamed.finish_reason == whole.choices[0].finish_reason
     assert [i for i, _ in call_chunks] == list(range(len(call_chunks)))
     assert call_chunks[0][1] is None  # the first call went out before the answer ended
-
-
-@pytest.fixture(scope="module")
-def hermes_client(tiny_model: Path) -> Iterator[openai.OpenAI]:
-    """A server whose tool_choice auto reads Hermes-style calls (--tool-call-parser hermes)."""
-    engine = AsyncEngine(LLMEngine(engine_config(tiny_model)))
-    srv = ServerThread(build_app(engine, options=ServerOptions(tool_call_parser="hermes")))
-    srv.start()
-    yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    srv.stop()
 
 
 def test_streamed_auto_tool_calls_go_out_as_each_completes(hermes_client: openai.OpenAI) -> None:
