@@ -79,6 +79,9 @@ class SamplingParams:
     keep_special_token_ids: tuple[int, ...] = ()
     # The output must match this (a JSON schema, regex, choice or grammar; recap/structured_output.py).
     structured_outputs: StructuredOutput | None = None
+    # The constraint applies after these token ids first appear in the output (a reasoning model's end of its
+    # think block, vLLM's reasoning-aware structured output); (): from the first token.
+    structured_outputs_after: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +142,8 @@ class SamplingParams:
         put("stop", stop)
         put("stop_token_ids", tuple(_as_int("stop_token_ids", t) for t in self.stop_token_ids or ()))
         put("keep_special_token_ids", tuple(_as_int("keep_special_token_ids", t) for t in self.keep_special_token_ids))
+        put("structured_outputs_after", tuple(_as_int("structured_outputs_after", t)
+                                              for t in self.structured_outputs_after))
         if self.logit_bias is not None:
             bias = {_bias_key(k): _as_float(f"logit_bias[{k!r}]", v) for k, v in self.logit_bias.items()}
             put("logit_bias", bias or None)

@@ -26,6 +26,9 @@ class GrammarBackend:
         self.eos_token_ids = sorted(eos_token_ids)
         self._lltok: Any = None
         self._matchers: dict[str, tuple[Any, int]] = {}  # request id -> (matcher, tokens consumed)
+        # request id -> where its constraint starts in its output (structured_outputs_after), once found, or
+        # how far the search got (negative: -searched), so that each step reads only the new tokens
+        self._starts: dict[str, int] = {}
 
     def _ll_tokenizer(self) -> Any:
         if self._lltok is None:
@@ -36,6 +39,24 @@ class GrammarBackend:
 
     def drop(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
+        self._starts.pop(request_id, None)
+
+    def start(self, request_id: str, after: Sequence[int], output_ids: Sequence[int]) -> int | None:
+        """Where the constraint starts in `output_ids`: just past the first `after` (0 when `after` is
+        empty); None while it has not appeared (the output is still free: a think block)."""
+        if not after:
+            return 0
+        known = self._starts.get(request_id, 0)
+        if known > 0:
+            return known
+        n = len(after)
+        first = max(0, -known - n + 1)  # an occurrence may straddle what was searched and the new tokens
+        for i in range(first, len(output_ids) - n + 1):
+            if tuple(output_ids[i:i + n]) == tuple(after):
+                self._starts[request_id] = i + n
+                return i + n
+        self._starts[request_id] = -len(output_ids) if output_ids else 0
+        return None
 
     def _matcher(self, request_id: str, so: StructuredOutput) -> tuple[Any, int]:
         entry = self._matchers.get(request_id)

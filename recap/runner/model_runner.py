@@ -328,8 +328,11 @@ class ModelRunner:
         if params.structured_outputs is not None:
             if self.grammar is None:
                 raise RuntimeError("a structured-output request reached a runner without a grammar backend")
+            start = self.grammar.start(s.request_id, params.structured_outputs_after, s.output_token_ids)
             try:
-                allowed = self.grammar.allowed(s.request_id, params.structured_outputs, s.output_token_ids, vocab)
+                if start is not None:
+                    allowed = self.grammar.allowed(s.request_id, params.structured_outputs,
+                                                   s.output_token_ids[start:], vocab)
             except GrammarFailed as e:
                 self._grammar_failed[s.request_id] = str(e)
         return SampleRow(params, gen, banned, s.prompt_token_ids, s.output_token_ids, allowed)

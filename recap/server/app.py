@@ -32,6 +32,7 @@ from recap.server.errors import from_exception
 from recap.server.metrics import make_registry, render
 from recap.server.options import ServerOptions, install
 from recap.server.protocol import ChatCompletionRequest, CompletionRequest
+from recap.server.reasoning import reasoning_format
 from recap.server.request_body import parse_request
 from recap.server.response_store import ResponseStore
 from recap.server.responses import ModelCard, ModelList
@@ -105,8 +106,7 @@ def build_app(
     registry.register(RequestCountsCollector(counts, state.model_name))
     app.add_middleware(Guard, limits=limits, api_key=api_key, admitted=(*GENERATION_ROUTES, RESPONSES_ROUTE),
                        counts=counts, to_error=from_exception)
-    state.tool_parser = _tool_parser(options.tool_call_parser, llm.tokenizer)
-    state.tool_marker_ids = special_marker_ids(llm.tokenizer, state.tool_parser, special_token_ids(llm.tokenizer))
+    _set_parsers(state, options)
     state.template_sandbox = options.template_sandbox()
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
@@ -169,6 +169,24 @@ def _tool_parser(flag: str | None, tokenizer: Any) -> str | None:
     else:
         log.info("tool-call parser: %s (%s)", parser, "--tool-call-parser" if flag else "from the chat template")
     return parser
+
+
+def _set_parsers(state: ServerState, options: ServerOptions) -> None:
+    """The tool-call parser and its markers held as special tokens; --reasoning-parser: the format (an unknown
+    name is a ValueError listing the known ones), the end tag's token ids (where output constraints start) and
+    the tags the tokenizer holds as special tokens (kept in the text)."""
+    tok = state.tokenizer
+    special = special_token_ids(tok)
+    state.tool_parser = _tool_parser(options.tool_call_parser, tok)
+    state.tool_marker_ids = special_marker_ids(tok, state.tool_parser, special)
+    if options.reasoning_parser is None:
+        return
+    fmt = state.reasoning = reasoning_format(options.reasoning_parser)
+    state.reasoning_end_ids = tuple(tok.encode(fmt.end, add_special_tokens=False))
+    tags = [tok.encode(t, add_special_tokens=False) for t in (fmt.start, fmt.end)]
+    state.reasoning_marker_ids = tuple(ids[0] for ids in tags if len(ids) == 1 and ids[0] in special)
+    state.grammar_in_reasoning = options.grammar_in_reasoning
+    log.info("reasoning parser: %s (end tag %s = token ids %s)", fmt.name, fmt.end, list(state.reasoning_end_ids))
 
 
 def _add_debug_routes(app: FastAPI, engine: AsyncEngine, trimmer: process_memory.MallocTrimmer | None) -> None:

@@ -16,10 +16,12 @@ from recap.http.errors import APIError
 from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.sampling_params import SamplingParams
+from recap.server.answer_stream import AnswerStream
 from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import ChatCompletionRequest
+from recap.server.reasoning import Opening, ReasoningStream, opening, split_reasoning
 from recap.server.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -49,12 +51,13 @@ from recap.server.transfer_params import attach_transfer, with_transfer_params
 
 @dataclass
 class ChatRun:
-    """A chat request handed to the engine: its id, its sampling and the stream its answer comes from (closing
-    the stream aborts it)."""
+    """A chat request handed to the engine: its id, its sampling, the stream its answer comes from (closing
+    the stream aborts it) and where its answer starts for the reasoning parser (None: no parser)."""
 
     rid: str
     params: SamplingParams
     it: AsyncGenerator[tuple[int, RequestOutput], None]
+    reasoning: Opening | None = None
 
 
 async def start_chat(
@@ -73,6 +76,9 @@ async def start_chat(
     template, kwargs = request_template(req.chat_template, req.chat_template_kwargs)
     if req.tools:
         kwargs["tools"] = [t.template_dict() for t in req.tools]
+    if req.reasoning_effort is not None:  # vLLM's: a template variable, and thinking off for "none"
+        kwargs["reasoning_effort"] = req.reasoning_effort
+        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
     flags = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": req.continue_final_message}
     if template is None:
         chat = await state.offload.run(size, partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs)
@@ -82,13 +88,17 @@ async def start_chat(
         render = state.template_sandbox.renderer(template, state.tokenizer)
         chat = await state.offload.off_loop(partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs,
                                             render)  # fmt: skip
+    where = None if state.reasoning is None else opening(state.reasoning, chat.generation_prompt,
+                                                          kwargs.get("enable_thinking"))
+    params = state.reasoning_params(params, where, req.include_reasoning)
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt,
                                        fit_max_tokens=req.max_tokens_unset)
     reserve_sequences(request.scope, params.n)  # --max-queued counts sequences
     prepared = attach_transfer(state.kv_transfer, state.engine.engine, req.kv_transfer_params, prepared,
                                stream=req.stream, n=params.n, request=request)
-    return ChatRun(rid, params, merged(state.engine, prepared, RequestLog(prepared, req.user or req.safety_identifier)))
+    return ChatRun(rid, params, merged(state.engine, prepared, RequestLog(prepared, req.user or req.safety_identifier)),
+                   where)
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
@@ -99,21 +109,21 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         first = await open_stream(request, run.it)
         if first is None:
             return Response(status_code=499)
-        return SSEResponse(_stream(state, req, run.rid, run.params.n, first, run.it))
+        return SSEResponse(_stream(state, req, run, first))
     finals = await collect_finals(request, run.it, 1)
     if finals is None:
         return Response(status_code=499)
-    return await state.offload.run(response_size(finals, req.top_logprobs or 0), _response, state, req, run.rid,
-                                   finals)
+    return await state.offload.run(response_size(finals, req.top_logprobs or 0), _response, state, req, run, finals)
 
 
-def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: list[RequestOutput]) -> JSONResponse:
+def _response(state: ServerState, req: ChatCompletionRequest, run: ChatRun,
+              finals: list[RequestOutput]) -> JSONResponse:
     """The whole answer, rendered: tool-call parsing, logprob strings and JSON (off the loop when large)."""
     out = finals[0]
     k = req.top_logprobs or 0
     choices = []
     for o in out.outputs:
-        message, finish = assistant_message(state, req, o.text, o.finish_reason)
+        message, finish = assistant_message(state, req, o.text, o.finish_reason, run.reasoning)
         for call in message.tool_calls:
             call.index = None  # a position only in streamed deltas, as OpenAI has it
         if req.echoed:
@@ -121,28 +131,36 @@ def _response(state: ServerState, req: ChatCompletionRequest, rid: str, finals: 
         choices.append(ChatChoice(
             index=o.index, message=message, finish_reason=finish,
             logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids, o.logprobs, k)))
-    resp = ChatCompletionResponse(id=rid, created=int(time.time()), model=state.model_name, choices=choices,
+    resp = ChatCompletionResponse(id=run.rid, created=int(time.time()), model=state.model_name, choices=choices,
                                   usage=usage(finals), prompt_logprobs=prompt_logprobs_out(out.prompt_logprobs))
     return JSONResponse(with_transfer_params(resp.model_dump(), finals))
 
 
 def assistant_message(
-    state: ServerState, req: ChatCompletionRequest, text: str, finish: str | None
+    state: ServerState, req: ChatCompletionRequest, text: str, finish: str | None, where: Opening | None = None
 ) -> tuple[ChatResponseMessage, str | None]:
-    """The assistant message of one choice: tool calls forced by the grammar or parsed from the text."""
+    """The assistant message of one choice: its reasoning (`where`: where the answer starts, None without a
+    reasoning parser), then tool calls forced by the grammar or parsed from the content that follows."""
+    reasoning: str | None = None
+    content: str | None = text
+    if where is not None:
+        assert state.reasoning is not None
+        reasoning, content = split_reasoning(text, state.reasoning, where)
     choice = req.effective_tool_choice
     calls = []
-    content: str | None = text
-    if req.tools and choice != "none":
+    if req.tools and choice != "none" and content is not None:  # calls come from the content only
         if choice == "auto":
             assert state.tool_parser is not None
-            content, calls = parse_tool_calls(text, state.tool_parser, req.tools)
+            content, calls = parse_tool_calls(content, state.tool_parser, req.tools)
         else:
-            calls = forced_calls(text, req.tools, choice)
-            content = None if calls else text
+            calls = forced_calls(content, req.tools, choice)
+            content = None if calls else content
     if calls and finish == "stop":
         finish = "tool_calls"
-    return ChatResponseMessage(content=content, tool_calls=calls), finish
+    message = ChatResponseMessage(content=content, tool_calls=calls)
+    if reasoning is not None and req.include_reasoning:
+        message.reasoning = message.reasoning_content = reasoning
+    return message, finish
 
 
 def _chunk(state: ServerState, rid: str, created: int, choices: list[ChatChunkChoice],
@@ -151,19 +169,38 @@ def _chunk(state: ServerState, rid: str, created: int, choices: list[ChatChunkCh
                                    usage=usage_now).model_dump_json())
 
 
+def answer_stream(state: ServerState, req: ChatCompletionRequest, where: Opening | None) -> AnswerStream | None:
+    """One choice's splitter: reasoning first (with a parser), then tool calls from the content (with tools);
+    None when the text goes out as it comes."""
+    choice = req.effective_tool_choice
+    tools = ToolCallStream(req.tools, choice, state.tool_parser) if req.tools and choice != "none" else None
+    thinking = None if where is None or state.reasoning is None else ReasoningStream(state.reasoning, where)
+    return None if tools is None and thinking is None else AnswerStream(thinking, tools)
+
+
+def _delta(req: ChatCompletionRequest, answer: AnswerStream | None, text: str, finish: str | None,
+           ) -> tuple[ChatDelta, str | None]:
+    """A choice's delta for one step (empty when nothing is to be said yet), and its finish reason."""
+    if answer is None:
+        return (ChatDelta(content=text) if text else ChatDelta()), finish
+    pieces = answer.step(text, last=finish is not None)
+    if answer.called and finish == "stop":
+        finish = "tool_calls"
+    thought = (pieces.reasoning or None) if req.include_reasoning else None
+    delta = ChatDelta(content=pieces.content or None, tool_calls=pieces.calls or None, reasoning=thought,
+                      reasoning_content=thought)
+    return delta, finish
+
+
 async def _stream(
-    state: ServerState, req: ChatCompletionRequest, rid: str, n: int, first: tuple[int, RequestOutput],
-    it: AsyncGenerator[tuple[int, RequestOutput], None],
+    state: ServerState, req: ChatCompletionRequest, run: ChatRun, first: tuple[int, RequestOutput],
 ) -> AsyncIterator[str]:
     final: RequestOutput | None = None
     done: set[int] = set()
     created = int(time.time())
     k = req.top_logprobs or 0
-    choice = req.effective_tool_choice
-    # with tools, each choice's text goes through a parser that releases each call as it completes
-    streams: dict[int, ToolCallStream] = {}
-    if req.tools and choice != "none":
-        streams = {j: ToolCallStream(req.tools, choice, state.tool_parser) for j in range(n)}
+    rid, n, it = run.rid, run.params.n, run.it
+    answers = {j: answer_stream(state, req, run.reasoning) for j in range(n)}
     try:
         yield _chunk(state, rid, created, [ChatChunkChoice(index=j, delta=ChatDelta(role="assistant", content=""))
                                            for j in range(n)])
@@ -182,20 +219,9 @@ async def _stream(
                 lp = None if o.logprobs is None else await state.offload.run(
                     len(o.token_ids_delta) * (1 + k), chat_logprobs, state.token_text, o.token_ids_delta,
                     o.logprobs_delta, k)
-                finish = o.finish_reason
-                if streams:
-                    calls_in = streams[o.index]
-                    content, calls = calls_in.feed(o.text_delta)
-                    if finish is not None:
-                        more_content, more_calls = calls_in.finish()
-                        content, calls = content + more_content, calls + more_calls
-                        if calls_in.calls and finish == "stop":
-                            finish = "tool_calls"
-                    if not (content or calls or lp is not None or finish):
-                        continue
-                    delta = ChatDelta(content=content or None, tool_calls=calls or None)
-                else:
-                    delta = ChatDelta(content=o.text_delta) if o.text_delta else ChatDelta()
+                delta, finish = _delta(req, answers[o.index], o.text_delta, o.finish_reason)
+                if answers[o.index] is not None and delta.empty and lp is None and not finish:
+                    continue
                 choices.append(ChatChunkChoice(index=o.index, delta=delta, logprobs=lp, finish_reason=finish))
                 if o.finish_reason is not None:
                     done.add(o.index)

@@ -21,6 +21,9 @@ class ChatInput:
     token_ids: list[int]
     segment_boundaries: tuple[int, ...]  # message ends and explicit markers, merged, ascending
     explicit_boundaries: tuple[int, ...]  # from cache_control markers only
+    # The rendered text after the last message's content: the generation prompt (where a template opens or
+    # closes a think block for the answer; recap.server.reasoning.opening)
+    generation_prompt: str = ""
 
 
 def _marker_offsets(messages: list[ChatMessage], rendered: ChatPrompt) -> list[int]:
@@ -60,4 +63,6 @@ def build_chat_input(
         raise APIError(f"the chat template rejected the messages: {e}", param="messages") from None
     explicit = _marker_offsets(messages, rendered)
     merged = tuple(sorted(set(rendered.segment_boundaries) | set(explicit)))
-    return ChatInput(rendered.token_ids, merged, tuple(sorted(set(explicit))))
+    ends = [span[1] for span in rendered.content_spans if span is not None]
+    tail = rendered.text[max(ends, default=0):]
+    return ChatInput(rendered.token_ids, merged, tuple(sorted(set(explicit))), tail)

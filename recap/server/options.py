@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from recap.server.reasoning import PARSERS as REASONING_PARSERS
 from recap.server.response_store import DEFAULT_CAPACITY as DEFAULT_STORE_SIZE
 from recap.server.template_sandbox import FLAG as TRUST_TEMPLATE_FLAG
 from recap.server.template_sandbox import TemplateLimits, TemplateSandbox
@@ -36,6 +37,11 @@ class ServerOptions:
     chat_template_limits: TemplateLimits = TemplateLimits()
     # POST /v1/responses with store: the responses kept for previous_response_id and GET (an LRU; 0: none).
     responses_store_size: int = DEFAULT_STORE_SIZE
+    # vLLM's --reasoning-parser (recap/server/reasoning.py): chat and /v1/responses answers split into reasoning
+    # and content; None: all content. An output constraint then starts once the think block ends, unless
+    # grammar_in_reasoning (vLLM's --structured-outputs-config.enable_in_reasoning) constrains it as well.
+    reasoning_parser: str | None = None
+    grammar_in_reasoning: bool = False
 
     def template_sandbox(self) -> TemplateSandbox | None:
         """Where requests' own chat templates render; None when they are refused."""
@@ -71,8 +77,22 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
                    help="POST /v1/responses: keep the last N responses with store true (OpenAI's default) for "
                         f"previous_response_id and GET /v1/responses/{{id}}, least recently used forgotten first "
                         f"(default {DEFAULT_STORE_SIZE}; 0: keep none, responses say store false)")
+    p.add_argument("--reasoning-parser", choices=tuple(REASONING_PARSERS), default=None,
+                   help="split reasoning models' answers into `reasoning` (the <think> block) and `content`, as "
+                        "vLLM's parser of that name: qwen3 (Qwen3, Qwen3-Next, Qwen3.5), deepseek_r1 (also "
+                        "nemotron_v3 for Nemotron-3 Nano / Nemotron-H reasoning, minimax_m2); default: none")
+    p.add_argument("--structured-outputs-config.enable_in_reasoning", dest="grammar_in_reasoning",
+                   type=_true_or_false, default=False, metavar="true|false",
+                   help="vLLM's: with --reasoning-parser, apply response_format and other output constraints "
+                        "inside the think block too (default false: they start when it ends)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice auto; recap enables it whenever a parser is known")
+
+
+def _true_or_false(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
@@ -83,7 +103,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(tuple(args.allowed_origins), tuple(args.allowed_methods), tuple(args.allowed_headers),
                          args.allow_credentials, args.tool_call_parser, args.malloc_trim_interval,
                          trust_request_chat_template=args.trust_request_chat_template,
-                         responses_store_size=args.responses_store_size)
+                         responses_store_size=args.responses_store_size, reasoning_parser=args.reasoning_parser,
+                         grammar_in_reasoning=args.grammar_in_reasoning)
 
 
 def install(app: FastAPI, options: ServerOptions) -> None:

@@ -59,6 +59,10 @@ class ChatMessage(_Strict):
     cache_control: CacheControl | None = None
     tool_calls: list[AssistantToolCall] | None = None  # assistant turns that called tools
     tool_call_id: str | None = None  # tool turns: the call this result answers
+    # An answer's think block sent back (vLLM's `reasoning`, or its earlier `reasoning_content`): the template
+    # decides whether it renders (Qwen3's keep only the current turn's)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -78,6 +82,8 @@ class ChatMessage(_Strict):
             raise ValueError(f"tool_calls: only assistant messages carry them, not {self.role}")
         if self.tool_call_id is not None and self.role != "tool":
             raise ValueError(f"tool_call_id: only tool messages carry it, not {self.role}")
+        if (self.reasoning is not None or self.reasoning_content is not None) and self.role != "assistant":
+            raise ValueError(f"reasoning: only assistant messages carry it, not {self.role}")
         return self
 
     def parts(self) -> list[str]:
@@ -97,6 +103,9 @@ class ChatMessage(_Strict):
             d["tool_calls"] = [c.template_dict() for c in self.tool_calls]
         if self.tool_call_id is not None:
             d["tool_call_id"] = self.tool_call_id
+        thought = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if thought is not None:  # under both names: templates read reasoning_content (Qwen3) or reasoning
+            d["reasoning_content"] = d["reasoning"] = thought
         return d
 
 
@@ -287,6 +296,9 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # false: a forced call is one call (maxItems 1)
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: a template variable (and enable_thinking false for "none", unless chat_template_kwargs sets it)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    include_reasoning: bool = True  # vLLM's: false leaves the think block out of the answer
     chat_template: str | None = None  # vLLM's: the request's own template (only with --trust-request-chat-template)
     # vLLM's (apply_chat_template's) rendering flags: continue_final_message leaves the final message open for
     # the model to continue (a prefilled assistant turn), instead of a generation prompt after it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from recap.server.tools import ToolCall
 
@@ -71,7 +71,24 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] = Field(default_factory=list)
 
 
-class ChatResponseMessage(BaseModel):
+class _WithReasoning(BaseModel):
+    """A message or delta that may carry the think block (--reasoning-parser): under vLLM's current name,
+    `reasoning`, and its earlier one, `reasoning_content`, which clients still read; both left out when absent,
+    so a server without a reasoning parser sends what it always sent."""
+
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_reasoning(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        for name in ("reasoning", "reasoning_content"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class ChatResponseMessage(_WithReasoning):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -94,10 +111,14 @@ class ChatCompletionResponse(BaseModel):
     prompt_logprobs: PromptLogprobsOut | None = None
 
 
-class ChatDelta(BaseModel):
+class ChatDelta(_WithReasoning):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.content or self.tool_calls or self.reasoning)
 
 
 class ChatChunkChoice(BaseModel):

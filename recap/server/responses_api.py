@@ -25,9 +25,10 @@ from pydantic import ValidationError
 from recap.engine.outputs import RequestOutput
 from recap.http.errors import APIError
 from recap.http.sse import SSEResponse
-from recap.server.chat import assistant_message, start_chat
+from recap.server.chat import ChatRun, assistant_message, start_chat
 from recap.server.errors import from_validation_error
 from recap.server.protocol import ChatCompletionRequest, ChatMessage
+from recap.server.reasoning import answer_reasoning_tokens
 from recap.server.response_store import ResponseStore, StoredResponse
 from recap.server.responses_api_objects import (
     ResponseHead,
@@ -112,26 +113,28 @@ async def create_response(state: ServerState, store: ResponseStore, req: Respons
             first = await open_stream(request, run.it)
             if first is None:
                 return Response(status_code=499)
-            return SSEResponse(response_events(chat, state.tool_parser, head, first, run.it, keep))
+            return SSEResponse(response_events(state, chat, run, head, first, keep))
         finals = await collect_finals(request, run.it, 1)
     except APIError as e:  # engine-side refusals too (a prompt over the context, a grammar failing at once)
         raise renamed(e) from None
     if finals is None:
         return Response(status_code=499)
-    response = await state.offload.run(response_size(finals, 0), _answer, state, chat, head, finals[0])
+    response = await state.offload.run(response_size(finals, 0), _answer, state, chat, run, head, finals[0])
     keep(response)
     return JSONResponse(response.model_dump())
 
 
-def _answer(state: ServerState, chat: ChatCompletionRequest, head: ResponseHead,
+def _answer(state: ServerState, chat: ChatCompletionRequest, run: ChatRun, head: ResponseHead,
             final: RequestOutput) -> ResponseObject:
-    """The whole answer as a response: its text and the tool calls parsed or forced from it."""
+    """The whole answer as a response: its reasoning, its text and the tool calls parsed or forced from it."""
     o = final.outputs[0]
-    message, _ = assistant_message(state, chat, o.text, o.finish_reason)
+    message, _ = assistant_message(state, chat, o.text, o.finish_reason, run.reasoning)
     status = status_of(o.finish_reason)
     error = (final.error or "generation failed") if status == "failed" else None
-    return head.snapshot(status, output_items(message.content, message.tool_calls, o.finish_reason), usage([final]),
-                         o.finish_reason, error)
+    thought = 0 if run.reasoning is None or state.reasoning is None else answer_reasoning_tokens(
+        o.text, [state.token_text(t) for t in o.token_ids], state.reasoning, run.reasoning)
+    items = output_items(message.content, message.tool_calls, o.finish_reason, message.reasoning)
+    return head.snapshot(status, items, usage([final]), o.finish_reason, error, reasoning_tokens=thought)
 
 
 def _not_found(rid: str) -> APIError:

@@ -1,8 +1,10 @@
 """POST /v1/responses response models: the `response` object, its output items and usage, as OpenAI's SDK
 types them (openai.types.responses), and how one is built from a request and an answer.
 
-An answer's output is a `message` item holding its text (when it has text, or no call at all) followed by
-one `function_call` item per tool call. Its status is "completed", "incomplete" when max_output_tokens cut it
+An answer's output is a `reasoning` item holding its think block (with --reasoning-parser, when it thought:
+vLLM's shape, the text as one `reasoning_text` content part and an empty `summary`), then a `message` item
+holding its text (when it has text, or neither reasoning nor calls) followed by one `function_call` item per
+tool call. Its status is "completed", "incomplete" when max_output_tokens cut it
 (`incomplete_details.reason` "max_output_tokens"), or "failed" when generation failed midway (a grammar that
 stopped matching: `error`). `output_text` is not a field: OpenAI's SDK computes it from the output.
 """
@@ -57,12 +59,29 @@ class OutputFunctionCall(BaseModel):
         return cls(id=new_id("fc"), call_id=call.id, name=call.function.name, arguments=call.function.arguments)
 
 
-OutputItem = OutputMessage | OutputFunctionCall
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    """The think block (recap generates no summaries: `summary` is empty, as vLLM's)."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningText]
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+OutputItem = OutputReasoning | OutputMessage | OutputFunctionCall
 
 
 def as_input(output: list[OutputItem]) -> list[InputItem]:
     """Output items as the input items a client sends back (how a stored answer joins its conversation)."""
-    return [InputItem.model_validate(item.model_dump()) for item in output]
+    return [InputItem.model_validate(item.model_dump(exclude_none=isinstance(item, OutputReasoning)))
+            for item in output]
 
 
 class InputTokensDetails(BaseModel):
@@ -70,7 +89,7 @@ class InputTokensDetails(BaseModel):
 
 
 class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = 0  # recap has no reasoning parser: every output token is the answer's
+    reasoning_tokens: int = 0  # the think block's tokens (--reasoning-parser); 0 without a parser
 
 
 class ResponsesUsage(BaseModel):
@@ -81,10 +100,11 @@ class ResponsesUsage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, usage: Usage) -> ResponsesUsage:
+    def of(cls, usage: Usage, reasoning_tokens: int = 0) -> ResponsesUsage:
         cached = usage.prompt_tokens_details.cached_tokens
         return cls(input_tokens=usage.prompt_tokens, input_tokens_details=InputTokensDetails(cached_tokens=cached),
-                   output_tokens=usage.completion_tokens, output_tokens_details=OutputTokensDetails(),
+                   output_tokens=usage.completion_tokens,
+                   output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning_tokens),
                    total_tokens=usage.total_tokens)
 
 
@@ -141,10 +161,10 @@ class ResponseHead:
     echo: dict[str, Any]
 
     def snapshot(self, status: STATUS, output: list[OutputItem] | None = None, usage: Usage | None = None,
-                 finish: str | None = None, error: str | None = None) -> ResponseObject:
+                 finish: str | None = None, error: str | None = None, reasoning_tokens: int = 0) -> ResponseObject:
         return ResponseObject(
             id=self.rid, created_at=self.created_at, model=self.model, status=status, output=output or [],
-            usage=None if usage is None else ResponsesUsage.of(usage),
+            usage=None if usage is None else ResponsesUsage.of(usage, reasoning_tokens),
             incomplete_details=IncompleteDetails() if finish == "length" else None,
             error=None if error is None else ResponseError(message=error), **self.echo)
 
@@ -161,7 +181,9 @@ def response_head(rid: str, req: ResponsesRequest, params: SamplingParams, model
     echo = dict(
         instructions=req.instructions, max_output_tokens=req.max_output_tokens, metadata=req.metadata or {},
         parallel_tool_calls=req.parallel_tool_calls, previous_response_id=req.previous_response_id,
-        reasoning={"effort": None, "summary": None}, store=stored, temperature=params.temperature, text=text,
+        reasoning={"effort": req.reasoning.effort if req.reasoning else None,
+                   "summary": req.reasoning.summary if req.reasoning else None},
+        store=stored, temperature=params.temperature, text=text,
         tool_choice=choice, tools=[t.model_dump() for t in req.tools or []], top_p=params.top_p, user=req.user,
         service_tier=req.service_tier or "default", safety_identifier=req.safety_identifier,
         prompt_cache_key=req.prompt_cache_key)
@@ -174,11 +196,17 @@ def status_of(finish: str | None) -> STATUS:
     return "failed" if finish == "error" else "completed"
 
 
-def output_items(content: str | None, calls: list[ToolCall], finish: str | None) -> list[OutputItem]:
-    """A whole answer's items: its text as a message (unless it is all calls), then its calls. The message is
-    incomplete when max_output_tokens (or a failure) cut it: then it is the last item."""
+def output_items(content: str | None, calls: list[ToolCall], finish: str | None,
+                 reasoning: str | None = None) -> list[OutputItem]:
+    """A whole answer's items: its reasoning, its text as a message (unless it is all calls, or all reasoning),
+    then its calls. The last item is incomplete when max_output_tokens (or a failure) cut it."""
+    cut = finish in ("length", "error")
     items: list[OutputItem] = []
-    if content is not None or not calls:
+    if reasoning is not None:
+        last = content is None and not calls
+        items.append(OutputReasoning(id=new_id("rs"), content=[ReasoningText(text=reasoning)],
+                                     status="incomplete" if cut and last else "completed"))
+    if content is not None or not (calls or reasoning is not None):
         status = "incomplete" if finish in ("length", "error") and not calls else "completed"
         items.append(OutputMessage(id=new_id("msg"), status=status, content=[OutputText(text=content or "")]))
     items.extend(OutputFunctionCall.of(c) for c in calls)

@@ -9,9 +9,11 @@ into the message before them when it is an assistant's, as vLLM); `function_call
 messages. A last assistant message whose status is `in_progress` or `incomplete` is continued rather than
 answered (vLLM's `continue_final_message` for the Responses API). `max_output_tokens` is `max_tokens`;
 `text.format` is `response_format`; function tools and `tool_choice` take chat's shape. vLLM's sampling
-extensions (recap.server.protocol.GenerationFields) pass through unchanged. OpenAI's platform fields that
-ask for something recap has not (reasoning effort, background runs, output logprobs, truncation "auto",
-prompt templates, conversations) are a 400 naming the field unless they are at their no-op value.
+extensions (recap.server.protocol.GenerationFields) pass through unchanged; `reasoning.effort` is chat's
+`reasoning_effort`; a previous answer's `reasoning` item is the reasoning of the assistant turn it starts.
+OpenAI's platform fields that ask for something recap has not (reasoning summaries, background runs, output
+logprobs, truncation "auto", prompt templates, conversations) are a 400 naming the field unless they are at
+their no-op value.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _known_type(data: Any, kinds: tuple[str, ...], what: str, default: str | Non
 class ContentPart(_Strict):
     """A text part of a message: `input_text`, or a previous answer's `output_text`."""
 
-    type: Literal["input_text", "output_text"]
+    type: Literal["input_text", "output_text", "reasoning_text"]
     text: str
     # output_text's own metadata (citations, the logprobs an answer reported): nothing of it reaches the prompt
     annotations: list[dict[str, Any]] | None = None
@@ -50,19 +52,21 @@ class ContentPart(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data: Any) -> Any:
-        return _known_type(data, ("input_text", "output_text"), "parts: text only")
+        return _known_type(data, ("input_text", "output_text", "reasoning_text"), "parts: text only")
 
 
 # The fields each item type takes, besides type, id and status.
 _ITEM_FIELDS = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
-                "function_call_output": ("call_id", "output")}
+                "function_call_output": ("call_id", "output"), "reasoning": ("content",)}
+_OPTIONAL_FIELDS = {"reasoning": ("summary", "encrypted_content")}
 
 
 class InputItem(_Strict):
-    """One item of `input`: a message (`type` may be left out), a `function_call` of a previous answer, or
-    the `function_call_output` answering it. One model for the three so that errors name plain paths."""
+    """One item of `input`: a message (`type` may be left out), a `function_call` of a previous answer, the
+    `function_call_output` answering it, or a previous answer's `reasoning` (its reasoning_text content). One model
+    for them all so that errors name plain paths."""
 
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
     id: str | None = None
     status: ITEM_STATUS | None = None
     role: Literal["user", "system", "developer", "assistant"] | None = None
@@ -71,6 +75,8 @@ class InputItem(_Strict):
     name: str | None = None
     arguments: str | None = None  # JSON text, as the answer wrote it
     output: str | None = None
+    summary: list[dict[str, Any]] | None = None  # a reasoning item's (recap writes none: its text is not read)
+    encrypted_content: str | None = None  # never set by recap; another server's is refused below
 
     @model_validator(mode="before")
     @classmethod
@@ -89,12 +95,14 @@ class InputItem(_Strict):
     @model_validator(mode="after")
     def _fields_of_its_type(self) -> InputItem:
         own = _ITEM_FIELDS[self.type]
-        stray = sorted(self.model_fields_set - {"type", "id", "status", *own})
+        stray = sorted(self.model_fields_set - {"type", "id", "status", *own, *_OPTIONAL_FIELDS.get(self.type, ())})
         if stray:
             raise ValueError(f"{stray[0]}: not a field of a {self.type} item (it takes {', '.join(own)})")
         missing = [f for f in own if getattr(self, f) is None]
         if missing:
             raise ValueError(f"a {self.type} item needs {' and '.join(missing)}")
+        if self.encrypted_content is not None:
+            raise ValueError("encrypted_content: not supported (recap's reasoning items carry their text)")
         return self
 
     def text(self) -> str:
@@ -102,23 +110,35 @@ class InputItem(_Strict):
 
 
 def chat_messages(items: Sequence[InputItem]) -> list[ChatMessage]:
-    """Input items as chat messages: function calls join the assistant message before them."""
+    """Input items as chat messages: function calls join the assistant message before them; a reasoning item is
+    the reasoning of the assistant turn it starts (vLLM's mapping; the chat template decides what renders)."""
     out: list[ChatMessage] = []
     for item in items:
-        if item.type == "message":
+        last = out[-1] if out else None
+        if item.type == "reasoning":
+            out.append(ChatMessage(role="assistant", content=None, reasoning=item.text()))
+        elif item.type == "message":
             assert item.role is not None
-            out.append(ChatMessage(role=item.role, content=item.text()))
+            if item.role == "assistant" and last is not None and _thought_only(last):
+                last.content = item.text()
+            else:
+                out.append(ChatMessage(role=item.role, content=item.text()))
         elif item.type == "function_call_output":
             out.append(ChatMessage(role="tool", content=item.output, tool_call_id=item.call_id))
         else:
             assert item.call_id is not None and item.name is not None and item.arguments is not None
             call = AssistantToolCall(id=item.call_id, function=CalledFunction(name=item.name, arguments=item.arguments))
-            last = out[-1] if out else None
             if last is not None and last.role == "assistant":
                 last.tool_calls = [*(last.tool_calls or []), call]
             else:
                 out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
     return out
+
+
+def _thought_only(message: ChatMessage) -> bool:
+    """An assistant turn that so far holds only its reasoning (its message may follow)."""
+    return message.role == "assistant" and message.reasoning is not None and message.content is None and \
+        not message.tool_calls
 
 
 class FunctionTool(_Strict):
@@ -169,19 +189,13 @@ class TextConfig(_Strict):
 
 
 class ReasoningConfig(_Strict):
-    """Accepted empty: recap has no reasoning parser, so no effort or summary can be honoured."""
+    """`effort` is chat's reasoning_effort (a chat template variable, as vLLM passes it); recap writes no
+    summaries, so `summary` (and its older name `generate_summary`) takes only "auto" (whatever the model gives:
+    an empty summary), not "concise" or "detailed"."""
 
-    effort: str | None = None
-    summary: str | None = None
-    generate_summary: str | None = None
-
-    @field_validator("effort", "summary", "generate_summary")
-    @classmethod
-    def _nothing_asked(cls, v: str | None) -> str | None:
-        if v is not None:
-            raise ValueError("not supported (only null: recap has no reasoning parser, so it neither controls nor "
-                             "reports reasoning)")
-        return v
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto"] | None = None
+    generate_summary: Literal["auto"] | None = None
 
 
 class ResponsesStreamOptions(_Strict):
@@ -284,6 +298,8 @@ class ResponsesRequest(GenerationFields):
             body["tool_choice"] = self.tool_choice
         if self.text is not None and self.text.format is not None:
             body["response_format"] = self.text.format.response_format()
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            body["reasoning_effort"] = self.reasoning.effort
         for name in ("service_tier", "prompt_cache_key", "safety_identifier"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)

@@ -2,14 +2,18 @@
 `sequence_number`, in OpenAI's order:
 
     response.created, response.in_progress,
+    [the reasoning, with --reasoning-parser] response.output_item.added, response.content_part.added (a
+        reasoning_text part), response.reasoning_text.delta (each piece), response.reasoning_text.done,
+        response.content_part.done, response.output_item.done,
     [the message] response.output_item.added, response.content_part.added, response.output_text.delta (each
         piece of text), response.output_text.done, response.content_part.done, response.output_item.done,
     [each call] response.output_item.added, response.function_call_arguments.delta (the whole arguments),
         response.function_call_arguments.done, response.output_item.done,
     response.completed | response.incomplete | response.failed.
 
-The message opens at the answer's first text and closes before its first call or at the end (an answer with
-neither text nor calls still has its empty message, as the answer that is not streamed). Tool calls are read
+The reasoning item opens at the first reasoning text and closes when the think block ends; the message opens at
+the answer's first text and closes before its first call or at the end (an answer with no reasoning, text or
+call still has its empty message, as the answer that is not streamed). Tool calls are read
 from the text as chat streams them (recap.server.tool_stream): each call goes out once its text is complete,
 its arguments in one delta. An error after the 200 is an `error` event, and the stream ends.
 """
@@ -17,26 +21,30 @@ its arguments in one delta. An error after the 200 is an `error` event, and the 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pydantic import BaseModel
 
 from recap.engine.outputs import RequestOutput
+from recap.server.answer_stream import AnswerStream
+from recap.server.chat import ChatRun, answer_stream
 from recap.server.errors import from_exception
 from recap.server.protocol import ChatCompletionRequest
+from recap.server.reasoning import reasoning_tokens
 from recap.server.responses_api_objects import (
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    ReasoningText,
     ResponseHead,
     ResponseObject,
     new_id,
     status_of,
 )
-from recap.server.serving import usage
-from recap.server.tool_stream import ToolCallStream
+from recap.server.serving import ServerState, usage
 from recap.server.tools import ToolCall
 
 _LAST_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
@@ -63,11 +71,24 @@ class StreamedOutput:
         self.items: list[OutputItem] = []
         self._message: OutputMessage | None = None  # the open message
         self._text: list[str] = []
+        self._reasoning: OutputReasoning | None = None  # the open reasoning item
+        self._thought: list[str] = []
+
+    def reasoning(self, piece: str) -> list[str]:
+        if not piece:
+            return []
+        events = [] if self._reasoning is not None else self._open_reasoning()
+        assert self._reasoning is not None
+        self._thought.append(piece)
+        events.append(self.event("response.reasoning_text.delta", item_id=self._reasoning.id,
+                                 output_index=len(self.items), content_index=0, delta=piece))
+        return events
 
     def text(self, piece: str) -> list[str]:
         if not piece:
             return []
-        events = [] if self._message is not None else self._open()
+        events = self._close_reasoning("completed")
+        events += [] if self._message is not None else self._open()
         assert self._message is not None
         self._text.append(piece)
         events.append(self.event("response.output_text.delta", item_id=self._message.id,
@@ -75,7 +96,7 @@ class StreamedOutput:
         return events
 
     def call(self, call: ToolCall) -> list[str]:
-        events = self._close("completed")
+        events = self._close_reasoning("completed") + self._close("completed")
         item, index = OutputFunctionCall.of(call), len(self.items)
         added = item.model_copy(update={"arguments": "", "status": "in_progress"})
         events += [
@@ -90,9 +111,34 @@ class StreamedOutput:
         return events
 
     def finish(self, finish: str | None) -> list[str]:
-        """Closes the answer: the open message (incomplete when cut short), or an empty one if nothing came."""
-        events = self._open() if not self.items and self._message is None else []
-        return events + self._close("incomplete" if finish in ("length", "error") else "completed")
+        """Closes the answer: the open item (incomplete when cut short), or an empty message if nothing came."""
+        status = "incomplete" if finish in ("length", "error") else "completed"
+        events = self._close_reasoning(status)
+        events += self._open() if not self.items and self._message is None else []
+        return events + self._close(status)
+
+    def _open_reasoning(self) -> list[str]:
+        self._reasoning = item = OutputReasoning(id=new_id("rs"), content=[], status="in_progress")
+        index = len(self.items)
+        return [self.event("response.output_item.added", output_index=index, item=item),
+                self.event("response.content_part.added", item_id=item.id, output_index=index, content_index=0,
+                           part=ReasoningText(text=""))]
+
+    def _close_reasoning(self, status: str) -> list[str]:
+        if self._reasoning is None:
+            return []
+        part, index = ReasoningText(text="".join(self._thought)), len(self.items)
+        item = self._reasoning.model_copy(update={"status": status, "content": [part]})
+        events = [
+            self.event("response.reasoning_text.done", item_id=item.id, output_index=index, content_index=0,
+                       text=part.text),
+            self.event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
+                       part=part),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+        self.items.append(item)
+        self._reasoning, self._thought = None, []
+        return events
 
     def _open(self) -> list[str]:
         self._message = message = OutputMessage(id=new_id("msg"), status="in_progress", content=[])
@@ -119,14 +165,14 @@ class StreamedOutput:
 
 
 async def response_events(
-    chat: ChatCompletionRequest, tool_parser: str | None, head: ResponseHead, first: tuple[int, RequestOutput],
-    it: AsyncGenerator[tuple[int, RequestOutput], None], keep: Callable[[ResponseObject], None],
+    state: ServerState, chat: ChatCompletionRequest, run: ChatRun, head: ResponseHead, first: tuple[int, RequestOutput],
+    keep: Callable[[ResponseObject], None],
 ) -> AsyncIterator[str]:
-    """The events of one answer (`first`, then the rest of `it`); `keep` stores the final response."""
+    """The events of one answer (`first`, then the rest of the run's stream); `keep` stores the final response."""
     event = EventWriter()
     out = StreamedOutput(event)
-    choice = chat.effective_tool_choice
-    calls_in = ToolCallStream(chat.tools or [], choice, tool_parser) if chat.tools and choice != "none" else None
+    answer = answer_stream(state, chat, run.reasoning)
+    it = run.it
     try:
         yield event("response.created", response=head.snapshot("in_progress"))
         yield event("response.in_progress", response=head.snapshot("in_progress"))
@@ -135,11 +181,7 @@ async def response_events(
         while item is not None:
             final = item[1]
             o = final.outputs[0]
-            content, calls = (o.text_delta, []) if calls_in is None else calls_in.feed(o.text_delta)
-            if calls_in is not None and o.finish_reason is not None:
-                more_content, more_calls = calls_in.finish()
-                content, calls = content + more_content, calls + more_calls
-            for frame in out.text(content) + [f for c in calls for f in out.call(c)]:
+            for frame in _frames(out, answer, o.text_delta, o.finish_reason is not None, chat.include_reasoning):
                 yield frame
             item = await anext(it, None)
         assert final is not None and final.finished
@@ -147,8 +189,12 @@ async def response_events(
         for frame in out.finish(o.finish_reason):
             yield frame
         status = status_of(o.finish_reason)
+        thought = 0
+        if answer is not None and answer.reasoning is not None:
+            thought = reasoning_tokens([state.token_text(t) for t in o.token_ids], answer.reasoning)
         response = head.snapshot(status, out.items, usage([final]), o.finish_reason,
-                                 error=(final.error or "generation failed") if status == "failed" else None)
+                                 error=(final.error or "generation failed") if status == "failed" else None,
+                                 reasoning_tokens=thought)
         keep(response)
         yield event(_LAST_EVENT[status], response=response)
     except Exception as e:  # noqa: BLE001 - the 200 is out: report in-stream, as OpenAI does
@@ -156,3 +202,13 @@ async def response_events(
         yield event("error", code=err.code, message=err.message, param=err.param)
     finally:
         await it.aclose()
+
+
+def _frames(out: StreamedOutput, answer: AnswerStream | None, text: str, last: bool, with_reasoning: bool
+            ) -> list[str]:
+    """The events of one step's text: its reasoning, content and calls (the held-back rest when `last`)."""
+    if answer is None:
+        return out.text(text)
+    pieces = answer.step(text, last)
+    frames = out.reasoning(pieces.reasoning) if with_reasoning else []
+    return frames + out.text(pieces.content) + [f for c in pieces.calls for f in out.call(c)]

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
@@ -27,6 +27,7 @@ from recap.http.errors import APIError
 from recap.http.offload import Offloader
 from recap.sampling_params import SamplingParams
 from recap.server.errors import from_exception, from_value_error
+from recap.server.reasoning import Opening, ReasoningFormat
 from recap.server.responses import PromptTokensDetails, Usage
 from recap.server.template_sandbox import TemplateSandbox
 from recap.server.transfer_params import TransferHook
@@ -49,6 +50,13 @@ class ServerState:
     kv_transfer: TransferHook | None = None  # a prefill or decode instance's (recap.server.transfer_params)
     # Where a request's own chat template renders; None: such requests are refused (--trust-request-chat-template).
     template_sandbox: TemplateSandbox | None = None
+    # --reasoning-parser (recap/server/reasoning.py); None: answers are all content.
+    reasoning: ReasoningFormat | None = None
+    # The end tag's token ids: an output constraint starts after them (unless --structured-outputs-config.
+    # enable_in_reasoning); and the tags that are special tokens, kept in the text for the parser.
+    reasoning_end_ids: tuple[int, ...] = ()
+    reasoning_marker_ids: tuple[int, ...] = ()
+    grammar_in_reasoning: bool = False
 
     @property
     def tokenizer(self) -> Any:
@@ -64,6 +72,23 @@ class ServerState:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
+
+
+    def reasoning_params(self, params: SamplingParams, where: Opening | None,
+                         include_reasoning: bool) -> SamplingParams:
+        """A chat request's sampling once its answer's start is known: the think tags kept in its text, and its
+        output constraint (response_format, a forced tool call) held until the think block ends, as vLLM does
+        (not when the answer starts as content, nor with include_reasoning false: vLLM constrains those from
+        the first token)."""
+        if where is None:
+            return params
+        if self.reasoning_marker_ids and params.skip_special_tokens:
+            keep = tuple(dict.fromkeys((*params.keep_special_token_ids, *self.reasoning_marker_ids)))
+            params = replace(params, keep_special_token_ids=keep)
+        thinking = where != "content" and include_reasoning and not self.grammar_in_reasoning
+        if params.structured_outputs is not None and thinking:
+            params = replace(params, structured_outputs_after=self.reasoning_end_ids)
+        return params
 
 
 def new_request_id(prefix: str) -> str:
