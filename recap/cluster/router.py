@@ -5,10 +5,11 @@ Cost model, in prefill tokens (what the request waits for, roughly):
 resumable_tokens(r): the deepest prefix replica r can resume from (KV and checkpoint both present, from
 its published stats, or predicted from requests this router sent it since); load(r): requests on r, the
 larger of what r last published (less what this router saw finish there since) and what this router has
-in flight there. A replica with a deeper hit but a longer queue loses once each extra queued request
-costs more than the tokens the hit saves. Ties go to the replica holding the longer KV prefix (not a hit
-for a hybrid, but where the branch point gets learned and checkpointed, so the next request sharing it
-hits), then to the lower load, then to the replica chosen (ranked first or routed to) least recently (new
+in flight there (a prompt that runs past the whole of one in flight is its follow-up turn: that one is over,
+whenever Serve's completion callback arrives). A replica with a deeper hit but a longer queue loses once each
+extra queued request costs more than the tokens the hit saves. Ties go to the replica holding the longer KV
+prefix (not a hit for a hybrid, but where the branch point gets learned and checkpointed, so the next request
+sharing it hits), then to the lower load, then to the replica chosen (ranked first or routed to) least recently (new
 sessions spread out), then to the replica id. Stale stats (older than `max_stats_age_s`) count for load
 only; a replica with no stats is routed by load alone. Session affinity follows without a session id: a
 follow-up turn extends the previous prompt, whose checkpoint sits on the replica that served it.
@@ -85,7 +86,7 @@ class _Prediction:
 @dataclass
 class _Replica:
     stats: ReplicaStats | None = None
-    in_flight: int = 0
+    in_flight: set[str] = field(default_factory=set)  # keys of this router's requests there, not yet completed
     # Decision counter when last ranked first or last routed to, whichever came later: ranking covers
     # concurrent requests ranked before any of them is routed, routing covers Serve passing a request on to
     # a later rank (the first one's queue probe missed its deadline), so that replica is not starved.
@@ -143,7 +144,7 @@ class CheckpointRouter:
         if replica in self._dead:
             return
         entry = self._replicas.setdefault(replica, _Replica())
-        entry.in_flight += 1
+        entry.in_flight.add(request_key)
         if request.pin is not None:
             return  # a debug call aimed at one replica: load only, no recency, no predicted cache
         self._decisions += 1
@@ -154,16 +155,26 @@ class CheckpointRouter:
 
     def on_completed(self, replica: str, request_key: str) -> None:
         entry = self._replicas.get(replica)
-        if entry is None:
-            return
-        entry.in_flight = max(0, entry.in_flight - 1)
+        if entry is None or request_key not in entry.in_flight:
+            return  # unknown, or settled already by its follow-up (`_settle_predecessors`)
+        entry.in_flight.discard(request_key)
         # Kept even before the replica's first stats: stats taken while this request ran may arrive after its
         # completion, and must not count it (a session's next turn then saw its home loaded and moved away).
         now = self.clock()
         entry.completions = [t for t in entry.completions if now - t <= self.config.max_stats_age_s] + [now]
         prediction = entry.predictions.get(request_key)
         if prediction is not None:
-            prediction.completed_at = self.clock()
+            prediction.completed_at = now
+
+    def _settle_predecessors(self, chain: list[int]) -> None:
+        """A prompt that runs past the whole of a routed prompt still in flight is its follow-up turn, which the
+        client sent after reading that answer: the earlier request has finished, though Serve's completion
+        callback may not have reached this router yet (it then counted on its replica, and the session moved)."""
+        for replica, entry in self._replicas.items():
+            for key, p in list(entry.predictions.items()):
+                if p.completed_at is None and key in entry.in_flight and len(chain) > len(p.depth) and all(
+                        p.depth.get(chain[k]) == k + 1 for k in range(len(p.depth))):  # fmt: skip
+                    self.on_completed(replica, key)
 
     # -- decisions --------------------------------------------------------------------------------
     def _chain(self, request: RouteRequest) -> list[int]:
@@ -204,7 +215,7 @@ class CheckpointRouter:
         if entry is None:
             return 0
         published = entry.stats.num_requests - len(entry.completions) if entry.stats is not None else 0
-        return max(entry.in_flight, published)
+        return max(len(entry.in_flight), published)
 
     def score(self, candidates: Sequence[str], request: RouteRequest) -> list[Choice]:
         """Every candidate's cost under the request's policy, best first (the routing decision)."""
@@ -212,6 +223,8 @@ class CheckpointRouter:
         bs = self.config.block_size
         num_tokens = len(request.token_ids)
         chain = self._chain(request) if request.policy == "checkpoint" else []
+        if chain:
+            self._settle_predecessors(chain)
         max_blocks = max(0, (num_tokens - 1) // bs)  # never the last token: something must be computed
         choices = []
         for replica in [c for c in dict.fromkeys(candidates) if c not in self._dead]:

@@ -121,6 +121,25 @@ def test_a_completion_seen_before_the_first_stats_still_discounts_them() -> None
     assert r.rank(["home", "other"], RouteRequest(PROMPT))[0] == "home"
 
 
+def test_a_follow_up_turn_settles_its_predecessor_before_serve_reports_it() -> None:
+    """The client read turn 1's answer and sent turn 2 (turn 1's prompt, its answer, a new question) before Serve's
+    completion callback reached the router: turn 1 is over, so its replica is idle and turn 2 stays home. The late
+    callback then changes nothing; a concurrent request that merely shares a prefix still counts."""
+    clock = Clock()
+    r = router(clock)
+    for rid in ("home", "other"):
+        r.update_stats(rid, stats_for([], [], clock.now))
+    r.on_routed("home", "t1", RouteRequest(PROMPT[:21]))
+    assert r.load("home") == 1
+    assert r.rank(["home", "other"], RouteRequest(PROMPT))[0] == "home"  # turn 2: extends t1 past its end
+    assert r.load("home") == 0
+    r.on_completed("home", "t1")  # the late callback
+    assert r.load("home") == 0 and r.load("other") == 0
+    r.on_routed("other", "y", RouteRequest(PROMPT[:21]))
+    r.score(["home", "other"], RouteRequest(PROMPT[:21]))  # the same prompt again: not past its end, not settled
+    assert r.load("other") == 1
+
+
 def test_ties_spread_then_fall_to_lower_id() -> None:
     clock = Clock()
     r = router(clock)
