@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from recap.server.partial_tag import partial_tag
+
 Opening = Literal["open", "strict", "content"]
 
 
@@ -75,14 +77,6 @@ def split_reasoning(text: str, fmt: ReasoningFormat, where: Opening) -> tuple[st
         body = text
     reasoning, found, content = body.partition(fmt.end)
     return reasoning or None, (content or None) if found else None
-
-
-def _partial(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that is a proper start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class ReasoningStream:
@@ -138,7 +132,7 @@ class ReasoningStream:
                     self._take(len(end))
                     self._phase, self.in_reasoning = "content", False
                     continue
-                keep = 0 if final else _partial(self._pending, end)
+                keep = 0 if final else partial_tag(self._pending, end)
                 reasoning.append(self._take(len(self._pending) - keep))
                 self.reasoning_chars = self._seen
                 return "".join(reasoning), "".join(content)

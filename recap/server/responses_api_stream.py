@@ -119,48 +119,46 @@ class StreamedOutput:
 
     def _open_reasoning(self) -> list[str]:
         self._reasoning = item = OutputReasoning(id=new_id("rs"), content=[], status="in_progress")
-        index = len(self.items)
-        return [self.event("response.output_item.added", output_index=index, item=item),
-                self.event("response.content_part.added", item_id=item.id, output_index=index, content_index=0,
-                           part=ReasoningText(text=""))]
+        return self._added(item, ReasoningText(text=""))
 
     def _close_reasoning(self, status: str) -> list[str]:
         if self._reasoning is None:
             return []
-        part, index = ReasoningText(text="".join(self._thought)), len(self.items)
+        part = ReasoningText(text="".join(self._thought))
         item = self._reasoning.model_copy(update={"status": status, "content": [part]})
+        self._reasoning, self._thought = None, []
+        return self._done(item, part, "response.reasoning_text.done")
+
+    def _open(self) -> list[str]:
+        self._message = message = OutputMessage(id=new_id("msg"), status="in_progress", content=[])
+        return self._added(message, OutputText(text=""))
+
+    def _close(self, status: str) -> list[str]:
+        if self._message is None:
+            return []
+        part = OutputText(text="".join(self._text))
+        message = self._message.model_copy(update={"status": status, "content": [part]})
+        self._message, self._text = None, []
+        return self._done(message, part, "response.output_text.done", logprobs=[])
+
+    def _added(self, item: OutputReasoning | OutputMessage, part: ReasoningText | OutputText) -> list[str]:
+        """An item opens with its one (empty) content part."""
+        index = len(self.items)
+        return [self.event("response.output_item.added", output_index=index, item=item),
+                self.event("response.content_part.added", item_id=item.id, output_index=index, content_index=0,
+                           part=part)]
+
+    def _done(self, item: OutputReasoning | OutputMessage, part: ReasoningText | OutputText, text_done: str,
+              **extra: object) -> list[str]:  # fmt: skip
+        """An item closes: its text's done event, its part's, its own; it then joins the output."""
+        index = len(self.items)
         events = [
-            self.event("response.reasoning_text.done", item_id=item.id, output_index=index, content_index=0,
-                       text=part.text),
+            self.event(text_done, item_id=item.id, output_index=index, content_index=0, text=part.text, **extra),
             self.event("response.content_part.done", item_id=item.id, output_index=index, content_index=0,
                        part=part),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
         self.items.append(item)
-        self._reasoning, self._thought = None, []
-        return events
-
-    def _open(self) -> list[str]:
-        self._message = message = OutputMessage(id=new_id("msg"), status="in_progress", content=[])
-        index = len(self.items)
-        return [self.event("response.output_item.added", output_index=index, item=message),
-                self.event("response.content_part.added", item_id=message.id, output_index=index, content_index=0,
-                           part=OutputText(text=""))]
-
-    def _close(self, status: str) -> list[str]:
-        if self._message is None:
-            return []
-        part, index = OutputText(text="".join(self._text)), len(self.items)
-        message = self._message.model_copy(update={"status": status, "content": [part]})
-        events = [
-            self.event("response.output_text.done", item_id=message.id, output_index=index, content_index=0,
-                       text=part.text, logprobs=[]),
-            self.event("response.content_part.done", item_id=message.id, output_index=index, content_index=0,
-                       part=part),
-            self.event("response.output_item.done", output_index=index, item=message),
-        ]
-        self.items.append(message)
-        self._message, self._text = None, []
         return events
 
 

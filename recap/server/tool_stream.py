@@ -11,6 +11,7 @@ up to the first that is not one; when there is none at all, the whole text is co
 
 from __future__ import annotations
 
+from recap.server.partial_tag import partial_tag
 from recap.server.tools import (
     MARKERS,
     NamedToolChoice,
@@ -24,14 +25,6 @@ from recap.server.tools import (
 
 # The characters a call can complete on: an object's or array's close, a marker's last character.
 _CLOSERS = frozenset("}]>")
-
-
-def _partial_marker(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that is a proper start of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 class ToolCallStream:
@@ -84,7 +77,7 @@ class ToolCallStream:
             if self._phase == "content":
                 at = text.find(self._start, self._sent)
                 if at < 0:
-                    cut = len(text) if final else len(text) - _partial_marker(text, self._start)
+                    cut = len(text) if final else len(text) - partial_tag(text, self._start)
                     piece = text[self._sent:cut] if final else text[self._sent:cut].rstrip()
                     if piece.strip() or (final and piece):
                         content.append(piece)
