@@ -21,8 +21,10 @@ class ReplicaAPI(Protocol):
     @property
     def limits(self) -> ServerLimits: ...
 
-    def build(self, engine: AsyncEngine, collectors: Sequence[Collector], transfer: KVTransferConfig) -> ASGIApp:
-        """The replica's app over `engine` (which the replica owns: the app's lifespan must not stop it)."""
+    def build(self, engine: AsyncEngine, collectors: Sequence[Collector], transfer: KVTransferConfig,
+              replica: str | None = None) -> ASGIApp:
+        """The replica's app over `engine` (which the replica owns: the app's lifespan must not stop it).
+        `replica`: its Serve replica id, which the ids of its stored responses carry (recap.http.response_ids)."""
         ...
 
     def prompt_tokens(self, tokenizer: Any, path: str, body: bytes) -> tuple[list[int], str | None]:

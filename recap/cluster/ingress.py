@@ -2,7 +2,8 @@
 
 It does two things of its own and leaves the API to the replicas (which run the app their ReplicaAPI
 builds, recap.cluster.api): tokenizes the prompt exactly as a replica would (the API's `prompt_tokens`),
-so the router can hash its block chain; and relays the request to the replica the router picks. A
+so the router can hash its block chain, or pins a call about a stored response to the replica that stored
+it (recap.cluster.route_input); and relays the request to the replica the router picks. A
 replica that dies fails the requests it was serving with an OpenAI error body (503 before the response
 started, an error event in a stream after), and Serve stops routing to it. `/debug/integrity` asks every
 replica for its cache core's check.
@@ -26,6 +27,7 @@ from recap.cluster.api import ReplicaAPI
 from recap.cluster.asgi import REPLICA_HEADER, HTTPRequest, ResponseStart
 from recap.cluster.board import replicas_of
 from recap.cluster.ray_router import ROUTE_KWARG
+from recap.cluster.route_input import route_input
 from recap.cluster.router import POLICIES
 from recap.http.errors import APIError
 from recap.http.sse import SSE_DONE, sse_event
@@ -132,16 +134,16 @@ def forwarded(request: Request, body: bytes) -> tuple[str, HTTPRequest]:
                              tuple((k.lower(), v) for k, v in request.headers.raw))
 
 
-async def read_request(request: Request, tokenizer: Any, api: ReplicaAPI
-                       ) -> tuple[str, HTTPRequest, list[int], str | None]:
-    """The path, the request to forward, and (for a POST) the first prompt's tokens and cache salt, which
-    are rendered and tokenized off the event loop: a long chat takes long enough to stall other requests."""
+async def read_request(request: Request, tokenizer: Any, api: ReplicaAPI, policy: str
+                       ) -> tuple[str, HTTPRequest, dict[str, Any]]:
+    """The path, the request to forward, and its route (recap.cluster.route_input). A POST's body is parsed,
+    rendered and tokenized off the event loop: a long chat takes long enough to stall other requests."""
     body = await request.body()
     path, forward = forwarded(request, body)
-    if request.method != "POST":
-        return path, forward, [], None
-    tokens, salt = await asyncio.to_thread(api.prompt_tokens, tokenizer, path, body)
-    return path, forward, tokens, salt
+    if request.method != "POST":  # no body is read: the path alone can pin it
+        return path, forward, route_input(api, tokenizer, request.method, path, body, policy)
+    route = await asyncio.to_thread(route_input, api, tokenizer, request.method, path, body, policy)
+    return path, forward, route
 
 
 def debug_off() -> Response:
@@ -158,12 +160,10 @@ class RecapIngress:
         self.replicas = replicas or serve.get_deployment_handle(REPLICA_DEPLOYMENT, config.replica_app)
 
     async def __call__(self, request: Request) -> Response:
-        path, forward, tokens, salt = await read_request(request, self.tokenizer, self.api)
+        path, forward, route = await read_request(request, self.tokenizer, self.api, self.config.policy)
         if path == "/debug/integrity" and request.method == "GET":
             return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
-        stream = call_replica(self.replicas, forward, {"tokens": tokens, "cache_salt": salt,
-                                                      "policy": self.config.policy})
-        return await relay(stream, path)
+        return await relay(call_replica(self.replicas, forward, route), path)
 
     async def integrity(self) -> dict[str, Any]:
         """Every known replica's /debug/integrity, by replica id; ok when all are."""

@@ -11,7 +11,8 @@ receives, so a session's next turn finds its prefix there and asks for fewer blo
 errors are recap.disagg.flow's (the proxy runs the same, over HTTP): an error from either side passes
 through; a replica that dies answers 503 (or, mid-stream, an error event), as in recap.cluster.ingress.
 When the decode side did not answer 200 the held KV is released at once. Every other request goes to a
-decode replica. `/debug/integrity` reports every replica of both deployments.
+decode replica (a call about a stored response to the one that stored it, recap.cluster.route_input).
+`/debug/integrity` reports every replica of both deployments.
 """
 
 from __future__ import annotations
@@ -75,10 +76,9 @@ class RecapPDIngress:
         self.decode = decode or serve.get_deployment_handle(DECODE_DEPLOYMENT, config.app)
 
     async def __call__(self, request: Request) -> Response:
-        path, forward, tokens, salt = await read_request(request, self.tokenizer, self.api)
+        path, forward, route = await read_request(request, self.tokenizer, self.api, "checkpoint")
         if path == "/debug/integrity" and request.method == "GET":
             return JSONResponse(await self.integrity()) if self.config.enable_debug else debug_off()
-        route = {"tokens": tokens, "cache_salt": salt, "policy": "checkpoint"}
         if request.method != "POST" or path not in GENERATION_ROUTES:
             return await relay(call_replica(self.decode, forward, route), path)
         try:

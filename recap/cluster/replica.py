@@ -25,10 +25,10 @@ log = logging.getLogger("recap.cluster")
 
 class RecapReplica:
     """Serve deployment body. `http` streams one forwarded request's response: a ResponseStart (with the
-    replica's id in the `x-recap-replica` header), then body chunks. With a `transfer` config the replica
-    is a prefill or decode instance of a disaggregated deployment (recap.cluster.pd_ingress), its KV moved
-    between replicas by recap.cluster.ray_transport; a prefill replica answers `kv_pull`, `kv_release` and
-    `kv_accept`."""
+    replica's id in the `x-recap-replica` header), then body chunks; the ids of the responses its app stores
+    carry that id too (recap.http.response_ids). With a `transfer` config the replica is a prefill or decode
+    instance of a disaggregated deployment (recap.cluster.pd_ingress), its KV moved between replicas by
+    recap.cluster.ray_transport; a prefill replica answers `kv_pull`, `kv_release` and `kv_accept`."""
 
     def __init__(self, config: EngineConfig, limits: StatsLimits, http: ReplicaAPI,
                  transfer: KVTransferConfig | None = None) -> None:
@@ -41,7 +41,7 @@ class RecapReplica:
         self.engine = engine
         self.engine.start()
         # Its lifespan never runs here (we own the engine); auth, limits and CORS are the single instance's.
-        self.app = http.build(self.engine, collectors, transfer)
+        self.app = http.build(self.engine, collectors, transfer, self.replica_id)
         log.info("replica %s serving %s", self.replica_id, self.engine.engine.served_model_name)
 
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -56,7 +56,7 @@ class RouteRequest:
     token_ids: Sequence[int]
     cache_salt: str | None = None
     policy: str = "checkpoint"
-    pin: str | None = None  # a replica id to route to while it lives (debug calls aimed at one replica)
+    pin: str | None = None  # a replica id to route to while it lives (a debug call, a stored response's call)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -146,7 +146,7 @@ class CheckpointRouter:
         entry = self._replicas.setdefault(replica, _Replica())
         entry.in_flight.add(request_key)
         if request.pin is not None:
-            return  # a debug call aimed at one replica: load only, no recency, no predicted cache
+            return  # a call aimed at one replica: load only, no recency, no predicted cache (it carries no prompt)
         self._decisions += 1
         entry.last_chosen = self._decisions
         chain = self._chain(request)

@@ -34,10 +34,11 @@ class ServerSettings:
     options: ServerOptions = field(default_factory=ServerOptions)
 
     def build(self, engine: AsyncEngine, collectors: Sequence[Collector], transfer: KVTransferConfig,
-              shutdown_engine: bool = False) -> FastAPI:
+              replica: str | None = None, shutdown_engine: bool = False) -> FastAPI:
         """The OpenAI app over `engine`; by default its lifespan leaves the engine running (a replica owns it)."""
         return build_app(engine, shutdown_engine=shutdown_engine, collectors=collectors, options=self.options,
-                         limits=self.limits, api_key=self.api_key, kv_transfer=transfer_hook(transfer))
+                         limits=self.limits, api_key=self.api_key, kv_transfer=transfer_hook(transfer),
+                         replica=replica)
 
     def prompt_tokens(self, tokenizer: Any, path: str, body: bytes) -> tuple[list[int], str | None]:
         return routing_prompt.prompt_tokens(tokenizer, path, body)

@@ -23,7 +23,7 @@ from recap.http.errors import APIError, add_error_handlers
 from recap.http.guard import Guard
 from recap.http.limits import ServerLimits
 from recap.http.request_counts import RequestCounts, RequestCountsCollector
-from recap.http.wire import GENERATION_ROUTES
+from recap.http.wire import GENERATION_ROUTES, RESPONSES_ROUTE
 from recap.process.census import census
 from recap.server import process_memory
 from recap.server.chat import create_chat_completion
@@ -44,9 +44,6 @@ from recap.server.tools import detect_parser, special_marker_ids
 from recap.server.transfer_params import TransferHook
 
 log = logging.getLogger("recap.server")
-# OpenAI's Responses API: it generates (admission counts it), but its stored responses live in this process, so it
-# is not one of the routes the P/D proxy serves (recap.http.wire.GENERATION_ROUTES).
-RESPONSES_ROUTE = "/v1/responses"
 
 
 def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
@@ -66,7 +63,7 @@ def _cache_labels(engine: AsyncEngine) -> dict[str, str]:
 def build_app(
     engine: AsyncEngine, *, shutdown_engine: bool = True, collectors: Sequence[Collector] = (),
     options: ServerOptions | None = None, limits: ServerLimits | None = None, api_key: str | None = None,
-    kv_transfer: TransferHook | None = None,
+    kv_transfer: TransferHook | None = None, replica: str | None = None,
 ) -> FastAPI:
     """An app serving `engine`; starts it on startup and (unless told not to) shuts it down on exit.
 
@@ -74,6 +71,7 @@ def build_app(
     `options`: CORS and the request-id echo (recap.server.options).
     `limits`, `api_key`: request limits, admission and auth (recap.http.guard); /debug only if enabled.
     `kv_transfer`: a prefill or decode instance's kv_transfer_params hook (recap.server.transfer_params).
+    `replica`: a Ray replica's id, which the ids of its stored responses carry (recap.http.response_ids).
     """
     llm = engine.engine
     state = ServerState(engine, llm.served_model_name, llm.config.scheduler.max_model_len, kv_transfer=kv_transfer)
@@ -110,10 +108,8 @@ def build_app(
     state.template_sandbox = options.template_sandbox()
     install(app, options)  # added last: CORS (preflight) and the id echo wrap the guard
     add_tokenize_routes(app, state)
-
     add_error_handlers(app, log, logging.INFO, "rejected")
-
-    _add_generation_routes(app, state, ResponseStore(options.responses_store_size))
+    _add_generation_routes(app, state, ResponseStore(options.responses_store_size, replica))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -7,7 +7,9 @@ An entry holds its response object and its whole conversation as chat messages (
 the instructions), so a follow-up renders that conversation plus its own input: the same prefix the previous
 turn ran, which recap's prefix cache then serves. A follow-up's list shares its messages with its
 predecessor's (references, not copies), and every conversation fit the model's context when it ran, so an
-entry's text is bounded by one context's worth. Per process: replicas behind a router do not share it.
+entry's text is bounded by one context's worth. Per process: replicas behind a router do not share it, so a
+replica's ids carry its replica id (recap.http.response_ids) and the Ray ingress sends every call naming one of
+them to that replica.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from recap.http.response_ids import check_tag, new_response_id
 from recap.server.protocol import ChatMessage
 from recap.server.responses_api_objects import ResponseObject
 
@@ -29,10 +32,14 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    """`replica`: the replica id the ids issued here carry (behind the Ray ingress); None: plain ids."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, replica: str | None = None) -> None:
         if capacity < 0:
             raise ValueError(f"the responses store size must be >= 0, got {capacity}")
+        check_tag(replica)
         self.capacity = capacity
+        self.replica = replica
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
 
     def __len__(self) -> int:
@@ -41,6 +48,10 @@ class ResponseStore:
     @property
     def enabled(self) -> bool:
         return self.capacity > 0
+
+    def new_id(self) -> str:
+        """A fresh response id, naming this store's replica if it has one (whether or not it gets stored)."""
+        return new_response_id(self.replica)
 
     def get(self, rid: str) -> StoredResponse | None:
         """The entry (now the most recently used), or None when it was never stored or has been forgotten."""

@@ -34,7 +34,6 @@ from recap.server.responses_api_objects import (
     ResponseHead,
     ResponseObject,
     as_input,
-    new_id,
     output_items,
     response_head,
     status_of,
@@ -104,7 +103,7 @@ async def create_response(state: ServerState, store: ResponseStore, req: Respons
     size = len(await request.body()) + (previous.chars if previous is not None else 0)
     history = previous.messages if previous is not None else ()
     chat, new = await state.offload.run(size, _chat_request, req, history)
-    rid = new_id("resp")
+    rid = store.new_id()
     try:  # the chat path under the response's id (the engine's request is `<id>-0`)
         run = await start_chat(state, chat, request, size, rid)
         head = response_head(rid, req, run.params, state.model_name, stored=req.store and store.enabled)

@@ -9,13 +9,17 @@ from pydantic import ValidationError
 
 from recap.http.errors import APIError
 from recap.http.json_body import parse_json
+from recap.http.wire import GENERATION_ROUTES
 from recap.server.chat_prompt import build_chat_input
 from recap.server.protocol import ChatCompletionRequest
 
 
 def prompt_tokens(tokenizer: Any, path: str, body: bytes) -> tuple[list[int], str | None]:
     """The first prompt's token ids and the cache salt, as the replica will see them; ([], None) when the
-    body is not a request this can read (the replica then answers with the proper 4xx)."""
+    body is not a request this can read (the replica then answers with the proper 4xx), and for a route that
+    generates from no such prompt (a Responses body is left unparsed: the ingress reads its one field itself)."""
+    if path not in GENERATION_ROUTES:
+        return [], None
     try:
         data = parse_json(body)  # depth, NaN and surrogates refused as the replica refuses them
     except APIError:

@@ -23,6 +23,7 @@ from recap.cluster.deploy import ClusterConfig, build_cluster_app, ingress_app  
 from recap.engine.async_engine import AsyncEngine  # noqa: E402
 from recap.engine.llm_engine import LLMEngine  # noqa: E402
 from recap.http.limits import ServerLimits  # noqa: E402
+from recap.http.response_ids import tag_of  # noqa: E402
 from recap.launch.settings import ServerSettings  # noqa: E402
 from recap.server.app import build_app  # noqa: E402
 from tests.cluster.streams import replica_actor, start_streams  # noqa: E402
@@ -102,6 +103,40 @@ def test_two_replicas_match_one_instance_and_beat_round_robin(model: Path, clust
     report = httpx.get(cluster + "/debug/integrity", timeout=60).json()
     assert report["ok"] and len(report["replicas"]) == 2, report
     assert httpx.get(cluster + "/rr/debug/integrity", timeout=60).status_code == 404  # its debug is off
+
+
+def test_stored_responses_are_found_on_the_replica_that_stored_them(cluster: str) -> None:
+    """Chains of /v1/responses turns by previous_response_id, started on both replicas: every follow-up, GET
+    and DELETE reaches the replica whose id the response id carries (also through the round-robin ingress,
+    which would alternate), and a follow-up's prompt is read from that replica's cache. Runs before the kill
+    test below, while both replicas live."""
+    chains: list[list[str]] = [[] for _ in range(4)]
+    with httpx.Client(base_url=cluster, timeout=120) as http:
+        for turn in range(3):
+            for i, chain in enumerate(chains):
+                body: dict[str, Any] = {"model": MODEL_NAME, "temperature": 0, "max_output_tokens": 4,
+                                        "input": f"Chain {i}, turn {turn}: name one valve of loop {i * 11}, please."}
+                if chain:
+                    body["previous_response_id"] = chain[-1]
+                r = http.post("/v1/responses", json=body)
+                assert r.status_code == 200, r.text
+                rid, tag = r.json()["id"], tag_of(r.json()["id"])
+                assert tag == r.headers["x-recap-replica"], (rid, r.headers)  # ids name their replica
+                assert not chain or tag == tag_of(chain[-1]), (rid, chain)  # a follow-up stays home
+                assert turn == 0 or r.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0, r.json()
+                chain.append(rid)
+        homes = {tag_of(chain[0]) for chain in chains}
+        assert len(homes) == 2, chains  # first turns spread over both replicas: a miss was possible
+        for ingress in ("", "/rr"):
+            for rid in (rid for chain in chains for rid in chain):
+                r = http.get(f"{ingress}/v1/responses/{rid}")
+                assert r.status_code == 200 and r.json()["id"] == rid, r.text
+                assert r.headers["x-recap-replica"] == tag_of(rid)
+        for chain in chains:
+            r = http.delete(f"/rr/v1/responses/{chain[-1]}")
+            assert r.status_code == 200 and r.json()["deleted"], r.text
+            assert http.get(f"/v1/responses/{chain[-1]}").status_code == 404
+            assert http.get(f"/v1/responses/{chain[0]}").status_code == 200  # only that one was forgotten
 
 
 def test_killed_replica_fails_only_its_requests(cluster: str) -> None:

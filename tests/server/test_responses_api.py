@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from recap.engine.async_engine import AsyncEngine
 from recap.engine.llm_engine import LLMEngine
+from recap.http.response_ids import tag_of
 from recap.sampling_params import SamplingParams
 from recap.server.app import build_app
 from recap.server.options import ServerOptions, add_http_args, server_options
@@ -60,6 +61,7 @@ def test_plain_answer_is_the_chat_answer_of_the_same_conversation(client: openai
                       "Answer in French."}, {"role": "user", "content": "Name a\nriver."},
                       {"role": "assistant", "content": "La Seine."}, {"role": "user", "content": "Another one?"}], 12)
     assert r.id.startswith("resp_") and r.object == "response" and r.model == MODEL_NAME
+    assert tag_of(r.id) is None  # a single server's ids name no replica
     assert r.usage is not None and r.usage.input_tokens == twin.usage.prompt_tokens
     (message,) = r.output
     assert message.type == "message" and message.id.startswith("msg_") and message.role == "assistant"
