@@ -84,7 +84,8 @@ class ReasoningStream:
 
     Phases: "lead" (before the first non-blank text decides whether a block opens), "reasoning" (inside the
     block), "content". `reasoning_chars`: where the reasoning ends in the text (the end tag's start, or the
-    whole text while it has not ended), for counting reasoning tokens."""
+    whole text while it has not ended), for counting reasoning tokens; `content_chars`: where the content starts
+    (after the end tag; None until known), for the content's own token logprobs."""
 
     def __init__(self, fmt: ReasoningFormat, where: Opening) -> None:
         self.fmt = fmt
@@ -93,6 +94,7 @@ class ReasoningStream:
         self._pending = ""  # text not yet given out (a blank lead, or what may be the start of a tag)
         self._seen = 0  # characters read before _pending
         self.reasoning_chars = 0
+        self.content_chars: int | None = 0 if where == "content" else None
         self.in_reasoning = False
 
     def feed(self, delta: str) -> tuple[str, str]:
@@ -123,6 +125,7 @@ class ReasoningStream:
                     return "".join(reasoning), "".join(content)  # undecided: blank, or a prefix of the tag
                 else:
                     self._phase = "content" if self._strict else "reasoning"
+                    self.content_chars = self._seen if self._strict else None
                 self.in_reasoning = self._phase == "reasoning"
             elif self._phase == "reasoning":
                 at = self._pending.find(end)
@@ -131,6 +134,7 @@ class ReasoningStream:
                     self.reasoning_chars = self._seen
                     self._take(len(end))
                     self._phase, self.in_reasoning = "content", False
+                    self.content_chars = self._seen
                     continue
                 keep = 0 if final else partial_tag(self._pending, end)
                 reasoning.append(self._take(len(self._pending) - keep))
@@ -156,9 +160,14 @@ def reasoning_tokens(token_texts: list[str], read: ReasoningStream) -> int:
     return n
 
 
-def answer_reasoning_tokens(text: str, token_texts: list[str], fmt: ReasoningFormat, where: Opening) -> int:
-    """reasoning_tokens of a whole answer."""
+def read_answer(text: str, fmt: ReasoningFormat, where: Opening) -> ReasoningStream:
+    """A whole answer read as it would stream: its reasoning and content boundaries set."""
     read = ReasoningStream(fmt, where)
     read.feed(text)
     read.finish()
-    return reasoning_tokens(token_texts, read)
+    return read
+
+
+def answer_reasoning_tokens(text: str, token_texts: list[str], fmt: ReasoningFormat, where: Opening) -> int:
+    """reasoning_tokens of a whole answer."""
+    return reasoning_tokens(token_texts, read_answer(text, fmt, where))

@@ -28,8 +28,9 @@ from recap.http.sse import SSEResponse
 from recap.server.chat import ChatRun, assistant_message, start_chat
 from recap.server.errors import from_validation_error
 from recap.server.protocol import ChatCompletionRequest, ChatMessage
-from recap.server.reasoning import answer_reasoning_tokens
+from recap.server.reasoning import read_answer, reasoning_tokens
 from recap.server.response_store import ResponseStore, StoredResponse
+from recap.server.responses_api_logprobs import content_from, content_logprobs
 from recap.server.responses_api_objects import (
     ResponseHead,
     ResponseObject,
@@ -118,7 +119,8 @@ async def create_response(state: ServerState, store: ResponseStore, req: Respons
         raise renamed(e) from None
     if finals is None:
         return Response(status_code=499)
-    response = await state.offload.run(response_size(finals, 0), _answer, state, chat, run, head, finals[0])
+    size = response_size(finals, chat.top_logprobs or 0)
+    response = await state.offload.run(size, _answer, state, chat, run, head, finals[0])
     keep(response)
     return JSONResponse(response.model_dump())
 
@@ -130,9 +132,12 @@ def _answer(state: ServerState, chat: ChatCompletionRequest, run: ChatRun, head:
     message, _ = assistant_message(state, chat, o.text, o.finish_reason, run.reasoning)
     status = status_of(o.finish_reason)
     error = (final.error or "generation failed") if status == "failed" else None
-    thought = 0 if run.reasoning is None or state.reasoning is None else answer_reasoning_tokens(
-        o.text, [state.token_text(t) for t in o.token_ids], state.reasoning, run.reasoning)
-    items = output_items(message.content, message.tool_calls, o.finish_reason, message.reasoning)
+    read = None if run.reasoning is None or state.reasoning is None else read_answer(o.text, state.reasoning,
+                                                                                     run.reasoning)
+    thought = 0 if read is None else reasoning_tokens([state.token_text(t) for t in o.token_ids], read)
+    logprobs = None if o.logprobs is None else content_logprobs(state.token_text, o.token_ids, o.logprobs,
+                                                                chat.top_logprobs or 0, content_from(read))
+    items = output_items(message.content, message.tool_calls, o.finish_reason, message.reasoning, logprobs)
     return head.snapshot(status, items, usage([final]), o.finish_reason, error, reasoning_tokens=thought)
 
 

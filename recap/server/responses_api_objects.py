@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from recap.sampling_params import SamplingParams
-from recap.server.responses import Usage
+from recap.server.responses import ChatTokenLogprob, Usage
 from recap.server.responses_api_request import FunctionChoice, InputItem, ResponsesRequest
 from recap.server.tools import ToolCall
 
@@ -35,7 +35,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[dict[str, Any]] = Field(default_factory=list)
-    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[ChatTokenLogprob] = Field(default_factory=list)  # the Responses API's Logprob: chat's shape
 
 
 class OutputMessage(BaseModel):
@@ -186,7 +186,7 @@ def response_head(rid: str, req: ResponsesRequest, params: SamplingParams, model
         store=stored, temperature=params.temperature, text=text,
         tool_choice=choice, tools=[t.model_dump() for t in req.tools or []], top_p=params.top_p, user=req.user,
         service_tier=req.service_tier or "default", safety_identifier=req.safety_identifier,
-        prompt_cache_key=req.prompt_cache_key)
+        prompt_cache_key=req.prompt_cache_key, top_logprobs=req.top_logprobs or 0)
     return ResponseHead(rid, int(time.time()), model, echo)
 
 
@@ -196,10 +196,11 @@ def status_of(finish: str | None) -> STATUS:
     return "failed" if finish == "error" else "completed"
 
 
-def output_items(content: str | None, calls: list[ToolCall], finish: str | None,
-                 reasoning: str | None = None) -> list[OutputItem]:
+def output_items(content: str | None, calls: list[ToolCall], finish: str | None, reasoning: str | None = None,
+                 logprobs: list[ChatTokenLogprob] | None = None) -> list[OutputItem]:
     """A whole answer's items: its reasoning, its text as a message (unless it is all calls, or all reasoning),
-    then its calls. The last item is incomplete when max_output_tokens (or a failure) cut it."""
+    then its calls. The last item is incomplete when max_output_tokens (or a failure) cut it. `logprobs`: the
+    content tokens', when included."""
     cut = finish in ("length", "error")
     items: list[OutputItem] = []
     if reasoning is not None:
@@ -208,6 +209,7 @@ def output_items(content: str | None, calls: list[ToolCall], finish: str | None,
                                      status="incomplete" if cut and last else "completed"))
     if content is not None or not (calls or reasoning is not None):
         status = "incomplete" if finish in ("length", "error") and not calls else "completed"
-        items.append(OutputMessage(id=new_id("msg"), status=status, content=[OutputText(text=content or "")]))
+        part = OutputText(text=content or "", logprobs=logprobs or [])
+        items.append(OutputMessage(id=new_id("msg"), status=status, content=[part]))
     items.extend(OutputFunctionCall.of(c) for c in calls)
     return items

@@ -11,9 +11,10 @@ answered (vLLM's `continue_final_message` for the Responses API). `max_output_to
 `text.format` is `response_format`; function tools and `tool_choice` take chat's shape. vLLM's sampling
 extensions (recap.server.protocol.GenerationFields) pass through unchanged; `reasoning.effort` is chat's
 `reasoning_effort`; a previous answer's `reasoning` item is the reasoning of the assistant turn it starts.
-OpenAI's platform fields that ask for something recap has not (reasoning summaries, background runs, output
-logprobs, truncation "auto", prompt templates, conversations) are a 400 naming the field unless they are at
-their no-op value.
+`include: ["message.output_text.logprobs"]` is chat's `logprobs: true` and `top_logprobs` (0-20) chat's
+`top_logprobs` (recap.server.responses_api_logprobs renders them). OpenAI's platform fields that ask for
+something recap has not (other `include` values, reasoning summaries, background runs, truncation "auto",
+prompt templates, conversations) are a 400 naming the field unless they are at their no-op value.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from recap.server.protocol import ChatCompletionRequest, ChatMessage, GenerationFields, _Strict
+from recap.server.responses_api_logprobs import INCLUDE_LOGPROBS, MAX_TOP_LOGPROBS
 from recap.server.tools import AssistantToolCall, CalledFunction
 
 MAX_METADATA_PAIRS = 16  # OpenAI's metadata bounds
@@ -216,9 +218,9 @@ class ResponsesRequest(GenerationFields):
     truncation: Literal["auto", "disabled"] | None = None
     reasoning: ReasoningConfig | None = None
     stream_options: ResponsesStreamOptions | None = None
+    include: list[str] | None = None  # only "message.output_text.logprobs"
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per output token
     # OpenAI's platform fields, accepted at the values that ask for nothing recap lacks
-    include: list[str] | None = None
-    top_logprobs: int | None = None
     background: bool = False
     max_tool_calls: int | None = None
     prompt: dict[str, Any] | None = None
@@ -238,6 +240,19 @@ class ResponsesRequest(GenerationFields):
             raise ValueError("must be a string or a list of input items")
         return v
 
+    @field_validator("include")
+    @classmethod
+    def _known_include(cls, v: list[str] | None) -> list[str] | None:
+        for value in v or []:
+            if value != INCLUDE_LOGPROBS:
+                raise ValueError(f"{value!r} is not supported (recap includes only {INCLUDE_LOGPROBS!r})")
+        return v
+
+    @property
+    def output_logprobs(self) -> bool:
+        """Whether the answer's output_text carries its tokens' logprobs."""
+        return INCLUDE_LOGPROBS in (self.include or [])
+
     @model_validator(mode="after")
     def _supported(self) -> ResponsesRequest:
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
@@ -245,8 +260,9 @@ class ResponsesRequest(GenerationFields):
         if self.truncation == "auto":
             raise ValueError('truncation: only "disabled" is supported (recap never drops input to make room; a '
                              "prompt over the model's context is a 400)")
-        unsupported = {"include": bool(self.include), "top_logprobs": bool(self.top_logprobs),
-                       "background": self.background, "max_tool_calls": self.max_tool_calls is not None,
+        if self.top_logprobs and not self.output_logprobs:  # asked alternatives would go nowhere: not ignored
+            raise ValueError(f"top_logprobs needs include [{INCLUDE_LOGPROBS!r}] (the logprobs it adds to)")
+        unsupported = {"background": self.background, "max_tool_calls": self.max_tool_calls is not None,
                        "prompt": self.prompt is not None, "conversation": self.conversation is not None}
         for name, asked in unsupported.items():
             if asked:
@@ -290,6 +306,8 @@ class ResponsesRequest(GenerationFields):
                     add_generation_prompt=not open_turn, continue_final_message=open_turn)
         if self.max_output_tokens is not None:
             body["max_tokens"] = self.max_output_tokens
+        if self.output_logprobs:
+            body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.tools:
             body["tools"] = [t.chat_tool() for t in self.tools]
         if isinstance(self.tool_choice, FunctionChoice):

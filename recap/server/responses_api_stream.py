@@ -32,6 +32,8 @@ from recap.server.chat import ChatRun, answer_stream
 from recap.server.errors import from_exception
 from recap.server.protocol import ChatCompletionRequest
 from recap.server.reasoning import reasoning_tokens
+from recap.server.responses import ChatTokenLogprob
+from recap.server.responses_api_logprobs import StreamedLogprobs, delta_shape
 from recap.server.responses_api_objects import (
     OutputFunctionCall,
     OutputItem,
@@ -64,13 +66,15 @@ class EventWriter:
 
 
 class StreamedOutput:
-    """The output items of one answer as they stream: `items` holds the finished ones."""
+    """The output items of one answer as they stream: `items` holds the finished ones. `logprobs`: the content
+    tokens' logprobs, when the request includes them (they go out with the text events)."""
 
-    def __init__(self, event: EventWriter) -> None:
-        self.event = event
+    def __init__(self, event: EventWriter, logprobs: StreamedLogprobs | None = None) -> None:
+        self.event, self.logprobs = event, logprobs
         self.items: list[OutputItem] = []
         self._message: OutputMessage | None = None  # the open message
         self._text: list[str] = []
+        self._logprobs: list[ChatTokenLogprob] = []  # the open message's
         self._reasoning: OutputReasoning | None = None  # the open reasoning item
         self._thought: list[str] = []
 
@@ -91,9 +95,14 @@ class StreamedOutput:
         events += [] if self._message is not None else self._open()
         assert self._message is not None
         self._text.append(piece)
-        events.append(self.event("response.output_text.delta", item_id=self._message.id,
-                                 output_index=len(self.items), content_index=0, delta=piece, logprobs=[]))
-        return events
+        return events + self._delta(piece)
+
+    def _delta(self, piece: str) -> list[str]:
+        assert self._message is not None
+        taken = self.logprobs.take() if self.logprobs is not None else []
+        self._logprobs += taken
+        return [self.event("response.output_text.delta", item_id=self._message.id, output_index=len(self.items),
+                           content_index=0, delta=piece, logprobs=delta_shape(taken))]
 
     def call(self, call: ToolCall) -> list[str]:
         events = self._close_reasoning("completed") + self._close("completed")
@@ -136,10 +145,12 @@ class StreamedOutput:
     def _close(self, status: str) -> list[str]:
         if self._message is None:
             return []
-        part = OutputText(text="".join(self._text))
+        # tokens whose text was held back or parsed into calls: their logprobs still go out, with no text
+        events = self._delta("") if self.logprobs is not None and self.logprobs.ready else []
+        part = OutputText(text="".join(self._text), logprobs=self._logprobs)
         message = self._message.model_copy(update={"status": status, "content": [part]})
-        self._message, self._text = None, []
-        return self._done(message, part, "response.output_text.done", logprobs=[])
+        self._message, self._text, self._logprobs = None, [], []
+        return events + self._done(message, part, "response.output_text.done", logprobs=delta_shape(part.logprobs))
 
     def _added(self, item: OutputReasoning | OutputMessage, part: ReasoningText | OutputText) -> list[str]:
         """An item opens with its one (empty) content part."""
@@ -168,8 +179,10 @@ async def response_events(
 ) -> AsyncIterator[str]:
     """The events of one answer (`first`, then the rest of the run's stream); `keep` stores the final response."""
     event = EventWriter()
-    out = StreamedOutput(event)
     answer = answer_stream(state, chat, run.reasoning)
+    logprobs = None if not chat.logprobs else StreamedLogprobs(state.token_text, chat.top_logprobs or 0,
+                                                               None if answer is None else answer.reasoning)
+    out = StreamedOutput(event, logprobs)
     it = run.it
     try:
         yield event("response.created", response=head.snapshot("in_progress"))
@@ -179,6 +192,8 @@ async def response_events(
         while item is not None:
             final = item[1]
             o = final.outputs[0]
+            if logprobs is not None:
+                logprobs.add(o.token_ids_delta, o.logprobs_delta)
             for frame in _frames(out, answer, o.text_delta, o.finish_reason is not None, chat.include_reasoning):
                 yield frame
             item = await anext(it, None)
