@@ -21,7 +21,7 @@ from recap.server.chat_prompt import build_chat_input
 from recap.server.errors import sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import ChatCompletionRequest
-from recap.server.reasoning import Opening, ReasoningStream, opening, split_reasoning
+from recap.server.reasoning import Opening, ReasoningStream, answer_reasoning_tokens, opening, split_reasoning
 from recap.server.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -29,6 +29,7 @@ from recap.server.responses import (
     ChatCompletionResponse,
     ChatDelta,
     ChatResponseMessage,
+    CompletionTokensDetails,
     Usage,
 )
 from recap.server.serving import (
@@ -132,8 +133,20 @@ def _response(state: ServerState, req: ChatCompletionRequest, run: ChatRun,
             index=o.index, message=message, finish_reason=finish,
             logprobs=None if o.logprobs is None else chat_logprobs(state.token_text, o.token_ids, o.logprobs, k)))
     resp = ChatCompletionResponse(id=run.rid, created=int(time.time()), model=state.model_name, choices=choices,
-                                  usage=usage(finals), prompt_logprobs=prompt_logprobs_out(out.prompt_logprobs))
+                                  usage=chat_usage(state, run, finals),
+                                  prompt_logprobs=prompt_logprobs_out(out.prompt_logprobs))
     return JSONResponse(with_transfer_params(resp.model_dump(), finals))
+
+
+def chat_usage(state: ServerState, run: ChatRun, finals: list[RequestOutput]) -> Usage:
+    """usage(), and with a reasoning parser the tokens the choices' think blocks took."""
+    u = usage(finals)
+    if run.reasoning is None or state.reasoning is None:
+        return u
+    fmt, where = state.reasoning, run.reasoning
+    thought = sum(answer_reasoning_tokens(o.text, [state.token_text(t) for t in o.token_ids], fmt, where)
+                  for out in finals for o in out.outputs)  # fmt: skip
+    return u.model_copy(update={"completion_tokens_details": CompletionTokensDetails(reasoning_tokens=thought)})
 
 
 def assistant_message(
@@ -230,7 +243,7 @@ async def _stream(
             item = await anext(it, None)
         if req.include_usage and final is not None:
             last = ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[],
-                                       usage=usage([final]))
+                                       usage=chat_usage(state, run, [final]))
             yield sse(last.model_dump_json())
     except Exception as e:  # noqa: BLE001 - the 200 is out: report in-stream, as OpenAI does
         yield sse_error(e)

@@ -94,6 +94,14 @@ def test_chat_answers_carry_reasoning_beside_content(qwen: openai.OpenAI) -> Non
              if c.choices and (c.choices[0].delta.content or _reasoning(c.choices[0].delta))]
     assert kinds == sorted(kinds, reverse=True) and kinds[0] == "r"  # reasoning first, then content
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # usage counts the think block's tokens (OpenAI's and vLLM's completion_tokens_details), streamed too
+    thought = whole.usage.completion_tokens_details.reasoning_tokens
+    assert 0 < thought < whole.usage.completion_tokens
+    streamed = list(qwen.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    assert streamed[-1].usage.completion_tokens_details.reasoning_tokens == thought
+    as_response = qwen.responses.create(model=MODEL_NAME, input=MSGS, max_output_tokens=200, temperature=0.0,
+                                        extra_body=body["extra_body"])
+    assert as_response.usage.output_tokens_details.reasoning_tokens == thought
 
 
 def test_thinking_off_cut_short_and_empty_blocks(qwen: openai.OpenAI) -> None:
@@ -192,3 +200,10 @@ def test_multi_turn_cache_after_the_template_drops_the_think_block(qwen: openai.
     assert 0 < cached <= first.usage.prompt_tokens  # nothing past the point where the history changed
     same = qwen.chat.completions.create(model=MODEL_NAME, messages=turn2, max_tokens=2)
     assert same.usage.prompt_tokens_details.cached_tokens > cached  # the unchanged history is served whole
+
+
+def test_without_a_parser_usage_is_as_before(http: Any) -> None:
+    """No --reasoning-parser: no reasoning fields and no completion_tokens_details (what the server always sent)."""
+    body = {"model": MODEL_NAME, "messages": MSGS, "max_tokens": 3, "temperature": 0.0}
+    data = http.post("/v1/chat/completions", json=body).json()
+    assert "completion_tokens_details" not in data["usage"] and "reasoning" not in data["choices"][0]["message"]
