@@ -133,7 +133,8 @@ def build_app(
 
 def _add_generation_routes(app: FastAPI, state: ServerState, store: ResponseStore) -> None:
     """Completions, chat completions and OpenAI's Responses API (recap.server.responses_api), whose `store`
-    keeps the responses asked to be stored."""
+    keeps the responses asked to be stored (on app.state too: /debug/memory counts it)."""
+    app.state.responses_store = store
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -202,6 +203,8 @@ def _add_debug_routes(app: FastAPI, engine: AsyncEngine, trimmer: process_memory
         `?collect=true` first runs a full garbage collection."""
         records = await engine.call(census)
         records["per_request"]["async_streams"] = engine.num_streams
+        store: ResponseStore = app.state.responses_store  # bounded by count (--responses-store-size)
+        records["bounded"]["responses_store"] = {"count": len(store), "capacity": store.capacity}
         if trim:
             await asyncio.to_thread(process_memory.trim)
         proc = await asyncio.to_thread(process_memory.snapshot, True, collect)

@@ -396,3 +396,11 @@ def test_fields_at_their_no_op_values_are_accepted(http: httpx.Client) -> None:
     out = r.json()
     assert out["store"] is True and out["top_p"] == 1.0 and out["user"] == "u1" and out["text"] == {
         "format": {"type": "text"}}
+
+
+def test_debug_memory_counts_the_store(client: openai.OpenAI, http: httpx.Client) -> None:
+    before = http.get("/debug/memory").json()["bounded"]["responses_store"]
+    client.responses.create(model=MODEL_NAME, input="Count me.", max_output_tokens=2)
+    after = http.get("/debug/memory").json()["bounded"]["responses_store"]
+    assert after["capacity"] == before["capacity"] > 0
+    assert after["count"] == min(before["count"] + 1, after["capacity"])
