@@ -82,6 +82,9 @@ class StepFaults:
     def _sits_out(request: Request, plan: list[tuple[Request, int, int, list[int], int]]) -> bool:
         """A suspect waits while the step already holds one: a failure must name a single suspect. One that
         computed past the chunk it failed in is cleared here, as it is planned."""
-        if request.suspect_until and request.num_computed_tokens >= request.suspect_until:
+        if not request.suspect_until:
+            return False  # every request but a failed step's: one attribute read per step
+        if request.num_computed_tokens >= request.suspect_until:
             request.suspect_until = 0
-        return bool(request.suspect_until) and any(step[0].suspect_until for step in plan)
+            return False
+        return any(step[0].suspect_until for step in plan)

@@ -27,9 +27,9 @@ _I64, _INT = ctypes.c_int64, ctypes.c_int
 
 
 @functools.cache
-def conv_taps_library() -> ctypes.CDLL:
-    """The library (raises NativeUnavailableError)."""
-    lib = load_library("conv_taps")
+def conv_taps_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The library (raises NativeUnavailableError); `extra_flags`: another instruction set's build (tests)."""
+    lib = load_library("conv_taps", extra_flags)
     lib.recap_conv_taps.restype = _INT
     return lib
 

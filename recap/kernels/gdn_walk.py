@@ -32,9 +32,9 @@ _ERRORS = {-1: "a state slot outside the cache", -2: "a piece outside 1 .. 64 to
 
 
 @functools.cache
-def gdn_walk_library() -> ctypes.CDLL:
-    """The library (raises NativeUnavailableError)."""
-    lib = load_library("gdn_walk")
+def gdn_walk_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The library (raises NativeUnavailableError); `extra_flags`: another instruction set's build (tests)."""
+    lib = load_library("gdn_walk", extra_flags)
     lib.recap_gdn_prefill.restype = _INT
     return lib
 

@@ -31,9 +31,9 @@ _ERRORS = {-1: "a state slot outside the cache", -3: "heads not a multiple of gr
 
 
 @functools.cache
-def ssd_walk_library() -> ctypes.CDLL:
-    """The library (raises NativeUnavailableError)."""
-    lib = load_library("ssd_walk")
+def ssd_walk_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The library (raises NativeUnavailableError); `extra_flags`: another instruction set's build (tests)."""
+    lib = load_library("ssd_walk", extra_flags)
     lib.recap_ssd_prefill.restype = _INT
     return lib
 

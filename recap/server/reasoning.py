@@ -95,7 +95,11 @@ class ReasoningStream:
         self._seen = 0  # characters read before _pending
         self.reasoning_chars = 0
         self.content_chars: int | None = 0 if where == "content" else None
-        self.in_reasoning = False
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Inside the think block (an answer that ends here was all reasoning)."""
+        return self._phase == "reasoning"
 
     def feed(self, delta: str) -> tuple[str, str]:
         """The (reasoning, content) to send once `delta` is added."""
@@ -126,14 +130,13 @@ class ReasoningStream:
                 else:
                     self._phase = "content" if self._strict else "reasoning"
                     self.content_chars = self._seen if self._strict else None
-                self.in_reasoning = self._phase == "reasoning"
             elif self._phase == "reasoning":
                 at = self._pending.find(end)
                 if at >= 0:
                     reasoning.append(self._take(at))
                     self.reasoning_chars = self._seen
                     self._take(len(end))
-                    self._phase, self.in_reasoning = "content", False
+                    self._phase = "content"
                     self.content_chars = self._seen
                     continue
                 keep = 0 if final else partial_tag(self._pending, end)

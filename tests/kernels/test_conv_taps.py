@@ -16,7 +16,7 @@ from recap.kernels.batch import build_forward_batch
 from recap.kernels.conv1d import causal_conv1d, causal_conv1d_ref
 from recap.kernels.conv_taps import causal_conv1d_native, conv_taps_available
 from recap.kernels.metadata import SeqSpec
-from recap.kernels.native import _cpu_flags, load_library
+from recap.kernels.native import _cpu_flags
 
 from .test_gdn_walk import SLOTS, random_step
 
@@ -32,8 +32,7 @@ def test_matches_torch_op_and_reference(k: int, seed: int) -> None:
 @pytest.mark.skipif(" avx512f" not in _cpu_flags(), reason="the AVX-512 build is the only one here")
 def test_portable_build(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plain C paths (the build without AVX-512: its silu among them) agree too."""
-    lib = load_library("conv_taps", ("-mno-avx512f",))
-    lib.recap_conv_taps.restype = conv_taps._INT
+    lib = conv_taps.conv_taps_library(("-mno-avx512f",))
     monkeypatch.setattr(conv_taps, "conv_taps_library", lambda: lib)
     for seed in range(4):
         check_step(4, 50 + seed)

@@ -16,7 +16,7 @@ from recap.kernels.gdn import gated_delta_rule, gated_delta_rule_ref, normalize_
 from recap.kernels.gdn_walk import gated_delta_rule_native, gdn_walk_available, kda_native
 from recap.kernels.kda import kda, kda_ref
 from recap.kernels.metadata import SeqSpec, SSMMetadata
-from recap.kernels.native import _cpu_flags, load_library
+from recap.kernels.native import _cpu_flags
 from tests.kernels import walk_steps
 from tests.kernels.walk_steps import SLOTS, assert_step, random_step
 
@@ -96,8 +96,7 @@ def test_piece_sizes(piece: int) -> None:
 @pytest.mark.skipif(" avx512f" not in _cpu_flags(), reason="the AVX-512 build is the only one here")
 def test_portable_build(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plain C paths (the build without AVX-512) agree too."""
-    lib = load_library("gdn_walk", ("-mno-avx512f",))
-    lib.recap_gdn_prefill.restype = gdn_walk._INT
+    lib = gdn_walk.gdn_walk_library(("-mno-avx512f",))
     monkeypatch.setattr(gdn_walk, "gdn_walk_library", lambda: lib)
     for per_channel in (False, True):
         rnd = random.Random(3 + per_channel)

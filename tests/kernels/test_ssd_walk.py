@@ -14,7 +14,7 @@ import torch
 from recap.kernels import ssd_walk
 from recap.kernels.batch import build_forward_batch
 from recap.kernels.metadata import SeqSpec, SSMMetadata
-from recap.kernels.native import _cpu_flags, load_library
+from recap.kernels.native import _cpu_flags
 from recap.kernels.ssd import ssd, ssd_ref
 from recap.kernels.ssd_walk import ssd_native, ssd_walk_available
 from tests.kernels import walk_steps
@@ -117,8 +117,7 @@ def test_block_checkpoints_long_row(ctx: int, n: int) -> None:
 @pytest.mark.skipif(" avx512f" not in _cpu_flags(), reason="the AVX-512 build is the only one here")
 def test_portable_build(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plain C paths (the build without AVX-512) agree too."""
-    lib = load_library("ssd_walk", ("-mno-avx512f",))
-    lib.recap_ssd_prefill.restype = ssd_walk._INT
+    lib = ssd_walk.ssd_walk_library(("-mno-avx512f",))
     monkeypatch.setattr(ssd_walk, "ssd_walk_library", lambda: lib)
     for steep in (False, True):
         rnd = random.Random(3 + steep)
