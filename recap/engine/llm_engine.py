@@ -83,7 +83,7 @@ def _load_within_memory(
         quant = config.quantization if fmt is None else serving_format(fmt, config.quantization, False, True)
         head = head_backend(quant, config.head_quantization)
         plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, quant, limit, head)
-        plan.check(remedies(dtype, quant, plan.pools))
+        plan.check(remedies(dtype, quant, plan))
     loaded = load_model(path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
                         device=device, head_quantization=config.head_quantization)  # fmt: skip
     return loaded, config, limit

@@ -114,7 +114,7 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
                    help="the disk tier's budget, e.g. 100GiB (default 16GiB with --cache-dir)")
     p.add_argument("--cache-host-bytes", type=positive_bytes, default=None,
                    help="the host-memory tier's budget, e.g. 64GiB: evicted entries go to host memory first, then "
-                        "to the disk tier (docs/tiers.md)")
+                        "to the disk tier (docs/tiers.md); on a CPU, counted in the memory plan against --memory-limit")
     p.add_argument("--memory-limit", type=positive_bytes, default=None,
                    help="on a CPU: the memory recap may hold in all, e.g. 12GiB (default: MemAvailable plus what the "
                         "process holds, capped by the cgroup limit); a model, pools and runtime over it are refused "

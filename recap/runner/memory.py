@@ -52,6 +52,8 @@ class MemoryPlan:
     draft_bytes: int = 0
     # What the backend's captured decode steps will hold (Backend.graph_bytes: estimated before capture).
     graph_bytes: int = 0
+    # The host-memory cache tier's budget where it shares the plan's memory (a CPU's process memory).
+    host_tier_bytes: int = 0
 
     @property
     def scratch_bytes(self) -> int:
@@ -62,7 +64,7 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         p = self.pools
         return (self.weight_bytes + self.packed_bytes + p.kv_bytes + p.state_bytes + self.scratch_bytes
-                + self.overhead_bytes + self.draft_bytes + self.graph_bytes)
+                + self.overhead_bytes + self.draft_bytes + self.graph_bytes + self.host_tier_bytes)
 
     @property
     def fits(self) -> bool:
@@ -88,6 +90,8 @@ class MemoryPlan:
             text += f"; draft model {_mib(self.draft_bytes)} (weights and pools)"
         if self.graph_bytes:
             text += f"; decode graphs {_mib(self.graph_bytes)}"
+        if self.host_tier_bytes:
+            text += f"; host cache tier {_mib(self.host_tier_bytes)}"
         if self.limit is not None:
             text += f"; total {gib(self.total_bytes)} of {gib(self.limit.bytes)} ({self.limit.source})"
         return text
@@ -107,7 +111,8 @@ class MemoryPlan:
             f"not enough memory to serve this model{' (refused before loading it)' if self.before_load else ''}: "
             f"it needs {gib(self.total_bytes)} ({weights} + KV pool {gib(p.kv_bytes)} + state pool "
             f"{gib(p.state_bytes + self.scratch_bytes)} + runtime overhead {gib(self.overhead_bytes)} + draft model "
-            f"{gib(self.draft_bytes)} + decode graphs {gib(self.graph_bytes)}) but this "
+            f"{gib(self.draft_bytes)} + decode graphs {gib(self.graph_bytes)} + host cache tier "
+            f"{gib(self.host_tier_bytes)}) but this "
             f"process may hold {gib(self.limit.bytes)} ({self.limit.source}). "
             + (remedies or "Lower the pools (kv_cache_bytes, state_cache_bytes) or the weights (dtype, quantization).")
         )
@@ -205,11 +210,13 @@ def weight_format(dtype: torch.dtype, quantization: str | None, head: str | None
     return f"{name} + {quantization} linear weights" + ("" if head in (None, quantization) else f", {head} head")
 
 
-def remedies(dtype: torch.dtype, quantization: str | None, pools: PoolSizes) -> str:
-    """What to change, in the CLI's flags and LLM's keywords."""
+def remedies(dtype: torch.dtype, quantization: str | None, plan: MemoryPlan) -> str:
+    """What to change to fit `plan`, in the CLI's flags and LLM's keywords."""
     ways = []
-    if pools.kv_bytes or pools.state_bytes:
+    if plan.pools.kv_bytes or plan.pools.state_bytes:
         ways.append("smaller pools (--kv-cache-bytes / kv_cache_bytes, --state-cache-bytes / state_cache_bytes)")
+    if plan.host_tier_bytes:
+        ways.append("a smaller host cache tier (--cache-host-bytes / cache_host_bytes)")
     if dtype == torch.float32:
         ways.append("bfloat16 weights (--dtype bfloat16)")
     if quantization is None:
@@ -229,10 +236,11 @@ def plan_before_load(
     weights = serving_weight_bytes_lower_bound(meta, quantization, head)
     overhead = RUNTIME_OVERHEAD_BYTES + prefill_activation_bytes(
         sched.max_num_batched_tokens, widest_linear(meta, config.vocab_size))
+    host_tier = cache.cache_host_bytes or 0
     pools = size_pools(
         cache, sched, config.kv_bytes_per_token(dtype), config.state_bytes_per_slot(dtype),
-        available=pool_share_base(limit, weights, overhead),
+        available=pool_share_base(limit, weights, overhead + host_tier),
         window_bytes_per_token=config.window_bytes_per_token(dtype),
     )  # fmt: skip
     return MemoryPlan(weights, 0, pools, cache.block_size, overhead, limit, weight_format(dtype, quantization, head),
-                      before_load=True)  # fmt: skip
+                      before_load=True, host_tier_bytes=host_tier)  # fmt: skip

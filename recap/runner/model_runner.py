@@ -90,6 +90,8 @@ class ModelRunner:
         self.state_bytes_per_slot = self.config.state_bytes_per_slot(dtype)
         on_cpu = self.device.type == "cpu"
         self.memory_limit = (runner_config.memory_limit or process_memory_limit()) if on_cpu else None
+        # A GPU's host tier lives outside the device memory its plan is about.
+        self.host_tier_bytes = (cache_config.cache_host_bytes or 0) if on_cpu else 0
         self.weights = held_weight_bytes(self.model)  # measured once the backend has made its copies
         self.overhead_bytes = RUNTIME_OVERHEAD_BYTES + prefill_activation_bytes(
             scheduler_config.max_num_batched_tokens, widest_linear(self.model, self.config.vocab_size))
@@ -101,7 +103,7 @@ class ModelRunner:
         self.num_scratch_slots = runner_config.num_speculative_tokens * spec_rows if self.state_bytes_per_slot else 0
         self.quantization = loaded.linear_backend if loaded.linear_backend in QUANTIZATIONS else None
         plan = self.memory_plan()
-        plan.check(remedies(dtype, self.quantization, self.pools))  # before a byte of the pools is allocated
+        plan.check(remedies(dtype, self.quantization, plan))  # before a byte of the pools is allocated
         self.caches = ModelCaches.allocate(
             self.config,
             num_kv_blocks=self.pools.num_kv_blocks,
@@ -125,7 +127,7 @@ class ModelRunner:
         """The pools, out of what the weights, the runtime and the decode graphs leave (the graphs are captured
         after the pools are allocated: their bytes are kept back from a GPU's pool budget too)."""
         share = None if self.memory_limit is None else pool_share_base(
-            self.memory_limit, self.weights.total, self.overhead_bytes + self.graph_bytes)
+            self.memory_limit, self.weights.total, self.overhead_bytes + self.graph_bytes + self.host_tier_bytes)
         budget = device_pool_budget(self.device, runner.gpu_memory_utilization)
         return size_pools(cache, sched, self.kv_bytes_per_token, self.state_bytes_per_slot, available=share,
                           window_bytes_per_token=self.window_bytes_per_token,
@@ -135,7 +137,8 @@ class ModelRunner:
         """Use this drafter (speculative method "draft_model" or "mtp"); the memory plan, with it, is checked again
         (MemoryPlanError when it no longer fits)."""
         self.drafter = drafter
-        self.memory_plan().check(remedies(self.runner_config.dtype, self.quantization, self.pools))
+        plan = self.memory_plan()
+        plan.check(remedies(self.runner_config.dtype, self.quantization, plan))
 
     def memory_plan(self) -> MemoryPlan:
         """The bytes this runner holds: the weights as measured at start (parameters, buffers, and what the linear
@@ -147,7 +150,7 @@ class ModelRunner:
                           weight_format(self.runner_config.dtype, self.quantization, self.backend.head_backend),
                           num_scratch_slots=self.num_scratch_slots,
                           draft_bytes=self.drafter.total_bytes if self.drafter is not None else 0,
-                          graph_bytes=self.graph_bytes)  # fmt: skip
+                          graph_bytes=self.graph_bytes, host_tier_bytes=self.host_tier_bytes)  # fmt: skip
 
     @property
     def layout(self) -> CacheLayout:

@@ -126,6 +126,23 @@ def test_engine_refuses_before_loading_from_the_config_alone(tmp_path: Path) -> 
     assert figures[0] > 25 and figures[1] < figures[0] / 3  # ~7B params: 4 bytes each, then ~1
 
 
+def test_the_host_tier_is_counted_in_the_plan(tiny_bamba: Path) -> None:
+    """On a CPU the host cache tier fills process memory: its budget is in the plan, before loading and after,
+    and a tier the limit cannot hold is refused naming it (and how to shrink it), though the rest fits."""
+    kv, state = 1 << 20, 4 << 20
+    fits = LLM(str(tiny_bamba), max_model_len=256, kv_cache_bytes=kv, state_cache_bytes=state,
+               cache_host_bytes=3 << 20, memory_limit_bytes=4 << 30)  # fmt: skip
+    plan = fits.engine.runner.memory_plan()
+    assert plan.host_tier_bytes == 3 << 20 and "host cache tier 3.0 MiB" in plan.describe()
+    limit = _limit_between(tiny_bamba, kv, state) + (64 << 20)  # the model and pools fit with room to spare
+    with pytest.raises(MemoryPlanError) as e:
+        LLM(str(tiny_bamba), max_model_len=256, kv_cache_bytes=kv, state_cache_bytes=state,
+            cache_host_bytes=128 << 20, memory_limit_bytes=limit)  # fmt: skip
+    text = str(e.value)
+    assert "refused before loading it" in text and "host cache tier 0.12 GiB" in text, text
+    assert "--cache-host-bytes" in text
+
+
 def test_the_measured_limit_fits_a_small_model(tiny_bamba: Path) -> None:
     llm = LLM(str(tiny_bamba), max_model_len=256, kv_cache_bytes=1 << 20, state_cache_bytes=4 << 20)
     plan = llm.engine.runner.memory_plan()
