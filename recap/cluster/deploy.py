@@ -95,8 +95,8 @@ def build_cluster_app(config: EngineConfig, cluster: ClusterConfig, http: Replic
     """The replicas (serving `http`'s app) and their ingress, as one Serve application."""
     config = resolve_model(config)
     policy = "load" if cluster.policy == POW2 else cluster.policy  # (Serve's router ignores it)
-    ingress = IngressConfig(tokenizer=config.tokenizer or str(config.model), policy=policy,
-                            replica_app=cluster.app_name, enable_debug=http.limits.enable_debug)
+    ingress = IngressConfig(tokenizer=config.tokenizer or str(config.model), chat_template=config.chat_template,
+                            policy=policy, replica_app=cluster.app_name, enable_debug=http.limits.enable_debug)
     ingress_deployment = serve.deployment(RecapIngress, name="RecapIngress", ray_actor_options={"num_cpus": 0},
                                           max_ongoing_requests=cluster.ingress_max_ongoing_requests)
     return ingress_deployment.bind(replica_deployment(config, cluster, http), ingress, http)
@@ -117,8 +117,9 @@ def build_pd_app(config: EngineConfig, cluster: ClusterConfig, prefill_replicas:
     prefill = dataclasses.replace(base, role="prefill", secret=secret, peers=())
     decode = dataclasses.replace(base, role="decode", secret=secret,
                                  peers=(deployment_peer(cluster.app_name, PREFILL_DEPLOYMENT),))
-    ingress = PDIngressConfig(tokenizer=config.tokenizer or str(config.model), app=cluster.app_name,
-                              enable_debug=http.limits.enable_debug, kv_api_key=prefill.kv_api_key)
+    ingress = PDIngressConfig(tokenizer=config.tokenizer or str(config.model), chat_template=config.chat_template,
+                              app=cluster.app_name, enable_debug=http.limits.enable_debug,
+                              kv_api_key=prefill.kv_api_key)
     deployment = serve.deployment(RecapPDIngress, name="RecapPDIngress", ray_actor_options={"num_cpus": 0},
                                   max_ongoing_requests=cluster.ingress_max_ongoing_requests)
     return deployment.bind(

@@ -41,6 +41,7 @@ _DROP_HEADERS = {b"content-length", b"transfer-encoding", b"connection"}
 @dataclass(frozen=True)
 class IngressConfig:
     tokenizer: str  # the replicas' tokenizer (folder or hub id): prompts are hashed as the replicas hash them
+    chat_template: str | None = None  # the replicas' served template (`--chat-template`), if not the tokenizer's
     policy: str = "checkpoint"  # checkpoint | round_robin | load
     replica_app: str = "recap"  # the Serve app whose RecapReplica deployment serves the requests
     enable_debug: bool = False  # /debug/integrity (as `recap serve --enable-debug-endpoints` on the replicas)
@@ -156,7 +157,7 @@ class RecapIngress:
     def __init__(self, replicas: DeploymentHandle | None, config: IngressConfig, api: ReplicaAPI) -> None:
         self.config = config
         self.api = api
-        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
         self.replicas = replicas or serve.get_deployment_handle(REPLICA_DEPLOYMENT, config.replica_app)
 
     async def __call__(self, request: Request) -> Response:

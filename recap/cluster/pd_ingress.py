@@ -57,6 +57,7 @@ DECODE_DEPLOYMENT = "RecapDecode"
 @dataclass(frozen=True)
 class PDIngressConfig:
     tokenizer: str  # the replicas' tokenizer: prompts are hashed as the replicas hash them
+    chat_template: str | None = None  # the replicas' served template (`--chat-template`), if not the tokenizer's
     app: str = "recap"  # the Serve app holding both deployments
     enable_debug: bool = False
     timeout_s: float = 600.0  # the prefill call (the decode call streams: no overall limit)
@@ -71,7 +72,7 @@ class RecapPDIngress:
                  config: PDIngressConfig, api: ReplicaAPI) -> None:
         self.config = config
         self.api = api
-        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.tokenizer = load_tokenizer(config.tokenizer, config.chat_template)
         self.prefill = prefill or serve.get_deployment_handle(PREFILL_DEPLOYMENT, config.app)
         self.decode = decode or serve.get_deployment_handle(DECODE_DEPLOYMENT, config.app)
 

@@ -105,9 +105,7 @@ class LLMEngine:
         self.config = config
         self.model_path = loaded.path
         self.model_config = loaded.config
-        self.tokenizer = load_tokenizer(config.tokenizer or loaded.path)
-        if config.chat_template is not None:
-            self.tokenizer.chat_template = config.chat_template
+        self.tokenizer = load_tokenizer(config.tokenizer or loaded.path, config.chat_template)
         self.served_model_name = config.served_model_name or (config.model or "recap-default-hybrid")
         self.eos_token_ids = _eos_ids(self.tokenizer, loaded.path)
         # Request fields a client leaves unset take these (generation_config.json, as vLLM reads it).

@@ -348,16 +348,21 @@ def load_model(
                        native_decode=native_decode, head_backend=head)  # fmt: skip
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_tokenizer(path: str | Path, chat_template: str | None = None) -> Any:
     """The checkpoint's tokenizer: what transformers' AutoTokenizer loads (`load_tokenizer_auto`). For the
     shipped default models, whose tokenizer_config names TokenizersBackend, that class directly: importing
     AutoTokenizer scans every model folder of transformers (~1 s of CPU, half of a warm `recap serve` start's
-    tokenizer time); the test compares the two."""
+    tokenizer time); the test compares the two. `chat_template` replaces the checkpoint's (`--chat-template`:
+    the engine and the ingresses that hash its prompts load it alike)."""
     if bundled_tokenizers_backend(path):
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-        return TokenizersBackend.from_pretrained(str(path))
-    return load_tokenizer_auto(path)
+        tokenizer = TokenizersBackend.from_pretrained(str(path))
+    else:
+        tokenizer = load_tokenizer_auto(path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def load_tokenizer_auto(path: str | Path) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
-from functools import partial
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -17,7 +16,7 @@ from recap.http.guard import reserve_sequences
 from recap.http.sse import SSE_DONE, SSEResponse, sse
 from recap.sampling_params import SamplingParams
 from recap.server.answer_stream import AnswerStream
-from recap.server.chat_prompt import build_chat_input
+from recap.server.chat_prompt import TemplateInputs
 from recap.server.errors import sse_error
 from recap.server.logprobs import chat_logprobs, prompt_logprobs_out
 from recap.server.protocol import ChatCompletionRequest
@@ -44,7 +43,7 @@ from recap.server.serving import (
     sampling_params,
     usage,
 )
-from recap.server.template_sandbox import refuse_untrusted, request_template
+from recap.server.template_sandbox import refuse_untrusted
 from recap.server.tool_stream import ToolCallStream
 from recap.server.tools import forced_calls, parse_tool_calls
 from recap.server.transfer_params import attach_transfer, with_transfer_params
@@ -74,23 +73,16 @@ async def start_chat(
                        "qwen3_xml), or send tool_choice \"required\" or a named function", param="tool_choice")
     if req.tools and choice == "auto" and state.tool_marker_ids and params.skip_special_tokens:
         params = replace(params, keep_special_token_ids=state.tool_marker_ids)
-    template, kwargs = request_template(req.chat_template, req.chat_template_kwargs)
-    if req.tools:
-        kwargs["tools"] = [t.template_dict() for t in req.tools]
-    if req.reasoning_effort is not None:  # vLLM's: a template variable, and thinking off for "none"
-        kwargs["reasoning_effort"] = req.reasoning_effort
-        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
-    flags = {"add_generation_prompt": req.add_generation_prompt, "continue_final_message": req.continue_final_message}
-    if template is None:
-        chat = await state.offload.run(size, partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs)
+    inputs = TemplateInputs.of(req)
+    if inputs.template is None:
+        chat = await state.offload.run(size, inputs.render, state.tokenizer, req.messages)
     elif state.template_sandbox is None:
         raise refuse_untrusted()
     else:  # the client's own program: its cost is not bounded by its size, so never on the loop
-        render = state.template_sandbox.renderer(template, state.tokenizer)
-        chat = await state.offload.off_loop(partial(build_chat_input, **flags), state.tokenizer, req.messages, kwargs,
-                                            render)  # fmt: skip
+        render = state.template_sandbox.renderer(inputs.template, state.tokenizer)
+        chat = await state.offload.off_loop(inputs.render, state.tokenizer, req.messages, render)
     where = None if state.reasoning is None else opening(state.reasoning, chat.generation_prompt,
-                                                          kwargs.get("enable_thinking"))
+                                                          inputs.kwargs.get("enable_thinking"))
     params = state.reasoning_params(params, where, req.include_reasoning)
     prepared = await state.offload.run(size, prepare_all, state, [chat.token_ids], params, request_id=rid,
                                        boundaries=[chat.segment_boundaries], cache_salt=req.cache_salt,

@@ -13,7 +13,8 @@ from typing import Any
 
 from recap.engine.chat import ChatPrompt, Renderer, RenderLimitExceeded, render_chat
 from recap.http.errors import APIError
-from recap.server.protocol import ChatMessage
+from recap.server.protocol import ChatCompletionRequest, ChatMessage
+from recap.server.template_sandbox import request_template
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,35 @@ class ChatInput:
     # The rendered text after the last message's content: the generation prompt (where a template opens or
     # closes a think block for the answer; recap.server.reasoning.opening)
     generation_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class TemplateInputs:
+    """What a chat request renders with besides its messages: its own template (None: the tokenizer's), the
+    template variables (tools, reasoning effort, chat_template_kwargs) and vLLM's generation-prompt flags.
+    One reading for the replica that serves the request and the router that hashes its prompt."""
+
+    template: str | None
+    kwargs: dict[str, Any]
+    add_generation_prompt: bool
+    continue_final_message: bool
+
+    @classmethod
+    def of(cls, req: ChatCompletionRequest) -> TemplateInputs:
+        """Raises APIError for a malformed template field (recap.server.template_sandbox.request_template)."""
+        template, kwargs = request_template(req.chat_template, req.chat_template_kwargs)
+        if req.tools:
+            kwargs["tools"] = [t.template_dict() for t in req.tools]
+        if req.reasoning_effort is not None:  # vLLM's: a template variable, and thinking off for "none"
+            kwargs["reasoning_effort"] = req.reasoning_effort
+            kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
+        return cls(template, kwargs, req.add_generation_prompt, req.continue_final_message)
+
+    def render(self, tokenizer: Any, messages: list[ChatMessage], render: Renderer | None = None) -> ChatInput:
+        """build_chat_input with these inputs; `render`: the request's own template's renderer, if it has one."""
+        return build_chat_input(tokenizer, messages, self.kwargs, render,
+                                add_generation_prompt=self.add_generation_prompt,
+                                continue_final_message=self.continue_final_message)
 
 
 def _marker_offsets(messages: list[ChatMessage], rendered: ChatPrompt) -> list[int]:
