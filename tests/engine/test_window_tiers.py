@@ -89,10 +89,15 @@ def test_window_model_hits_from_the_tiers_equal_uncached(model: Path, tmp_path: 
     hits = sum(o.num_cached_tokens for o in got)
     tier_hits = sum(o.num_cached_tokens for o in got if child_id(o.request_id, 0) in promoted)
     assert tier_hits > hits // 2, f"most hit tokens should need a lower tier: {tier_hits} of {hits}"
+    store = llm.engine.runner.tier
+    assert store is not None
+    if store.host is not None:  # the core's entry bytes are the rows' bytes, window entries included
+        assert store.host.stats.bytes == indexes[0].num_bytes and store.host.stats.entries == indexes[0].num_entries
     if "disk" in tiers:
-        store = llm.engine.runner.tier
-        assert store is not None and store.stats.files_read > 0
+        assert store.stats.files_read > 0
         assert any(p.name.startswith("win-") for p in tmp_path.rglob("*.rtier")), "no window block file"
+    if tiers == "disk":
+        assert indexes[0].counters.loaded_bytes == store.stats.bytes_read > 0
     llm.close()
     if tiers == "disk":
         without = make(model, None, sizes=sizes(model), kv_cache_bytes=9 * block)
