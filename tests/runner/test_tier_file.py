@@ -1,7 +1,7 @@
 """The disk tier's file format and store without a model: a file round-trips bit-exactly, and a flipped byte,
 a truncated file, another identity's file or another entry's file is rejected; writes leave no temporary file;
 the host and disk stores together (tier_stores.py): an entry moved host -> disk, a load read from both; reports a
-step collected before it raised arrive with the next step."""
+step collected before it raised arrive with the next step; window blocks are entries of their own."""
 
 from __future__ import annotations
 
