@@ -86,8 +86,8 @@ class ReplayTierRunner:
         self.tally = TierTally([0] * n, peak_bytes=[0] * n)
 
     def step(self, out: SchedulerOutput, result: ModelRunnerOutput, kv: object, slots: object,
-             validate: bool) -> None:  # fmt: skip
-        del kv, slots, validate  # no simulated content: the replay counts hits, not tokens
+             validate: bool, window: object = None) -> None:  # fmt: skip
+        del kv, slots, validate, window  # no simulated content: the replay counts hits, not tokens
         result.tier_saved = [TierSaved(s.key, True, s.level) for s in out.tier_saves]
         for level, index in enumerate(self.tiers.indexes):
             self.tally.peak_bytes[level] = max(self.tally.peak_bytes[level], index.num_bytes)

@@ -100,7 +100,7 @@ class FakeExecutor:
         faulty = self.fail_next or any(sr.request_id in self.poison for sr in sched_out.scheduled)
         if faulty and self.fail_early:
             self._fault(sched_out, None)
-        self.tier.step(sched_out, out, self._kv, self._slot_state, self.validate)  # before copies reuse slots
+        self.tier.step(sched_out, out, self._kv, self._slot_state, self.validate, self._window_kv)  # before copies
         if self._carried is not None:
             carried, self._carried = self._carried, None
             out.tier_saved = carried.tier_saved + out.tier_saved

@@ -7,8 +7,8 @@ step's loads start. Saves are reported written one step after their order (or la
 Entries are stored per tier (level, key); a save from a tier (`from_level`) copies that tier's entry, which
 must be there.
 
-In validate mode the snapshot is the simulated content (each position's prefix hash, or the slot's
-(position, prefix hash)) and a load writes it back, so a load of the wrong entry fails the executor's
+In validate mode the snapshot is the simulated content (each position's prefix hash in a KV or window block,
+or the slot's (position, prefix hash)) and a load writes it back, so a load of the wrong entry fails the executor's
 next read. `corrupt` keys fail their load (counted, forgotten), as a corrupt file does; the next
 `fail_saves` saves are not written and reported failed, as on a full disk (a load ordered meanwhile fails).
 """
@@ -37,9 +37,11 @@ class FakeTier:
     _saved: list[TierSaved] = field(default_factory=list)
     _loads: list[TierLoad] = field(default_factory=list)
 
-    def step(self, out: SchedulerOutput, result: ModelRunnerOutput, kv: Memory, slots: Slots,
-             validate: bool) -> None:  # fmt: skip
-        """Apply the step's tier orders to the simulated memory; report into `result`."""
+    def step(self, out: SchedulerOutput, result: ModelRunnerOutput, kv: Memory, slots: Slots, validate: bool,
+             window: Memory | None = None) -> None:  # fmt: skip
+        """Apply the step's tier orders to the simulated memory (`window`: the window group's blocks); report into
+        `result`."""
+        blocks = {EntryKind.KV: kv, EntryKind.WINDOW: window if window is not None else {}}
         self._loads = [load for load in self._loads if load.request_id not in out.finished_request_ids]
         if not self.hold_reports:
             result.tier_saved, self._saved = self._saved, []
@@ -47,7 +49,7 @@ class FakeTier:
             if save.from_level >= 0:
                 data = self.store[save.from_level, save.key]  # moved down before the drop beside it
             else:
-                data = self._snapshot(save.key, save.source, kv, slots) if validate else True
+                data = self._snapshot(save.key, save.source, blocks, slots) if validate else True
             written = self.fail_saves == 0
             self.fail_saves -= not written
             if written:
@@ -57,20 +59,20 @@ class FakeTier:
         for drop in out.tier_drops:
             self.store.pop((drop.level, drop.key), None)
         for load in self._loads:
-            result.tier_loaded[load.request_id] = self._load(load, kv, slots, validate)
+            result.tier_loaded[load.request_id] = self._load(load, blocks, slots, validate)
         self._loads = list(out.tier_loads)
         if self.disable_next is not None:
             result.tier_disabled, self.disable_next = [self.disable_next], None
 
-    def _snapshot(self, key: TierKey, source: int, kv: Memory, slots: Slots) -> object:
+    def _snapshot(self, key: TierKey, source: int, blocks: dict[EntryKind, Memory], slots: Slots) -> object:
         bs = self.block_size
-        if key.kind == EntryKind.KV:
-            return [kv.get(source * bs + o) for o in range(bs)]
+        if key.kind != EntryKind.CHECKPOINT:
+            return [blocks[key.kind].get(source * bs + o) for o in range(bs)]
         state = slots.get(source)
         assert state is not None and state[0] == key.position, f"save of {key} from slot {source} holding {state}"
         return state
 
-    def _load(self, load: TierLoad, kv: Memory, slots: Slots, validate: bool) -> TierLoadReport:
+    def _load(self, load: TierLoad, blocks: dict[EntryKind, Memory], slots: Slots, validate: bool) -> TierLoadReport:
         report = TierLoadReport()
         self.num_loads += 1
         for key, dest, level in load.entries():
@@ -81,9 +83,9 @@ class FakeTier:
                 report.failed.append(key)
                 continue
             if validate:
-                if key.kind == EntryKind.KV:
+                if key.kind != EntryKind.CHECKPOINT:
                     assert isinstance(data, list)
-                    self._write_kv(dest, data, kv)
+                    self._write_block(dest, data, blocks[key.kind])
                 else:
                     assert isinstance(data, tuple)
                     slots[dest] = data
@@ -92,7 +94,7 @@ class FakeTier:
             report.loaded.append(key)
         return report
 
-    def _write_kv(self, dest: int, data: list[int | None], kv: Memory) -> None:
+    def _write_block(self, dest: int, data: list[int | None], kv: Memory) -> None:
         bs = self.block_size
         for o, value in enumerate(data):
             if value is None:

@@ -11,7 +11,7 @@ from recap.core.output import PAD_SLOT_ID, SchedulerOutput
 from recap.core.request import Request, RequestStatus
 from recap.core.state_pool import SlotKind
 from recap.core.tier_index import TierKey
-from recap.core.tiers import Promotion
+from recap.core.tier_promotion import Promotion
 
 if TYPE_CHECKING:
     from recap.core.scheduler import Scheduler
@@ -115,6 +115,8 @@ def _check_window(sched: Scheduler) -> None:
         for i, block_id in enumerate(live, num_null):
             block_hash = pool.blocks[block_id].block_hash
             assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} window block {i} from another chain"
+    for promotion in _promotions(sched).values():
+        holders.update(promotion.held_window)
     _check_refs(pool, holders, "window ")
 
 
@@ -182,6 +184,7 @@ def _check_tier(sched: Scheduler) -> None:
             for i, block_id in enumerate(p.held_blocks):
                 block_hash = sched.cache.kv.pool.blocks[block_id].block_hash
                 assert block_hash is None or block_hash == r.block_hashes[i], f"promoting {rid} block {i} off-chain"
+        _check_window_promotion(sched, r, p)
     for level, index in enumerate(tiers.indexes):
         for key in index.iter_keys():
             assert index.is_pinned(key) == (pins[level, key] > 0), f"tier pin of {key} disagrees with the loads"
@@ -191,6 +194,24 @@ def _check_tier(sched: Scheduler) -> None:
     assert len(set(saved)) == len(saved), "a save ordered twice"
     for level, key in saved:
         assert tiers.indexes[level].has(key) and not tiers.indexes[level].is_ready(key), f"save of {key} not pending"
+
+
+def _check_window_promotion(sched: Scheduler, r: Request, p: Promotion) -> None:
+    """A promoting request holds the window blocks before its target in chain order: cached ones of its chain, and
+    unhashed destinations its load fills with the entries of those very positions."""
+    window, rid = sched.cache.window, r.request_id
+    if window is None or not window.span:
+        assert not p.held_window and not p.load.window, f"promoting {rid} holds window blocks without a window group"
+        return
+    assert len(p.held_window) == min(p.target, window.span), f"promoting {rid} holds another window than its target's"
+    dest = {b: key for key, b in p.load.window}
+    assert len(dest) == len(p.load.window) and set(dest) <= set(p.held_window), f"promoting {rid} loads elsewhere"
+    first = p.target - len(p.held_window)
+    for i, block_id in enumerate(p.held_window, first):
+        block_hash = window.pool.blocks[block_id].block_hash
+        key = dest.get(block_id)
+        got = block_hash if key is None else key.block_hash
+        assert got == r.block_hashes[i] and (key is None or block_hash is None), f"promoting {rid} window block {i}"
 
 
 def _check_remote(sched: Scheduler) -> None:

@@ -102,16 +102,20 @@ class TierSaved(NamedTuple):
 
 @dataclass(frozen=True)
 class TierLoad:
-    """Read a request's tier entries into fresh KV blocks and (checkpoint) a PENDING slot, in the background."""
+    """Read a request's tier entries into fresh KV and window blocks and (checkpoint) a PENDING slot, in the
+    background."""
 
     request_id: str
     kv: tuple[tuple[TierKey, int], ...]  # (key, destination block id), in chain order
     checkpoint: tuple[TierKey, int] | None  # (key, destination slot)
-    levels: tuple[int, ...] = ()  # the tier each entry is read from: kv's then the checkpoint's (empty: all 0)
+    # The tier each entry is read from: kv's, then window's, then the checkpoint's (empty: all 0).
+    levels: tuple[int, ...] = ()
+    window: tuple[tuple[TierKey, int], ...] = ()  # (key, destination window block id), in chain order
 
     def entries(self) -> list[tuple[TierKey, int, int]]:
-        """(key, destination block or slot, tier) of every entry, KV blocks in chain order then the checkpoint."""
-        pairs = [*self.kv, *([self.checkpoint] if self.checkpoint is not None else [])]
+        """(key, destination block or slot, tier) of every entry: KV blocks, then window blocks (each in chain
+        order), then the checkpoint."""
+        pairs = [*self.kv, *self.window, *([self.checkpoint] if self.checkpoint is not None else [])]
         levels = self.levels or (0,) * len(pairs)
         return [(key, dest, level) for (key, dest), level in zip(pairs, levels, strict=True)]
 

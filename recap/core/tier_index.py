@@ -5,8 +5,9 @@ the tier's byte budget and its eviction order. The copies themselves belong to t
 thread); the index only says what to copy and what may be read.
 
 Entries:
-  KV block:    key (KV, chain hash h[k], 0): the attention KV of token block k (all layers);
-  checkpoint:  key (CHECKPOINT, h[k], (k + 1) * block_size): the recurrent state after those tokens.
+  KV block:     key (KV, chain hash h[k], 0): the full-attention KV of token block k (all those layers);
+  window block: key (WINDOW, h[k], 0): the sliding-window layers' KV of token block k (their own pool);
+  checkpoint:   key (CHECKPOINT, h[k], (k + 1) * block_size): the recurrent state after those tokens.
 The chain hash already covers the cache salt and extra keys (core/hashing.py), so equal keys mean equal
 content for one model; the runner keeps each model identity in its own directory.
 
@@ -26,8 +27,9 @@ ranked low. LRU is simple, O(1), and the replay can compare others against it.
 
 API (stable; the trace replay models tiers with it): `reserve` (a save order: PENDING, evicting READY
 LRU entries as needed; returns the evicted keys, or None when it does not fit), `mark_ready`, `remove`,
-`add_ready` (entries found on disk at start), `fail`, `is_ready` / `has` / `has_kv` / `kv_readable` / `checkpoint_key` /
-`is_pinned` / `iter_keys`, `touch`, `pin` / `unpin`, `check` (accounting, for core/integrity.py).
+`add_ready` (entries found on disk at start), `fail`, `is_ready` / `has` / `has_kv` / `kv_readable` / `has_block` /
+`block_readable` / `checkpoint_key` / `is_pinned` / `iter_keys`, `touch`, `pin` / `unpin`, `check` (accounting, for
+core/integrity.py).
 Counters (`TierCounters`): demotions, hits, promotions, evictions, failed saves and loads.
 """
 
@@ -43,6 +45,10 @@ from typing import NamedTuple
 class EntryKind(enum.IntEnum):
     KV = 0
     CHECKPOINT = 1
+    WINDOW = 2
+
+
+BLOCK_KINDS = (EntryKind.KV, EntryKind.WINDOW)  # entries keyed by a block hash alone, one per block group
 
 
 class TierKey(NamedTuple):
@@ -83,7 +89,8 @@ class TierIndex:
         self.name = name
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[TierKey, TierEntry] = OrderedDict()  # LRU first
-        self._kv: set[int] = set()  # hashes of KV entries (ready or pending), for O(1) chain walks
+        # hashes of each block group's entries (ready or pending), for O(1) chain walks
+        self._blocks: dict[EntryKind, set[int]] = {kind: set() for kind in BLOCK_KINDS}
         self._checkpoints: dict[int, int] = {}  # hash -> position of checkpoint entries (ready or pending)
         self.num_bytes = 0
         self.counters = TierCounters()
@@ -117,7 +124,11 @@ class TierIndex:
         return entry is not None and entry.pins > 0
 
     def has_kv(self, block_hash: int) -> bool:
-        return block_hash in self._kv
+        return block_hash in self._blocks[EntryKind.KV]
+
+    def has_block(self, kind: EntryKind, block_hash: int) -> bool:
+        """A KV or window entry for this hash is held (ready or pending)."""
+        return block_hash in self._blocks[kind]
 
     def readable(self, key: TierKey) -> bool:
         """A load ordered now reads it: held, ready or pending, and its save not reported failed."""
@@ -126,6 +137,9 @@ class TierIndex:
 
     def kv_readable(self, block_hash: int) -> bool:
         return self.readable(TierKey(EntryKind.KV, block_hash))
+
+    def block_readable(self, kind: EntryKind, block_hash: int) -> bool:
+        return self.readable(TierKey(kind, block_hash))
 
     def checkpoint_key(self, block_hash: int) -> TierKey | None:
         """The readable checkpoint entry keyed by this hash, if any."""
@@ -195,10 +209,10 @@ class TierIndex:
         entry = self._entries.pop(key)
         assert not entry.pins, f"tier {self.name}: {key} removed while a load reads it"
         self.num_bytes -= entry.num_bytes
-        if key.kind == EntryKind.KV:
-            self._kv.discard(key.block_hash)
-        else:
+        if key.kind == EntryKind.CHECKPOINT:
             del self._checkpoints[key.block_hash]
+        else:
+            self._blocks[key.kind].discard(key.block_hash)
 
     def pin(self, key: TierKey) -> None:
         entry = self._entries[key]
@@ -222,8 +236,8 @@ class TierIndex:
     def _insert(self, key: TierKey, entry: TierEntry) -> None:
         self._entries[key] = entry
         self.num_bytes += entry.num_bytes
-        if key.kind == EntryKind.KV:
-            self._kv.add(key.block_hash)
+        if key.kind != EntryKind.CHECKPOINT:
+            self._blocks[key.kind].add(key.block_hash)
         else:
             assert key.block_hash not in self._checkpoints, f"tier {self.name}: two checkpoints keyed {key}"
             self._checkpoints[key.block_hash] = key.position
@@ -233,8 +247,9 @@ class TierIndex:
         """Assert bytes, maps and budget agree. O(entries): for tests."""
         assert self.num_bytes == sum(e.num_bytes for e in self._entries.values()), f"tier {self.name}: bytes drift"
         assert self.num_bytes <= self.budget_bytes, f"tier {self.name}: {self.num_bytes} B over its budget"
-        kv = {k.block_hash for k in self._entries if k.kind == EntryKind.KV}
-        assert kv == self._kv, f"tier {self.name}: KV hash set disagrees with its entries"
+        for kind in BLOCK_KINDS:
+            hashes = {k.block_hash for k in self._entries if k.kind == kind}
+            assert hashes == self._blocks[kind], f"tier {self.name}: {kind.name} hash set disagrees with its entries"
         cps = {k.block_hash: k.position for k in self._entries if k.kind == EntryKind.CHECKPOINT}
         assert cps == self._checkpoints, f"tier {self.name}: checkpoint map disagrees with its entries"
         for key, e in self._entries.items():

@@ -26,7 +26,8 @@ def make_tier(cache_config: CacheConfig, layout: CacheLayout, cache: CacheManage
     if not indexes:
         return None
     kv_bytes = max(1, layout.kv_bytes_per_token * layout.block_size)
-    return TierManager(cache, indexes, kv_bytes, max(1, layout.state_bytes_per_slot))
+    window_bytes = max(1, layout.window_bytes_per_token * layout.block_size)
+    return TierManager(cache, indexes, kv_bytes, max(1, layout.state_bytes_per_slot), window_bytes)
 
 
 class TierScheduling:

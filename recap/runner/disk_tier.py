@@ -1,4 +1,5 @@
-"""The disk tier's store, runner side: checkpoints and KV blocks as files, written and read by one I/O thread.
+"""The disk tier's store, runner side: checkpoints, KV and window blocks as files, written and read by one I/O
+thread.
 
 The cache core decides what to save, drop and load (recap/core/tiers.py); this store does it, driven by
 runner/tier_stores.py each step (before the step's state copies and forward pass): loads of requests gone are
@@ -71,9 +72,11 @@ class DiskTierStats:
     write_errors: int = 0
 
 
+_FILE_PREFIX = {EntryKind.KV: "kv", EntryKind.CHECKPOINT: "cp", EntryKind.WINDOW: "win"}
+
+
 def entry_file_name(key: TierKey) -> str:
-    kind = "kv" if key.kind == EntryKind.KV else "cp"
-    return f"{kind}-{key.block_hash:032x}-{key.position}.rtier"
+    return f"{_FILE_PREFIX[key.kind]}-{key.block_hash:032x}-{key.position}.rtier"
 
 
 def _raw(t: torch.Tensor) -> memoryview:

@@ -13,10 +13,14 @@ Rows = list[tuple[str, torch.Tensor]]
 
 
 def entry_tensors(caches: ModelCaches, key: TierKey, index: int) -> Rows:
-    """The cache rows an entry holds, by name, in file order: KV block `index` of every attention layer, or
-    state slot `index` of every recurrent layer (views, not copies)."""
+    """The cache rows an entry holds, by name, in file order: KV block `index` of every full-attention layer,
+    window block `index` of every sliding-window layer, or state slot `index` of every recurrent layer (views,
+    not copies)."""
     if key.kind == EntryKind.KV:
         return [(f"kv.{i}.{n}", t[index]) for i in sorted(caches.kv) for n, t in caches.kv[i].tensors.items()]
+    if key.kind == EntryKind.WINDOW:
+        window = caches.window
+        return [(f"window.{i}.{n}", t[index]) for i in sorted(window) for n, t in window[i].tensors.items()]
     return [(f"state.{name}", t[index]) for name, t in caches.named_state_tensors()]
 
 

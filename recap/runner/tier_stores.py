@@ -105,25 +105,25 @@ class TierStores:
 
     def _load(self, load: TierLoad, report: TierStepReport) -> None:
         """Copy the host entries now; send the disk entries to the I/O thread (reported when they land)."""
-        part, kv_disk, cp_disk = TierLoadReport(), [], None
+        part = TierLoadReport()
+        disk: dict[EntryKind, list[tuple[TierKey, int]]] = {kind: [] for kind in EntryKind}
         for key, dest, level in load.entries():
-            store, is_checkpoint = self.stores[level], key.kind == EntryKind.CHECKPOINT
+            store = self.stores[level]
             if isinstance(store, DiskTier):
-                if is_checkpoint:
-                    cp_disk = (key, dest)
-                else:
-                    kv_disk.append((key, dest))
+                disk[key.kind].append((key, dest))
             elif store.read_into(key, dest):
                 part.loaded.append(key)
-                if is_checkpoint:
+                if key.kind == EntryKind.CHECKPOINT:
                     part.checkpoint = CheckpointWrite(key.position, dest)
             else:
                 part.failed.append(key)
-        if self.disk is None or (not kv_disk and cp_disk is None):
+        if self.disk is None or not any(disk.values()):
             report.loaded[load.request_id] = part
             return
         self._partial[load.request_id] = part
-        self.disk.load(TierLoad(load.request_id, tuple(kv_disk), cp_disk))
+        cp = disk[EntryKind.CHECKPOINT]
+        self.disk.load(TierLoad(load.request_id, tuple(disk[EntryKind.KV]), cp[0] if cp else None,
+                                window=tuple(disk[EntryKind.WINDOW])))  # fmt: skip
 
     def wait(self, timeout: float) -> None:
         if self.disk is not None:

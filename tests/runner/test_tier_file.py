@@ -1,7 +1,7 @@
 """The disk tier's file format and store without a model: a file round-trips bit-exactly, and a flipped byte,
 a truncated file, another identity's file or another entry's file is rejected; writes leave no temporary file;
 the host and disk stores together (tier_stores.py): an entry moved host -> disk, a load read from both; reports a
-step collected before it raised arrive with the next step."""
+step collected before it raised arrive with the next step; window blocks are entries of their own."""
 
 from __future__ import annotations
 
@@ -133,4 +133,37 @@ def test_reports_of_a_step_that_raised_come_with_the_next_one(tmp_path: Path) ->
     with pytest.raises(IndexError):
         store.step(SchedulerOutput(6, [], tier_loads=[bad]))
     assert store.step(SchedulerOutput(7, [])).saved == [TierSaved(TierKey(EntryKind.KV, 0x78), True, 0)]
+    store.close()
+
+
+def test_window_blocks_are_entries_of_their_own(tmp_path: Path) -> None:
+    """A window block's entry holds the sliding-window layers' rows of that block (not the full-attention ones),
+    is filed as `win-...` with its kind in the header, is found again by a scan, and loads bit-exact into another
+    window block from disk while a KV block of the same hash loads from the host."""
+    caches = _caches()
+    caches.window = {2: KVCache({"k": torch.randn(5, 2, 3), "v": torch.randn(5, 2, 3)})}
+    disk = DiskTier(tmp_path, "id", caches)
+    store = TierStores(caches, [HostTier(caches), disk])
+    win_key, kv_key = TierKey(EntryKind.WINDOW, 0x99), TierKey(EntryKind.KV, 0x99)
+    want_win = [caches.window[2].tensors[n][4].clone() for n in ("k", "v")]
+    want_kv = [caches.kv[0].tensors[n][1].clone() for n in ("k", "v")]
+    saved = store.step(SchedulerOutput(1, [], tier_saves=[TierSave(win_key, 4, 1), TierSave(kv_key, 1, 0)])).saved
+    store.wait(5.0)
+    saved += store.step(SchedulerOutput(2, [])).saved
+    assert sorted(saved) == sorted([TierSaved(kv_key, True, 0), TierSaved(win_key, True, 1)])
+    path = disk.dir / entry_file_name(win_key)
+    assert path.name.startswith("win-") and read_header(path)[0].kind == int(EntryKind.WINDOW)
+    assert [t.name.split(".")[0] for t in read_header(path)[0].tensors] == ["window", "window"]
+    assert disk.scan() == [win_key]
+    for t in (*caches.window[2].tensors.values(), *caches.kv[0].tensors.values()):
+        t.zero_()
+    load = TierLoad("r", ((kv_key, 3),), None, (0, 1), window=((win_key, 2),))
+    store.step(SchedulerOutput(3, [], tier_loads=[load]))
+    store.wait(5.0)
+    report = store.step(SchedulerOutput(4, [])).loaded["r"]
+    assert sorted(report.loaded) == sorted([kv_key, win_key]) and report.failed == [] and report.checkpoint is None
+    win, kv = caches.window[2].tensors, caches.kv[0].tensors
+    assert torch.equal(win["k"][2], want_win[0]) and torch.equal(win["v"][2], want_win[1])
+    assert torch.equal(kv["k"][3], want_kv[0]) and torch.equal(kv["v"][3], want_kv[1])
+    assert not kv["k"][2].any() and not win["k"][3].any()  # each kind into its own group's rows only
     store.close()
