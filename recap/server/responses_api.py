@@ -137,7 +137,7 @@ def _answer(state: ServerState, chat: ChatCompletionRequest, run: ChatRun, head:
     thought = 0 if read is None else reasoning_tokens([state.token_text(t) for t in o.token_ids], read)
     logprobs = None if o.logprobs is None else content_logprobs(state.token_text, o.token_ids, o.logprobs,
                                                                 chat.top_logprobs or 0, content_from(read))
-    items = output_items(message.content, message.tool_calls, o.finish_reason, message.reasoning, logprobs)
+    items = output_items(head, message.content, message.tool_calls, o.finish_reason, message.reasoning, logprobs)
     return head.snapshot(status, items, usage([final]), o.finish_reason, error, reasoning_tokens=thought)
 
 

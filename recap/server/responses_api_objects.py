@@ -2,7 +2,9 @@
 types them (openai.types.responses), and how one is built from a request and an answer.
 
 An answer's output is a `reasoning` item holding its think block (with --reasoning-parser, when it thought:
-vLLM's shape, the text as one `reasoning_text` content part and an empty `summary`), then a `message` item
+vLLM's shape, the text as one `reasoning_text` content part and an empty `summary`; with `include:
+["reasoning.encrypted_content"]` the text again as `encrypted_content`, recap.server.reasoning_blob), then a
+`message` item
 holding its text (when it has text, or neither reasoning nor calls) followed by one `function_call` item per
 tool call. Its status is "completed", "incomplete" when max_output_tokens cut it
 (`incomplete_details.reason` "max_output_tokens"), or "failed" when generation failed midway (a grammar that
@@ -19,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from recap.sampling_params import SamplingParams
+from recap.server import reasoning_blob
 from recap.server.responses import ChatTokenLogprob, Usage
 from recap.server.responses_api_request import FunctionChoice, InputItem, ResponsesRequest
 from recap.server.tools import ToolCall
@@ -159,6 +162,13 @@ class ResponseHead:
     created_at: int
     model: str
     echo: dict[str, Any]
+    encrypted_reasoning: bool = False  # reasoning items carry `encrypted_content` (the request included it)
+
+    def reasoning_item(self, rid: str, text: str, status: str) -> OutputReasoning:
+        """A finished (or cut: `status` "incomplete") reasoning item of this response."""
+        blob = reasoning_blob.encode(text) if self.encrypted_reasoning else None
+        return OutputReasoning(id=rid, content=[ReasoningText(text=text)], encrypted_content=blob,
+                               status=status)  # type: ignore[arg-type]  # pydantic checks the literal
 
     def snapshot(self, status: STATUS, output: list[OutputItem] | None = None, usage: Usage | None = None,
                  finish: str | None = None, error: str | None = None, reasoning_tokens: int = 0) -> ResponseObject:
@@ -187,7 +197,7 @@ def response_head(rid: str, req: ResponsesRequest, params: SamplingParams, model
         tool_choice=choice, tools=[t.model_dump() for t in req.tools or []], top_p=params.top_p, user=req.user,
         service_tier=req.service_tier or "default", safety_identifier=req.safety_identifier,
         prompt_cache_key=req.prompt_cache_key, top_logprobs=req.top_logprobs or 0)
-    return ResponseHead(rid, int(time.time()), model, echo)
+    return ResponseHead(rid, int(time.time()), model, echo, req.encrypted_reasoning)
 
 
 def status_of(finish: str | None) -> STATUS:
@@ -196,8 +206,8 @@ def status_of(finish: str | None) -> STATUS:
     return "failed" if finish == "error" else "completed"
 
 
-def output_items(content: str | None, calls: list[ToolCall], finish: str | None, reasoning: str | None = None,
-                 logprobs: list[ChatTokenLogprob] | None = None) -> list[OutputItem]:
+def output_items(head: ResponseHead, content: str | None, calls: list[ToolCall], finish: str | None,
+                 reasoning: str | None = None, logprobs: list[ChatTokenLogprob] | None = None) -> list[OutputItem]:
     """A whole answer's items: its reasoning, its text as a message (unless it is all calls, or all reasoning),
     then its calls. The last item is incomplete when max_output_tokens (or a failure) cut it. `logprobs`: the
     content tokens', when included."""
@@ -205,8 +215,7 @@ def output_items(content: str | None, calls: list[ToolCall], finish: str | None,
     items: list[OutputItem] = []
     if reasoning is not None:
         last = content is None and not calls
-        items.append(OutputReasoning(id=new_id("rs"), content=[ReasoningText(text=reasoning)],
-                                     status="incomplete" if cut and last else "completed"))
+        items.append(head.reasoning_item(new_id("rs"), reasoning, "incomplete" if cut and last else "completed"))
     if content is not None or not (calls or reasoning is not None):
         status = "incomplete" if finish in ("length", "error") and not calls else "completed"
         part = OutputText(text=content or "", logprobs=logprobs or [])

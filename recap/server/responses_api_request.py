@@ -12,7 +12,9 @@ answered (vLLM's `continue_final_message` for the Responses API). `max_output_to
 extensions (recap.server.protocol.GenerationFields) pass through unchanged; `reasoning.effort` is chat's
 `reasoning_effort`; a previous answer's `reasoning` item is the reasoning of the assistant turn it starts.
 `include: ["message.output_text.logprobs"]` is chat's `logprobs: true` and `top_logprobs` (0-20) chat's
-`top_logprobs` (recap.server.responses_api_logprobs renders them). OpenAI's platform fields that ask for
+`top_logprobs` (recap.server.responses_api_logprobs renders them); `include: ["reasoning.encrypted_content"]`
+puts each reasoning item's text in its `encrypted_content` too, which a later input item may carry alone
+(recap.server.reasoning_blob). OpenAI's platform fields that ask for
 something recap has not (other `include` values, reasoning summaries, background runs, truncation "auto",
 prompt templates, conversations) are a 400 naming the field unless they are at their no-op value.
 """
@@ -22,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from recap.server import reasoning_blob
 from recap.server.protocol import ChatCompletionRequest, ChatMessage, GenerationFields, _Strict
 from recap.server.responses_api_logprobs import INCLUDE_LOGPROBS, MAX_TOP_LOGPROBS
 from recap.server.tools import AssistantToolCall, CalledFunction
@@ -59,8 +62,8 @@ class ContentPart(_Strict):
 
 # The fields each item type takes, besides type, id and status.
 _ITEM_FIELDS = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
-                "function_call_output": ("call_id", "output"), "reasoning": ("content",)}
-_OPTIONAL_FIELDS = {"reasoning": ("summary", "encrypted_content")}
+                "function_call_output": ("call_id", "output"), "reasoning": ()}
+_OPTIONAL_FIELDS = {"reasoning": ("content", "summary", "encrypted_content")}
 
 
 class InputItem(_Strict):
@@ -77,8 +80,11 @@ class InputItem(_Strict):
     name: str | None = None
     arguments: str | None = None  # JSON text, as the answer wrote it
     output: str | None = None
-    summary: list[dict[str, Any]] | None = None  # a reasoning item's (recap writes none: its text is not read)
-    encrypted_content: str | None = None  # never set by recap; another server's is refused below
+    # A reasoning item's text: its reasoning_text content, else the text of its encrypted_content (recap's
+    # reasoning_blob; another server's is opaque), else its summary's texts (recap writes no summary).
+    summary: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    _reasoning: str = PrivateAttr(default="")
 
     @model_validator(mode="before")
     @classmethod
@@ -103,11 +109,28 @@ class InputItem(_Strict):
         missing = [f for f in own if getattr(self, f) is None]
         if missing:
             raise ValueError(f"a {self.type} item needs {' and '.join(missing)}")
-        if self.encrypted_content is not None:
-            raise ValueError("encrypted_content: not supported (recap's reasoning items carry their text)")
+        if self.type == "reasoning":
+            self._reasoning = self._reasoning_text()
         return self
 
+    def _reasoning_text(self) -> str:
+        if self.content is not None:
+            return self._parts_text()
+        if self.encrypted_content is not None:
+            try:
+                decoded = reasoning_blob.decode(self.encrypted_content)
+            except ValueError as e:
+                raise ValueError(f"encrypted_content: {e} (send the item back as recap returned it)") from None
+            if decoded is not None:
+                return decoded
+        texts = [part.get("text") for part in self.summary or []]
+        return "\n".join(t for t in texts if isinstance(t, str))
+
     def text(self) -> str:
+        """A message's text parts joined; a reasoning item's reasoning (see `summary` above)."""
+        return self._reasoning if self.type == "reasoning" else self._parts_text()
+
+    def _parts_text(self) -> str:
         return "\n".join(p.text for p in self.content or [])
 
 
@@ -243,10 +266,16 @@ class ResponsesRequest(GenerationFields):
     @field_validator("include")
     @classmethod
     def _known_include(cls, v: list[str] | None) -> list[str] | None:
+        known = (INCLUDE_LOGPROBS, reasoning_blob.INCLUDE_REASONING)
         for value in v or []:
-            if value != INCLUDE_LOGPROBS:
-                raise ValueError(f"{value!r} is not supported (recap includes only {INCLUDE_LOGPROBS!r})")
+            if value not in known:
+                raise ValueError(f"{value!r} is not supported (recap includes {' and '.join(map(repr, known))})")
         return v
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        """Whether reasoning items carry their text as `encrypted_content` (recap.server.reasoning_blob)."""
+        return reasoning_blob.INCLUDE_REASONING in (self.include or [])
 
     @property
     def output_logprobs(self) -> bool:

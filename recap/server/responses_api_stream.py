@@ -69,8 +69,8 @@ class StreamedOutput:
     """The output items of one answer as they stream: `items` holds the finished ones. `logprobs`: the content
     tokens' logprobs, when the request includes them (they go out with the text events)."""
 
-    def __init__(self, event: EventWriter, logprobs: StreamedLogprobs | None = None) -> None:
-        self.event, self.logprobs = event, logprobs
+    def __init__(self, event: EventWriter, head: ResponseHead, logprobs: StreamedLogprobs | None = None) -> None:
+        self.event, self.head, self.logprobs = event, head, logprobs
         self.items: list[OutputItem] = []
         self._message: OutputMessage | None = None  # the open message
         self._text: list[str] = []
@@ -133,8 +133,8 @@ class StreamedOutput:
     def _close_reasoning(self, status: str) -> list[str]:
         if self._reasoning is None:
             return []
-        part = ReasoningText(text="".join(self._thought))
-        item = self._reasoning.model_copy(update={"status": status, "content": [part]})
+        item = self.head.reasoning_item(self._reasoning.id, "".join(self._thought), status)
+        part = item.content[0]
         self._reasoning, self._thought = None, []
         return self._done(item, part, "response.reasoning_text.done")
 
@@ -182,7 +182,7 @@ async def response_events(
     answer = answer_stream(state, chat, run.reasoning)
     logprobs = None if not chat.logprobs else StreamedLogprobs(state.token_text, chat.top_logprobs or 0,
                                                                None if answer is None else answer.reasoning)
-    out = StreamedOutput(event, logprobs)
+    out = StreamedOutput(event, head, logprobs)
     it = run.it
     try:
         yield event("response.created", response=head.snapshot("in_progress"))

@@ -22,6 +22,7 @@ from recap.engine.async_engine import AsyncEngine
 from recap.engine.llm_engine import LLMEngine
 from recap.server.app import build_app
 from recap.server.options import ServerOptions
+from recap.server.reasoning_blob import decode
 from tests.server.conftest import MODEL_NAME, ServerThread, engine_config
 
 # Qwen3.5's shape: earlier turns' think blocks dropped, the answer's block opened (or pre-filled empty when
@@ -172,6 +173,40 @@ def test_responses_api_reasoning_item_and_events(qwen: openai.OpenAI) -> None:
     follow = qwen.responses.create(model=MODEL_NAME, previous_response_id=r.id, input="And Oslo?",
                                    max_output_tokens=2, reasoning={"effort": "low"})
     assert follow.reasoning.effort == "low"
+
+
+def test_stateless_clients_carry_the_think_block_in_encrypted_content(qwen: openai.OpenAI) -> None:
+    """Codex's way: `store: false`, `include: ["reasoning.encrypted_content"]`, and the next turn's input carries
+    the reasoning item back as the API returned it, with no content (only the blob). The blob brings the think
+    block back into the prompt (the template renders the turn's reasoning before its tool call), exactly as
+    sending its content does; another server's blob gives the summary's text; a damaged one of recap's is a 400."""
+    body = {"model": MODEL_NAME, "input": "Weather in Paris?", "max_output_tokens": 200, "temperature": 0.0,
+            "store": False, "include": ["reasoning.encrypted_content"],
+            "extra_body": {"structured_outputs": {"regex": r"Think\.</think>Sunny\."}}}
+    r = qwen.responses.create(**body)
+    thought = r.output[0]
+    assert thought.type == "reasoning" and thought.content[0].text == "Think."
+    assert thought.encrypted_content is not None and decode(thought.encrypted_content) == "Think."
+    streamed = [e for e in qwen.responses.create(**body, stream=True) if e.type == "response.output_item.done"]
+    assert decode(streamed[0].item.encrypted_content) == "Think."  # the stream's item carries it too
+    assert qwen.responses.create(**{**body, "include": []}).output[0].encrypted_content is None  # only when asked
+
+    def turn(reasoning: dict[str, Any]) -> int:
+        call = {"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": '{"tz": "UTC"}'}
+        answer = {"type": "function_call_output", "call_id": "c1", "output": "12:00"}
+        item = {"type": "reasoning", "id": thought.id, "summary": [], **reasoning}
+        again = qwen.responses.create(model=MODEL_NAME, store=False, max_output_tokens=1,
+                                      input=[{"role": "user", "content": "Weather in Paris?"}, item, call, answer])
+        return again.usage.input_tokens
+
+    blob_only = turn({"encrypted_content": thought.encrypted_content})
+    assert blob_only == turn({"content": [{"type": "reasoning_text", "text": "Think."}]})
+    summary = turn({"encrypted_content": "gAAAAABotherserver", "summary": [{"type": "summary_text", "text": "Think."}]})
+    assert summary == blob_only
+    assert turn({"encrypted_content": "gAAAAABotherserver"}) < blob_only  # no text: no think block rendered
+    with pytest.raises(openai.BadRequestError, match="encrypted_content") as e:
+        turn({"encrypted_content": thought.encrypted_content[:-8]})
+    assert e.value.body["param"] == "input[1]"  # type: ignore[index]
 
 
 def test_constraints_start_when_the_think_block_ends(r1: openai.OpenAI) -> None:
