@@ -33,6 +33,9 @@ class RouterConfig:
     block_size: int = 16  # the replicas' cache block size (the router hashes prompts the same way)
     queued_request_tokens: int = 256  # prefill tokens one queued request is worth in the cost model
     max_stats_age_s: float = 30.0  # older stats say nothing about the cache
+    # A request routed this long before a replica's stats were taken had reached its engine by then: the stats
+    # count it if it still runs (so a completion Serve never reports cannot keep a replica loaded).
+    arrival_s: float = 2.0
     prediction_ttl_s: float = 60.0  # a routed prompt counts as cached on its replica at most this long
     # Weight of KV held past the deepest checkpoint: no hit now, but the replica learns the branch point
     # there as this request passes (DESIGN section 4), so the next request sharing it hits.
@@ -45,8 +48,8 @@ class RouterConfig:
             raise ValueError(f"queued_request_tokens must be >= 0, got {self.queued_request_tokens}")
         if not 0.0 <= self.kv_only_weight <= 1.0:
             raise ValueError(f"kv_only_weight must be in [0, 1], got {self.kv_only_weight}")
-        if self.max_stats_age_s <= 0 or self.prediction_ttl_s < 0:
-            raise ValueError("max_stats_age_s must be positive and prediction_ttl_s >= 0")
+        if self.max_stats_age_s <= 0 or self.prediction_ttl_s < 0 or self.arrival_s < 0:
+            raise ValueError("max_stats_age_s must be positive, prediction_ttl_s and arrival_s >= 0")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class _Prediction:
 @dataclass
 class _Replica:
     stats: ReplicaStats | None = None
-    in_flight: set[str] = field(default_factory=set)  # keys of this router's requests there, not yet completed
+    # This router's requests there, not yet completed: key -> when routed.
+    in_flight: dict[str, float] = field(default_factory=dict)
     # Decision counter when last ranked first or last routed to, whichever came later: ranking covers
     # concurrent requests ranked before any of them is routed, routing covers Serve passing a request on to
     # a later rank (the first one's queue probe missed its deadline), so that replica is not starved.
@@ -144,7 +148,7 @@ class CheckpointRouter:
         if replica in self._dead:
             return
         entry = self._replicas.setdefault(replica, _Replica())
-        entry.in_flight.add(request_key)
+        entry.in_flight[request_key] = self.clock()
         if request.pin is not None:
             return  # a call aimed at one replica: load only, no recency, no predicted cache (it carries no prompt)
         self._decisions += 1
@@ -157,7 +161,7 @@ class CheckpointRouter:
         entry = self._replicas.get(replica)
         if entry is None or request_key not in entry.in_flight:
             return  # unknown, or settled already by its follow-up (`_settle_predecessors`)
-        entry.in_flight.discard(request_key)
+        del entry.in_flight[request_key]
         # Kept even before the replica's first stats: stats taken while this request ran may arrive after its
         # completion, and must not count it (a session's next turn then saw its home loaded and moved away).
         now = self.clock()
@@ -210,12 +214,16 @@ class CheckpointRouter:
 
     def load(self, replica: str) -> int:
         """Requests on the replica: what it last published, less what finished here since, or this
-        router's own in-flight count if larger (the stats lag; other routers' requests only show there)."""
+        router's own in-flight count if larger (the stats lag; other routers' requests only show there).
+        In-flight requests routed `arrival_s` before the stats were taken count only through the stats."""
         entry = self._replicas.get(replica)
         if entry is None:
             return 0
-        published = entry.stats.num_requests - len(entry.completions) if entry.stats is not None else 0
-        return max(len(entry.in_flight), published)
+        if entry.stats is None:
+            return len(entry.in_flight)
+        published = entry.stats.num_requests - len(entry.completions)
+        seen_by = entry.stats.time - self.config.arrival_s
+        return max(sum(1 for t in entry.in_flight.values() if t > seen_by), published)
 
     def score(self, candidates: Sequence[str], request: RouteRequest) -> list[Choice]:
         """Every candidate's cost under the request's policy, best first (the routing decision)."""

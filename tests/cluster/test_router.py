@@ -140,6 +140,34 @@ def test_a_follow_up_turn_settles_its_predecessor_before_serve_reports_it() -> N
     assert r.load("other") == 1
 
 
+def test_a_completion_serve_never_reports_stops_counting_once_the_stats_show_the_replica_idle() -> None:
+    """A request whose completion callback never reaches the router (Serve loses it; calls fanned out under one
+    request id) would keep its replica loaded forever, and every new session would go elsewhere. The replica's
+    stats, taken `arrival_s` after the request was routed, count it if it still runs: idle stats settle it, busy
+    ones keep it; a request routed since still counts until stats taken after it arrive."""
+    clock = Clock()
+    r = router(clock, arrival_s=2.0)
+    for rid in ("a", "b"):
+        r.update_stats(rid, stats_for([], [], clock.now))
+    r.on_routed("a", "lost", RouteRequest(PROMPT[:9]))
+    r.on_routed("b", "running", RouteRequest(PROMPT[:13]))
+    assert (r.load("a"), r.load("b")) == (1, 1)
+    clock.now += 1.0
+    r.update_stats("a", stats_for([], [], clock.now))  # taken before it could have arrived: it still counts
+    assert r.load("a") == 1
+    clock.now += 2.0
+    r.on_routed("a", "new", RouteRequest(PROMPT[:5]))
+    r.update_stats("a", stats_for([], [], clock.now - 0.5))  # idle, taken 2.5 s after "lost", before "new"
+    r.update_stats("b", stats_for([], [], clock.now - 0.5, running=1))
+    assert (r.load("a"), r.load("b")) == (1, 1)  # "new" only; b's own stats count "running"
+    clock.now += 3.0
+    r.update_stats("a", stats_for([], [], clock.now))
+    assert r.load("a") == 0
+    assert r.rank(["a", "b"], RouteRequest([9] * 9))[0] == "a"
+    r.on_completed("a", "lost")  # arriving after all: changes nothing
+    assert r.load("a") == 0
+
+
 def test_ties_spread_then_fall_to_lower_id() -> None:
     clock = Clock()
     r = router(clock)
