@@ -5,8 +5,9 @@ Cost model, in prefill tokens (what the request waits for, roughly):
 resumable_tokens(r): the deepest prefix replica r can resume from (KV and checkpoint both present, from
 its published stats, or predicted from requests this router sent it since); load(r): requests on r, the
 larger of what r last published (less what this router saw finish there since) and what this router has
-in flight there and routed since those stats were taken (earlier ones count through the stats; a prompt that runs past the whole of one in flight is its follow-up turn: that one is over,
-whenever Serve's completion callback arrives). A replica with a deeper hit but a longer queue loses once each
+in flight there and routed since those stats were taken (earlier ones count through the stats; a prompt
+that runs past the whole of one in flight is its follow-up turn: that one is over, whenever Serve's completion
+callback arrives). A replica with a deeper hit but a longer queue loses once each
 extra queued request costs more than the tokens the hit saves. Ties go to the replica holding the longer KV
 prefix (not a hit for a hybrid, but where the branch point gets learned and checkpointed, so the next request
 sharing it hits), then to the lower load, then to the replica chosen (ranked first or routed to) least recently (new
