@@ -36,7 +36,7 @@ from recap.server.reasoning import reasoning_format
 from recap.server.request_body import parse_request
 from recap.server.response_store import ResponseStore
 from recap.server.responses import ModelCard, ModelList
-from recap.server.responses_api import create_response, delete_response, get_response
+from recap.server.responses_api import create_response, delete_response, get_response, list_input_items
 from recap.server.responses_api_request import ResponsesRequest
 from recap.server.serving import ServerState
 from recap.server.tokenize_api import add_tokenize_routes
@@ -151,6 +151,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState, store: ResponseStor
     @app.get(RESPONSES_ROUTE + "/{response_id}")
     async def stored_response(response_id: str, request: Request) -> Response:
         return await get_response(store, response_id, request)
+
+    @app.get(RESPONSES_ROUTE + "/{response_id}/input_items")
+    async def response_input_items(response_id: str, request: Request) -> Response:
+        return await list_input_items(store, response_id, request)
 
     @app.delete(RESPONSES_ROUTE + "/{response_id}")
     async def forget_response(response_id: str, request: Request) -> Response:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from recap.http.response_ids import check_tag, new_response_id
 from recap.server.protocol import ChatMessage
@@ -29,6 +30,7 @@ class StoredResponse:
     response: ResponseObject
     messages: tuple[ChatMessage, ...]  # the conversation so far, this answer included, instructions excluded
     chars: int  # characters of the messages' text: what rendering a follow-up costs
+    input_items: tuple[dict[str, Any], ...] = ()  # its request's input, as /input_items lists it
 
 
 class ResponseStore:

@@ -39,8 +39,9 @@ from recap.server.responses_api_objects import (
     response_head,
     status_of,
 )
-from recap.server.responses_api_request import ResponsesRequest, chat_messages
+from recap.server.responses_api_request import InputItem, ResponsesRequest, chat_messages
 from recap.server.responses_api_stream import response_events
+from recap.server.responses_input_items import item_page, listed_items
 from recap.server.serving import ServerState, collect_finals, open_stream, response_size, usage
 
 # The chat path's names for this API's fields.
@@ -85,8 +86,8 @@ class _Keeper:
     conversation's size before the answer (the history's and this body's)."""
 
     def __init__(self, store: ResponseStore, history: StoredResponse | None, new: list[ChatMessage],
-                 chars: int) -> None:
-        self.store, self.history, self.new, self.chars = store, history, new, chars
+                 chars: int, items: Sequence[InputItem]) -> None:
+        self.store, self.history, self.new, self.chars, self.items = store, history, new, chars, items
 
     def __call__(self, response: ResponseObject) -> None:
         if not response.store:
@@ -94,7 +95,8 @@ class _Keeper:
         answer = chat_messages(as_input(response.output))
         before = self.history.messages if self.history is not None else ()
         chars = self.chars + sum(len(m.text()) for m in answer)
-        self.store.put(response.id, StoredResponse(response, (*before, *self.new, *answer), chars))
+        listed = listed_items(self.items)
+        self.store.put(response.id, StoredResponse(response, (*before, *self.new, *answer), chars, listed))
 
 
 async def create_response(state: ServerState, store: ResponseStore, req: ResponsesRequest,
@@ -108,7 +110,7 @@ async def create_response(state: ServerState, store: ResponseStore, req: Respons
     try:  # the chat path under the response's id (the engine's request is `<id>-0`)
         run = await start_chat(state, chat, request, size, rid)
         head = response_head(rid, req, run.params, state.model_name, stored=req.store and store.enabled)
-        keep = _Keeper(store, previous, new, size)
+        keep = _Keeper(store, previous, new, size, req.input)
         if req.stream:
             first = await open_stream(request, run.it)
             if first is None:
@@ -157,6 +159,13 @@ async def get_response(store: ResponseStore, rid: str, request: Request) -> Resp
     if entry is None:
         raise _not_found(rid)
     return JSONResponse(entry.response.model_dump())
+
+
+async def list_input_items(store: ResponseStore, rid: str, request: Request) -> Response:
+    entry = store.get(rid)
+    if entry is None:
+        raise _not_found(rid)
+    return JSONResponse(item_page(entry.input_items, request))
 
 
 async def delete_response(store: ResponseStore, rid: str, request: Request) -> Response:

@@ -262,6 +262,40 @@ def test_store_false_keeps_nothing_and_delete_forgets(client: openai.OpenAI, htt
     assert http.delete(f"/v1/responses/{kept.id}").status_code == 404
 
 
+def test_input_items_list_what_a_stored_response_was_made_from(client: openai.OpenAI, http: httpx.Client) -> None:
+    """The official client's `responses.input_items.list`: this request's input items with ids (the client's kept),
+    newest first by default, paged by `limit` and `after` (the SDK follows `has_more` itself), `order` asc; a
+    follow-up lists its own input only; bad queries are a 400 naming the field; unknown or unstored ids a 404."""
+    items = [{"type": "message", "id": "msg_mine", "role": "user", "content": "Name a valve."},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "The gate."}]},
+             {"type": "message", "role": "user", "content": "And another?"}]
+    r = client.responses.create(model=MODEL_NAME, input=items, max_output_tokens=2)
+    listed = client.responses.input_items.list(r.id)
+    assert [i.role for i in listed.data] == ["user", "assistant", "user"][::-1]  # desc: newest first
+    assert listed.data[-1].id == "msg_mine" and all(i.id.startswith("msg_") for i in listed.data)
+    assert [c.text for i in listed.data for c in i.content] == ["And another?", "The gate.", "Name a valve."]
+    assert listed.first_id == listed.data[0].id and listed.last_id == "msg_mine" and not listed.has_more
+    page = client.responses.input_items.list(r.id, limit=2, order="asc")
+    assert [i.id for i in page.data][0] == "msg_mine" and page.has_more
+    assert [i.id for i in page] == [i.id for i in listed.data][::-1]  # auto-paging follows `after`
+    again = client.responses.input_items.list(r.id)
+    assert [i.id for i in again.data] == [i.id for i in listed.data]  # ids assigned once, when stored
+    follow = client.responses.create(model=MODEL_NAME, input="Thanks.", max_output_tokens=2,
+                                     previous_response_id=r.id)
+    (only,) = client.responses.input_items.list(follow.id).data
+    assert only.role == "user" and only.content[0].type == "input_text" and only.content[0].text == "Thanks."
+    base = f"/v1/responses/{r.id}/input_items"
+    for query, param in (({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"limit": "x"}, "limit"),
+                         ({"order": "up"}, "order"), ({"after": "msg_nope"}, "after"),
+                         ({"include": "message.output_text.logprobs"}, "include")):
+        bad = http.get(base, params=query)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (query, bad.text)
+    assert http.get("/v1/responses/resp_missing/input_items").status_code == 404
+    unstored = client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(unstored.id)
+
+
 def _stored(rid: str) -> StoredResponse:
     req = ResponsesRequest.model_validate({"input": rid})
     response = response_head(rid, req, SamplingParams(), MODEL_NAME, stored=True).snapshot("completed")
