@@ -6,9 +6,11 @@ from collections.abc import Sequence
 
 from recap.config import CacheConfig, CacheLayout, SchedulerConfig
 from recap.core.fake_executor import FakeExecutor, StepFault
+from recap.core.output import TierLoad
 from recap.core.request import Request
 from recap.core.scheduler import Scheduler
 from recap.core.stats import RequestUpdate
+from recap.core.tiers import TierManager
 
 KINDS = ("hybrid", "attention", "ssm")
 POLICIES = ("none", "align", "all", "recap")
@@ -139,3 +141,18 @@ class Harness:
         self.add(request, forced)
         self.run()
         return request
+
+
+def record_loads(tiers: TierManager) -> list[TierLoad]:
+    """Every load the tiers plan, as they plan it (the list fills as the scheduler runs)."""
+    loads: list[TierLoad] = []
+    plan = tiers.plan
+
+    def recording(request, hit):  # type: ignore[no-untyped-def]
+        load = plan(request, hit)
+        if load is not None:
+            loads.append(load)
+        return load
+
+    tiers.plan = recording  # type: ignore[method-assign]
+    return loads

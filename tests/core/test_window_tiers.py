@@ -5,8 +5,6 @@ every invariant (the validating executor checks each loaded window block's conte
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,11 +12,10 @@ from hypothesis import strategies as st
 from recap.core.output import TierLoad
 from recap.core.request import RequestStatus
 from recap.core.tier_index import EntryKind, TierKey
-from recap.core.tiers import TierManager
-from tests.core.helpers import Harness, make_scheduler, req
-from tests.core.test_blast import VOCAB, WINDOW_KINDS, make_request
-from tests.core.test_tier_levels import CORRUPT, _check_store_matches
-from tests.core.test_tiers import BS, FAILED_SAVE, STATE_BYTES, prompt
+from tests.core.helpers import Harness, make_scheduler, record_loads, req
+from tests.core.test_blast import WINDOW_KINDS
+from tests.core.test_tier_levels import run_tier_blast
+from tests.core.test_tiers import BS, STATE_BYTES, prompt
 
 
 def tiered(kind: str, num_state_slots: int = 3, host: int | None = None, disk: int | None = 1000,
@@ -28,20 +25,6 @@ def tiered(kind: str, num_state_slots: int = 3, host: int | None = None, disk: i
                            cache_host_bytes=host, cache_disk_bytes=disk, kv_bytes_per_token=1,
                            state_bytes_per_slot=STATE_BYTES, window_bytes_per_token=1, **kw)  # fmt: skip
     return Harness(sched)
-
-
-def record_loads(tiers: TierManager) -> list[TierLoad]:
-    loads: list[TierLoad] = []
-    plan = tiers.plan
-
-    def recording(request, hit):  # type: ignore[no-untyped-def]
-        load = plan(request, hit)
-        if load is not None:
-            loads.append(load)
-        return load
-
-    tiers.plan = recording  # type: ignore[method-assign]
-    return loads
 
 
 def kinds_of(load: TierLoad) -> list[EntryKind]:
@@ -138,36 +121,4 @@ def test_blast_window_with_host_and_disk(kind: str, policy: str, block_size: int
     sched = make_scheduler(kind, policy, block_size, num_blocks, num_state_slots, 4, 24, 64,
                            cache_host_bytes=host_entries * 3, cache_disk_bytes=disk_entries * 3, kv_bytes_per_token=1,
                            state_bytes_per_slot=3, window_bytes_per_token=1, sliding_window=sliding_window)  # fmt: skip
-    rng = random.Random(seed)
-    h = Harness(sched, seed=seed)
-    h.executor.vocab_size = VOCAB
-    tier = h.executor.tier
-    bases = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(3)]
-    added, done = [], []
-    for step in range(200):
-        if step < 140 and rng.random() < 0.4:
-            added.append(h.add(make_request(rng, f"r{len(added)}", bases, done, 64)))
-        if tier.store and rng.random() < CORRUPT:
-            tier.corrupt.add(rng.choice(sorted(tier.store))[1])
-        if rng.random() < FAILED_SAVE:
-            tier.fail_saves += 1
-        if sched.tiers is not None and rng.random() < 0.005:
-            tier.disable_next = rng.randrange(len(sched.tiers.indexes))
-        out = sched.schedule()
-        sched.check_integrity()  # window pool accounting counts the promotions' held window blocks
-        result = h.executor.execute(out)
-        if out.scheduled and rng.random() < 0.04:
-            sched.abort_requests([rng.choice(out.scheduled).request_id])
-        sched.update_from_output(out, result)
-        sched.check_integrity()
-        _check_store_matches(sched.tiers, tier.store)
-        done = [r for r in added if r.is_finished and r.output_token_ids]
-    h.run(max_steps=5000)
-    h.step()  # the last saves' reports
-    assert all(r.is_finished for r in added)
-    tiers = sched.tiers
-    assert tiers is None or not tiers.promoting
-    for group in (sched.cache.kv, sched.cache.window, sched.cache.state):
-        assert group is None or group.pool.num_in_use == 0
-    if tiers is not None:
-        assert not tiers.saves and all(t.is_ready(k) for t in tiers.indexes for k in t.iter_keys()), "pending entry"
+    run_tier_blast(sched, seed)  # its checks count the window pool and the promotions' held window blocks

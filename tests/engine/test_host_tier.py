@@ -13,25 +13,15 @@ from recap.core.output import TierLoad
 from recap.engine.output_processor import child_id
 from recap.runner.disk_tier import DiskTier
 from recap.server.metrics import EngineCollector
+from tests.core.helpers import record_loads as record_tier_loads
 from tests.engine.test_disk_tier import NUM_CONVS, TURNS, bamba, conversations, make, reference, sizes  # noqa: F401
 from tests.engine.test_equivalence import assert_same
 from tests.engine.workloads import rnd
 
 
 def record_loads(llm: object) -> list[TierLoad]:
-    """Every load the core plans, as it plans it."""
-    tiers = llm.engine.scheduler.tiers  # type: ignore[attr-defined]
-    loads: list[TierLoad] = []
-    plan = tiers.plan
-
-    def recording(request, hit):  # type: ignore[no-untyped-def]
-        load = plan(request, hit)
-        if load is not None:
-            loads.append(load)
-        return load
-
-    tiers.plan = recording
-    return loads
+    """Every load the engine's core plans, as it plans it."""
+    return record_tier_loads(llm.engine.scheduler.tiers)  # type: ignore[attr-defined]
 
 
 def test_host_tier_alone_equals_uncached(bamba: Path, sizes: tuple[int, int]) -> None:  # noqa: F811
