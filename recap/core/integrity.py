@@ -103,21 +103,46 @@ def _check_window(sched: Scheduler) -> None:
     running = _holders(sched)
     assert set(window.tables) == set(running), "window tables held by requests that are not running"
     holders: Counter[int] = Counter()
+    for held in sched.remote.held.values():  # cached blocks before the table, touched for the decode side
+        holders.update(held.window.extra if held.window is not None else ())
     for rid, table in window.tables.items():
         r = running[rid]
         num_null = window.num_null(rid)
+        receiving = sched.remote.receiving.get(rid)  # its table covers the prompt it has not computed here
+        computed = r.num_computed_tokens if receiving is None else receiving.num_prompt_tokens
         assert all(b == NULL_BLOCK_ID for b in table[:num_null]), f"{rid} holds a block out of its window"
         live = table[num_null:]
         holders.update(live)
         assert NULL_BLOCK_ID not in live and PAD_SLOT_ID not in live, f"{rid} reads a null or pad window block"
-        assert num_null <= window.num_out_of_window(r.num_computed_tokens), f"{rid} freed a block still in its window"
-        assert len(table) >= cdiv(r.num_computed_tokens, window.block_size), f"{rid} window table too short"
+        assert num_null <= window.num_out_of_window(computed), f"{rid} freed a block still in its window"
+        assert len(table) >= cdiv(computed, window.block_size), f"{rid} window table too short"
         for i, block_id in enumerate(live, num_null):
             block_hash = pool.blocks[block_id].block_hash
             assert block_hash is None or block_hash == r.block_hashes[i], f"{rid} window block {i} from another chain"
     for promotion in _promotions(sched).values():
         holders.update(promotion.held_window)
     _check_refs(pool, holders, "window ")
+    _check_window_transfers(sched)
+
+
+def _check_window_transfers(sched: Scheduler) -> None:
+    """A held request's window run is its table from `start`, the touched blocks before it cached under its own
+    chain; a receiving request's window blocks land in its table, at the indices planned."""
+    window = sched.cache.window
+    assert window is not None
+    for rid, held in sched.remote.held.items():
+        hold = held.window
+        assert hold is not None, f"held {rid} keeps no window blocks"
+        table, num_null = window.tables[rid], window.num_null(rid)
+        assert hold.start + len(hold.extra) == num_null, f"held {rid} window run has a gap"
+        assert list(hold.block_ids) == [NULL_BLOCK_ID] * hold.start + list(hold.extra) + table[num_null:]
+        for i, block_id in enumerate(hold.extra, hold.start):
+            block_hash = window.pool.blocks[block_id].block_hash
+            assert block_hash == held.request.block_hashes[i], f"held {rid} window block {i} from another chain"
+    for rid, plan in sched.remote.receiving.items():
+        table = window.tables[rid]
+        assert [table[i] for i in plan.window.indices] == list(plan.window.block_ids), f"{rid} receives elsewhere"
+        assert NULL_BLOCK_ID not in plan.window.block_ids, f"{rid} receives a window block into the null block"
 
 
 def _check_state(sched: Scheduler) -> None:

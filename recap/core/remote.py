@@ -1,7 +1,7 @@
 """The scheduler's disaggregation methods (a mixin of `Scheduler`; the bookkeeping is in recap.core.transfer).
 
-Prefill side: `hold_on_finish` marks a request; when it finishes its blocks, running slot and the
-checkpoints on its chain are held (`held`) until `release_held`. Decode side: `add_remote_request`
+Prefill side: `hold_on_finish` marks a request; when it finishes its blocks (the window group's too),
+running slot and the checkpoints on its chain are held (`held`) until `release_held`. Decode side: `add_remote_request`
 queues a request computed elsewhere (status WAITING_FOR_REMOTE_KV); `start_receives` allocates for it
 (first come first served; a receiving request counts against max_num_seqs); `finish_receive` registers
 what arrived and lets it decode from position prompt_len with the remote first token; `fail_receive`
@@ -51,17 +51,12 @@ class RemoteScheduling:
     def num_remote_queued(self) -> int:
         return len(self.remote.queue)
 
-    def _check_transferable(self) -> None:
-        if self.cache.window is not None:  # the transfer moves full-attention blocks and states only
-            raise ValueError("disaggregation does not support models with sliding-window attention layers yet")
-
     # -- prefill side ----------------------------------------------------------------------------
     def hold_on_finish(self, request_id: str) -> None:
         """When this request finishes (stop or length, prompt computed), keep its blocks, running slot and
         the checkpoints on its chain for a remote pull instead of freeing them."""
         if request_id not in self._requests:
             raise KeyError(f"unknown request {request_id!r}")
-        self._check_transferable()
         self.remote.hold_ids.add(request_id)
 
     def held(self, request_id: str) -> HeldRequest | None:
@@ -82,8 +77,7 @@ class RemoteScheduling:
         """
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        self._check_transferable()
-        check_offer(request, offer)
+        check_offer(request, offer, self.cache.window)
         if request.num_prompt_tokens >= self.config.max_model_len or not self.cache.fits_alone(request.num_tokens + 1):
             request.status = RequestStatus.FINISHED_ERROR
             self._updates.append(RequestUpdate(request.request_id, [], request.status, 0))

@@ -14,7 +14,8 @@ Words (DESIGN section 1 plus):
 
 Received full KV blocks and checkpoints are registered by `CacheManager.commit`, the same
 provenance-checked path a local step uses (DESIGN invariants 2 and 7), so a later request that shares
-the prefix hits on the decode side as it would on a single instance.
+the prefix hits on the decode side as it would on a single instance. A model with sliding-window layers
+sends the window blocks its next token and its checkpoints read too (recap.core.window_transfer).
 """
 
 from __future__ import annotations
@@ -29,6 +30,19 @@ from recap.core.kv_manager import cdiv
 from recap.core.output import PAD_SLOT_ID, CheckpointWrite
 from recap.core.policy import Position, Source
 from recap.core.request import Request
+from recap.core.window_manager import WindowManager
+from recap.core.window_transfer import (
+    WindowHold,
+    WindowReceive,
+    admit_window,
+    check_window_offer,
+    checkpoint_needs,
+    hit_positions,
+    hold_window,
+    receive_start,
+    release_window,
+    window_head,
+)
 
 
 def prompt_digest(request: Request) -> str:
@@ -56,6 +70,7 @@ class HeldRequest:
     state_slot: int  # running slot: the state after all prompt tokens (PAD without SSM layers)
     checkpoints: tuple[CheckpointOffer, ...]  # along the prompt's chain, pinned, in position order
     first_token_id: int
+    window: WindowHold | None = None  # the window blocks held (None without sliding-window layers)
 
     @property
     def request_id(self) -> str:
@@ -71,6 +86,7 @@ class HeldRequest:
             self.first_token_id,
             tuple(c.position for c in self.checkpoints),
             prompt_digest(self.request),
+            None if self.window is None else self.window.start,
         )
 
 
@@ -91,8 +107,11 @@ def hold(cache: CacheManager, request: Request) -> HeldRequest:
                 pool.pin(slot)
                 offers.append(CheckpointOffer(k * bs, slot, hashes[k - 1]))
     rid = request.request_id
+    positions = hit_positions(cache, request.num_prompt_tokens, [c.position for c in offers])
+    window = hold_window(cache, request, positions)
     return HeldRequest(
-        request, tuple(cache.block_ids(rid)), cache.state_slot(rid), tuple(offers), request.output_token_ids[0]
+        request, tuple(cache.block_ids(rid)), cache.state_slot(rid), tuple(offers), request.output_token_ids[0],
+        window,
     )
 
 
@@ -100,6 +119,7 @@ def release(cache: CacheManager, held: HeldRequest) -> None:
     """Unpin the offered checkpoints and free the request as usual (its cached blocks stay findable)."""
     cache.unpin([c.slot for c in held.checkpoints])
     cache.free(held.request)
+    release_window(cache, held.window)
 
 
 # -- decode side ------------------------------------------------------------------------------------
@@ -111,6 +131,7 @@ class RemoteOffer:
     first_token_id: int
     checkpoint_positions: tuple[int, ...]
     prompt_digest: str
+    window_start: int | None = None  # the first prompt block whose window block is held (None: no window layers)
 
 
 @dataclass(frozen=True)
@@ -135,10 +156,12 @@ class ReceivePlan:
     num_local_blocks: int  # full prompt blocks the decode side already held (shared, not sent)
     local_checkpoint: int  # position of the decode side's best checkpoint on the chain (0: none)
     hit_tokens: int  # the decode side's own hit (DESIGN section 1): what it reports as cached
+    window: WindowReceive = WindowReceive()  # the window blocks to receive (none without a window group)
 
 
-def check_offer(request: Request, offer: RemoteOffer) -> None:
-    """Raise ValueError when the two sides disagree about the prompt."""
+def check_offer(request: Request, offer: RemoteOffer, window: WindowManager | None = None) -> None:
+    """Raise ValueError when the two sides disagree about the prompt, or the offered window blocks (this side's
+    window group: `window`) cannot resume it."""
     if offer.num_prompt_tokens != request.num_prompt_tokens:
         raise ValueError(
             f"the prefill side computed {offer.num_prompt_tokens} prompt tokens, "
@@ -146,17 +169,29 @@ def check_offer(request: Request, offer: RemoteOffer) -> None:
         )
     if offer.prompt_digest != prompt_digest(request):
         raise ValueError("the prefill side computed a different prompt (tokens or cache salt differ)")
+    check_window_offer(window, request.num_prompt_tokens, offer.window_start)
 
 
 def plan_receive(cache: CacheManager, request: Request, offer: RemoteOffer, hit: CacheHit) -> ReceivePlan | None:
-    """Allocate the prompt's missing KV blocks, a running slot and checkpoint slots; None if they do not fit.
+    """Allocate the prompt's missing KV and window blocks, a running slot and checkpoint slots; None if they
+    do not fit.
 
     Full blocks found locally by hash are shared, not received. Checkpoints are asked for only past the
-    best local one; a position with no slot worth taking is skipped (never preempted for).
+    best local one (with a window group: only where the window blocks before them come too); a position
+    with no slot worth taking is skipped (never preempted for).
     """
     rid, bs, num_prompt = request.request_id, cache.block_size, request.num_prompt_tokens
     hashes = request.block_hashes
-    kv, state = cache.kv, cache.state
+    kv, state, window = cache.kv, cache.state, cache.window
+    best, positions = _wanted_positions(cache, request, offer)
+    head: list[int] = []
+    if window is not None:
+        assert offer.window_start is not None, "check_offer lets no window group through without window blocks"
+        start = receive_start(window, num_prompt, offer.window_start, hit_positions(cache, num_prompt, positions))
+        positions = [p for p in positions if checkpoint_needs(window, p) >= start]
+        head = window_head(cache, request, start)
+        if not window.can_admit(head, num_prompt):
+            return None
     local: list[int] = []
     if kv is not None:
         if cache.enable_caching:
@@ -171,15 +206,11 @@ def plan_receive(cache: CacheManager, request: Request, offer: RemoteOffer, hit:
         slot = state.running[rid]
     if kv is not None:
         kv.admit(rid, local, num_prompt)
-    best, wanted = 0, []
-    if state is not None and state.enable_caching:
-        best = state.find_checkpoint(hashes, num_prompt // bs)[0] * bs
-        positions = [
-            Position(p, False, False, Source.REMOTE)
-            for p in sorted(set(offer.checkpoint_positions))
-            if best < p <= num_prompt and p % bs == 0
-        ]
-        wanted = [CheckpointReceive(w, hashes[w.position // bs - 1]) for w in state.plan(rid, hashes, positions)]
+    received = admit_window(cache, request, head) if window is not None else WindowReceive()
+    wanted = []
+    if state is not None and positions:
+        plan = state.plan(rid, hashes, [Position(p, False, False, Source.REMOTE) for p in positions])
+        wanted = [CheckpointReceive(w, hashes[w.position // bs - 1]) for w in plan]
     table = cache.block_ids(rid)
     indices = tuple(range(len(local), cdiv(num_prompt, bs))) if kv is not None else ()
     return ReceivePlan(
@@ -193,7 +224,17 @@ def plan_receive(cache: CacheManager, request: Request, offer: RemoteOffer, hit:
         len(local),
         best,
         hit.num_tokens,
+        received,
     )
+
+
+def _wanted_positions(cache: CacheManager, request: Request, offer: RemoteOffer) -> tuple[int, list[int]]:
+    """(position of the best local checkpoint on the chain, the offered positions past it)."""
+    state, bs, num_prompt = cache.state, cache.block_size, request.num_prompt_tokens
+    if state is None or not state.enable_caching:
+        return 0, []
+    best = state.find_checkpoint(request.block_hashes, num_prompt // bs)[0] * bs
+    return best, [p for p in sorted(set(offer.checkpoint_positions)) if best < p <= num_prompt and p % bs == 0]
 
 
 @dataclass

@@ -20,7 +20,7 @@ _RAY_REPLICA = re.compile(rf"ray://{_RAY_NAME}/{_RAY_NAME}/{_RAY_NAME}")  # one 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _TAG = re.compile(r"[0-9a-f]{64}")
 _HANDLE_FIELDS = ("remote_address", "transfer_id", "block_size", "num_prompt_tokens", "first_token_id",
-                  "checkpoint_positions", "prompt_digest", "expires_at", "mac")
+                  "checkpoint_positions", "prompt_digest", "window_start", "expires_at", "mac")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class RemoteHandle:
         return {"remote_address": self.address, "transfer_id": self.transfer_id, "block_size": self.block_size,
                 "num_prompt_tokens": o.num_prompt_tokens, "first_token_id": o.first_token_id,
                 "checkpoint_positions": list(o.checkpoint_positions), "prompt_digest": o.prompt_digest,
-                "expires_at": self.expires_at}
+                "window_start": o.window_start, "expires_at": self.expires_at}
 
     def to_params(self) -> dict[str, Any]:
         return {**self.signed_fields(), "mac": self.mac}
@@ -128,8 +128,12 @@ class RemoteHandle:
         digest = _field(params, "prompt_digest", str)
         if not _DIGEST.fullmatch(digest):
             raise ValueError("prompt_digest must be 32 hex digits")
+        # The first prompt block whose sliding-window block is held; null for a model without window layers.
+        window_start = params.get("window_start", False)
+        if window_start is not None and not (type(window_start) is int and window_start >= 0):
+            raise ValueError("window_start is missing or not null or a non-negative integer")
         offer = RemoteOffer(_field(params, "num_prompt_tokens", int), _field(params, "first_token_id", int),
-                            tuple(positions), digest)
+                            tuple(positions), digest, window_start)
         expires_at = params.get("expires_at")
         if not isinstance(expires_at, (int, float)) or isinstance(expires_at, bool) or not math.isfinite(expires_at):
             raise ValueError("expires_at is missing or not a number")

@@ -61,6 +61,8 @@ class TransferStats:
     blocks_sent: int = 0
     blocks_received: int = 0
     blocks_local: int = 0  # decode: full prompt blocks already held locally, so not asked for
+    window_blocks_sent: int = 0  # sliding-window blocks (the next token's window, the checkpoints')
+    window_blocks_received: int = 0
     checkpoints_sent: int = 0
     checkpoints_received: int = 0
     checkpoints_registered: int = 0
@@ -76,8 +78,6 @@ class DisaggLLMEngine(LLMEngine):
 
     def __init__(self, config: EngineConfig, transfer: KVTransferConfig, transport: Transport | None = None) -> None:
         super().__init__(config)
-        if self.scheduler.cache.window is not None:  # fail at startup, not on the first transfer
-            raise ValueError("disaggregation does not support models with sliding-window attention layers yet")
         self.transfer_config = transfer
         self.kv_role = transfer.role
         self.stats = TransferStats()
@@ -227,11 +227,12 @@ class DisaggLLMEngine(LLMEngine):
         self._count(holds_expired=self.outbox.num_expired - expired)
         self.stats.requests_held = len(self.outbox)
 
-    def _gather(self, held: HeldRequest, blocks: Sequence[int], positions: Sequence[int]) -> tuple[dict, list]:
+    def _gather(self, held: HeldRequest, blocks: Sequence[int], positions: Sequence[int],
+                window_blocks: Sequence[int]) -> tuple[dict, list]:
         """Runs on the transport's thread: the held blocks and slots cannot change until it returns (claimed)."""
-        header, tensors = gather(self.runner.caches, held, blocks, positions)
+        header, tensors = gather(self.runner.caches, held, blocks, positions, window_blocks)
         self._count(transfers_sent=1, blocks_sent=header["num_blocks"], checkpoints_sent=len(header["checkpoints"]),
-                    bytes_sent=num_bytes(tensors))
+                    window_blocks_sent=len(header["window_blocks"]), bytes_sent=num_bytes(tensors))
         return header, [to_frame(t) for t in tensors]
 
     # ---- decode side ----------------------------------------------------------------------------
@@ -253,6 +254,7 @@ class DisaggLLMEngine(LLMEngine):
         header = {"transfer_id": handle.transfer_id, "mac": handle.mac,
                   "blocks": list(plan.block_indices),
                   "checkpoints": [c.write.position for c in plan.checkpoints],
+                  "window_blocks": list(plan.window.indices),
                   "prompt_digest": handle.offer.prompt_digest}
         result: _Result
         try:
@@ -288,6 +290,7 @@ class DisaggLLMEngine(LLMEngine):
             before = pool.num_created if pool else 0
             self.scheduler.finish_receive(rid, written)
             self._count(transfers_received=1, blocks_received=header["num_blocks"], bytes_received=num_bytes(tensors),
+                        window_blocks_received=len(plan.window.indices),
                         checkpoints_received=len(header["checkpoints"]), states_received=int(plan.state_slot >= 0),
                         checkpoints_registered=(pool.num_created - before) if pool else 0)
 

@@ -2,8 +2,9 @@
 side's `Outbox` of held transfers, and the protocol both sides speak over any transport.
 
 Protocol (each message a JSON-able header; data replies add the tensors as raw byte frames):
-  decode  -> prefill  pull {"transfer_id", "mac", "blocks", "checkpoints", "prompt_digest"}: the blocks (indices
-                      into the held block table) the decode side lacks and the checkpoint positions it wants
+  decode  -> prefill  pull {"transfer_id", "mac", "blocks", "checkpoints", "window_blocks", "prompt_digest"}: the
+                      blocks (indices into the held block table) the decode side lacks, the checkpoint
+                      positions it wants, and the sliding-window blocks it lacks (indices into the held run)
   prefill -> decode   {"ok": true, header of recap.disagg.worker.gather} + tensor frames,
                       or {"ok": false, "error": message}
   decode  -> prefill  release {"transfer_id", "mac"}: the data arrived (or nobody will pull), the held request
@@ -33,7 +34,8 @@ from typing import Any
 from recap.core.transfer import HeldRequest
 
 Frame = bytes | memoryview  # or any object with the buffer protocol (a numpy array)
-Gather = Callable[[HeldRequest, Sequence[int], Sequence[int]], tuple[dict[str, Any], list[memoryview]]]
+# (held, KV block indices, checkpoint positions, window block indices) -> reply header, tensor frames
+Gather = Callable[[HeldRequest, Sequence[int], Sequence[int], Sequence[int]], tuple[dict[str, Any], list[memoryview]]]
 
 
 @dataclass
@@ -128,9 +130,6 @@ class Outbox:
             return due
 
 
-Gather = Callable[[HeldRequest, Sequence[int], Sequence[int]], tuple[dict[str, Any], list[memoryview]]]
-
-
 def answer_pull(outbox: Outbox, gather: Gather, header: dict[str, Any], delay_s: float = 0.0
                 ) -> tuple[dict[str, Any], list[memoryview]]:
     """The prefill side's answer to one pull: the data, or {"ok": False, "error"} (never raises)."""
@@ -143,7 +142,8 @@ def answer_pull(outbox: Outbox, gather: Gather, header: dict[str, Any], delay_s:
             time.sleep(delay_s)
         if header.get("prompt_digest") != held.offer().prompt_digest:
             return {"ok": False, "error": "the pull names another prompt"}, []
-        meta, frames = gather(held, header.get("blocks", []), header.get("checkpoints", []))
+        meta, frames = gather(held, header.get("blocks", []), header.get("checkpoints", []),
+                              header.get("window_blocks", []))
         return {"ok": True, "transfer_id": tid, **meta}, frames
     except Exception as e:  # noqa: BLE001 - reported to the decode side
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}, []

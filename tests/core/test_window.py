@@ -131,9 +131,3 @@ def test_scheduler_frees_blocks_out_of_the_window_each_step() -> None:
     assert r.is_finished and len(r.output_token_ids) == 30  # 40 tokens through a 4-block window pool
     assert peak <= 3
 
-
-def test_disaggregation_refuses_a_window_group() -> None:
-    sched = make_scheduler("hybrid+window")
-    sched.add_request(req("a", PROMPT))
-    with pytest.raises(ValueError, match="sliding-window"):
-        sched.hold_on_finish("a")

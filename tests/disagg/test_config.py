@@ -18,6 +18,10 @@ HANDLE = RemoteHandle("tcp://127.0.0.1:5555", "cmpl-1-0#0", 16, RemoteOffer(40, 
 def test_handle_round_trips_through_params() -> None:
     params = {**HANDLE.to_params(), "do_remote_prefill": True}
     assert RemoteHandle.from_params(params) == HANDLE
+    windowed = RemoteHandle(HANDLE.address, HANDLE.transfer_id, 16, RemoteOffer(40, 7, (16, 32), "ab" * 16, 1),
+                            1.7e9, "c" * 64)
+    assert windowed.to_params()["window_start"] == 1
+    assert RemoteHandle.from_params({**windowed.to_params(), "do_remote_prefill": True}) == windowed
 
 
 @pytest.mark.parametrize(("change", "words"), [
@@ -29,6 +33,8 @@ def test_handle_round_trips_through_params() -> None:
     ({"first_token_id": "7"}, "first_token_id"),
     ({"checkpoint_positions": [0]}, "checkpoint_positions"),
     ({"prompt_digest": "xyz"}, "prompt_digest"),
+    ({"window_start": -1}, "window_start"),
+    ({"window_start": True}, "window_start"),
     ({"mac": "c" * 63}, "mac"),
     ({"expires_at": float("nan")}, "expires_at"),
     ({"surprise": 1}, "unknown field"),
@@ -36,6 +42,14 @@ def test_handle_round_trips_through_params() -> None:
 def test_bad_handles_name_the_field(change: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         RemoteHandle.from_params({**HANDLE.to_params(), "do_remote_prefill": True, **change})
+
+
+def test_a_handle_without_window_start_is_refused() -> None:
+    """Null says the model has no window layers; a missing field is an older or foreign prefill side."""
+    params = {**HANDLE.to_params(), "do_remote_prefill": True}
+    del params["window_start"]
+    with pytest.raises(ValueError, match="window_start"):
+        RemoteHandle.from_params(params)
 
 
 def test_ray_addresses() -> None:

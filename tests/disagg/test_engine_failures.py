@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,6 @@ from recap.engine.errors import KVTransferError
 from recap.engine.llm_engine import LLMEngine
 from recap.engine.outputs import RequestOutput
 from recap.sampling_params import SamplingParams
-from tests.server.conftest import engine_config
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPT = list(range(7, 47))  # 40 tokens: two full blocks and a partial one
@@ -145,11 +143,3 @@ def test_a_request_aborted_before_its_pull_releases_the_prefill_side_at_once(eng
     dec.step()  # delivers the abort
     assert_clean(dec)
 
-
-def test_sliding_window_model_is_refused_at_startup(tmp_path: Path) -> None:
-    """The transfer moves full-attention blocks and states only: a window-group model fails before serving."""
-    from tests.engine.conftest import tiny_model_dir
-
-    config = engine_config(tiny_model_dir(tmp_path, "lfm3"))
-    with pytest.raises(ValueError, match="sliding-window"):
-        DisaggLLMEngine(config, KVTransferConfig(role="prefill", secret=SECRET))
