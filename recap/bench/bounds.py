@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recap.bench.shapes import get_shape
-from recap.bench.trace import MOONCAKE_BLOCK_TOKENS, TraceRequest, load_trace
+from recap.bench.trace import TraceRequest, add_trace_arguments, load_trace
 from recap.core.hashing import chain_hashes, root_hash
 from recap.units import parse_bytes
 
@@ -47,7 +47,7 @@ class ReuseInterval:
 def chain_keys(r: TraceRequest, block_size: int) -> tuple[list[object], int]:
     """Keys of the request's blocks (each names its whole prefix) and the tokens per key."""
     if r.hash_ids is not None:
-        return list(r.hash_ids), MOONCAKE_BLOCK_TOKENS
+        return list(r.hash_ids), r.hash_block_tokens
     assert r.token_ids is not None
     return list(chain_hashes(root_hash(None), r.token_ids, block_size)), block_size
 
@@ -146,14 +146,14 @@ def kv_belady_hits(trace: Sequence[TraceRequest], capacity_tokens: int, block_si
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m recap.bench.bounds", description=__doc__)
-    p.add_argument("--trace", required=True)
+    add_trace_arguments(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--checkpoints", type=int, nargs="*", default=[512, 2048])
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--kv-bytes", nargs="*", default=[], help="KV budgets for the KV bounds, e.g. 72GB 80GB")
     p.add_argument("--model-shape", default="hybrid-7b", help="gives the KV bytes per token")
     args = p.parse_args(argv)
-    trace = load_trace(args.trace, args.limit)
+    trace = load_trace(args.trace, args.limit, args.trace_block_tokens, args.trace_time_unit)
     total = sum(r.num_prompt_tokens for r in trace)
     ivs = reuse_intervals(trace, args.block_size)
     lengths = sorted(iv.end - iv.start for iv in ivs)

@@ -45,7 +45,7 @@ from recap.bench.shapes import (
     kv_blocks_for_bytes,
     state_slots_for_bytes,
 )
-from recap.bench.trace import MOONCAKE_BLOCK_TOKENS, TokenExpander, TraceRequest, load_trace, prompt_token_ids
+from recap.bench.trace import TokenExpander, TraceRequest, add_trace_arguments, load_trace, prompt_token_ids
 from recap.bench.variants import PolicySpec, apply_variant, parse_policy
 from recap.config import SchedulerConfig
 from recap.core.fake_executor import FakeExecutor
@@ -107,7 +107,7 @@ def unbounded_kv_blocks(trace: Sequence[TraceRequest], block_size: int, max_num_
         for j, h in enumerate(r.hash_ids):
             if h not in seen:
                 seen.add(h)
-                length = min(MOONCAKE_BLOCK_TOKENS, r.num_prompt_tokens - j * MOONCAKE_BLOCK_TOKENS)
+                length = min(r.hash_block_tokens, r.num_prompt_tokens - j * r.hash_block_tokens)
                 distinct += -(-length // block_size)
     return distinct + sum(heapq.nlargest(max_num_seqs, per_request)) + 1
 
@@ -288,7 +288,7 @@ def build_setup(args: argparse.Namespace, trace: Sequence[TraceRequest]) -> Repl
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="JSONL trace: recap token ids or Mooncake hash ids")
+    add_trace_arguments(p)
     p.add_argument(
         "--policy",
         nargs="+",
@@ -341,7 +341,7 @@ def run_replay(args: argparse.Namespace) -> int:
     specs = [parse_policy(text) for text in args.policy]  # fail on a typo before any work
     if args.state_checkpoints is not None and args.state_checkpoints < 0:
         raise ValueError("--state-checkpoints must be >= 0")
-    trace = load_trace(args.trace, args.limit)
+    trace = load_trace(args.trace, args.limit, args.trace_block_tokens, args.trace_time_unit)
     if not trace:
         raise ValueError(f"{args.trace}: no requests")
     setup = build_setup(args, trace)

@@ -48,6 +48,42 @@ def _write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+BAILIAN = [  # Alibaba's qwen_trace shape: 16-token hash blocks, seconds; turn 2 extends turn 1's first 6 blocks
+    {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.0, "input_length": 100, "output_length": 4, "type": "text",
+     "turn": 1, "hash_ids": [1, 2, 3, 4, 5, 6, 7]},
+    {"chat_id": 2, "parent_chat_id": 1, "timestamp": 30.5, "input_length": 150, "output_length": 4, "type": "text",
+     "turn": 2, "hash_ids": [1, 2, 3, 4, 5, 6, 8, 9, 10, 11]},
+]
+
+
+def test_bailian_traces_parse_with_their_own_block_size_and_seconds(tmp_path: Path) -> None:
+    first, second = load_trace(_write(tmp_path / "b.jsonl", BAILIAN))
+    assert (first.hash_block_tokens, second.timestamp_ms, second.arrival_s) == (16, 30500.0, 30.5)
+    a, b = prompt_token_ids(first), prompt_token_ids(second)
+    assert (len(a), len(b)) == (100, 150)
+    assert a[:96] == b[:96] and a[96] != b[96]  # the sixth block is the last they share
+    assert b[96:112] == TokenExpander().block(8)[:16]
+    mooncake_in_16 = {"timestamp": 2, "input_length": 40, "output_length": 1, "hash_ids": [5, 6, 7]}
+    (req,) = load_trace(_write(tmp_path / "m.jsonl", [mooncake_in_16]), hash_block_tokens=16, time_unit="s")
+    assert (req.hash_block_tokens, req.timestamp_ms, len(prompt_token_ids(req))) == (16, 2000.0, 40)
+    with pytest.raises(ValueError, match="in 512-token blocks .*--trace-block-tokens"):
+        load_trace(tmp_path / "m.jsonl")
+    with pytest.raises(ValueError, match="blocks of 4..512"):
+        load_trace(tmp_path / "m.jsonl", hash_block_tokens=2)
+
+
+def test_a_bailian_trace_replays_its_shared_turns_as_hits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path / "b.jsonl", BAILIAN)
+    assert main(["--trace", str(path), "--policy", "none", "all", "--kv-unbounded", "--state-checkpoints", "64"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["hit_rate"] == pytest.approx({"none": 0.0, "all": 96 / 250}, abs=1e-6)
+    with pytest.raises(SystemExit) as e:  # read in another block size than it was hashed in: an error, exit 2
+        main(["--trace", str(path), "--trace-block-tokens", "512", "--policy", "all", "--kv-unbounded",
+              "--state-checkpoints", "8"])
+    assert e.value.code == 2 and "7 hash ids for input_length 100 in 512-token blocks" in capsys.readouterr().err
+
+
+
 def test_both_trace_formats_parse_and_sort_by_timestamp(tmp_path: Path) -> None:
     rows = [
         {"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]},
