@@ -85,6 +85,7 @@ class LLM:
         trust_remote_code: bool = False,
         quantization: str | None = None,  # None, "int8" (model/quant.py), "int4" or "int4_k" (super-blocks)
         head_quantization: str = "auto",  # the output head's precision under it: "auto" (int8), "int8", "same"
+        quantization_imatrix: str | None = None,  # an importance matrix for the int4 fits (`recap imatrix`)
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
     ) -> None:
@@ -104,6 +105,7 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(
             model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,
             native_decode=not enforce_eager, device=device, kernels=kernels, head_quantization=head_quantization,
+            quantization_imatrix=quantization_imatrix,
             gpu_memory_utilization=gpu_memory_utilization, memory_limit_bytes=memory_limit_bytes,
             seed=0 if seed is None else seed, cache=cache,
             scheduler=scheduler, check_integrity=check_integrity, num_threads=num_threads, max_n=max_n,

@@ -57,6 +57,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-quantization", choices=HEAD_QUANTIZATIONS, default="auto",
                    help="the output head's precision under --quantization (llama-quantize's --output-tensor-type): "
                         "auto (int8), int8, or same (as the other linear weights)")
+    p.add_argument("--quantization-imatrix", default=None, metavar="FILE",
+                   help="an importance matrix (`recap imatrix`): the int4 / int4_k fits weigh each weight's error "
+                        "by its input channel's mean squared activation (llama-quantize's --imatrix)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="torch's kernels only: batch-1 decode does not take recap's native kernels "
                         "(recap/kernels/linear_rows.py)")
@@ -130,6 +133,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=resolve_dtype(args.dtype, args.device),
         quantization=args.quantization,
         head_quantization=args.head_quantization,
+        quantization_imatrix=args.quantization_imatrix,
         native_decode=not args.enforce_eager,
         device=args.device,
         kernels=args.kernels,
