@@ -309,7 +309,7 @@ def load_model(
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly (the modules on their
     reference paths); the flags below are checked and recorded in the result, and the backend the runner
-    builds from it (recap.backends.backend_for / prepare) acts on them.
+    builds from it (recap.backends.backend_for / prepare) acts on them. quantization_imatrix: model/importance.py.
 
     linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 and bf16 when
     available; measured fastest here for every row count, see layers/linear.py).
@@ -327,10 +327,7 @@ def load_model(
     `dequantize` (or a device other than the CPU) keeps the dequantized weights in `dtype`. One log line says
     which conversion ran; UnsupportedQuantizationError for a method recap does not read.
     head_quantization: the output head's precision under a quantization (model/head_format.py): "auto" (int8),
-    "int8" or "same" (the linears'); ValueError for another value, or "int8" where the model is not quantized.
-    quantization_imatrix: an importance matrix file (`recap imatrix`) the int4 / int4_k fits weigh by
-    (model/importance.py; ImportanceMatrixError with another quantization, a pre-quantized checkpoint, or a
-    file that does not fit the model)."""
+    "int8" or "same" (the linears'); ValueError for another value, or "int8" where the model is not quantized."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
     if linear_backend not in ("auto", *LINEAR_BACKENDS):

@@ -76,7 +76,8 @@ def test_uniform_matrix_loads_the_plain_fit_and_a_skewed_one_another(
     assert all(torch.equal(same[n].quantized.packed, plain[n].quantized.packed) for n in plain)
     g = torch.Generator().manual_seed(0)
     skew = {n: torch.exp(torch.randn(m.in_features, generator=g) * 2) for n, m in layers.items()}
-    fitted = _int4(load_model(path, quantization=quantization, quantization_imatrix=_write(tmp_path / "s.st", skew)).model)
+    skewed = _write(tmp_path / "s.st", skew)
+    fitted = _int4(load_model(path, quantization=quantization, quantization_imatrix=skewed).model)
     assert all(not torch.equal(fitted[n].quantized.packed, plain[n].quantized.packed) for n in plain)
 
 
