@@ -13,6 +13,12 @@ The held-out file is the one tools/train_default_model.py writes (OUT/heldout.tx
   scored tokens (recap/bench/perplexity.py's llama-cpp protocol) in fp32, bf16, int8 and int4, beside recap's
   own protocol (BOS + CTX tokens, every token scored) over the same CHUNKS x CTX tokens.
 Perplexity is deterministic: no rounds; the load average is printed beside the run.
+
+With --imatrix-calibration FILE (text apart from --data: never calibrate on scored text), both engines also take
+an importance matrix from FILE (CTX-token chunks, every chunk): llama-imatrix on the f32 GGUF then llama-quantize
+--imatrix to Q4_K_M ("Q4_K_M+imatrix"), and recap's `recap imatrix` statistics (model/activation_stats.py) for
+int4 and int4_k with --quantization-imatrix ("int4+imatrix", "int4_k+imatrix"); a second table pairs every recap
+4-bit format with both Q4_K_M files.
 """
 
 from __future__ import annotations
@@ -37,10 +43,13 @@ from recap.bench.perplexity import chunk_nll, llama_cpp_score_from, paired_log_r
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"main": ROOT / "recap/model/weights/default", "draft": ROOT / "recap/model/weights/default-draft"}
 TARGETS = ("llama-perplexity", "llama-quantize", "llama-tokenize")
+IMATRIX_TARGETS = (*TARGETS, "llama-imatrix")
 CONVERTER_PINS = ("transformers==4.57.6", "tokenizers==0.22.1", "huggingface_hub==0.36.0")
 # recap format -> the GGUF it is compared with
 PAIRS = (("float32", None, "f32"), ("bfloat16", None, "bf16"), ("float32", "int8", "q8_0"),
          ("float32", "int4", "Q4_K_M"), ("float32", "int4_k", "Q4_K_M"))  # fmt: skip  int4_k: int4 super-blocks
+IMATRIX = "+imatrix"  # a format fitted with the calibration text's importance matrix
+IMATRIX_PAIRS = (("float32", "int4" + IMATRIX, "Q4_K_M" + IMATRIX), ("float32", "int4_k" + IMATRIX, "Q4_K_M" + IMATRIX))
 
 
 def pair_name(dtype: str, quant: str | None) -> str:
@@ -49,7 +58,8 @@ def pair_name(dtype: str, quant: str | None) -> str:
 
 
 def chosen_pairs(args: argparse.Namespace) -> tuple[tuple[str, str | None, str], ...]:
-    return tuple(p for p in PAIRS if args.pairs is None or pair_name(p[0], p[1]) in args.pairs)
+    pairs = PAIRS + (IMATRIX_PAIRS if getattr(args, "imatrix_calibration", None) else ())
+    return tuple(p for p in pairs if args.pairs is None or pair_name(p[0], p[1]).removesuffix(IMATRIX) in args.pairs)
 # transformers 5 writes NemotronH's block kinds as a list of these names; the hub's configs (and llama.cpp's
 # converter) use the one-character hybrid_override_pattern
 _PATTERN = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-"}
@@ -152,6 +162,33 @@ def ggufs(llama: LlamaCpp, ckpt: Path, out_dir: Path, site: Path) -> dict[str, P
     return out
 
 
+def imatrix_ggufs(llama: LlamaCpp, f32: Path, calibration: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """llama-imatrix over the calibration text (CTX-token chunks, all of them), then llama-quantize --imatrix to
+    Q4_K_M: {"Q4_K_M+imatrix": the GGUF}. Made anew each run (seconds for the shipped models)."""
+    imatrix = f32.with_name(f32.stem.removesuffix("-f32") + "-imatrix.gguf")
+    _run([str(llama.tool("llama-imatrix")), "-m", str(f32), "-f", str(calibration), "-c", str(args.ctx), "-b",
+          str(args.ctx), "-t", str(args.threads), "--no-escape", "--no-ppl", "-o", str(imatrix)],
+         f32.parent / "imatrix.log")  # fmt: skip
+    out = f32.with_name(f32.stem.removesuffix("-f32") + "-Q4_K_M-imatrix.gguf")
+    _run([str(llama.tool("llama-quantize")), "--imatrix", str(imatrix), str(f32), str(out), "Q4_K_M", "1"],
+         f32.parent / "quantize.log")  # fmt: skip
+    return {"Q4_K_M" + IMATRIX: out}
+
+
+def recap_imatrix(model: Path, calibration: Path, out: Path, ctx: int) -> Path:
+    """recap's importance matrix of `model` over the calibration text (`recap imatrix` MODEL --ctx CTX)."""
+    import torch
+
+    from recap.model import activation_stats
+    from recap.model.loader import load_model, load_tokenizer
+
+    loaded = load_model(model, torch.float32, linear_backend="torch")
+    ids = load_tokenizer(loaded.path)(calibration.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    stats = activation_stats.collect(loaded.model, activation_stats.token_chunks(ids, ctx))
+    print(f"  recap imatrix: {len(stats.means())} layers over {stats.tokens} tokens", flush=True)
+    return activation_stats.save(stats, out, ctx)
+
+
 def llama_ids(llama: LlamaCpp, gguf: Path, data: Path) -> list[int]:
     """The file's token ids through llama.cpp's tokenizer (no BOS). Its tools read -f text as a C string with
     escapes by default (a literal backslash-n in the text became a newline); --no-escape reads it as written."""
@@ -195,7 +232,8 @@ def token_check(tokenizer: Any, llama: LlamaCpp, gguf: Path, data: Path) -> dict
     return {"tokens": len(ref), "equal": True}
 
 
-def recap_rows(model: Path, data: Path, args: argparse.Namespace, add_bos: bool) -> dict[str, dict[str, float]]:
+def recap_rows(model: Path, data: Path, args: argparse.Namespace, add_bos: bool, imatrix: Path | None = None
+               ) -> dict[str, dict[str, float]]:  # fmt: skip
     """recap's perplexity in each format under llama.cpp's protocol and under its own (same text tokens)."""
     from recap.bench.perplexity import engine_perplexity, llama_cpp_windows, windows_of
     from recap.engine.llm import LLM
@@ -203,7 +241,9 @@ def recap_rows(model: Path, data: Path, args: argparse.Namespace, add_bos: bool)
     text = data.read_text(encoding="utf-8")
     out = {}
     for dtype, quant, _ in chosen_pairs(args):
-        llm = LLM(str(model), dtype=dtype, quantization=quant, num_threads=args.threads,
+        fitted = quant is not None and quant.endswith(IMATRIX)
+        llm = LLM(str(model), dtype=dtype, quantization=quant.removesuffix(IMATRIX) if quant else None,
+                  quantization_imatrix=str(imatrix) if fitted else None, num_threads=args.threads,
                   max_model_len=args.ctx + 2, enable_prefix_caching=False)  # fmt: skip
         tok = llm.get_tokenizer()
         ids = tok(text, add_special_tokens=False)["input_ids"]  # equal to llama.cpp's (token_check)
@@ -237,6 +277,20 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           f" scored; recap's own windows: BOS + {args.ctx} tokens, {first['own_tokens']} scored")
 
 
+def print_cross_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Every recap 4-bit format against each llama.cpp Q4_K_M file run, paired over the same chunks."""
+    print("\n| model | recap | llama.cpp | ln(recap / llama.cpp), paired over chunks |\n| --- | --- | --- | --- |")
+    for r in rows:
+        for key, rc in r["recap"].items():
+            if "int4" not in key:
+                continue
+            for gtype, lc in r["llama"].items():
+                if gtype.startswith("Q4_K_M"):
+                    d, se = paired_log_ratio(rc["chunk_nll"], lc["chunk_nll"], [rc["llama_protocol_tokens"] //
+                                             len(rc["chunk_nll"])] * len(rc["chunk_nll"]))  # fmt: skip
+                    print(f"| {r['model']} | {key.removeprefix('float32 ')} | {gtype} | {d:+.5f} +/- {se:.5f} |")
+
+
 def heldout_parser(doc: str | None) -> argparse.ArgumentParser:
     """The command line of the scripts that score the trained models' held-out text through both engines."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,16 +310,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_out") / "perplexity_peers.json")
     ap.add_argument("--pairs", nargs="+", default=None, choices=[pair_name(d, q) for d, q, _ in PAIRS],
                     help="recap formats to score, each with its llama.cpp format (default: all)")
+    ap.add_argument("--imatrix-calibration", type=Path, default=None,
+                    help="calibration text (apart from --data) for both engines' importance matrices")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    llama = ensure_llama(args.build_dir, TARGETS)
+    llama = ensure_llama(args.build_dir, IMATRIX_TARGETS if args.imatrix_calibration else TARGETS)
     site = ensure_converter_deps(args.converter_site.resolve())
     start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     for name in args.models:
         ckpt = hub_checkpoint(MODELS[name], (args.build_dir / "ppl" / MODELS[name].name).resolve())
         files = ggufs(llama, ckpt, ckpt.parent, site)
+        imatrix = None
+        if args.imatrix_calibration:
+            files |= imatrix_ggufs(llama, files["f32"], args.imatrix_calibration, args)
+            imatrix = recap_imatrix(MODELS[name], args.imatrix_calibration, ckpt.parent / "recap-imatrix.safetensors",
+                                    args.ctx)  # fmt: skip
         check = token_check(AutoTokenizer.from_pretrained(str(MODELS[name])), llama, files["f32"], args.data)
         add_bos = gguf_add_bos(llama, files["f32"])
         print(f"{name}: {check['tokens']} tokens, equal ids in both engines; GGUF add_bos {add_bos}; load "
@@ -275,7 +336,7 @@ def main() -> None:
                  for g, f in files.items() if g in wanted}  # fmt: skip
         print("  llama.cpp: " + ", ".join(f"{g} {r['ppl']} ({r['chunks']} chunks)" for g, r in lrows.items()),
               flush=True)  # fmt: skip
-        rrows = recap_rows(MODELS[name], args.data, args, add_bos)
+        rrows = recap_rows(MODELS[name], args.data, args, add_bos, imatrix)
         for dtype, quant, gtype in chosen_pairs(args):  # the same chunks in both engines: compared chunk by chunk
             rc, lc = rrows[f"{dtype} {quant or ''}".strip()], lrows[gtype]
             tokens = [rc["llama_protocol_tokens"] // len(rc["chunk_nll"])] * len(rc["chunk_nll"])
@@ -284,6 +345,8 @@ def main() -> None:
                      "gguf_bytes": {g: f.stat().st_size for g, f in files.items()}})  # fmt: skip
     print(f"{start}, load {os.getloadavg()}")
     print_table(rows, args)
+    if args.imatrix_calibration:
+        print_cross_table(rows, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"start": start, "argv": sys.argv, "rows": rows}, indent=1))
     print(f"wrote {args.out}")

@@ -1,5 +1,6 @@
 """The `recap` command: `serve` (OpenAI-compatible server), `proxy` (prefill/decode disaggregation),
-`generate` (one-off), `eval` (perplexity of a text file), `bench` (studies)."""
+`generate` (one-off), `eval` (perplexity of a text file), `imatrix` (an importance matrix for int4), `bench`
+(studies)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from recap.disagg.config import add_proxy_args
+from recap.launch.imatrix import add_imatrix_args, run_imatrix
 from recap.launch.serve import add_serve_args, serve
 
 
@@ -69,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap PROMPT as one user message (chat template)")
     g.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     g.set_defaults(func=_generate)
+    m = sub.add_parser("imatrix", help="an importance matrix for --quantization-imatrix (llama-imatrix's)")
+    add_imatrix_args(m)
+    m.set_defaults(func=run_imatrix)
     sub.add_parser("eval", help="perplexity of a text file (recap eval perplexity --help)", add_help=False)
     sub.add_parser("bench", help="workloads, tables and plots (recap bench --help)", add_help=False)
     return parser

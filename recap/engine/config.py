@@ -21,6 +21,9 @@ class EngineConfig:
     quantization: str | None = None  # "int8" (model/quant.py), "int4" or "int4_k" (kernels/linear_int4.py)
     # The output head's precision under a quantization (model/head_format.py): "auto" (int8), "int8", "same".
     head_quantization: str = "auto"
+    # An importance matrix file (`recap imatrix`) the int4 / int4_k fits weigh each weight's error by
+    # (model/importance.py); None: the plain fit.
+    quantization_imatrix: str | None = None
     # Batch-1 decode's fp32 and int8 linears through recap's native kernels (recap/kernels/linear_rows.py,
     # built once per machine in about a second); False: torch's kernels only (vLLM's --enforce-eager).
     native_decode: bool = True
@@ -56,6 +59,9 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
         check_head_quantization(self.head_quantization)  # with no quantization, "int8" is refused at load
+        if self.quantization_imatrix is not None and self.quantization not in ("int4", "int4_k"):
+            raise ValueError(f"quantization_imatrix weighs the int4 fits: quantization 'int4' or 'int4_k', not "
+                             f"{self.quantization!r}")  # fmt: skip
         if self.kernels not in KERNEL_SETS:
             raise ValueError(f"kernels must be one of {KERNEL_SETS}, got {self.kernels!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

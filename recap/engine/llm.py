@@ -65,8 +65,7 @@ class LLM:
         max_num_batched_tokens: int = 2048, max_num_seqs: int = 32,
         async_scheduling: bool = False,  # vLLM's: the next step is scheduled while the current one runs
         max_model_len: int | None = None,
-        kv_cache_bytes: int | None = None,
-        state_cache_bytes: int | None = None,
+        kv_cache_bytes: int | None = None, state_cache_bytes: int | None = None,
         cache_dir: str | None = None,  # the disk tier (docs/tiers.md): checkpoints and KV blocks spill there
         cache_disk_bytes: int | None = None,
         cache_host_bytes: int | None = None,  # the host-memory tier between the read pools and the disk tier
@@ -85,6 +84,7 @@ class LLM:
         trust_remote_code: bool = False,
         quantization: str | None = None,  # None, "int8" (model/quant.py), "int4" or "int4_k" (super-blocks)
         head_quantization: str = "auto",  # the output head's precision under it: "auto" (int8), "int8", "same"
+        quantization_imatrix: str | None = None,  # an importance matrix for the int4 fits (`recap imatrix`)
         tokenizer_mode: str = "auto",
         disable_log_stats: bool = True,
     ) -> None:
@@ -104,10 +104,10 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(
             model=model, tokenizer=tokenizer, dtype=resolve_dtype(dtype, device), quantization=quantization,
             native_decode=not enforce_eager, device=device, kernels=kernels, head_quantization=head_quantization,
-            gpu_memory_utilization=gpu_memory_utilization, memory_limit_bytes=memory_limit_bytes,
-            seed=0 if seed is None else seed, cache=cache,
-            scheduler=scheduler, check_integrity=check_integrity, num_threads=num_threads, max_n=max_n,
-            generation_config=generation_config, derive_max_model_len=max_model_len is None,
+            quantization_imatrix=quantization_imatrix, gpu_memory_utilization=gpu_memory_utilization,
+            memory_limit_bytes=memory_limit_bytes, seed=0 if seed is None else seed, cache=cache, scheduler=scheduler,
+            check_integrity=check_integrity, num_threads=num_threads, max_n=max_n, generation_config=generation_config,
+            derive_max_model_len=max_model_len is None,
             speculative=SpeculativeConfig.parse(speculative_config),
         ))  # fmt: skip
 

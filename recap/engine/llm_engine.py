@@ -85,7 +85,8 @@ def _load_within_memory(
         plan = plan_before_load(model_config, config.cache, config.scheduler, dtype, quant, limit, head)
         plan.check(remedies(dtype, quant, plan))
     loaded = load_model(path, dtype=dtype, quantization=config.quantization, native_decode=config.native_decode,
-                        device=device, head_quantization=config.head_quantization)  # fmt: skip
+                        device=device, head_quantization=config.head_quantization,
+                        quantization_imatrix=config.quantization_imatrix)  # fmt: skip
     return loaded, config, limit
 
 

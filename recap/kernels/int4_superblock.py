@@ -56,9 +56,10 @@ def superblock_tile_bytes(in_features: int) -> int:
 # ---------------------------------------------------------------- the fit
 
 
-def asym_fit_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def asym_fit_ref(w: torch.Tensor, imp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Groups w [groups, 32] fp32 -> per group (s, m) fp32 of w ~ s q + m, s >= 0, m <= 0 (module docstring), by
-    least squares weighted c_i = rms(w) + |w_i|. Sums element by element, as csrc recap_int4_asym_fit does lane by
+    least squares weighted c_i = rms(w) + |w_i|, times imp_i where importances imp [groups, 32] are given (an
+    importance matrix's: linear_int4.quantize_int4). Sums element by element, as csrc recap_int4_asym_fit does lane by
     lane (equal bit for bit)."""
     w = w.float().contiguous()
     n = w.shape[1]
@@ -72,6 +73,7 @@ def asym_fit_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # sqrt through fp64: torch's fp32 sqrt is not correctly rounded (17% of values a unit off), sqrtf is; the fp64
     # root rounded to fp32 is
     c = torch.sqrt((s2 / n).double()).float()[:, None] + w.abs()  # the weights
+    c = c if imp is None else c * imp.float()
     cs, cw = torch.zeros_like(lo), torch.zeros_like(lo)
     for i in range(n):
         cs = cs + c[:, i]
@@ -109,30 +111,34 @@ def asym_fit_ref(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(flat, zero, best_s), torch.where(flat, lo, best_m)
 
 
-def asym_fit(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def asym_fit(w: torch.Tensor, imp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """asym_fit_ref through the native library where it builds (the same results, ~100x faster)."""
     from recap.kernels.linear_int4 import _lib, int4_native_available  # it imports this module
 
     if not int4_native_available():
-        return asym_fit_ref(w)
+        return asym_fit_ref(w, imp)
     w = w.float().contiguous()
+    imp = None if imp is None else imp.float().contiguous()
     s, m = torch.empty(w.shape[0]), torch.empty(w.shape[0])
-    _lib().recap_int4_asym_fit(w.data_ptr(), w.shape[0], w.shape[1], s.data_ptr(), m.data_ptr(),
-                               torch.get_num_threads())  # fmt: skip
+    _lib().recap_int4_asym_fit(w.data_ptr(), None if imp is None else imp.data_ptr(), w.shape[0], w.shape[1],
+                               s.data_ptr(), m.data_ptr(), torch.get_num_threads())  # fmt: skip
     return s, m
 
 
 # ---------------------------------------------------------------- super-block steps and codes
 
 
-def quantize_rows(rows: torch.Tensor, fit=asym_fit) -> tuple[torch.Tensor, ...]:
+def quantize_rows(rows: torch.Tensor, fit=asym_fit, importance: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Rows [r, in] (r a multiple of 16) -> codes [r, ng, 32] uint8, 6-bit sc and mn [r, ng] uint8, fp16 d and
-    dmin [r, nsb]: the fit per group, its steps per super-block, the codes picked again on their grid."""
+    dmin [r, nsb]: the fit per group (weighted by importance [32 ng], per input, where given), its steps per
+    super-block, the codes picked again on their grid."""
     r, k = rows.shape
     ng = -(-k // GROUP)
     nsb = -(-ng // GPS)
     w = F.pad(rows.float(), (0, ng * GROUP - k)).view(r, ng, GROUP)
-    s, m = fit(w.reshape(-1, GROUP))
+    imp = None if importance is None else importance.view(1, ng, GROUP).expand(r, ng, GROUP).reshape(-1, GROUP)
+    s, m = fit(w.reshape(-1, GROUP), imp)
     s, m = s.view(r, ng), -m.view(r, ng)  # m: the min's magnitude (>= 0)
     pad = nsb * GPS - ng  # groups of the last super-block it does not hold: 0 (no part in the maxima)
     s8, m8 = F.pad(s, (0, pad)).view(r, nsb, GPS), F.pad(m, (0, pad)).view(r, nsb, GPS)

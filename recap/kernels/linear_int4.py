@@ -80,13 +80,21 @@ def _block_bytes(group: int, asym: bool) -> int:
     return 8 * group + (64 if asym else 32)  # 16 rows x group/2 code bytes, 16 fp16 scales, 16 fp16 mins
 
 
-def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
-                  bias: torch.Tensor | None = None, superblock: bool = False, sym_fit: str = "weighted") -> Int4Weight:
+def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False, bias: torch.Tensor | None = None,
+                  superblock: bool = False, sym_fit: str = "weighted", importance: torch.Tensor | None = None
+                  ) -> Int4Weight:  # fmt: skip
     """weight [out, in] (any float dtype) -> Int4Weight; see the module docstring for the two formats, and
     kernels/int4_superblock.py for the third (superblock: groups of 32 in super-blocks of 256; not with asym).
-    sym_fit picks the symmetric scales (one of SYM_FITS: _sym_scales); the codes' format is the same either way."""
+    sym_fit picks the symmetric scales (one of SYM_FITS: _sym_scales); the codes' format is the same either way.
+    importance [in] (>= 0, an importance matrix's row: model/importance.py): the weighted fits (symmetric
+    "weighted", super-blocks) weigh each weight's error by its input channel's value too; inputs past `in` (a
+    ragged last group's zero padding) take 1, as every weight does without one."""
     if sym_fit not in SYM_FITS:
         raise ValueError(f"symmetric int4 fits are {SYM_FITS}, not {sym_fit!r}")
+    if importance is not None and (asym and not superblock or sym_fit != "weighted"):
+        raise ValueError("an importance matrix weighs the weighted fits only (symmetric 'weighted', super-blocks)")
+    if importance is not None and tuple(importance.shape) != (weight.shape[-1],):
+        raise ValueError(f"importance {tuple(importance.shape)} for a weight of {weight.shape[-1]} inputs")
     if group not in GROUPS:
         raise ValueError(f"int4 groups are {GROUPS} inputs, not {group}")
     if superblock and (group != SBK.GROUP or asym):
@@ -94,8 +102,9 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
                          f"asym={asym}")  # fmt: skip
     if weight.dim() != 2 or weight.numel() == 0:
         raise ValueError(f"quantize_int4 takes a non-empty [out, in] weight, got {tuple(weight.shape)}")
+    imp = None if importance is None else F.pad(importance.float(), (0, -weight.shape[1] % group), value=1.0)
     if superblock:
-        return _quantize_superblock(weight, bias)
+        return _quantize_superblock(weight, bias, imp)
     out, k = weight.shape
     outp = -(-out // TILE) * TILE
     # Rows a chunk at a time (tiles are independent): the fp32 temporaries stay a chunk's size beside a large weight
@@ -104,11 +113,11 @@ def quantize_int4(weight: torch.Tensor, group: int = 32, asym: bool = False,
     w = weight.detach()
     step = chunk_rows(k, TILE)
     for lo in range(0, outp, step):
-        packed[lo // TILE : (lo + step) // TILE] = _pack_rows(w[lo : lo + step], group, asym, sym_fit)
+        packed[lo // TILE : (lo + step) // TILE] = _pack_rows(w[lo : lo + step], group, asym, sym_fit, imp)
     return Int4Weight(packed, out, k, group, asym, None if bias is None else bias.detach().float().contiguous())
 
 
-def _quantize_superblock(weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Weight:
+def _quantize_superblock(weight: torch.Tensor, bias: torch.Tensor | None, imp: torch.Tensor | None) -> Int4Weight:
     """quantize_int4(..., superblock=True): a chunk of rows at a time, as the other formats."""
     out, k = weight.shape
     outp = -(-out // TILE) * TILE
@@ -118,14 +127,16 @@ def _quantize_superblock(weight: torch.Tensor, bias: torch.Tensor | None) -> Int
     for lo in range(0, outp, step):
         rows = w[lo : lo + step].float()
         rows = F.pad(rows, (0, 0, 0, -(-rows.shape[0] // TILE) * TILE - rows.shape[0]))
-        packed[lo // TILE : (lo + step) // TILE] = SBK.pack_superblock(*SBK.quantize_rows(rows))
+        packed[lo // TILE : (lo + step) // TILE] = SBK.pack_superblock(*SBK.quantize_rows(rows, importance=imp))
     return Int4Weight(packed, out, k, SBK.GROUP, False, None if bias is None else bias.detach().float().contiguous(),
                       superblock=True)  # fmt: skip
 
 
-def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "weighted") -> torch.Tensor:
+def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "weighted",
+               imp: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Rows [r, in] of a weight (a chunk of quant_chunks' size; the last may be short) -> their packed tiles, the rows
-    padded to a whole tile and the inputs to whole groups with zeros."""
+    padded to a whole tile and the inputs to whole groups with zeros; imp: per input (padded to whole groups), the
+    symmetric weighted fit's importances."""
     r, k = rows.shape
     ng = -(-k // group)
     w = F.pad(rows.float(), (0, ng * group - k, 0, -(-r // TILE) * TILE - r)).view(-1, ng, group)
@@ -136,7 +147,7 @@ def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "weigh
         s = torch.where(s.float() > 0, s, torch.ones_like(s))
         q = w.sub_(m.float()[..., None]).div_(s.float()[..., None]).round_().clamp_(0, 15)
     else:
-        s = _sym_scales(w, sym_fit).half()
+        s = _sym_scales(w, sym_fit, imp=None if imp is None else imp.view(1, ng, group).expand_as(w)).half()
         s = torch.where(s.float() != 0, s, torch.ones_like(s))
         q = w.div_(s.float()[..., None]).round_().add_(8).clamp_(0, 15)
         m = None
@@ -145,19 +156,24 @@ def _pack_rows(rows: torch.Tensor, group: int, asym: bool, sym_fit: str = "weigh
     return pack(q.to(torch.uint8), s, m)
 
 
-def _sym_scales(w: torch.Tensor, fit: str = "weighted", isa: int | None = None) -> torch.Tensor:
+def _sym_scales(w: torch.Tensor, fit: str = "weighted", isa: int | None = None, imp: torch.Tensor | None = None
+                ) -> torch.Tensor:  # fmt: skip
     """w [rows, groups, G] fp32 -> symmetric scales [rows, groups] fp32. fit "lsq": with the native library, per
     group the least-squares choice of csrc/linear_int4.c's recap_int4_sym_scales (3-5% less weight error than
     m / -8 on normal weights, in about the time of the rounding), else m / -8 (m: the group's largest-magnitude
     value). fit "weighted": sym_fit_ref, through csrc recap_int4_sym_fit where the native library builds (isa: its
-    path, an index into ISAS, tests; default the fastest here: 16 groups a vector on AVX-512, 8 on AVX2)."""
+    path, an index into ISAS, tests; default the fastest here: 16 groups a vector on AVX-512, 8 on AVX2; imp: per
+    weight importances, w's shape, or None)."""
     w = w.contiguous()
     if fit == "weighted":
+        imp = None if imp is None else imp.float().contiguous()
         if not int4_native_available():
-            return sym_fit_ref(w.view(-1, w.shape[2])).view(w.shape[:2])
+            flat = None if imp is None else imp.view(-1, w.shape[2])
+            return sym_fit_ref(w.view(-1, w.shape[2]), flat).view(w.shape[:2])
         out = torch.empty(w.shape[:2], device="cpu")
-        _lib().recap_int4_sym_fit_isa(w.data_ptr(), out.numel(), w.shape[2], out.data_ptr(), torch.get_num_threads(),
-                                      best_isa() if isa is None else isa)  # fmt: skip
+        ip = None if imp is None else imp.data_ptr()
+        _lib().recap_int4_sym_fit_isa(w.data_ptr(), ip, out.numel(), w.shape[2], out.data_ptr(),
+                                      torch.get_num_threads(), best_isa() if isa is None else isa)  # fmt: skip
         return out
     if int4_native_available():
         out = torch.empty(w.shape[:2], device="cpu")
@@ -166,13 +182,14 @@ def _sym_scales(w: torch.Tensor, fit: str = "weighted", isa: int | None = None) 
     return w.gather(-1, w.abs().argmax(-1, keepdim=True))[..., 0] / -8
 
 
-def sym_fit_ref(w: torch.Tensor) -> torch.Tensor:
+def sym_fit_ref(w: torch.Tensor, imp: torch.Tensor | None = None) -> torch.Tensor:
     """Groups w [groups, G] fp32 -> symmetric scales [groups] fp32 (w ~ s q, q in -8..7), the weighted fit:
     weights c_i = rms(w) + |w_i| (as int4_superblock.asym_fit_ref's, llama.cpp's Q4_K without an importance
-    matrix); candidates s = m / x (m the largest-magnitude value, the first of equals; x = -9.5 .. -6 in eighths),
-    each refit by weighted least squares on its codes, the one of least weighted error kept (the largest
-    (sum c q w)^2 / sum c q q); 0 for an all-zero group. Sums element by element, as csrc recap_int4_sym_fit
-    does (equal bit for bit)."""
+    matrix), times imp_i where importances imp [groups, G] are given (as Q4_K with one weighs by its channel's
+    mean squared activation); candidates s = m / x (m the largest-magnitude value, the first of equals;
+    x = -9.5 .. -6 in eighths), each refit by weighted least squares on its codes, the one of least weighted
+    error kept (the largest (sum c q w)^2 / sum c q q); 0 for an all-zero group. Sums element by element, as
+    csrc recap_int4_sym_fit does (equal bit for bit)."""
     w = w.float().contiguous()
     n = w.shape[1]
     m = w.gather(-1, w.abs().argmax(-1, keepdim=True))[:, 0]  # argmax: the first of equal magnitudes, as the C
@@ -181,6 +198,7 @@ def sym_fit_ref(w: torch.Tensor) -> torch.Tensor:
         s2 = s2 + w[:, i] * w[:, i]
     # sqrt through fp64: torch's fp32 sqrt is not correctly rounded, sqrtf is; the fp64 root rounded to fp32 is
     c = torch.sqrt((s2 / n).double()).float()[:, None] + w.abs()
+    c = c if imp is None else c * imp.float()
     best, best_score = m / -8, torch.full_like(m, -1.0)
     for t in range(SYM_FIT_STEPS):
         # a tensor divided (a number over a tensor is its reciprocal times the number: another rounding)
@@ -285,9 +303,9 @@ def _lib() -> ctypes.CDLL:
     lib.recap_linear_int4.restype = _INT
     lib.recap_int4_sym_scales.argtypes = [_P, _I64, _I64, _P, _INT]
     lib.recap_int4_sym_scales.restype = None
-    lib.recap_int4_sym_fit_isa.argtypes = [_P, _I64, _I64, _P, _INT, _INT]
+    lib.recap_int4_sym_fit_isa.argtypes = [_P, _P, _I64, _I64, _P, _INT, _INT]
     lib.recap_int4_sym_fit_isa.restype = None
-    lib.recap_int4_asym_fit.argtypes = [_P, _I64, _I64, _P, _P, _INT]
+    lib.recap_int4_asym_fit.argtypes = [_P, _P, _I64, _I64, _P, _P, _INT]
     lib.recap_int4_asym_fit.restype = None
     lib.recap_int4_best_isa.argtypes = []
     lib.recap_int4_best_isa.restype = _INT

@@ -51,12 +51,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="on a GPU: the share of its memory recap may hold; the KV and state pools take what the "
                         "weights leave (--kv-cache-bytes / --state-cache-bytes fix them instead)")
-    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None,
-                   help="int8: per-channel int8 weights; int4: 4-bit, symmetric groups of 32; int4_k: 4-bit in Q4_K's "
-                   "super-blocks: int4's size and decode speed, a little less perplexity, ~5-9%% slower prefill")
-    p.add_argument("--head-quantization", choices=HEAD_QUANTIZATIONS, default="auto",
-                   help="the output head's precision under --quantization (llama-quantize's --output-tensor-type): "
-                        "auto (int8), int8, or same (as the other linear weights)")
+    _add_quantization_args(p)
     p.add_argument("--enforce-eager", action="store_true",
                    help="torch's kernels only: batch-1 decode does not take recap's native kernels "
                         "(recap/kernels/linear_rows.py)")
@@ -98,6 +93,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_quantization_args(p: argparse.ArgumentParser) -> None:
+    """The weights' precision: --quantization, the head's, and the int4 fits' importance matrix."""
+    p.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=None,
+                   help="int8: per-channel int8 weights; int4: 4-bit, symmetric groups of 32; int4_k: 4-bit in Q4_K's "
+                   "super-blocks: int4's size and decode speed, a little less perplexity, ~5-9%% slower prefill")
+    p.add_argument("--head-quantization", choices=HEAD_QUANTIZATIONS, default="auto",
+                   help="the output head's precision under --quantization (llama-quantize's --output-tensor-type): "
+                        "auto (int8), int8, or same (as the other linear weights)")
+    p.add_argument("--quantization-imatrix", default=None, metavar="FILE",
+                   help="an importance matrix (`recap imatrix`): the int4 / int4_k fits weigh each weight's error "
+                        "by its input channel's mean squared activation (llama-quantize's --imatrix)")
+
+
 def _add_memory_args(p: argparse.ArgumentParser) -> None:
     """The pools' byte budgets and the memory limit the start-up plan is checked against."""
     p.add_argument("--kv-cache-bytes", type=positive_bytes, default=None, help="KV block pool budget, e.g. 2GiB")
@@ -130,6 +138,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=resolve_dtype(args.dtype, args.device),
         quantization=args.quantization,
         head_quantization=args.head_quantization,
+        quantization_imatrix=args.quantization_imatrix,
         native_decode=not args.enforce_eager,
         device=args.device,
         kernels=args.kernels,

@@ -30,6 +30,7 @@ from torch import nn
 from recap.model.families import family
 from recap.model.head_format import head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
+from recap.model.importance import INT4_FORMATS, fit_with_importance, layer_importance, log_coverage
 from recap.model.layers.embedding import Embedding, int8_tiles_of
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
@@ -214,8 +215,9 @@ class QuantizeWhenLoaded:
     first: quantizing it gives the same codes (every quantizer reads its rows as fp32), and a bf16 head or table
     is half the fp32 one beside the model (it is the load's largest transient)."""
 
-    def __init__(self, net: CausalLM, quantization: str, head: str | None) -> None:
-        self.net, self.quantization = net, quantization
+    def __init__(self, net: CausalLM, quantization: str, head: str | None,
+                 importance: dict[Linear, torch.Tensor] | None = None) -> None:  # fmt: skip
+        self.net, self.quantization, self.importance = net, quantization, importance or {}
         self.head = head or quantization
         self.tied = net.config.tie_word_embeddings
         self.formats = {} if head is None or self.tied else {net.head(): head}
@@ -229,7 +231,11 @@ class QuantizeWhenLoaded:
     def __call__(self, module: nn.Module) -> None:
         if isinstance(module, Linear):
             if self.reads_stored(module):
-                module.set_backend(self.formats.get(module, self.quantization))
+                backend = self.formats.get(module, self.quantization)
+                if module in self.importance and backend in INT4_FORMATS:  # an importance matrix's row weighs it
+                    fit_with_importance(module, backend, self.importance[module])
+                else:
+                    module.set_backend(backend)
                 return_free_heap()
         elif module is self.embedding and not self.embedding.released:
             head = self.net.head() if self.tied else None
@@ -260,13 +266,17 @@ def build_model(
 
 
 def _load_into(net: CausalLM, path: Path, fmt: Prequantized | None, quantization: str | None,
-               on_cpu: bool, head: str | None) -> dict[str, int]:  # fmt: skip
+               on_cpu: bool, head: str | None, imatrix: str | Path | None = None) -> dict[str, int]:  # fmt: skip
     """load_weights with each layer quantized as it is loaded (on the CPU; an untied head to `head`), and for a
     pre-quantized checkpoint its layers' parts converted (model/prequantized_load.py) and the conversion logged."""
-    on_loaded = QuantizeWhenLoaded(net, quantization, head) if quantization and on_cpu else None
+    importance = None if imatrix is None else layer_importance(net, imatrix, quantization, fmt is not None)
+    on_loaded = QuantizeWhenLoaded(net, quantization, head, importance) if quantization and on_cpu else None
     reads_stored = None if on_loaded is None else on_loaded.reads_stored
     if fmt is None:
-        return load_weights(net, path, on_loaded, reads_stored=reads_stored)
+        ignored = load_weights(net, path, on_loaded, reads_stored=reads_stored)
+        if importance is not None:
+            log_coverage(importance, net, imatrix)
+        return ignored
     try:
         quantized = QuantizedLinears(fmt, net, checkpoint_keys(path), quantization, on_cpu)
     except PrequantizedCheckpointError as e:
@@ -295,10 +305,11 @@ def load_model(
     device: str | torch.device = "cpu",
     dequantize: bool = False,
     head_quantization: str = "auto",
+    quantization_imatrix: str | Path | None = None,
 ) -> LoadedModel:
     """Translate config.json, build the family's model and load its weights strictly (the modules on their
     reference paths); the flags below are checked and recorded in the result, and the backend the runner
-    builds from it (recap.backends.backend_for / prepare) acts on them.
+    builds from it (recap.backends.backend_for / prepare) acts on them. quantization_imatrix: model/importance.py.
 
     linear_backend: "torch" (reference F.linear), "onednn", or "auto" (oneDNN for fp32 and bf16 when
     available; measured fastest here for every row count, see layers/linear.py).
@@ -316,8 +327,7 @@ def load_model(
     `dequantize` (or a device other than the CPU) keeps the dequantized weights in `dtype`. One log line says
     which conversion ran; UnsupportedQuantizationError for a method recap does not read.
     head_quantization: the output head's precision under a quantization (model/head_format.py): "auto" (int8),
-    "int8" or "same" (the linears'); ValueError for another value, or "int8" where the model is not quantized.
-    """
+    "int8" or "same" (the linears'); ValueError for another value, or "int8" where the model is not quantized."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; choose one of {QUANTIZATIONS} or None")
     if linear_backend not in ("auto", *LINEAR_BACKENDS):
@@ -334,7 +344,7 @@ def load_model(
         quantization = serving_format(fmt, quantization, dequantize, on_cpu)
     head = head_backend(quantization, head_quantization)
     net = build_model(config, dtype, device)
-    ignored = _load_into(net, path, fmt, quantization, on_cpu, head)
+    ignored = _load_into(net, path, fmt, quantization, on_cpu, head, quantization_imatrix)
     return_free_heap()
     head = _served_head(net, head, on_cpu, path)
     if quantization is not None:

@@ -274,12 +274,13 @@ void recap_int4_sym_scales(const float *w, int64_t groups, int64_t G, float *sca
  * candidates d = m / x, m the largest-magnitude value (the first of equals), x = SYM_FIT_X0 + SYM_FIT_DX t, codes
  * q = clamp(rint(w x / m), -8, 7); each candidate's codes refit by weighted least squares, d = sum c q w / sum c q q,
  * whose weighted error is sum c w^2 - (sum c q w)^2 / sum c q q: the candidate of the largest
- * (sum c q w)^2 / sum c q q is kept (the first of equals). 0 for an all-zero group. */
+ * (sum c q w)^2 / sum c q q is kept (the first of equals). 0 for an all-zero group. imp (NULL: none): per value
+ * an importance multiplier (an importance matrix's channel weight, model/importance.py), c_i = (rms + |w_i|) imp_i. */
 #define SYM_FIT_STEPS 29 /* x = -9.5 .. -6 in eighths */
 #define SYM_FIT_X0 -9.5f
 #define SYM_FIT_DX 0.125f
 
-static float sym_fit_group(const float *x, int64_t G) {
+static float sym_fit_group(const float *x, const float *imp, int64_t G) {
     float m = 0.0f, s2 = 0.0f, c[64];
     for (int64_t i = 0; i < G; i++) {
         if (fabsf(x[i]) > fabsf(m)) m = x[i];
@@ -287,7 +288,7 @@ static float sym_fit_group(const float *x, int64_t G) {
     }
     if (m == 0.0f) return 0.0f;
     const float rms = sqrtf(s2 / (float)G);
-    for (int64_t i = 0; i < G; i++) c[i] = rms + fabsf(x[i]);
+    for (int64_t i = 0; i < G; i++) c[i] = imp ? (rms + fabsf(x[i])) * imp[i] : rms + fabsf(x[i]);
     float best = m / -8.0f, best_score = -1.0f;
     for (int t = 0; t < SYM_FIT_STEPS; t++) {
         const float id = (SYM_FIT_X0 + SYM_FIT_DX * (float)t) / m;
@@ -306,11 +307,22 @@ static float sym_fit_group(const float *x, int64_t G) {
     return best;
 }
 
+/* Groups g0 .. g0 + lanes - 1 of w (and of imp, when not NULL) transposed into wt (and it) [G][lanes]: one group a
+ * lane for the vector fits. */
+static void transpose_groups(const float *w, const float *imp, int64_t g0, int64_t lanes, int64_t G, float *wt,
+                             float *it) {
+    for (int64_t j = 0; j < lanes; j++)
+        for (int64_t i = 0; i < G; i++) {
+            wt[lanes * i + j] = w[(g0 + j) * G + i];
+            if (imp) it[lanes * i + j] = imp[(g0 + j) * G + i];
+        }
+}
+
 #if defined(X86)
-/* sym_fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; ct: room for their
- * weights): the same operations lane by lane; the clamp as max / min with the value second (a NaN stays, as in
- * the scalar ternaries and torch's clamp). */
-TGT512 static void sym_fit16_512(const float *wt, float *ct, int64_t G, float *out) {
+/* sym_fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; it: their importances
+ * so, or NULL; ct: room for their weights): the same operations lane by lane; the clamp as max / min with the
+ * value second (a NaN stays, as in the scalar ternaries and torch's clamp). */
+TGT512 static void sym_fit16_512(const float *wt, const float *it, float *ct, int64_t G, float *out) {
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
     const __m512 lo = _mm512_set1_ps(-8.0f), hi = _mm512_set1_ps(7.0f);
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -322,8 +334,10 @@ TGT512 static void sym_fit16_512(const float *wt, float *ct, int64_t G, float *o
         s2 = _mm512_add_ps(s2, _mm512_mul_ps(v, v));
     }
     const __m512 rms = _mm512_sqrt_ps(_mm512_div_ps(s2, _mm512_set1_ps((float)G)));
-    for (int64_t i = 0; i < G; i++)
-        _mm512_storeu_ps(ct + 16 * i, _mm512_add_ps(rms, _mm512_and_ps(_mm512_loadu_ps(wt + 16 * i), absmask)));
+    for (int64_t i = 0; i < G; i++) {
+        const __m512 c = _mm512_add_ps(rms, _mm512_and_ps(_mm512_loadu_ps(wt + 16 * i), absmask));
+        _mm512_storeu_ps(ct + 16 * i, it ? _mm512_mul_ps(c, _mm512_loadu_ps(it + 16 * i)) : c);
+    }
     __m512 best = _mm512_div_ps(m, _mm512_set1_ps(-8.0f)), best_score = _mm512_set1_ps(-1.0f);
     for (int t = 0; t < SYM_FIT_STEPS; t++) {
         const __m512 id = _mm512_div_ps(_mm512_set1_ps(SYM_FIT_X0 + SYM_FIT_DX * (float)t), m);
@@ -347,7 +361,7 @@ TGT512 static void sym_fit16_512(const float *wt, float *ct, int64_t G, float *o
 }
 
 /* sym_fit16_512 with 8 lanes on AVX2 (wt [G][8]): the same operations lane by lane, masks as blends. */
-TGT256 static void sym_fit8_256(const float *wt, float *ct, int64_t G, float *out) {
+TGT256 static void sym_fit8_256(const float *wt, const float *it, float *ct, int64_t G, float *out) {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     const __m256 lo = _mm256_set1_ps(-8.0f), hi = _mm256_set1_ps(7.0f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -359,8 +373,10 @@ TGT256 static void sym_fit8_256(const float *wt, float *ct, int64_t G, float *ou
         s2 = _mm256_add_ps(s2, _mm256_mul_ps(v, v));
     }
     const __m256 rms = _mm256_sqrt_ps(_mm256_div_ps(s2, _mm256_set1_ps((float)G)));
-    for (int64_t i = 0; i < G; i++)
-        _mm256_storeu_ps(ct + 8 * i, _mm256_add_ps(rms, _mm256_and_ps(_mm256_loadu_ps(wt + 8 * i), absmask)));
+    for (int64_t i = 0; i < G; i++) {
+        const __m256 c = _mm256_add_ps(rms, _mm256_and_ps(_mm256_loadu_ps(wt + 8 * i), absmask));
+        _mm256_storeu_ps(ct + 8 * i, it ? _mm256_mul_ps(c, _mm256_loadu_ps(it + 8 * i)) : c);
+    }
     __m256 best = _mm256_div_ps(m, _mm256_set1_ps(-8.0f)), best_score = _mm256_set1_ps(-1.0f);
     for (int t = 0; t < SYM_FIT_STEPS; t++) {
         const __m256 id = _mm256_div_ps(_mm256_set1_ps(SYM_FIT_X0 + SYM_FIT_DX * (float)t), m);
@@ -386,8 +402,10 @@ TGT256 static void sym_fit8_256(const float *wt, float *ct, int64_t G, float *ou
 
 /* The weighted symmetric fit of w [groups, G] (G <= 64) into scales [groups]: 16 groups a vector on AVX-512, 8 on
  * AVX2, the rest one by one. */
-/* recap_int4_sym_fit on a given path (isa: ISA_*; tests run each; all give the same scales). */
-void recap_int4_sym_fit_isa(const float *w, int64_t groups, int64_t G, float *scales, int threads, int isa) {
+/* recap_int4_sym_fit on a given path (isa: ISA_*; tests run each; all give the same scales); imp: NULL, or per
+ * value importances [groups, G] (sym_fit_group). */
+void recap_int4_sym_fit_isa(const float *w, const float *imp, int64_t groups, int64_t G, float *scales, int threads,
+                            int isa) {
     const int64_t blocks = groups / 16;
 #if defined(X86)
     const int vec = isa == ISA_AVX512_VNNI && recap_int4_isa_supported(ISA_AVX512_VNNI) && G <= 64;
@@ -401,28 +419,27 @@ void recap_int4_sym_fit_isa(const float *w, int64_t groups, int64_t G, float *sc
         const int64_t g0 = bi * 16;
 #if defined(X86)
         if (vec && bi < blocks) {
-            float wt[64 * 16], ct[64 * 16];
-            for (int64_t j = 0; j < 16; j++)
-                for (int64_t i = 0; i < G; i++) wt[16 * i + j] = w[(g0 + j) * G + i];
-            sym_fit16_512(wt, ct, G, scales + g0);
+            float wt[64 * 16], it[64 * 16], ct[64 * 16];
+            transpose_groups(w, imp, g0, 16, G, wt, it);
+            sym_fit16_512(wt, imp ? it : NULL, ct, G, scales + g0);
             continue;
         }
         if (avx2 && bi < blocks) {
-            float wt[64 * 8], ct[64 * 8];
+            float wt[64 * 8], it[64 * 8], ct[64 * 8];
             for (int64_t h = 0; h < 16; h += 8) {
-                for (int64_t j = 0; j < 8; j++)
-                    for (int64_t i = 0; i < G; i++) wt[8 * i + j] = w[(g0 + h + j) * G + i];
-                sym_fit8_256(wt, ct, G, scales + g0 + h);
+                transpose_groups(w, imp, g0 + h, 8, G, wt, it);
+                sym_fit8_256(wt, imp ? it : NULL, ct, G, scales + g0 + h);
             }
             continue;
         }
 #endif
-        for (int64_t g = g0; g < g0 + 16 && g < groups; g++) scales[g] = sym_fit_group(w + g * G, G);
+        for (int64_t g = g0; g < g0 + 16 && g < groups; g++)
+            scales[g] = sym_fit_group(w + g * G, imp ? imp + g * G : NULL, G);
     }
 }
 
-void recap_int4_sym_fit(const float *w, int64_t groups, int64_t G, float *scales, int threads) {
-    recap_int4_sym_fit_isa(w, groups, G, scales, threads, recap_int4_best_isa());
+void recap_int4_sym_fit(const float *w, const float *imp, int64_t groups, int64_t G, float *scales, int threads) {
+    recap_int4_sym_fit_isa(w, imp, groups, G, scales, threads, recap_int4_best_isa());
 }
 
 /* ---------------------------------------------------------------- super-block fit (format 2) */
@@ -461,8 +478,8 @@ static int fit_candidate(const float *w, const float *c, int64_t G, float lo, fl
     return 1;
 }
 
-/* asym_fit_ref for one group of G <= 64 values: weights c_i = rms(w) + |w_i|. */
-static void fit_group(const float *w, int64_t G, float *s_out, float *m_out) {
+/* asym_fit_ref for one group of G <= 64 values: weights c_i = rms(w) + |w_i|, times imp_i where imp is not NULL. */
+static void fit_group(const float *w, const float *imp, int64_t G, float *s_out, float *m_out) {
     float lo = 0.0f, hi = w[0], s2 = 0.0f, c[64];
     for (int64_t i = 0; i < G; i++) {
         lo = fminf(lo, w[i]);
@@ -472,7 +489,7 @@ static void fit_group(const float *w, int64_t G, float *s_out, float *m_out) {
     const float rms = sqrtf(s2 / (float)G);
     float cs = 0.0f, cw = 0.0f;
     for (int64_t i = 0; i < G; i++) {
-        c[i] = rms + fabsf(w[i]);
+        c[i] = imp ? (rms + fabsf(w[i])) * imp[i] : rms + fabsf(w[i]);
         cs = cs + c[i];
         cw = cw + c[i] * w[i];
     }
@@ -491,10 +508,11 @@ static void fit_group(const float *w, int64_t G, float *s_out, float *m_out) {
 }
 
 #if defined(X86)
-/* fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; ct: room for their weights):
+/* fit_group for 16 groups at once, one per lane (wt: their values transposed, [G][16]; it: their importances so, or
+ * NULL; ct: room for their weights):
  * the same operations lane by lane; comparisons as masks, max / min with the candidate second (a NaN stays, as in
  * torch's clamp). */
-TGT512 static void fit16_512(const float *wt, float *ct, int64_t G, float *s_out, float *m_out) {
+TGT512 static void fit16_512(const float *wt, const float *it, float *ct, int64_t G, float *s_out, float *m_out) {
     const __m512 zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.0f), one = _mm512_set1_ps(1.0f);
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 lo = zero, hi = _mm512_loadu_ps(wt), s2 = zero;
@@ -507,7 +525,8 @@ TGT512 static void fit16_512(const float *wt, float *ct, int64_t G, float *s_out
     const __m512 rms = _mm512_sqrt_ps(_mm512_div_ps(s2, _mm512_set1_ps((float)G)));
     __m512 cs = zero, cw = zero;
     for (int64_t i = 0; i < G; i++) {
-        const __m512 v = _mm512_loadu_ps(wt + 16 * i), c = _mm512_add_ps(rms, _mm512_and_ps(v, absmask));
+        const __m512 v = _mm512_loadu_ps(wt + 16 * i), c0 = _mm512_add_ps(rms, _mm512_and_ps(v, absmask));
+        const __m512 c = it ? _mm512_mul_ps(c0, _mm512_loadu_ps(it + 16 * i)) : c0;
         _mm512_storeu_ps(ct + 16 * i, c);
         cs = _mm512_add_ps(cs, c);
         cw = _mm512_add_ps(cw, _mm512_mul_ps(c, v));
@@ -558,8 +577,10 @@ TGT512 static void fit16_512(const float *wt, float *ct, int64_t G, float *s_out
 #endif
 
 /* Per group of w [groups, G] (G <= 64): the weighted least-squares (s, m) of w ~ s q + m, s >= 0, m <= 0, of
- * int4_superblock.asym_fit_ref, equal to it bit for bit (16 groups a vector on AVX-512, the rest one by one). */
-void recap_int4_asym_fit(const float *w, int64_t groups, int64_t G, float *s, float *m, int threads) {
+ * int4_superblock.asym_fit_ref, equal to it bit for bit (16 groups a vector on AVX-512, the rest one by one); imp:
+ * NULL, or per value importances [groups, G] (fit_group). */
+void recap_int4_asym_fit(const float *w, const float *imp, int64_t groups, int64_t G, float *s, float *m,
+                         int threads) {
     const int64_t blocks = groups / 16;
 #if defined(X86)
     const int vec = recap_int4_isa_supported(ISA_AVX512_VNNI) && G <= 64;
@@ -571,14 +592,14 @@ void recap_int4_asym_fit(const float *w, int64_t groups, int64_t G, float *s, fl
         const int64_t g0 = bi * 16;
 #if defined(X86)
         if (vec && bi < blocks) {
-            float wt[64 * 16], ct[64 * 16];
-            for (int64_t j = 0; j < 16; j++)
-                for (int64_t i = 0; i < G; i++) wt[16 * i + j] = w[(g0 + j) * G + i];
-            fit16_512(wt, ct, G, s + g0, m + g0);
+            float wt[64 * 16], it[64 * 16], ct[64 * 16];
+            transpose_groups(w, imp, g0, 16, G, wt, it);
+            fit16_512(wt, imp ? it : NULL, ct, G, s + g0, m + g0);
             continue;
         }
 #endif
-        for (int64_t g = g0; g < g0 + 16 && g < groups; g++) fit_group(w + g * G, G, s + g, m + g);
+        for (int64_t g = g0; g < g0 + 16 && g < groups; g++)
+            fit_group(w + g * G, imp ? imp + g * G : NULL, G, s + g, m + g);
     }
 }
 

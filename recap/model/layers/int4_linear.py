@@ -32,20 +32,22 @@ class Int4Linear(LinearImpl):
     """Group-wise 4-bit weights: the native kernel at every row count where it builds, its torch reference
     elsewhere (equal results), whether the native kernels are on or off (it is this backend's kernel). Only the
     packed form is kept: the constructor quantizes `weight` (or takes `quantized`, a checkpoint's own codes:
-    model/prequantized_int4.py) and nothing reads it afterwards (the Linear releases it)."""
+    model/prequantized_int4.py) and nothing reads it afterwards (the Linear releases it). importance [in]: the
+    fit weighs each weight's error by its input channel's value too (model/importance.py)."""
 
     name = "int4"
     owns_weight = True
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, quantized: Int4Weight | None = None,
-                 superblock: bool = False) -> None:  # fmt: skip
+                 superblock: bool = False, importance: torch.Tensor | None = None) -> None:  # fmt: skip
         super().__init__(weight, bias)
         if quantized is not None and (quantized.out_features, quantized.in_features) != tuple(weight.shape):
             raise ValueError(f"a packed {quantized.out_features} x {quantized.in_features} weight for a layer of "
                              f"{tuple(weight.shape)}")  # fmt: skip
         if quantized is None:
             group, asym = (32, False) if superblock else (INT4_GROUP, INT4_ASYM)
-            quantized = quantize_int4(weight, group, asym, bias, superblock=superblock, sym_fit=INT4_SYM_FIT)
+            quantized = quantize_int4(weight, group, asym, bias, superblock=superblock, sym_fit=INT4_SYM_FIT,
+                                      importance=importance)  # fmt: skip
         self.quantized: Int4Weight = quantized
         self.name = "int4_k" if quantized.superblock else "int4"  # the backend's name: set_backend compares it
         self._fast = int4_native_available()
