@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from recap.cli import main as cli_main
 from recap.engine.config import EngineConfig
 from recap.model import activation_stats as AS
-from recap.model.importance import FORMAT, ImportanceMatrixError
+from recap.model.importance import FLOOR, FORMAT, ImportanceMatrixError, layer_importance
 from recap.model.layers.int4_linear import Int4Linear
 from recap.model.layers.moe import ExpertList
 from recap.model.loader import load_model
@@ -79,6 +79,21 @@ def test_uniform_matrix_loads_the_plain_fit_and_a_skewed_one_another(
     skewed = _write(tmp_path / "s.st", skew)
     fitted = _int4(load_model(path, quantization=quantization, quantization_imatrix=skewed).model)
     assert all(not torch.equal(fitted[n].quantized.packed, plain[n].quantized.packed) for n in plain)
+
+
+def test_the_fit_gets_the_square_root_of_the_row_over_its_maximum(
+    tiny_checkpoint: Callable[[str], Path], tmp_path: Path
+) -> None:  # fmt: skip
+    """The softened weighting (model/importance.py): sqrt(max(row / max, FLOOR)); a row of zeros is left out."""
+    net = load_model(tiny_checkpoint("mamba2")).model
+    layers = AS.linear_layers(net)
+    (name, layer), (zname, zlayer) = list(layers.items())[:2]
+    row = torch.rand(layer.in_features, generator=torch.Generator().manual_seed(1)) * 8
+    row[0] = 0  # a channel no token reached: the floor
+    got = layer_importance(net, _write(tmp_path / "r.st", {name: row, zname: torch.zeros(zlayer.in_features)}), "int4")
+    assert list(got) == [layer]
+    assert torch.equal(got[layer], torch.clamp_min(row / row.max(), FLOOR).sqrt())
+    assert float(got[layer][0]) == pytest.approx(FLOOR**0.5) and float(got[layer].max()) == 1.0
 
 
 def test_a_file_that_does_not_fit_is_refused_naming_the_layer(
