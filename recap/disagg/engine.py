@@ -12,7 +12,8 @@ between steps the engine starts a pull thread for each plan `start_receives` ret
 the caches (`worker.scatter`) and calls `finish_receive`, so the request decodes on from the prompt end
 with the prefill side's first token. A request whose pull cannot start yet (no room) tells its prefill
 side it accepted the handle, so the hold waits past the accept timeout. A failed pull fails only its
-request (KVTransferError, 502/504) or, with `fallback_local_prefill`, sends it to local prefill.
+request (KVTransferError, 502/504) or, with `fallback_local_prefill`, sends it to local prefill; so does a handle
+this side cannot resume (another prompt, another model's window layout: else a 502 at once).
 
 All scheduler and cache work happens on the engine thread; the pull and server threads only move bytes.
 """
@@ -136,6 +137,11 @@ class DisaggLLMEngine(LLMEngine):
         except ValueError as e:
             self.outputs.remove(p.request_id)
             self._release_remote(p.kv_transfer)
+            if self.transfer_config.fallback_local_prefill:  # e.g. a prefill side of another version mid-upgrade
+                self._count(fallbacks=1)
+                log.warning("request %s: cannot take over the prefilled request (%s); prefilling it locally", cid, e)
+                super().add_prepared(dataclasses.replace(p, kv_transfer=None))
+                return
             raise KVTransferError(f"cannot take over the prefilled request: {e}", 502) from None
         if self.scheduler.get_request(cid) is None:  # refused at once (does not fit): no pull will come
             self._release_remote(p.kv_transfer)

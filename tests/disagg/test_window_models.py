@@ -189,3 +189,26 @@ def test_a_window_model_and_a_windowless_one_refuse_each_others_handles(made: li
         dec.add_prepared(dataclasses.replace(dec.prepare(PROMPT, PARAMS, request_id="a"), kv_transfer=handle))
     settle(pre)
     assert_clean(pre)
+
+
+def test_with_fallback_a_handle_this_side_cannot_resume_is_prefilled_here(made: list, window_config: EngineConfig,
+                                                                          tmp_path: Path) -> None:
+    """`--fallback-local-prefill`: a handle the decode side refuses (another model's window layout; a prefill
+    side of another version mid-upgrade) costs a local prefill, not a 502: the answer is this side's own, the
+    prefill side's hold is released at once."""
+    pre = DisaggLLMEngine(window_config, KVTransferConfig(role="prefill", secret=SECRET))
+    made.append(pre)
+    other = engine_config(tiny_model_dir(tmp_path, "bamba"), block_size=4)
+    dec = DisaggLLMEngine(other, KVTransferConfig(role="decode", secret=SECRET, peers=(pre.address,),
+                                                  fallback_local_prefill=True))  # fmt: skip
+    made.append(dec)
+    first = drive(pre, dataclasses.replace(pre.prepare(PROMPT, PARAMS, request_id="a"), kv_transfer=RemoteDecode()))
+    assert isinstance(first, RequestOutput) and first.kv_transfer_params is not None
+    handle = RemoteHandle.from_params({**first.kv_transfer_params, "do_remote_prefill": True})
+    out = drive(dec, dataclasses.replace(dec.prepare(PROMPT, PARAMS, request_id="a"), kv_transfer=handle))
+    assert isinstance(out, RequestOutput)
+    assert out.outputs[0].token_ids == single_tokens(other, PROMPT)[0].outputs[0].token_ids
+    assert dec.stats.fallbacks == 1 and dec.stats.transfers_received == 0
+    settle(pre)
+    assert_clean(pre)
+    assert_clean(dec)
