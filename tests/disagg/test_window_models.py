@@ -11,6 +11,7 @@ mismatched is refused whole and, with fallback, prefilled locally to the same to
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,18 +89,15 @@ def single_tokens(config: EngineConfig, *prompts: list[int]) -> list[RequestOutp
     return outs  # type: ignore[return-value]
 
 
-def settle(pre: DisaggLLMEngine) -> None:
-    """Step the prefill side until the decode side's release freed its hold."""
-    for _ in range(2000):
-        if not pre.scheduler.remote.held:
-            return
+def settle(pre: DisaggLLMEngine, timeout: float = 30.0) -> None:
+    """Step the prefill side until the decode side's release freed its hold (by the clock: a loaded box's
+    notify thread may take a while, and steps can come faster than it)."""
+    deadline = time.monotonic() + timeout
+    while pre.scheduler.remote.held:
+        assert time.monotonic() < deadline, "the prefill side still holds a request"
         if pre.has_unfinished_requests():
             pre.step()
-        else:
-            import time
-
-            time.sleep(0.005)
-    raise AssertionError("the prefill side still holds a request")
+        time.sleep(0.005)
 
 
 def assert_clean(engine: LLMEngine) -> None:
