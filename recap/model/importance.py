@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from recap.model.activation_stats import FORMAT, linear_layers
-from recap.model.layers.int4_linear import Int4Linear
 from recap.model.layers.linear import Linear
 
 logger = logging.getLogger(__name__)
@@ -95,14 +94,6 @@ def layer_importance(net: nn.Module, path: str | Path, quantization: str | None,
         if top > 0:  # a row of zeros (inputs always 0) says nothing: the plain fit
             out[layer] = torch.clamp_min(row / top, FLOOR).sqrt()  # softened: module docstring
     return out
-
-
-def fit_with_importance(module: Linear, backend: str, importance: torch.Tensor) -> None:
-    """Quantize a loaded Linear to `backend` (int4 or int4_k) weighted by `importance` [in], as set_backend would
-    without it (the same native switch; the dense weight released)."""
-    impl = Int4Linear(module.weight, module.bias, superblock=backend == "int4_k", importance=importance)
-    impl.set_native(module.impl.native)
-    module.adopt(impl)
 
 
 def log_coverage(importance: dict[Linear, torch.Tensor], net: nn.Module, path: str | Path) -> None:

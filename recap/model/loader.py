@@ -30,7 +30,7 @@ from torch import nn
 from recap.model.families import family
 from recap.model.head_format import head_backend
 from recap.model.hf_config import architecture_of, read_hf_config, translate_config
-from recap.model.importance import INT4_FORMATS, fit_with_importance, layer_importance, log_coverage
+from recap.model.importance import INT4_FORMATS, layer_importance, log_coverage
 from recap.model.layers.embedding import Embedding, int8_tiles_of
 from recap.model.layers.linear import LINEAR_BACKENDS, Linear, onednn_available
 from recap.model.model_config import ModelConfig
@@ -232,10 +232,8 @@ class QuantizeWhenLoaded:
         if isinstance(module, Linear):
             if self.reads_stored(module):
                 backend = self.formats.get(module, self.quantization)
-                if module in self.importance and backend in INT4_FORMATS:  # an importance matrix's row weighs it
-                    fit_with_importance(module, backend, self.importance[module])
-                else:
-                    module.set_backend(backend)
+                row = self.importance.get(module) if backend in INT4_FORMATS else None  # (an int8 head: none)
+                module.set_backend(backend, importance=row)
                 return_free_heap()
         elif module is self.embedding and not self.embedding.released:
             head = self.net.head() if self.tied else None

@@ -304,15 +304,17 @@ class Linear(nn.Module):
     def backend(self) -> str:
         return self.impl.name
 
-    def set_backend(self, backend: str, native: bool | None = None) -> None:
+    def set_backend(self, backend: str, native: bool | None = None, importance: torch.Tensor | None = None) -> None:
         """ "torch" (reference), "onednn", "int8", "int4" or "int4_k" (int4's super-block format), with the native
-        kernels `native` (None: as they are).
+        kernels `native` (None: as they are); `importance` [in]: int4's fit weighs input channels by it.
         A layer already on `backend` keeps its implementation (a quantized layer is not quantized again); "onednn",
         "int8" and "int4" lay the weight out anew and release the parameter (release_weight). A released weight
         comes back from a dense layout for another dense backend; from int8 or int4 it cannot: WeightReleasedError.
         "int8" raises QuantizationUnavailableError where neither the native kernels build nor torch has fbgemm."""
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"unknown linear backend {backend!r}; choose one of {LINEAR_BACKENDS}")
+        if importance is not None and backend not in ("int4", "int4_k"):
+            raise ValueError(f"an importance row weighs the int4 fits, not backend {backend!r}")
         on = self.impl.native if native is None else native
         if self.reads_weight or backend == self.impl.name:
             self.set_native(on)
@@ -324,7 +326,7 @@ class Linear(nn.Module):
         elif backend in ("int4", "int4_k"):
             from recap.model.layers.int4_linear import Int4Linear  # it imports this module (LinearImpl)
 
-            self.impl = Int4Linear(weight, self.bias, superblock=backend == "int4_k")
+            self.impl = Int4Linear(weight, self.bias, superblock=backend == "int4_k", importance=importance)
             self.impl.set_native(on)
         else:
             self.impl = DenseLinear(weight, self.bias, onednn=backend == "onednn", native=on)
