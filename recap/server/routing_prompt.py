@@ -6,6 +6,7 @@ ingress runs no client program): its hashes then match only its own earlier turn
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pydantic import ValidationError
@@ -57,5 +58,5 @@ def _chat_tokens(tokenizer: Any, path: str, data: dict[str, Any]) -> list[int]:
         chat = ChatCompletionRequest.model_validate(data)
     inputs = TemplateInputs.of(chat)
     if inputs.template is not None:  # rendered with the tokenizer's own template (no client program here)
-        inputs = TemplateInputs(None, inputs.kwargs, inputs.add_generation_prompt, inputs.continue_final_message)
+        inputs = dataclasses.replace(inputs, template=None)
     return inputs.render(tokenizer, chat.messages).token_ids
